@@ -1,0 +1,188 @@
+"""The corpus: where it comes from, how it is split, and how batches are drawn.
+
+Batches never touch the host during training: the encoded training split lives
+on the training device as one tensor, and each batch of random windows is one
+vectorised gather there (no Python loop over the batch, no host-to-device copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from gru_experiments.tokenizers import build_tokenizer
+
+IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(url: str, dest: Path, sha256: str | None = None) -> Path:
+    """Fetch url into dest (write to a temp file, verify, then rename: never a partial dest)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            while block := response.read(1 << 20):
+                out.write(block)
+        if sha256 and (got := sha256_of(Path(tmp))) != sha256:
+            raise ValueError(f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dest
+
+
+def corpus_path(path: str | None, url: str, sha256: str | None, cache_dir: str | Path) -> Path:
+    """The local file to train on: `path` if given, else the cached download of `url`."""
+    if path:
+        return Path(path).expanduser()
+    cached = Path(cache_dir) / Path(url.split("?")[0]).name
+    if not cached.exists() or (sha256 and sha256_of(cached) != sha256):
+        print(f"downloading {url} -> {cached}")
+        download(url, cached, sha256)
+    return cached
+
+
+def read_corpus(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def split_text(text: str, train_fraction: float) -> tuple[str, str]:
+    """Contiguous split: the first train_fraction of the characters trains, the rest validates."""
+    cut = int(len(text) * train_fraction)
+    return text[:cut], text[cut:]
+
+
+@dataclass
+class Corpus:
+    tokenizer: object
+    train_ids: Tensor  # (N_train,) int64
+    val_ids: Tensor  # (N_val,) int64
+    source: Path
+
+
+def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir) -> Corpus:
+    """Load, split, fit the tokenizer on the training split only, encode both splits."""
+    settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
+    source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
+    train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
+    tokenizer = build_tokenizer(tokenizer_cfg.kind, train_text, tokenizer_cache_dir, **settings)
+    encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
+    return Corpus(tokenizer, encode(train_text), encode(val_text), source)
+
+
+def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+    """Cut a split into consecutive windows that cover every target exactly once.
+
+    Window k predicts ids[k*T + 1 : (k+1)*T + 1] from ids[k*T : (k+1)*T], each from a
+    zero state. The last window is padded (targets IGNORE_INDEX), so all len(ids) - 1
+    targets of the split are scored, not a random sample of them.
+    """
+    n_targets = ids.numel() - 1
+    n_windows = -(-n_targets // seq_len)
+    inputs = torch.zeros(n_windows * seq_len, dtype=torch.long, device=ids.device)
+    targets = torch.full((n_windows * seq_len,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
+    inputs[:n_targets] = ids[:-1]
+    targets[:n_targets] = ids[1:]
+    return inputs.view(n_windows, seq_len), targets.view(n_windows, seq_len)
+
+
+class RandomWindowBatches:
+    """An epoch of `steps` batches of random windows, drawn on the data's device.
+
+    Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one.
+    """
+
+    def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator):
+        self.ids, self.batch_size, self.seq_len, self.steps = ids, batch_size, seq_len, steps
+        self.generator = generator
+        self.offsets = torch.arange(seq_len + 1, device=ids.device)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        n_starts = self.ids.numel() - self.seq_len  # last start leaves room for the shifted target
+        for _ in range(self.steps):
+            starts = torch.randint(n_starts, (self.batch_size, 1), device=self.ids.device, generator=self.generator)
+            windows = self.ids[starts + self.offsets]  # one gather: (B, T + 1)
+            yield windows[:, :-1], windows[:, 1:]
+
+
+class EvalBatches:
+    """The whole split as consecutive windows, in batches (see `eval_windows`)."""
+
+    def __init__(self, ids: Tensor, batch_size: int, seq_len: int):
+        self.inputs, self.targets = eval_windows(ids, seq_len)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-self.inputs.shape[0] // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, self.inputs.shape[0], self.batch_size):
+            yield self.inputs[i : i + self.batch_size], self.targets[i : i + self.batch_size]
+
+
+class CorpusDataModule(L.LightningDataModule):
+    def __init__(self, train_ids: Tensor, val_ids: Tensor, batch_size: int, seq_len: int,
+                 steps_per_epoch: int, seed: int = 0):
+        super().__init__()
+        if train_ids.numel() < seq_len + 1:
+            raise ValueError(
+                f"the training split has {train_ids.numel()} tokens, fewer than one window "
+                f"(seq_len + 1 = {seq_len + 1}); use a longer corpus or a shorter data.seq_len"
+            )
+        self.train_ids, self.val_ids = train_ids, val_ids
+        self.batch_size, self.seq_len, self.steps_per_epoch = batch_size, seq_len, steps_per_epoch
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+        self._pending_generator_state: Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def setup(self, stage: str) -> None:
+        device = self.device
+        self.train_ids = self.train_ids.to(device)
+        self.val_ids = self.val_ids.to(device)
+        if self.generator is None or self.generator.device != device:
+            # Each DDP rank draws different windows.
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            self.generator = torch.Generator(device=device).manual_seed(self.seed + rank)
+            if self._pending_generator_state is not None:
+                self.generator.set_state(self._pending_generator_state)
+
+    def train_dataloader(self):
+        return RandomWindowBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch, self.generator)
+
+    def val_dataloader(self):
+        return EvalBatches(self.val_ids, self.batch_size, self.seq_len)
+
+    # The window sampler's random state travels in checkpoints, so a resumed run
+    # draws the batches the uninterrupted run would have drawn.
+    def state_dict(self) -> dict:
+        return {"generator_state": self.generator.get_state()} if self.generator is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "generator_state" in state:
+            self._pending_generator_state = state["generator_state"]
+            if self.generator is not None:
+                self.generator.set_state(self._pending_generator_state)

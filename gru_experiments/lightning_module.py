@@ -1,0 +1,112 @@
+"""Training a RecurrentLM with Lightning: loss, optimiser, schedule, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from gru_experiments.evaluation import Score, score_batch
+from gru_experiments.model import RecurrentLM
+from gru_experiments.tokenizers import tokenizer_from_state
+
+
+class LanguageModelTask(L.LightningModule):
+    """Wraps a RecurrentLM. Checkpoints hold its architecture (hparams) and its tokenizer,
+    so `load_checkpoint` rebuilds both without any config file."""
+
+    def __init__(self, architecture: dict, vocab_size: int, lr: float, weight_decay: float, epochs: int,
+                 model_name: str = "model", tokenizer=None):
+        super().__init__()
+        self.save_hyperparameters(ignore=["tokenizer"])
+        self.model = RecurrentLM(vocab_size, **architecture)
+        self.tokenizer = tokenizer
+        lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
+        self.register_buffer("token_char_lengths", lengths.clone(), persistent=False)
+        self._val_score = Score()
+        self.last_val_score: Score | None = None
+        self._epoch_loss = [0.0, 0]  # sum, count: the mean training loss of the current epoch
+        self.last_epoch_train_loss = float("nan")
+        self.train_tokens = 0
+        self.train_seconds = 0.0
+
+    def forward(self, tokens, state=None):
+        return self.model(tokens, state)
+
+    # --- training -------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        self._epoch_loss = [0.0, 0]
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits, _ = self.model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self._epoch_loss[0] += loss.detach()
+        self._epoch_loss[1] += 1
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        # Measured after the optimiser step, so tokens/s covers forward, backward and update.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - self._step_started
+        tokens = batch[0].numel()
+        self.train_tokens += tokens
+        self.train_seconds += seconds
+        self.log("train/tokens_per_second", tokens / max(seconds, 1e-9), prog_bar=True)
+
+    def on_train_epoch_end(self) -> None:
+        loss_sum, count = self._epoch_loss
+        if count:
+            self.last_epoch_train_loss = float(loss_sum) / count
+            self.log("train/epoch_loss", self.last_epoch_train_loss)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.train_tokens / self.train_seconds if self.train_seconds else float("nan")
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(hp.epochs, 1))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+
+    # --- validation: the whole split, accumulated over batches ------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_score = Score()
+
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits, _ = self.model(inputs)
+        self._val_score = self._val_score.add(score_batch(logits, targets, self.token_char_lengths))
+
+    def on_validation_epoch_end(self) -> None:
+        score = self._val_score
+        if score.tokens == 0:
+            return
+        self.last_val_score = score
+        # Every rank scores the same whole split, so the values agree across ranks.
+        self.log("val/loss", score.nll, prog_bar=True)
+        self.log("val/bpc", score.bpc, prog_bar=True)
+
+    # --- checkpoints carry the tokenizer ----------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.state_dict()
+
+
+def load_checkpoint(path, map_location="cpu") -> LanguageModelTask:
+    """Rebuild model and tokenizer from a checkpoint alone. Nothing in it is executed:
+    it is read with weights_only=True."""
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
+    task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer)
+    task.load_state_dict(checkpoint["state_dict"])
+    return task.eval()

@@ -1,0 +1,51 @@
+"""Experiment loggers. W&B is offline-first: a machine with no W&B login never prompts or fails."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from urllib.parse import urlparse
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+
+def wandb_mode() -> str:
+    """WANDB_MODE if set; else online when credentials exist (env or ~/.netrc); else offline."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+def is_wandb(logger) -> bool:
+    return type(logger).__name__ == "WandbLogger"
+
+
+def build_logger(logger_cfg: DictConfig | None, config: DictConfig):
+    """The configured Lightning logger (or False for logger=none), with the resolved
+    config attached as plain nested values."""
+    if not logger_cfg or "_target_" not in logger_cfg:
+        return False
+    kwargs = {}
+    if logger_cfg._target_.endswith("WandbLogger"):
+        kwargs["mode"] = wandb_mode()
+        os.makedirs(logger_cfg.save_dir, exist_ok=True)
+    logger = instantiate(logger_cfg, **kwargs)
+    logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
+    return logger
+
+
+def finish(logger, exit_code: int = 0) -> None:
+    """End the W&B run so the next multirun job starts its own."""
+    if is_wandb(logger):
+        import wandb
+
+        wandb.finish(exit_code=exit_code)

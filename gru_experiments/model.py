@@ -1,0 +1,67 @@
+"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config.
+
+    tokens -> embedding -> N recurrent layers (dropout after each) -> [LayerNorm] -> linear head
+
+One interface for GRU and LSTM alike:
+
+    logits, state = model(tokens, state=None)
+
+`state` is a list with one entry per layer (h for a GRU layer, (h, c) for an LSTM
+layer); None means zeros. Feeding the returned state back in continues the
+sequence exactly, which is what stateful sampling and streaming evaluation rely on.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from gru_experiments.cells import make_layer
+
+
+class RecurrentLM(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        cell: str = "gru",
+        embedding_dim: int = 64,
+        hidden_size: int = 128,
+        num_layers: int = 1,
+        dropout: float = 0.1,
+        layer_norm: bool = False,
+        implementation: str = "fast",
+    ):
+        super().__init__()
+        self.cell = cell
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.layers = nn.ModuleList(
+            make_layer(cell, embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
+            for i in range(num_layers)
+        )
+        # Dropout on each layer's output sequence: between layers, and before the head.
+        # The recurrent state itself is never dropped.
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(hidden_size) if layer_norm else nn.Identity()
+        self.head = nn.Linear(hidden_size, vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding.num_embeddings
+
+    def initial_state(self, batch_size: int, device=None) -> list:
+        return [layer.initial_state(batch_size, device) for layer in self.layers]
+
+    def forward(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list]:
+        """tokens (B, T) -> logits (B, T, vocab), new state (one entry per layer)."""
+        if state is None:
+            state = [None] * len(self.layers)
+        x = self.embedding(tokens)
+        new_state = []
+        for layer, layer_state in zip(self.layers, state):
+            x, layer_state = layer(x, layer_state)
+            x = self.dropout(x)
+            new_state.append(layer_state)
+        return self.head(self.norm(x)), new_state
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
