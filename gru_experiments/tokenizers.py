@@ -1,0 +1,234 @@
+"""Character-level and SentencePiece subword tokenizers.
+
+Both kinds expose the same small interface (encode/decode, vocab_size,
+token_char_lengths, unknown_characters, state_dict) so models and metrics
+never need to know which one they got. Per-character metrics (bits per
+character) are computed from `token_char_lengths`, which is why both
+tokenizers must be exactly lossless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import sentencepiece as spm
+import torch
+from filelock import FileLock
+
+# Bump when anything that changes the trained model bytes changes, so stale
+# cache entries are never reused.
+_FORMAT_VERSION = 1
+
+# SentencePiece's own whitespace symbol: spaces become this inside pieces.
+_SPACE_SYMBOL = "\u2581"
+
+# Trainer options that make SentencePiece lossless and reproducible.
+# - identity normalization / no whitespace removal / no dummy prefix: the
+#   defaults (NFKC, collapsing runs of spaces, prepending "▁") change the text.
+# - no bos/eos so the vocabulary is exactly `vocab_size` pieces, <unk> included.
+# - num_threads is fixed because the trained model depends on it.
+# - allow_whitespace_only_pieces lets runs of spaces (indentation) become pieces.
+_TRAINER_OPTIONS = dict(
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    add_dummy_prefix=False,
+    allow_whitespace_only_pieces=True,
+    unk_id=0,
+    bos_id=-1,
+    eos_id=-1,
+    pad_id=-1,
+    num_threads=8,
+    minloglevel=2,
+)
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str]):
+        self.chars = list(chars)
+        self._index = {c: i for i, c in enumerate(self.chars)}
+        if len(self._index) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+            raise ValueError("chars must be distinct single characters")
+        self.token_char_lengths = torch.ones(len(self.chars), dtype=torch.long)
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        # No <unk>: an unknown character would silently distort per-character metrics.
+        unknown = self.unknown_characters(text)
+        if unknown:
+            raise ValueError(f"characters not in the vocabulary: {unknown!r}")
+        return [self._index[c] for c in text]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def unknown_characters(self, text: str) -> list[str]:
+        return sorted(set(text) - self._index.keys())
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "chars": list(self.chars)}
+
+
+def _private_use_chars(text: str, count: int) -> list[str]:
+    """The first `count` private-use characters that do not occur in `text`."""
+    present = set(text)
+    found = [c for c in map(chr, range(0xE000, 0xF900)) if c not in present]
+    if len(found) < count:
+        raise ValueError("text uses the whole private-use area; no stand-in characters left")
+    return found[:count]
+
+
+class SentencePieceTokenizer:
+    """SentencePiece model wrapped so that decode(encode(text)) == text.
+
+    Two characters are swapped for private-use stand-ins before SentencePiece
+    sees the text: "\\n", because the trainer treats its input as separate
+    sentences and would never learn pieces such as ":\\n"; and the literal
+    "▁", because SentencePiece decodes it as a space.
+    """
+
+    kind = "spm"
+
+    def __init__(self, model_proto: bytes, newline_standin: str, space_standin: str):
+        self.model_proto = bytes(model_proto)
+        self.newline_standin = newline_standin
+        self.space_standin = space_standin
+        self._sp = sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        self._to_sp = str.maketrans({"\n": newline_standin, _SPACE_SYMBOL: space_standin})
+        self._from_sp = str.maketrans(
+            {_SPACE_SYMBOL: " ", newline_standin: "\n", space_standin: _SPACE_SYMBOL}
+        )
+        # Decoding is a plain lookup per id, so token_char_lengths is exact by
+        # construction; <unk> decodes to one replacement character.
+        self._surfaces = [
+            "\ufffd" if sp.is_unknown(i) else sp.id_to_piece(i).translate(self._from_sp)
+            for i in range(sp.get_piece_size())
+        ]
+        self.token_char_lengths = torch.tensor([len(s) for s in self._surfaces], dtype=torch.long)
+        # Unigram and BPE keep every covered character as a single piece, so
+        # text made of these characters never produces <unk>.
+        self._covered = {
+            s for i, s in enumerate(self._surfaces)
+            if len(s) == 1 and not (sp.is_unknown(i) or sp.is_control(i) or sp.is_unused(i))
+        }
+
+    @classmethod
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        cache_dir: str | Path,
+        model_type: str = "unigram",
+        character_coverage: float = 1.0,
+    ) -> "SentencePieceTokenizer":
+        """Train on `text`, or load the model cached for the same text and settings."""
+        # Derived from the text alone, so a cached model needs no side file.
+        newline_standin, space_standin = _private_use_chars(text, 2)
+        options = dict(
+            _TRAINER_OPTIONS,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+        )
+        key_source = json.dumps({"version": _FORMAT_VERSION, "options": options}, sort_keys=True)
+        key = hashlib.sha256(key_source.encode() + b"\0" + text.encode("utf-8")).hexdigest()
+
+        cache_dir = Path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        path = cache_dir / f"spm-{key[:32]}.model"
+        with FileLock(str(path) + ".lock"):
+            if not path.exists():
+                proto = cls._run_trainer(text, newline_standin, space_standin, options)
+                # Write-then-rename so a reader never sees a half-written model.
+                fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=path.name, suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(proto)
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+            proto = path.read_bytes()
+        return cls(proto, newline_standin, space_standin)
+
+    @staticmethod
+    def _run_trainer(text: str, newline_standin: str, space_standin: str, options: dict) -> bytes:
+        # One sentence per line with its stand-in kept, so pieces can span line ends.
+        lines = text.replace(_SPACE_SYMBOL, space_standin).split("\n")
+        sentences = [line + newline_standin for line in lines[:-1]]
+        if lines[-1]:
+            sentences.append(lines[-1])
+        # The trainer silently skips sentences longer than max_sentence_length
+        # bytes; raise the limit so no line is dropped.
+        longest = max((len(s.encode("utf-8")) for s in sentences), default=0)
+        buffer = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=buffer,
+            max_sentence_length=max(4192, longest + 1),
+            **options,
+        )
+        return buffer.getvalue()
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._surfaces)
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text.translate(self._to_sp))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self._surfaces[int(i)] for i in ids)
+
+    def unknown_characters(self, text: str) -> list[str]:
+        return sorted(set(text) - self._covered)
+
+    def state_dict(self) -> dict:
+        # The proto is stored as a uint8 tensor rather than bytes: tensors load
+        # with weights_only=True on every torch version we support.
+        return {
+            "kind": self.kind,
+            "format_version": _FORMAT_VERSION,
+            "model_proto": torch.frombuffer(bytearray(self.model_proto), dtype=torch.uint8),
+            "newline_standin": self.newline_standin,
+            "space_standin": self.space_standin,
+        }
+
+
+def build_tokenizer(
+    kind: str, train_text: str, cache_dir: str | Path, **settings
+) -> CharTokenizer | SentencePieceTokenizer:
+    if kind == "char":
+        if settings:
+            raise TypeError(f"char tokenizer takes no settings, got {sorted(settings)}")
+        return CharTokenizer.from_text(train_text)
+    if kind == "spm":
+        return SentencePieceTokenizer.train(train_text, cache_dir=cache_dir, **settings)
+    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
+
+
+def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer:
+    kind = state.get("kind")
+    if kind == "char":
+        return CharTokenizer(state["chars"])
+    if kind == "spm":
+        if state.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(f"unsupported spm tokenizer format {state.get('format_version')!r}")
+        proto = state["model_proto"]
+        proto = proto.numpy().tobytes() if isinstance(proto, torch.Tensor) else bytes(proto)
+        return SentencePieceTokenizer(proto, state["newline_standin"], state["space_standin"])
+    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
