@@ -142,7 +142,7 @@ class EvalBatches:
 
 class CorpusDataModule(L.LightningDataModule):
     def __init__(self, train_ids: Tensor, val_ids: Tensor, batch_size: int, seq_len: int,
-                 steps_per_epoch: int, seed: int = 0):
+                 steps_per_epoch: int, seed: int = 0, eval_batch_size: int | None = None):
         super().__init__()
         if train_ids.numel() < seq_len + 1:
             raise ValueError(
@@ -152,6 +152,7 @@ class CorpusDataModule(L.LightningDataModule):
         self.train_ids, self.val_ids = train_ids, val_ids
         self.batch_size, self.seq_len, self.steps_per_epoch = batch_size, seq_len, steps_per_epoch
         self.seed = seed
+        self.eval_batch_size = eval_batch_size or batch_size
         self.generator: torch.Generator | None = None
         self._pending_generator_state: Tensor | None = None
 
@@ -174,7 +175,7 @@ class CorpusDataModule(L.LightningDataModule):
         return RandomWindowBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch, self.generator)
 
     def val_dataloader(self):
-        return EvalBatches(self.val_ids, self.batch_size, self.seq_len)
+        return EvalBatches(self.val_ids, self.eval_batch_size, self.seq_len)
 
     # The window sampler's random state travels in checkpoints, so a resumed run
     # draws the batches the uninterrupted run would have drawn.

@@ -35,7 +35,7 @@ def train(cfg: DictConfig) -> dict:
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
     tokenizer = corpus.tokenizer
     datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
-                                  cfg.data.steps_per_epoch, seed=cfg.seed)
+                                  cfg.data.steps_per_epoch, seed=cfg.seed, eval_batch_size=cfg.data.eval_batch_size)
     task = LanguageModelTask(
         architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
         vocab_size=tokenizer.vocab_size, lr=cfg.model.lr, weight_decay=cfg.weight_decay,
@@ -59,7 +59,7 @@ def train(cfg: DictConfig) -> dict:
 
         # The final model on the whole validation split (also when max_steps stopped mid-epoch).
         task.to(trainer.strategy.root_device)
-        val = score_windows(task.model, datamodule.val_ids, cfg.data.seq_len, cfg.data.batch_size,
+        val = score_windows(task.model, datamodule.val_ids, cfg.data.seq_len, cfg.data.eval_batch_size,
                             task.token_char_lengths)
         summary = {
             "model": cfg.model.name,

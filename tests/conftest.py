@@ -1,0 +1,75 @@
+"""Shared fixtures: configs composed with Hydra's compose API into tmp_path, and corpora.
+
+Tests never use the network: the real corpus comes from ../shared (or GRU_TEST_CORPUS),
+small corpora are made here.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+os.environ.setdefault("PROJECT_ROOT", str(REPO))
+os.environ.setdefault("WANDB_SILENT", "true")
+
+MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
+
+
+def shakespeare_path() -> Path:
+    candidates = [os.environ.get("GRU_TEST_CORPUS"), REPO.parent / "shared" / "data" / "tinyshakespeare.txt",
+                  REPO / "data" / "input.txt"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise FileNotFoundError("Tiny Shakespeare not found: put it at ../shared/data/tinyshakespeare.txt "
+                            "or point GRU_TEST_CORPUS at a copy")
+
+
+@pytest.fixture(scope="session")
+def shakespeare() -> Path:
+    return shakespeare_path()
+
+
+def make_text(n_chars: int = 20_000, seed: int = 0) -> str:
+    """A small play-like corpus that is not Tiny Shakespeare (its own alphabet and layout)."""
+    rng = random.Random(seed)
+    words = ["arbre", "étoile", "lumière", "río", "mañana", "noche", "gato", "perro", "ciel", "mer",
+             "vent", "soleil", "lune", "fleur", "jardin", "camino", "verde", "azul", "œuvre", "ça"]
+    lines = []
+    while sum(map(len, lines)) < n_chars:
+        speaker = rng.choice(["ÉLISE", "JUAN", "MARÍA"])
+        body = " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+        lines.append(f"{speaker}:\n{body.capitalize()}{rng.choice('.!?,;')}\n  {rng.choice(words)}   {rng.choice(words)}\n\n")
+    return "".join(lines)[:n_chars]
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text(make_text(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """One tokenizer/data cache for the whole session, so spm is trained once per corpus."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture
+def compose_config(tmp_path, data_dir):
+    """compose_config("model=astra_beta", ...) -> the train config, writing into tmp_path."""
+
+    def _compose(*overrides: str, config_name: str = "train"):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name=config_name, overrides=[
+                f"paths.output_dir={tmp_path / 'run'}", f"paths.data_dir={data_dir}",
+                f"paths.log_dir={tmp_path / 'outputs'}", "logger=none", *overrides])
+
+    return _compose

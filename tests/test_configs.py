@@ -1,0 +1,59 @@
+"""Every model config composes, has the study's exact parameter count, and trains a step."""
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import MODELS
+from gru_experiments.model import RecurrentLM, count_parameters
+from gru_experiments.training import train
+
+# The study's table: vocabulary 65 (chars) and 1000 (SentencePiece) from Tiny Shakespeare.
+EXPECTED = {
+    "astra_alpha": ("gru", "char", 86_913),
+    "astra_beta": ("gru", "char", 715_713),
+    "astra_gamma": ("gru", "char", 4_383_041),
+    "scribe_alpha": ("gru", "spm", 1_075_688),
+    "scribe_beta": ("gru", "spm", 5_102_056),
+    "scribe_gamma": ("gru", "spm", 14_439_400),
+    "leviathan": ("lstm", "char", 24_248_129),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_parameter_count_to_the_unit(compose_config, name):
+    cfg = compose_config(f"model={name}")
+    cell, tokenizer, expected = EXPECTED[name]
+    assert cfg.model.name == name and cfg.model.architecture.cell == cell and cfg.tokenizer.kind == tokenizer
+    vocab = 65 if tokenizer == "char" else cfg.tokenizer.vocab_size
+    model = RecurrentLM(vocab, **OmegaConf.to_container(cfg.model.architecture))
+    assert count_parameters(model) == expected
+
+
+def test_tokenizer_choice_can_be_overridden(compose_config):
+    assert compose_config("model=scribe_beta", "tokenizer=char").tokenizer.kind == "char"
+    assert compose_config("model=astra_beta", "tokenizer=spm").tokenizer.kind == "spm"
+
+
+def test_recipe_and_trainer_are_overridable(compose_config):
+    cfg = compose_config("model.lr=5e-4", "trainer.max_steps=300", "trainer.accelerator=cpu")
+    assert cfg.model.lr == 5e-4 and cfg.trainer.max_steps == 300 and cfg.trainer.max_epochs == cfg.model.epochs
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_trains_one_step_on_tiny_data(compose_config, tiny_corpus, tmp_path, name):
+    overrides = [f"model={name}", f"data.path={tiny_corpus}", "data.batch_size=2", "data.seq_len=16",
+                 "trainer.max_steps=1", "model.steps_per_epoch=1", "trainer.enable_progress_bar=false",
+                 "trainer.accelerator=cpu"]
+    if EXPECTED[name][1] == "spm":
+        overrides.append("tokenizer.vocab_size=80")  # the tiny corpus cannot support 1000 pieces
+    cfg = compose_config(*overrides)
+    summary = train(cfg)
+    assert summary["train_steps"] == 1 and summary["model"] == name
+    on_disk = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    for key in ["model", "cell", "tokenizer", "vocab_size", "parameters", "train_loss", "val_loss", "val_bpc",
+                "tokens_per_second", "wall_seconds", "checkpoint"]:
+        assert key in on_disk
+    assert Path(on_disk["checkpoint"]).is_file()
