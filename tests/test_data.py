@@ -1,0 +1,103 @@
+"""Corpus download, split, and batches: shapes, the one-step shift, device, bounds."""
+
+import hashlib
+import http.server
+import threading
+from functools import partial
+
+import pytest
+import torch
+
+from gru_experiments.data import (IGNORE_INDEX, CorpusDataModule, RandomWindowBatches, corpus_path, eval_windows,
+                                  split_text)
+
+
+def test_random_windows_shift_bounds_and_device():
+    ids = torch.arange(1000)  # each id is its own position, so windows are easy to check
+    batches = RandomWindowBatches(ids, batch_size=16, seq_len=32, steps=50, generator=torch.Generator().manual_seed(0))
+    assert len(batches) == 50
+    seen_max = 0
+    for inputs, targets in batches:
+        assert inputs.shape == targets.shape == (16, 32)
+        assert inputs.device == ids.device and inputs.dtype == torch.long
+        torch.testing.assert_close(targets, inputs + 1)  # targets are the inputs shifted by one
+        torch.testing.assert_close(inputs[:, 1:], inputs[:, :-1] + 1)  # contiguous windows
+        seen_max = max(seen_max, int(targets.max()))
+    assert seen_max <= 999  # never past the end
+
+
+def test_random_windows_reach_the_last_target():
+    ids = torch.arange(40)
+    batches = RandomWindowBatches(ids, batch_size=64, seq_len=32, steps=20, generator=torch.Generator().manual_seed(1))
+    assert max(int(t.max()) for _, t in batches) == 39
+
+
+def test_eval_windows_cover_every_target_once():
+    ids = torch.arange(1, 106)  # 105 tokens -> 104 targets, windows of 10 -> 11 windows, last one padded
+    inputs, targets = eval_windows(ids, seq_len=10)
+    assert inputs.shape == targets.shape == (11, 10)
+    scored = targets[targets != IGNORE_INDEX]
+    torch.testing.assert_close(scored, ids[1:])
+    torch.testing.assert_close(inputs.flatten()[:104], ids[:-1])
+
+
+def test_split_is_contiguous():
+    text = "abcdefghij" * 10
+    train, val = split_text(text, 0.9)
+    assert train + val == text and len(train) == 90
+
+
+def test_data_module_puts_data_on_the_device_and_seeds_per_rank():
+    dm = CorpusDataModule(torch.arange(500), torch.arange(100), batch_size=4, seq_len=8, steps_per_epoch=3, seed=7)
+    dm.setup("fit")
+    first = [x for x, _ in dm.train_dataloader()]
+    assert all(x.device.type == "cpu" for x in first) and len(first) == 3
+    state = dm.state_dict()
+    again = CorpusDataModule(torch.arange(500), torch.arange(100), batch_size=4, seq_len=8, steps_per_epoch=3, seed=7)
+    again.load_state_dict(state)
+    again.setup("fit")
+    dm_next = [x for x, _ in dm.train_dataloader()]
+    torch.testing.assert_close([x for x, _ in again.train_dataloader()], dm_next)  # resumes the same stream
+
+
+def test_data_module_rejects_a_corpus_shorter_than_a_window():
+    with pytest.raises(ValueError, match="fewer than one window"):
+        CorpusDataModule(torch.arange(8), torch.arange(8), batch_size=2, seq_len=8, steps_per_epoch=1)
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """A static file server on 127.0.0.1 serving tmp_path/www."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_download_verifies_and_caches(http_server, tmp_path):
+    root, base = http_server
+    payload = "First line.\nSecond line.\n".encode()
+    (root / "corpus.txt").write_bytes(payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    cache = tmp_path / "cache"
+    path = corpus_path(None, f"{base}/corpus.txt", digest, cache)
+    assert path == cache / "corpus.txt" and path.read_bytes() == payload
+    (root / "corpus.txt").unlink()  # a second call must not need the server
+    assert corpus_path(None, f"{base}/corpus.txt", digest, cache).read_bytes() == payload
+
+
+def test_download_with_a_wrong_checksum_leaves_nothing(http_server, tmp_path):
+    root, base = http_server
+    (root / "corpus.txt").write_text("tampered")
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        corpus_path(None, f"{base}/corpus.txt", "0" * 64, cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_a_local_path_wins(tiny_corpus):
+    assert corpus_path(str(tiny_corpus), "http://unused.invalid/x.txt", None, "unused") == tiny_corpus
