@@ -115,6 +115,48 @@ def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+# MKL's packed GEMM (a private op of x86 CPU builds, the one inductor uses for frozen
+# linears): the weight is reordered once, then reused by every step. oneDNN's LSTM
+# does the same. An ordinary mm re-packs the weight on every call, which costs as much
+# as the multiply itself for a big weight and a thin (batch-row) input: measured on a
+# Xeon @2.5GHz, (64×1024)·(1024×4096) runs at 51 instead of 25 GMAC/s, no gain below
+# ~0.5M weight elements (the weight then stays in cache anyway). Worth it only
+# when the weight is big and there are enough steps to repay the reorder.
+PACKED_MIN_WEIGHT_ELEMENTS = 400_000  # ~1.6 MB of fp32: e.g. the GRU's H×2H from H=448, an LSTM's from H=320
+PACKED_MIN_STEPS = 16
+_HAS_MKL_PACKED = hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and torch.backends.mkl.is_available()
+
+
+class _StepMatmul:
+    """`acc + x @ M` for many x of one shape (B, K), M (K, N) fixed across the T steps."""
+
+    def __init__(self, M: Tensor, batch: int, steps: int):
+        self.batch = batch
+        self.packed = None
+        if (_HAS_MKL_PACKED and M.device.type == "cpu" and M.dtype == torch.float32
+                and steps >= PACKED_MIN_STEPS and M.numel() >= PACKED_MIN_WEIGHT_ELEMENTS):
+            try:
+                self.linear_weight = M.t().contiguous()  # nn.Linear layout (N, K)
+                self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.linear_weight, batch)
+            except RuntimeError:  # a build without it after all: plain matmuls
+                self.packed = None
+        if self.packed is None:
+            # A contiguous (K, N) copy when there are several steps: for the small
+            # per-step products, MKL runs ~25% faster with it than with a transposed view.
+            self.M = M.contiguous() if steps > 1 else M
+
+    def addmm(self, acc: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
+        if self.packed is None:
+            return torch.addmm(acc, x, self.M, out=out)
+        product = torch.ops.mkl._mkl_linear(x, self.packed, self.linear_weight, None, self.batch)
+        return torch.add(acc, product, out=out)
+
+    def mm(self, x: Tensor) -> Tensor:
+        if self.packed is None:
+            return torch.mm(x, self.M)
+        return torch.ops.mkl._mkl_linear(x, self.packed, self.linear_weight, None, self.batch)
+
+
 # ----------------------------------------------------------------------------------- GRU
 def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate):
     H = hidden_weight_candidate.shape[0]
@@ -138,35 +180,35 @@ def _gru_forward(P: Tensor, h0: Tensor, W_rz: Tensor, W_h: Tensor):
     Hs = P.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
     Hs[0] = h0
     RZ = P.new_empty(T, B, 2 * H)  # σ(a_r) | σ(a_z), saved for backward
-    Q = P.new_empty(T, B, H)  # r ⊙ h_{t-1}, saved: dW_h = Σ da_cᵀ q
-    C = P.new_empty(T, B, H)  # h̃
-    W_rz_t, W_h_t = W_rz.t(), W_h.t()
+    C = P.new_empty(T, B, H)  # h̃, saved for backward
+    q = P.new_empty(B, H)  # r ⊙ h_{t-1}: one scratch row, backward recomputes all q from R and Hs
+    rz_matmul, c_matmul = _StepMatmul(W_rz.t(), B, T), _StepMatmul(W_h.t(), B, T)
     h = h0
-    # unbind once: the per-step views are made in C++ in one go, not by T×8 Python indexings.
-    for p_rz, p_c, rz, r, z, q, c, y in zip(P[..., : 2 * H].unbind(0), P[..., 2 * H:].unbind(0), RZ.unbind(0),
-                                            RZ[..., :H].unbind(0), RZ[..., H:].unbind(0), Q.unbind(0),
-                                            C.unbind(0), Hs[1:].unbind(0)):
-        torch.addmm(p_rz, h, W_rz_t, out=rz).sigmoid_()  # r and z in one (H -> 2H) matmul
+    # unbind once: the per-step views are made in C++ in one go, not by T×7 Python indexings.
+    for p_rz, p_c, rz, r, z, c, y in zip(P[..., : 2 * H].unbind(0), P[..., 2 * H:].unbind(0), RZ.unbind(0),
+                                         RZ[..., :H].unbind(0), RZ[..., H:].unbind(0), C.unbind(0),
+                                         Hs[1:].unbind(0)):
+        rz_matmul.addmm(p_rz, h, out=rz).sigmoid_()  # r and z in one (H -> 2H) matmul
         torch.mul(r, h, out=q)  # reset before the candidate matmul (the study's GRU)
-        torch.addmm(p_c, q, W_h_t, out=c).tanh_()
+        c_matmul.addmm(p_c, q, out=c).tanh_()
         h = torch.lerp(h, c, z, out=y)  # (1 − z) ⊙ h + z ⊙ h̃ in one op
-    return Hs, RZ, Q, C
+    return Hs, RZ, C
 
 
 class _GRUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, P, h0, W_rz, W_h):
         with torch.autocast(P.device.type, enabled=False):
-            Hs, RZ, Q, C = _gru_forward(P, h0, W_rz, W_h)
-        ctx.save_for_backward(W_rz, W_h, Hs, RZ, Q, C)
+            Hs, RZ, C = _gru_forward(P, h0, W_rz, W_h)
+        ctx.save_for_backward(W_rz, W_h, Hs, RZ, C)
         return Hs[1:]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_Y):
-        W_rz, W_h, Hs, RZ, Q, C = ctx.saved_tensors
+        W_rz, W_h, Hs, RZ, C = ctx.saved_tensors
         with torch.autocast(grad_Y.device.type, enabled=False):
-            return _gru_backward(grad_Y.to(Hs.dtype), W_rz, W_h, Hs, RZ, Q, C, ctx.needs_input_grad)
+            return _gru_backward(grad_Y.to(Hs.dtype), W_rz, W_h, Hs, RZ, C, ctx.needs_input_grad)
 
 
 # Fused pointwise derivatives (one pass each, no temporaries):
@@ -175,35 +217,43 @@ _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
 
 
-def _gru_backward(grad_Y, W_rz, W_h, Hs, RZ, Q, C, needs_input_grad):
+def _gru_backward(grad_Y, W_rz, W_h, Hs, RZ, C, needs_input_grad):
     T, B, H = C.shape
     H_prev = Hs[:-1]  # h_{t-1} for every t
     R, Z = RZ[..., :H], RZ[..., H:]
-    # Everything that does not depend on δ, for all steps at once (see module docstring).
-    K_z = _sigmoid_backward(C - H_prev, Z, grad_input=torch.empty_like(C))  # (h̃ − h) z (1 − z)
-    K_c = _tanh_backward(Z, C, grad_input=torch.empty_like(C))  # z (1 − h̃²)
-    K_r = _sigmoid_backward(H_prev, R, grad_input=torch.empty_like(C))  # h r (1 − r)
+    # Every factor that does not depend on δ, for all steps at once (see the module
+    # docstring), written into the buffer that becomes dP: step t's loop turns its own
+    # K_t into dP_t in place, so one (T, B, 3H) buffer serves both. (Fresh large
+    # buffers are not free: first-touch page faults cost about as much as a pass.)
+    dP = C.new_empty(T, B, 3 * H)
+    K_r, K_z, K_c = dP[..., :H], dP[..., H: 2 * H], dP[..., 2 * H:]
+    _sigmoid_backward(H_prev, R, grad_input=K_r)  # h r (1 − r)
+    torch.sub(C, H_prev, out=K_z)
+    _sigmoid_backward(K_z, Z, grad_input=K_z)  # (h̃ − h) z (1 − z)
+    _tanh_backward(Z, C, grad_input=K_c)  # z (1 − h̃²)
     one_minus_z = 1 - Z
 
-    dP = C.new_empty(T, B, 3 * H)  # [da_r | da_z | da_c] for every step
     # ∂L/∂y_{t-1} for each t (nothing before step 0): the term δ_{t-1} starts from.
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
-    steps = list(zip(grad_prev, dP.unbind(0), dP[..., :H].unbind(0), dP[..., H: 2 * H].unbind(0),
-                     dP[..., 2 * H:].unbind(0), dP[..., : 2 * H].unbind(0), K_z.unbind(0), K_c.unbind(0),
-                     K_r.unbind(0), one_minus_z.unbind(0), R.unbind(0)))
+    steps = list(zip(grad_prev, K_r.unbind(0), K_z.unbind(0), K_c.unbind(0), dP[..., : 2 * H].unbind(0),
+                     one_minus_z.unbind(0), R.unbind(0)))
+    dq_matmul, rz_matmul = _StepMatmul(W_h, B, T), _StepMatmul(W_rz, B, T)
     delta = grad_Y[-1]
-    for g_prev, _, da_r, da_z, da_c, da_rz, k_z, k_c, k_r, omz, r in reversed(steps):
-        torch.mul(delta, k_z, out=da_z)
-        torch.mul(delta, k_c, out=da_c)
-        dq = torch.mm(da_c, W_h)  # gradient of q = r ⊙ h
-        torch.mul(dq, k_r, out=da_r)  # da_r = dq ⊙ h ⊙ σ'(a_r)
-        new_delta = torch.addmm(g_prev, da_rz, W_rz)  # through both gate matmuls
+    for g_prev, da_r, da_z, da_c, da_rz, omz, r in reversed(steps):
+        da_z.mul_(delta)  # da_z = δ ⊙ K_z
+        da_c.mul_(delta)  # da_c = δ ⊙ K_c
+        dq = dq_matmul.mm(da_c)  # gradient of q = r ⊙ h
+        da_r.mul_(dq)  # da_r = dq ⊙ h ⊙ σ'(a_r)
+        new_delta = rz_matmul.addmm(g_prev, da_rz)  # through both gate matmuls
         new_delta.addcmul_(delta, omz)  # direct path through the interpolation
         delta = new_delta.addcmul_(dq, r)  # h's own share of r ⊙ h
 
     flat = dP.view(T * B, 3 * H)
     grad_W_rz = flat[:, : 2 * H].t().mm(H_prev.reshape(T * B, H)) if needs_input_grad[2] else None
-    grad_W_h = flat[:, 2 * H:].t().mm(Q.view(T * B, H)) if needs_input_grad[3] else None
+    grad_W_h = None
+    if needs_input_grad[3]:
+        Q = torch.mul(R, H_prev, out=one_minus_z)  # q_t = r_t ⊙ h_{t-1}, into a buffer now free
+        grad_W_h = flat[:, 2 * H:].t().mm(Q.view(T * B, H))
     grad_h0 = delta if needs_input_grad[1] else None
     return dP, grad_h0, grad_W_rz, grad_W_h
 
@@ -217,7 +267,7 @@ def lstm_sequence(x, state, input_weight, input_bias, hidden_weight):
     if _needs_grad(projected, h0, c0, W):
         outputs, c_last = _LSTMFunction.apply(projected, h0, c0, W)
     else:
-        Hs, Cs = _lstm_forward(projected, h0, c0, W)[:2]
+        Hs, Cs, _ = _lstm_forward(projected, h0, c0, W)
         outputs, c_last = Hs[1:], Cs[-1]
     return outputs.transpose(0, 1), (outputs[-1], c_last)
 
@@ -229,64 +279,66 @@ def _lstm_forward(P: Tensor, h0: Tensor, c0: Tensor, W: Tensor):
     Hs = P.new_empty(T + 1, B, H)  # h_0 .. h_T (outputs are Hs[1:])
     Cs = P.new_empty(T + 1, B, H)  # c_0 .. c_T
     Hs[0], Cs[0] = h0, c0
-    TC = P.new_empty(T, B, H)  # tanh(c_t)
-    W_t = W.t()
+    tc = P.new_empty(B, H)  # tanh(c_t): one scratch row, backward recomputes it from Cs
+    matmul = _StepMatmul(W.t(), B, T)
     h, c = h0, c0
-    for p, g, i_f, i, f, g_g, o, c_t, tc, y in zip(
+    for p, g, i_f, i, f, g_g, o, c_t, y in zip(
             P.unbind(0), G.unbind(0), G[..., : 2 * H].unbind(0), G[..., :H].unbind(0), G[..., H: 2 * H].unbind(0),
-            G[..., 2 * H: 3 * H].unbind(0), G[..., 3 * H:].unbind(0), Cs[1:].unbind(0), TC.unbind(0),
-            Hs[1:].unbind(0)):
-        torch.addmm(p, h, W_t, out=g)  # all four gates' hidden matmuls at once
+            G[..., 2 * H: 3 * H].unbind(0), G[..., 3 * H:].unbind(0), Cs[1:].unbind(0), Hs[1:].unbind(0)):
+        matmul.addmm(p, h, out=g)  # all four gates' hidden matmuls at once
         i_f.sigmoid_()
         g_g.tanh_()
         o.sigmoid_()
         c = torch.mul(f, c, out=c_t).addcmul_(i, g_g)  # f ⊙ c + i ⊙ g
         h = torch.mul(o, torch.tanh(c, out=tc), out=y)
-    return Hs, Cs, G, TC
+    return Hs, Cs, G
 
 
 class _LSTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, P, h0, c0, W):
         with torch.autocast(P.device.type, enabled=False):
-            Hs, Cs, G, TC = _lstm_forward(P, h0, c0, W)
-        ctx.save_for_backward(W, Hs, Cs, G, TC)
+            Hs, Cs, G = _lstm_forward(P, h0, c0, W)
+        ctx.save_for_backward(W, Hs, Cs, G)
         # c_T is returned as its own tensor (a clone, not a view of the saved buffer).
         return Hs[1:], Cs[-1].clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_Y, grad_c_last):
-        W, Hs, Cs, G, TC = ctx.saved_tensors
+        W, Hs, Cs, G = ctx.saved_tensors
         with torch.autocast(grad_Y.device.type, enabled=False):
-            return _lstm_backward(grad_Y.to(Hs.dtype), grad_c_last.to(Hs.dtype), W, Hs, Cs, G, TC,
-                                  ctx.needs_input_grad)
+            return _lstm_backward(grad_Y.to(Hs.dtype), grad_c_last.to(Hs.dtype), W, Hs, Cs, G, ctx.needs_input_grad)
 
 
-def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, TC, needs_input_grad):
-    T, B, H = TC.shape
+def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs_input_grad):
+    T, B, H4 = G.shape
+    H = H4 // 4
     I, F, Gg, O = G[..., :H], G[..., H: 2 * H], G[..., 2 * H: 3 * H], G[..., 3 * H:]
-    # Factors independent of δ and γ, for all steps at once; K is laid out like dA.
-    K = torch.empty_like(G)
-    K_i, K_f, K_g, K_o = K[..., :H], K[..., H: 2 * H], K[..., 2 * H: 3 * H], K[..., 3 * H:]
+    # Factors independent of δ and γ, for all steps at once, written into the buffer that
+    # becomes dA (laid out like it): step t's loop turns K_t into dA_t in place.
+    dA = torch.empty_like(G)
+    K_i, K_f, K_g, K_o = dA[..., :H], dA[..., H: 2 * H], dA[..., 2 * H: 3 * H], dA[..., 3 * H:]
     _sigmoid_backward(Gg, I, grad_input=K_i)  # g i (1 − i)
     _sigmoid_backward(Cs[:-1], F, grad_input=K_f)  # c_{t-1} f (1 − f)
     _tanh_backward(I, Gg, grad_input=K_g)  # i (1 − g²)
-    _sigmoid_backward(TC, O, grad_input=K_o)  # tanh(c_t) o (1 − o)
-    K_c = _tanh_backward(O, TC, grad_input=torch.empty_like(TC))  # o (1 − tanh² c_t)
+    K_c = torch.tanh(Cs[1:])  # tanh(c_t) ...
+    _sigmoid_backward(K_c, O, grad_input=K_o)  # tanh(c_t) o (1 − o)
+    _tanh_backward(O, K_c, grad_input=K_c)  # ... becomes o (1 − tanh² c_t)
 
-    dA = torch.empty_like(G)  # [da_i | da_f | da_g | da_o] for every step
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
-    steps = list(zip(grad_prev, dA.unbind(0), dA[..., : 3 * H].unbind(0), dA[..., 3 * H:].unbind(0),
-                     K[..., : 3 * H].unbind(0), K_o.unbind(0), K_c.unbind(0), F.unbind(0)))
+    steps = list(zip(grad_prev, dA.unbind(0), K_i.unbind(0), K_f.unbind(0), K_g.unbind(0), K_o.unbind(0),
+                     K_c.unbind(0), F.unbind(0)))
+    matmul = _StepMatmul(W, B, T)
     delta, gamma = grad_Y[-1], grad_c_last
-    for g_prev, da, da_ifg, da_o, k_ifg, k_o, k_c, f in reversed(steps):
+    for g_prev, da, da_i, da_f, da_g, da_o, k_c, f in reversed(steps):
         gamma = torch.addcmul(gamma, delta, k_c)  # ∂L/∂c_t in total
-        # da_i, da_f, da_g = γ ⊙ [K_i | K_f | K_g]: one broadcast multiply over the three gates
-        torch.mul(k_ifg.unflatten(-1, (3, H)), gamma.unsqueeze(1), out=da_ifg.unflatten(-1, (3, H)))
-        torch.mul(delta, k_o, out=da_o)
+        da_i.mul_(gamma)  # da_i = γ ⊙ K_i (separate multiplies beat one broadcast one here)
+        da_f.mul_(gamma)  # da_f = γ ⊙ K_f
+        da_g.mul_(gamma)  # da_g = γ ⊙ K_g
+        da_o.mul_(delta)  # da_o = δ ⊙ K_o
         gamma.mul_(f)  # γ_{t-1} = γ ⊙ f
-        delta = torch.addmm(g_prev, da, W)  # δ_{t-1}
+        delta = matmul.addmm(g_prev, da)  # δ_{t-1}
 
     grad_W = dA.view(T * B, 4 * H).t().mm(Hs[:-1].reshape(T * B, H)) if needs_input_grad[3] else None
     return (dA, delta if needs_input_grad[1] else None, gamma if needs_input_grad[2] else None, grad_W)

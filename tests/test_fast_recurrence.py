@@ -218,3 +218,17 @@ def test_autocast_bfloat16_runs(cell):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.isfinite().all()
                for p in model.parameters())
     torch.testing.assert_close(logits.float(), full.detach(), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.skipif(not fast_recurrence._HAS_MKL_PACKED, reason="this torch build has no MKL packed GEMM")
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_packed_weight_path_matches_reference(cell, with_state, monkeypatch):
+    """Big layers use MKL's packed GEMM for the per-step matmuls; force it at a small shape."""
+    monkeypatch.setattr(fast_recurrence, "PACKED_MIN_WEIGHT_ELEMENTS", 0)
+    monkeypatch.setattr(fast_recurrence, "PACKED_MIN_STEPS", 1)
+    assert fast_recurrence._StepMatmul(torch.randn(6, 18), 3, 9).packed is not None
+    test_layer_matches_reference(cell, with_state, torch.float32)
+    # float64 cannot be packed: it falls back to plain matmuls on its own
+    assert fast_recurrence._StepMatmul(torch.randn(6, 18, dtype=torch.float64), 3, 9).packed is None
+    test_layer_matches_reference(cell, with_state, torch.float64)
