@@ -10,22 +10,31 @@ as the arithmetic. So this module:
 1. projects the input side of all T steps in one matmul per layer, biases folded in
    (ordinary autograd: its backward is one matmul for dW_x, one for dx, one sum);
 2. runs the recurrence in a custom `torch.autograd.Function` whose forward runs under
-   no_grad, writes every step's gate activations into preallocated (T, B, ·) buffers
-   (out= ops, no torch.stack), and saves only those buffers;
-3. whose backward walks the *hidden state* recurrence backwards step by step (the only
+   no_grad, writes every step's activations into preallocated (T, B, ·) buffers
+   (out= ops, no torch.stack), and saves only those: GRU h, [r|z], h̃; LSTM h, c and
+   the four gates. (r ⊙ h and tanh c are recomputed in backward in one pass each.)
+3. whose backward walks only the *hidden state* recurrence backwards step by step (the
    truly sequential part), writing the gate pre-activation gradients dA_t into one
-   (T, B, ·) buffer, and then gets every weight gradient as a single matmul over all
-   time steps:  dW = dA^T · H_prev  with dA viewed as (T·B, ·) — one big GEMM
+   (T, B, ·) buffer, then gets every weight gradient as a single matmul over all
+   time steps:  dW = dAᵀ · H_prev  with dA viewed as (T·B, ·) — one big GEMM
    instead of T small ones. dA is also the gradient of the projected inputs, so the
    input-side gradients (dW_x, db, dx) are single matmuls in autograd's addmm backward;
 4. precomputes, vectorised over all T before the backward loop, every factor of the
-   backward that does not depend on the incoming gradient (σ'(·), tanh'(·) products),
-   so the loop does ~5 ops per step.
+   backward that does not depend on the incoming gradient (σ'(·), tanh'(·) products,
+   with aten's fused sigmoid_backward/tanh_backward), *into the dA buffer itself*:
+   step t multiplies its own K_t by δ in place, so the loop does ~6 ops per step and
+   no (T, B, ·) temporaries are allocated (fresh large buffers cost first-touch page
+   faults, measured at ~1/3 of the small-shape runtime before this);
+5. runs each step's hidden matmul through `_StepMatmul`: for big weights, MKL's packed
+   GEMM (the weight reordered once per sequence instead of once per step — 2x on the
+   LSTM's (64×1024)·(1024×4096)); for small ones a contiguous copy of Wᵀ.
 
 Tensors are kept time-major (T, B, ·) inside, so a step's slice is contiguous; a layer
 returns a (B, T, H) *view* of its time-major output, which makes the next layer's
-time-major input free. Without grad (sampling, evaluation) the same forward kernel
-runs without the autograd.Function around it.
+time-major input free. Without grad (evaluation) the same forward kernel runs without
+the autograd.Function around it; a single step without grad (stateful sampling, one
+token at a time) takes a shortcut with the fewest ops, so the cost per sampled token
+is constant and close to nn.GRU's.
 
 The backward equations
 ----------------------
@@ -160,6 +169,11 @@ class _StepMatmul:
 # ----------------------------------------------------------------------------------- GRU
 def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate):
     H = hidden_weight_candidate.shape[0]
+    if x.shape[1] == 1 and not _needs_grad(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz,
+                                           hidden_weight_candidate):
+        h = _gru_one_step(x[:, 0], h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz,
+                          hidden_weight_candidate)
+        return h.unsqueeze(1), h
     # b_r and b_z join their input-side biases; the candidate has no hidden bias.
     bias = input_bias + torch.cat([hidden_bias_rz, hidden_bias_rz.new_zeros(H)])
     projected = _project(x, input_weight, bias)  # (T, B, 3H): [r | z | candidate]
@@ -172,6 +186,17 @@ def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_r
     # outputs is time-major; the batch-first view costs nothing. The final state is
     # the last output (a view: its gradient flows into the outputs' gradient).
     return outputs.transpose(0, 1), outputs[-1]
+
+
+def _gru_one_step(x, h, W_x, b_x, W_rz, b_rz, W_h):
+    """Stateful sampling feeds one token at a time without grad: the same formulas with
+    the fewest ops (the sequence machinery would cost more than the arithmetic)."""
+    H = W_h.shape[0]
+    p = torch.addmm(b_x, x, W_x.t())
+    h = h.to(p.dtype)
+    rz = torch.addmm(p[:, : 2 * H], h, W_rz.t().to(p.dtype)).add_(b_rz).sigmoid_()
+    candidate = torch.addmm(p[:, 2 * H:], rz[:, :H] * h, W_h.t().to(p.dtype)).tanh_()
+    return torch.lerp(h, candidate, rz[:, H:])
 
 
 def _gru_forward(P: Tensor, h0: Tensor, W_rz: Tensor, W_h: Tensor):
@@ -261,6 +286,9 @@ def _gru_backward(grad_Y, W_rz, W_h, Hs, RZ, C, needs_input_grad):
 # ---------------------------------------------------------------------------------- LSTM
 def lstm_sequence(x, state, input_weight, input_bias, hidden_weight):
     h, c = state
+    if x.shape[1] == 1 and not _needs_grad(x, h, c, input_weight, input_bias, hidden_weight):
+        h, c = _lstm_one_step(x[:, 0], h, c, input_weight, input_bias, hidden_weight)
+        return h.unsqueeze(1), (h, c)
     projected = _project(x, input_weight, input_bias)  # (T, B, 4H): [i | f | g | o]
     dtype = projected.dtype
     h0, c0, W = h.to(dtype), c.to(dtype), hidden_weight.to(dtype)
@@ -270,6 +298,19 @@ def lstm_sequence(x, state, input_weight, input_bias, hidden_weight):
         Hs, Cs, _ = _lstm_forward(projected, h0, c0, W)
         outputs, c_last = Hs[1:], Cs[-1]
     return outputs.transpose(0, 1), (outputs[-1], c_last)
+
+
+def _lstm_one_step(x, h, c, W_x, b, W):
+    """One step without grad, for stateful sampling (see _gru_one_step)."""
+    H = h.shape[1]
+    p = torch.addmm(b, x, W_x.t())
+    gates = torch.addmm(p, h.to(p.dtype), W.t().to(p.dtype))
+    gates[:, : 2 * H].sigmoid_()  # i, f
+    gates[:, 2 * H: 3 * H].tanh_()  # g
+    gates[:, 3 * H:].sigmoid_()  # o
+    i, f, g, o = gates.chunk(4, 1)
+    c = torch.addcmul(f * c.to(p.dtype), i, g)
+    return o * torch.tanh(c), c
 
 
 def _lstm_forward(P: Tensor, h0: Tensor, c0: Tensor, W: Tensor):

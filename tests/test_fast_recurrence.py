@@ -232,3 +232,15 @@ def test_packed_weight_path_matches_reference(cell, with_state, monkeypatch):
     # float64 cannot be packed: it falls back to plain matmuls on its own
     assert fast_recurrence._StepMatmul(torch.randn(6, 18, dtype=torch.float64), 3, 9).packed is None
     test_layer_matches_reference(cell, with_state, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_single_step_without_grad_matches_reference(cell, dtype):
+    """The one-token sampling shortcut (T == 1, no grad) against the reference, with and without a state."""
+    reference, fast = pair(cell, 5, 6, dtype)
+    x = torch.randn(4, 1, 5, dtype=dtype)
+    with torch.no_grad():
+        for state in (None, make_state(cell, 4, 6, dtype)):
+            for a, b in zip(run(fast, x, state), run(reference, x, state), strict=True):
+                torch.testing.assert_close(a, b, **TOL[dtype])
