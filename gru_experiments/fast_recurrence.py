@@ -7,25 +7,26 @@ The readable `step` does six small matmuls per GRU time step, and autograd recor
 per-op overhead of recording, and of replaying every node backwards, costs as much
 as the arithmetic. So this module:
 
-1. projects the input side of all T steps in one matmul per layer, biases folded in
-   (ordinary autograd: its backward is one matmul for dW_x, one for dx, one sum);
-2. runs the recurrence in a custom `torch.autograd.Function` whose forward runs under
-   no_grad, writes every step's activations into preallocated (T, B, ·) buffers
-   (out= ops, no torch.stack), and saves only those: GRU h, [r|z], h̃; LSTM h, c and
-   the four gates. (r ⊙ h and tanh c are recomputed in backward in one pass each.)
-3. whose backward walks only the *hidden state* recurrence backwards step by step (the
+1. runs each layer as one custom `torch.autograd.Function` whose forward runs under
+   no_grad: the input side of all T steps is one matmul (biases folded in), and the
+   loop adds each step's hidden side into that same buffer in place and applies the
+   activations there, so it ends up holding every step's gates — the only large
+   tensors saved besides h (and c): GRU [r | z | h̃], LSTM [i | f | g | o].
+   (r ⊙ h and tanh c are recomputed in backward, one pass each.) No torch.stack;
+2. whose backward walks only the *hidden state* recurrence backwards step by step (the
    truly sequential part), writing the gate pre-activation gradients dA_t into one
    (T, B, ·) buffer, then gets every weight gradient as a single matmul over all
    time steps:  dW = dAᵀ · H_prev  with dA viewed as (T·B, ·) — one big GEMM
-   instead of T small ones. dA is also the gradient of the projected inputs, so the
-   input-side gradients (dW_x, db, dx) are single matmuls in autograd's addmm backward;
-4. precomputes, vectorised over all T before the backward loop, every factor of the
+   instead of T small ones; dA is also the gradient of the input projection, so
+   dx = dA·W_x, dW_x = dAᵀ·X and db = Σ dA are one matmul (one sum) each;
+3. precomputes, vectorised over all T before the backward loop, every factor of the
    backward that does not depend on the incoming gradient (σ'(·), tanh'(·) products,
    with aten's fused sigmoid_backward/tanh_backward), *into the dA buffer itself*:
    step t multiplies its own K_t by δ in place, so the loop does ~6 ops per step and
-   no (T, B, ·) temporaries are allocated (fresh large buffers cost first-touch page
-   faults, measured at ~1/3 of the small-shape runtime before this);
-5. runs each step's hidden matmul through `_StepMatmul`: for big weights, MKL's packed
+   allocates no (T, B, ·) temporaries. (Fresh large buffers are not free: first-touch
+   page faults cost ~3 µs per 4 KiB page on the VM this was measured on, as much as
+   several passes over the memory.)
+4. runs each step's hidden matmul through `_StepMatmul`: for big weights, MKL's packed
    GEMM (the weight reordered once per sequence instead of once per step — 2x on the
    LSTM's (64×1024)·(1024×4096)); for small ones a contiguous copy of Wᵀ.
 
@@ -40,7 +41,7 @@ The backward equations
 ----------------------
 Notation: for each step t, h = h_{t-1}, h' = h_t, and δ = ∂L/∂h_t *in total*, i.e. the
 gradient arriving from the output y_t = h_t plus the one carried back from step t+1.
-P_t is the projected input (input side + all biases), split like the gates.
+P_t is the projected input (input side + all biases, X·W_xᵀ + b), split like the gates.
 
 GRU (the study's variant: reset applied to h *before* the candidate matmul)::
 
@@ -64,7 +65,7 @@ Backward, with σ' = σ(1 − σ) and tanh' = 1 − tanh²::
 
     dW_h          = Σ_t da_cᵀ q_t              one (H, T·B)×(T·B, H) matmul
     [dW_rh; dW_zh] = Σ_t [da_r|da_z]ᵀ h_{t-1}  one (2H, T·B)×(T·B, H) matmul
-    dP_t = [da_r | da_z | da_c]                → autograd: dW_x, db_x, db_r, db_z, dx
+    dP_t = [da_r | da_z | da_c]                → dW_x = dPᵀX, dx = dP·W_x, db_x = Σ dP, [db_r; db_z] = Σ [da_r|da_z]
     dh_0 = δ_0 after the last backward step.
 
 LSTM (one bias per gate, input side; gate rows [i | f | g | o])::
@@ -82,12 +83,13 @@ from the final state c_T)::
     da_g  = γ ⊙ i ⊙ (1 − g²)                  = γ ⊙ K_g
     γ_{t-1} = γ ⊙ f
     δ_{t-1} = dA_t @ W + ∂L/∂y_{t-1}
-    dW = Σ_t dA_tᵀ h_{t-1}   (one matmul);  dP = dA;  dh_0 = δ_0, dc_0 = γ_0.
+    dW = Σ_t dA_tᵀ h_{t-1}   (one matmul);  dW_x = dAᵀX, dx = dA·W_x, db = Σ dA;
+    dh_0 = δ_0, dc_0 = γ_0.
 
-Dtypes and devices: nothing here names a device; the loop runs in the dtype of the
-projected inputs (under autocast that is bf16/fp16: hidden weights and the initial
-state are cast to it *outside* the Function, so autograd casts their gradients back).
-The Function turns autocast off inside, because out= ops and autocast don't mix.
+Dtypes and devices: nothing here names a device; the loop runs in autocast's dtype
+when autocast is on (bf16/fp16: input, weights and initial state are cast to it
+*outside* the Function, so autograd casts their gradients back), else in the input's.
+The Function turns autocast off inside, because out=/in-place ops and autocast don't mix.
 Double backward is not supported (`once_differentiable`).
 tests/test_fast_recurrence.py holds all of this to the reference within 1e-5.
 """
@@ -111,17 +113,46 @@ def run_fast(layer, x: Tensor, state):
     raise TypeError(f"no fast path for {type(layer).__name__}")
 
 
-def _project(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Input side of every step in one matmul: (B, T, I) -> time-major (T, B, G)."""
-    B, T, I = x.shape
-    # transpose+reshape copies x only if it is not already time-major in memory (a
-    # previous fast layer's output is), and x is narrower than the projection.
-    x_tm = x.transpose(0, 1).reshape(T * B, I)
-    return torch.addmm(bias, x_tm, weight.t()).view(T, B, -1)
-
-
+# ------------------------------------------------------------------------------- helpers
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the recurrence runs in: autocast's when it is on (the reference's
+    matmuls would run in it too), else the input's."""
+    device = x.device.type
+    try:
+        if torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
+    except TypeError:  # torch < 2.4 spells these per device
+        if device == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+        if device == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+    return x.dtype
+
+
+def _time_major(x: Tensor) -> Tensor:
+    """(B, T, I) -> (T·B, I), rows step-major. Copies x only if it is not time-major in
+    memory already; a previous fast layer's output (through dropout) is."""
+    B, T, I = x.shape
+    return x.transpose(0, 1).reshape(T * B, I)
+
+
+def _input_side_grads(dA: Tensor, X: Tensor, W_x: Tensor, x_shape, needs_x: bool, needs_W: bool, needs_b: bool):
+    """Gradients of the input projection A = X·W_xᵀ + b: each one matmul (or one sum)
+    over all T·B rows at once."""
+    flat = dA.view(X.shape[0], -1)
+    grad_x = grad_W = grad_b = None
+    if needs_x:
+        B, T, I = x_shape
+        grad_x = flat.mm(W_x).view(T, B, I).transpose(0, 1)
+    if needs_W:
+        grad_W = flat.t().mm(X)
+    if needs_b:
+        grad_b = flat.sum(0)
+    return grad_x, grad_W, grad_b
 
 
 # MKL's packed GEMM (a private op of x86 CPU builds, the one inductor uses for frozen
@@ -131,13 +162,13 @@ def _needs_grad(*tensors: Tensor) -> bool:
 # Xeon @2.5GHz, (64×1024)·(1024×4096) runs at 51 instead of 25 GMAC/s, no gain below
 # ~0.5M weight elements (the weight then stays in cache anyway). Worth it only
 # when the weight is big and there are enough steps to repay the reorder.
-PACKED_MIN_WEIGHT_ELEMENTS = 400_000  # ~1.6 MB of fp32: e.g. the GRU's H×2H from H=448, an LSTM's from H=320
+PACKED_MIN_WEIGHT_ELEMENTS = 400_000  # ~1.6 MB of fp32: the GRU's H×2H from H=448, an LSTM's H×4H from H=320
 PACKED_MIN_STEPS = 16
 _HAS_MKL_PACKED = hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and torch.backends.mkl.is_available()
 
 
 class _StepMatmul:
-    """`acc + x @ M` for many x of one shape (B, K), M (K, N) fixed across the T steps."""
+    """`x @ M` for many x of one shape (B, K), M (K, N) fixed across the T steps."""
 
     def __init__(self, M: Tensor, batch: int, steps: int):
         self.batch = batch
@@ -154,35 +185,42 @@ class _StepMatmul:
             # per-step products, MKL runs ~25% faster with it than with a transposed view.
             self.M = M.contiguous() if steps > 1 else M
 
-    def addmm(self, acc: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
-        if self.packed is None:
-            return torch.addmm(acc, x, self.M, out=out)
-        product = torch.ops.mkl._mkl_linear(x, self.packed, self.linear_weight, None, self.batch)
-        return torch.add(acc, product, out=out)
-
     def mm(self, x: Tensor) -> Tensor:
         if self.packed is None:
             return torch.mm(x, self.M)
         return torch.ops.mkl._mkl_linear(x, self.packed, self.linear_weight, None, self.batch)
 
+    def addmm(self, acc: Tensor, x: Tensor) -> Tensor:
+        """acc + x @ M, a new tensor."""
+        if self.packed is None:
+            return torch.addmm(acc, x, self.M)
+        return self.mm(x).add_(acc)
+
+    def addmm_(self, acc: Tensor, x: Tensor) -> Tensor:
+        """acc += x @ M, in place."""
+        if self.packed is None:
+            return acc.addmm_(x, self.M)
+        return acc.add_(self.mm(x))
+
+
+# Fused pointwise derivatives (one pass each, no temporaries):
+#   sigmoid_backward(g, y) = g ⊙ y ⊙ (1 − y)     tanh_backward(g, y) = g ⊙ (1 − y²)
+_sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
+_tanh_backward = torch.ops.aten.tanh_backward.grad_input
+
 
 # ----------------------------------------------------------------------------------- GRU
 def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate):
-    H = hidden_weight_candidate.shape[0]
-    if x.shape[1] == 1 and not _needs_grad(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz,
-                                           hidden_weight_candidate):
-        h = _gru_one_step(x[:, 0], h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz,
-                          hidden_weight_candidate)
+    inputs = (x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate)
+    if x.shape[1] == 1 and not _needs_grad(*inputs):
+        h = _gru_one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), h
-    # b_r and b_z join their input-side biases; the candidate has no hidden bias.
-    bias = input_bias + torch.cat([hidden_bias_rz, hidden_bias_rz.new_zeros(H)])
-    projected = _project(x, input_weight, bias)  # (T, B, 3H): [r | z | candidate]
-    dtype = projected.dtype  # the compute dtype (lower under autocast)
-    h0, W_rz, W_h = h.to(dtype), hidden_weight_rz.to(dtype), hidden_weight_candidate.to(dtype)
-    if _needs_grad(projected, h0, W_rz, W_h):
-        outputs = _GRUFunction.apply(projected, h0, W_rz, W_h)
+    dtype = _compute_dtype(x)
+    inputs = tuple(t.to(dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
+    if _needs_grad(*inputs):
+        outputs = _GRUFunction.apply(*inputs)
     else:
-        outputs = _gru_forward(projected, h0, W_rz, W_h)[0][1:]
+        outputs = _gru_forward(*inputs)[0][1:]
     # outputs is time-major; the batch-first view costs nothing. The final state is
     # the last output (a view: its gradient flows into the outputs' gradient).
     return outputs.transpose(0, 1), outputs[-1]
@@ -199,59 +237,65 @@ def _gru_one_step(x, h, W_x, b_x, W_rz, b_rz, W_h):
     return torch.lerp(h, candidate, rz[:, H:])
 
 
-def _gru_forward(P: Tensor, h0: Tensor, W_rz: Tensor, W_h: Tensor):
-    T, B, _ = P.shape
+def _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h):
+    B, T, _ = x.shape
     H = h0.shape[1]
-    Hs = P.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
+    X = _time_major(x)
+    bias = b_x.clone()
+    bias[: 2 * H] += b_rz  # b_r and b_z join their input-side biases; the candidate has no hidden bias
+    # The input side of every step in one matmul: A = [a_r | a_z | a_c] still without
+    # the hidden terms. The loop adds those in place and applies the activations, so A
+    # ends up holding [r | z | h̃] for every step: what backward needs, in the same
+    # buffer (fresh large buffers are not free: first-touch page faults).
+    A = torch.addmm(bias, X, W_x.t()).view(T, B, 3 * H)
+    Hs = A.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
     Hs[0] = h0
-    RZ = P.new_empty(T, B, 2 * H)  # σ(a_r) | σ(a_z), saved for backward
-    C = P.new_empty(T, B, H)  # h̃, saved for backward
-    q = P.new_empty(B, H)  # r ⊙ h_{t-1}: one scratch row, backward recomputes all q from R and Hs
+    q = A.new_empty(B, H)  # r ⊙ h_{t-1}: one scratch row; backward recomputes all q from R and Hs
     rz_matmul, c_matmul = _StepMatmul(W_rz.t(), B, T), _StepMatmul(W_h.t(), B, T)
     h = h0
-    # unbind once: the per-step views are made in C++ in one go, not by T×7 Python indexings.
-    for p_rz, p_c, rz, r, z, c, y in zip(P[..., : 2 * H].unbind(0), P[..., 2 * H:].unbind(0), RZ.unbind(0),
-                                         RZ[..., :H].unbind(0), RZ[..., H:].unbind(0), C.unbind(0),
-                                         Hs[1:].unbind(0)):
-        rz_matmul.addmm(p_rz, h, out=rz).sigmoid_()  # r and z in one (H -> 2H) matmul
-        torch.mul(r, h, out=q)  # reset before the candidate matmul (the study's GRU)
-        c_matmul.addmm(p_c, q, out=c).tanh_()
+    # unbind once: the per-step views are made in C++ in one go, not by T×5 Python indexings.
+    for rz, r, z, c, y in zip(A[..., : 2 * H].unbind(0), A[..., :H].unbind(0), A[..., H: 2 * H].unbind(0),
+                              A[..., 2 * H:].unbind(0), Hs[1:].unbind(0)):
+        rz_matmul.addmm_(rz, h).sigmoid_()  # r and z: one (H -> 2H) matmul
+        torch.mul(r, h, out=q)  # reset applied *before* the candidate matmul (the study's GRU)
+        c_matmul.addmm_(c, q).tanh_()
         h = torch.lerp(h, c, z, out=y)  # (1 − z) ⊙ h + z ⊙ h̃ in one op
-    return Hs, RZ, C
+    return Hs, A, X
 
 
 class _GRUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, P, h0, W_rz, W_h):
-        with torch.autocast(P.device.type, enabled=False):
-            Hs, RZ, C = _gru_forward(P, h0, W_rz, W_h)
-        ctx.save_for_backward(W_rz, W_h, Hs, RZ, C)
+    def forward(ctx, x, h0, W_x, b_x, W_rz, b_rz, W_h):
+        with torch.autocast(x.device.type, enabled=False):  # out=/in-place ops and autocast don't mix
+            Hs, A, X = _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h)
+        ctx.save_for_backward(X, W_x, W_rz, W_h, Hs, A)
+        ctx.x_shape = x.shape
         return Hs[1:]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_Y):
-        W_rz, W_h, Hs, RZ, C = ctx.saved_tensors
+        X, W_x, W_rz, W_h, Hs, A = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # x, h0, W_x, b_x, W_rz, b_rz, W_h
         with torch.autocast(grad_Y.device.type, enabled=False):
-            return _gru_backward(grad_Y.to(Hs.dtype), W_rz, W_h, Hs, RZ, C, ctx.needs_input_grad)
+            dA, grad_h0, grad_W_rz, grad_W_h = _gru_backward(grad_Y.to(A.dtype), W_rz, W_h, Hs, A, needs)
+            grad_x, grad_W_x, grad_bias = _input_side_grads(dA, X, W_x, ctx.x_shape, needs[0], needs[2],
+                                                            needs[3] or needs[5])
+        H = W_h.shape[0]
+        grad_b_x = grad_bias if needs[3] else None
+        grad_b_rz = grad_bias[: 2 * H] if needs[5] else None  # b_r, b_z sit in the same sums as b_rx, b_zx
+        return grad_x, grad_h0, grad_W_x, grad_b_x, grad_W_rz, grad_b_rz, grad_W_h
 
 
-# Fused pointwise derivatives (one pass each, no temporaries):
-#   sigmoid_backward(g, y) = g ⊙ y ⊙ (1 − y)     tanh_backward(g, y) = g ⊙ (1 − y²)
-_sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
-_tanh_backward = torch.ops.aten.tanh_backward.grad_input
-
-
-def _gru_backward(grad_Y, W_rz, W_h, Hs, RZ, C, needs_input_grad):
-    T, B, H = C.shape
+def _gru_backward(grad_Y, W_rz, W_h, Hs, A, needs):
+    T, B, H = grad_Y.shape
     H_prev = Hs[:-1]  # h_{t-1} for every t
-    R, Z = RZ[..., :H], RZ[..., H:]
-    # Every factor that does not depend on δ, for all steps at once (see the module
-    # docstring), written into the buffer that becomes dP: step t's loop turns its own
-    # K_t into dP_t in place, so one (T, B, 3H) buffer serves both. (Fresh large
-    # buffers are not free: first-touch page faults cost about as much as a pass.)
-    dP = C.new_empty(T, B, 3 * H)
-    K_r, K_z, K_c = dP[..., :H], dP[..., H: 2 * H], dP[..., 2 * H:]
+    R, Z, C = A[..., :H], A[..., H: 2 * H], A[..., 2 * H:]
+    # Every factor that does not depend on δ, for all steps at once (module docstring),
+    # written into the buffer that becomes dA: step t's loop turns its own K_t into
+    # dA_t in place, so one (T, B, 3H) buffer serves both.
+    dA = A.new_empty(T, B, 3 * H)
+    K_r, K_z, K_c = dA[..., :H], dA[..., H: 2 * H], dA[..., 2 * H:]
     _sigmoid_backward(H_prev, R, grad_input=K_r)  # h r (1 − r)
     torch.sub(C, H_prev, out=K_z)
     _sigmoid_backward(K_z, Z, grad_input=K_z)  # (h̃ − h) z (1 − z)
@@ -260,7 +304,7 @@ def _gru_backward(grad_Y, W_rz, W_h, Hs, RZ, C, needs_input_grad):
 
     # ∂L/∂y_{t-1} for each t (nothing before step 0): the term δ_{t-1} starts from.
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
-    steps = list(zip(grad_prev, K_r.unbind(0), K_z.unbind(0), K_c.unbind(0), dP[..., : 2 * H].unbind(0),
+    steps = list(zip(grad_prev, K_r.unbind(0), K_z.unbind(0), K_c.unbind(0), dA[..., : 2 * H].unbind(0),
                      one_minus_z.unbind(0), R.unbind(0)))
     dq_matmul, rz_matmul = _StepMatmul(W_h, B, T), _StepMatmul(W_rz, B, T)
     delta = grad_Y[-1]
@@ -269,33 +313,32 @@ def _gru_backward(grad_Y, W_rz, W_h, Hs, RZ, C, needs_input_grad):
         da_c.mul_(delta)  # da_c = δ ⊙ K_c
         dq = dq_matmul.mm(da_c)  # gradient of q = r ⊙ h
         da_r.mul_(dq)  # da_r = dq ⊙ h ⊙ σ'(a_r)
-        new_delta = rz_matmul.addmm(g_prev, da_rz)  # through both gate matmuls
-        new_delta.addcmul_(delta, omz)  # direct path through the interpolation
+        new_delta = rz_matmul.addmm(g_prev, da_rz)  # through both gates' hidden matmuls
+        new_delta.addcmul_(delta, omz)  # the direct path through the interpolation
         delta = new_delta.addcmul_(dq, r)  # h's own share of r ⊙ h
 
-    flat = dP.view(T * B, 3 * H)
-    grad_W_rz = flat[:, : 2 * H].t().mm(H_prev.reshape(T * B, H)) if needs_input_grad[2] else None
+    flat = dA.view(T * B, 3 * H)
+    grad_W_rz = flat[:, : 2 * H].t().mm(H_prev.reshape(T * B, H)) if needs[4] else None
     grad_W_h = None
-    if needs_input_grad[3]:
+    if needs[6]:
         Q = torch.mul(R, H_prev, out=one_minus_z)  # q_t = r_t ⊙ h_{t-1}, into a buffer now free
         grad_W_h = flat[:, 2 * H:].t().mm(Q.view(T * B, H))
-    grad_h0 = delta if needs_input_grad[1] else None
-    return dP, grad_h0, grad_W_rz, grad_W_h
+    return dA, (delta if needs[1] else None), grad_W_rz, grad_W_h
 
 
 # ---------------------------------------------------------------------------------- LSTM
 def lstm_sequence(x, state, input_weight, input_bias, hidden_weight):
     h, c = state
-    if x.shape[1] == 1 and not _needs_grad(x, h, c, input_weight, input_bias, hidden_weight):
-        h, c = _lstm_one_step(x[:, 0], h, c, input_weight, input_bias, hidden_weight)
+    inputs = (x, h, c, input_weight, input_bias, hidden_weight)
+    if x.shape[1] == 1 and not _needs_grad(*inputs):
+        h, c = _lstm_one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), (h, c)
-    projected = _project(x, input_weight, input_bias)  # (T, B, 4H): [i | f | g | o]
-    dtype = projected.dtype
-    h0, c0, W = h.to(dtype), c.to(dtype), hidden_weight.to(dtype)
-    if _needs_grad(projected, h0, c0, W):
-        outputs, c_last = _LSTMFunction.apply(projected, h0, c0, W)
+    dtype = _compute_dtype(x)
+    inputs = tuple(t.to(dtype) for t in inputs)
+    if _needs_grad(*inputs):
+        outputs, c_last = _LSTMFunction.apply(*inputs)
     else:
-        Hs, Cs, _ = _lstm_forward(projected, h0, c0, W)
+        Hs, Cs, _, _ = _lstm_forward(*inputs)
         outputs, c_last = Hs[1:], Cs[-1]
     return outputs.transpose(0, 1), (outputs[-1], c_last)
 
@@ -313,48 +356,55 @@ def _lstm_one_step(x, h, c, W_x, b, W):
     return o * torch.tanh(c), c
 
 
-def _lstm_forward(P: Tensor, h0: Tensor, c0: Tensor, W: Tensor):
-    T, B, _ = P.shape
+def _lstm_forward(x, h0, c0, W_x, b, W):
+    B, T, _ = x.shape
     H = h0.shape[1]
-    G = P.new_empty(T, B, 4 * H)  # activated gates i, f, g, o
-    Hs = P.new_empty(T + 1, B, H)  # h_0 .. h_T (outputs are Hs[1:])
-    Cs = P.new_empty(T + 1, B, H)  # c_0 .. c_T
+    X = _time_major(x)
+    # Input side of every step in one matmul; the loop adds W·h in place and activates,
+    # so G ends up holding the gates [i | f | g | o] of every step (see _gru_forward).
+    G = torch.addmm(b, X, W_x.t()).view(T, B, 4 * H)
+    Hs = G.new_empty(T + 1, B, H)  # h_0 .. h_T (outputs are Hs[1:])
+    Cs = G.new_empty(T + 1, B, H)  # c_0 .. c_T
     Hs[0], Cs[0] = h0, c0
-    tc = P.new_empty(B, H)  # tanh(c_t): one scratch row, backward recomputes it from Cs
+    tc = G.new_empty(B, H)  # tanh(c_t): one scratch row; backward recomputes it from Cs
     matmul = _StepMatmul(W.t(), B, T)
     h, c = h0, c0
-    for p, g, i_f, i, f, g_g, o, c_t, y in zip(
-            P.unbind(0), G.unbind(0), G[..., : 2 * H].unbind(0), G[..., :H].unbind(0), G[..., H: 2 * H].unbind(0),
+    for g, i_f, i, f, g_g, o, c_t, y in zip(
+            G.unbind(0), G[..., : 2 * H].unbind(0), G[..., :H].unbind(0), G[..., H: 2 * H].unbind(0),
             G[..., 2 * H: 3 * H].unbind(0), G[..., 3 * H:].unbind(0), Cs[1:].unbind(0), Hs[1:].unbind(0)):
-        matmul.addmm(p, h, out=g)  # all four gates' hidden matmuls at once
+        matmul.addmm_(g, h)  # all four gates' hidden matmuls at once
         i_f.sigmoid_()
         g_g.tanh_()
         o.sigmoid_()
         c = torch.mul(f, c, out=c_t).addcmul_(i, g_g)  # f ⊙ c + i ⊙ g
         h = torch.mul(o, torch.tanh(c, out=tc), out=y)
-    return Hs, Cs, G
+    return Hs, Cs, G, X
 
 
 class _LSTMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, P, h0, c0, W):
-        with torch.autocast(P.device.type, enabled=False):
-            Hs, Cs, G = _lstm_forward(P, h0, c0, W)
-        ctx.save_for_backward(W, Hs, Cs, G)
+    def forward(ctx, x, h0, c0, W_x, b, W):
+        with torch.autocast(x.device.type, enabled=False):
+            Hs, Cs, G, X = _lstm_forward(x, h0, c0, W_x, b, W)
+        ctx.save_for_backward(X, W_x, W, Hs, Cs, G)
+        ctx.x_shape = x.shape
         # c_T is returned as its own tensor (a clone, not a view of the saved buffer).
         return Hs[1:], Cs[-1].clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_Y, grad_c_last):
-        W, Hs, Cs, G = ctx.saved_tensors
+        X, W_x, W, Hs, Cs, G = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # x, h0, c0, W_x, b, W
         with torch.autocast(grad_Y.device.type, enabled=False):
-            return _lstm_backward(grad_Y.to(Hs.dtype), grad_c_last.to(Hs.dtype), W, Hs, Cs, G, ctx.needs_input_grad)
+            dA, grad_h0, grad_c0, grad_W = _lstm_backward(grad_Y.to(G.dtype), grad_c_last.to(G.dtype),
+                                                          W, Hs, Cs, G, needs)
+            grad_x, grad_W_x, grad_b = _input_side_grads(dA, X, W_x, ctx.x_shape, needs[0], needs[3], needs[4])
+        return grad_x, grad_h0, grad_c0, grad_W_x, grad_b, grad_W
 
 
-def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs_input_grad):
-    T, B, H4 = G.shape
-    H = H4 // 4
+def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs):
+    T, B, H = grad_Y.shape
     I, F, Gg, O = G[..., :H], G[..., H: 2 * H], G[..., 2 * H: 3 * H], G[..., 3 * H:]
     # Factors independent of δ and γ, for all steps at once, written into the buffer that
     # becomes dA (laid out like it): step t's loop turns K_t into dA_t in place.
@@ -381,5 +431,5 @@ def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs_input_grad):
         gamma.mul_(f)  # γ_{t-1} = γ ⊙ f
         delta = matmul.addmm(g_prev, da)  # δ_{t-1}
 
-    grad_W = dA.view(T * B, 4 * H).t().mm(Hs[:-1].reshape(T * B, H)) if needs_input_grad[3] else None
-    return (dA, delta if needs_input_grad[1] else None, gamma if needs_input_grad[2] else None, grad_W)
+    grad_W = dA.view(T * B, 4 * H).t().mm(Hs[:-1].reshape(T * B, H)) if needs[5] else None
+    return dA, (delta if needs[1] else None), (gamma if needs[2] else None), grad_W
