@@ -54,3 +54,164 @@ def score_windows(model, ids: Tensor, seq_len: int, batch_size: int, token_char_
         total = total.add(score_batch(logits, targets, token_char_lengths))
     model.train(was_training)
     return total
+
+
+# --- The inference modes on a whole split ---------------------------------------------------
+# Every function below scores the same targets, ids[1:], each exactly once, so their numbers
+# compare directly (and with `score_windows`, the training-time validation loss).
+
+@torch.no_grad()
+def score_stateful(model, ids: Tensor, seq_len: int, streams: int, token_char_lengths: Tensor) -> Score:
+    """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
+    (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
+    stream is predicted from a zero state."""
+    n_targets = ids.numel() - 1
+    streams = max(1, min(streams, n_targets))
+    length = -(-n_targets // streams)
+    inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
+    targets = torch.full((streams * length,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
+    inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
+    inputs, targets = inputs.view(streams, length), targets.view(streams, length)
+
+    was_training = model.training
+    model.eval()
+    total, state = Score(), None
+    for start in range(0, length, seq_len):
+        logits, state = model(inputs[:, start:start + seq_len], state)
+        total = total.add(score_batch(logits, targets[:, start:start + seq_len], token_char_lengths))
+    model.train(was_training)
+    return total
+
+
+@torch.no_grad()
+def stateless_log_probs(model) -> Tensor:
+    """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
+    stateless model can ever predict. One forward pass over the whole vocabulary."""
+    was_training = model.training
+    model.eval()
+    vocab = torch.arange(model.vocab_size, device=next(model.parameters()).device).unsqueeze(1)
+    logits, _ = model(vocab)
+    model.train(was_training)
+    return F.log_softmax(logits[:, 0].float(), dim=-1)
+
+
+def bigram_log_probs(train_ids: Tensor, vocab_size: int) -> Tensor:
+    """(V, V) table of log p(b | a) from bigram counts of `train_ids`, add-one smoothed:
+    (count(a, b) + 1) / (count(a) + V)."""
+    pairs = train_ids[:-1] * vocab_size + train_ids[1:]
+    counts = torch.bincount(pairs, minlength=vocab_size * vocab_size).view(vocab_size, vocab_size).double()
+    return ((counts + 1) / (counts.sum(dim=1, keepdim=True) + vocab_size)).log()
+
+
+def score_table(log_probs: Tensor, ids: Tensor, token_char_lengths: Tensor) -> Score:
+    """Every target of `ids` scored by a first-order table: log_probs[previous, target]."""
+    previous, targets = ids[:-1], ids[1:]
+    log_probs = log_probs.to(ids.device)
+    nll_sum = -log_probs[previous, targets].double().sum().item()
+    characters = int(token_char_lengths.to(ids.device)[targets].sum().item())
+    return Score(nll_sum, targets.numel(), characters)
+
+
+def score_stateless(model, ids: Tensor, token_char_lengths: Tensor) -> Score:
+    """Stateless: every target predicted from its previous token alone, from a zero state
+    (exact: the model's whole stateless behaviour is a V x V table)."""
+    return score_table(stateless_log_probs(model), ids, token_char_lengths)
+
+
+def score_bigram(train_ids: Tensor, ids: Tensor, token_char_lengths: Tensor) -> Score:
+    """The count-based bigram model of the training split, scored on `ids`."""
+    return score_table(bigram_log_probs(train_ids, token_char_lengths.numel()), ids, token_char_lengths)
+
+
+@torch.no_grad()
+def score_windowed(model, ids: Tensor, window: int, token_char_lengths: Tensor, stride: int = 1,
+                   batch_tokens: int = 1 << 16) -> Score:
+    """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
+    the split), run from a zero state. Unlike `score_windows`, each target gets its own window,
+    so this costs `window` times a single pass.
+
+    stride > 1 scores only every stride-th target (positions 1, 1 + stride, ...): a systematic
+    sample, an estimate rather than the exact figure. Windows go through the model in batches of
+    about `batch_tokens` tokens.
+    """
+    if window < 1 or stride < 1:
+        raise ValueError(f"window and stride must be >= 1, got {window} and {stride}")
+    was_training = model.training
+    model.eval()
+    positions = torch.arange(1, ids.numel(), stride, device=ids.device)  # indices of scored targets
+    total = Score()
+    # Targets 1..window: their windows are prefixes of ids[:window], so one pass over that prefix
+    # predicts each of them from exactly its own context.
+    head = positions[positions <= window]
+    if head.numel():
+        logits, _ = model(ids[:window].unsqueeze(0))
+        total = total.add(score_batch(logits[0, head - 1], ids[head], token_char_lengths))
+    # Every later target t: the window ids[t - window : t].
+    tail = positions[positions > window]
+    offsets = torch.arange(-window, 0, device=ids.device)
+    per_batch = max(1, batch_tokens // window)
+    for chunk in tail.split(per_batch):
+        logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
+        total = total.add(score_batch(logits[:, -1], ids[chunk], token_char_lengths))
+    model.train(was_training)
+    return total
+
+
+def windowed_stride(stride: int | str, n_targets: int, window: int, training_tokens: int | None = None) -> int:
+    """`stride` as an int. "auto" scores every target (exact) unless that would run more tokens
+    through the model than training did (training_tokens: steps x batch x seq_len, forward passes
+    only); then every k-th target, the smallest such k. So a full recipe is scored exactly, a
+    smoke run of a few steps quickly, and the choice never depends on the hardware."""
+    if stride != "auto":
+        return int(stride)
+    if not training_tokens:
+        return 1
+    return max(1, math.ceil(n_targets * window / training_tokens))
+
+
+EVALUATED_MODES = ("stateful", "stateless", "windowed", "bigram")
+
+
+def evaluate_modes(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths: Tensor, *, seq_len: int,
+                   streams: int, window: int, windowed_stride: int = 1,
+                   batch_tokens: int = 1 << 16) -> dict[str, Score]:
+    """The whole validation split in every inference mode, plus the training split's bigram table."""
+    device = next(model.parameters()).device
+    val_ids, token_char_lengths = val_ids.to(device), token_char_lengths.to(device)
+    return {
+        "stateful": score_stateful(model, val_ids, seq_len, streams, token_char_lengths),
+        "stateless": score_stateless(model, val_ids, token_char_lengths),
+        "windowed": score_windowed(model, val_ids, window, token_char_lengths, windowed_stride, batch_tokens),
+        "bigram": score_bigram(train_ids.to(device), val_ids, token_char_lengths),
+    }
+
+
+def mode_metrics(scores: dict[str, Score]) -> dict[str, float]:
+    """{"stateful_nll": ..., "stateful_bpc": ..., ...} for summary.json and the loggers."""
+    metrics = {}
+    for mode, score in scores.items():
+        metrics[f"{mode}_nll"] = score.nll
+        metrics[f"{mode}_bpc"] = score.bpc
+    return metrics
+
+
+def format_modes(scores: dict[str, Score]) -> str:
+    lines = [f"{'mode':<10} {'nats/token':>10} {'bits/char':>10} {'targets':>9}"]
+    for mode, score in scores.items():
+        lines.append(f"{mode:<10} {score.nll:>10.4f} {score.bpc:>10.4f} {score.tokens:>9,}")
+    return "\n".join(lines)
+
+
+def evaluate_from_config(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths: Tensor, seq_len: int,
+                         settings, training_tokens: int | None = None) -> tuple[dict[str, Score], dict]:
+    """`evaluate_modes` with the `evaluation` config group's settings (conf/evaluation/default.yaml);
+    returns the scores and the settings actually used (window and stride resolved)."""
+    window = int(settings.get("window") or seq_len)
+    n_targets = val_ids.numel() - 1
+    stride = windowed_stride(settings.get("windowed_stride", "auto"), n_targets, window, training_tokens)
+    used = {"seq_len": seq_len, "streams": int(settings.streams), "window": window, "windowed_stride": stride,
+            "windowed_targets": len(range(1, n_targets + 1, stride))}
+    scores = evaluate_modes(model, train_ids, val_ids, token_char_lengths, seq_len=seq_len,
+                            streams=used["streams"], window=used["window"], windowed_stride=stride,
+                            batch_tokens=int(settings.get("batch_tokens", 1 << 16)))
+    return scores, used

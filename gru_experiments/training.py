@@ -13,7 +13,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data import CorpusDataModule, prepare_corpus
-from gru_experiments.evaluation import score_windows
+from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics, score_windows
+from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_samples, spellable_prompts,
+                                       tokens_for_chars)
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.loggers import build_logger, finish, is_wandb
 from gru_experiments.model import count_parameters
@@ -79,7 +81,9 @@ def train(cfg: DictConfig) -> dict:
             "run_dir": str(output_dir),
         }
         if trainer.is_global_zero:
+            samples = evaluate_inference_modes(cfg, task, datamodule, summary, logger)
             write_json(output_dir / "summary.json", summary)
+            write_json(output_dir / "samples.json", samples)
             if is_wandb(logger):
                 logger.experiment.summary.update({k: v for k, v in summary.items() if v is not None})
             print(format_summary(summary))
@@ -87,6 +91,38 @@ def train(cfg: DictConfig) -> dict:
         return summary
     finally:
         finish(logger, exit_code)
+
+
+def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodule: CorpusDataModule,
+                             summary: dict, logger) -> dict:
+    """The study's comparison on the final weights: the whole validation split scored stateful,
+    stateless and windowed, against the training split's bigram table (nll and bpc added to
+    `summary`), and short seeded stateful/stateless samples side by side (returned)."""
+    started = time.perf_counter()
+    summary["train_tokens"] = summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
+    scores, settings = evaluate_from_config(task.model, datamodule.train_ids, datamodule.val_ids,
+                                            task.token_char_lengths, cfg.data.seq_len, cfg.evaluation,
+                                            summary["train_tokens"])
+    metrics = mode_metrics(scores)
+    summary.update(metrics)
+    summary["mode_evaluation"] = settings
+    samples = side_by_side_samples(
+        task.model, task.tokenizer, spellable_prompts(task.tokenizer, STUDY_PROMPTS, datamodule.val_ids),
+        max_new_tokens=tokens_for_chars(cfg.evaluation.sample_chars, datamodule.val_ids, task.token_char_lengths),
+        decoding=Decoding(temperature=cfg.evaluation.sample_temperature), seed=cfg.seed)
+    summary["evaluation_seconds"] = time.perf_counter() - started
+
+    print(f"inference modes on the whole validation split ({settings}):\n{format_modes(scores)}")
+    for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
+        print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
+    if logger:
+        logger.log_metrics({f"modes/{k}": v for k, v in metrics.items()}, step=task.global_step)
+        if is_wandb(logger):
+            logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
+                             data=[list(row) for row in zip(samples["prompts"], samples["stateful"],
+                                                            samples["stateless"])])
+        logger.save()
+    return samples
 
 
 def format_summary(summary: dict) -> str:

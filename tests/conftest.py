@@ -73,3 +73,12 @@ def compose_config(tmp_path, data_dir):
                 f"paths.log_dir={tmp_path / 'outputs'}", "logger=none", *overrides])
 
     return _compose
+
+
+@pytest.fixture(scope="session")
+def small_shakespeare(tmp_path_factory, shakespeare) -> Path:
+    """60k characters of Richard III: quick to train on, and its training split spells the study's
+    prompts ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")."""
+    path = tmp_path_factory.mktemp("corpus") / "richard.txt"
+    path.write_text(shakespeare.read_text(encoding="utf-8")[170_000:230_000], encoding="utf-8")
+    return path

@@ -1,0 +1,230 @@
+"""Generating text with a trained RecurrentLM, in the study's three inference modes.
+
+    stateful   the prompt runs through the model once; then the state (h per layer, (h, c) for an
+               LSTM) is carried forward and one token is fed per step. Constant cost per token.
+               This is how a model trained with BPTT is meant to be used.
+    stateless  at every step only the last token is fed, from a fresh zero state: the original
+               study's behaviour. The model can condition on nothing but the previous token, so it
+               is a first-order (bigram-like) model, however it was trained.
+    windowed   at every step the last `window` tokens are re-run from a zero state
+               (transformer-style). Cost per token grows with the window.
+
+The samplers are functions of (model, prompt token ids, number of tokens, a `choose` function);
+`choose` turns next-token logits (B, V) into token ids (B,) and is where decoding happens
+(greedy, temperature, top-k, top-p; see `make_chooser`). They never look at the cell type: the
+model's own state interface (`logits, state = model(tokens, state)`) is all they use.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+MODES = ("stateful", "stateless", "windowed")
+
+# The study's three prompts.
+STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
+
+Chooser = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How the next token is chosen from the logits. Temperature, top-k and top-p combine
+    (applied in that order); greedy (or temperature 0) takes the argmax and ignores the rest."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    greedy: bool = False
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (or null for no limit), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (or null for no limit), got {self.top_p}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> Tensor:
+    """logits (..., V) scaled by 1/temperature, with every token outside the top-k and outside
+    the nucleus (the most probable tokens whose probabilities first reach top_p) set to -inf.
+    Ties with the k-th largest logit are kept."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # A token is dropped when the tokens ranked above it already hold top_p of the mass,
+        # so the most probable token always stays.
+        mass_above = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_above >= top_p
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def make_chooser(decoding: Decoding, generator: torch.Generator | None = None) -> Chooser:
+    """The function (B, V) logits -> (B,) token ids that `decoding` describes; random draws
+    come from `generator` only, so a seeded generator makes the output reproducible."""
+    if decoding.is_greedy:
+        return lambda logits: logits.argmax(dim=-1)
+    temperature, top_k, top_p = decoding.temperature, decoding.top_k, decoding.top_p
+
+    def choose(logits: Tensor) -> Tensor:
+        probs = filter_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    return choose
+
+
+# --- the three samplers: prompt (B, P) -> generated tokens (B, max_new_tokens) -------------
+# Call them on a model in eval mode (`generate` does that), or dropout makes every step random.
+
+@torch.inference_mode()
+def sample_stateful(model, prompt: Tensor, max_new_tokens: int, choose: Chooser) -> Tensor:
+    out = prompt.new_empty(prompt.shape[0], max_new_tokens)
+    if max_new_tokens == 0:
+        return out
+    logits, state = model(prompt)  # the whole prompt in one pass; its final state carries on
+    logits = logits[:, -1]
+    for t in range(max_new_tokens - 1):
+        token = choose(logits)
+        out[:, t] = token
+        logits, state = model(token.unsqueeze(1), state)
+        logits = logits[:, -1]
+    out[:, -1] = choose(logits)
+    return out
+
+
+@torch.inference_mode()
+def sample_stateless(model, prompt: Tensor, max_new_tokens: int, choose: Chooser) -> Tensor:
+    out = prompt.new_empty(prompt.shape[0], max_new_tokens)
+    token = prompt[:, -1]
+    for t in range(max_new_tokens):
+        logits, _ = model(token.unsqueeze(1))  # no state passed: a fresh zero state every step
+        token = choose(logits[:, -1])
+        out[:, t] = token
+    return out
+
+
+@torch.inference_mode()
+def sample_windowed(model, prompt: Tensor, max_new_tokens: int, choose: Chooser, window: int) -> Tensor:
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    prompt_len = prompt.shape[1]
+    tokens = torch.cat([prompt, prompt.new_empty(prompt.shape[0], max_new_tokens)], dim=1)
+    for end in range(prompt_len, prompt_len + max_new_tokens):
+        logits, _ = model(tokens[:, max(0, end - window):end])  # zero state, the last `window` tokens
+        tokens[:, end] = choose(logits[:, -1])
+    return tokens[:, prompt_len:]
+
+
+def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose: Chooser,
+                  window: int | None = None) -> Tensor:
+    """Dispatch to the sampler of `mode` (one of MODES); the model is put in eval mode meanwhile."""
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must be a non-empty (batch, length) tensor of token ids, got shape "
+                         f"{tuple(prompt.shape)}")
+    was_training = model.training
+    model.eval()
+    try:
+        if mode == "stateful":
+            return sample_stateful(model, prompt, max_new_tokens, choose)
+        if mode == "stateless":
+            return sample_stateless(model, prompt, max_new_tokens, choose)
+        if mode == "windowed":
+            if window is None:
+                raise ValueError("windowed sampling needs a window (tokens of context)")
+            return sample_windowed(model, prompt, max_new_tokens, choose, window)
+        raise ValueError(f"unknown inference mode {mode!r}; choose one of {MODES}")
+    finally:
+        model.train(was_training)
+
+
+def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
+             decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None) -> Tensor:
+    """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N).
+
+    The random draws come from a generator seeded with `seed` alone, so the same seed gives the
+    same text (on the same device), whatever was sampled before."""
+    device = next(model.parameters()).device
+    prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=device).expand(num_samples, -1)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator),
+                         window)
+
+
+def prompt_seed(seed: int, prompt: str) -> int:
+    """The seed a prompt's samples are drawn with: from `seed` and the prompt's text, so that
+    prompts get independent draws, and a prompt's text does not depend on the other prompts."""
+    return (seed + zlib.crc32(prompt.encode("utf-8"))) % 2**63
+
+
+def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new_tokens: int,
+                 num_samples: int = 1, decoding: Decoding = Decoding(), seed: int = 0,
+                 window: int | None = None) -> list[list[str]]:
+    """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`."""
+    texts = []
+    for prompt in prompts:
+        check_prompt(tokenizer, prompt)
+        generated = generate(model, tokenizer.encode(prompt), mode=mode, max_new_tokens=max_new_tokens,
+                             num_samples=num_samples, decoding=decoding, seed=prompt_seed(seed, prompt),
+                             window=window)
+        texts.append([prompt + tokenizer.decode(row) for row in generated.tolist()])
+    return texts
+
+
+def check_prompt(tokenizer, prompt: str) -> None:
+    if not prompt:
+        raise ValueError("a prompt must hold at least one character")
+    unknown = tokenizer.unknown_characters(prompt)
+    if unknown:
+        raise ValueError(f"prompt {prompt!r} has characters the model's {tokenizer.kind} vocabulary lacks: "
+                         f"{unknown!r}")
+
+
+def tokens_for_chars(chars: int, ids: Tensor, token_char_lengths: Tensor) -> int:
+    """How many tokens make about `chars` characters, at the mean token length of `ids`
+    (chars itself for a character model, fewer for subwords)."""
+    mean_length = token_char_lengths.to(ids.device)[ids].float().mean().item() if ids.numel() else 1.0
+    return max(1, round(chars / max(mean_length, 1e-9)))
+
+
+def spellable_prompts(tokenizer, prompts: Sequence[str], fallback_ids: Tensor, fallback_tokens: int = 8) -> list[str]:
+    """The prompts the tokenizer's vocabulary can spell; if none, the text of the first few
+    `fallback_ids` (e.g. the validation split's opening), so any corpus gets samples."""
+    usable = [p for p in prompts if p and not tokenizer.unknown_characters(p)]
+    return usable or [tokenizer.decode(fallback_ids[:fallback_tokens].tolist())]
+
+
+def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPTS, *, max_new_tokens: int,
+                         decoding: Decoding = Decoding(), seed: int = 0) -> dict:
+    """The same prompts, weights and seed, sampled statefully and statelessly.
+
+    Format (read by the sweep report): {"prompts": [...], "stateful": [...], "stateless": [...],
+    "settings": {...}}, one text (prompt + continuation) per prompt in each list."""
+    settings = dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())
+    samples = {"prompts": list(prompts)}
+    for mode in ("stateful", "stateless"):
+        texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
+                             decoding=decoding, seed=seed)
+        samples[mode] = [per_prompt[0] for per_prompt in texts]
+    samples["settings"] = settings
+    return samples

@@ -1,0 +1,171 @@
+"""The inference modes measured: every scorer is checked against a plain, independent computation,
+the bigram baseline against counts by hand, and the study's claim on a briefly trained model."""
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gru_experiments.data import RandomWindowBatches, split_text
+from gru_experiments.evaluation import (bigram_log_probs, evaluate_modes, score_bigram, score_stateful,
+                                        score_stateless, score_table, score_windowed, stateless_log_probs,
+                                        windowed_stride)
+from gru_experiments.model import RecurrentLM
+from gru_experiments.tokenizers import CharTokenizer
+from gru_experiments.training import train
+
+V = 11
+
+
+@pytest.fixture(params=["gru", "lstm"])
+def model(request):
+    torch.manual_seed(0)
+    return RecurrentLM(V, request.param, embedding_dim=5, hidden_size=8, num_layers=2, dropout=0.3).double().eval()
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(V, (150,), generator=torch.Generator().manual_seed(1))
+
+
+def lengths(vocab=V):
+    """Uneven characters per token, as a subword vocabulary has, so bpc is really per character."""
+    return torch.arange(vocab) % 3 + 1
+
+
+def nll_of(model, context: torch.Tensor, target: int) -> float:
+    """-log p(target | context) from a zero state: one plain forward pass."""
+    with torch.no_grad():
+        logits, _ = model(context.unsqueeze(0))
+    return -F.log_softmax(logits[0, -1], -1)[target].item()
+
+
+def check_score(score, nlls: list[float], targets: torch.Tensor):
+    assert score.tokens == len(nlls) == targets.numel()
+    assert score.nll_sum == pytest.approx(sum(nlls), rel=1e-6)  # score_batch sums in float32
+    assert score.characters == int(lengths()[targets].sum())
+    assert score.bpc == pytest.approx(sum(nlls) / math.log(2) / score.characters, rel=1e-6)
+
+
+@pytest.mark.parametrize("streams", [1, 4, 149, 500])
+def test_stateful_is_each_stream_in_one_pass(model, ids, streams):
+    score = score_stateful(model, ids, seq_len=7, streams=streams, token_char_lengths=lengths())
+    # Each stream run whole in one forward pass: carrying the state across chunks changes nothing.
+    n = ids.numel() - 1
+    per_stream = -(-n // min(streams, n))
+    nlls = []
+    for start in range(0, n, per_stream):
+        inputs, targets = ids[start:min(start + per_stream, n)], ids[start + 1:min(start + per_stream, n) + 1]
+        with torch.no_grad():
+            logits, _ = model(inputs.unsqueeze(0))
+        nlls += (-F.log_softmax(logits[0], -1).gather(1, targets.unsqueeze(1))).flatten().tolist()
+    check_score(score, nlls, ids[1:])
+
+
+def test_stateless_is_every_target_from_its_previous_token_alone(model, ids):
+    score = score_stateless(model, ids, lengths())
+    nlls = [nll_of(model, ids[t - 1:t], ids[t].item()) for t in range(1, ids.numel())]
+    check_score(score, nlls, ids[1:])
+    assert stateless_log_probs(model).shape == (V, V)
+
+
+@pytest.mark.parametrize("window,stride", [(6, 1), (6, 7), (1, 1), (500, 3)])
+def test_windowed_is_every_target_from_its_own_window(model, ids, window, stride):
+    score = score_windowed(model, ids, window, lengths(), stride=stride, batch_tokens=40)
+    positions = range(1, ids.numel(), stride)
+    nlls = [nll_of(model, ids[max(0, t - window):t], ids[t].item()) for t in positions]
+    check_score(score, nlls, ids[list(positions)])
+
+
+def test_windowed_extremes_are_stateless_and_stateful(model, ids):
+    # A one-token window is the stateless model; a window covering everything is one stream.
+    assert score_windowed(model, ids, 1, lengths()).nll == pytest.approx(score_stateless(model, ids, lengths()).nll)
+    assert score_windowed(model, ids, 1000, lengths()).nll == pytest.approx(
+        score_stateful(model, ids, 5, 1, lengths()).nll)
+
+
+def test_bigram_counts_by_hand():
+    train_ids = torch.tensor([0, 1, 0, 1, 1, 2])  # pairs: 0>1, 1>0, 0>1, 1>1, 1>2
+    expected = torch.tensor([[1 / 5, 3 / 5, 1 / 5],  # from 0: counts (0, 2, 0), total 2, plus one each
+                             [2 / 6, 2 / 6, 2 / 6],  # from 1: counts (1, 1, 1)
+                             [1 / 3, 1 / 3, 1 / 3]],  # 2 never precedes anything
+                            dtype=torch.float64)
+    torch.testing.assert_close(bigram_log_probs(train_ids, 3).exp(), expected)
+    val_ids = torch.tensor([0, 1, 2, 2])
+    score = score_bigram(train_ids, val_ids, torch.tensor([1, 2, 3]))
+    assert score.nll_sum == pytest.approx(-(math.log(3 / 5) + math.log(2 / 6) + math.log(1 / 3)))
+    assert (score.tokens, score.characters) == (3, 2 + 3 + 3)
+
+
+def test_tables_score_uneven_token_lengths():
+    table = torch.log_softmax(torch.randn(4, 4, dtype=torch.float64), -1)
+    ids = torch.tensor([3, 0, 2, 2, 1])
+    score = score_table(table, ids, torch.tensor([1, 2, 5, 1]))
+    assert score.nll_sum == pytest.approx(-(table[3, 0] + table[0, 2] + table[2, 2] + table[2, 1]).item())
+    assert score.characters == 1 + 5 + 5 + 2  # the targets 0, 2, 2, 1
+
+
+def test_auto_stride_scores_a_full_recipe_exactly_and_a_smoke_run_quickly():
+    # Astra-alpha's recipe: 2000 steps x 64 x 128 tokens; the validation split: 111,539 targets.
+    assert windowed_stride("auto", 111_539, 128, 2000 * 64 * 128) == 1
+    assert windowed_stride("auto", 111_539, 128, 2 * 4 * 32) == math.ceil(111_539 * 128 / 256)
+    assert windowed_stride("auto", 111_539, 128, None) == 1
+    assert windowed_stride(5, 111_539, 128, 1) == 5
+
+
+def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
+    """The study's claim on an Astra-alpha-sized GRU after 30 short steps on Tiny Shakespeare."""
+    train_text, val_text = split_text(shakespeare.read_text(encoding="utf-8"), 0.9)
+    tokenizer = CharTokenizer.from_text(train_text)
+    train_ids = torch.tensor(tokenizer.encode(train_text))
+    val_ids = torch.tensor(tokenizer.encode(val_text))[:20_000]
+    torch.manual_seed(0)
+    model = RecurrentLM(tokenizer.vocab_size, "gru", embedding_dim=64, hidden_size=128, num_layers=1, dropout=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for inputs, targets in RandomWindowBatches(train_ids, 32, 32, 30, torch.Generator().manual_seed(0)):
+        logits, _ = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    scores = evaluate_modes(model, train_ids, val_ids, tokenizer.token_char_lengths, seq_len=32, streams=16,
+                            window=32, windowed_stride=20)
+    bpc = {mode: score.bpc for mode, score in scores.items()}
+    assert bpc["stateful"] < bpc["stateless"] - 0.3, bpc
+    assert bpc["windowed"] < bpc["stateless"] - 0.3, bpc
+    # A stateless GRU is a first-order model, so it cannot beat the best first-order table by much;
+    # the stateful one has already left the bigram table behind.
+    assert bpc["stateful"] < bpc["bigram"], bpc
+
+
+def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_config, small_shakespeare):
+    cfg = compose_config(f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=3",
+                         "model.steps_per_epoch=3", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
+                         "evaluation.windowed_stride=1", "evaluation.sample_chars=40")
+    summary = train(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    for mode in ["stateful", "stateless", "windowed", "bigram"]:
+        for unit in ["nll", "bpc"]:
+            assert math.isfinite(on_disk[f"{mode}_{unit}"]) and on_disk[f"{mode}_{unit}"] == summary[f"{mode}_{unit}"]
+    assert on_disk["mode_evaluation"]["window"] == 16 and on_disk["mode_evaluation"]["windowed_stride"] == 1
+
+    # The bigram baseline is the training split's counts, scored on the validation split.
+    train_text, val_text = split_text(small_shakespeare.read_text(encoding="utf-8"), cfg.data.train_fraction)
+    vocab = sorted(set(train_text))
+    pairs, firsts = Counter(zip(train_text, train_text[1:])), Counter(train_text[:-1])
+    nll = -sum(math.log((pairs[a, b] + 1) / (firsts[a] + len(vocab))) for a, b in zip(val_text, val_text[1:]))
+    assert on_disk["bigram_nll"] == pytest.approx(nll / (len(val_text) - 1), rel=1e-9)
+    assert on_disk["bigram_bpc"] == pytest.approx(nll / math.log(2) / (len(val_text) - 1), rel=1e-9)
+
+    samples = json.loads((run_dir / "samples.json").read_text())
+    assert set(samples) == {"prompts", "stateful", "stateless", "settings"}
+    assert samples["prompts"] == ["ROMEO: ", "KING: ", "FIRST CITIZEN: "]
+    assert samples["settings"]["seed"] == cfg.seed and samples["settings"]["max_new_tokens"] == 40
+    for mode in ["stateful", "stateless"]:
+        assert [len(text) for text in samples[mode]] == [len(p) + 40 for p in samples["prompts"]]
+        assert all(text.startswith(prompt) for text, prompt in zip(samples[mode], samples["prompts"]))

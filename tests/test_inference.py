@@ -1,0 +1,290 @@
+"""Sampling: the three inference modes are what they claim, decoding emits only allowed tokens,
+seeds reproduce, and sample.py works end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+from gru_experiments.inference import (STUDY_PROMPTS, Decoding, filter_logits, generate, make_chooser,
+                                       sample_texts, sample_tokens, spellable_prompts)
+from gru_experiments.model import RecurrentLM
+from gru_experiments.tokenizers import CharTokenizer
+
+V = 13
+
+
+def make_model(cell="gru", num_layers=3, seed=0, **kwargs) -> RecurrentLM:
+    torch.manual_seed(seed)
+    # Dropout > 0 on purpose: eval mode must switch it off, or nothing below would agree.
+    return RecurrentLM(V, cell, embedding_dim=6, hidden_size=10, num_layers=num_layers, dropout=0.3, **kwargs).eval()
+
+
+class Scripted:
+    """A `choose` that records the logits it is shown and answers with fixed tokens."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens, self.seen = tokens, []
+
+    def __call__(self, logits):
+        self.seen.append(logits.clone())
+        return self.tokens[:, len(self.seen) - 1]
+
+
+MODELS = [dict(cell="gru"), dict(cell="lstm"), dict(cell="lstm", layer_norm=True),
+          dict(cell="gru", implementation="reference")]
+
+
+@pytest.mark.parametrize("kwargs", MODELS, ids=lambda k: "-".join(map(str, k.values())))
+def test_stepping_with_carried_state_equals_one_full_forward(kwargs):
+    model = make_model(**kwargs)
+    tokens = torch.randint(V, (2, 15))
+    with torch.no_grad():
+        full, full_state = model(tokens)
+        # A prefix in one pass, then one token at a time: how the stateful sampler runs.
+        prefix, state = model(tokens[:, :5])
+        steps = [prefix]
+        for t in range(5, 15):
+            logits, state = model(tokens[:, t:t + 1], state)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full)
+    for ours, reference in zip(state, full_state):
+        torch.testing.assert_close(ours, reference)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_stateful_sampler_sees_the_whole_history(cell):
+    model = make_model(cell)
+    prompt, chosen = torch.randint(V, (3, 6)), torch.randint(V, (3, 9))
+    script = Scripted(chosen)
+    out = sample_tokens(model, prompt, 9, "stateful", script)
+    assert torch.equal(out, chosen)
+    with torch.no_grad():
+        full, _ = model(torch.cat([prompt, chosen], 1))
+    # Step t sees the prompt and the t tokens chosen so far: the full forward at that position.
+    torch.testing.assert_close(torch.stack(script.seen, 1), full[:, 5:14])
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_stateless_sampler_is_the_model_on_the_last_token_from_zero_state(cell):
+    model = make_model(cell)
+    prompt, chosen = torch.randint(V, (3, 6)), torch.randint(V, (3, 7))
+    script = Scripted(chosen)
+    sample_tokens(model, prompt, 7, "stateless", script)
+    previous = torch.cat([prompt[:, -1:], chosen[:, :-1]], 1)
+    with torch.no_grad():
+        for t, seen in enumerate(script.seen):
+            zeros = model.initial_state(3)
+            expected, _ = model(previous[:, t:t + 1], zeros)
+            torch.testing.assert_close(seen, expected[:, -1])
+    # ...which depends on nothing before the last token.
+    other_prompt = torch.cat([torch.randint(V, (3, 4)), prompt[:, -1:]], 1)
+    again = Scripted(chosen)
+    sample_tokens(model, other_prompt, 7, "stateless", again)
+    torch.testing.assert_close(torch.stack(again.seen), torch.stack(script.seen))
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_windowed_sampler_is_the_full_forward_on_the_window(cell):
+    model = make_model(cell)
+    window = 4
+    prompt, chosen = torch.randint(V, (2, 6)), torch.randint(V, (2, 5))
+    script = Scripted(chosen)
+    sample_tokens(model, prompt, 5, "windowed", script, window=window)
+    sequence = torch.cat([prompt, chosen], 1)
+    with torch.no_grad():
+        for t, seen in enumerate(script.seen):
+            end = 6 + t
+            expected, _ = model(sequence[:, end - window:end])
+            torch.testing.assert_close(seen, expected[:, -1])
+        # A window longer than the history is the history: the stateful figure.
+        long_script = Scripted(chosen)
+        sample_tokens(model, prompt, 5, "windowed", long_script, window=100)
+        full, _ = model(sequence)
+    torch.testing.assert_close(torch.stack(long_script.seen, 1), full[:, 5:10])
+
+
+def test_sampling_restores_training_mode():
+    model = make_model().train()
+    generate(model, [1, 2], mode="stateful", max_new_tokens=3)
+    assert model.training
+
+
+@pytest.mark.parametrize("mode", ["stateful", "stateless", "windowed"])
+def test_same_seed_same_text_different_seed_different_text(mode):
+    model = make_model()
+    draw = lambda seed: generate(model, [1, 2, 3], mode=mode, max_new_tokens=40, num_samples=3,  # noqa: E731
+                                 decoding=Decoding(temperature=1.0), seed=seed, window=5)
+    first = draw(7)
+    assert first.shape == (3, 40)
+    assert torch.equal(first, draw(7))
+    assert not torch.equal(first, draw(8))
+    assert not torch.equal(first[0], first[1])  # the batch's samples are independent draws
+
+
+def test_a_prompts_text_does_not_depend_on_the_other_prompts():
+    tokenizer = CharTokenizer("ABCDEFGHIJKLM")
+    model = make_model()
+    alone = sample_texts(model, tokenizer, ["AB"], mode="stateful", max_new_tokens=30, seed=3)
+    together = sample_texts(model, tokenizer, ["CD", "AB"], mode="stateful", max_new_tokens=30, seed=3)
+    assert together[1] == alone[0] and alone[0][0].startswith("AB") and len(alone[0][0]) == 32
+    assert together[0] != together[1]
+
+
+def allowed_top_k(logits, k):
+    return set(torch.argsort(logits, descending=True)[:k].tolist())
+
+
+def allowed_top_p(logits, p):
+    """Smallest set of most probable tokens whose probabilities reach p, written out plainly."""
+    probs = torch.softmax(logits.double(), -1).tolist()
+    kept, mass = set(), 0.0
+    for token in sorted(range(len(probs)), key=lambda i: -probs[i]):
+        kept.add(token)
+        mass += probs[token]
+        if mass >= p:
+            break
+    return kept
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, None), (None, 0.5), (None, 0.9), (8, 0.6), (1, None)])
+def test_top_k_and_top_p_only_ever_emit_allowed_tokens(top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 40) * 2
+    filtered = filter_logits(logits, 0.7, top_k, top_p)
+    scaled = logits / 0.7
+    for row in range(4):
+        allowed = set(range(40))
+        if top_k is not None:
+            allowed = allowed_top_k(scaled[row], top_k)
+        if top_p is not None:
+            renormalised = scaled[row].masked_fill(torch.tensor([i not in allowed for i in range(40)]), -float("inf"))
+            allowed = allowed_top_p(renormalised, top_p)
+        assert set(torch.nonzero(filtered[row].isfinite()).flatten().tolist()) == allowed
+        # Draws through the chooser, many at once.
+        choose = make_chooser(Decoding(temperature=0.7, top_k=top_k, top_p=top_p),
+                              torch.Generator().manual_seed(row))
+        draws = choose(logits[row].expand(5000, -1))
+        assert set(draws.tolist()) <= allowed
+        assert len(set(draws.tolist())) > 1 or len(allowed) == 1
+
+
+def test_greedy_is_the_argmax():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 30)
+    assert torch.equal(make_chooser(Decoding(greedy=True))(logits), logits.argmax(-1))
+    assert torch.equal(make_chooser(Decoding(temperature=0))(logits), logits.argmax(-1))
+    # Greedy stateful sampling is the argmax of the full forward at every step.
+    model = make_model("lstm")
+    out = generate(model, [3, 1, 4], mode="stateful", max_new_tokens=12, decoding=Decoding(greedy=True))
+    sequence = torch.tensor([[3, 1, 4]])
+    with torch.no_grad():
+        for _ in range(12):
+            logits, _ = model(sequence)
+            sequence = torch.cat([sequence, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, sequence[:, 3:])
+
+
+def test_decoding_rejects_nonsense():
+    for bad in [dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)]:
+        with pytest.raises(ValueError):
+            Decoding(**bad)
+
+
+# --- sample.py end to end ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, small_shakespeare):
+    """A two-step Astra-alpha run, in an outputs/ folder of its own."""
+    from hydra import compose, initialize_config_dir
+
+    from gru_experiments.training import train
+
+    root = tmp_path_factory.mktemp("sample_e2e")
+    run_dir = root / "outputs" / "runs" / "astra_alpha" / "run1"
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            f"paths.output_dir={run_dir}", f"paths.data_dir={root / 'data'}", f"paths.log_dir={root / 'outputs'}",
+            "logger=none", f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=32",
+            "trainer.max_steps=2", "model.steps_per_epoch=2", "trainer.enable_progress_bar=false",
+            "trainer.accelerator=cpu", "evaluation.sample_chars=20"])
+    train(cfg)
+    return root, run_dir
+
+
+def run_sample(root: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PROJECT_ROOT=str(root), PYTHONPATH=str(REPO), WANDB_MODE="disabled")
+    return subprocess.run([sys.executable, str(REPO / "sample.py"), f"paths.log_dir={root / 'outputs'}",
+                           "device=cpu", *overrides], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def sampling_dirs(root: Path) -> list[Path]:
+    return sorted((root / "outputs" / "samples").glob("*/*/"))
+
+
+def test_sample_py_stateful_and_stateless(trained_run):
+    root, run_dir = trained_run
+    # Default: the newest astra_alpha run under outputs/, stateful, the study's prompts.
+    result = run_sample(root, "max_new_tokens=25", "num_samples=2")
+    assert result.returncode == 0, result.stderr
+    for prompt in STUDY_PROMPTS:
+        assert f"=== {prompt!r} [stateful, sample 2/2]" in result.stdout
+    [first] = sampling_dirs(root)
+    record = json.loads((first / "sampling.json").read_text())
+    assert record["checkpoint"] == str((run_dir / "checkpoints" / "last.ckpt").resolve())
+    assert record["settings"]["mode"] == "stateful" and record["seed"] == 1234
+    assert [r["prompt"] for r in record["results"]] == list(STUDY_PROMPTS)
+    assert all(len(r["samples"]) == 2 for r in record["results"])
+    assert record["results"][0]["samples"][0] in (first / "samples.txt").read_text()
+
+    # Stateless from the run folder, one prompt from the command line.
+    result = run_sample(root, f"run={run_dir}", "inference=stateless", "prompt=ROMEO: ", "max_new_tokens=25")
+    assert result.returncode == 0, result.stderr
+    assert "=== 'ROMEO: ' [stateless, sample 1/1]" in result.stdout
+    [second] = [d for d in sampling_dirs(root) if d != first]
+    record = json.loads((second / "sampling.json").read_text())
+    assert record["settings"]["mode"] == "stateless" and record["prompts"] == ["ROMEO: "]
+    assert record["results"][0]["samples"][0].startswith("ROMEO: ")
+
+
+def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
+    root, run_dir = trained_run
+    prompts = root / "prompts.txt"
+    prompts.write_text("KING: \nJULIET:\\nO Romeo\n", encoding="utf-8")
+    result = run_sample(root, f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", "inference=windowed",
+                        f"prompt_file={prompts}", "max_new_tokens=10", "top_k=5", "evaluate=true",
+                        f"data.path={small_shakespeare}", "data.seq_len=32")
+    assert result.returncode == 0, result.stderr
+    assert "=== 'JULIET:\\nO Romeo' [windowed" in result.stdout
+    newest = max(sampling_dirs(root), key=lambda d: d.name)
+    record = json.loads((newest / "sampling.json").read_text())
+    assert record["prompts"] == ["KING: ", "JULIET:\nO Romeo"] and record["settings"]["window"] == 32
+    evaluation = json.loads((newest / "evaluation.json").read_text())
+    for mode in ["stateful", "stateless", "windowed", "bigram"]:
+        assert evaluation[f"{mode}_bpc"] > 0 and evaluation[f"{mode}_nll"] > 0
+    # The same figures the training run recorded (same weights, data and settings).
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ["stateful_nll", "stateless_nll", "windowed_nll", "bigram_nll"]:
+        assert evaluation[key] == pytest.approx(summary[key], rel=1e-5)
+
+
+def test_sample_py_without_a_checkpoint_says_how_to_train_one(tmp_path):
+    result = run_sample(tmp_path, "model=astra_beta")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "no trained astra_beta checkpoint under outputs/; "
+        "train one with: python train.py model=astra_beta")
+    assert not (tmp_path / "outputs" / "samples").exists()  # a failed start leaves no folder behind
+
+
+def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
+    tokenizer = CharTokenizer("ABCIKNG: ")
+    assert spellable_prompts(tokenizer, STUDY_PROMPTS, torch.tensor([0])) == ["KING: "]
+    tokenizer = CharTokenizer("abc")
+    assert spellable_prompts(tokenizer, STUDY_PROMPTS, torch.tensor([2, 1, 0, 0, 1, 2, 2, 2, 2])) == ["cbaabccc"]
