@@ -1,20 +1,32 @@
-"""Train one model: python train.py [model=astra_alpha] [key=value ...]; -m for multirun sweeps."""
+"""Train one model: python train.py [model=astra_alpha] [key=value ...]; -m for multirun sweeps.
+
+Resume an interrupted run with resume=last (the newest run of the model) or resume=RUN_DIR.
+"""
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+from gru_experiments.errors import reported_errors
+from gru_experiments.resume import rewrite_argv
+
+ROOT = Path(__file__).resolve().parent
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from gru_experiments.training import train  # imported here so --help and --cfg stay fast
+    with reported_errors(cfg):
+        from gru_experiments.training import train  # imported here so --help and --cfg stay fast
 
-    train(cfg)
+        train(cfg)
 
 
 if __name__ == "__main__":
+    # Resuming replaces the command line with the run's own config, before Hydra composes it.
+    with reported_errors(argv=sys.argv):
+        sys.argv = rewrite_argv(sys.argv, ROOT / "conf")
     main()

@@ -18,7 +18,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from gru_experiments.tokenizers import build_tokenizer
+from gru_experiments.errors import UserError
+from gru_experiments.tokenizers import build_tokenizer, describe_characters
 
 IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
 
@@ -55,12 +56,40 @@ def corpus_path(path: str | None, url: str, sha256: str | None, cache_dir: str |
     cached = Path(cache_dir) / Path(url.split("?")[0]).name
     if not cached.exists() or (sha256 and sha256_of(cached) != sha256):
         print(f"downloading {url} -> {cached}")
-        download(url, cached, sha256)
+        try:
+            download(url, cached, sha256)
+        except (OSError, ValueError) as err:  # no network, HTTP error, checksum mismatch
+            raise UserError(f"could not download the corpus from {url} ({err}); "
+                            "train on a local file instead: data.path=FILE") from None
     return cached
 
 
 def read_corpus(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
+    """The corpus text; UserError if the file is missing, empty or not UTF-8."""
+    if not path.exists():
+        raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
+    if not path.is_file():
+        raise UserError(f"corpus path is not a file: {path} (data.path)")
+    data = path.read_bytes()
+    if not data:
+        raise UserError(f"corpus file is empty: {path}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"corpus file is not UTF-8 text: {path} (byte 0x{data[err.start]:02x} at offset {err.start}, "
+                        f"line {line}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source) -> None:
+    """Training needs one window plus its shifted target; validation needs one target."""
+    if n_train < seq_len + 1:
+        raise UserError(f"corpus too short: the training split of {source} has {n_train} {unit}, fewer than one "
+                        f"training window plus one (data.seq_len + 1 = {seq_len + 1}); use a longer corpus or a "
+                        "shorter data.seq_len")
+    if n_val < 2:
+        raise UserError(f"corpus too short: the validation split of {source} has {n_val} {unit}, it needs at least "
+                        "2; use a longer corpus or a smaller data.train_fraction")
 
 
 def split_text(text: str, train_fraction: float) -> tuple[str, str]:
@@ -82,9 +111,17 @@ def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir) -> Corpus:
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
     train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
+    # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
+    check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)
     tokenizer = build_tokenizer(tokenizer_cfg.kind, train_text, tokenizer_cache_dir, **settings)
+    if tokenizer.kind == "char" and (unseen := tokenizer.unknown_characters(val_text)):
+        raise UserError(f"the validation split of {source} has characters the training split lacks "
+                        f"({describe_characters(unseen)}), and the char vocabulary comes from the training split; "
+                        "use a corpus whose last part has no new characters, or tokenizer=spm")
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
-    return Corpus(tokenizer, encode(train_text), encode(val_text), source)
+    corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source)
+    check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)
+    return corpus
 
 
 def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
@@ -124,6 +161,17 @@ class RandomWindowBatches:
             windows = self.ids[starts + self.offsets]  # one gather: (B, T + 1)
             yield windows[:, :-1], windows[:, 1:]
 
+    # Lightning checkpoints a loader that has state_dict/load_state_dict and restores it on a
+    # mid-epoch resume. The generator is all the state there is: the resumed epoch draws its
+    # remaining batches from it (Lightning stops the epoch after steps_per_epoch batches in
+    # all), which are exactly the batches the uninterrupted run drew. The data module saves
+    # the same generator; restoring it twice sets the same state.
+    def state_dict(self) -> dict:
+        return {"generator_state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator_state"])
+
 
 class EvalBatches:
     """The whole split as consecutive windows, in batches (see `eval_windows`)."""
@@ -145,7 +193,7 @@ class CorpusDataModule(L.LightningDataModule):
                  steps_per_epoch: int, seed: int = 0, eval_batch_size: int | None = None):
         super().__init__()
         if train_ids.numel() < seq_len + 1:
-            raise ValueError(
+            raise UserError(
                 f"the training split has {train_ids.numel()} tokens, fewer than one window "
                 f"(seq_len + 1 = {seq_len + 1}); use a longer corpus or a shorter data.seq_len"
             )

@@ -8,6 +8,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from gru_experiments.checkpoints import check_tokenizer, read_checkpoint
+from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.evaluation import Score, score_batch
 from gru_experiments.model import RecurrentLM
 from gru_experiments.tokenizers import tokenizer_from_state
@@ -46,6 +48,11 @@ class LanguageModelTask(L.LightningModule):
         inputs, targets = batch
         logits, _ = self.model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if not torch.isfinite(loss):
+            # Stop before the update, so the weights (and any checkpoint) stay those of the
+            # last good step.
+            raise TrainingDiverged(f"training diverged: the loss is {loss.item()} at training step "
+                                   f"{self.global_step + 1} (epoch {self.current_epoch})")
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         self._epoch_loss[0] += loss.detach()
@@ -96,17 +103,41 @@ class LanguageModelTask(L.LightningModule):
         self.log("val/loss", score.nll, prog_bar=True)
         self.log("val/bpc", score.bpc, prog_bar=True)
 
-    # --- checkpoints carry the tokenizer ----------------------------------------------
+    # --- checkpoints carry the tokenizer and the running training statistics ----------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.state_dict()
+        # A run resumed mid-epoch reports the same epoch loss and throughput as an uninterrupted one.
+        checkpoint["train_statistics"] = {
+            "epoch_loss_sum": float(self._epoch_loss[0]), "epoch_loss_count": self._epoch_loss[1],
+            "train_tokens": self.train_tokens, "train_seconds": self.train_seconds,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        stats = checkpoint.get("train_statistics")
+        if stats:
+            self._epoch_loss = [stats["epoch_loss_sum"], stats["epoch_loss_count"]]
+            self.train_tokens, self.train_seconds = stats["train_tokens"], stats["train_seconds"]
 
 
-def load_checkpoint(path, map_location="cpu") -> LanguageModelTask:
+def load_checkpoint(path, map_location="cpu", tokenizer_kind: str | None = None,
+                    vocab_size: int | None = None) -> LanguageModelTask:
     """Rebuild model and tokenizer from a checkpoint alone. Nothing in it is executed:
-    it is read with weights_only=True."""
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
-    task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer)
-    task.load_state_dict(checkpoint["state_dict"])
+    it is read with weights_only=True (a file that would run code is refused).
+
+    `tokenizer_kind` ('char'/'spm') and `vocab_size`, when given, are what the caller asked
+    for; a checkpoint with another tokenizer or vocabulary raises a UserError, as does a
+    missing, truncated or foreign file.
+    """
+    checkpoint = read_checkpoint(path, map_location=map_location)
+    check_tokenizer(checkpoint, path, kind=tokenizer_kind, vocab_size=vocab_size)
+    try:
+        tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
+        task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer)
+        task.load_state_dict(checkpoint["state_dict"])
+    except (TypeError, KeyError, ValueError, RuntimeError) as err:
+        raise UserError(f"{path} is not a usable gru-experiments checkpoint: {str(err).splitlines()[0]}") from None
+    if tokenizer.vocab_size != task.model.vocab_size:
+        raise UserError(f"{path} is inconsistent: its tokenizer has {tokenizer.vocab_size} symbols but its model "
+                        f"{task.model.vocab_size}")
     return task.eval()

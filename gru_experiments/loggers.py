@@ -29,15 +29,25 @@ def is_wandb(logger) -> bool:
     return type(logger).__name__ == "WandbLogger"
 
 
-def build_logger(logger_cfg: DictConfig | None, config: DictConfig):
+def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: str | None = None,
+                 csv_version: str | None = None):
     """The configured Lightning logger (or False for logger=none), with the resolved
-    config attached as plain nested values."""
+    config attached as plain nested values.
+
+    A resumed run passes the W&B run id it had (the run continues; Lightning's WandbLogger
+    resumes with resume="allow"), and a CSV version folder of its own: Lightning's CSVLogger
+    deletes an existing metrics.csv in its folder, which would lose the first part's metrics.
+    """
     if not logger_cfg or "_target_" not in logger_cfg:
         return False
     kwargs = {}
     if logger_cfg._target_.endswith("WandbLogger"):
         kwargs["mode"] = wandb_mode()
+        if wandb_id:
+            kwargs["id"] = wandb_id
         os.makedirs(logger_cfg.save_dir, exist_ok=True)
+    if logger_cfg._target_.endswith("CSVLogger") and csv_version:
+        kwargs["version"] = csv_version
     logger = instantiate(logger_cfg, **kwargs)
     logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
     return logger

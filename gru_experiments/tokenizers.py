@@ -13,6 +13,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -20,6 +22,8 @@ from typing import Iterable
 import sentencepiece as spm
 import torch
 from filelock import FileLock
+
+from gru_experiments.errors import UserError
 
 # Bump when anything that changes the trained model bytes changes, so stale
 # cache entries are never reused.
@@ -176,12 +180,15 @@ class SentencePieceTokenizer:
         # bytes; raise the limit so no line is dropped.
         longest = max((len(s.encode("utf-8")) for s in sentences), default=0)
         buffer = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=buffer,
-            max_sentence_length=max(4192, longest + 1),
-            **options,
-        )
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=buffer,
+                max_sentence_length=max(4192, longest + 1),
+                **options,
+            )
+        except RuntimeError as err:
+            raise _vocab_size_error(err) or err
         return buffer.getvalue()
 
     @property
@@ -207,6 +214,40 @@ class SentencePieceTokenizer:
             "newline_standin": self.newline_standin,
             "space_standin": self.space_standin,
         }
+
+
+def _vocab_size_error(err: RuntimeError) -> UserError | None:
+    """SentencePiece's complaints about vocab_size, as messages that say which setting to change."""
+    message = str(err)
+    if match := re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message):
+        return UserError(f"tokenizer.vocab_size={match[1]} is too large for this corpus: SentencePiece can make at "
+                         f"most {match[2]} pieces from its training split; set tokenizer.vocab_size={match[2]} or lower")
+    if match := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message):
+        return UserError(f"tokenizer.vocab_size={match[1]} is too small for this corpus: it has {match[2]} distinct "
+                         f"characters, each needing a piece; set tokenizer.vocab_size above {match[2]}")
+    return None
+
+
+def describe_characters(chars: Iterable[str]) -> str:
+    """'é' (U+00E9), '\\t' (U+0009): readable even for invisible characters."""
+    return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars)
+
+
+def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
+                  option: str = "drop_unknown=true") -> list[int]:
+    """Encode a user's prompt. Characters the tokenizer cannot represent (not in a char
+    vocabulary; not covered by the SentencePiece model, which would silently turn them into
+    <unk>) raise a UserError naming them, or with drop_unknown are removed (and reported on
+    stderr). `option` is how the caller's drop switch is spelled, for the message.
+    """
+    unknown = tokenizer.unknown_characters(text)
+    if unknown and not drop_unknown:
+        raise UserError(f"the prompt has characters this model's {tokenizer.kind} vocabulary lacks: "
+                        f"{describe_characters(unknown)}; remove them, or drop them with {option}")
+    if unknown:
+        print(f"dropped from the prompt (not in the vocabulary): {describe_characters(unknown)}", file=sys.stderr)
+        text = "".join(c for c in text if c not in set(unknown))
+    return tokenizer.encode(text)
 
 
 def build_tokenizer(

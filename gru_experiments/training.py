@@ -12,13 +12,18 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from gru_experiments.checkpoints import (TRAINING_KEYS, AtomicCheckpointIO, NonFiniteWeights, TrainingState,
+                                         check_tokenizer, read_checkpoint, wandb_run_id)
+from gru_experiments.config_schema import validate
 from gru_experiments.data import CorpusDataModule, prepare_corpus
+from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics, score_windows
 from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_samples, spellable_prompts,
                                        tokens_for_chars)
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.loggers import build_logger, finish, is_wandb
 from gru_experiments.model import count_parameters
+from gru_experiments.resume import find_run
 
 
 def write_json(path: Path, payload: dict) -> None:
@@ -28,8 +33,49 @@ def write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def load_resume_checkpoint(cfg: DictConfig) -> tuple[Path, dict] | None:
+    """For resume=last|RUN_DIR: the run's last checkpoint, read (weights only) and checked."""
+    resume = cfg.get("resume")
+    if resume is None:
+        return None
+    _, path = find_run(resume, cfg.paths.log_dir, cfg.model.name)
+    checkpoint = read_checkpoint(path, require=TRAINING_KEYS)
+    for leftover in path.parent.glob(".*.ckpt.*.tmp"):  # a save cut short by the kill
+        leftover.unlink(missing_ok=True)
+    return path, checkpoint
+
+
+def check_resumable(path: Path, checkpoint: dict, task: LanguageModelTask, tokenizer) -> None:
+    """The checkpoint must hold this config's model: same tokenizer and architecture."""
+    check_tokenizer(checkpoint, path, tokenizer=tokenizer)
+    saved = checkpoint["hyper_parameters"]
+    for key in ("architecture", "vocab_size"):
+        if saved.get(key) != task.hparams[key]:
+            raise UserError(f"checkpoint {path} holds a model with {key} {saved.get(key)}, but this config builds "
+                            f"{task.hparams[key]}; resume with the run's own model settings")
+
+
+def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckpoint, ...]:
+    """The best checkpoint by val/loss (after each validation) and last.ckpt, written at every
+    epoch end and, so that a kill loses little, every `every_n_steps` training steps.
+
+    Both callbacks write the same last.ckpt (no -v1 copies: the version counter is off), and
+    every write is atomic (AtomicCheckpointIO).
+    """
+    best = ModelCheckpoint(dirpath=dirpath, filename="best-epoch{epoch}-step{step}", auto_insert_metric_name=False,
+                           monitor="val/loss", mode="min", save_top_k=1, save_last=True,
+                           enable_version_counter=False)
+    if not every_n_steps:
+        return (best,)
+    periodic = ModelCheckpoint(dirpath=dirpath, save_top_k=0, save_last=True, every_n_train_steps=every_n_steps,
+                               enable_version_counter=False)
+    return best, periodic
+
+
 def train(cfg: DictConfig) -> dict:
     started = time.perf_counter()
+    validate(cfg)  # bad values fail here, before any work
+    resume = load_resume_checkpoint(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -48,16 +94,33 @@ def train(cfg: DictConfig) -> dict:
           f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
     print(f"trainable parameters: {parameters:,}")
 
-    checkpoint = ModelCheckpoint(dirpath=output_dir / "checkpoints", filename="best-epoch{epoch}-step{step}",
-                                 auto_insert_metric_name=False, monitor="val/loss", mode="min",
-                                 save_top_k=1, save_last=True)
-    logger = build_logger(cfg.get("logger"), cfg)
+    resume_path, resumed_step, run_id = None, None, None
+    if resume is not None:
+        resume_path, saved = resume
+        check_resumable(resume_path, saved, task, tokenizer)
+        resumed_step, run_id = saved["global_step"], wandb_run_id(saved)
+        del saved, resume  # free it: Lightning reads the file again itself
+        print(f"resuming from {resume_path} (step {resumed_step})")
+
+    checkpoint, *more_checkpoints = checkpoint_callbacks(output_dir / "checkpoints",
+                                                         OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
+    checkpoint_io = AtomicCheckpointIO()
+    logger = build_logger(cfg.get("logger"), cfg, wandb_id=run_id,
+                          csv_version=None if resumed_step is None else f"resumed_step{resumed_step}")
     exit_code = 1
     try:
-        if logger:
+        if logger and resumed_step is None:
             logger.log_metrics({"parameters": parameters})
-        trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpoint])
-        trainer.fit(task, datamodule=datamodule)
+        trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
+                              callbacks=[checkpoint, *more_checkpoints, TrainingState()])
+        try:
+            # Lightning reads ckpt_path through checkpoint_io, which loads weights only whatever
+            # Lightning asks for (not every Lightning this project accepts has fit(weights_only=)).
+            trainer.fit(task, datamodule=datamodule, ckpt_path=resume_path)
+        except TrainingDiverged as err:
+            if isinstance(err, NonFiniteWeights):
+                raise  # its message already says which checkpoint was kept
+            raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
 
         # The final model on the whole validation split (also when max_steps stopped mid-epoch).
         task.to(trainer.strategy.root_device)
@@ -76,9 +139,11 @@ def train(cfg: DictConfig) -> dict:
             "train_steps": trainer.global_step,
             "wall_seconds": time.perf_counter() - started,
             "device": str(trainer.strategy.root_device),
-            "checkpoint": checkpoint.last_model_path or None,
+            "checkpoint": next((c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path),
+                               None),
             "best_checkpoint": checkpoint.best_model_path or None,
             "run_dir": str(output_dir),
+            "resumed_from_step": resumed_step,
         }
         if trainer.is_global_zero:
             samples = evaluate_inference_modes(cfg, task, datamodule, summary, logger)
@@ -123,6 +188,15 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
                                                             samples["stateless"])])
         logger.save()
     return samples
+
+
+def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) -> str:
+    message = str(err)
+    if checkpoint_io.last_saved:
+        path, step = checkpoint_io.last_saved
+        return (f"{message}; stopped, the last good checkpoint is kept: {path} (step {step}); "
+                "try a lower model.lr")
+    return f"{message}; stopped before any checkpoint was saved; try a lower model.lr"
 
 
 def format_summary(summary: dict) -> str:

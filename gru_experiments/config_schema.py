@@ -1,0 +1,147 @@
+"""What a valid value is, checked before any work starts.
+
+Hydra catches unknown group options (model=..., tokenizer=..., inference=...) and unknown
+keys; this module catches known keys with values that would fail later, after minutes of
+corpus preparation or training, or that would silently do something else: a negative
+learning rate, dropout of 1, a sequence length of 1, an unknown precision.
+
+`validate(cfg)` checks a composed train config; `validate_sampling(settings, vocab_size)`
+checks sampling settings (used by sample.py). Both raise a UserError naming the key, the
+value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+from gru_experiments.errors import UserError
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str  # dotted path in the config
+    check: Callable[[Any], bool]
+    allowed: str  # what the value must be, in words
+    optional: bool = False  # the key may be absent or null
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: _is_int(v) and v >= low
+
+
+def positive_number(v) -> bool:
+    return _is_number(v) and v > 0
+
+
+def non_negative_number(v) -> bool:
+    return _is_number(v) and v >= 0
+
+
+def fraction_below_one(v) -> bool:  # dropout: [0, 1)
+    return _is_number(v) and 0 <= v < 1
+
+
+def open_fraction(v) -> bool:  # (0, 1)
+    return _is_number(v) and 0 < v < 1
+
+
+TRAIN_RULES = [
+    Rule("data.seq_len", int_at_least(2), "an integer >= 2 (a window needs an input and a next token)"),
+    Rule("data.batch_size", int_at_least(1), "an integer >= 1"),
+    Rule("data.eval_batch_size", int_at_least(1), "an integer >= 1"),
+    Rule("data.train_fraction", open_fraction, "a number strictly between 0 and 1"),
+    Rule("model.steps_per_epoch", int_at_least(1), "an integer >= 1"),
+    Rule("model.epochs", int_at_least(1), "an integer >= 1"),
+    Rule("model.lr", positive_number, "a number > 0"),
+    Rule("weight_decay", non_negative_number, "a number >= 0"),
+    Rule("model.architecture.cell", lambda v: v in ("gru", "lstm"), "'gru' or 'lstm'"),
+    Rule("model.architecture.embedding_dim", int_at_least(1), "an integer >= 1"),
+    Rule("model.architecture.hidden_size", int_at_least(1), "an integer >= 1"),
+    Rule("model.architecture.num_layers", int_at_least(1), "an integer >= 1"),
+    Rule("model.architecture.dropout", fraction_below_one, "a number in [0, 1)", optional=True),
+    Rule("trainer.max_steps", lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
+    Rule("trainer.gradient_clip_val", non_negative_number, "a number >= 0", optional=True),
+    Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
+]
+
+SPM_RULES = [
+    Rule("tokenizer.vocab_size", int_at_least(2), "an integer >= 2"),
+    Rule("tokenizer.model_type", lambda v: v in ("unigram", "bpe"), "'unigram' or 'bpe'", optional=True),
+    Rule("tokenizer.character_coverage", lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]",
+         optional=True),
+]
+
+
+def _select(cfg, key: str):
+    return OmegaConf.select(cfg, key, default=_MISSING) if OmegaConf.is_config(cfg) else _dotted_get(cfg, key)
+
+
+def _dotted_get(mapping, key: str):
+    value = mapping
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def check_rules(cfg, rules: list[Rule], prefix: str = "") -> None:
+    for rule in rules:
+        value = _select(cfg, rule.key)
+        if (value is _MISSING or value is None) and rule.optional:
+            continue
+        if value is _MISSING or not rule.check(value):
+            shown = "missing" if value is _MISSING else repr(value)
+            raise UserError(f"invalid {prefix}{rule.key}={shown}: must be {rule.allowed}")
+
+
+def valid_precisions() -> tuple:
+    """Every precision Lightning's Trainer accepts (strings such as '32-true', 'bf16-mixed', and 16/32/64)."""
+    from typing import get_args
+
+    from lightning.fabric.plugins.precision import precision as lp
+
+    return get_args(lp._PRECISION_INPUT_STR) + get_args(lp._PRECISION_INPUT_INT) + get_args(
+        lp._PRECISION_INPUT_STR_ALIAS)
+
+
+def validate(cfg) -> None:
+    """Check a composed train config; raise UserError on the first invalid value."""
+    check_rules(cfg, TRAIN_RULES)
+    if _select(cfg, "tokenizer.kind") == "spm":
+        check_rules(cfg, SPM_RULES)
+    precision = _select(cfg, "trainer.precision")
+    if precision is not _MISSING and precision is not None:
+        allowed = valid_precisions()
+        if precision not in allowed:
+            names = dict.fromkeys(str(p) for p in allowed)  # 16 and "16" read the same
+            raise UserError(f"invalid trainer.precision={precision!r}: must be one of {', '.join(names)}")
+
+
+def validate_sampling(settings, vocab_size: int, prefix: str = "") -> None:
+    """Check sampling settings (a dict or DictConfig with any of temperature, top_k, top_p,
+    num_tokens); null/absent top_k and top_p mean "off". `prefix` is how the keys are spelled
+    on the command line, e.g. "sample." gives "invalid sample.top_k=0".
+    """
+    rules = [
+        Rule("temperature", positive_number, "a number > 0", optional=True),
+        Rule("top_k", lambda v: _is_int(v) and 1 <= v <= vocab_size,
+             f"null (off) or an integer from 1 to the vocabulary size {vocab_size}", optional=True),
+        Rule("top_p", lambda v: _is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
+        Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),
+    ]
+    check_rules(settings, rules, prefix)

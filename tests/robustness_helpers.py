@@ -1,0 +1,66 @@
+"""Helpers shared by the robustness tests: running train.py as a real process, and
+fingerprinting folders to prove a failed command left them untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_PY = REPO / "train.py"
+
+# A tiny, fast run: astra_alpha on a small corpus, small batches, no logger.
+TINY = ["logger=none", "data.batch_size=8", "data.seq_len=32", "data.eval_batch_size=64",
+        "trainer.enable_progress_bar=false", "trainer.accelerator=cpu"]
+
+
+def script_env(root: Path, **extra) -> dict:
+    env = dict(os.environ, PROJECT_ROOT=str(root), PYTHONPATH=str(REPO), WANDB_MODE="offline", WANDB_SILENT="true")
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_script(root: Path, *overrides: str, script: Path = TRAIN_PY, timeout: int = 300,
+               **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *overrides], cwd=REPO, env=script_env(root, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_script(root: Path, *overrides: str, script: Path = TRAIN_PY, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(script), *overrides], cwd=REPO, env=script_env(root, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def fingerprint(*folders: Path) -> dict[str, str]:
+    """sha256 of every file under the folders (symlinks by target)."""
+    prints = {}
+    for folder in folders:
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_symlink():
+                prints[str(path)] = "link:" + os.readlink(path)
+            elif path.is_file():
+                prints[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return prints
+
+
+def assert_untouched(before: dict[str, str], after: dict[str, str]) -> None:
+    """Every file that existed is still there with the same content, and nothing that matters
+    was added: no checkpoint, summary or tokenizer model (Hydra's own run folder with its
+    .hydra/ and log, and lock files, may appear)."""
+    changed = [p for p, digest in before.items() if after.get(p) != digest]
+    assert not changed, f"files changed or removed: {changed}"
+    added = [p for p in after.keys() - before.keys()
+             if p.endswith((".ckpt", ".tmp", "summary.json", ".model")) or "/checkpoints/" in p]
+    assert not added, f"files written: {added}"
+
+
+def error_line(stderr: str) -> str:
+    """The one line a user error prints (the last line of stderr), checked to be the only error output."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: "), stderr
+    return lines[-1]

@@ -1,0 +1,190 @@
+"""An interrupted run resumes from its last checkpoint and ends exactly where an uninterrupted
+run ends: same number of steps, same losses, same weights."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from gru_experiments.checkpoints import read_checkpoint, wandb_run_id
+from gru_experiments.errors import UserError
+from gru_experiments.lightning_module import LanguageModelTask
+from gru_experiments.training import train
+from robustness_helpers import TINY, TRAIN_PY, error_line, fingerprint, run_script
+
+# 2 epochs of 8 steps, last.ckpt every 3 steps (and at epoch ends); the interruption comes at
+# step 11, two steps after the mid-epoch checkpoint of step 9, so the resumed run redoes 10 and 11.
+RECIPE = [*TINY, "data.seq_len=16", "model.steps_per_epoch=8", "model.epochs=2", "checkpoint.every_n_steps=3"]
+TOTAL_STEPS, KILL_AT, SAVED_AT = 16, 11, 9
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def weights_of(run: Path) -> dict:
+    return read_checkpoint(run / "checkpoints" / "last.ckpt")["state_dict"]
+
+
+def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
+    a, b = summary_of(resumed), summary_of(uninterrupted)
+    assert a["train_steps"] == b["train_steps"] == TOTAL_STEPS
+    assert a["resumed_from_step"] == SAVED_AT and b["resumed_from_step"] is None
+    # Same batches, same dropout masks, same optimizer and schedule: the same numbers.
+    for key in ("train_loss", "val_loss", "val_bpc"):
+        assert a[key] == b[key], key
+    wa, wb = weights_of(resumed), weights_of(uninterrupted)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(torch.isfinite(t).all() for t in wa.values())
+    assert a["val_loss"] < 3.8  # it learned something (a uniform guess is ln(54) = 4.0)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_at(monkeypatch, step: int) -> None:
+    original = LanguageModelTask.on_train_batch_end
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.global_step == step:
+            raise Interrupted(f"interrupted at step {step}")
+
+    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", on_train_batch_end)
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_result(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    base = [*RECIPE, f"data.path={tiny_corpus}"]
+    uninterrupted = tmp_path / "uninterrupted"
+    train(compose_config(*base, f"paths.output_dir={uninterrupted}"))
+
+    run = tmp_path / "run"  # compose_config's output folder
+    interrupt_at(monkeypatch, KILL_AT)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base))
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == SAVED_AT
+    assert not (run / "summary.json").exists()
+    monkeypatch.undo()
+
+    steps = []  # a resume that silently started over would also end with the same numbers
+    original = LanguageModelTask.training_step
+    monkeypatch.setattr(LanguageModelTask, "training_step",
+                        lambda self, batch, i: steps.append(self.global_step) or original(self, batch, i))
+    summary = train(compose_config(*base, f"resume={run}"))
+    assert steps == list(range(SAVED_AT, TOTAL_STEPS))
+    assert summary["run_dir"] == str(run)
+    assert_same_run(run, uninterrupted)
+
+
+def test_resume_restores_the_wandb_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    """The run id is stored in the checkpoint and the resumed run logs to the same W&B run
+    (offline here: both offline run folders carry the same id)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    base = [*TINY, f"data.path={tiny_corpus}", "logger=wandb", "model.steps_per_epoch=6", "model.epochs=1",
+            "checkpoint.every_n_steps=2"]
+    run = tmp_path / "run"
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base))
+    run_id = wandb_run_id(read_checkpoint(run / "checkpoints" / "last.ckpt"))
+    assert run_id
+    monkeypatch.undo()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    train(compose_config(*base, f"resume={run}"))
+    runs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    assert wandb_run_id(read_checkpoint(run / "checkpoints" / "last.ckpt")) == run_id
+
+
+def test_resume_errors(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    base = [*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=4", "model.epochs=1",
+            "checkpoint.every_n_steps=2"]  # compose_config puts paths.log_dir at tmp_path/outputs
+    with pytest.raises(UserError, match="no astra_alpha run with a checkpoint"):
+        train(compose_config(*base, "resume=last"))
+    with pytest.raises(UserError, match="no such run folder"):
+        train(compose_config(*base, f"resume={tmp_path / 'nope'}"))
+
+    # An interrupted run, then requests that do not fit it.
+    run = tmp_path / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000"
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base, f"paths.output_dir={run}"))
+    monkeypatch.undo()
+    before = fingerprint(run)
+    with pytest.raises(UserError, match="was trained with a char tokenizer .* but this config builds an spm"):
+        train(compose_config(*base, "resume=last", "tokenizer=spm", "tokenizer.vocab_size=60"))
+    with pytest.raises(UserError, match="holds a model with architecture"):
+        train(compose_config(*base, "resume=last", "model.architecture.hidden_size=64"))
+    with pytest.raises(UserError, match="resume takes a run folder"):
+        train(compose_config(*base, f"resume={run / 'checkpoints' / 'last.ckpt'}"))
+    assert fingerprint(run) == before
+
+    (run / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(UserError, match="stopped before its first checkpoint"):
+        train(compose_config(*base, f"resume={run}"))
+
+
+def test_resume_of_a_finished_run_is_refused(compose_config, tiny_corpus, tmp_path):
+    base = [*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=2", "model.steps_per_epoch=2"]
+    train(compose_config(*base))
+    with pytest.raises(UserError, match="already finished"):
+        train(compose_config(*base, f"resume={tmp_path / 'run'}"))
+
+
+# A real process, killed with SIGKILL (no cleanup, no finally) right after step KILL_AT.
+KILLER = textwrap.dedent(f"""
+    import os, runpy, signal, sys
+    from gru_experiments.lightning_module import LanguageModelTask
+
+    original = LanguageModelTask.on_train_batch_end
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.global_step == {KILL_AT}:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    LanguageModelTask.on_train_batch_end = on_train_batch_end
+    sys.argv = [{str(TRAIN_PY)!r}, *sys.argv[1:]]
+    runpy.run_path({str(TRAIN_PY)!r}, run_name="__main__")
+""")
+
+
+@pytest.mark.slow
+def test_sigkilled_train_py_resumes_with_resume_last(tmp_path, tiny_corpus):
+    base = [*RECIPE, f"data.path={tiny_corpus}", "logger=csv"]
+    killer = tmp_path / "killer.py"
+    killer.write_text(KILLER)
+
+    reference = tmp_path / "reference"
+    assert run_script(reference, *base).returncode == 0
+    (uninterrupted,) = (reference / "outputs" / "runs" / "astra_alpha").iterdir()
+
+    root = tmp_path / "root"
+    killed = run_script(root, *base, script=killer)
+    assert killed.returncode == -signal.SIGKILL
+    (run,) = (root / "outputs" / "runs" / "astra_alpha").iterdir()
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == SAVED_AT
+    first_metrics = (run / "csv" / "metrics.csv").read_bytes()
+
+    # Only the model is named (the config's default); everything else comes from the run itself.
+    resumed = run_script(root, "resume=last", "trainer.enable_progress_bar=false")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {run}" in resumed.stdout
+    assert list((root / "outputs" / "runs" / "astra_alpha").iterdir()) == [run]  # no new run folder
+    assert_same_run(run, uninterrupted)
+    # The first part's records are kept: its metrics and its .hydra config.
+    assert (run / "csv" / "metrics.csv").read_bytes() == first_metrics
+    resumed_metrics = (run / "csv" / f"resumed_step{SAVED_AT}" / "metrics.csv").read_text().splitlines()
+    step_column = resumed_metrics[0].split(",").index("step")
+    assert min(int(row.split(",")[step_column]) for row in resumed_metrics[1:]) >= SAVED_AT
+    assert (run / ".hydra" / "config.yaml").is_file() and list((run / ".hydra").glob("resumed_*/config.yaml"))
+
+    again = run_script(root, "resume=last")
+    assert again.returncode == 2 and "already finished" in error_line(again.stderr)

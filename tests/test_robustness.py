@@ -1,0 +1,501 @@
+"""Bad input fails fast with one clear line and damages nothing; checkpoints load without
+running code and are written atomically; a diverging run stops and keeps its good checkpoint;
+runs started together share the SentencePiece cache safely."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from lightning.pytorch import Trainer
+
+from conftest import CONF
+from gru_experiments import checkpoints
+from gru_experiments.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
+from gru_experiments.config_schema import validate, validate_sampling
+from gru_experiments.data import prepare_corpus
+from gru_experiments.errors import NoResultsError, TrainingDiverged, UserError, reported_errors
+from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
+from gru_experiments.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
+from gru_experiments.training import train
+from robustness_helpers import (TINY, TRAIN_PY, assert_untouched, error_line, fingerprint, run_script,
+                                start_script)
+
+# --- a workspace with a finished run and a tokenizer cache, which bad commands must not touch ---
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tiny_corpus) -> Path:
+    root = tmp_path_factory.mktemp("workspace")
+    cfg = compose_in(root, f"data.path={tiny_corpus}", "trainer.max_steps=2", "model.steps_per_epoch=2",
+                     output_dir=root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000")
+    train(cfg)
+    spm = compose_in(root, f"data.path={tiny_corpus}", "tokenizer=spm", "tokenizer.vocab_size=60")
+    prepare_corpus(spm.data, spm.tokenizer, root / "data" / "tokenizers")
+    return root
+
+
+def compose_in(root: Path, *overrides: str, output_dir: Path | None = None):
+    """The train config with the workspace's outputs/ and data/ (as train.py would use them)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=[
+            f"paths.root_dir={root}", f"paths.output_dir={output_dir or root / 'outputs' / 'failed'}",
+            *TINY, *overrides])
+
+
+def finished_checkpoint(root: Path) -> Path:
+    return root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000" / "checkpoints" / "last.ckpt"
+
+
+def fail_in_process(capsys, cfg) -> str:
+    """Run train(cfg) the way train.py does; return the one error line (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info, reported_errors(cfg):
+        train(cfg)
+    assert exit_info.value.code == 2
+    return error_line(capsys.readouterr().err)
+
+
+@pytest.fixture(scope="module")
+def bad_corpora(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bad")
+    files = {"empty": b"", "latin1": "Ce soir-là, à l'été\n".encode("latin-1") * 50, "short": b"To be, or not."}
+    for name, data in files.items():
+        (folder / f"{name}.txt").write_bytes(data)
+    return {name: folder / f"{name}.txt" for name in files} | {"missing": folder / "missing.txt",
+                                                                 "folder": folder}
+
+
+BAD_VALUES = {
+    "model.lr=-1": "invalid model.lr=-1: must be a number > 0",
+    "model.lr=0": "invalid model.lr=0: must be a number > 0",
+    "model.lr=fast": "invalid model.lr='fast': must be a number > 0",
+    "data.seq_len=1": "invalid data.seq_len=1: must be an integer >= 2",
+    "data.batch_size=0": "invalid data.batch_size=0: must be an integer >= 1",
+    "model.architecture.dropout=-0.1": "invalid model.architecture.dropout=-0.1: must be a number in [0, 1)",
+    "model.architecture.dropout=1.0": "invalid model.architecture.dropout=1.0: must be a number in [0, 1)",
+    "trainer.precision=fp8": "invalid trainer.precision='fp8': must be one of",
+    "trainer.precision=17": "invalid trainer.precision=17: must be one of",
+    "checkpoint.every_n_steps=-5": "invalid checkpoint.every_n_steps=-5",
+}
+
+
+@pytest.mark.parametrize("override", BAD_VALUES)
+def test_invalid_values_are_caught_before_any_work(workspace, tiny_corpus, capsys, monkeypatch, override):
+    monkeypatch.setattr("gru_experiments.training.prepare_corpus",
+                        lambda *a, **k: pytest.fail("work started despite an invalid value"))
+    before = fingerprint(workspace)
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", override))
+    assert BAD_VALUES[override] in line
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_valid_precisions_pass():
+    for precision in ["32-true", "bf16-mixed", "16-mixed", "64-true", 32, "bf16"]:
+        validate(compose_in(Path("/tmp"), f"trainer.precision={precision}"))
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", r"corpus file not found: .*missing\.txt \(data\.path\)"),
+    ("folder", r"corpus path is not a file"),
+    ("empty", r"corpus file is empty: .*empty\.txt"),
+    ("latin1", r"corpus file is not UTF-8 text: .*latin1\.txt \(byte 0xe0 at offset 9, line 1\); convert it"),
+    ("short", r"corpus too short: the training split of .*short\.txt has 12 characters, fewer than one training "
+              r"window plus one \(data\.seq_len \+ 1 = 33\)"),
+])
+def test_bad_corpus(workspace, bad_corpora, capsys, case, expected):
+    before = fingerprint(workspace)
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={bad_corpora[case]}"))
+    assert re.search(expected, line), line
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_too_short_in_tokens_after_subword_encoding(workspace, tiny_corpus, capsys):
+    # 20,000 characters are long enough in characters but not in SentencePiece tokens.
+    cfg = compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm", "tokenizer.vocab_size=60",
+                     "data.seq_len=17000")
+    assert re.search(r"training split of .* has \d+ tokens, fewer than one training window plus one", 
+                     fail_in_process(capsys, cfg))
+
+
+def test_spm_vocabulary_too_large_for_the_corpus(workspace, tiny_corpus, capsys):
+    before = fingerprint(workspace)
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm",
+                                              "tokenizer.vocab_size=500"))
+    assert re.fullmatch(r"error: tokenizer\.vocab_size=500 is too large for this corpus: SentencePiece can make at "
+                        r"most (\d+) pieces from its training split; set tokenizer\.vocab_size=\1 or lower", line)
+    assert_untouched(before, fingerprint(workspace))  # no half-trained model in the cache
+
+
+def test_spm_vocabulary_smaller_than_the_alphabet(workspace, tiny_corpus, capsys):
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm",
+                                              "tokenizer.vocab_size=10"))
+    assert re.search(r"tokenizer\.vocab_size=10 is too small for this corpus: it has \d+ distinct characters", line)
+
+
+def test_validation_split_with_characters_the_training_split_lacks(tmp_path, workspace, capsys):
+    corpus = tmp_path / "new_chars.txt"
+    corpus.write_text("abc " * 300 + "xyz€")
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={corpus}"))
+    assert "has characters the training split lacks ('x' (U+0078), 'y' (U+0079), 'z' (U+007A), '€' (U+20AC))" in line
+
+
+# --- sampling settings and prompts (used by sample.py) ---------------------------------------
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"temperature": 0}, "invalid temperature=0: must be a number > 0"),
+    ({"temperature": -1.5}, "invalid temperature=-1.5: must be a number > 0"),
+    ({"top_k": 0}, "invalid top_k=0: must be null (off) or an integer from 1 to the vocabulary size 65"),
+    ({"top_k": 66}, "invalid top_k=66"),
+    ({"top_p": 0.0}, "invalid top_p=0.0: must be null (off) or a number in (0, 1]"),
+    ({"top_p": 1.5}, "invalid top_p=1.5"),
+    ({"num_tokens": -1}, "invalid num_tokens=-1"),
+])
+def test_validate_sampling_rejects(settings, expected):
+    with pytest.raises(UserError) as info:
+        validate_sampling(settings, vocab_size=65)
+    assert str(info.value).startswith(expected)
+
+
+def test_validate_sampling_accepts_and_names_keys_with_prefix():
+    validate_sampling({"temperature": 0.8, "top_k": 65, "top_p": 1.0, "num_tokens": 0}, vocab_size=65)
+    validate_sampling({"temperature": 1, "top_k": None, "top_p": None}, vocab_size=65)
+    with pytest.raises(UserError, match=r"invalid sample\.top_k=1000"):
+        validate_sampling({"top_k": 1000}, vocab_size=65, prefix="sample.")
+
+
+def test_prompt_with_unknown_characters(tmp_path, capsys):
+    char = CharTokenizer.from_text("ROMEO: hello\n")
+    with pytest.raises(UserError) as info:
+        encode_prompt(char, "ROMEO: héllo ✓", drop_unknown=False)
+    assert str(info.value) == ("the prompt has characters this model's char vocabulary lacks: 'é' (U+00E9), "
+                               "'✓' (U+2713); remove them, or drop them with drop_unknown=true")
+    assert char.decode(encode_prompt(char, "ROMEO: héllo ✓", drop_unknown=True)) == "ROMEO: hllo "
+    assert "'é' (U+00E9), '✓' (U+2713)" in capsys.readouterr().err
+
+    spm = SentencePieceTokenizer.train("the cat sat on the mat\n" * 200, 12, tmp_path)
+    with pytest.raises(UserError, match=r"spm vocabulary lacks: 'Z' \(U\+005A\)"):
+        encode_prompt(spm, "the Zat", drop_unknown=False)  # spm would silently make it <unk>
+    assert spm.decode(encode_prompt(spm, "the Zat", drop_unknown=True)) == "the at"
+
+
+def test_no_results_error_is_a_user_error(capsys):
+    with pytest.raises(SystemExit) as info, reported_errors():
+        raise NoResultsError("outputs/multiruns/x")
+    assert info.value.code == 2
+    assert error_line(capsys.readouterr().err) == (
+        "error: no results in outputs/multiruns/x: no run there has a summary.json; check the path, "
+        "or wait for the sweep's runs to finish")
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+
+class RunsCode:
+    """Unpickling this calls Path.touch(marker): what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def malicious_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "tokenizer": {"kind": "char", "chars": ["a"]},
+                "optimizer_states": [], "lr_schedulers": [], "loops": {}, "payload": RunsCode(marker)}, path)
+    with open(path, "rb") as f:  # the file really would run code if unpickled normally
+        assert b"touch" in f.read()
+    return path, marker
+
+
+def test_malicious_checkpoint_is_refused_and_runs_nothing(tmp_path):
+    path, marker = malicious_checkpoint(tmp_path)
+    with pytest.raises(UserError) as info:
+        load_checkpoint(path)
+    # (Python pickles the method Path.touch as getattr(Path, "touch"): getattr is the global refused.)
+    assert str(info.value) == (f"refusing to load {path}: it contains a reference to the Python object getattr, "
+                               "which could run code when unpickled; only tensors and plain data are loaded "
+                               "(weights_only), so this file cannot be used")
+    # Lightning's own resume path goes through the checkpoint plugin, also weights-only.
+    with pytest.raises(UserError, match="refusing to load"):
+        AtomicCheckpointIO().load_checkpoint(path, weights_only=False)
+    assert not marker.exists()
+    # Control: the same file unpickled normally does run the code.
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def test_lightning_fit_resume_path_refuses_malicious_checkpoint(tmp_path, tiny_corpus):
+    """trainer.fit(ckpt_path=...) itself, as train() calls it, not only our own pre-check."""
+    path, marker = malicious_checkpoint(tmp_path)
+    cfg = compose_in(tmp_path, f"data.path={tiny_corpus}")
+    corpus = prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tok")
+    from gru_experiments.data import CorpusDataModule
+
+    task = LanguageModelTask({"cell": "gru", "embedding_dim": 8, "hidden_size": 8}, corpus.tokenizer.vocab_size,
+                             1e-3, 0.0, 1, tokenizer=corpus.tokenizer)
+    data = CorpusDataModule(corpus.train_ids, corpus.val_ids, 4, 16, 2)
+    for weights_only in [None, False]:  # the plugin decides, whatever Lightning is told
+        trainer = Trainer(plugins=[AtomicCheckpointIO()], max_steps=1, logger=False, enable_progress_bar=False,
+                          enable_checkpointing=False, accelerator="cpu", default_root_dir=tmp_path)
+        with pytest.raises(UserError, match="refusing to load"):
+            trainer.fit(task, datamodule=data, ckpt_path=path, weights_only=weights_only)
+        assert not marker.exists()
+
+
+def test_broken_checkpoints(workspace, tmp_path):
+    good = finished_checkpoint(workspace)
+    with pytest.raises(UserError, match=f"^checkpoint not found: {tmp_path / 'nope.ckpt'}$"):
+        load_checkpoint(tmp_path / "nope.ckpt")
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(UserError, match=r"truncated\.ckpt is not a readable checkpoint \(truncated or not a "
+                                        r"checkpoint file\)"):
+        load_checkpoint(truncated)
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint\n")
+    with pytest.raises(UserError, match=r"notes\.ckpt is not a readable checkpoint \(truncated or not a checkpoint "
+                                        r"file\): Unsupported operand 110$"):
+        load_checkpoint(text)
+    tensor = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(3), tensor)
+    with pytest.raises(UserError, match=r"tensor\.pt is not a gru-experiments checkpoint \(it holds a Tensor\)"):
+        load_checkpoint(tensor)
+    weights = tmp_path / "weights.pt"
+    torch.save({"state_dict": {}}, weights)
+    with pytest.raises(UserError, match=r"not a gru-experiments checkpoint \(it lacks hyper_parameters, tokenizer\)"):
+        load_checkpoint(weights)
+
+
+def test_checkpoint_tokenizer_must_match_the_request(workspace):
+    path = finished_checkpoint(workspace)
+    task = load_checkpoint(path, tokenizer_kind="char", vocab_size=54)
+    assert task.tokenizer.kind == "char" and task.model.vocab_size == 54
+    with pytest.raises(UserError, match=r"was trained with a char tokenizer \(54 characters\), but tokenizer=spm "
+                                        "was asked for"):
+        load_checkpoint(path, tokenizer_kind="spm")
+    with pytest.raises(UserError, match="has a vocabulary of 54, but 65 was asked for"):
+        load_checkpoint(path, vocab_size=65)
+
+
+def test_checkpoint_writes_are_atomic_and_last_is_a_file(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    written = []
+    original = checkpoints.atomic_torch_save
+    monkeypatch.setattr(checkpoints, "atomic_torch_save", lambda obj, path: written.append(Path(path)) or
+                        original(obj, path))
+    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=3", "model.epochs=1",
+                                   "checkpoint.every_n_steps=2"))
+    last = Path(summary["checkpoint"])
+    assert last.name == "last.ckpt" and last.is_file() and not last.is_symlink()
+    assert written.count(last) >= 2  # periodic (step 2) and epoch end (step 3), all through the atomic writer
+    assert {p.name for p in last.parent.iterdir()} == {"last.ckpt", Path(summary["best_checkpoint"]).name}
+
+
+def test_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"step": 1}, path)
+
+    def dies_halfway(obj, f):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert os.listdir(tmp_path) == ["last.ckpt"]
+
+
+SAVER = textwrap.dedent("""
+    import sys, torch
+    from gru_experiments.checkpoints import atomic_torch_save
+    path, step = sys.argv[1], 0
+    big = torch.randn(30_000_000)  # 120 MB: each save takes a while
+    while True:
+        step += 1
+        atomic_torch_save({"step": step, "weights": big}, path)
+""")
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.ckpt"
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], env=dict(os.environ, PYTHONPATH=str(
+        Path(__file__).resolve().parents[1])))
+    try:
+        deadline = time.monotonic() + 120
+        # Wait for one complete save, then for the next one to be under way.
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while not list(tmp_path.glob(".last.ckpt.*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert time.monotonic() < deadline, "the saver never got going"
+    finally:
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+    assert saver.returncode == -signal.SIGKILL
+    checkpoint = torch.load(path, weights_only=True)  # complete and readable
+    assert checkpoint["step"] >= 1 and checkpoint["weights"].numel() == 30_000_000
+
+
+def test_checkpoint_with_non_finite_weights_is_not_saved(tmp_path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 5, "state_dict": {"w": torch.ones(2)}}, path)
+    with pytest.raises(TrainingDiverged, match=r"weights became non-finite \(w\) at step 6; not saved, the last "
+                                               rf"good checkpoint is kept: {path} \(step 5\)"):
+        io.save_checkpoint({"global_step": 6, "state_dict": {"w": torch.tensor([1.0, float("nan")])}}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 5
+
+
+def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(compose_config, tiny_corpus, tmp_path,
+                                                                            monkeypatch, capsys):
+    original = LanguageModelTask.on_train_batch_end
+
+    def poison_after_step_3(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.global_step == 3:  # after step 3's checkpoint was written
+            with torch.no_grad():
+                self.model.head.weight.fill_(float("nan"))
+
+    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", poison_after_step_3)
+    cfg = compose_config(*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=10", "model.epochs=1",
+                         "checkpoint.every_n_steps=1")
+    line = fail_in_process(capsys, cfg)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert line == (f"error: training diverged: the loss is nan at training step 4 (epoch 0); stopped, the last good "
+                    f"checkpoint is kept: {last} (step 3); try a lower model.lr")
+    checkpoint = read_checkpoint(last)
+    assert checkpoint["global_step"] == 3
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# --- the scripts themselves -------------------------------------------------------------------
+
+def test_train_py_bad_value_one_line_exit_2_nothing_damaged(workspace, tiny_corpus):
+    before = fingerprint(workspace)
+    result = run_script(workspace, f"data.path={tiny_corpus}", *TINY, "model.lr=-1")
+    assert result.returncode == 2
+    assert error_line(result.stderr) == "error: invalid model.lr=-1: must be a number > 0"
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_train_py_unknown_names_get_hydras_message(workspace):
+    before = fingerprint(workspace)
+    for override, message in [("model=astra_delta", "Could not find 'model/astra_delta'"),
+                              ("tokenizer=bpe", "Could not find 'tokenizer/bpe'"),
+                              ("inference=greedy", "Could not find 'inference/greedy'")]:
+        result = run_script(workspace, override)
+        assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_debug_re_raises_instead_of_exiting(monkeypatch):
+    for cfg, env in [({"debug": True}, None), ({"debug": False}, "1")]:
+        if env:
+            monkeypatch.setenv("HYDRA_FULL_ERROR", env)
+        with pytest.raises(UserError, match="bad"), reported_errors(cfg):
+            raise UserError("bad")
+    with pytest.raises(UserError), reported_errors(argv=["train.py", "debug=true"]):
+        raise UserError("bad")
+
+
+def test_train_py_debug_shows_the_traceback(workspace):
+    result = run_script(workspace, "model.lr=-1", "debug=true")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "UserError: invalid model.lr=-1" in result.stderr
+
+
+def test_train_py_refuses_malicious_checkpoint_on_resume(workspace, tmp_path):
+    run = workspace / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-01_000000"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("[]\n")
+    (run / "checkpoints").mkdir()
+    evil, marker = malicious_checkpoint(tmp_path)
+    os.replace(evil, run / "checkpoints" / "last.ckpt")
+    before = fingerprint(workspace)
+    result = run_script(workspace, f"resume={run}")
+    assert result.returncode == 2
+    assert error_line(result.stderr).startswith(f"error: refusing to load {run / 'checkpoints' / 'last.ckpt'}")
+    assert not marker.exists()
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_multirun_job_errors_fail_the_sweep_with_one_line_each(workspace, tiny_corpus):
+    result = run_script(workspace, "-m", f"data.path={tiny_corpus}", *TINY, "model.lr=-1,-2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert lines[:2] == ["error: invalid model.lr=-1: must be a number > 0",
+                         "error: invalid model.lr=-2: must be a number > 0"]
+    assert lines[-1] == "error: multirun job 0 failed: invalid model.lr=-1: must be a number > 0"
+
+
+# train.py with the SentencePiece trainer slowed down and every step logged, so the test can
+# prove that the two processes overlapped and that only one of them trained.
+SLOW_SPM = textwrap.dedent(f"""
+    import os, runpy, sys, time
+    from gru_experiments import data
+    from gru_experiments.tokenizers import SentencePieceTokenizer
+
+    def log(event):
+        with open(os.environ["SPM_LOG"], "a") as f:
+            f.write(f"{{time.time()}} {{os.getpid()}} {{event}}\\n")
+
+    build, run_trainer = data.build_tokenizer, SentencePieceTokenizer._run_trainer
+
+    def logged_build(*args, **kwargs):
+        log("wants-tokenizer")
+        return build(*args, **kwargs)
+
+    def slow_trainer(*args, **kwargs):
+        log("trains")
+        time.sleep(8)  # hold the lock: the other process arrives meanwhile
+        return run_trainer(*args, **kwargs)
+
+    data.build_tokenizer = logged_build
+    SentencePieceTokenizer._run_trainer = staticmethod(slow_trainer)
+    sys.argv = [{str(TRAIN_PY)!r}, *sys.argv[1:]]
+    runpy.run_path({str(TRAIN_PY)!r}, run_name="__main__")
+""")
+
+
+@pytest.mark.slow
+def test_runs_started_together_share_one_spm_cache(tmp_path, tiny_corpus):
+    """Two train.py processes needing the same, not yet trained SentencePiece model: one trains
+    it while the other waits on the lock, then reads it; the cache holds one valid model."""
+    script, log = tmp_path / "slow_spm.py", tmp_path / "spm.log"
+    script.write_text(SLOW_SPM)
+    args = [f"data.path={tiny_corpus}", *TINY, "tokenizer=spm", "tokenizer.vocab_size=80", "trainer.max_steps=1",
+            "model.steps_per_epoch=1"]
+    jobs = [start_script(tmp_path, *args, script=script, SPM_LOG=log) for _ in range(2)]
+    for job in jobs:
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+    events = [line.split() for line in log.read_text().splitlines()]
+    arrivals = [float(t) for t, _, event in events if event == "wants-tokenizer"]
+    trainings = [float(t) for t, _, event in events if event == "trains"]
+    assert len(arrivals) == 2 and len(trainings) == 1  # one trained, the other read the cache
+    assert max(arrivals) < trainings[0] + 8, "the processes did not overlap; the test proves nothing"
+
+    cache = tmp_path / "data" / "tokenizers"
+    models = list(cache.glob("spm-*.model"))
+    assert len(models) == 1 and not list(cache.glob("*.tmp"))
+    # Both runs used the very model in the cache, and it is a working one.
+    tokenizers = [load_checkpoint(p).tokenizer for p in tmp_path.glob("outputs/runs/astra_alpha/*/checkpoints/last.ckpt")]
+    assert len(tokenizers) == 2
+    assert all(t.model_proto == models[0].read_bytes() for t in tokenizers)
+    text = tiny_corpus.read_text()[:2000]
+    assert tokenizers[0].vocab_size == 80 and tokenizers[0].decode(tokenizers[0].encode(text)) == text
