@@ -58,7 +58,8 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
         reason = str(err).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
         raise UserError(f"{path} is not a readable checkpoint (truncated or not a checkpoint file): {reason}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        # The first sentence: torch's own messages go on for a paragraph.
+        reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
         raise UserError(f"{path} is not a readable checkpoint (truncated or not a checkpoint file): {reason}") from None
     if not isinstance(checkpoint, dict):
         raise UserError(f"{path} is not a gru-experiments checkpoint (it holds a {type(checkpoint).__name__})")
@@ -100,7 +101,7 @@ def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size:
     hp_vocab = checkpoint["hyper_parameters"].get("vocab_size")
     if kind is not None and ckpt_kind != kind:
         raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but tokenizer={kind} "
-                        f"was asked for; drop the tokenizer override or use a {kind} checkpoint")
+                        f"was asked for; drop the tokenizer override or use a checkpoint trained with tokenizer={kind}")
     if vocab_size is not None and hp_vocab != vocab_size:
         raise UserError(f"checkpoint {path} has a vocabulary of {hp_vocab}, but {vocab_size} was asked for; "
                         "use the settings the checkpoint was trained with")

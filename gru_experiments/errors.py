@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
@@ -76,6 +77,32 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+HYDRA_RECORD = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+
+
+def discard_untouched_run_dir() -> bool:
+    """Remove this Hydra run's folder if it holds nothing but what Hydra wrote when the job
+    started (.hydra/ and an empty log), so input errors leave no empty run folders behind.
+    A folder with anything else in it (a resumed run's checkpoints, logs with content) stays."""
+    if not HydraConfig.initialized():
+        return False
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
+    record = run_dir / ".hydra"
+    log = run_dir / f"{hydra.job.name}.log"
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {record.name, log.name}:
+        return False
+    if (log.exists() and log.stat().st_size) or (record.exists() and (
+            not record.is_dir() or any(p.name not in HYDRA_RECORD or p.is_dir() for p in record.iterdir()))):
+        return False
+    for path in [*record.glob("*"), log]:
+        path.unlink(missing_ok=True)
+    if record.exists():
+        record.rmdir()
+    run_dir.rmdir()
+    return True
+
+
 @contextmanager
 def reported_errors(cfg=None, argv: list[str] | None = None):
     """Run a script's work; a UserError becomes `error: <message>` on stderr and exit status 2.
@@ -93,4 +120,5 @@ def reported_errors(cfg=None, argv: list[str] | None = None):
             print(message, file=sys.stderr, flush=True)
             raise JobFailed(f"error: multirun job {HydraConfig.get().job.num} failed: {one_line(err)}") from None
         print(message, file=sys.stderr, flush=True)
+        discard_untouched_run_dir()
         sys.exit(EXIT_USER_ERROR)

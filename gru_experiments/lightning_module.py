@@ -120,7 +120,7 @@ class LanguageModelTask(L.LightningModule):
             self.train_tokens, self.train_seconds = stats["train_tokens"], stats["train_seconds"]
 
 
-def load_checkpoint(path, map_location="cpu", tokenizer_kind: str | None = None,
+def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,
                     vocab_size: int | None = None) -> LanguageModelTask:
     """Rebuild model and tokenizer from a checkpoint alone. Nothing in it is executed:
     it is read with weights_only=True (a file that would run code is refused).

@@ -105,6 +105,10 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
         run, _ = find_run(LAST, cfg.paths.log_dir, cfg.model.name)
     else:
         run, _ = find_run(value, None, "")
+    # Refuse an unreadable or unsafe checkpoint now, before Hydra writes into the run folder.
+    from gru_experiments.checkpoints import TRAINING_KEYS, read_checkpoint
+
+    read_checkpoint(run / CHECKPOINT, require=TRAINING_KEYS)
 
     recorded = _recorded_overrides(run)
     user = [o for o in args.overrides if _key(parser, o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]

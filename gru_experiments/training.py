@@ -77,7 +77,6 @@ def train(cfg: DictConfig) -> dict:
     validate(cfg)  # bad values fail here, before any work
     resume = load_resume_checkpoint(cfg)
     output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
@@ -102,6 +101,7 @@ def train(cfg: DictConfig) -> dict:
         del saved, resume  # free it: Lightning reads the file again itself
         print(f"resuming from {resume_path} (step {resumed_step})")
 
+    output_dir.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
     checkpoint, *more_checkpoints = checkpoint_callbacks(output_dir / "checkpoints",
                                                          OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
     checkpoint_io = AtomicCheckpointIO()

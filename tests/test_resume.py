@@ -188,3 +188,27 @@ def test_sigkilled_train_py_resumes_with_resume_last(tmp_path, tiny_corpus):
 
     again = run_script(root, "resume=last")
     assert again.returncode == 2 and "already finished" in error_line(again.stderr)
+
+
+def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    """An error after Hydra started in an existing run folder must not remove or change it
+    (only this attempt's config record is added)."""
+    root = tmp_path / "root"
+    run = root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000"
+    base = [*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=4", "model.epochs=1",
+            "checkpoint.every_n_steps=2"]
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base, f"paths.output_dir={run}"))
+    monkeypatch.undo()
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in base))
+    before = fingerprint(run)
+    result = run_script(root, f"resume={run}", "tokenizer=spm", "tokenizer.vocab_size=60")
+    assert result.returncode == 2
+    assert "was trained with a char tokenizer (54 characters), but this config builds an spm tokenizer" in \
+        error_line(result.stderr)
+    after = fingerprint(run)
+    assert all(after.get(path) == digest for path, digest in before.items())
+    added = after.keys() - before.keys()
+    assert all("/.hydra/resumed_" in path or path.endswith("/train.log") for path in added), added
