@@ -1,0 +1,292 @@
+"""Throughput of our hand-written recurrence vs PyTorch's nn.GRU / nn.LSTM, whole models, side by side.
+
+    python benchmarks/bench_recurrence.py                      # all models, ~10 min on a 2-core CPU
+    python benchmarks/bench_recurrence.py --quick              # small models, few repetitions, ~1 min
+    python benchmarks/bench_recurrence.py --models astra_alpha,leviathan --steps 7 --reference
+
+Both sides are whole language models of the same shape: the same embedding, dropout,
+[LayerNorm] and head around either our layers (`RecurrentLM`, fast path, the default)
+or one multi-layer nn.GRU / nn.LSTM. Note the GRUs are not the same function (ours
+applies the reset gate before the candidate matmul, PyTorch's after), only the same
+shape and cost class; the LSTMs differ only in nn.LSTM's extra hidden-side bias.
+
+Training: one step = forward + cross-entropy + backward + AdamW step, on random tokens
+(batch 64, sequence 128 by default). Ours and built-in alternate step by step after a
+warm-up (A B B A A B ...), so load from other processes on a shared machine hits both
+alike; the table reports medians. `--reference` also times the readable per-step
+reference layers (the notebook-style number), for context.
+
+Sampling: stateful, one token at a time: `model(tokens[:, -1:], state)` carrying the
+state, sampled from the softmax, at batch 1 and batch 64, for two generation lengths:
+equal tokens/s at both lengths means the cost per token does not grow with length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gru_experiments.model import RecurrentLM  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    cell: str
+    embedding_dim: int
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    dropout: float = 0.1
+    layer_norm: bool = False
+
+    def describe(self) -> str:
+        ln = ", LN" if self.layer_norm else ""
+        return f"{self.name} ({self.cell.upper()} {self.embedding_dim}/{self.hidden_size}/{self.num_layers}, V {self.vocab_size}{ln})"
+
+
+def load_shapes() -> dict[str, Shape]:
+    """Architectures straight from conf/model/*.yaml; vocabularies: 65 characters (Tiny
+    Shakespeare) for char models, the spm size for the Scribe models."""
+    from omegaconf import OmegaConf
+
+    spm_vocab = OmegaConf.load(REPO / "conf/tokenizer/spm.yaml").vocab_size
+    shapes = {}
+    for path in sorted((REPO / "conf/model").glob("*.yaml")):
+        cfg = OmegaConf.load(path)
+        model = cfg.model if "model" in cfg else cfg
+        arch = model.architecture
+        # Scribe configs select the spm tokenizer in their defaults list ("override /tokenizer: spm").
+        spm = any("tokenizer" in str(d) and "spm" in str(d) for d in cfg.get("defaults", []))
+        shapes[model.name] = Shape(model.name, arch.cell, arch.embedding_dim, arch.hidden_size, arch.num_layers,
+                                   spm_vocab if spm else 65, arch.get("dropout", 0.1), arch.get("layer_norm", False))
+    return shapes
+
+
+ORDER = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
+
+
+class BuiltinLM(nn.Module):
+    """The baseline: RecurrentLM's layout around one nn.GRU / nn.LSTM (benchmarks only)."""
+
+    def __init__(self, s: Shape):
+        super().__init__()
+        rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[s.cell]
+        self.embedding = nn.Embedding(s.vocab_size, s.embedding_dim)
+        # nn.GRU's dropout sits between layers; the one below is the after-last-layer one.
+        self.rnn = rnn(s.embedding_dim, s.hidden_size, s.num_layers, batch_first=True,
+                       dropout=s.dropout if s.num_layers > 1 else 0.0)
+        self.dropout = nn.Dropout(s.dropout)
+        self.norm = nn.LayerNorm(s.hidden_size) if s.layer_norm else nn.Identity()
+        self.head = nn.Linear(s.hidden_size, s.vocab_size)
+
+    def forward(self, tokens, state=None):
+        x, state = self.rnn(self.embedding(tokens), state)
+        return self.head(self.norm(self.dropout(x))), state
+
+
+def build(kind: str, s: Shape, device) -> nn.Module:
+    if kind == "builtin":
+        model = BuiltinLM(s)
+    else:
+        model = RecurrentLM(s.vocab_size, s.cell, s.embedding_dim, s.hidden_size, s.num_layers, s.dropout,
+                            s.layer_norm, implementation="fast" if kind == "ours" else "reference")
+    return model.to(device)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    """One model with its optimiser and a fixed random batch; `step()` returns seconds."""
+
+    def __init__(self, model, s: Shape, batch: int, seq_len: int, device):
+        self.model, self.device = model.train(), device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        g = torch.Generator().manual_seed(0)
+        data = torch.randint(0, s.vocab_size, (batch, seq_len + 1), generator=g).to(device)
+        self.inputs, self.targets = data[:, :-1], data[:, 1:]
+
+    def step(self) -> float:
+        sync(self.device)
+        started = time.perf_counter()
+        logits, _ = self.model(self.inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        sync(self.device)
+        return time.perf_counter() - started
+
+
+@torch.no_grad()
+def sample_seconds(model, s: Shape, batch: int, length: int, device) -> float:
+    """Stateful sampling: one token in, one token out, the state carried along."""
+    model.eval()
+    tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    state = None
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(length):
+        logits, state = model(tokens[:, -1:], state)
+        tokens = torch.multinomial(torch.softmax(logits[:, -1], -1), 1)
+    sync(device)
+    model.train()
+    return time.perf_counter() - started
+
+
+def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each fn, calls alternating A B B A ... after a warm-up."""
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times = {name: [] for name in names}
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else reversed(names):
+            times[name].append(fns[name]())
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [f"- CPU: {cpu_model()}, {cores} usable cores (os.cpu_count {os.cpu_count()})",
+             f"- torch {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
+             f"inter-op threads {torch.get_num_interop_threads()}, MKL {torch.backends.mkl.is_available()}, "
+             f"oneDNN {torch.backends.mkldnn.is_available()}",
+             f"- Python {platform.python_version()}, {platform.system()} {platform.release()}"]
+    if torch.cuda.is_available():
+        lines.append(f"- CUDA {torch.version.cuda}: {torch.cuda.get_device_name(device if device.type == 'cuda' else 0)}")
+    lines.append(f"- device used: {device}; load average at start (1/5/15 min): {load_average()}")
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def fmt(x: float) -> str:
+    return f"{x / 1000:,.1f}k" if x >= 1000 else f"{x:,.0f}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=None, help=f"comma-separated, from {','.join(ORDER)} (default: all)")
+    p.add_argument("--steps", type=int, default=None, help="timed training steps per side (default 7; 3 for the "
+                                                           "largest models; --quick 3)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--lengths", default=None, help="two sampling lengths, e.g. 50,200 (default 16,64; --quick 8,32)")
+    p.add_argument("--sample-repeats", type=int, default=3)
+    p.add_argument("--no-sampling", action="store_true")
+    p.add_argument("--reference", action="store_true", help="also time the readable reference (training, 2 steps)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="Astra-α, Astra-β, Scribe-α; fewer repetitions (~1 min)")
+    args = p.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    shapes = load_shapes()
+    default_models = ["astra_alpha", "astra_beta", "scribe_alpha"] if args.quick else ORDER
+    names = args.models.split(",") if args.models else default_models
+    unknown = [n for n in names if n not in shapes]
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {sorted(shapes)}")
+    lengths = [int(v) for v in (args.lengths or ("8,32" if args.quick else "16,64")).split(",")]
+
+    print("## Machine\n")
+    print(machine_info(device))
+    print(f"\nbatch {args.batch}, sequence {args.seq_len}; training step = forward + backward + AdamW; "
+          f"medians of interleaved repetitions\n", flush=True)
+
+    started = time.perf_counter()
+    train_rows, sample_rows = [], []
+    for name in names:
+        s = shapes[name]
+        big = s.hidden_size >= 768
+        steps = args.steps or (3 if args.quick or big else 7)
+        torch.manual_seed(0)
+        models = {kind: build(kind, s, device) for kind in ("ours", "builtin")}
+        trainers = {kind: Trainer(m, s, args.batch, args.seq_len, device) for kind, m in models.items()}
+        t0 = time.perf_counter()
+        sec = interleaved({k: tr.step for k, tr in trainers.items()}, steps)
+        tokens = args.batch * args.seq_len
+        ref = ""
+        if args.reference:
+            reference = Trainer(build("reference", s, device), s, args.batch, args.seq_len, device)
+            ref_sec = interleaved({"reference": reference.step}, 2 if not big else 1)["reference"]
+            ref = f" {fmt(tokens / ref_sec)} |"
+            del reference
+        ratio = sec["builtin"] / sec["ours"]
+        train_rows.append(f"| {s.describe()} | {fmt(tokens / sec['ours'])} | {fmt(tokens / sec['builtin'])} | "
+                          f"**{ratio:.2f}x** |{ref}")
+        print(train_rows[-1] + f"  ({steps} steps each, {time.perf_counter() - t0:.0f} s, load {load_average()})",
+              file=sys.stderr, flush=True)
+
+        if not args.no_sampling:
+            t0 = time.perf_counter()
+            cells = []
+            for batch in (1, 64):
+                fns = {}
+                for kind in ("ours", "builtin"):
+                    for length in lengths:
+                        fns[(kind, length)] = (lambda m=models[kind], b=batch, n=length:
+                                               sample_seconds(m, s, b, n, device))
+                for kind in ("ours", "builtin"):  # warm-up: a few tokens, not a whole run
+                    sample_seconds(models[kind], s, batch, 4, device)
+                med = interleaved(fns, args.sample_repeats if not big else max(1, args.sample_repeats - 1), warmup=0)
+                for kind in ("ours", "builtin"):
+                    cells.append(" / ".join(fmt(batch * n / med[(kind, n)]) for n in lengths))
+            sample_rows.append(f"| {s.describe()} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} |")
+            print(sample_rows[-1] + f"  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        del models, trainers
+
+    print(f"load average at the end: {load_average()}; total {time.perf_counter() - started:.0f} s\n")
+    print("## Training throughput (tokens/s)\n")
+    header = "| model | ours (fast) | nn.GRU / nn.LSTM | ours / built-in |"
+    rule = "|---|---:|---:|---:|"
+    if args.reference:
+        header, rule = header + " reference (per-step cells) |", rule + "---:|"
+    print(header)
+    print(rule)
+    print("\n".join(train_rows))
+    if sample_rows:
+        a, b = lengths
+        print(f"\n## Stateful sampling (tokens/s, generating {a} / {b} tokens)\n")
+        print("| model | ours, batch 1 | built-in, batch 1 | ours, batch 64 | built-in, batch 64 |")
+        print("|---|---:|---:|---:|---:|")
+        print("\n".join(sample_rows))
+
+
+if __name__ == "__main__":
+    main()
