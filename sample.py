@@ -2,13 +2,13 @@
 [ckpt=PATH | run=RUN_DIR] [prompt="ROMEO: " | prompt_file=FILE] [key=value ...]; see conf/sample.yaml."""
 
 import os
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.runs import UserError, discard_run_dir, find_checkpoint, model_name_for
+from gru_experiments.errors import reported_errors
+from gru_experiments.runs import find_checkpoint, model_name_for
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 # The output folder is named after the model actually sampled (run=/ckpt= may name another one).
@@ -17,16 +17,12 @@ OmegaConf.register_new_resolver("sampled_model", model_name_for, replace=True)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sample")
 def main(cfg: DictConfig) -> None:
-    try:
+    with reported_errors(cfg):
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
         from gru_experiments.sampling import sample
 
         sample(cfg, checkpoint)
-    except UserError as error:
-        discard_run_dir(cfg.paths.output_dir, cfg.paths.log_dir)
-        print(error, file=sys.stderr)
-        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Train one model: python train.py [model=astra_alpha] [key=value ...]; -m for multirun sweeps.
 
-Resume an interrupted run with resume=last (the newest run of the model) or resume=RUN_DIR.
+Resume an interrupted run with resume=last (the newest run of the model) or resume=RUN_DIR;
+ckpt_path=last and ckpt_path=RUN_DIR mean the same.
 """
 
 import os

@@ -27,6 +27,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
+from omegaconf import OmegaConf
 
 EXIT_USER_ERROR = 2
 
@@ -80,9 +81,10 @@ def _in_multirun() -> bool:
 HYDRA_RECORD = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
-def discard_untouched_run_dir() -> bool:
+def discard_untouched_run_dir(log_dir=None) -> bool:
     """Remove this Hydra run's folder if it holds nothing but what Hydra wrote when the job
-    started (.hydra/ and an empty log), so input errors leave no empty run folders behind.
+    started (.hydra/ and an empty log), so input errors leave no empty run folders behind;
+    then its parents that are left empty, below `log_dir` (when given).
     A folder with anything else in it (a resumed run's checkpoints, logs with content) stays."""
     if not HydraConfig.initialized():
         return False
@@ -100,6 +102,12 @@ def discard_untouched_run_dir() -> bool:
     if record.exists():
         record.rmdir()
     run_dir.rmdir()
+    if log_dir is not None:
+        log_dir = Path(log_dir).resolve()
+        for parent in run_dir.resolve().parents:
+            if parent == log_dir or log_dir not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
     return True
 
 
@@ -120,5 +128,5 @@ def reported_errors(cfg=None, argv: list[str] | None = None):
             print(message, file=sys.stderr, flush=True)
             raise JobFailed(f"error: multirun job {HydraConfig.get().job.num} failed: {one_line(err)}") from None
         print(message, file=sys.stderr, flush=True)
-        discard_untouched_run_dir()
+        discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if cfg is not None else None)
         sys.exit(EXIT_USER_ERROR)

@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from gru_experiments.tokenizers import encode_prompt
+
 MODES = ("stateful", "stateless", "windowed")
 
 # The study's three prompts.
@@ -183,21 +185,11 @@ def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new
     """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`."""
     texts = []
     for prompt in prompts:
-        check_prompt(tokenizer, prompt)
-        generated = generate(model, tokenizer.encode(prompt), mode=mode, max_new_tokens=max_new_tokens,
+        generated = generate(model, encode_prompt(tokenizer, prompt), mode=mode, max_new_tokens=max_new_tokens,
                              num_samples=num_samples, decoding=decoding, seed=prompt_seed(seed, prompt),
                              window=window)
         texts.append([prompt + tokenizer.decode(row) for row in generated.tolist()])
     return texts
-
-
-def check_prompt(tokenizer, prompt: str) -> None:
-    if not prompt:
-        raise ValueError("a prompt must hold at least one character")
-    unknown = tokenizer.unknown_characters(prompt)
-    if unknown:
-        raise ValueError(f"prompt {prompt!r} has characters the model's {tokenizer.kind} vocabulary lacks: "
-                         f"{unknown!r}")
 
 
 def tokens_for_chars(chars: int, ids: Tensor, token_char_lengths: Tensor) -> int:

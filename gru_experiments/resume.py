@@ -86,6 +86,8 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    # ckpt_path=last|RUN_DIR is Lightning's spelling of the same request.
+    argv = [f"resume={arg.partition('=')[2]}" if arg.startswith("ckpt_path=") else arg for arg in argv]
     args = get_args_parser().parse_args(argv[1:])
     parser = OverridesParser.create()
     try:

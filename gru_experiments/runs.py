@@ -14,9 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-
-class UserError(Exception):
-    """A one-line, user-facing problem (no checkpoint, a bad prompt): reported as is, exit status 1."""
+from gru_experiments.errors import UserError
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -110,21 +108,6 @@ def model_name_for(default: str, run: str | None = None, ckpt: str | None = None
     except Exception:  # a bad path is reported by the sampler itself, with a clear message
         pass
     return default
-
-
-def discard_run_dir(output_dir: str | Path, log_dir: str | Path) -> None:
-    """After a run that produced nothing: remove the folder Hydra made for it (only if it holds
-    nothing but Hydra's own files), and its parents under log_dir that are left empty."""
-    output_dir, log_dir = Path(output_dir).resolve(), Path(log_dir).resolve()
-    if not output_dir.is_dir() or log_dir not in output_dir.parents:
-        return
-    if not all(p.name == ".hydra" or p.suffix == ".log" for p in output_dir.iterdir()):
-        return
-    shutil.rmtree(output_dir)
-    for parent in output_dir.parents:
-        if parent == log_dir or any(parent.iterdir()):
-            break
-        os.rmdir(parent)
 
 
 def display_path(path: str | Path) -> str:

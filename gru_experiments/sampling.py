@@ -17,9 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data import corpus_path, read_corpus, split_text
 from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics
-from gru_experiments.inference import STUDY_PROMPTS, Decoding, check_prompt, sample_texts
+from gru_experiments.config_schema import validate_sampling
+from gru_experiments.errors import UserError
+from gru_experiments.inference import STUDY_PROMPTS, Decoding, sample_texts
 from gru_experiments.lightning_module import load_checkpoint
-from gru_experiments.runs import UserError, display_path, read_summary, run_dir_of, training_config
+from gru_experiments.tokenizers import encode_prompt
+from gru_experiments.runs import display_path, read_summary, run_dir_of, training_config
 from gru_experiments.training import write_json
 
 
@@ -79,13 +82,12 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     run_dir = Path(cfg.run).expanduser() if cfg.get("run") else run_dir_of(checkpoint)
     data_cfg = training_data_settings(run_dir, cfg.data)
 
-    prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
-    try:
-        for prompt in prompts:
-            check_prompt(tokenizer, prompt)
-        decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
-    except ValueError as error:
-        raise UserError(str(error)) from None
+    validate_sampling(cfg, tokenizer.vocab_size)  # before any generation
+    # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
+    # drop_unknown=true, used without those characters.
+    prompts = [tokenizer.decode(encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown))
+               for prompt in read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))]
+    decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
     mode = cfg.inference.mode
     window = int(cfg.inference.get("window") or data_cfg.seq_len) if mode == "windowed" else None
     settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,

@@ -247,6 +247,9 @@ def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
     if unknown:
         print(f"dropped from the prompt (not in the vocabulary): {describe_characters(unknown)}", file=sys.stderr)
         text = "".join(c for c in text if c not in set(unknown))
+    if not text:
+        raise UserError("the prompt is empty" + (" once the unknown characters are dropped" if unknown else "")
+                        + "; a prompt needs at least one character the model knows")
     return tokenizer.encode(text)
 
 

@@ -278,7 +278,7 @@ def test_sample_py_without_a_checkpoint_says_how_to_train_one(tmp_path):
     result = run_sample(tmp_path, "model=astra_beta")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        "no trained astra_beta checkpoint under outputs/; "
+        "error: no trained astra_beta checkpoint under outputs/; "
         "train one with: python train.py model=astra_beta")
     assert not (tmp_path / "outputs" / "samples").exists()  # a failed start leaves no folder behind
 
@@ -288,3 +288,26 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
     assert spellable_prompts(tokenizer, STUDY_PROMPTS, torch.tensor([0])) == ["KING: "]
     tokenizer = CharTokenizer("abc")
     assert spellable_prompts(tokenizer, STUDY_PROMPTS, torch.tensor([2, 1, 0, 0, 1, 2, 2, 2, 2])) == ["cbaabccc"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["temperature=0"], "error: invalid temperature=0: must be a number > 0"),
+    (["top_k=0"], "error: invalid top_k=0: must be null (off) or an integer from 1 to the vocabulary size"),
+    (["top_p=1.5"], "error: invalid top_p=1.5: must be null (off) or a number in (0, 1]"),
+    (["prompt='ROMEO ✓: '"], "error: the prompt has characters this model's char vocabulary lacks: '✓' (U+2713); "
+                           "remove them, or drop them with drop_unknown=true"),
+])
+def test_sample_py_refuses_bad_settings_before_sampling(trained_run, overrides, message):
+    root, _ = trained_run
+    before = sampling_dirs(root)
+    result = run_sample(root, "max_new_tokens=5", *overrides)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in result.stderr and sampling_dirs(root) == before  # nothing written
+
+
+def test_sample_py_drops_unknown_prompt_characters_when_asked(trained_run):
+    root, _ = trained_run
+    result = run_sample(root, "max_new_tokens=5", "prompt='ROMEO ✓: '", "drop_unknown=true")
+    assert result.returncode == 0, result.stderr
+    assert "=== 'ROMEO : ' [stateful, sample 1/1]" in result.stdout

@@ -174,7 +174,8 @@ def test_sigkilled_train_py_resumes_with_resume_last(tmp_path, tiny_corpus):
     first_metrics = (run / "csv" / "metrics.csv").read_bytes()
 
     # Only the model is named (the config's default); everything else comes from the run itself.
-    resumed = run_script(root, "resume=last", "trainer.enable_progress_bar=false")
+    # ckpt_path=last is Lightning's spelling of resume=last.
+    resumed = run_script(root, "ckpt_path=last", "trainer.enable_progress_bar=false")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {run}" in resumed.stdout
     assert list((root / "outputs" / "runs" / "astra_alpha").iterdir()) == [run]  # no new run folder
