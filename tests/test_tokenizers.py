@@ -2,7 +2,6 @@ import io
 import multiprocessing
 import random
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from gru_experiments.tokenizers import (
     tokenizer_from_state,
 )
 
-CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare.txt"
 
 # Text with everything a play has and SentencePiece's defaults would mangle.
 TRICKY = (
@@ -258,9 +256,8 @@ def test_build_tokenizer(tmp_path, play_text):
 
 # --- full corpus -----------------------------------------------------------
 
-@pytest.mark.skipif(not CORPUS.exists(), reason=f"Tiny Shakespeare not found at {CORPUS}")
-def test_tinyshakespeare_split(tmp_path):
-    text = CORPUS.read_text(encoding="utf-8")
+def test_tinyshakespeare_split(tmp_path, shakespeare):
+    text = shakespeare.read_text(encoding="utf-8")
     split = int(0.9 * len(text))
     train, val = text[:split], text[split:]
     tok = build_tokenizer("spm", train, tmp_path, vocab_size=1000)
