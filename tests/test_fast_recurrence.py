@@ -244,3 +244,24 @@ def test_single_step_without_grad_matches_reference(cell, dtype):
         for state in (None, make_state(cell, 4, 6, dtype)):
             for a, b in zip(run(fast, x, state), run(reference, x, state), strict=True):
                 torch.testing.assert_close(a, b, **TOL[dtype])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_cuda_matches_reference(cell):
+    """The fast path is device-agnostic torch code: the same exactness on a GPU (float64, so
+    that TF32 or reduced-precision matmul settings cannot blur the comparison), plus autocast."""
+    reference, fast = (m.cuda() for m in pair(cell, 5, 6, torch.float64))
+    x = torch.randn(3, 9, 5, dtype=torch.float64, device="cuda", requires_grad=True)
+    state = make_state(cell, 3, 6, torch.float64)
+    state = state.detach().cuda().requires_grad_() if cell == "gru" else tuple(
+        s.detach().cuda().requires_grad_() for s in state)
+    leaves = flatten_state(state)
+    outs = [run(m, x, state) for m in (reference, fast)]
+    grads = [torch.autograd.grad(weighted_loss([o.cpu() for o in out]), [x, *leaves, *m.parameters()])
+             for out, m in zip(outs, (reference, fast))]
+    for a, b in zip(outs[1] + list(grads[1]), outs[0] + list(grads[0]), strict=True):
+        torch.testing.assert_close(a, b, **TOL[torch.float64])
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y, _ = fast.float()(x.float())
+    y.float().sum().backward()
