@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 os.environ.setdefault("WANDB_SILENT", "true")
+# Test shapes are tiny, so per-op overhead dominates: one thread per process is faster, and keeps
+# subprocess tests from oversubscribing a small machine. (Set before torch is imported.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
 
