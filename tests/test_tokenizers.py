@@ -2,6 +2,7 @@ import io
 import multiprocessing
 import random
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
