@@ -10,6 +10,7 @@ import torch
 
 from gru_experiments.data import (IGNORE_INDEX, CorpusDataModule, RandomWindowBatches, corpus_path, eval_windows,
                                   split_text)
+from gru_experiments.errors import UserError
 
 
 def test_random_windows_shift_bounds_and_device():
@@ -61,7 +62,7 @@ def test_data_module_puts_data_on_the_device_and_seeds_per_rank():
 
 
 def test_data_module_rejects_a_corpus_shorter_than_a_window():
-    with pytest.raises(ValueError, match="fewer than one window"):
+    with pytest.raises(UserError, match="fewer than one window"):
         CorpusDataModule(torch.arange(8), torch.arange(8), batch_size=2, seq_len=8, steps_per_epoch=1)
 
 
@@ -94,7 +95,7 @@ def test_download_with_a_wrong_checksum_leaves_nothing(http_server, tmp_path):
     root, base = http_server
     (root / "corpus.txt").write_text("tampered")
     cache = tmp_path / "cache"
-    with pytest.raises(ValueError, match="checksum mismatch"):
+    with pytest.raises(UserError, match="checksum mismatch .* train on a local file instead: data.path=FILE"):
         corpus_path(None, f"{base}/corpus.txt", "0" * 64, cache)
     assert list(cache.iterdir()) == []
 
