@@ -57,10 +57,15 @@ def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
     fixed now so that sweep.py knows where the report goes. Composing also checks every override
     before anything is trained."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"model={models[0]}", *overrides], return_hydra_config=True)
-        return Path(str(cfg.hydra.sweep.dir)).resolve()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"model={models[0]}", *overrides], return_hydra_config=True)
+            return Path(str(cfg.hydra.sweep.dir)).resolve()
+    except (HydraException, OmegaConfBaseException) as error:
+        raise SystemExit(f"sweep.py: the train.py overrides {overrides} do not compose: {error}") from None
 
 
 def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:

@@ -233,10 +233,14 @@ def _missing_lines(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
         elif job.status == "missing":
             lines.append(f"- **{job.model}** was planned but never started")
     completed = [job for job in jobs if job.status == "completed"]
+    absent: dict[tuple, list[str]] = {}  # the models without a metric -> the metrics they lack
     for key in ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]:
-        without = [job.model for job in completed if job.number(key) is None]
+        without = tuple(job.model for job in completed if job.number(key) is None)
         if without:
-            lines.append(f"- `{key}` is not in the summary of: {', '.join(without)}")
+            absent.setdefault(without, []).append(f"`{key}`")
+    for without, keys in absent.items():
+        lines.append(f"- {', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not in the summary of: "
+                     f"{', '.join(without)}")
     for what, has in [("samples (samples.json)", lambda j: j.samples is not None),
                       ("learning curves (history.csv)", lambda j: bool(j.history))]:
         without = [job.model for job in completed if not has(job)]

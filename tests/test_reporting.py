@@ -118,7 +118,8 @@ def test_report_files_rows_and_what_is_missing(sweep):
     assert "**scribe_beta** failed (`2_scribe_beta`): RuntimeError: Vocabulary size too high (1000)" in missing
     assert "more lines" not in missing
     assert "**astra_beta** has no summary yet" in missing and "**leviathan** was planned but never started" in missing
-    assert "`stateful_bpc` is not in the summary of: scribe_alpha" in missing
+    assert "`stateful_bpc`, `stateless_bpc`, `windowed_bpc`, `bigram_bpc` are not in the summary of: scribe_alpha" \
+        in missing
     assert "no samples (samples.json) for: scribe_alpha" in missing
     assert "![bits per character by model and inference mode](bpc_by_mode.png)" in md and "(curves.png)" in md
     assert "Overrides: `model=astra_alpha,scribe_alpha,scribe_beta,astra_beta,leviathan preset=smoke`" in md

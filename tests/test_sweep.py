@@ -195,6 +195,12 @@ def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
     assert default.parent == tmp_path / "multiruns"
 
 
+def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
+    with pytest.raises(SystemExit, match="do not compose: .*trainer.no_such_key"):
+        sweep_script.main(["trainer.no_such_key=1", f"hydra.sweep.dir={tmp_path}/s"])
+    assert not (tmp_path / "s").exists()
+
+
 def test_report_of_a_folder_without_results_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no results in .*: no job folders"):
         sweep_script.main([f"report={tmp_path}"])
