@@ -21,14 +21,14 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 
-def parse_arguments(argv: list[str]) -> tuple[OmegaConf, list[str]]:
+def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     """sweep.py's settings (conf/sweep.yaml + its keys from argv) and the train.py overrides."""
     settings = OmegaConf.load(CONF / "sweep.yaml")
     own, overrides = [], []
@@ -45,8 +45,8 @@ def parse_arguments(argv: list[str]) -> tuple[OmegaConf, list[str]]:
         settings.models = [name.strip() for name in settings.models.split(",") if name.strip()]
     known = sorted(path.stem for path in (CONF / "model").glob("*.yaml"))
     unknown = [name for name in settings.models if name not in known]
-    if unknown:
-        raise SystemExit(f"sweep.py: unknown model(s) {unknown}; available: {', '.join(known)}")
+    if unknown or not settings.models:
+        raise SystemExit(f"sweep.py: unknown model(s) {unknown or 'none given'}; available: {', '.join(known)}")
     if settings.leviathan and "leviathan" not in settings.models:
         settings.models.append("leviathan")
     return settings, overrides

@@ -185,6 +185,8 @@ def test_sweep_arguments():
     assert list(sweep_script.parse_arguments([])[0].models) == SIX
     with pytest.raises(SystemExit, match="unknown model"):
         sweep_script.parse_arguments(["models=[astra_delta]"])
+    with pytest.raises(SystemExit, match="none given"):
+        sweep_script.parse_arguments(["models=[]"])
     with pytest.raises(SystemExit, match="choose the models with models="):
         sweep_script.parse_arguments(["model=astra_alpha"])
 
