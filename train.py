@@ -21,9 +21,14 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     with reported_errors(cfg):
-        from gru_experiments.training import train  # imported here so --help and --cfg stay fast
+        # imported here so --help and --cfg stay fast
+        from gru_experiments.distributed import needs_own_process, run_in_own_process
+        from gru_experiments.training import train
 
-        train(cfg)
+        if needs_own_process(cfg):  # DDP in a multirun job: see gru_experiments/distributed.py
+            run_in_own_process(cfg, __file__)
+        else:
+            train(cfg)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+from pathlib import Path
 from urllib.parse import urlparse
 
 from hydra.utils import instantiate
@@ -29,6 +30,22 @@ def is_wandb(logger) -> bool:
     return type(logger).__name__ == "WandbLogger"
 
 
+def multirun_sweep_dir() -> str | None:
+    """The sweep folder when this process runs a Hydra multirun job, else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    return str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
+
+
+def sweep_group(group: str | None, sweep_dir) -> str:
+    """The W&B group of a sweep's runs: logger.group if set, else the sweep folder's name."""
+    return group or Path(sweep_dir).resolve().name
+
+
 def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: str | None = None,
                  csv_version: str | None = None):
     """The configured Lightning logger (or False for logger=none), with the resolved
@@ -45,6 +62,8 @@ def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: st
         kwargs["mode"] = wandb_mode()
         if wandb_id:
             kwargs["id"] = wandb_id
+        if logger_cfg.get("group") is None and (sweep_dir := multirun_sweep_dir()):
+            kwargs["group"] = sweep_group(None, sweep_dir)  # all jobs of one sweep in one W&B group
         os.makedirs(logger_cfg.save_dir, exist_ok=True)
     if logger_cfg._target_.endswith("CSVLogger") and csv_version:
         kwargs["version"] = csv_version

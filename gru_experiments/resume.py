@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
+from gru_experiments.runs import read_summary
 
 LAST = "last"
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -68,7 +69,8 @@ def find_run(resume: str, log_dir, model_name: str) -> tuple[Path, Path]:
     if not checkpoint.is_file():
         raise UserError(f"{which} has no {CHECKPOINT}: it stopped before its first checkpoint "
                         "(written every checkpoint.every_n_steps steps and at epoch ends); start it afresh")
-    if (run / "summary.json").is_file():
+    summary = read_summary(run)
+    if summary is not None and summary.get("status") != "failed":  # a failed run may be continued
         raise UserError(f"{which} already finished (it has a summary.json): nothing to resume"
                         + ("; to resume an older run, name its folder: resume=RUN_DIR" if resume == LAST else ""))
     return run, checkpoint

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+import traceback
 from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.checkpoints import (TRAINING_KEYS, AtomicCheckpointIO, NonFiniteWeights, TrainingState,
@@ -18,10 +21,12 @@ from gru_experiments.config_schema import validate
 from gru_experiments.data import CorpusDataModule, prepare_corpus
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics, score_windows
+from gru_experiments.history import FILENAME as HISTORY_FILENAME
+from gru_experiments.history import MetricsHistory
 from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_samples, spellable_prompts,
                                        tokens_for_chars)
 from gru_experiments.lightning_module import LanguageModelTask
-from gru_experiments.loggers import build_logger, finish, is_wandb
+from gru_experiments.loggers import build_logger, finish, is_wandb, multirun_sweep_dir
 from gru_experiments.model import count_parameters
 from gru_experiments.resume import find_run
 
@@ -73,46 +78,55 @@ def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckp
 
 
 def train(cfg: DictConfig) -> dict:
+    """Train, score and summarise one model.
+
+    Bad input (config values, a resume checkpoint) is refused before anything is written. A run
+    that fails later, or any failed job of a multirun, still leaves a summary.json (status
+    "failed" and the error) and a failed W&B run, then re-raises: in a multirun the other jobs
+    go on, and the sweep report lists this one as failed."""
     started = time.perf_counter()
     validate(cfg)  # bad values fail here, before any work
     resume = load_resume_checkpoint(cfg)
     output_dir = Path(cfg.paths.output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
-    tokenizer = corpus.tokenizer
-    datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
-                                  cfg.data.steps_per_epoch, seed=cfg.seed, eval_batch_size=cfg.data.eval_batch_size)
-    task = LanguageModelTask(
-        architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
-        vocab_size=tokenizer.vocab_size, lr=cfg.model.lr, weight_decay=cfg.weight_decay,
-        epochs=cfg.model.epochs, model_name=cfg.model.name, tokenizer=tokenizer,
-    )
-    parameters = count_parameters(task.model)
-    print(f"model {cfg.model.name}: {cfg.model.architecture.cell} cell, {tokenizer.kind} tokenizer, "
-          f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
-    print(f"trainable parameters: {parameters:,}")
-
-    resume_path, resumed_step, run_id = None, None, None
-    if resume is not None:
-        resume_path, saved = resume
-        check_resumable(resume_path, saved, task, tokenizer)
-        resumed_step, run_id = saved["global_step"], wandb_run_id(saved)
-        del saved, resume  # free it: Lightning reads the file again itself
-        print(f"resuming from {resume_path} (step {resumed_step})")
-
-    output_dir.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
-    checkpoint, *more_checkpoints = checkpoint_callbacks(output_dir / "checkpoints",
-                                                         OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
-    checkpoint_io = AtomicCheckpointIO()
-    logger = build_logger(cfg.get("logger"), cfg, wandb_id=run_id,
-                          csv_version=None if resumed_step is None else f"resumed_step{resumed_step}")
-    exit_code = 1
+    logger, exit_code, writing = False, 1, False
     try:
+        corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
+        tokenizer = corpus.tokenizer
+        datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
+                                      cfg.data.steps_per_epoch, seed=cfg.seed,
+                                      eval_batch_size=cfg.data.eval_batch_size)
+        task = LanguageModelTask(
+            architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
+            vocab_size=tokenizer.vocab_size, lr=cfg.model.lr, weight_decay=cfg.weight_decay,
+            epochs=cfg.model.epochs, model_name=cfg.model.name, tokenizer=tokenizer,
+        )
+        parameters = count_parameters(task.model)
+        print(f"model {cfg.model.name}: {cfg.model.architecture.cell} cell, {tokenizer.kind} tokenizer, "
+              f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
+        print(f"trainable parameters: {parameters:,}")
+
+        resume_path, resumed_step, run_id = None, None, None
+        if resume is not None:
+            resume_path, saved = resume
+            check_resumable(resume_path, saved, task, tokenizer)
+            resumed_step, run_id = saved["global_step"], wandb_run_id(saved)
+            del saved, resume  # free it: Lightning reads the file again itself
+            print(f"resuming from {resume_path} (step {resumed_step})")
+
+        writing = True  # only now: input errors above leave nothing behind
+        output_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint, *more_checkpoints = checkpoint_callbacks(
+            output_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
+        checkpoint_io = AtomicCheckpointIO()
+        logger = build_logger(cfg.get("logger"), cfg, wandb_id=run_id,
+                              csv_version=None if resumed_step is None else f"resumed_step{resumed_step}")
         if logger and resumed_step is None:
             logger.log_metrics({"parameters": parameters})
+        history = MetricsHistory(output_dir / HISTORY_FILENAME)  # learning curves for the sweep report
         trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
-                              callbacks=[checkpoint, *more_checkpoints, TrainingState()])
+                              callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
         try:
             # Lightning reads ckpt_path through checkpoint_io, which loads weights only whatever
             # Lightning asks for (not every Lightning this project accepts has fit(weights_only=)).
@@ -123,10 +137,13 @@ def train(cfg: DictConfig) -> dict:
             raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
 
         # The final model on the whole validation split (also when max_steps stopped mid-epoch).
+        # Every DDP rank holds the same weights and scores the same split by itself (no collective
+        # calls, nothing to wait for); only rank zero writes.
         task.to(trainer.strategy.root_device)
         val = score_windows(task.model, datamodule.val_ids, cfg.data.seq_len, cfg.data.eval_batch_size,
                             task.token_char_lengths)
         summary = {
+            "status": "completed",
             "model": cfg.model.name,
             "cell": cfg.model.architecture.cell,
             "tokenizer": tokenizer.kind,
@@ -135,8 +152,9 @@ def train(cfg: DictConfig) -> dict:
             "train_loss": task.last_epoch_train_loss,
             "val_loss": val.nll,
             "val_bpc": val.bpc,
-            "tokens_per_second": task.tokens_per_second,
+            "tokens_per_second": task.tokens_per_second,  # per process: times world_size under DDP
             "train_steps": trainer.global_step,
+            "world_size": trainer.world_size,
             "wall_seconds": time.perf_counter() - started,
             "device": str(trainer.strategy.root_device),
             "checkpoint": next((c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path),
@@ -154,6 +172,10 @@ def train(cfg: DictConfig) -> dict:
             print(format_summary(summary))
         exit_code = 0
         return summary
+    except Exception as error:
+        if rank_zero_only.rank == 0 and (writing or multirun_sweep_dir()):  # also before a Trainer exists
+            logger = record_failure(cfg, logger, output_dir, error, time.perf_counter() - started)
+        raise
     finally:
         finish(logger, exit_code)
 
@@ -188,6 +210,29 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
                                                             samples["stateless"])])
         logger.save()
     return samples
+
+
+def record_failure(cfg: DictConfig, logger, output_dir: Path, error: Exception, wall_seconds: float):
+    """summary.json with status "failed", the error and where it happened; the same in W&B (a run
+    is started for it if the failure came before the logger). Returns the logger to finish."""
+    summary = {
+        "status": "failed",
+        "model": OmegaConf.select(cfg, "model.name"),
+        "cell": OmegaConf.select(cfg, "model.architecture.cell"),
+        "tokenizer": OmegaConf.select(cfg, "tokenizer.kind"),
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": traceback.format_exc(limit=-8),
+        "wall_seconds": wall_seconds,
+        "run_dir": str(output_dir),
+    }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_json(output_dir / "summary.json", summary)
+    # Bookkeeping must never hide the error it reports.
+    with contextlib.suppress(Exception):
+        logger = logger or build_logger(cfg.get("logger"), cfg)
+        if is_wandb(logger):
+            logger.experiment.summary.update({"status": "failed", "error": summary["error"]})
+    return logger
 
 
 def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) -> str:

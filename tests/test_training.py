@@ -15,7 +15,7 @@ from conftest import REPO
 from gru_experiments.data import read_corpus, split_text
 from gru_experiments.lightning_module import load_checkpoint
 from gru_experiments.training import train
-from wandb_records import read_run
+from wandb_records import offline_runs
 
 
 def unigram_entropy_nats(text: str) -> float:
@@ -54,16 +54,14 @@ def test_wandb_offline_without_login_writes_into_the_run_folder(compose_config, 
                          "trainer.max_steps=4", "model.steps_per_epoch=2", "trainer.enable_progress_bar=false",
                          "trainer.accelerator=cpu")
     summary = train(cfg)
-    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
+    (logged,) = offline_runs(cfg.paths.output_dir)
     assert not (tmp_path / "wandb").exists()  # nothing in the current directory
-    logged = read_run(runs[0])
-    assert logged["summary"]["val_loss"] == pytest.approx(summary["val_loss"])
-    assert logged["summary"]["parameters"] == summary["parameters"]
-    assert any("val/loss" in row for row in logged["history"])
+    assert logged.summary["val_loss"] == pytest.approx(summary["val_loss"])
+    assert logged.summary["parameters"] == summary["parameters"]
+    assert logged.series("val/loss") and logged.exit_code == 0
     # The resolved config, as plain nested values.
-    assert logged["config"]["model"]["architecture"]["embedding_dim"] == 64
-    assert logged["config"]["paths"]["output_dir"] == cfg.paths.output_dir
+    assert logged.config["model"]["architecture"]["embedding_dim"] == 64
+    assert logged.config["paths"]["output_dir"] == cfg.paths.output_dir
 
 
 @pytest.mark.slow

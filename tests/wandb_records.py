@@ -1,60 +1,89 @@
-"""Read back what W&B wrote to an offline run's .wandb file (for tests).
+"""Read back what a W&B run logged, from its local `run-<id>.wandb` file (tests only).
 
-The file is W&B's record log: a 7-byte header (":W&B", magic, version), then LevelDB-style
-framing in 32 KiB blocks (per fragment: crc32 4 bytes, length 2, type 1) around protobuf Records.
+W&B 0.31 keeps an offline run in that one binary file (no wandb-summary.json) and offers no
+local reader, so the tests decode it: a LevelDB-style log (a 7-byte header ":W&B", 0xBEE1,
+version; then 32 KiB blocks of chunks with a 7-byte header: crc32, length, type) whose
+records are wandb's own protobuf `Record` messages (wandb.proto.wandb_internal_pb2).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from wandb.proto import wandb_internal_pb2
-
 BLOCK = 32 * 1024
-HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def records(path: Path):
-    data = Path(path).read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B record file"
-    pos, pending = HEADER, b""
+@dataclass
+class RunRecords:
+    run_id: str = ""
+    name: str = ""
+    group: str = ""
+    history: list[dict] = field(default_factory=list)  # one dict per wandb.log call
+    summary: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # the run's config, as logged (plain nested values)
+    exit_code: int | None = None
+
+    def series(self, key: str) -> list:
+        return [row[key] for row in self.history if key in row]
+
+
+def _records(data: bytes):
+    from wandb.proto import wandb_internal_pb2
+
+    assert data[:4] == b":W&B", "not a W&B run file"
+    pos, pending = 7, b""
     while pos + 7 <= len(data):
-        room = BLOCK - pos % BLOCK
-        if room < 7:  # block trailer padding
-            pos += room
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
+            pos += BLOCK - pos % BLOCK
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        fragment = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
+        pos += 7
+        if kind == 0:  # zero padding up to the next block
+            pos += (BLOCK - pos % BLOCK) % BLOCK
             continue
-        pending = fragment if kind in (FULL, FIRST) else pending + fragment
+        pending += data[pos:pos + length]
+        pos += length
         if kind in (FULL, LAST):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
+            pending = b""
             yield record
 
 
-def read_run(run_dir: Path) -> dict:
-    """{'id', 'group', 'config': {...}, 'summary': {...}, 'history': [{...}, ...]} of an offline run folder."""
-    (wandb_file,) = Path(run_dir).glob("*.wandb")
-    run = {"config": {}, "summary": {}, "history": []}
-    for record in records(wandb_file):
-        which = record.WhichOneof("record_type")
-        if which == "run":
-            run["id"], run["group"] = record.run.run_id, record.run.run_group
-            for item in record.run.config.update:
-                run["config"][item.key] = json.loads(item.value_json)
-        elif which == "config":
-            for item in record.config.update:
-                run["config"][item.key] = json.loads(item.value_json)
-        elif which == "summary":
-            for item in record.summary.update:
-                run["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-        elif which == "history":
-            run["history"].append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                   for item in record.history.item})
+def _items(items) -> dict:
+    """{key: value}; media (tables, images) come as nested keys and become nested dicts."""
+    out: dict = {}
+    for item in items:
+        path = [item.key] if item.key else list(item.nested_key)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = json.loads(item.value_json)
+    return out
+
+
+def read_run(wandb_file: Path) -> RunRecords:
+    run = RunRecords()
+    for record in _records(Path(wandb_file).read_bytes()):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
+            run.config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+        elif kind == "config":
+            run.config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+        elif kind == "history":
+            run.history.append(_items(record.history.item))
+        elif kind == "summary":
+            run.summary.update(_items(record.summary.update))
+        elif kind == "exit":
+            run.exit_code = record.exit.exit_code
     return run
+
+
+def offline_runs(folder: Path) -> list[RunRecords]:
+    """Every offline run under folder/wandb/."""
+    return [read_run(path) for path in sorted(Path(folder).glob("wandb/offline-run-*/run-*.wandb"))]

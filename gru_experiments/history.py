@@ -1,0 +1,81 @@
+"""Each run keeps its own learning curves in <run_dir>/history.csv.
+
+Why a file of our own: the sweep report draws every model's curves whatever the logger
+(wandb, csv or none), and W&B keeps offline runs in a binary log that it offers no local
+reader for. One row per measurement, long format, appended as training goes:
+
+    step,epoch,metric,value
+    10,0,train/loss,3.1821     (mean training loss over the steps since the previous row)
+    10,0,val/loss,3.2056       (the whole validation split, at the end of each epoch)
+    10,0,val/bpc,4.6246
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+FIELDS = ["step", "epoch", "metric", "value"]
+FILENAME = "history.csv"
+
+
+class MetricsHistory(Callback):
+    """Appends to history.csv (global rank zero only): the mean training loss every
+    `trainer.log_every_n_steps` steps and the validation metrics after every validation."""
+
+    def __init__(self, path: Path, val_metrics: tuple[str, ...] = ("val/loss", "val/bpc")):
+        self.path = Path(path)
+        self.val_metrics = val_metrics
+        self._loss_sum, self._loss_count = 0.0, 0  # a tensor once training runs: no host sync per step
+
+    def _append(self, trainer, rows: list[tuple[str, float]]) -> None:
+        if not trainer.is_global_zero or not rows:
+            return
+        new_file = not self.path.exists()
+        with open(self.path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new_file:
+                writer.writerow(FIELDS)
+            writer.writerows((trainer.global_step, trainer.current_epoch, name, f"{value:.6g}") for name, value in rows)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._loss_sum = self._loss_sum + loss.detach()
+        self._loss_count += 1
+        if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0:
+            self._flush_train_loss(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._flush_train_loss(trainer)  # the last steps, when they did not end on a logging step
+
+    def _flush_train_loss(self, trainer) -> None:
+        if self._loss_count:
+            self._append(trainer, [("train/loss", float(self._loss_sum) / self._loss_count)])
+        self._loss_sum, self._loss_count = 0.0, 0
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = trainer.callback_metrics
+        self._append(trainer, [(name, float(metrics[name])) for name in self.val_metrics if name in metrics])
+
+
+def read_history(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """{metric: [(step, value), ...]} in file order; {} when the file does not exist.
+    Unreadable rows (a run killed mid-write) are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    series: dict[str, list[tuple[int, float]]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                step, value = int(row["step"]), float(row["value"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if math.isfinite(value):
+                series.setdefault(row["metric"], []).append((step, value))
+    return series

@@ -1,0 +1,457 @@
+"""The study's report over a sweep folder: results.csv, report.md and PNG plots, and a W&B
+summary run that carries the same table and plots.
+
+A sweep folder holds one folder per job (Hydra's multirun layout); everything is read from
+what the jobs wrote there:
+
+    <job>/.hydra/config.yaml   what the job was asked to train (model, cell, tokenizer, logger)
+    <job>/summary.json         its results, or status "failed" and the error
+    <job>/history.csv          its learning curves (gru_experiments/history.py)
+    <job>/samples.json         stateful and stateless samples for the study's prompts
+    multirun.yaml              the sweep's overrides, hence the models it was meant to train
+
+Nothing is recomputed, so building the report is cheap, can run while jobs are still going,
+and gives the same files every time it runs over the same folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from gru_experiments.history import FILENAME as HISTORY_FILENAME
+from gru_experiments.history import read_history
+
+MODES = ("stateful", "stateless", "windowed", "bigram")  # the inference modes of the evaluation
+RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
+PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
+
+# (column, header in report.md, format); results.csv has every column of COLUMNS.
+TABLE = [
+    ("model", "model", str), ("cell", "cell", str), ("tokenizer", "tokenizer", str),
+    ("parameters", "parameters", "{:,}".format),
+    ("train_loss", "train loss", "{:.4f}".format), ("val_loss", "val loss", "{:.4f}".format),
+    ("val_bpc", "val bpc", "{:.4f}".format),
+    *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in MODES),
+    ("tokens_per_second", "tokens/s", "{:,.0f}".format),
+    ("wall_seconds", "wall time", lambda s: format_duration(s)),
+    ("status", "status", str),
+]
+COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in MODES), "error", "run_dir"]
+MISSING = "—"
+
+
+class NoResultsError(ValueError):
+    """The folder holds no job that got as far as writing a summary."""
+
+
+@dataclass
+class JobResult:
+    job: str  # the job folder's name, e.g. "0_astra_alpha" ("" for a job that never started)
+    status: str  # completed | failed | incomplete (started, no summary yet) | missing (never started)
+    values: dict = field(default_factory=dict)  # summary.json, completed with what the config says
+    run_dir: Path | None = None
+    history: dict = field(default_factory=dict)  # {metric: [(step, value), ...]}
+    samples: dict | None = None
+    logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
+
+    @property
+    def model(self) -> str:
+        return self.values.get("model") or self.job
+
+    def number(self, key: str) -> float | None:
+        """A finite number from the summary, else None."""
+        value = self.values.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return value
+
+
+@dataclass
+class Report:
+    sweep_dir: Path
+    jobs: list[JobResult]
+    overrides: list[str]
+    files: dict[str, Path]  # name -> written file
+
+    @property
+    def completed(self) -> list[JobResult]:
+        return [job for job in self.jobs if job.status == "completed"]
+
+    @property
+    def problems(self) -> list[JobResult]:
+        return [job for job in self.jobs if job.status != "completed"]
+
+
+# --- reading a sweep folder --------------------------------------------------------------
+def _select(cfg, key: str):
+    return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sweep_overrides(sweep_dir: Path) -> list[str]:
+    """The command-line overrides the sweep ran with (Hydra's multirun.yaml), [] if unknown."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.is_file():
+        return []
+    return list(_select(OmegaConf.load(path), "hydra.overrides.task") or [])
+
+
+def planned_models(overrides: list[str]) -> list[str]:
+    """The models a sweep was started with, from its `model=a,b,c` override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
+        if override.is_sweep_override():
+            return list(override.sweep_string_iterator())
+        return [override.get_value_element_as_str()]
+    return []
+
+
+def read_job(job_dir: Path) -> JobResult:
+    cfg = OmegaConf.load(job_dir / ".hydra" / "config.yaml")
+    summary = _read_json(job_dir / "summary.json")
+    values = {
+        "model": _select(cfg, "model.name"),
+        "cell": _select(cfg, "model.architecture.cell"),
+        "tokenizer": _select(cfg, "tokenizer.kind"),
+        **(summary if isinstance(summary, dict) else {}),
+    }
+    if not isinstance(summary, dict):
+        status = "incomplete"
+    elif summary.get("status") == "failed":
+        status = "failed"
+    else:
+        status = "completed"
+    logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
+    samples = _read_json(job_dir / "samples.json")
+    return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
+                     history=read_history(job_dir / HISTORY_FILENAME),
+                     samples=samples if isinstance(samples, dict) else None, logger=logger)
+
+
+def _job_order(job_dir: Path) -> tuple:
+    num = _select(OmegaConf.load(job_dir / ".hydra" / "hydra.yaml"), "hydra.job.num") \
+        if (job_dir / ".hydra" / "hydra.yaml").is_file() else None
+    return (num if isinstance(num, int) else math.inf, job_dir.name)
+
+
+def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
+    """Every job of the sweep, in launch order, plus a "missing" entry for each planned model
+    that has no job folder at all; and the sweep's overrides."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise NoResultsError(f"{sweep_dir} is not a folder: give the sweep folder (hydra.sweep.dir) of a study")
+    job_dirs = sorted((p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml") if p.parent.parent != sweep_dir),
+                      key=_job_order)
+    jobs = [read_job(job_dir) for job_dir in job_dirs]
+    overrides = sweep_overrides(sweep_dir)
+    started = {job.model for job in jobs}
+    jobs += [JobResult(job="", status="missing", values={"model": name})
+             for name in planned_models(overrides) if name not in started]
+    if not any(job.status in ("completed", "failed") for job in jobs):
+        found = f"{len(job_dirs)} job folders, none with a summary.json" if job_dirs else "no job folders"
+        raise NoResultsError(f"no results in {sweep_dir}: {found}. Give the folder of a sweep "
+                             f"(python sweep.py ..., or python train.py -m ...) whose jobs have finished.")
+    return jobs, overrides
+
+
+# --- writing ----------------------------------------------------------------------------
+def _write_text(path: Path, text: str) -> None:
+    """Write-then-rename: a reader (or a second report builder) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def _cell(job: JobResult, key: str, fmt) -> str:
+    value = job.values.get(key)
+    if key in ("model", "cell", "tokenizer", "status"):
+        value = job.status if key == "status" else value
+        return _escape(str(value)) if value else MISSING
+    number = job.number(key)
+    return MISSING if number is None else fmt(number)
+
+
+def _escape(text: str) -> str:
+    """Text safe inside a markdown table cell (line breaks kept as <br>)."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+def results_csv(jobs: list[JobResult]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for job in jobs:
+        row = []
+        for key in COLUMNS:
+            if key == "job":
+                value = job.job
+            elif key == "status":
+                value = job.status
+            elif key == "run_dir":
+                value = job.run_dir or ""
+            else:
+                value = job.values.get(key)
+            row.append("" if value is None else repr(value) if isinstance(value, float) else value)
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def _missing_lines(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
+    lines = []
+    for job in jobs:
+        if job.status == "failed":
+            error = str(job.values.get("error") or "no error recorded").strip().splitlines()[0]
+            lines.append(f"- **{job.model}** failed (`{job.job}`): {_escape(error)}")
+        elif job.status == "incomplete":
+            lines.append(f"- **{job.model}** has no summary yet (`{job.job}`): still running, or stopped "
+                         f"before it finished (killed, out of memory)")
+        elif job.status == "missing":
+            lines.append(f"- **{job.model}** was planned but never started")
+    completed = [job for job in jobs if job.status == "completed"]
+    absent: dict[tuple, list[str]] = {}  # the models without a metric -> the metrics they lack
+    for key in ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]:
+        without = tuple(job.model for job in completed if job.number(key) is None)
+        if without:
+            absent.setdefault(without, []).append(f"`{key}`")
+    for without, keys in absent.items():
+        lines.append(f"- {', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not in the summary of: "
+                     f"{', '.join(without)}")
+    for what, has in [("samples (samples.json)", lambda j: j.samples is not None),
+                      ("learning curves (history.csv)", lambda j: bool(j.history))]:
+        without = [job.model for job in completed if not has(job)]
+        if without:
+            lines.append(f"- no {what} for: {', '.join(without)}")
+    if completed and PLOT_BPC not in plots:
+        lines.append("- no bits-per-character plot: no completed job has a bpc")
+    return lines
+
+
+def _samples_section(jobs: list[JobResult]) -> list[str]:
+    lines = ["## Samples: stateful vs stateless", "",
+             "The same weights sampled with the hidden state carried across steps (stateful) and reset "
+             "to zero at every step (stateless).", ""]
+    with_samples = [job for job in jobs if job.samples is not None]
+    if not with_samples:
+        return lines + [f"{MISSING} no job wrote samples.json.", ""]
+    for job in with_samples:
+        samples = job.samples
+        prompts = list(samples.get("prompts") or [])
+        stateful, stateless = list(samples.get("stateful") or []), list(samples.get("stateless") or [])
+        lines += [f"### {job.model}", "", "| prompt | stateful | stateless |", "|---|---|---|"]
+        for i, prompt in enumerate(prompts):
+            pick = lambda texts: _escape(str(texts[i])) if i < len(texts) and texts[i] is not None else MISSING  # noqa: E731
+            lines.append(f"| `{_escape(str(prompt)).strip()}` | {pick(stateful)} | {pick(stateless)} |")
+        if samples.get("settings"):
+            settings = ", ".join(f"{k}={v}" for k, v in samples["settings"].items())
+            lines += ["", f"Settings: {_escape(settings)}"]
+        lines.append("")
+    without = [job.model for job in jobs if job.status == "completed" and job.samples is None]
+    if without:
+        lines += [f"No samples for: {', '.join(without)}.", ""]
+    return lines
+
+
+def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str], plots: dict[str, Path]) -> str:
+    counts = {status: sum(job.status == status for job in jobs)
+              for status in ("completed", "failed", "incomplete", "missing")}
+    total_seconds = sum(job.number("wall_seconds") or 0.0 for job in jobs)
+    lines = [
+        f"# Study report: {sweep_dir.name}", "",
+        f"Sweep folder `{sweep_dir}`: {len(jobs)} jobs, "
+        + ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+        + f"; {format_duration(total_seconds)} of training and evaluation in all.",
+    ]
+    if overrides:
+        lines += ["", f"Overrides: `{' '.join(overrides)}`"]
+    lines += [
+        "", "## Results", "",
+        "Losses are mean negative log-likelihoods per token in nats (a character for char models, a "
+        "subword for spm models, so they compare only within a tokenizer); bpc is bits per character "
+        "of the validation text, which compares across tokenizers. Stateful, stateless, windowed and "
+        "bigram are the inference modes of the evaluation; val bpc is the validation split scored in "
+        "windows of data.seq_len, each from a zero state.", "",
+        "| " + " | ".join(header for _, header, _ in TABLE) + " |",
+        "|" + "|".join("---" if key in ("model", "cell", "tokenizer", "status") else "--:" for key, _, _ in TABLE) + "|",
+    ]
+    lines += ["| " + " | ".join(_cell(job, key, fmt) for key, _, fmt in TABLE) + " |" for job in jobs]
+    missing = _missing_lines(jobs, plots)
+    lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
+    lines += ["", "## Bits per character by inference mode", ""]
+    lines += [f"![bits per character by model and inference mode]({PLOT_BPC})" if PLOT_BPC in plots
+              else f"{MISSING} no completed job has a bpc to plot."]
+    lines += ["", "## Learning curves", ""]
+    lines += [f"![training loss and validation bpc against training steps]({PLOT_CURVES})" if PLOT_CURVES in plots
+              else f"{MISSING} no job wrote history.csv."]
+    lines += ["", *_samples_section(jobs)]
+    lines += ["Files: `results.csv` (every number above, full precision), the PNGs beside this report, "
+              "and each job's folder (summary.json, history.csv, samples.json, checkpoints)."]
+    return "\n".join(lines) + "\n"
+
+
+# --- plots ------------------------------------------------------------------------------
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, safe in worker processes
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    # No timestamp in the PNG metadata: the same results give the same bytes.
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+    os.replace(tmp, path)
+    return path
+
+
+def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
+    """Grouped bars: one group per model, one bar per inference mode (val bpc when no job has
+    the evaluation's modes)."""
+    keys = [f"{mode}_bpc" for mode in MODES if any(job.number(f"{mode}_bpc") is not None for job in jobs)]
+    labels = [key.removesuffix("_bpc") for key in keys]
+    if not keys:
+        keys, labels = ["val_bpc"], ["validation (windows, zero state)"]
+    shown = [job for job in jobs if any(job.number(key) is not None for key in keys)]
+    if not shown:
+        return None
+    plt = _figure()
+    width = 0.8 / len(keys)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
+    for i, (key, label) in enumerate(zip(keys, labels)):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
+        heights = [job.number(key) or 0.0 for job in shown]
+        bars = ax.bar(xs, heights, width, label=label)
+        for bar, job in zip(bars, shown):
+            value = job.number(key)
+            ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+    ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
+    ax.set_ylabel("bits per character (lower is better)")
+    ax.set_title("Validation bits per character by inference mode")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
+    """Training loss and validation bpc against the training step, every model in one figure."""
+    shown = [job for job in jobs if job.history]
+    if not shown:
+        return None
+    plt = _figure()
+    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for job in shown:
+        label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
+        if job.status != "completed":
+            label += f", {job.status}"
+        for ax, metric in ((train_ax, "train/loss"), (val_ax, "val/bpc")):
+            points = job.history.get(metric, [])
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if len(points) < 12 else None, markersize=3, label=label)
+    train_ax.set(title="Training loss", xlabel="step", ylabel="nats per token (char or subword)")
+    val_ax.set(title="Validation", xlabel="step", ylabel="bits per character")
+    for ax in (train_ax, val_ax):
+        ax.grid(alpha=0.3)
+    train_ax.legend(fontsize=7)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+# --- the whole report -------------------------------------------------------------------
+def build_report(sweep_dir) -> Report:
+    """Read the sweep folder; write results.csv, the plots and report.md into it. Safe to run
+    again (and while jobs still run): every file is rewritten whole from what is on disk."""
+    sweep_dir = Path(sweep_dir).resolve()
+    jobs, overrides = collect(sweep_dir)
+    plots = {}
+    for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves)):
+        if (written := plot(jobs, sweep_dir / name)) is not None:
+            plots[name] = written
+        elif (sweep_dir / name).exists():
+            (sweep_dir / name).unlink()  # a stale plot from an earlier build would contradict the report
+    _write_text(sweep_dir / RESULTS_CSV, results_csv(jobs))
+    _write_text(sweep_dir / REPORT_MD, report_markdown(sweep_dir, jobs, overrides, plots))
+    files = {RESULTS_CSV: sweep_dir / RESULTS_CSV, REPORT_MD: sweep_dir / REPORT_MD, **plots}
+    return Report(sweep_dir, jobs, overrides, files)
+
+
+def format_table(report: Report) -> str:
+    """The results table as plain text, for the terminal."""
+    keys = ["model", "tokenizer", "parameters", "val_bpc", *(f"{m}_bpc" for m in MODES), "tokens_per_second",
+            "wall_seconds", "status"]
+    spec = {key: (header, fmt) for key, header, fmt in TABLE}
+    rows = [[spec[key][0] for key in keys]]
+    rows += [[html.unescape(_cell(job, key, spec[key][1])) for key in keys] for job in report.jobs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(keys))]
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
+
+
+# --- W&B --------------------------------------------------------------------------------
+def wandb_jobs(report: Report) -> list[JobResult]:
+    return [job for job in report.jobs if str(job.logger.get("_target_") or "").endswith("WandbLogger")]
+
+
+def log_to_wandb(report: Report, mode: str, project: str | None = None, group: str | None = None):
+    """A "summary" run in the sweep's W&B group with the results table, the plots and each
+    model's numbers. Its id is fixed per sweep folder, so building the report again updates
+    the same run (online) instead of adding another. Returns the finished run."""
+    import wandb
+
+    from gru_experiments.loggers import sweep_group
+
+    logged = wandb_jobs(report)
+    first = logged[0].logger if logged else {}
+    project = project or first.get("project") or "gru-experiments"
+    group = group or sweep_group(first.get("group"), report.sweep_dir)
+    run_id = "summary-" + hashlib.sha1(f"{project}/{group}/{report.sweep_dir}".encode()).hexdigest()[:12]
+    run = wandb.init(project=project, group=group, name="summary", job_type="report", id=run_id,
+                     resume="allow", dir=str(report.sweep_dir), mode=mode,
+                     config={"sweep_dir": str(report.sweep_dir), "overrides": report.overrides})
+    try:
+        columns = [key for key in COLUMNS if key not in ("error", "run_dir")]
+        data = [[job.status if key == "status" else job.job if key == "job" else
+                 (job.number(key) if key not in ("model", "cell", "tokenizer") else job.values.get(key))
+                 for key in columns] for job in report.jobs]
+        payload = {"results": wandb.Table(columns=columns, data=data)}
+        payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
+                        if name.endswith(".png")})
+        run.log(payload)
+        run.summary.update({f"{job.model}/{key}": job.number(key) for job in report.completed
+                            for key in ("val_bpc", *(f"{mode}_bpc" for mode in MODES)) if job.number(key) is not None})
+        run.summary.update({"jobs_completed": len(report.completed), "jobs_not_completed": len(report.problems)})
+    finally:
+        run.finish()
+    return run

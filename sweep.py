@@ -1,0 +1,120 @@
+"""The whole study in one command: a Hydra multirun of train.py over the models, then the report.
+
+    python sweep.py                                   # the six GRU models, full recipe
+    python sweep.py preset=smoke                      # every model for a few steps (minutes on a CPU)
+    python sweep.py leviathan=true                    # ... and the Leviathan LSTM
+    python sweep.py models=[astra_alpha,scribe_alpha] data.path=my.txt logger=csv
+    python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
+
+sweep.py's own keys are in conf/sweep.yaml (models, leviathan, report). Every other argument is
+a train.py override and applies to every job: preset=..., data.path=..., trainer=ddp, logger=...,
+hydra/launcher=joblib, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
+The report (report.md, results.csv, plots) goes into the sweep folder; with W&B it also goes to a
+"summary" run in the sweep's W&B group. Exit status 1 when a job failed or is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+ROOT = Path(__file__).resolve().parent
+CONF = ROOT / "conf"
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+
+
+def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
+    """sweep.py's settings (conf/sweep.yaml + its keys from argv) and the train.py overrides."""
+    settings = OmegaConf.load(CONF / "sweep.yaml")
+    own, overrides = [], []
+    for arg in argv:
+        key = arg.split("=", 1)[0]
+        if key in settings:
+            own.append(arg)
+        elif key in ("model", "+model", "-m", "--multirun"):
+            raise SystemExit(f"sweep.py: {arg!r}: choose the models with models=[a,b,...] (see conf/sweep.yaml)")
+        else:
+            overrides.append(arg)
+    settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
+    if isinstance(settings.models, str):  # models=a,b as well as models=[a,b]
+        settings.models = [name.strip() for name in settings.models.split(",") if name.strip()]
+    known = sorted(path.stem for path in (CONF / "model").glob("*.yaml"))
+    unknown = [name for name in settings.models if name not in known]
+    if unknown or not settings.models:
+        raise SystemExit(f"sweep.py: unknown model(s) {unknown or 'none given'}; available: {', '.join(known)}")
+    if settings.leviathan and "leviathan" not in settings.models:
+        settings.models.append("leviathan")
+    return settings, overrides
+
+
+def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
+    """The sweep folder exactly as train.py would compose it (hydra.sweep.dir, paths.* and all),
+    fixed now so that sweep.py knows where the report goes. Composing also checks every override
+    before anything is trained."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"model={models[0]}", *overrides], return_hydra_config=True)
+            return Path(str(cfg.hydra.sweep.dir)).resolve()
+    except (HydraException, OmegaConfBaseException) as error:
+        raise SystemExit(f"sweep.py: the train.py overrides {overrides} do not compose: {error}") from None
+
+
+def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:
+    sweep_dir = resolve_sweep_dir(models, overrides)
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "model=" + ",".join(models),
+               *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
+    print(f"sweep.py: {len(models)} jobs into {sweep_dir}\n  {' '.join(command)}", flush=True)
+    # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
+    # others; train.py then exits non-zero, and the report says which job failed.
+    returncode = subprocess.run(command, check=False).returncode
+    return sweep_dir, returncode
+
+
+def write_report(sweep_dir: Path):
+    from gru_experiments.loggers import wandb_mode
+    from gru_experiments.reporting import NoResultsError, build_report, format_table, log_to_wandb, wandb_jobs
+
+    try:
+        report = build_report(sweep_dir)
+    except NoResultsError as error:
+        raise SystemExit(f"sweep.py: {error}") from None
+    if wandb_jobs(report):
+        run = log_to_wandb(report, wandb_mode())
+        print(f"sweep.py: W&B summary run {run.id} in group {run.group!r} ({run.settings.mode})")
+    print(format_table(report))
+    print(f"\nreport: {report.files['report.md']}\nresults: {report.files['results.csv']}")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        return 0
+    settings, overrides = parse_arguments(argv)
+    if settings.report:
+        if overrides:
+            raise SystemExit(f"sweep.py: report=... only builds a report; these would be ignored: {overrides}")
+        write_report(Path(settings.report))  # the report itself says what failed or is missing
+        return 0
+    started = time.perf_counter()
+    sweep_dir, returncode = run_sweep(list(settings.models), overrides)
+    report = write_report(sweep_dir)
+    print(f"sweep.py: {len(report.jobs)} jobs in {time.perf_counter() - started:.0f} s")
+    if report.problems or returncode != 0:
+        names = ", ".join(f"{job.model} ({job.status})" for job in report.problems) or f"train.py exit {returncode}"
+        print(f"sweep.py: not every job completed: {names}; see the report", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

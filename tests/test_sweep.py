@@ -1,0 +1,222 @@
+"""sweep.py: the smoke study end to end, W&B runs per job, a failing job, DDP, launchers.
+
+The end-to-end tests run the real scripts in subprocesses, as a user would; the fast ones
+check configs and argument handling in-process.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import sweep as sweep_script
+from conftest import CONF, REPO
+from gru_experiments import distributed
+from test_reporting import assert_valid_png
+from wandb_records import offline_runs
+
+SIX = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma"]
+NUMBERS = ["parameters", "train_loss", "val_loss", "val_bpc", "tokens_per_second", "wall_seconds"]
+MODE_BPC = ["stateful_bpc", "stateless_bpc", "windowed_bpc", "bigram_bpc"]
+
+
+def run_script(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PROJECT_ROOT": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def read_rows(sweep: Path) -> list[dict]:
+    with open(sweep / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def tiny_overrides(corpus: Path, data_dir: Path) -> list[str]:
+    """The smoke preset on the small generated corpus: seconds per job."""
+    return ["preset=smoke", f"data.path={corpus}", f"paths.data_dir={data_dir}", "trainer.accelerator=cpu"]
+
+
+# --- end to end ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
+    sweep = tmp_path / "smoke_study"
+    result = run_script("sweep.py", "preset=smoke", f"data.path={shakespeare}", f"paths.data_dir={data_dir}",
+                        "trainer.accelerator=cpu", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+    rows = read_rows(sweep)
+    assert [row["model"] for row in rows] == SIX and {row["status"] for row in rows} == {"completed"}
+    assert [row["tokenizer"] for row in rows] == ["char"] * 3 + ["spm"] * 3
+    present_modes = [key for key in MODE_BPC if any(row[key] for row in rows)]
+    for row in rows:
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        for key in NUMBERS + present_modes:
+            assert math.isfinite(float(row[key])) and float(row[key]) == pytest.approx(summary[key]), (row["model"], key)
+    for name in ("bpc_by_mode.png", "curves.png"):
+        assert_valid_png(sweep / name)
+    report = (sweep / "report.md").read_text()
+    assert all(f"| {name} |" in report for name in SIX)
+
+    # W&B: every job its own offline run in the sweep's group, holding its metrics.
+    for row in rows:
+        [run] = offline_runs(Path(row["run_dir"]))
+        assert run.name == row["model"] and run.group == "smoke_study" and run.exit_code == 0
+        assert run.summary["val_bpc"] == pytest.approx(float(row["val_bpc"]))
+        assert len(run.series("val/bpc")) == 2 and len(run.series("train/loss")) > 0  # 2 epochs
+    [summary_run] = offline_runs(sweep)
+    [table] = [entry["results"] for entry in summary_run.history if "results" in entry]
+    assert summary_run.group == "smoke_study" and table["nrows"] == 6
+
+
+@pytest.mark.slow
+def test_a_failing_job_is_marked_and_the_others_complete(tiny_corpus, data_dir, tmp_path):
+    # A real failure: the tiny corpus cannot give SentencePiece the 1000 pieces scribe_alpha asks for.
+    sweep = tmp_path / "with_failure"
+    result = run_script("sweep.py", "models=[scribe_alpha,astra_alpha]", *tiny_overrides(tiny_corpus, data_dir),
+                        "logger=wandb", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 1
+    assert "not every job completed: scribe_alpha (failed)" in result.stderr
+
+    failed, done = read_rows(sweep)
+    assert (failed["model"], failed["status"], done["model"], done["status"]) == (
+        "scribe_alpha", "failed", "astra_alpha", "completed")
+    assert "Vocabulary size" in failed["error"] and math.isfinite(float(done["val_bpc"]))
+    missing = (sweep / "report.md").read_text().split("## What is missing")[1]
+    assert "**scribe_alpha** failed (`0_scribe_alpha`)" in missing
+
+    [failed_run] = offline_runs(Path(failed["run_dir"]))
+    [done_run] = offline_runs(Path(done["run_dir"]))
+    assert failed_run.exit_code == 1 and failed_run.summary["status"] == "failed"
+    assert done_run.exit_code == 0 and done_run.summary["status"] == "completed"
+    assert failed_run.group == done_run.group == "with_failure"
+
+    # Rebuilding the report over the folder gives the same files.
+    before = {name: (sweep / name).read_bytes() for name in ("report.md", "results.csv", "bpc_by_mode.png")}
+    again = run_script("sweep.py", f"report={sweep}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert before == {name: (sweep / name).read_bytes() for name in before}
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_with_two_processes_writes_one_summary(tiny_corpus, data_dir, tmp_path):
+    run_dir = tmp_path / "ddp_run"
+    result = run_script("train.py", "trainer=ddp", "trainer.devices=2", *tiny_overrides(tiny_corpus, data_dir),
+                        "logger=none", f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'outputs'}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["train_steps"] == 10
+    assert len(list(tmp_path.rglob("summary.json"))) == 1
+    history = list(csv.DictReader(open(run_dir / "history.csv")))
+    train_steps = [row["step"] for row in history if row["metric"] == "train/loss"]
+    assert len(train_steps) == len(set(train_steps)) == 10  # written by rank zero alone
+
+
+@pytest.mark.slow
+def test_ddp_inside_a_sweep(tiny_corpus, data_dir, tmp_path):
+    """A multirun job with DDP runs as a single run in a child process (distributed.py)."""
+    sweep = tmp_path / "ddp_sweep"
+    result = run_script("sweep.py", "models=[astra_alpha]", "trainer=ddp", "trainer.devices=2",
+                        *tiny_overrides(tiny_corpus, data_dir), "logger=none", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    [row] = read_rows(sweep)
+    assert row["status"] == "completed"
+    assert json.loads((Path(row["run_dir"]) / "summary.json").read_text())["world_size"] == 2
+    assert [p.parent.name for p in tmp_path.rglob("summary.json")] == ["0_astra_alpha"]
+
+
+@pytest.mark.slow
+def test_parallel_launcher_then_report_over_a_train_py_sweep(tiny_corpus, data_dir, tmp_path):
+    sweep = tmp_path / "parallel"
+    result = run_script("train.py", "-m", "model=astra_alpha,astra_beta", "hydra/launcher=parallel",
+                        *tiny_overrides(tiny_corpus, data_dir), "logger=none", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr  # the jobs ran side by side
+    report = run_script("sweep.py", f"report={sweep}")
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert [(row["model"], row["status"]) for row in read_rows(sweep)] == [
+        ("astra_alpha", "completed"), ("astra_beta", "completed")]
+
+
+# --- configs and arguments (fast) ----------------------------------------------------------
+def compose_hydra(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.mark.parametrize("launcher, target", [
+    ("parallel", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+    ("joblib", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+    ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+    ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+])
+def test_launcher_configs_compose(launcher, target):
+    cfg = compose_hydra(f"hydra/launcher={launcher}", "preset=smoke")
+    assert cfg.hydra.launcher._target_ == target
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.timeout_min == 720
+    if launcher == "parallel":
+        assert cfg.hydra.launcher.n_jobs == 2
+
+
+def test_ddp_trainer_and_smoke_preset_compose():
+    cfg = compose_hydra("trainer=ddp", "trainer.num_nodes=2", "model=scribe_gamma", "preset=smoke")
+    assert cfg.trainer.strategy == "ddp" and cfg.trainer.num_nodes == 2 and cfg.trainer.devices == "auto"
+    # the preset beats the model's own recipe, the command line beats the preset
+    assert cfg.model.steps_per_epoch == 5 and cfg.model.epochs == 2 and cfg.tokenizer.kind == "spm"
+    assert compose_hydra("preset=smoke", "model.epochs=3").model.epochs == 3
+    assert compose_hydra("model=scribe_gamma").model.steps_per_epoch == 400  # preset=full changes nothing
+
+
+def test_sweep_arguments():
+    settings, overrides = sweep_script.parse_arguments(
+        ["preset=smoke", "models=[astra_alpha,scribe_beta]", "leviathan=true", "data.path=x.txt", "hydra/launcher=parallel"])
+    assert list(settings.models) == ["astra_alpha", "scribe_beta", "leviathan"] and settings.report is None
+    assert overrides == ["preset=smoke", "data.path=x.txt", "hydra/launcher=parallel"]
+    settings, _ = sweep_script.parse_arguments(["models=astra_beta,astra_gamma"])
+    assert list(settings.models) == ["astra_beta", "astra_gamma"]
+    assert list(sweep_script.parse_arguments([])[0].models) == SIX
+    with pytest.raises(SystemExit, match="unknown model"):
+        sweep_script.parse_arguments(["models=[astra_delta]"])
+    with pytest.raises(SystemExit, match="none given"):
+        sweep_script.parse_arguments(["models=[]"])
+    with pytest.raises(SystemExit, match="choose the models with models="):
+        sweep_script.parse_arguments(["model=astra_alpha"])
+
+
+def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
+    assert sweep_script.resolve_sweep_dir(["astra_alpha"], [f"hydra.sweep.dir={tmp_path}/s"]) == tmp_path / "s"
+    default = sweep_script.resolve_sweep_dir(["astra_alpha"], [f"paths.log_dir={tmp_path}"])
+    assert default.parent == tmp_path / "multiruns"
+
+
+def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
+    with pytest.raises(SystemExit, match="do not compose: .*trainer.no_such_key"):
+        sweep_script.main(["trainer.no_such_key=1", f"hydra.sweep.dir={tmp_path}/s"])
+    assert not (tmp_path / "s").exists()
+
+
+def test_report_of_a_folder_without_results_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no results in .*: no job folders"):
+        sweep_script.main([f"report={tmp_path}"])
+
+
+def test_only_multirun_ddp_jobs_run_in_their_own_process(compose_config, monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    monkeypatch.setattr(distributed, "multirun_sweep_dir", lambda: "/sweeps/s1")
+    assert distributed.needs_own_process(compose_config("trainer=ddp"))
+    assert not distributed.needs_own_process(compose_config())  # strategy auto: one process
+    assert not distributed.needs_own_process(compose_config("trainer=ddp", "trainer.strategy=ddp_spawn"))
+    monkeypatch.setenv("LOCAL_RANK", "0")  # ranks started by torchrun or SLURM
+    assert not distributed.needs_own_process(compose_config("trainer=ddp"))
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setattr(distributed, "multirun_sweep_dir", lambda: None)  # a single run
+    assert not distributed.needs_own_process(compose_config("trainer=ddp"))
