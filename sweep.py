@@ -23,6 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from gru_experiments.errors import UserError, reported_errors
+
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
@@ -37,7 +39,7 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         if key in settings:
             own.append(arg)
         elif key in ("model", "+model", "-m", "--multirun"):
-            raise SystemExit(f"sweep.py: {arg!r}: choose the models with models=[a,b,...] (see conf/sweep.yaml)")
+            raise UserError(f"{arg!r}: sweep.py chooses the models with models=[a,b,...] (see conf/sweep.yaml)")
         else:
             overrides.append(arg)
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
@@ -46,7 +48,7 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     known = sorted(path.stem for path in (CONF / "model").glob("*.yaml"))
     unknown = [name for name in settings.models if name not in known]
     if unknown or not settings.models:
-        raise SystemExit(f"sweep.py: unknown model(s) {unknown or 'none given'}; available: {', '.join(known)}")
+        raise UserError(f"unknown model(s) {unknown or 'none given'}; available: {', '.join(known)}")
     if settings.leviathan and "leviathan" not in settings.models:
         settings.models.append("leviathan")
     return settings, overrides
@@ -65,7 +67,7 @@ def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
             cfg = compose(config_name="train", overrides=[f"model={models[0]}", *overrides], return_hydra_config=True)
             return Path(str(cfg.hydra.sweep.dir)).resolve()
     except (HydraException, OmegaConfBaseException) as error:
-        raise SystemExit(f"sweep.py: the train.py overrides {overrides} do not compose: {error}") from None
+        raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None
 
 
 def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:
@@ -81,12 +83,9 @@ def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:
 
 def write_report(sweep_dir: Path):
     from gru_experiments.loggers import wandb_mode
-    from gru_experiments.reporting import NoResultsError, build_report, format_table, log_to_wandb, wandb_jobs
+    from gru_experiments.reporting import build_report, format_table, log_to_wandb, wandb_jobs
 
-    try:
-        report = build_report(sweep_dir)
-    except NoResultsError as error:
-        raise SystemExit(f"sweep.py: {error}") from None
+    report = build_report(sweep_dir)  # NoResultsError (a UserError) for a folder with no results
     if wandb_jobs(report):
         run = log_to_wandb(report, wandb_mode())
         print(f"sweep.py: W&B summary run {run.id} in group {run.group!r} ({run.settings.mode})")
@@ -102,7 +101,7 @@ def main(argv: list[str]) -> int:
     settings, overrides = parse_arguments(argv)
     if settings.report:
         if overrides:
-            raise SystemExit(f"sweep.py: report=... only builds a report; these would be ignored: {overrides}")
+            raise UserError(f"report=... only builds a report; these would be ignored: {overrides}")
         write_report(Path(settings.report))  # the report itself says what failed or is missing
         return 0
     started = time.perf_counter()
@@ -117,4 +116,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    with reported_errors(argv=sys.argv):  # input errors: one line, exit status 2
+        sys.exit(main(sys.argv[1:]))

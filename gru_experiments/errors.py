@@ -41,12 +41,7 @@ class TrainingDiverged(UserError):
 
 
 class NoResultsError(UserError):
-    """A sweep folder holds no finished run to report on."""
-
-    def __init__(self, folder, detail: str = ""):
-        message = f"no results in {folder}: no run there has a summary.json"
-        super().__init__(message + (f" ({detail})" if detail else "") +
-                         "; check the path, or wait for the sweep's runs to finish")
+    """A sweep folder holds no finished job to report on."""
 
 
 def _truthy(value) -> bool:

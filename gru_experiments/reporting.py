@@ -28,6 +28,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from gru_experiments.errors import NoResultsError
 from gru_experiments.history import FILENAME as HISTORY_FILENAME
 from gru_experiments.history import read_history
 
@@ -48,10 +49,6 @@ TABLE = [
 ]
 COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in MODES), "error", "run_dir"]
 MISSING = "—"
-
-
-class NoResultsError(ValueError):
-    """The folder holds no job that got as far as writing a summary."""
 
 
 @dataclass

@@ -173,7 +173,7 @@ def test_folder_without_results_is_a_clear_error(tmp_path):
         build_report(tmp_path / "nowhere")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ValueError, match="no results in .*empty: no job folders"):
+    with pytest.raises(NoResultsError, match="no results in .*empty: no job folders"):
         build_report(empty)
     make_job(empty, 0, "astra_alpha")  # started, never summarised
     with pytest.raises(NoResultsError, match="1 job folders, none with a summary.json"):

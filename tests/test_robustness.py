@@ -24,7 +24,7 @@ from gru_experiments import checkpoints
 from gru_experiments.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
 from gru_experiments.config_schema import validate, validate_sampling
 from gru_experiments.data import prepare_corpus
-from gru_experiments.errors import NoResultsError, TrainingDiverged, UserError, reported_errors
+from gru_experiments.errors import TrainingDiverged, UserError, reported_errors
 from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
 from gru_experiments.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
 from gru_experiments.training import train
@@ -186,15 +186,6 @@ def test_prompt_with_unknown_characters(tmp_path, capsys):
     with pytest.raises(UserError, match=r"spm vocabulary lacks: 'Z' \(U\+005A\)"):
         encode_prompt(spm, "the Zat", drop_unknown=False)  # spm would silently make it <unk>
     assert spm.decode(encode_prompt(spm, "the Zat", drop_unknown=True)) == "the at"
-
-
-def test_no_results_error_is_a_user_error(capsys):
-    with pytest.raises(SystemExit) as info, reported_errors():
-        raise NoResultsError("outputs/multiruns/x")
-    assert info.value.code == 2
-    assert error_line(capsys.readouterr().err) == (
-        "error: no results in outputs/multiruns/x: no run there has a summary.json; check the path, "
-        "or wait for the sweep's runs to finish")
 
 
 # --- checkpoints ------------------------------------------------------------------------------

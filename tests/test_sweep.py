@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 import sweep as sweep_script
 from conftest import CONF, REPO
 from gru_experiments import distributed
+from gru_experiments.errors import UserError
 from test_reporting import assert_valid_png
 from wandb_records import offline_runs
 
@@ -183,11 +184,11 @@ def test_sweep_arguments():
     settings, _ = sweep_script.parse_arguments(["models=astra_beta,astra_gamma"])
     assert list(settings.models) == ["astra_beta", "astra_gamma"]
     assert list(sweep_script.parse_arguments([])[0].models) == SIX
-    with pytest.raises(SystemExit, match="unknown model"):
+    with pytest.raises(UserError, match="unknown model"):
         sweep_script.parse_arguments(["models=[astra_delta]"])
-    with pytest.raises(SystemExit, match="none given"):
+    with pytest.raises(UserError, match="none given"):
         sweep_script.parse_arguments(["models=[]"])
-    with pytest.raises(SystemExit, match="choose the models with models="):
+    with pytest.raises(UserError, match="chooses the models with models="):
         sweep_script.parse_arguments(["model=astra_alpha"])
 
 
@@ -198,14 +199,17 @@ def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
 
 
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
-    with pytest.raises(SystemExit, match="do not compose: .*trainer.no_such_key"):
+    with pytest.raises(UserError, match="do not compose: .*trainer.no_such_key"):
         sweep_script.main(["trainer.no_such_key=1", f"hydra.sweep.dir={tmp_path}/s"])
     assert not (tmp_path / "s").exists()
 
 
 def test_report_of_a_folder_without_results_says_so(tmp_path):
-    with pytest.raises(SystemExit, match="no results in .*: no job folders"):
-        sweep_script.main([f"report={tmp_path}"])
+    (tmp_path / "notes.txt").write_text("not a sweep")
+    result = run_script("sweep.py", f"report={tmp_path}", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: no results in {tmp_path}: no job folders")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing written
 
 
 def test_only_multirun_ddp_jobs_run_in_their_own_process(compose_config, monkeypatch):
