@@ -80,17 +80,18 @@ def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckp
 def train(cfg: DictConfig) -> dict:
     """Train, score and summarise one model.
 
-    Bad input (config values, a resume checkpoint) is refused before anything is written. A run
-    that fails later, or any failed job of a multirun, still leaves a summary.json (status
-    "failed" and the error) and a failed W&B run, then re-raises: in a multirun the other jobs
-    go on, and the sweep report lists this one as failed."""
+    Bad input (config values, the corpus, a resume checkpoint) is refused before anything is
+    written. A multirun job that fails still leaves a summary.json (status "failed" and the
+    error) and a failed W&B run, then re-raises: the other jobs go on, and the sweep report
+    lists this one as failed. A single run that fails just reports it; its checkpoints stay,
+    ready for resume=."""
     started = time.perf_counter()
     validate(cfg)  # bad values fail here, before any work
     resume = load_resume_checkpoint(cfg)
     output_dir = Path(cfg.paths.output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    logger, exit_code, writing = False, 1, False
+    logger, exit_code = False, 1
     try:
         corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
         tokenizer = corpus.tokenizer
@@ -115,8 +116,7 @@ def train(cfg: DictConfig) -> dict:
             del saved, resume  # free it: Lightning reads the file again itself
             print(f"resuming from {resume_path} (step {resumed_step})")
 
-        writing = True  # only now: input errors above leave nothing behind
-        output_dir.mkdir(parents=True, exist_ok=True)
+        output_dir.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
         checkpoint, *more_checkpoints = checkpoint_callbacks(
             output_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
         checkpoint_io = AtomicCheckpointIO()
@@ -173,7 +173,7 @@ def train(cfg: DictConfig) -> dict:
         exit_code = 0
         return summary
     except Exception as error:
-        if rank_zero_only.rank == 0 and (writing or multirun_sweep_dir()):  # also before a Trainer exists
+        if rank_zero_only.rank == 0 and multirun_sweep_dir():  # also before a Trainer exists
             logger = record_failure(cfg, logger, output_dir, error, time.perf_counter() - started)
         raise
     finally:
