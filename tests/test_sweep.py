@@ -89,7 +89,7 @@ def test_a_failing_job_is_marked_and_the_others_complete(tiny_corpus, data_dir, 
     failed, done = read_rows(sweep)
     assert (failed["model"], failed["status"], done["model"], done["status"]) == (
         "scribe_alpha", "failed", "astra_alpha", "completed")
-    assert "Vocabulary size" in failed["error"] and math.isfinite(float(done["val_bpc"]))
+    assert "tokenizer.vocab_size=1000 is too large for this corpus" in failed["error"] and math.isfinite(float(done["val_bpc"]))
     missing = (sweep / "report.md").read_text().split("## What is missing")[1]
     assert "**scribe_alpha** failed (`0_scribe_alpha`)" in missing
 
