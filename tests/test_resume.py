@@ -15,6 +15,7 @@ from gru_experiments.checkpoints import read_checkpoint, wandb_run_id
 from gru_experiments.errors import UserError
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.training import train
+from wandb_records import offline_runs
 from robustness_helpers import TINY, TRAIN_PY, error_line, fingerprint, run_script
 
 # 2 epochs of 8 steps, last.ckpt every 3 steps (and at epoch ends); the interruption comes at
@@ -98,8 +99,10 @@ def test_resume_restores_the_wandb_run(compose_config, tiny_corpus, tmp_path, mo
     monkeypatch.undo()
     monkeypatch.setenv("WANDB_MODE", "offline")
     train(compose_config(*base, f"resume={run}"))
-    runs = sorted((run / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    # Two offline folders (one per process), one run id. (A folder's name gets a -1 suffix when
+    # both start within the same second, so read the id from the run file itself.)
+    runs = offline_runs(run)
+    assert len(runs) == 2 and all(r.run_id == run_id for r in runs)
     assert wandb_run_id(read_checkpoint(run / "checkpoints" / "last.ckpt")) == run_id
 
 
