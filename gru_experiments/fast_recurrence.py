@@ -35,7 +35,7 @@ returns a (B, T, H) *view* of its time-major output, which makes the next layer'
 time-major input free. Without grad (evaluation) the same forward kernel runs without
 the autograd.Function around it; a single step without grad (stateful sampling, one
 token at a time) takes a shortcut with the fewest ops, so the cost per sampled token
-is constant and close to nn.GRU's.
+is constant and close to PyTorch's built-in GRU's.
 
 The backward equations
 ----------------------
