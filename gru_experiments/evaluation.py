@@ -169,9 +169,6 @@ def windowed_stride(stride: int | str, n_targets: int, window: int, training_tok
     return max(1, math.ceil(n_targets * window / training_tokens))
 
 
-EVALUATED_MODES = ("stateful", "stateless", "windowed", "bigram")
-
-
 def evaluate_modes(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths: Tensor, *, seq_len: int,
                    streams: int, window: int, windowed_stride: int = 1,
                    batch_tokens: int = 1 << 16) -> dict[str, Score]:

@@ -28,7 +28,8 @@ class LanguageModelTask(L.LightningModule):
         lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
         self.register_buffer("token_char_lengths", lengths.clone(), persistent=False)
         self._val_score = Score()
-        self.last_val_score: Score | None = None
+        self.last_val_score: Score | None = None  # the latest validation pass, and the step it ran at
+        self.last_val_step = -1
         self._epoch_loss = [0.0, 0]  # sum, count: the mean training loss of the current epoch
         self.last_epoch_train_loss = float("nan")
         self.train_tokens = 0
@@ -98,7 +99,7 @@ class LanguageModelTask(L.LightningModule):
         score = self._val_score
         if score.tokens == 0:
             return
-        self.last_val_score = score
+        self.last_val_score, self.last_val_step = score, self.global_step
         # Every rank scores the same whole split, so the values agree across ranks.
         self.log("val/loss", score.nll, prog_bar=True)
         self.log("val/bpc", score.bpc, prog_bar=True)

@@ -136,12 +136,15 @@ def train(cfg: DictConfig) -> dict:
                 raise  # its message already says which checkpoint was kept
             raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
 
-        # The final model on the whole validation split (also when max_steps stopped mid-epoch).
+        # The final model on the whole validation split: the last validation pass when it scored
+        # these weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more.
         # Every DDP rank holds the same weights and scores the same split by itself (no collective
         # calls, nothing to wait for); only rank zero writes.
         task.to(trainer.strategy.root_device)
-        val = score_windows(task.model, datamodule.val_ids, cfg.data.seq_len, cfg.data.eval_batch_size,
-                            task.token_char_lengths)
+        val = task.last_val_score
+        if task.last_val_step != trainer.global_step or val.tokens != datamodule.val_ids.numel() - 1:
+            val = score_windows(task.model, datamodule.val_ids, cfg.data.seq_len, cfg.data.eval_batch_size,
+                                task.token_char_lengths)
         summary = {
             "status": "completed",
             "model": cfg.model.name,
