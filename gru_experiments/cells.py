@@ -12,7 +12,9 @@ The GRU state is a tensor h of shape (B, H); the LSTM state is a tuple (h, c).
 `step` is the readable reference: the formulas exactly as the study writes them.
 `forward` runs the sequence with `implementation="reference"` (a loop over `step`)
 or `"fast"` (see `fast_recurrence.py`), which computes the same function faster;
-tests hold the two to 1e-5 in outputs and gradients.
+tests hold the two to 1e-5 in outputs and gradients. A layer's `matmul_precision`
+(None, or a `precision.MatmulPrecision`) lets the fast path take bf16 matmul inputs;
+the reference never does.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+from gru_experiments.fast_recurrence import gru_sequence, lstm_sequence
 
 IMPLEMENTATIONS = ("reference", "fast")
 
@@ -35,6 +39,7 @@ class RecurrentLayer(nn.Module):
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.implementation = implementation
+        self.matmul_precision = None  # fast path only: which matmuls take bf16 inputs (precision.py)
 
     def reset_parameters(self) -> None:
         # PyTorch's recurrent default: every weight and bias uniform in ±1/sqrt(H).
@@ -46,10 +51,11 @@ class RecurrentLayer(nn.Module):
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)
         if self.implementation == "fast":
-            from gru_experiments.fast_recurrence import run_fast
-
-            return run_fast(self, x, state)
+            return self.run_fast(x, state)
         return self.run_reference(x, state)
+
+    def run_fast(self, x: Tensor, state):
+        raise NotImplementedError
 
     def run_reference(self, x: Tensor, state):
         # Unbind once: indexing x[:, t] step by step would make backward quadratic
@@ -94,6 +100,10 @@ class GRULayer(RecurrentLayer):
         dtype = dtype or self.input_weight.dtype
         return torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
 
+    def run_fast(self, x: Tensor, h: Tensor):
+        return gru_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight_rz, self.hidden_bias_rz,
+                            self.hidden_weight_candidate, self.matmul_precision)
+
     def step(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         W_rx, W_zx, W_x = self.input_weight.chunk(3)
         b_rx, b_zx, b_x = self.input_bias.chunk(3)
@@ -133,6 +143,9 @@ class LSTMLayer(RecurrentLayer):
         dtype = dtype or self.input_weight.dtype
         zeros = torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
         return zeros, zeros.clone()
+
+    def run_fast(self, x: Tensor, state: tuple[Tensor, Tensor]):
+        return lstm_sequence(x, state, self.input_weight, self.input_bias, self.hidden_weight, self.matmul_precision)
 
     def step(self, x: Tensor, state: tuple[Tensor, Tensor]):
         h, c = state

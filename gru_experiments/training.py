@@ -28,6 +28,7 @@ from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_sam
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.loggers import build_logger, finish, is_wandb, multirun_sweep_dir
 from gru_experiments.model import count_parameters
+from gru_experiments.precision import describe, resolve
 from gru_experiments.resume import find_run
 
 
@@ -127,6 +128,12 @@ def train(cfg: DictConfig) -> dict:
         history = MetricsHistory(output_dir / HISTORY_FILENAME)  # learning curves for the sweep report
         trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
                               callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
+        # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
+        matmul_mode = cfg.get("low_precision_matmuls") or "never"
+        task.model.set_matmul_precision(resolve(matmul_mode, cfg.trainer.get("precision"),
+                                                trainer.strategy.root_device))
+        precision_used = describe(trainer.precision, matmul_mode, task.model)
+        print(f"precision: {precision_used['precision']}, matmuls in {precision_used['matmul_dtype']}")
         try:
             # Lightning reads ckpt_path through checkpoint_io, which loads weights only whatever
             # Lightning asks for (not every Lightning this project accepts has fit(weights_only=)).
@@ -160,6 +167,7 @@ def train(cfg: DictConfig) -> dict:
             "world_size": trainer.world_size,
             "wall_seconds": time.perf_counter() - started,
             "device": str(trainer.strategy.root_device),
+            **precision_used,
             "checkpoint": next((c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path),
                                None),
             "best_checkpoint": checkpoint.best_model_path or None,

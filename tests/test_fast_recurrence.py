@@ -128,9 +128,12 @@ def grad_fn_names(tensor) -> set[str]:
 
 @pytest.mark.parametrize("cell,function", [("gru", "_GRUFunctionBackward"), ("lstm", "_LSTMFunctionBackward")])
 def test_training_uses_the_fast_path_by_default(cell, function, monkeypatch):
+    import gru_experiments.cells as cells
+
     calls = []
-    original = fast_recurrence.run_fast
-    monkeypatch.setattr(fast_recurrence, "run_fast", lambda *a: calls.append(1) or original(*a))
+    name = f"{cell}_sequence"  # the fast path's entry point, as cells.py calls it
+    original = getattr(cells, name)
+    monkeypatch.setattr(cells, name, lambda *a: calls.append(1) or original(*a))
     model = RecurrentLM(7, cell, 4, 5, num_layers=2)  # no implementation argument: the default
     assert all(layer.implementation == "fast" for layer in model.layers)
     logits, _ = model(torch.randint(0, 7, (2, 6)))
