@@ -23,7 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.errors import UserError, reported_errors
+from gru_experiments.errors import UserError
+from gru_experiments.jobs import job
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -116,5 +117,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    with reported_errors(argv=sys.argv):  # input errors: one line, exit status 2
+    with job(argv=sys.argv, report=True):  # input errors: one line, exit status 2
         sys.exit(main(sys.argv[1:]))
