@@ -8,7 +8,7 @@
 
 sweep.py's own keys are in conf/sweep.yaml (models, leviathan, report). Every other argument is
 a train.py override and applies to every job: preset=..., data.path=..., trainer=ddp, logger=...,
-hydra/launcher=joblib, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
+hydra/launcher=parallel|slurm, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
 The report (report.md, results.csv, plots) goes into the sweep folder; with W&B it also goes to a
 "summary" run in the sweep's W&B group. Exit status 1 when a job failed or is missing.
 """

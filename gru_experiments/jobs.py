@@ -52,7 +52,7 @@ EXIT_USER_ERROR = 2
 
 @dataclass
 class Job:
-    """The running job: the wrapper closes `logger` (set it once built) and times the job."""
+    """The running job: `logger` (set it once built) is where a failure is recorded; the job is timed."""
     cfg: object = None
     logger: object = False
     started: float = field(default_factory=time.perf_counter)
@@ -78,11 +78,11 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
             # Bookkeeping must never hide the error it reports.
             with suppress(Exception):
                 current.logger = record_failure(cfg, current.logger, error, current.seconds)
-        close_logger(current.logger, exit_code=1)
+        close_logger(exit_code=1)
         if report and isinstance(error, UserError) and not debug_requested(cfg, argv):
             _exit_with_one_line(error, cfg)
         raise
-    close_logger(current.logger, exit_code=0)
+    close_logger(exit_code=0)
 
 
 def record_failure(cfg, logger, error: Exception, seconds: float):
@@ -109,12 +109,10 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     return logger
 
 
-def close_logger(logger, exit_code: int = 0) -> None:
-    """End the job's W&B run (the logger's, or one left open by a failure before the logger was
-    handed over), so that the next multirun job starts its own."""
-    from gru_experiments.loggers import finish
-
-    finish(logger, exit_code)
+def close_logger(exit_code: int = 0) -> None:
+    """End the job's W&B run, so that the next multirun job starts its own. A WandbLogger's run is
+    wandb's current run, so this also ends one that a failure left open before the logger was
+    handed over. Other loggers (CSV) need no closing."""
     wandb = sys.modules.get("wandb")  # never imported here just to close nothing
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish(exit_code=exit_code)

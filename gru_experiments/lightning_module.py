@@ -49,7 +49,8 @@ class CosineSchedule(torch.optim.lr_scheduler.CosineAnnealingLR):
 
 class LanguageModelTask(L.LightningModule):
     """Wraps a RecurrentLM. Checkpoints hold its architecture (hparams) and its tokenizer,
-    so `load_checkpoint` rebuilds both without any config file."""
+    so `load_checkpoint` rebuilds both without any config file. `epochs` is the recipe's, kept
+    as a record; the learning-rate schedule follows the Trainer (CosineSchedule)."""
 
     def __init__(self, architecture: dict, vocab_size: int, lr: float, weight_decay: float, epochs: int,
                  model_name: str = "model", tokenizer=None):

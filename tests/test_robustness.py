@@ -389,7 +389,7 @@ def test_train_py_unknown_names_get_hydras_message(workspace):
     before = fingerprint(workspace)
     for override, message in [("model=astra_delta", "Could not find 'model/astra_delta'"),
                               ("tokenizer=bpe", "Could not find 'tokenizer/bpe'"),
-                              ("inference=greedy", "Could not find 'inference/greedy'")]:
+                              ("logger=neptune", "Could not find 'logger/neptune'")]:
         result = run_script(workspace, override)
         assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert_untouched(before, fingerprint(workspace))
