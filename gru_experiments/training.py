@@ -101,6 +101,7 @@ def _train(cfg: DictConfig, current) -> dict:
         if isinstance(err, NonFiniteWeights):
             raise  # its message already says which checkpoint was kept
         raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
+    keep_final_weights(trainer, run, (checkpoint, *more_checkpoints))
 
     # The final model on the whole validation split: the last validation pass when it scored
     # these weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more.
@@ -172,6 +173,16 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
                                                             samples["stateless"])])
         logger.save()
     return samples
+
+
+def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
+    """trainer.max_steps can stop training between two checkpoints (neither an epoch end nor a
+    multiple of checkpoint.every_n_steps); then last.ckpt also gets the final step, so that it
+    holds the weights the summary scores. Every rank takes the same decision (saving is collective)."""
+    saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
+    if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
+        return
+    trainer.save_checkpoint(run.checkpoint)
 
 
 def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) -> str:

@@ -85,7 +85,7 @@ def test_a_300_step_run_ends_with_the_learning_rate_at_the_floor(compose_config,
 def test_a_resumed_step_schedule_continues_where_it_was(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """trainer.max_steps=13 of 2 epochs x 8 steps (a schedule in steps), interrupted after step 11,
     resumed from the checkpoint of step 9: the same learning rates and results as in one go."""
-    from test_resume import Interrupted, interrupt_at, summary_of
+    from test_resume import Interrupted, interrupt_at, summary_of, weights_of
 
     base = [*TINY, f"data.path={tiny_corpus}", "data.seq_len=16", "model.steps_per_epoch=8", "model.epochs=2",
             "trainer.max_steps=13", "checkpoint.every_n_steps=3"]
@@ -106,9 +106,9 @@ def test_a_resumed_step_schedule_continues_where_it_was(compose_config, tiny_cor
     assert summary["train_steps"] == 13 and summary["resumed_from_step"] == 9
     assert dict(rates) == {step: in_one_go[step] for step in range(9, 13)}  # bit for bit
     assert in_one_go[12] < in_one_go[0] / 50  # near the floor at the end
-    # The final weights score the same (last.ckpt itself may be an earlier step: it is written
-    # every 3 steps and at epoch ends, and 13 is neither).
     resumed, reference = summary_of(tmp_path / "run"), summary_of(uninterrupted)
     for key in ("train_loss", "val_loss", "stateful_nll", "stateless_nll"):
         assert resumed[key] == reference[key], key
+    a, b = weights_of(tmp_path / "run"), weights_of(uninterrupted)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
