@@ -89,7 +89,7 @@ def stateless_log_probs(model) -> Tensor:
     stateless model can ever predict. One forward pass over the whole vocabulary."""
     was_training = model.training
     model.eval()
-    vocab = torch.arange(model.vocab_size, device=next(model.parameters()).device).unsqueeze(1)
+    vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
     logits, _ = model(vocab)
     model.train(was_training)
     return F.log_softmax(logits[:, 0].float(), dim=-1)
@@ -173,7 +173,7 @@ def evaluate_modes(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths
                    streams: int, window: int, windowed_stride: int = 1,
                    batch_tokens: int = 1 << 16) -> dict[str, Score]:
     """The whole validation split in every inference mode, plus the training split's bigram table."""
-    device = next(model.parameters()).device
+    device = model.device
     val_ids, token_char_lengths = val_ids.to(device), token_char_lengths.to(device)
     return {
         "stateful": score_stateful(model, val_ids, seq_len, streams, token_char_lengths),

@@ -27,7 +27,7 @@ from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_sam
                                        tokens_for_chars)
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.loggers import build_logger, finish, is_wandb, multirun_sweep_dir
-from gru_experiments.model import count_parameters
+from gru_experiments.language_model import count_parameters
 from gru_experiments.resume import find_run
 
 
@@ -98,15 +98,18 @@ def train(cfg: DictConfig) -> dict:
         datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
                                       cfg.data.steps_per_epoch, seed=cfg.seed,
                                       eval_batch_size=cfg.data.eval_batch_size)
+        recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}
         task = LanguageModelTask(
             architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
-            vocab_size=tokenizer.vocab_size, lr=cfg.model.lr, weight_decay=cfg.weight_decay,
-            epochs=cfg.model.epochs, model_name=cfg.model.name, tokenizer=tokenizer,
+            vocab_size=tokenizer.vocab_size, weight_decay=cfg.weight_decay if recipe["lr"] else None,
+            model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
         )
-        parameters = count_parameters(task.model)
-        print(f"model {cfg.model.name}: {cfg.model.architecture.cell} cell, {tokenizer.kind} tokenizer, "
+        model = task.model
+        print(f"model {cfg.model.name}: {model.family}, {tokenizer.kind} tokenizer, "
               f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
-        print(f"trainable parameters: {parameters:,}")
+        parameters = count_parameters(model) if model.trainable else None  # a counted model: after counting
+        if parameters is not None:
+            print(f"trainable parameters: {parameters:,}")
 
         resume_path, resumed_step, run_id = None, None, None
         if resume is not None:
@@ -122,19 +125,28 @@ def train(cfg: DictConfig) -> dict:
         checkpoint_io = AtomicCheckpointIO()
         logger = build_logger(cfg.get("logger"), cfg, wandb_id=run_id,
                               csv_version=None if resumed_step is None else f"resumed_step{resumed_step}")
-        if logger and resumed_step is None:
+        if logger and resumed_step is None and parameters is not None:
             logger.log_metrics({"parameters": parameters})
         history = MetricsHistory(output_dir / HISTORY_FILENAME)  # learning curves for the sweep report
         trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
                               callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
-        try:
-            # Lightning reads ckpt_path through checkpoint_io, which loads weights only whatever
-            # Lightning asks for (not every Lightning this project accepts has fit(weights_only=)).
-            trainer.fit(task, datamodule=datamodule, ckpt_path=resume_path)
-        except TrainingDiverged as err:
-            if isinstance(err, NonFiniteWeights):
-                raise  # its message already says which checkpoint was kept
-            raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
+        counted_checkpoint = None
+        if not model.trainable:  # counted, not trained: count the training split, validate once, save
+            counted_checkpoint = count_and_save(trainer, task, datamodule, output_dir / "checkpoints")
+            parameters = count_parameters(model)
+            print(f"counted {task.train_tokens:,} training tokens in {task.train_seconds:.2f} s; "
+                  f"stored numbers: {parameters:,}")
+            if logger:
+                logger.log_metrics({"parameters": parameters})
+        else:
+            try:
+                # Lightning reads ckpt_path through checkpoint_io, which loads weights only whatever
+                # Lightning asks for (not every Lightning this project accepts has fit(weights_only=)).
+                trainer.fit(task, datamodule=datamodule, ckpt_path=resume_path)
+            except TrainingDiverged as err:
+                if isinstance(err, NonFiniteWeights):
+                    raise  # its message already says which checkpoint was kept
+                raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
 
         # The final model on the whole validation split: the last validation pass when it scored
         # these weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more.
@@ -148,7 +160,7 @@ def train(cfg: DictConfig) -> dict:
         summary = {
             "status": "completed",
             "model": cfg.model.name,
-            "cell": cfg.model.architecture.cell,
+            "cell": model.family,
             "tokenizer": tokenizer.kind,
             "vocab_size": tokenizer.vocab_size,
             "parameters": parameters,
@@ -160,8 +172,8 @@ def train(cfg: DictConfig) -> dict:
             "world_size": trainer.world_size,
             "wall_seconds": time.perf_counter() - started,
             "device": str(trainer.strategy.root_device),
-            "checkpoint": next((c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path),
-                               None),
+            "checkpoint": counted_checkpoint or next(
+                (c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path), None),
             "best_checkpoint": checkpoint.best_model_path or None,
             "run_dir": str(output_dir),
             "resumed_from_step": resumed_step,
@@ -189,7 +201,8 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
     stateless and windowed, against the training split's bigram table (nll and bpc added to
     `summary`), and short seeded stateful/stateless samples side by side (returned)."""
     started = time.perf_counter()
-    summary["train_tokens"] = summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
+    summary["train_tokens"] = (summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
+                               if task.model.trainable else task.train_tokens)
     scores, settings = evaluate_from_config(task.model, datamodule.train_ids, datamodule.val_ids,
                                             task.token_char_lengths, cfg.data.seq_len, cfg.evaluation,
                                             summary["train_tokens"])
@@ -213,6 +226,20 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
                                                             samples["stateless"])])
         logger.save()
     return samples
+
+
+def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, checkpoint_dir: Path) -> str:
+    """A counted model's "training": count the training split (timed: tokens/s), score the
+    validation split once (val/loss, val/bpc, history.csv), and save checkpoints/last.ckpt through
+    the trainer (atomic, with the tokenizer: sample.py loads it like any other). Returns its path."""
+    started = time.perf_counter()
+    task.model.fit(datamodule.train_ids)
+    task.train_seconds = time.perf_counter() - started
+    task.train_tokens = datamodule.train_ids.numel()
+    trainer.validate(task, datamodule=datamodule, verbose=False)
+    path = checkpoint_dir / "last.ckpt"
+    trainer.save_checkpoint(path)
+    return str(path)
 
 
 def record_failure(cfg: DictConfig, logger, output_dir: Path, error: Exception, wall_seconds: float):
