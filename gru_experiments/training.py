@@ -105,6 +105,10 @@ def train(cfg: DictConfig) -> dict:
             model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
         )
         model = task.model
+        if model.context is not None and datamodule.train_ids.numel() < model.context + 1:
+            raise UserError(f"the training split has {datamodule.train_ids.numel()} tokens, fewer than one context "
+                            f"of {cfg.model.name} ({model.context} tokens and the one they predict); use a longer "
+                            "corpus or a smaller context")
         print(f"model {cfg.model.name}: {model.family}, {tokenizer.kind} tokenizer, "
               f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
         parameters = count_parameters(model) if model.trainable else None  # a counted model: after counting
@@ -164,7 +168,7 @@ def train(cfg: DictConfig) -> dict:
             "tokenizer": tokenizer.kind,
             "vocab_size": tokenizer.vocab_size,
             "parameters": parameters,
-            "train_loss": task.last_epoch_train_loss,
+            "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
             "val_loss": val.nll,
             "val_bpc": val.bpc,
             "tokens_per_second": task.tokens_per_second,  # per process: times world_size under DDP
