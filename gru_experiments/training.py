@@ -279,6 +279,7 @@ def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) 
 
 
 def format_summary(summary: dict) -> str:
-    return (f"{summary['model']}: train loss {summary['train_loss']:.4f} | val loss {summary['val_loss']:.4f} "
+    train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
+    return (f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
             f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
             f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")
