@@ -7,7 +7,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.errors import reported_errors
+from gru_experiments.jobs import job
 from gru_experiments.runs import find_checkpoint, model_name_for
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
@@ -17,7 +17,7 @@ OmegaConf.register_new_resolver("sampled_model", model_name_for, replace=True)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sample")
 def main(cfg: DictConfig) -> None:
-    with reported_errors(cfg):
+    with job(cfg, report=True):
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
         from gru_experiments.sampling import sample

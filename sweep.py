@@ -8,7 +8,7 @@
 
 sweep.py's own keys are in conf/sweep.yaml (models, leviathan, report). Every other argument is
 a train.py override and applies to every job: preset=..., data.path=..., trainer=ddp, logger=...,
-hydra/launcher=joblib, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
+hydra/launcher=parallel|slurm, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
 The report (report.md, results.csv, plots) goes into the sweep folder; with W&B it also goes to a
 "summary" run in the sweep's W&B group. Exit status 1 when a job failed or is missing.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.errors import UserError, reported_errors
+from gru_experiments.errors import UserError
+from gru_experiments.jobs import job
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -116,5 +117,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    with reported_errors(argv=sys.argv):  # input errors: one line, exit status 2
+    with job(argv=sys.argv, report=True):  # input errors: one line, exit status 2
         sys.exit(main(sys.argv[1:]))

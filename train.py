@@ -11,7 +11,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from gru_experiments.errors import reported_errors
+from gru_experiments.jobs import job
 from gru_experiments.resume import rewrite_argv
 
 ROOT = Path(__file__).resolve().parent
@@ -20,7 +20,7 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    with reported_errors(cfg):
+    with job(cfg, report=True):  # failures: see gru_experiments/jobs.py
         # imported here so --help and --cfg stay fast
         from gru_experiments.distributed import needs_own_process, run_in_own_process
         from gru_experiments.training import train
@@ -33,6 +33,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     # Resuming replaces the command line with the run's own config, before Hydra composes it.
-    with reported_errors(argv=sys.argv):
+    with job(argv=sys.argv, report=True):
         sys.argv = rewrite_argv(sys.argv, ROOT / "conf")
     main()

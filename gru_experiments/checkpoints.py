@@ -14,11 +14,9 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 import re
-import secrets
 import zipfile
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback
 
 from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.files import atomic_file
 from gru_experiments.loggers import is_wandb
 
 
@@ -38,15 +37,18 @@ MODEL_KEYS = ("state_dict", "hyper_parameters", "tokenizer")
 TRAINING_KEYS = MODEL_KEYS + ("optimizer_states", "lr_schedulers", "loops")
 
 
-def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_KEYS) -> dict:
-    """torch.load(path, weights_only=True), with every way it can fail turned into a UserError."""
+def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_KEYS, mmap: bool = False) -> dict:
+    """torch.load(path, weights_only=True), with every way it can fail turned into a UserError.
+
+    mmap=True leaves the tensors on disk (memory-mapped) until they are touched: a cheap way
+    to read a checkpoint's hyper-parameters, tokenizer and step."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")
     if not path.is_file():
         raise UserError(f"checkpoint path is not a file: {path}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         refused = _refused_object(str(err))
         if refused:
@@ -135,21 +137,10 @@ def non_finite_weights(state_dict: dict) -> list[str]:
 
 
 def atomic_torch_save(obj, path) -> None:
-    """torch.save to a temporary file in the same folder, flushed to disk, then renamed over
-    `path`: a reader, or a kill at any moment, sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp: its files are private (0600); this one gets the usual permissions.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """torch.save through files.atomic_file: a reader, or a kill at any moment, sees the old
+    file or the new one, never half."""
+    with atomic_file(path) as f:
+        torch.save(obj, f)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -8,8 +8,6 @@ vectorised gather there (no Python loop over the batch, no host-to-device copy).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.errors import UserError
+from gru_experiments.files import atomic_file
 from gru_experiments.tokenizers import build_tokenizer, describe_characters
 
 IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
@@ -33,19 +32,14 @@ def sha256_of(path: Path) -> str:
 
 
 def download(url: str, dest: Path, sha256: str | None = None) -> Path:
-    """Fetch url into dest (write to a temp file, verify, then rename: never a partial dest)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            while block := response.read(1 << 20):
-                out.write(block)
-        if sha256 and (got := sha256_of(Path(tmp))) != sha256:
+    """Fetch url into dest, verified (files.atomic_file: never a partial or unverified dest)."""
+    digest = hashlib.sha256()
+    with atomic_file(dest) as out, urllib.request.urlopen(url, timeout=60) as response:
+        while block := response.read(1 << 20):
+            out.write(block)
+            digest.update(block)
+        if sha256 and (got := digest.hexdigest()) != sha256:
             raise ValueError(f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return dest
 
 

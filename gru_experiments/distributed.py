@@ -11,7 +11,6 @@ launcher) or torchrun are started from outside and need none of this.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from gru_experiments.jobs import job
 from gru_experiments.loggers import multirun_sweep_dir, sweep_group
+from gru_experiments.runs import RunDir
 
 
 def ranks_started_externally() -> bool:
@@ -38,10 +39,16 @@ def needs_own_process(cfg: DictConfig) -> bool:
 
 def run_in_own_process(cfg: DictConfig, script: str) -> dict:
     """Run this multirun job as `python <script> <job overrides> hydra.run.dir=<job folder>`;
-    return its summary. A failed child raises here, so Hydra marks the job failed."""
+    return its summary. A failed child raises here, inside jobs.job, which leaves the job's
+    failure record (the child ran as a single run, which records none), and Hydra marks the
+    job failed."""
     from hydra.core.hydra_config import HydraConfig
 
-    hydra_cfg = HydraConfig.get()
+    with job(cfg, record=True):
+        return _run_child(cfg, script, HydraConfig.get())
+
+
+def _run_child(cfg: DictConfig, script: str, hydra_cfg) -> dict:
     output_dir = Path(hydra_cfg.runtime.output_dir)
     command = [sys.executable, str(Path(script).resolve()), *hydra_cfg.overrides.task,
                f'hydra.run.dir="{output_dir}"',
@@ -53,4 +60,4 @@ def run_in_own_process(cfg: DictConfig, script: str) -> dict:
     code = subprocess.run(command, check=False).returncode
     if code != 0:
         raise RuntimeError(f"the training process of {output_dir} exited with code {code}")
-    return json.loads((output_dir / "summary.json").read_text())
+    return RunDir(output_dir).summary()

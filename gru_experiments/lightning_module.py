@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -15,11 +16,43 @@ from gru_experiments.language_model import build_model
 from gru_experiments.tokenizers import tokenizer_from_state
 
 
+class CosineSchedule(torch.optim.lr_scheduler.CosineAnnealingLR):
+    """The learning rate falls from model.lr to 0 (the floor) along a half cosine that spans the
+    training actually configured: trainer.max_steps when it ends training, else the epochs.
+
+    Training that is a whole number of epochs (the study's recipe) steps the schedule once per
+    epoch, as torch's CosineAnnealingLR over the epochs; any other length (trainer.max_steps=300,
+    say) steps it after every training step. The length is the whole run's, also after a resume
+    (the schedule's position comes back from the checkpoint), so training always ends with the
+    learning rate at the floor.
+    """
+
+    def __init__(self, optimizer, length: int, interval: str):
+        if interval not in ("epoch", "step"):
+            raise ValueError(f"interval must be 'epoch' or 'step', not {interval!r}")
+        self.interval = interval
+        super().__init__(optimizer, T_max=max(int(length), 1))
+
+    @classmethod
+    def for_training(cls, optimizer, trainer) -> "CosineSchedule":
+        """Over `trainer`'s configured training: its total optimiser steps (max_steps if that
+        ends training first) in epochs when they are whole epochs, else in steps."""
+        steps = trainer.estimated_stepping_batches
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        if not math.isfinite(steps):
+            raise UserError("the learning-rate schedule needs a training length: set trainer.max_epochs "
+                            "or trainer.max_steps")
+        if per_epoch and steps % per_epoch == 0:
+            return cls(optimizer, steps // per_epoch, "epoch")
+        return cls(optimizer, steps, "step")
+
+
 class LanguageModelTask(L.LightningModule):
-    """Wraps any LanguageModel. Checkpoints hold its architecture (hparams: `_target_` and the
-    constructor arguments) and its tokenizer, so `load_checkpoint` rebuilds both without any
-    config file. lr, weight_decay and epochs are the recipe of a trained model (None for a
-    counted one)."""
+    """Wraps any LanguageModel (language_model.py). Checkpoints hold its architecture (hparams:
+    `_target_` and the constructor arguments) and its tokenizer, so `load_checkpoint` rebuilds both
+    without any config file. lr, weight_decay and epochs are the recipe of a trained model (None for
+    a counted one); `epochs` is kept as a record, the learning-rate schedule follows the Trainer
+    (CosineSchedule)."""
 
     def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None,
                  weight_decay: float | None = None, epochs: int | None = None, model_name: str = "model",
@@ -86,8 +119,8 @@ class LanguageModelTask(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(hp.epochs, 1))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+        schedule = CosineSchedule.for_training(optimizer, self.trainer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": schedule.interval}}
 
     # --- validation: the whole split, accumulated over batches ------------------------
     def on_validation_epoch_start(self) -> None:

@@ -71,10 +71,3 @@ def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: st
     logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
     return logger
 
-
-def finish(logger, exit_code: int = 0) -> None:
-    """End the W&B run so the next multirun job starts its own."""
-    if is_wandb(logger):
-        import wandb
-
-        wandb.finish(exit_code=exit_code)

@@ -20,17 +20,16 @@ import csv
 import hashlib
 import html
 import io
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
-from gru_experiments.history import FILENAME as HISTORY_FILENAME
+from gru_experiments.files import atomic_file, atomic_write
 from gru_experiments.history import read_history
+from gru_experiments.runs import RunDir
 
 MODES = ("stateful", "stateless", "windowed", "bigram")  # the inference modes of the evaluation
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
@@ -94,13 +93,6 @@ def _select(cfg, key: str):
     return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def sweep_overrides(sweep_dir: Path) -> list[str]:
     """The command-line overrides the sweep ran with (Hydra's multirun.yaml), [] if unknown."""
     path = sweep_dir / "multirun.yaml"
@@ -121,8 +113,9 @@ def planned_models(overrides: list[str]) -> list[str]:
 
 
 def read_job(job_dir: Path) -> JobResult:
-    cfg = OmegaConf.load(job_dir / ".hydra" / "config.yaml")
-    summary = _read_json(job_dir / "summary.json")
+    run = RunDir(job_dir)
+    cfg = run.config()
+    summary = run.summary()
     values = {
         "model": _select(cfg, "model.name"),
         "cell": _select(cfg, "model.architecture.cell"),
@@ -136,10 +129,8 @@ def read_job(job_dir: Path) -> JobResult:
     else:
         status = "completed"
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
-    samples = _read_json(job_dir / "samples.json")
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
-                     history=read_history(job_dir / HISTORY_FILENAME),
-                     samples=samples if isinstance(samples, dict) else None, logger=logger)
+                     history=read_history(run.history_file), samples=run.samples(), logger=logger)
 
 
 def _job_order(job_dir: Path) -> tuple:
@@ -169,13 +160,6 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 # --- writing ----------------------------------------------------------------------------
-def _write_text(path: Path, text: str) -> None:
-    """Write-then-rename: a reader (or a second report builder) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def format_duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
@@ -322,9 +306,8 @@ def _figure():
 
 def _save(fig, path: Path) -> Path:
     # No timestamp in the PNG metadata: the same results give the same bytes.
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-    os.replace(tmp, path)
+    with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
+        fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
     return path
 
 
@@ -399,8 +382,8 @@ def build_report(sweep_dir) -> Report:
             plots[name] = written
         elif (sweep_dir / name).exists():
             (sweep_dir / name).unlink()  # a stale plot from an earlier build would contradict the report
-    _write_text(sweep_dir / RESULTS_CSV, results_csv(jobs))
-    _write_text(sweep_dir / REPORT_MD, report_markdown(sweep_dir, jobs, overrides, plots))
+    atomic_write(sweep_dir / RESULTS_CSV, results_csv(jobs))
+    atomic_write(sweep_dir / REPORT_MD, report_markdown(sweep_dir, jobs, overrides, plots))
     files = {RESULTS_CSV: sweep_dir / RESULTS_CSV, REPORT_MD: sweep_dir / REPORT_MD, **plots}
     return Report(sweep_dir, jobs, overrides, files)
 

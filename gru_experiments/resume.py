@@ -9,75 +9,106 @@ command line with the run's recorded overrides plus any new ones, points hydra.r
 the run folder, and records this session's config in .hydra/resumed_<time>/ so the
 original .hydra/ stays as it was.
 
-`find_run` is what train() uses, so `resume=` also works when train(cfg) is called directly.
-This module imports nothing heavy, so train.py stays quick to start.
+The run and its checkpoint are resolved once (`find_run`, through runs.RunDir) and checked
+cheaply: `ResumePoint` reads the checkpoint memory-mapped, for its hyper-parameters, tokenizer
+and step; Lightning then does the one full load. `resume_point` is what train() uses, so
+`resume=` also works when train(cfg) is called directly. This module imports nothing heavy
+at import time, so train.py stays quick to start.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs import read_summary
+from gru_experiments.runs import LAST_CHECKPOINT, RunDir, newest_run
 
 LAST = "last"
-CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 
-def run_candidates(log_dir, model_name: str) -> list[Path]:
-    """Run folders of `model_name` under log_dir that have a last checkpoint: single runs
-    (runs/<model>/<time>) and multirun jobs (multiruns/<time>/<num>_<model>)."""
-    log_dir = Path(log_dir)
-    found = list(log_dir.glob(f"runs/{glob_escape(model_name)}/*/{CHECKPOINT}"))
-    found += [p for p in log_dir.glob(f"multiruns/*/*_{glob_escape(model_name)}/{CHECKPOINT}")
-              if p.parents[1].name.split("_", 1)[0].isdigit()]
-    return [p.parents[1] for p in found]
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-def newest_run(log_dir, model_name: str) -> Path:
-    """The run of `model_name` whose last checkpoint was written most recently."""
-    candidates = run_candidates(log_dir, model_name)
-    if not candidates:
-        raise UserError(f"resume=last: no {model_name} run with a checkpoint under {Path(log_dir)}; "
-                        f"start one with: python train.py model={model_name}")
-    return max(candidates, key=lambda run: (run / CHECKPOINT).stat().st_mtime)
-
-
-def find_run(resume: str, log_dir, model_name: str) -> tuple[Path, Path]:
-    """(run folder, its last checkpoint) for resume=last or resume=RUN_DIR; UserError if the
-    run cannot be resumed."""
+def find_run(resume: str, log_dir, model_name: str) -> RunDir:
+    """The run folder to continue for resume=last or resume=RUN_DIR; UserError if it cannot be
+    resumed (no such folder, no checkpoint yet, already finished). Reads no checkpoint."""
     resume = str(resume)
     if resume == LAST:
         run = newest_run(log_dir, model_name)
-        which = f"the newest {model_name} run, {run},"
+        if run is None:
+            raise UserError(f"resume=last: no {model_name} run with a checkpoint under {Path(log_dir)}; "
+                            f"start one with: python train.py model={model_name}")
+        which = f"the newest {model_name} run, {run.path},"
     else:
-        run = Path(resume).expanduser()
-        which = f"run {run}"
-        if run.is_file():
+        path = Path(resume).expanduser()
+        which = f"run {path}"
+        if path.is_file():
             raise UserError(f"resume={resume} is a file; resume takes a run folder (the one holding "
-                            f"checkpoints/), e.g. resume={_run_of_file(run)}")
-        if not run.is_dir():
+                            f"checkpoints/), e.g. resume={_run_of_file(path)}")
+        if not path.is_dir():
             raise UserError(f"resume={resume}: no such run folder")
-    run = run.resolve()
-    checkpoint = run / CHECKPOINT
-    if not checkpoint.is_file():
-        raise UserError(f"{which} has no {CHECKPOINT}: it stopped before its first checkpoint "
+        run = RunDir(path)
+    run = RunDir(run.path.resolve())
+    if not run.checkpoint.is_file():
+        raise UserError(f"{which} has no {LAST_CHECKPOINT}: it stopped before its first checkpoint "
                         "(written every checkpoint.every_n_steps steps and at epoch ends); start it afresh")
-    summary = read_summary(run)
-    if summary is not None and summary.get("status") != "failed":  # a failed run may be continued
+    if run.finished:
         raise UserError(f"{which} already finished (it has a summary.json): nothing to resume"
                         + ("; to resume an older run, name its folder: resume=RUN_DIR" if resume == LAST else ""))
-    return run, checkpoint
+    return run
 
 
 def _run_of_file(path: Path) -> Path:
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+
+
+@dataclass
+class ResumePoint:
+    """A run's last checkpoint as far as resuming needs it before Lightning loads it: read
+    memory-mapped (the tensors stay on disk), so checking it costs next to nothing."""
+    run: RunDir
+    checkpoint: Path
+    step: int
+    hyper_parameters: dict
+    tokenizer: dict  # the tokenizer's state
+    wandb_run_id: str | None
+
+    @classmethod
+    def read(cls, run: RunDir) -> ResumePoint:
+        """Refuses (UserError) a checkpoint that is unreadable, unsafe or not a training checkpoint."""
+        from gru_experiments.checkpoints import TRAINING_KEYS, read_checkpoint, wandb_run_id
+
+        saved = read_checkpoint(run.checkpoint, require=TRAINING_KEYS, mmap=True)
+        return cls(run=run, checkpoint=run.checkpoint, step=int(saved["global_step"]),
+                   hyper_parameters=dict(saved["hyper_parameters"]), tokenizer=saved["tokenizer"],
+                   wandb_run_id=wandb_run_id(saved))
+
+    def check(self, hyper_parameters: dict, tokenizer) -> None:
+        """The checkpoint must hold the model this config builds: same tokenizer and architecture."""
+        from gru_experiments.checkpoints import check_tokenizer
+
+        check_tokenizer({"tokenizer": self.tokenizer, "hyper_parameters": self.hyper_parameters}, self.checkpoint,
+                        tokenizer=tokenizer)
+        for key in ("architecture", "vocab_size"):
+            if self.hyper_parameters.get(key) != hyper_parameters[key]:
+                raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
+                                f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
+                                "resume with the run's own model settings")
+
+
+def resume_point(cfg) -> ResumePoint | None:
+    """For resume=last|RUN_DIR in cfg: the run and its checkpoint, resolved and read cheaply; None
+    without resume. Temporary files of a save cut short by the interruption are removed."""
+    resume = cfg.get("resume")
+    if resume is None:
+        return None
+    from gru_experiments.files import leftover_temporaries
+
+    run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
+    point = ResumePoint.read(run)
+    for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
+        leftover.unlink(missing_ok=True)
+    return point
 
 
 # --- command line ---------------------------------------------------------------------
@@ -106,35 +137,33 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
         cfg = _compose_without_hydra(config_dir, args.config_name or config_name, args.overrides)
         if cfg is None:
             return argv  # the overrides do not compose (unknown model, typo): Hydra says why
-        run, _ = find_run(LAST, cfg.paths.log_dir, cfg.model.name)
+        run = find_run(LAST, cfg.paths.log_dir, cfg.model.name)
     else:
-        run, _ = find_run(value, None, "")
+        run = find_run(value, None, "")
     # Refuse an unreadable or unsafe checkpoint now, before Hydra writes into the run folder.
-    from gru_experiments.checkpoints import TRAINING_KEYS, read_checkpoint
-
-    read_checkpoint(run / CHECKPOINT, require=TRAINING_KEYS)
+    ResumePoint.read(run)
 
     recorded = _recorded_overrides(run)
     user = [o for o in args.overrides if _key(parser, o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
     user_keys = {_key(parser, o) for o in user}
     merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
-    merged += [f"resume={quote(str(run))}", f"hydra.run.dir={quote(str(run))}",
+    merged += [f"resume={quote(str(run.path))}", f"hydra.run.dir={quote(str(run.path))}",
                f"hydra.output_subdir={quote(f'.hydra/resumed_{stamp}')}"]
     flags = _without(argv[1:], args.overrides)
-    print(f"resuming {run} from {run / CHECKPOINT}")
+    print(f"resuming {run.path} from {run.checkpoint}")
     return [argv[0], *flags, *merged]
 
 
-def _recorded_overrides(run: Path) -> list[str]:
+def _recorded_overrides(run: RunDir) -> list[str]:
     """The overrides the run was last started with (the newest resume's, else the original's)."""
     from omegaconf import OmegaConf
 
-    records = sorted(run.glob(".hydra/resumed_*/overrides.yaml")) or [run / ".hydra" / "overrides.yaml"]
-    if not records[-1].is_file():
-        raise UserError(f"{run} has no .hydra/overrides.yaml, so its config is unknown; "
+    record = run.overrides_file()
+    if not record.is_file():
+        raise UserError(f"{run.path} has no .hydra/overrides.yaml, so its config is unknown; "
                         "it is not a run folder written by train.py")
-    return [str(o) for o in OmegaConf.load(records[-1])]
+    return [str(o) for o in OmegaConf.load(record)]
 
 
 def _key(parser, override: str) -> str:

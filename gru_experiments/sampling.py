@@ -22,8 +22,8 @@ from gru_experiments.errors import UserError
 from gru_experiments.inference import STUDY_PROMPTS, Decoding, sample_texts
 from gru_experiments.lightning_module import load_checkpoint
 from gru_experiments.tokenizers import encode_prompt
-from gru_experiments.runs import display_path, read_summary, run_dir_of, training_config
-from gru_experiments.training import write_json
+from gru_experiments.files import atomic_write, write_json
+from gru_experiments.runs import RunDir, display_path
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -60,9 +60,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def training_data_settings(run_dir: Path | None, fallback: DictConfig) -> DictConfig:
+def training_data_settings(run: RunDir | None, fallback: DictConfig) -> DictConfig:
     """The data settings the run trained with (its saved config), else this config's `data`."""
-    config = training_config(run_dir)
+    config = run.config() if run is not None else None
     if config is not None and "data" in config:
         try:
             return OmegaConf.create(OmegaConf.to_container(config.data, resolve=True))
@@ -79,8 +79,8 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
         torch.set_num_threads(int(cfg.cpu_threads))
     task = load_checkpoint(checkpoint, map_location=device)
     model, tokenizer = task.model.to(device).eval(), task.tokenizer
-    run_dir = Path(cfg.run).expanduser() if cfg.get("run") else run_dir_of(checkpoint)
-    data_cfg = training_data_settings(run_dir, cfg.data)
+    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
+    data_cfg = training_data_settings(run, cfg.data)
 
     validate_sampling(cfg, tokenizer.vocab_size)  # before any generation
     # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
@@ -111,20 +111,20 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     print(text_out)
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "samples.txt").write_text(text_out, encoding="utf-8")
+    atomic_write(output_dir / "samples.txt", text_out)
     record = {"checkpoint": str(Path(checkpoint).resolve()), "model": hp.model_name,
-              "run_dir": str(run_dir.resolve()) if run_dir else None, "settings": settings,
+              "run_dir": str(run.path.resolve()) if run else None, "settings": settings,
               "seed": cfg.seed, "prompts": prompts, "results": results}
     write_json(output_dir / "sampling.json", record)
     print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
 
     if cfg.evaluate:
-        record["evaluation"] = evaluate(cfg, model, tokenizer, task.token_char_lengths.to(device), run_dir,
+        record["evaluation"] = evaluate(cfg, model, tokenizer, task.token_char_lengths.to(device), run,
                                         data_cfg, checkpoint)
     return record
 
 
-def evaluate(cfg: DictConfig, model, tokenizer, token_char_lengths, run_dir: Path | None, data_cfg,
+def evaluate(cfg: DictConfig, model, tokenizer, token_char_lengths, run: RunDir | None, data_cfg,
              checkpoint: Path) -> dict:
     """Every inference mode on the whole validation split of the data the model trained on."""
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
@@ -136,7 +136,7 @@ def evaluate(cfg: DictConfig, model, tokenizer, token_char_lengths, run_dir: Pat
     except ValueError as error:
         raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
     # The run's recorded training length, so that stride "auto" picks what training itself picked.
-    summary = (read_summary(run_dir) if run_dir else None) or {}
+    summary = (run.summary() if run else None) or {}
     training_tokens = summary.get("train_tokens")
     started = time.perf_counter()
     scores, used = evaluate_from_config(model, train_ids, val_ids, token_char_lengths, int(data_cfg.seq_len),

@@ -12,10 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -24,6 +22,7 @@ import torch
 from filelock import FileLock
 
 from gru_experiments.errors import UserError
+from gru_experiments.files import atomic_write
 
 # Bump when anything that changes the trained model bytes changes, so stale
 # cache entries are never reused.
@@ -157,15 +156,7 @@ class SentencePieceTokenizer:
         with FileLock(str(path) + ".lock"):
             if not path.exists():
                 proto = cls._run_trainer(text, newline_standin, space_standin, options)
-                # Write-then-rename so a reader never sees a half-written model.
-                fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=path.name, suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(proto)
-                    os.replace(tmp, path)
-                except BaseException:
-                    Path(tmp).unlink(missing_ok=True)
-                    raise
+                atomic_write(path, proto)  # a reader never sees a half-written model
             proto = path.read_bytes()
         return cls(proto, newline_standin, space_standin)
 

@@ -24,7 +24,8 @@ from gru_experiments import checkpoints
 from gru_experiments.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
 from gru_experiments.config_schema import validate, validate_sampling
 from gru_experiments.data import prepare_corpus
-from gru_experiments.errors import TrainingDiverged, UserError, reported_errors
+from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.jobs import job
 from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
 from gru_experiments.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
 from gru_experiments.training import train
@@ -59,7 +60,7 @@ def finished_checkpoint(root: Path) -> Path:
 
 def fail_in_process(capsys, cfg) -> str:
     """Run train(cfg) the way train.py does; return the one error line (exit status 2)."""
-    with pytest.raises(SystemExit) as exit_info, reported_errors(cfg):
+    with pytest.raises(SystemExit) as exit_info, job(cfg, report=True):
         train(cfg)
     assert exit_info.value.code == 2
     return error_line(capsys.readouterr().err)
@@ -388,7 +389,7 @@ def test_train_py_unknown_names_get_hydras_message(workspace):
     before = fingerprint(workspace)
     for override, message in [("model=astra_delta", "Could not find 'model/astra_delta'"),
                               ("tokenizer=bpe", "Could not find 'tokenizer/bpe'"),
-                              ("inference=greedy", "Could not find 'inference/greedy'")]:
+                              ("logger=neptune", "Could not find 'logger/neptune'")]:
         result = run_script(workspace, override)
         assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert_untouched(before, fingerprint(workspace))
@@ -398,9 +399,9 @@ def test_debug_re_raises_instead_of_exiting(monkeypatch):
     for cfg, env in [({"debug": True}, None), ({"debug": False}, "1")]:
         if env:
             monkeypatch.setenv("HYDRA_FULL_ERROR", env)
-        with pytest.raises(UserError, match="bad"), reported_errors(cfg):
+        with pytest.raises(UserError, match="bad"), job(cfg, report=True):
             raise UserError("bad")
-    with pytest.raises(UserError), reported_errors(argv=["train.py", "debug=true"]):
+    with pytest.raises(UserError), job(argv=["train.py", "debug=true"], report=True):
         raise UserError("bad")
 
 

@@ -1,0 +1,78 @@
+"""Writing files so that nobody ever sees half of one.
+
+Every file the project writes that someone else may read while it is being written (a run's
+summary.json and samples.json, the report's files, checkpoints, the SentencePiece cache, the
+corpus download) goes through `atomic_file`: the content goes to a temporary file in the
+target's folder, is flushed to disk, and is then renamed over the target. A reader, a second
+writer, or a kill at any moment sees the old file or the new one, never a mix; a write that
+fails leaves no temporary file behind.
+
+Appends (history.csv) and files that belong to one process (logs) are written directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+TMP_SUFFIX = ".tmp"
+
+
+def temporary_name(path: Path) -> Path:
+    """A hidden name next to `path`, unique to this process and call: .<name>.<pid>.<random>.tmp."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+
+
+def leftover_temporaries(folder: Path, name: str = "*") -> list[Path]:
+    """Temporary files of writes that were cut short (by a kill) in `folder`, for targets matching `name`."""
+    return sorted(Path(folder).glob(f".{name}.*{TMP_SUFFIX}"))
+
+
+@contextmanager
+def atomic_file(path, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temporary file for writing; on success it replaces `path` atomically.
+
+        with atomic_file(path) as f:
+            f.write(data)
+
+    `mode` is "wb" or "w" (text, UTF-8). The folder is created if needed. The file gets the
+    usual permissions (not mkstemp's private 0600).
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_file writes a new file: mode 'wb' or 'w', not {mode!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "xb" if mode == "wb" else "x", **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path, content: str | bytes) -> Path:
+    """Write text (UTF-8) or bytes to `path` atomically; returns the path."""
+    with atomic_file(path, "wb") as f:
+        f.write(content.encode("utf-8") if isinstance(content, str) else content)
+    return Path(path)
+
+
+def write_json(path, payload) -> Path:
+    """`payload` as indented JSON, atomically."""
+    return atomic_write(path, json.dumps(payload, indent=2) + "\n")
+
+
+def read_json(path):
+    """The JSON in `path`, or None when it is missing or not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
