@@ -101,18 +101,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 
-def run_fast(layer, x: Tensor, state):
-    """One layer over a whole sequence: x (B, T, I) -> outputs (B, T, H), final state."""
-    from gru_experiments.cells import GRULayer, LSTMLayer
-
-    if isinstance(layer, GRULayer):
-        return gru_sequence(x, state, layer.input_weight, layer.input_bias,
-                            layer.hidden_weight_rz, layer.hidden_bias_rz, layer.hidden_weight_candidate)
-    if isinstance(layer, LSTMLayer):
-        return lstm_sequence(x, state, layer.input_weight, layer.input_bias, layer.hidden_weight)
-    raise TypeError(f"no fast path for {type(layer).__name__}")
-
-
 # ------------------------------------------------------------------------------- helpers
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
@@ -433,3 +421,74 @@ def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs):
 
     grad_W = dA.view(T * B, 4 * H).t().mm(Hs[:-1].reshape(T * B, H)) if needs[5] else None
     return dA, (delta if needs[1] else None), (gamma if needs[2] else None), grad_W
+
+
+# ----------------------------------------------------------------------------------- RNN
+# Elman: a = P + W_h·h (P = W_x·x + b, all steps in one matmul), h' = tanh(a).
+# Backward, with δ = ∂L/∂h_t in total:  da = δ ⊙ (1 − h'²);  δ_{t-1} = da @ W_h + ∂L/∂y_{t-1};
+# dW_h = Σ_t daᵀ h_{t-1} (one matmul); dW_x = dAᵀX, dx = dA·W_x, db = Σ dA; dh_0 = δ_0.
+def rnn_sequence(x, h, input_weight, input_bias, hidden_weight):
+    inputs = (x, h, input_weight, input_bias, hidden_weight)
+    if x.shape[1] == 1 and not _needs_grad(*inputs):
+        h = _rnn_one_step(x[:, 0], *inputs[1:])
+        return h.unsqueeze(1), h
+    dtype = _compute_dtype(x)
+    inputs = tuple(t.to(dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
+    if _needs_grad(*inputs):
+        outputs = _RNNFunction.apply(*inputs)
+    else:
+        outputs = _rnn_forward(*inputs)[0][1:]
+    return outputs.transpose(0, 1), outputs[-1]
+
+
+def _rnn_one_step(x, h, W_x, b, W_h):
+    """One step without grad, for stateful sampling (see _gru_one_step)."""
+    p = torch.addmm(b, x, W_x.t())
+    return torch.addmm(p, h.to(p.dtype), W_h.t().to(p.dtype)).tanh_()
+
+
+def _rnn_forward(x, h0, W_x, b, W_h):
+    B, T, _ = x.shape
+    H = h0.shape[1]
+    X = _time_major(x)
+    Hs = X.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
+    Hs[0] = h0
+    torch.addmm(b, X, W_x.t(), out=Hs[1:].view(T * B, H))  # the input side of every step, in place
+    matmul = _StepMatmul(W_h.t(), B, T)
+    h = Hs[0]
+    for y in Hs[1:].unbind(0):
+        h = matmul.addmm_(y, h).tanh_()
+    return Hs, X
+
+
+class _RNNFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, h0, W_x, b, W_h):
+        with torch.autocast(x.device.type, enabled=False):
+            Hs, X = _rnn_forward(x, h0, W_x, b, W_h)
+        ctx.save_for_backward(X, W_x, W_h, Hs)
+        ctx.x_shape = x.shape
+        return Hs[1:]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_Y):
+        X, W_x, W_h, Hs = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # x, h0, W_x, b, W_h
+        with torch.autocast(grad_Y.device.type, enabled=False):
+            dA, grad_h0, grad_W_h = _rnn_backward(grad_Y.to(Hs.dtype), W_h, Hs, needs)
+            grad_x, grad_W_x, grad_b = _input_side_grads(dA, X, W_x, ctx.x_shape, needs[0], needs[2], needs[3])
+        return grad_x, grad_h0, grad_W_x, grad_b, grad_W_h
+
+
+def _rnn_backward(grad_Y, W_h, Hs, needs):
+    T, B, H = grad_Y.shape
+    dA = torch.square(Hs[1:]).neg_().add_(1)  # tanh' = 1 − h_t² for all steps; step t turns it into da_t
+    grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
+    matmul = _StepMatmul(W_h, B, T)
+    delta = grad_Y[-1]
+    for g_prev, da in zip(reversed(grad_prev), reversed(dA.unbind(0))):
+        da.mul_(delta)  # da_t = δ_t ⊙ (1 − h_t²)
+        delta = matmul.addmm(g_prev, da)  # δ_{t-1} = da_t @ W_h + ∂L/∂y_{t-1}
+    grad_W_h = dA.view(T * B, H).t().mm(Hs[:-1].reshape(T * B, H)) if needs[4] else None
+    return dA, (delta if needs[1] else None), grad_W_h

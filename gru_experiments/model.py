@@ -1,12 +1,9 @@
-"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config.
+"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config, the
+ladder's Elman RNN and LSTM: a `LanguageModel` (language_model.py) of unbounded context.
 
     tokens -> embedding -> N recurrent layers (dropout after each) -> [LayerNorm] -> linear head
 
-One interface for GRU and LSTM alike:
-
-    logits, state = model(tokens, state=None)
-
-`state` is a list with one entry per layer (h for a GRU layer, (h, c) for an LSTM
+`state` is a list with one entry per layer (h for a GRU or RNN layer, (h, c) for an LSTM
 layer); None means zeros. Feeding the returned state back in continues the
 sequence exactly, which is what stateful sampling and streaming evaluation rely on.
 """
@@ -15,10 +12,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gru_experiments.cells import make_layer
+from gru_experiments.cells import CELLS, IMPLEMENTATIONS, make_layer
+from gru_experiments.language_model import LanguageModel, check_dropout, check_int, check_setting
 
 
-class RecurrentLM(nn.Module):
+class RecurrentLM(LanguageModel):
     def __init__(
         self,
         vocab_size: int,
@@ -31,6 +29,12 @@ class RecurrentLM(nn.Module):
         implementation: str = "fast",
     ):
         super().__init__()
+        check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
+        for key, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            check_int(key, value)
+        check_dropout(dropout)
+        check_setting(implementation in IMPLEMENTATIONS, "implementation", implementation,
+                      " or ".join(repr(i) for i in IMPLEMENTATIONS))
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.layers = nn.ModuleList(
@@ -42,6 +46,10 @@ class RecurrentLM(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(hidden_size) if layer_norm else nn.Identity()
         self.head = nn.Linear(hidden_size, vocab_size)
+
+    @property
+    def family(self) -> str:
+        return self.cell
 
     @property
     def vocab_size(self) -> int:
@@ -61,7 +69,3 @@ class RecurrentLM(nn.Module):
             x = self.dropout(x)
             new_state.append(layer_state)
         return self.head(self.norm(x)), new_state
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
