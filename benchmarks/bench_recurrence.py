@@ -74,6 +74,8 @@ def load_shapes() -> dict[str, Shape]:
         cfg = OmegaConf.load(path)
         model = cfg.model if "model" in cfg else cfg
         arch = model.architecture
+        if "cell" not in arch:  # not a recurrent family (mlp, ngram)
+            continue
         # Scribe configs select the spm tokenizer in their defaults list ("override /tokenizer: spm").
         spm = any("tokenizer" in str(d) and "spm" in str(d) for d in cfg.get("defaults", []))
         shapes[model.name] = Shape(model.name, arch.cell, arch.embedding_dim, arch.hidden_size, arch.num_layers,

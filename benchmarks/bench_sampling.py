@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from gru_experiments.inference import Decoding, generate
-from gru_experiments.model import RecurrentLM, count_parameters
+from gru_experiments.language_model import build_model, count_parameters
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -34,7 +34,7 @@ def tokens_per_second(model, mode: str, length: int, batch: int, window: int, pr
     run = lambda n: generate(model, prompt, mode=mode, max_new_tokens=n, num_samples=batch,  # noqa: E731
                              decoding=Decoding(temperature=1.0), seed=0, window=window)
     run(5)  # warm-up
-    sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     sync()
     started = time.perf_counter()
     run(length)
@@ -57,7 +57,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
-    model = RecurrentLM(args.vocab, **architecture(args.model)).to(args.device).eval()
+    model = build_model(architecture(args.model), args.vocab).to(args.device).eval()
     print(f"{args.model}: {count_parameters(model):,} parameters, batch {args.batch}, window {args.window}, "
           f"device {args.device}, {torch.get_num_threads()} CPU threads")
     print(f"{'mode':<10} {'tokens':>7} {'tokens/s':>10}")

@@ -1,4 +1,4 @@
-"""Hand-written recurrent layers: the study's GRU and an LSTM.
+"""Hand-written recurrent layers: the study's GRU, an LSTM and the Elman RNN.
 
 Every layer shares one interface, so the language model, the samplers and the
 evaluators never care which cell they drive:
@@ -7,14 +7,15 @@ evaluators never care which cell they drive:
     layer(x, state=None)                       -> (outputs, final_state)   x: (B, T, input)
     layer.step(x_t, state)                     -> (output_t, next_state)   x_t: (B, input)
 
-The GRU state is a tensor h of shape (B, H); the LSTM state is a tuple (h, c).
+The GRU and RNN state is a tensor h of shape (B, H); the LSTM state is a tuple (h, c).
 
 `step` is the readable reference: the formulas exactly as the study writes them.
 `forward` runs the sequence with `implementation="reference"` (a loop over `step`)
-or `"fast"` (see `fast_recurrence.py`), which computes the same function faster;
-tests hold the two to 1e-5 in outputs and gradients. A layer's `matmul_precision`
-(None, or a `precision.MatmulPrecision`) lets the fast path take bf16 matmul inputs;
-the reference never does.
+or `"fast"`: the layer's `fast_sequence` (see `fast_recurrence.py`), which computes the
+same function faster; tests hold the two to 1e-5 in outputs and gradients. A layer
+without a fast path (`fast_sequence = None`) runs its readable loop either way. A layer's
+`matmul_precision` (None, or a `precision.MatmulPrecision`) lets the fast path take bf16
+matmul inputs; the readable loop never does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from gru_experiments.fast_recurrence import gru_sequence, lstm_sequence
+from gru_experiments import fast_recurrence
 
 IMPLEMENTATIONS = ("reference", "fast")
 
@@ -47,15 +48,16 @@ class RecurrentLayer(nn.Module):
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
 
+    # fast_sequence(x, state) -> (outputs, final_state): the same function as the loop over
+    # `step`, computed faster; None: this layer has no fast path and runs the loop.
+    fast_sequence = None
+
     def forward(self, x: Tensor, state=None):
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)
-        if self.implementation == "fast":
-            return self.run_fast(x, state)
+        if self.implementation == "fast" and self.fast_sequence is not None:
+            return self.fast_sequence(x, state)
         return self.run_reference(x, state)
-
-    def run_fast(self, x: Tensor, state):
-        raise NotImplementedError
 
     def run_reference(self, x: Tensor, state):
         # Unbind once: indexing x[:, t] step by step would make backward quadratic
@@ -100,10 +102,6 @@ class GRULayer(RecurrentLayer):
         dtype = dtype or self.input_weight.dtype
         return torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
 
-    def run_fast(self, x: Tensor, h: Tensor):
-        return gru_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight_rz, self.hidden_bias_rz,
-                            self.hidden_weight_candidate, self.matmul_precision)
-
     def step(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         W_rx, W_zx, W_x = self.input_weight.chunk(3)
         b_rx, b_zx, b_x = self.input_bias.chunk(3)
@@ -116,6 +114,10 @@ class GRULayer(RecurrentLayer):
         h_candidate = torch.tanh(x @ W_x.T + b_x + (r * h) @ W_h.T)
         h_next = (1 - z) * h + z * h_candidate
         return h_next, h_next
+
+    def fast_sequence(self, x: Tensor, h: Tensor):
+        return fast_recurrence.gru_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight_rz,
+                                            self.hidden_bias_rz, self.hidden_weight_candidate, self.matmul_precision)
 
 
 class LSTMLayer(RecurrentLayer):
@@ -144,9 +146,6 @@ class LSTMLayer(RecurrentLayer):
         zeros = torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
         return zeros, zeros.clone()
 
-    def run_fast(self, x: Tensor, state: tuple[Tensor, Tensor]):
-        return lstm_sequence(x, state, self.input_weight, self.input_bias, self.hidden_weight, self.matmul_precision)
-
     def step(self, x: Tensor, state: tuple[Tensor, Tensor]):
         h, c = state
         W_ix, W_fx, W_gx, W_ox = self.input_weight.chunk(4)
@@ -161,8 +160,42 @@ class LSTMLayer(RecurrentLayer):
         h_next = o * torch.tanh(c_next)
         return h_next, (h_next, c_next)
 
+    def fast_sequence(self, x: Tensor, state: tuple[Tensor, Tensor]):
+        return fast_recurrence.lstm_sequence(x, state, self.input_weight, self.input_bias, self.hidden_weight,
+                                             self.matmul_precision)
 
-CELLS = {"gru": GRULayer, "lstm": LSTMLayer}
+
+class RNNLayer(RecurrentLayer):
+    """The Elman RNN:
+
+        h' = tanh(W_x·x + b + W_h·h)
+
+    One bias (nn.RNN has two, b_ih and b_hh, which add up to one). Per layer:
+    H·I + H·H + H parameters.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, implementation: str = "fast"):
+        super().__init__(input_size, hidden_size, implementation)
+        H = hidden_size
+        self.input_weight = nn.Parameter(torch.empty(H, input_size))  # W_x
+        self.input_bias = nn.Parameter(torch.empty(H))  # b
+        self.hidden_weight = nn.Parameter(torch.empty(H, H))  # W_h
+        self.reset_parameters()
+
+    def initial_state(self, batch_size: int, device=None, dtype=None) -> Tensor:
+        dtype = dtype or self.input_weight.dtype
+        return torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
+
+    def step(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        h_next = torch.tanh(x @ self.input_weight.T + self.input_bias + h @ self.hidden_weight.T)
+        return h_next, h_next
+
+    def fast_sequence(self, x: Tensor, h: Tensor):
+        return fast_recurrence.rnn_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight,
+                                            self.matmul_precision)
+
+
+CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
 
 
 def make_layer(cell: str, input_size: int, hidden_size: int, implementation: str = "fast") -> RecurrentLayer:

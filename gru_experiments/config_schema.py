@@ -51,10 +51,6 @@ def non_negative_number(v) -> bool:
     return _is_number(v) and v >= 0
 
 
-def fraction_below_one(v) -> bool:  # dropout: [0, 1)
-    return _is_number(v) and 0 <= v < 1
-
-
 def open_fraction(v) -> bool:  # (0, 1)
     return _is_number(v) and 0 < v < 1
 
@@ -64,20 +60,19 @@ TRAIN_RULES = [
     Rule("data.batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.eval_batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.train_fraction", open_fraction, "a number strictly between 0 and 1"),
-    Rule("model.steps_per_epoch", int_at_least(1), "an integer >= 1"),
-    Rule("model.epochs", int_at_least(1), "an integer >= 1"),
-    Rule("model.lr", positive_number, "a number > 0"),
     Rule("weight_decay", non_negative_number, "a number >= 0"),
-    Rule("model.architecture.cell", lambda v: v in ("gru", "lstm"), "'gru' or 'lstm'"),
-    Rule("model.architecture.embedding_dim", int_at_least(1), "an integer >= 1"),
-    Rule("model.architecture.hidden_size", int_at_least(1), "an integer >= 1"),
-    Rule("model.architecture.num_layers", int_at_least(1), "an integer >= 1"),
-    Rule("model.architecture.dropout", fraction_below_one, "a number in [0, 1)", optional=True),
     Rule("trainer.max_steps", lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
     Rule("trainer.gradient_clip_val", non_negative_number, "a number >= 0", optional=True),
     Rule("low_precision_matmuls", lambda v: v in ("auto", "always", "never"), "auto, always or never",
          optional=True),
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
+]
+
+# The recipe of a model trained with an optimizer (a counted model, e.g. the n-gram, has none).
+RECIPE_RULES = [
+    Rule("model.steps_per_epoch", int_at_least(1), "an integer >= 1"),
+    Rule("model.epochs", int_at_least(1), "an integer >= 1"),
+    Rule("model.lr", positive_number, "a number > 0"),
 ]
 
 SPM_RULES = [
@@ -124,6 +119,7 @@ def valid_precisions() -> tuple:
 def validate(cfg) -> None:
     """Check a composed train config; raise UserError on the first invalid value."""
     check_rules(cfg, TRAIN_RULES)
+    check_model(cfg)
     if _select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
     precision = _select(cfg, "trainer.precision")
@@ -132,6 +128,25 @@ def validate(cfg) -> None:
         if precision not in allowed:
             names = dict.fromkeys(str(p) for p in allowed)  # 16 and "16" read the same
             raise UserError(f"invalid trainer.precision={precision!r}: must be one of {', '.join(names)}")
+
+
+def check_model(cfg) -> None:
+    """The architecture (its class, settings and values: the family checks its own) and, for a
+    trained family, its recipe; a counted family (trainable = False) takes no recipe."""
+    from gru_experiments.language_model import validate_architecture  # imports torch: only when validating
+
+    architecture = _select(cfg, "model.architecture")
+    if architecture is _MISSING or not hasattr(architecture, "keys"):
+        raise UserError("invalid model.architecture: must be a mapping with _target_ and the model's settings")
+    family = validate_architecture(architecture)
+    if family.trainable:
+        check_rules(cfg, RECIPE_RULES)
+        return
+    # epochs and steps_per_epoch mean nothing to it (preset=smoke sets them for every model);
+    # a learning rate would suggest an optimizer that does not exist.
+    if _select(cfg, "model.lr") not in (_MISSING, None):
+        raise UserError(f"model.lr is not a setting of {family.__name__}: a {family.family} model is counted "
+                        "from the training split, with no optimizer, epochs or steps")
 
 
 def validate_sampling(settings, vocab_size: int, prefix: str = "") -> None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gru_experiments.data import IGNORE_INDEX, EvalBatches
+from gru_experiments.ngram import NGramLM
 
 
 @dataclass
@@ -89,18 +90,10 @@ def stateless_log_probs(model) -> Tensor:
     stateless model can ever predict. One forward pass over the whole vocabulary."""
     was_training = model.training
     model.eval()
-    vocab = torch.arange(model.vocab_size, device=next(model.parameters()).device).unsqueeze(1)
+    vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
     logits, _ = model(vocab)
     model.train(was_training)
-    return F.log_softmax(logits[:, 0].float(), dim=-1)
-
-
-def bigram_log_probs(train_ids: Tensor, vocab_size: int) -> Tensor:
-    """(V, V) table of log p(b | a) from bigram counts of `train_ids`, add-one smoothed:
-    (count(a, b) + 1) / (count(a) + V)."""
-    pairs = train_ids[:-1] * vocab_size + train_ids[1:]
-    counts = torch.bincount(pairs, minlength=vocab_size * vocab_size).view(vocab_size, vocab_size).double()
-    return ((counts + 1) / (counts.sum(dim=1, keepdim=True) + vocab_size)).log()
+    return F.log_softmax(logits[:, 0].double(), dim=-1)  # a small table: float64 keeps count models exact
 
 
 def score_table(log_probs: Tensor, ids: Tensor, token_char_lengths: Tensor) -> Score:
@@ -119,8 +112,10 @@ def score_stateless(model, ids: Tensor, token_char_lengths: Tensor) -> Score:
 
 
 def score_bigram(train_ids: Tensor, ids: Tensor, token_char_lengths: Tensor) -> Score:
-    """The count-based bigram model of the training split, scored on `ids`."""
-    return score_table(bigram_log_probs(train_ids, token_char_lengths.numel()), ids, token_char_lengths)
+    """The baseline: the n-gram family at order 2, add-one smoothed, counted from the training
+    split ((count(a, b) + 1) / (count(a) + V)), every target of `ids` from its previous token."""
+    bigram = NGramLM(token_char_lengths.numel(), order=2, smoothing="add_one").to(ids.device).fit(train_ids)
+    return score_stateless(bigram, ids, token_char_lengths)
 
 
 @torch.no_grad()
@@ -136,6 +131,10 @@ def score_windowed(model, ids: Tensor, window: int, token_char_lengths: Tensor, 
     """
     if window < 1 or stride < 1:
         raise ValueError(f"window and stride must be >= 1, got {window} and {stride}")
+    if sees_whole_window(model, window):
+        # Every window holds all the model can see: one pass over the split, the state carried,
+        # predicts each target exactly as its own window would.
+        return _score_in_one_pass(model, ids, stride, token_char_lengths)
     was_training = model.training
     model.eval()
     positions = torch.arange(1, ids.numel(), stride, device=ids.device)  # indices of scored targets
@@ -157,6 +156,29 @@ def score_windowed(model, ids: Tensor, window: int, token_char_lengths: Tensor, 
     return total
 
 
+def sees_whole_window(model, window: int) -> bool:
+    """A finite-context model (context <= window) sees the same in a window as in the whole history."""
+    context = getattr(model, "context", None)
+    return context is not None and context <= window
+
+
+@torch.no_grad()
+def _score_in_one_pass(model, ids: Tensor, stride: int, token_char_lengths: Tensor, chunk: int = 1 << 12) -> Score:
+    """Targets 1, 1 + stride, ... of `ids`, each from everything before it (one stream, the state
+    carried from chunk to chunk)."""
+    was_training = model.training
+    model.eval()
+    positions = torch.arange(1, ids.numel(), stride, device=ids.device)
+    total, state = Score(), None
+    inputs = ids[:-1]
+    for start in range(0, inputs.numel(), chunk):
+        logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
+        wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
+        total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], token_char_lengths))
+    model.train(was_training)
+    return total
+
+
 def windowed_stride(stride: int | str, n_targets: int, window: int, training_tokens: int | None = None) -> int:
     """`stride` as an int. "auto" scores every target (exact) unless that would run more tokens
     through the model than training did (training_tokens: steps x batch x seq_len, forward passes
@@ -173,7 +195,7 @@ def evaluate_modes(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths
                    streams: int, window: int, windowed_stride: int = 1,
                    batch_tokens: int = 1 << 16) -> dict[str, Score]:
     """The whole validation split in every inference mode, plus the training split's bigram table."""
-    device = next(model.parameters()).device
+    device = model.device
     val_ids, token_char_lengths = val_ids.to(device), token_char_lengths.to(device)
     return {
         "stateful": score_stateful(model, val_ids, seq_len, streams, token_char_lengths),
@@ -206,6 +228,8 @@ def evaluate_from_config(model, train_ids: Tensor, val_ids: Tensor, token_char_l
     window = int(settings.get("window") or seq_len)
     n_targets = val_ids.numel() - 1
     stride = windowed_stride(settings.get("windowed_stride", "auto"), n_targets, window, training_tokens)
+    if sees_whole_window(model, window) and settings.get("windowed_stride", "auto") == "auto":
+        stride = 1  # exact at the cost of one pass (see score_windowed)
     used = {"seq_len": seq_len, "streams": int(settings.streams), "window": window, "windowed_stride": stride,
             "windowed_targets": len(range(1, n_targets + 1, stride))}
     scores = evaluate_modes(model, train_ids, val_ids, token_char_lengths, seq_len=seq_len,

@@ -166,7 +166,7 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
 
     The random draws come from a generator seeded with `seed` alone, so the same seed gives the
     same text (on the same device), whatever was sampled before."""
-    device = next(model.parameters()).device
+    device = model.device
     prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=device).expand(num_samples, -1)
     generator = torch.Generator(device=device).manual_seed(seed)
     return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator),

@@ -1,4 +1,4 @@
-"""Training a RecurrentLM with Lightning: loss, optimiser, schedule, metrics, checkpoints."""
+"""Training any LanguageModel (language_model.py) with Lightning: loss, optimiser, schedule, metrics, checkpoints."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from gru_experiments.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.evaluation import Score, score_batch
-from gru_experiments.model import RecurrentLM
+from gru_experiments.language_model import build_model
 from gru_experiments.tokenizers import tokenizer_from_state
 
 
@@ -48,15 +48,18 @@ class CosineSchedule(torch.optim.lr_scheduler.CosineAnnealingLR):
 
 
 class LanguageModelTask(L.LightningModule):
-    """Wraps a RecurrentLM. Checkpoints hold its architecture (hparams) and its tokenizer,
-    so `load_checkpoint` rebuilds both without any config file. `epochs` is the recipe's, kept
-    as a record; the learning-rate schedule follows the Trainer (CosineSchedule)."""
+    """Wraps any LanguageModel (language_model.py). Checkpoints hold its architecture (hparams:
+    `_target_` and the constructor arguments) and its tokenizer, so `load_checkpoint` rebuilds both
+    without any config file. lr, weight_decay and epochs are the recipe of a trained model (None for
+    a counted one); `epochs` is kept as a record, the learning-rate schedule follows the Trainer
+    (CosineSchedule)."""
 
-    def __init__(self, architecture: dict, vocab_size: int, lr: float, weight_decay: float, epochs: int,
-                 model_name: str = "model", tokenizer=None):
+    def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None,
+                 weight_decay: float | None = None, epochs: int | None = None, model_name: str = "model",
+                 tokenizer=None, from_checkpoint: bool = False):
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer"])
-        self.model = RecurrentLM(vocab_size, **architecture)
+        self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint"])
+        self.model = build_model(architecture, vocab_size, from_checkpoint=from_checkpoint)
         self.tokenizer = tokenizer
         lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
         self.register_buffer("token_char_lengths", lengths.clone(), persistent=False)
@@ -167,8 +170,10 @@ def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = No
     check_tokenizer(checkpoint, path, kind=tokenizer_kind, vocab_size=vocab_size)
     try:
         tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
-        task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer)
+        task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer, from_checkpoint=True)
         task.load_state_dict(checkpoint["state_dict"])
+    except UserError as err:
+        raise UserError(f"{path} is not a usable gru-experiments checkpoint: {err}") from None
     except (TypeError, KeyError, ValueError, RuntimeError) as err:
         raise UserError(f"{path} is not a usable gru-experiments checkpoint: {str(err).splitlines()[0]}") from None
     if tokenizer.vocab_size != task.model.vocab_size:

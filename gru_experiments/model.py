@@ -1,12 +1,9 @@
-"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config.
+"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config, the
+ladder's Elman RNN and LSTM: a `LanguageModel` (language_model.py) of unbounded context.
 
     tokens -> embedding -> N recurrent layers (dropout after each) -> [LayerNorm] -> linear head
 
-One interface for GRU and LSTM alike:
-
-    logits, state = model(tokens, state=None)
-
-`state` is a list with one entry per layer (h for a GRU layer, (h, c) for an LSTM
+`state` is a list with one entry per layer (h for a GRU or RNN layer, (h, c) for an LSTM
 layer); None means zeros. Feeding the returned state back in continues the
 sequence exactly, which is what stateful sampling and streaming evaluation rely on.
 """
@@ -15,11 +12,12 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gru_experiments.cells import make_layer
+from gru_experiments.cells import CELLS, IMPLEMENTATIONS, make_layer
+from gru_experiments.language_model import LanguageModel, check_dropout, check_int, check_setting
 from gru_experiments.precision import MatmulPrecision, linear
 
 
-class RecurrentLM(nn.Module):
+class RecurrentLM(LanguageModel):
     def __init__(
         self,
         vocab_size: int,
@@ -32,6 +30,12 @@ class RecurrentLM(nn.Module):
         implementation: str = "fast",
     ):
         super().__init__()
+        check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
+        for key, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            check_int(key, value)
+        check_dropout(dropout)
+        check_setting(implementation in IMPLEMENTATIONS, "implementation", implementation,
+                      " or ".join(repr(i) for i in IMPLEMENTATIONS))
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.layers = nn.ModuleList(
@@ -60,12 +64,16 @@ class RecurrentLM(nn.Module):
             return []
         names = []
         for i, layer in enumerate(self.layers):
-            if layer.implementation == "fast":
+            if layer.implementation == "fast" and layer.fast_sequence is not None:
                 names += [f"layers.{i}.{n}" for n, p in layer.named_parameters()
                           if p.dim() == 2 and self.matmul_precision.for_weight(p) is not None]
         if self.matmul_precision.for_weight(self.head.weight) is not None:
             names.append("head.weight")
         return names
+
+    @property
+    def family(self) -> str:
+        return self.cell
 
     @property
     def vocab_size(self) -> int:
@@ -86,7 +94,3 @@ class RecurrentLM(nn.Module):
             new_state.append(layer_state)
         x = self.norm(x)
         return linear(x, self.head.weight, self.head.bias, self.matmul_precision), new_state
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -105,12 +105,20 @@ def autocast_precision(device_type: str) -> MatmulPrecision | None:
     return None
 
 
+def apply_matmul_precision(model, mode: str, trainer_precision, trainer) -> dict:
+    """Set a training run's matmul precision on its model (a model without bf16 support, such
+    as a counted one, keeps its own dtype) and return what summary.json records (`describe`)."""
+    if hasattr(model, "set_matmul_precision"):
+        model.set_matmul_precision(resolve(mode, trainer_precision, trainer.strategy.root_device))
+    return describe(trainer.precision, mode, model)
+
+
 def describe(trainer_precision: str, mode: str, model) -> dict:
     """What summary.json records: Lightning's precision, the low_precision_matmuls setting, the
     dtype the matmuls took ("float32", "bfloat16", or "bfloat16+float32" when only the big
     weights did) and which weights ran in bf16."""
     trainer_precision = str(trainer_precision)
-    weights = model.low_precision_weights()
+    weights = model.low_precision_weights() if hasattr(model, "low_precision_weights") else []
     if trainer_precision not in [str(p) for p in FULL_PRECISION]:  # Lightning's autocast or true precision
         dtype = {"bf16": "bfloat16", "16": "float16", "64": "float64"}.get(trainer_precision.split("-")[0],
                                                                            trainer_precision)

@@ -94,7 +94,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
                     **decoding.to_dict(), seed=cfg.seed, device=str(device))
 
     hp = task.hparams
-    print(f"checkpoint: {display_path(checkpoint)} ({hp.model_name}: {hp.architecture['cell']} cell, "
+    print(f"checkpoint: {display_path(checkpoint)} ({hp.model_name}: {model.family}, "
           f"{tokenizer.kind} tokenizer)")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None))
     results, lines = [], []

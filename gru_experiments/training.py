@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from gru_experiments.checkpoints import AtomicCheckpointIO, NonFiniteWeights, TrainingState
 from gru_experiments.config_schema import validate
 from gru_experiments.data import CorpusDataModule, prepare_corpus
-from gru_experiments.errors import TrainingDiverged
+from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics, score_windows
 from gru_experiments.history import MetricsHistory
 from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_samples, spellable_prompts,
@@ -21,8 +21,8 @@ from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_sam
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.jobs import job
 from gru_experiments.loggers import build_logger, is_wandb
-from gru_experiments.model import count_parameters
-from gru_experiments.precision import describe, resolve
+from gru_experiments.language_model import count_parameters
+from gru_experiments.precision import apply_matmul_precision
 from gru_experiments.resume import resume_point
 from gru_experiments.runs import RunDir
 
@@ -67,15 +67,22 @@ def _train(cfg: DictConfig, current) -> dict:
     datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
                                   cfg.data.steps_per_epoch, seed=cfg.seed,
                                   eval_batch_size=cfg.data.eval_batch_size)
+    recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
     task = LanguageModelTask(
         architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
-        vocab_size=tokenizer.vocab_size, lr=cfg.model.lr, weight_decay=cfg.weight_decay,
-        epochs=cfg.model.epochs, model_name=cfg.model.name, tokenizer=tokenizer,
+        vocab_size=tokenizer.vocab_size, weight_decay=cfg.weight_decay if recipe["lr"] else None,
+        model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
-    parameters = count_parameters(task.model)
-    print(f"model {cfg.model.name}: {cfg.model.architecture.cell} cell, {tokenizer.kind} tokenizer, "
+    model = task.model
+    if model.context is not None and datamodule.train_ids.numel() < model.context + 1:
+        raise UserError(f"the training split has {datamodule.train_ids.numel()} tokens, fewer than one context "
+                        f"of {cfg.model.name} ({model.context} tokens and the one they predict); use a longer "
+                        "corpus or a smaller context")
+    print(f"model {cfg.model.name}: {model.family}, {tokenizer.kind} tokenizer, "
           f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
-    print(f"trainable parameters: {parameters:,}")
+    parameters = count_parameters(model) if model.trainable else None  # a counted model: after counting
+    if parameters is not None:
+        print(f"trainable parameters: {parameters:,}")
 
     if resume is not None:
         resume.check(task.hparams, tokenizer)
@@ -88,25 +95,34 @@ def _train(cfg: DictConfig, current) -> dict:
     logger = current.logger = build_logger(
         cfg.get("logger"), cfg, wandb_id=resume and resume.wandb_run_id,
         csv_version=None if resume is None else f"resumed_step{resume.step}")
-    if logger and resume is None:
+    if logger and resume is None and parameters is not None:
         logger.log_metrics({"parameters": parameters})
     history = MetricsHistory(run.history_file)  # learning curves for the sweep report
     trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
                           callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
-    matmul_mode = cfg.get("low_precision_matmuls") or "never"
-    task.model.set_matmul_precision(resolve(matmul_mode, cfg.trainer.get("precision"), trainer.strategy.root_device))
-    precision_used = describe(trainer.precision, matmul_mode, task.model)
+    precision_used = apply_matmul_precision(model, cfg.get("low_precision_matmuls") or "never",
+                                            cfg.trainer.get("precision"), trainer)
     print(f"precision: {precision_used['precision']}, matmuls in {precision_used['matmul_dtype']}")
-    try:
-        # The one full read of a resumed checkpoint: Lightning's, through checkpoint_io, which loads
-        # weights only whatever Lightning asks for (not every Lightning this project accepts has
-        # fit(weights_only=)).
-        trainer.fit(task, datamodule=datamodule, ckpt_path=resume and resume.checkpoint)
-    except TrainingDiverged as err:
-        if isinstance(err, NonFiniteWeights):
-            raise  # its message already says which checkpoint was kept
-        raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
+    counted_checkpoint = None
+    if not model.trainable:  # counted, not trained: count the training split, validate once, save
+        counted_checkpoint = count_and_save(trainer, task, datamodule, run)
+        parameters = count_parameters(model)
+        print(f"counted {task.train_tokens:,} training tokens in {task.train_seconds:.2f} s; "
+              f"stored numbers: {parameters:,}")
+        if logger:
+            logger.log_metrics({"parameters": parameters})
+    else:
+        try:
+            # The one full read of a resumed checkpoint: Lightning's, through checkpoint_io, which loads
+            # weights only whatever Lightning asks for (not every Lightning this project accepts has
+            # fit(weights_only=)).
+            trainer.fit(task, datamodule=datamodule, ckpt_path=resume and resume.checkpoint)
+        except TrainingDiverged as err:
+            if isinstance(err, NonFiniteWeights):
+                raise  # its message already says which checkpoint was kept
+            raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
+        keep_final_weights(trainer, run, (checkpoint, *more_checkpoints))
 
     # The final model on the whole validation split: the last validation pass when it scored
     # these weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more.
@@ -120,11 +136,11 @@ def _train(cfg: DictConfig, current) -> dict:
     summary = {
         "status": "completed",
         "model": cfg.model.name,
-        "cell": cfg.model.architecture.cell,
+        "cell": model.family,
         "tokenizer": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "parameters": parameters,
-        "train_loss": task.last_epoch_train_loss,
+        "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,
         "val_bpc": val.bpc,
         "tokens_per_second": task.tokens_per_second,  # per process: times world_size under DDP
@@ -133,8 +149,8 @@ def _train(cfg: DictConfig, current) -> dict:
         "wall_seconds": current.seconds,
         "device": str(trainer.strategy.root_device),
         **precision_used,
-        "checkpoint": next((c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path),
-                           None),
+        "checkpoint": counted_checkpoint or next(
+            (c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path), None),
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.path),
         "resumed_from_step": resume and resume.step,
@@ -155,7 +171,8 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
     stateless and windowed, against the training split's bigram table (nll and bpc added to
     `summary`), and short seeded stateful/stateless samples side by side (returned)."""
     started = time.perf_counter()
-    summary["train_tokens"] = summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
+    summary["train_tokens"] = (summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
+                               if task.model.trainable else task.train_tokens)
     scores, settings = evaluate_from_config(task.model, datamodule.train_ids, datamodule.val_ids,
                                             task.token_char_lengths, cfg.data.seq_len, cfg.evaluation,
                                             summary["train_tokens"])
@@ -181,6 +198,29 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
     return samples
 
 
+def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
+    """trainer.max_steps can stop training between two checkpoints (neither an epoch end nor a
+    multiple of checkpoint.every_n_steps); then last.ckpt also gets the final step, so that it
+    holds the weights the summary scores. Every rank takes the same decision (saving is collective)."""
+    saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
+    if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
+        return
+    trainer.save_checkpoint(run.checkpoint)
+
+
+def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> str:
+    """A counted model's "training": count the training split (timed: tokens/s), score the
+    validation split once (val/loss, val/bpc, history.csv), and save checkpoints/last.ckpt through
+    the trainer (atomic, with the tokenizer: sample.py loads it like any other). Returns its path."""
+    started = time.perf_counter()
+    task.model.fit(datamodule.train_ids)
+    task.train_seconds = time.perf_counter() - started
+    task.train_tokens = datamodule.train_ids.numel()
+    trainer.validate(task, datamodule=datamodule, verbose=False)
+    trainer.save_checkpoint(run.checkpoint)
+    return str(run.checkpoint)
+
+
 def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) -> str:
     message = str(err)
     if checkpoint_io.last_saved:
@@ -191,6 +231,7 @@ def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) 
 
 
 def format_summary(summary: dict) -> str:
-    return (f"{summary['model']}: train loss {summary['train_loss']:.4f} | val loss {summary['val_loss']:.4f} "
+    train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
+    return (f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
             f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
             f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from gru_experiments.cells import GRULayer, LSTMLayer
+from gru_experiments.cells import GRULayer, LSTMLayer, RNNLayer
 
 torch.manual_seed(0)
 
@@ -150,7 +150,29 @@ def test_our_lstm_equals_pytorchs_lstm_with_zero_hidden_bias():
     torch.testing.assert_close(c, c_t[0])
 
 
-@pytest.mark.parametrize("cls", [GRULayer, LSTMLayer])
+@pytest.mark.parametrize("implementation", ["reference", "fast"])
+def test_rnn_equals_pytorchs_rnn_with_zero_hidden_bias(implementation):
+    """The Elman RNN h' = tanh(W_x x + b + W_h h) against nn.RNN (tanh), outputs and every gradient."""
+    layer = RNNLayer(4, 6, implementation).double()
+    rnn = nn.RNN(4, 6, batch_first=True).double()
+    with torch.no_grad():
+        rnn.weight_ih_l0.copy_(layer.input_weight)
+        rnn.bias_ih_l0.copy_(layer.input_bias)
+        rnn.weight_hh_l0.copy_(layer.hidden_weight)
+        rnn.bias_hh_l0.zero_()
+    x = torch.randn(2, 10, 4, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    ours, h = layer(x, h0)
+    theirs, h_t = rnn(x, h0[None])
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(h, h_t[0])
+    ours_grads = grads([ours], [x, h0, layer.input_weight, layer.input_bias, layer.hidden_weight])
+    theirs_grads = grads([theirs], [x, h0, rnn.weight_ih_l0, rnn.bias_ih_l0, rnn.weight_hh_l0])
+    for a, b in zip(ours_grads, theirs_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("cls", [GRULayer, LSTMLayer, RNNLayer])
 def test_step_continues_a_sequence(cls):
     """forward over T steps == forward over the first part, then the rest from the carried state."""
     layer = cls(3, 5)

@@ -1,7 +1,7 @@
 """The fast recurrence computes exactly the study's formulation: the readable reference
 (`implementation="reference"`, a loop over `step`) within 1e-5 in float32 — outputs, final
 state, every parameter's gradient, the input's and the initial state's gradients — for
-GRU and LSTM, one layer and stacked in RecurrentLM, with and without an initial state."""
+GRU, LSTM and Elman RNN, one layer and stacked in RecurrentLM, with and without an initial state."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import gru_experiments.fast_recurrence as fast_recurrence
-from gru_experiments.cells import GRULayer, LSTMLayer
+from gru_experiments.cells import GRULayer, LSTMLayer, RNNLayer
 from gru_experiments.model import RecurrentLM
 
-CELLS = {"gru": GRULayer, "lstm": LSTMLayer}
+CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
 
@@ -39,7 +39,7 @@ def pair(cell, input_size, hidden_size, dtype):
 
 def make_state(cell, batch, hidden, dtype):
     h = torch.randn(batch, hidden, dtype=dtype, requires_grad=True)
-    if cell == "gru":
+    if cell != "lstm":
         return h
     return h, torch.randn(batch, hidden, dtype=dtype, requires_grad=True)
 
@@ -51,7 +51,7 @@ def run(layer, x, state):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_layer_matches_reference(cell, with_state, dtype):
     reference, fast = pair(cell, 5, 6, dtype)
     torch.manual_seed(1)
@@ -70,7 +70,7 @@ def test_layer_matches_reference(cell, with_state, dtype):
         torch.testing.assert_close(a, b, **TOL[dtype])
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_longer_sequence_float32(cell):
     """64 steps, batch 8, hidden 32: gradients accumulated over many steps stay within 1e-5."""
     reference, fast = pair(cell, 16, 32, torch.float32)
@@ -87,7 +87,7 @@ def test_longer_sequence_float32(cell):
 
 
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("cell,layer_norm", [("gru", False), ("lstm", True)])
+@pytest.mark.parametrize("cell,layer_norm", [("gru", False), ("lstm", True), ("rnn", False)])
 def test_stacked_model_matches_reference(cell, layer_norm, with_state):
     torch.manual_seed(0)
     kwargs = dict(vocab_size=11, cell=cell, embedding_dim=6, hidden_size=8, num_layers=3, dropout=0.0,
@@ -126,14 +126,13 @@ def grad_fn_names(tensor) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("cell,function", [("gru", "_GRUFunctionBackward"), ("lstm", "_LSTMFunctionBackward")])
+@pytest.mark.parametrize("cell,function", [("gru", "_GRUFunctionBackward"), ("lstm", "_LSTMFunctionBackward"),
+                                           ("rnn", "_RNNFunctionBackward")])
 def test_training_uses_the_fast_path_by_default(cell, function, monkeypatch):
-    import gru_experiments.cells as cells
-
     calls = []
-    name = f"{cell}_sequence"  # the fast path's entry point, as cells.py calls it
-    original = getattr(cells, name)
-    monkeypatch.setattr(cells, name, lambda *a: calls.append(1) or original(*a))
+    layer_class = CELLS[cell]
+    original = layer_class.fast_sequence
+    monkeypatch.setattr(layer_class, "fast_sequence", lambda *a: calls.append(1) or original(*a))
     model = RecurrentLM(7, cell, 4, 5, num_layers=2)  # no implementation argument: the default
     assert all(layer.implementation == "fast" for layer in model.layers)
     logits, _ = model(torch.randint(0, 7, (2, 6)))
@@ -148,7 +147,7 @@ def test_training_uses_the_fast_path_by_default(cell, function, monkeypatch):
     assert calls == []
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_gradcheck_float64(cell):
     """Finite differences on the fast layer: input, initial state and every parameter at once."""
     torch.manual_seed(0)
@@ -160,14 +159,14 @@ def test_gradcheck_float64(cell):
     n_state = len(leaves)
 
     def f(x, *rest):
-        state = rest[0] if cell == "gru" else tuple(rest[:n_state])
+        state = rest[0] if cell != "lstm" else tuple(rest[:n_state])
         y, final = torch.func.functional_call(layer, dict(zip(names, rest[n_state:])), (x, state))
         return (y, *flatten_state(final))
 
     assert torch.autograd.gradcheck(f, (x, *leaves, *params))
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_no_grad_path_and_stateful_continuation(cell):
     """Sampling runs without autograd: same numbers as the training path; and feeding one
     token at a time with the carried state reproduces the whole-sequence logits."""
@@ -189,7 +188,7 @@ def test_no_grad_path_and_stateful_continuation(cell):
         torch.testing.assert_close(b, c.detach())
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_odd_inputs(cell):
     """Batch 1, one time step, a non-contiguous input, and a frozen (no-grad) layer."""
     reference, fast = pair(cell, 4, 5, torch.float32)
@@ -208,7 +207,7 @@ def test_odd_inputs(cell):
     torch.autograd.grad(weighted_loss(run(fast, x, None)), x)
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_autocast_bfloat16_runs(cell):
     torch.manual_seed(0)
     model = RecurrentLM(9, cell, 8, 16, num_layers=2, dropout=0.0)
@@ -225,7 +224,7 @@ def test_autocast_bfloat16_runs(cell):
 
 @pytest.mark.skipif(not fast_recurrence._HAS_MKL_PACKED, reason="this torch build has no MKL packed GEMM")
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_packed_weight_path_matches_reference(cell, with_state, monkeypatch):
     """Big layers use MKL's packed GEMM for the per-step matmuls; force it at a small shape."""
     monkeypatch.setattr(fast_recurrence, "PACKED_MIN_WEIGHT_ELEMENTS", 0)
@@ -238,7 +237,7 @@ def test_packed_weight_path_matches_reference(cell, with_state, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_single_step_without_grad_matches_reference(cell, dtype):
     """The one-token sampling shortcut (T == 1, no grad) against the reference, with and without a state."""
     reference, fast = pair(cell, 5, 6, dtype)
@@ -250,14 +249,14 @@ def test_single_step_without_grad_matches_reference(cell, dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_cuda_matches_reference(cell):
     """The fast path is device-agnostic torch code: the same exactness on a GPU (float64, so
     that TF32 or reduced-precision matmul settings cannot blur the comparison), plus autocast."""
     reference, fast = (m.cuda() for m in pair(cell, 5, 6, torch.float64))
     x = torch.randn(3, 9, 5, dtype=torch.float64, device="cuda", requires_grad=True)
     state = make_state(cell, 3, 6, torch.float64)
-    state = state.detach().cuda().requires_grad_() if cell == "gru" else tuple(
+    state = state.detach().cuda().requires_grad_() if cell != "lstm" else tuple(
         s.detach().cuda().requires_grad_() for s in state)
     leaves = flatten_state(state)
     outs = [run(m, x, state) for m in (reference, fast)]
@@ -268,3 +267,14 @@ def test_cuda_matches_reference(cell):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y, _ = fast.float()(x.float())
     y.float().sum().backward()
+
+
+def test_a_cell_without_a_fast_path_runs_its_readable_step(monkeypatch):
+    """A new cell need not come with a fast path: implementation="fast" then runs `step`."""
+    torch.manual_seed(0)
+    reference = RecurrentLM(7, "rnn", 4, 5, num_layers=2, implementation="reference")
+    monkeypatch.setattr(RNNLayer, "fast_sequence", None)
+    fast = RecurrentLM(7, "rnn", 4, 5, num_layers=2, implementation="fast")
+    fast.load_state_dict(reference.state_dict())
+    tokens = torch.randint(0, 7, (2, 6))
+    torch.testing.assert_close(fast.eval()(tokens)[0], reference.eval()(tokens)[0])

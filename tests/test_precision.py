@@ -20,12 +20,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gru_experiments.precision as precision
-from gru_experiments.cells import GRULayer, LSTMLayer
+from gru_experiments.cells import GRULayer, LSTMLayer, RNNLayer
 from gru_experiments.model import RecurrentLM
 from gru_experiments.precision import MatmulPrecision, describe, resolve
 
 BF16_RTOL = 2e-2
-CELLS = {"gru": GRULayer, "lstm": LSTMLayer}
+CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
 
 
 def flatten_state(state):
@@ -56,7 +56,7 @@ def layer_pair(cell, input_size, hidden_size, device="cpu"):
 
 def make_state(cell, batch, hidden, device="cpu"):
     h = torch.randn(batch, hidden, device=device, requires_grad=True)
-    return h if cell == "gru" else (h, torch.randn(batch, hidden, device=device, requires_grad=True))
+    return h if cell != "lstm" else (h, torch.randn(batch, hidden, device=device, requires_grad=True))
 
 
 def compare_layer(cell, device="cpu"):
@@ -78,12 +78,12 @@ def compare_layer(cell, device="cpu"):
     assert not torch.equal(results[1][0][0], results[0][0][0])  # the bf16 path was taken
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_bf16_layer_matches_float32_reference(cell):
     compare_layer(cell)
 
 
-@pytest.mark.parametrize("cell,layer_norm", [("gru", False), ("lstm", True)])
+@pytest.mark.parametrize("cell,layer_norm", [("gru", False), ("lstm", True), ("rnn", False)])
 def test_bf16_model_matches_float32_reference(cell, layer_norm):
     """Whole model: embedding, three layers, [LayerNorm], head; logits and every parameter's gradient."""
     torch.manual_seed(0)
@@ -154,7 +154,7 @@ class CountCasts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_weights_cast_once_per_sequence(cell):
     layer = CELLS[cell](8, 16, "fast")
     layer.matmul_precision = MatmulPrecision()
@@ -190,7 +190,7 @@ def test_bad_setting_is_refused(compose_config, tiny_corpus):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_cuda_bf16_matches_float32_reference(cell):
     """The same code path on a GPU (cuBLAS bf16), held to float32 within BF16_RTOL."""
     if not torch.cuda.is_bf16_supported():

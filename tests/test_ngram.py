@@ -1,0 +1,149 @@
+"""The n-gram family: its Kneser-Ney probabilities against an independent, loop-and-dict
+implementation, normalisation in every context, the add-one bigram baseline, state and checkpoints."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from gru_experiments.errors import UserError
+from gru_experiments.evaluation import score_bigram
+from gru_experiments.language_model import NO_TOKEN, InvalidSetting
+from gru_experiments.ngram import MIN_DISCOUNT, NGramLM
+
+
+def corpus(n=3000, V=9, seed=0) -> list[int]:
+    """A text-like token stream over tokens 0..V-3 (the last two tokens never occur)."""
+    rng = random.Random(seed)
+    words = [[rng.randrange(V - 2) for _ in range(rng.randint(1, 4))] for _ in range(25)]
+    out = []
+    while len(out) < n:
+        out += rng.choice(words) + [0]
+    return out[:n]
+
+
+class NaiveKneserNey:
+    """Interpolated modified Kneser-Ney written out with Counters and recursion, straight from
+    Chen & Goodman: raw counts at the highest order, continuation counts below it."""
+
+    def __init__(self, tokens: list[int], V: int, N: int):
+        self.V, self.N = V, N
+        grams = {k: Counter(tuple(tokens[i:i + k]) for i in range(len(tokens) - k + 1)) for k in range(1, N + 1)}
+        self.counts = {N: grams[N]}
+        for k in range(1, N):
+            continuation = Counter()
+            for gram in grams[k + 1]:
+                continuation[gram[1:]] += 1
+            self.counts[k] = continuation
+        self.discounts = {}
+        for k, counts in self.counts.items():
+            n = [sum(1 for c in counts.values() if c == r) for r in range(1, 5)]
+            y = n[0] / (n[0] + 2 * n[1]) if n[0] + n[1] else 0.5  # no count of 1 or 2: the variant's 1/2
+            d = [0.0] + [r - (r + 1) * y * n[r] / n[r - 1] if n[r - 1] else r / 2 for r in (1, 2, 3)]
+            self.discounts[k] = [0.0] + [min(max(d[r], MIN_DISCOUNT), r) for r in (1, 2, 3)]
+
+    def prob(self, history: tuple, w: int, k: int | None = None) -> float:
+        if k is None:
+            k = min(len(history), self.N - 1) + 1
+            history = history[len(history) - (k - 1):] if k > 1 else ()
+        if k == 0:
+            return 1 / self.V
+        counts, D = self.counts[k], self.discounts[k]
+        row = [counts.get(history + (x,), 0) for x in range(self.V)]
+        total = sum(row)
+        lower = self.prob(history[1:], w, k - 1)
+        if total == 0:
+            return lower
+        discount = lambda c: min(D[min(c, 3)], c)  # noqa: E731
+        gamma = sum(discount(c) for c in row) / total
+        return max(row[w] - discount(row[w]), 0) / total + gamma * lower
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 5])
+def test_kneser_ney_matches_independent_implementation(order):
+    V = 9
+    tokens = corpus(V=V)
+    model = NGramLM(V, order).double().fit(torch.tensor(tokens))
+    naive = NaiveKneserNey(tokens, V, order)
+    rng = random.Random(1)
+    # seen contexts, contexts with unseen tokens (V-1, V-2), and histories shorter than N-1
+    width = max(order - 1, 1)
+    histories = [tuple(tokens[i:i + width]) for i in range(0, 60, 7)]
+    histories += [tuple(rng.randrange(V) for _ in range(width)) for _ in range(8)]
+    histories += [tuple(tokens[:j]) for j in range(1, order)]
+    for history in histories:  # the tokens before the prediction: the last one fed, the others as state
+        state = torch.full((1, order - 1), NO_TOKEN)
+        before = history[:-1][-(order - 1):] if order > 1 else ()
+        if before:
+            state[0, order - 1 - len(before):] = torch.tensor(before)
+        logits, _ = model(torch.tensor([[history[-1]]]), state)
+        expected = torch.tensor([naive.prob(history, w) for w in range(V)], dtype=torch.float64)
+        torch.testing.assert_close(logits[0, -1].double().exp(), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_probabilities_sum_to_one_in_every_context_seen_and_unseen():
+    V, order = 12, 4
+    tokens = corpus(V=V)
+    model = NGramLM(V, order).fit(torch.tensor(tokens))
+    contexts = torch.randint(0, V, (500, 10))  # random: most 3-token contexts were never seen
+    contexts[:100] = torch.tensor(tokens[:1000]).view(100, 10)  # seen ones
+    contexts[100:120, -1] = V - 1  # a token absent from the training split
+    for state in (None, torch.full((500, order - 1), NO_TOKEN), contexts[:, :order - 1]):
+        logits, _ = model(contexts, state)
+        sums = logits.double().exp().sum(-1)
+        torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-5, rtol=0)
+        assert torch.isfinite(logits).all()
+    for smoothing in ("add_one",):
+        logits, _ = NGramLM(V, order, smoothing).fit(torch.tensor(tokens))(contexts)
+        torch.testing.assert_close(logits.double().exp().sum(-1), torch.ones(500, 10, dtype=torch.float64),
+                                   atol=1e-5, rtol=0)
+
+
+def test_order_two_add_one_is_the_bigram_baseline():
+    """(count(a, b) + 1) / (count(a) + V), the figure every summary reports as bigram."""
+    V = 9
+    train, val = torch.tensor(corpus(V=V)), torch.tensor(corpus(500, V=V, seed=5))
+    counts = Counter(zip(train[:-1].tolist(), train[1:].tolist()))
+    firsts = Counter(train[:-1].tolist())
+    nll = -sum(math.log((counts[(a, b)] + 1) / (firsts[a] + V)) for a, b in zip(val[:-1].tolist(), val[1:].tolist()))
+    score = score_bigram(train, val, torch.ones(V, dtype=torch.long))
+    assert score.tokens == 499 and score.nll == pytest.approx(nll / 499, rel=1e-6)
+
+
+def test_state_carries_the_last_tokens_and_checkpoints_round_trip():
+    V, order = 9, 4
+    tokens = torch.tensor(corpus(V=V))
+    model = NGramLM(V, order).fit(tokens)
+    sequence = tokens[:50].view(2, 25)
+    whole, state = model(sequence)
+    first, mid = model(sequence[:, :10])
+    rest, state2 = model(sequence[:, 10:], mid)
+    torch.testing.assert_close(torch.cat([first, rest], 1), whole)
+    assert torch.equal(state, sequence[:, -(order - 1):]) and torch.equal(state2, state)
+    assert model.context == order - 1 and model.stored_numbers() == sum(model.keys(k).numel() for k in range(1, 5))
+
+    fresh = NGramLM(V, order)
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(fresh(sequence)[0], whole)
+
+
+def test_counting_a_corpus_is_fast_and_vectorised():
+    import time
+
+    tokens = torch.randint(0, 65, (300_000,))
+    started = time.perf_counter()
+    NGramLM(65, 6).fit(tokens)
+    assert time.perf_counter() - started < 20  # a Python loop over the tokens would take minutes
+
+
+def test_bad_settings_and_a_corpus_shorter_than_one_ngram():
+    with pytest.raises(InvalidSetting, match=r"invalid order=0: must be an integer >= 1"):
+        NGramLM(5, order=0)
+    with pytest.raises(InvalidSetting, match="smoothing"):
+        NGramLM(5, smoothing="witten_bell")
+    with pytest.raises(UserError, match="fewer than one 6-gram"):
+        NGramLM(5, 6).fit(torch.tensor([1, 2, 3]))
