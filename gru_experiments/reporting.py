@@ -349,26 +349,14 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     plt = _figure()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
     for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
-        xs = [i + offset for i in range(len(rungs))]
-        bars = ax.bar(xs, [job.number(key) or 0.0 for job in rungs], 0.4, label=label)
-        for bar, job in zip(bars, rungs):
-            value = job.number(key)
-            ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2,
-                        bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1),
-                        textcoords="offset points")
+        _labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
     if bigram is not None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
     labels = [f"{job.model}\n{(job.number('parameters') or 0) / 1000:,.0f}k" for job in rungs]
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
-    ax.set_ylabel("bits per character (lower is better)")
-    ax.set_title("The ladder: validation bits per character (parameters or stored counts below)")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
+                          path)
 
 
 # --- plots ------------------------------------------------------------------------------
@@ -403,15 +391,22 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
     for i, (key, label) in enumerate(zip(keys, labels)):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
-        heights = [job.number(key) or 0.0 for job in shown]
-        bars = ax.bar(xs, heights, width, label=label)
-        for bar, job in zip(bars, shown):
-            value = job.number(key)
-            ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+        _labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
+    return _save_bpc_bars(plt, fig, ax, "Validation bits per character by inference mode", path)
+
+
+def _labelled_bars(ax, xs, values, width, label) -> None:
+    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
+    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+    for bar, value in zip(bars, values):
+        ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+
+
+def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
     ax.set_ylabel("bits per character (lower is better)")
-    ax.set_title("Validation bits per character by inference mode")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     try:
