@@ -147,3 +147,13 @@ def test_a_checkpoint_may_only_name_a_family_inside_the_package():
         build_model({"_target_": "os.system"}, 5, from_checkpoint=True)
     with pytest.raises(UserError, match="not a LanguageModel"):
         build_model({"_target_": "torch.nn.Linear"}, 5)
+
+
+@pytest.mark.parametrize("family", ["mlp", "ngram"])
+def test_a_finite_context_model_samples_the_same_stateful_and_windowed(family):
+    """It sees its last `context` tokens either way (windowed sampling runs only those)."""
+    model = build(family)
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    stateful, windowed = (sample_tokens(model, prompt, 40, mode, make_chooser(Decoding(), torch.Generator().manual_seed(5)),
+                                        window=50) for mode in ("stateful", "windowed"))
+    assert torch.equal(stateful, windowed)
