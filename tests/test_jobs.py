@@ -4,7 +4,6 @@ and exits non-zero with one line; a bug keeps its traceback."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -16,17 +15,6 @@ from gru_experiments.runs import RunDir
 from robustness_helpers import TINY, run_script
 from wandb_records import offline_runs
 
-
-def finished_run(folder, timeout: float = 30.0):
-    """The one offline W&B run under folder, once its exit record is on disk (W&B's service
-    process may still be writing the file when wandb.finish returns)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = offline_runs(folder)
-        if (len(runs) == 1 and runs[0].exit_code is not None) or time.monotonic() > deadline:
-            (run,) = runs
-            return run
-        time.sleep(0.2)
 
 
 def test_failing_multirun_job_writes_its_record_and_closes_the_wandb_run(compose_config, tmp_path, monkeypatch):
@@ -43,7 +31,7 @@ def test_failing_multirun_job_writes_its_record_and_closes_the_wandb_run(compose
     summary = RunDir(cfg.paths.output_dir).summary()
     assert summary["status"] == "failed" and summary["error"] == "UserError: the corpus vanished"
     assert summary["model"] == "astra_alpha" and "raise UserError" in summary["traceback"]
-    logged = finished_run(cfg.paths.output_dir)
+    (logged,) = offline_runs(cfg.paths.output_dir)
     assert logged.exit_code == 1 and logged.summary["status"] == "failed"
 
 
@@ -59,7 +47,7 @@ def test_a_single_run_records_nothing_and_a_success_closes_the_logger(compose_co
     import wandb
 
     assert wandb.run is None
-    logged = finished_run(cfg.paths.output_dir)
+    (logged,) = offline_runs(cfg.paths.output_dir)
     assert logged.exit_code == 0
 
 
