@@ -1,10 +1,11 @@
 """Throughput of our hand-written recurrence, in float32 and with bf16 matmuls, vs PyTorch's
-nn.GRU / nn.LSTM: whole models, side by side.
+nn.GRU / nn.LSTM / nn.RNN: whole models, side by side.
 
     python benchmarks/bench_recurrence.py                      # all models, ~15 min on a 2-core CPU
     python benchmarks/bench_recurrence.py --quick              # small models, few repetitions, ~1 min
     python benchmarks/bench_recurrence.py --models astra_alpha,leviathan --steps 7 --reference
     python benchmarks/bench_recurrence.py --no-sampling --no-builtin   # only the precision comparison
+    python benchmarks/bench_recurrence.py --models astra_alpha_rnn,astra_beta_rnn   # Elman RNN vs nn.RNN
 
 Both sides are whole language models of the same shape: the same embedding, dropout,
 [LayerNorm] and head around either our layers (`RecurrentLM`, fast path, the default)
@@ -80,6 +81,12 @@ def load_shapes() -> dict[str, Shape]:
         spm = any("tokenizer" in str(d) and "spm" in str(d) for d in cfg.get("defaults", []))
         shapes[model.name] = Shape(model.name, arch.cell, arch.embedding_dim, arch.hidden_size, arch.num_layers,
                                    spm_vocab if spm else 65, arch.get("dropout", 0.1), arch.get("layer_norm", False))
+    # The Elman RNN at Astra-α's and Astra-β's shapes (the ladder's `rnn` config comes from conf/ above).
+    for base in ("astra_alpha", "astra_beta"):
+        if base in shapes:
+            b = shapes[base]
+            shapes[f"{base}_rnn"] = Shape(f"{base}_rnn", "rnn", b.embedding_dim, b.hidden_size, b.num_layers,
+                                          b.vocab_size, b.dropout, b.layer_norm)
     return shapes
 
 
@@ -87,11 +94,11 @@ ORDER = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_bet
 
 
 class BuiltinLM(nn.Module):
-    """The baseline: RecurrentLM's layout around one nn.GRU / nn.LSTM (benchmarks only)."""
+    """The baseline: RecurrentLM's layout around one nn.GRU / nn.LSTM / nn.RNN (benchmarks only)."""
 
     def __init__(self, s: Shape):
         super().__init__()
-        rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[s.cell]
+        rnn = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}[s.cell]  # nn.RNN: tanh, like ours
         self.embedding = nn.Embedding(s.vocab_size, s.embedding_dim)
         # nn.GRU's dropout sits between layers; the one below is the after-last-layer one.
         self.rnn = rnn(s.embedding_dim, s.hidden_size, s.num_layers, batch_first=True,
@@ -299,7 +306,7 @@ def main(argv=None) -> None:
     print(f"load average at the end: {load_average()}; total {time.perf_counter() - started:.0f} s\n")
     print("## Training throughput (tokens/s)\n")
     header = ("| model | ours fp32 | ours bf16 (always) | bf16 / fp32 | ours auto (bf16 weights) | auto / fp32 |"
-              + ("" if args.no_builtin else " nn.GRU / nn.LSTM fp32 | ours fp32 / built-in |"))
+              + ("" if args.no_builtin else " nn.GRU / nn.LSTM / nn.RNN fp32 | ours fp32 / built-in |"))
     rule = "|---|---:|---:|---:|---:|---:|" + ("" if args.no_builtin else "---:|---:|")
     if args.reference:
         header, rule = header + " reference (per-step cells) |", rule + "---:|"

@@ -475,7 +475,8 @@ class _RNNFunction(torch.autograd.Function):
 def _rnn_backward(grad_Y, W_h, Hs, needs, dtypes=(None, None)):
     dtype_x, dtype_h = dtypes
     T, B, H = grad_Y.shape
-    dA = torch.square(Hs[1:]).neg_().add_(1)  # tanh' = 1 − h_t² for all steps; step t turns it into da_t
+    one = torch.ones((), dtype=Hs.dtype, device=Hs.device)
+    dA = torch.addcmul(one, Hs[1:], Hs[1:], value=-1)  # tanh' = 1 − h_t², all steps; step t turns it into da_t
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
     matmul = _StepMatmul(W_h, B, T, dtype_h)
     delta = grad_Y[-1]

@@ -140,10 +140,12 @@ def _train(cfg: DictConfig, current) -> dict:
         "tokenizer": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "parameters": parameters,
+        "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
         "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,
         "val_bpc": val.bpc,
         "tokens_per_second": task.tokens_per_second,  # per process: times world_size under DDP
+        "train_seconds": task.train_seconds,  # the training steps (or the counting) alone
         "train_steps": trainer.global_step,
         "world_size": trainer.world_size,
         "wall_seconds": current.seconds,
