@@ -161,11 +161,17 @@ def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_r
         return h.unsqueeze(1), h
     inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
     dtypes = _matmul_dtypes(precision, x, input_weight, hidden_weight_rz, hidden_weight_candidate)
+    return _run_h_only(_GRUFunction, _gru_forward, inputs, dtypes)
+
+
+def _run_h_only(function, forward, inputs, dtypes):
+    """A layer whose state is its output (GRU, RNN): with grad through its autograd Function,
+    without grad its bare forward (whose first result holds h_0 .. h_T)."""
     if _needs_grad(*inputs):
-        outputs = _GRUFunction.apply(*inputs, dtypes)
+        outputs = function.apply(*inputs, dtypes)
     else:
-        with torch.autocast(x.device.type, enabled=False):
-            outputs = _gru_forward(*inputs, dtypes)[0][1:]
+        with torch.autocast(inputs[0].device.type, enabled=False):
+            outputs = forward(*inputs, dtypes)[0][1:]
     # outputs is time-major; the batch-first view costs nothing. The final state is
     # the last output (a view: its gradient flows into the outputs' gradient).
     return outputs.transpose(0, 1), outputs[-1]
@@ -417,12 +423,7 @@ def rnn_sequence(x, h, input_weight, input_bias, hidden_weight, precision: Matmu
         return h.unsqueeze(1), h
     inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
     dtypes = _matmul_dtypes(precision, x, input_weight, hidden_weight)
-    if _needs_grad(*inputs):
-        outputs = _RNNFunction.apply(*inputs, dtypes)
-    else:
-        with torch.autocast(x.device.type, enabled=False):
-            outputs = _rnn_forward(*inputs, dtypes)[0][1:]
-    return outputs.transpose(0, 1), outputs[-1]
+    return _run_h_only(_RNNFunction, _rnn_forward, inputs, dtypes)
 
 
 def _rnn_one_step(x, h, W_x, b, W_h):
