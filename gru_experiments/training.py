@@ -178,7 +178,7 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
     summary.update(metrics)
     summary["mode_evaluation"] = evaluation.settings
     summary["context_curve"] = evaluation.curve
-    summary["best"] = score_best(cfg, summary, datamodule, val, task.device)
+    summary["best"] = score_best(cfg, summary, datamodule.train_ids, val, task.device)
     samples = side_by_side_samples(
         task.model, task.tokenizer, spellable_prompts(task.tokenizer, STUDY_PROMPTS, datamodule.val_ids),
         max_new_tokens=tokens_for_chars(cfg.evaluation.sample_chars, val),
@@ -206,7 +206,7 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
     return samples
 
 
-def score_best(cfg: DictConfig, summary: dict, datamodule: CorpusDataModule, val: Split, device) -> dict:
+def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device) -> dict:
     """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
     {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
     When the best checkpoint holds the final weights (or there is none: a counted model), its
@@ -221,8 +221,8 @@ def score_best(cfg: DictConfig, summary: dict, datamodule: CorpusDataModule, val
     model = load_checkpoint(path, map_location=device).model.to(device)
     val = val.to(device)
     chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
-    evaluation = evaluate(model, datamodule.train_ids, val, cfg.data.seq_len, cfg.evaluation,
-                          summary["train_tokens"], curve=False)
+    evaluation = evaluate(model, train_ids, val, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
+                          curve=False)
     metrics = evaluation.metrics()
     return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
 
