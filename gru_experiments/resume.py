@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs import LAST_CHECKPOINT, RunDir, newest_run
+from gru_experiments.runs import CHECKPOINTS, LAST_CHECKPOINT, RunDir, newest_run
 
 LAST = "last"
 
@@ -59,7 +59,7 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
 
 
 def _run_of_file(path: Path) -> Path:
-    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return path.parent.parent if path.parent.name == CHECKPOINTS else path.parent
 
 
 @dataclass

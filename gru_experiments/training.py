@@ -104,7 +104,7 @@ def _train(cfg: DictConfig, current) -> dict:
                           callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
     counted_checkpoint = None
     if not model.trainable:  # counted, not trained: count the training split, validate once, save
-        counted_checkpoint = count_and_save(trainer, task, datamodule, run.checkpoint_dir)
+        counted_checkpoint = count_and_save(trainer, task, datamodule, run)
         parameters = count_parameters(model)
         print(f"counted {task.train_tokens:,} training tokens in {task.train_seconds:.2f} s; "
               f"stored numbers: {parameters:,}")
@@ -120,6 +120,7 @@ def _train(cfg: DictConfig, current) -> dict:
             if isinstance(err, NonFiniteWeights):
                 raise  # its message already says which checkpoint was kept
             raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
+        keep_final_weights(trainer, run, (checkpoint, *more_checkpoints))
 
     # The final model on the whole validation split: the last validation pass when it scored
     # these weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more.
@@ -249,7 +250,17 @@ def log_curve_to_wandb(logger, curve: dict, model_name: str) -> None:
     })
 
 
-def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, checkpoint_dir: Path) -> str:
+def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
+    """trainer.max_steps can stop training between two checkpoints (neither an epoch end nor a
+    multiple of checkpoint.every_n_steps); then last.ckpt also gets the final step, so that it
+    holds the weights the summary scores. Every rank takes the same decision (saving is collective)."""
+    saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
+    if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
+        return
+    trainer.save_checkpoint(run.checkpoint)
+
+
+def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> str:
     """A counted model's "training": count the training split (timed: tokens/s), score the
     validation split once (val/loss, val/bpc, history.csv), and save checkpoints/last.ckpt through
     the trainer (atomic, with the tokenizer: sample.py loads it like any other). Returns its path."""
@@ -258,9 +269,8 @@ def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModul
     task.train_seconds = time.perf_counter() - started
     task.train_tokens = datamodule.train_ids.numel()
     trainer.validate(task, datamodule=datamodule, verbose=False)
-    path = Path(checkpoint_dir) / "last.ckpt"
-    trainer.save_checkpoint(path)
-    return str(path)
+    trainer.save_checkpoint(run.checkpoint)
+    return str(run.checkpoint)
 
 
 def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) -> str:

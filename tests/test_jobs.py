@@ -4,7 +4,6 @@ and exits non-zero with one line; a bug keeps its traceback."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
@@ -15,6 +14,7 @@ from gru_experiments.loggers import build_logger
 from gru_experiments.runs import RunDir
 from robustness_helpers import TINY, run_script
 from wandb_records import offline_runs
+
 
 
 def test_failing_multirun_job_writes_its_record_and_closes_the_wandb_run(compose_config, tmp_path, monkeypatch):

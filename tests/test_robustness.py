@@ -294,6 +294,12 @@ def test_checkpoint_writes_are_atomic_and_last_is_a_file(compose_config, tiny_co
     assert {p.name for p in last.parent.iterdir()} == {"last.ckpt", Path(summary["best_checkpoint"]).name}
 
 
+def test_last_checkpoint_holds_the_final_step_when_max_steps_stops_between_checkpoints(compose_config, tiny_corpus):
+    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=8", "model.epochs=2",
+                                   "trainer.max_steps=13", "checkpoint.every_n_steps=3"))
+    assert read_checkpoint(summary["checkpoint"])["global_step"] == summary["train_steps"] == 13
+
+
 def test_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
     path = tmp_path / "last.ckpt"
     atomic_torch_save({"step": 1}, path)

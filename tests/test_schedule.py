@@ -12,6 +12,8 @@ from gru_experiments.lightning_module import CosineSchedule, LanguageModelTask
 from gru_experiments.training import train
 from robustness_helpers import TINY
 
+ON_TRAIN_BATCH_END = LanguageModelTask.on_train_batch_end
+
 
 def fake_trainer(total_steps: int, per_epoch: int) -> SimpleNamespace:
     return SimpleNamespace(estimated_stepping_batches=total_steps, num_training_batches=per_epoch,
@@ -78,3 +80,35 @@ def test_a_300_step_run_ends_with_the_learning_rate_at_the_floor(compose_config,
     assert used[0] == 3e-3 and final["lr"] == 0.0  # the floor
     assert used[-1] < 1e-6  # the last steps already train at almost nothing
     assert all(a >= b for a, b in zip(used, used[1:]))
+
+
+def test_a_resumed_step_schedule_continues_where_it_was(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    """trainer.max_steps=13 of 2 epochs x 8 steps (a schedule in steps), interrupted after step 11,
+    resumed from the checkpoint of step 9: the same learning rates and results as in one go."""
+    from test_resume import Interrupted, interrupt_at, summary_of, weights_of
+
+    base = [*TINY, f"data.path={tiny_corpus}", "data.seq_len=16", "model.steps_per_epoch=8", "model.epochs=2",
+            "trainer.max_steps=13", "checkpoint.every_n_steps=3"]
+    rates = []
+    original = LanguageModelTask.training_step
+    monkeypatch.setattr(LanguageModelTask, "training_step", lambda self, batch, i: rates.append(
+        (self.global_step, self.optimizers().param_groups[0]["lr"])) or original(self, batch, i))
+    uninterrupted = tmp_path / "uninterrupted"
+    train(compose_config(*base, f"paths.output_dir={uninterrupted}"))
+    in_one_go, rates[:] = dict(rates), []
+
+    interrupt_at(monkeypatch, 11)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base))
+    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", ON_TRAIN_BATCH_END)  # no more interruptions
+    rates[:] = []
+    summary = train(compose_config(*base, f"resume={tmp_path / 'run'}"))
+    assert summary["train_steps"] == 13 and summary["resumed_from_step"] == 9
+    assert dict(rates) == {step: in_one_go[step] for step in range(9, 13)}  # bit for bit
+    assert in_one_go[12] < in_one_go[0] / 50  # near the floor at the end
+    resumed, reference = summary_of(tmp_path / "run"), summary_of(uninterrupted)
+    for key in ("train_loss", "val_loss", "stateful_nll", "stateless_nll"):
+        assert resumed[key] == reference[key], key
+    a, b = weights_of(tmp_path / "run"), weights_of(uninterrupted)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,19 @@ def read_run(wandb_file: Path) -> RunRecords:
     return run
 
 
-def offline_runs(folder: Path) -> list[RunRecords]:
-    """Every offline run under folder/wandb/."""
-    return [read_run(path) for path in sorted(Path(folder).glob("wandb/offline-run-*/run-*.wandb"))]
+def offline_runs(folder: Path, wait: float = 30.0) -> list[RunRecords]:
+    """Every offline run under folder/wandb/, each read once its exit record is on disk: wandb.finish
+    can return while W&B's service process is still writing the file. After `wait` seconds (a
+    killed run never gets one) the runs are returned as they are."""
+    deadline, runs = time.monotonic() + wait, []
+    while True:
+        try:
+            runs = [read_run(path) for path in sorted(Path(folder).glob("wandb/offline-run-*/run-*.wandb"))]
+            if all(run.exit_code is not None for run in runs):
+                return runs
+        except Exception:  # a file still being written (no header yet, half a record)
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
