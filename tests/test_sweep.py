@@ -83,6 +83,10 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
         assert run.name == row["model"] and run.group == "smoke_study" and run.exit_code == 0
         assert run.summary["val_bpc"] == pytest.approx(float(row["val_bpc"]))
         assert len(run.series("val/bpc")) == 2 and len(run.series("train/loss")) > 0  # 2 epochs
+        assert len(run.series("val/stateful_bpc")) == 2 and len(run.series("val/stateless_bpc")) == 2
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert run.series("context_curve/1") == [pytest.approx(summary["context_curve"]["1"])]
+        assert any("context_curve/plot_table" in entry for entry in run.history)  # the W&B line plot
     [summary_run] = offline_runs(sweep)
     [table] = [entry["results"] for entry in summary_run.history if "results" in entry]
     assert summary_run.group == "smoke_study" and table["nrows"] == 6
