@@ -359,10 +359,14 @@ def _figure():
 
 
 def _save(fig, path: Path) -> Path:
+    """Write the figure as a PNG (atomically) and close it, also when writing fails."""
     # No timestamp in the PNG metadata: the same results give the same bytes.
-    with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
-        fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-    return path
+    try:
+        with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
+            fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        return path
+    finally:
+        _figure().close(fig)
 
 
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
@@ -391,10 +395,7 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set_title("Validation bits per character by inference mode")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
@@ -418,10 +419,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
     for ax in (train_ax, val_ax):
         ax.grid(alpha=0.3)
     train_ax.legend(fontsize=7)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
@@ -478,10 +476,7 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
            ylabel="bits per character (lower is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
@@ -517,10 +512,7 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set(title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 # --- the whole report -------------------------------------------------------------------
