@@ -155,6 +155,7 @@ def _train(cfg: DictConfig, current) -> dict:
     if trainer.is_global_zero:
         samples = evaluate_inference_modes(cfg, task, datamodule, val_split, summary, logger,
                                            stateful=task.last_mode_scores.get("stateful") if val_is_final else None)
+        summary["wall_seconds"] = current.seconds  # the whole run, the evaluation included
         run.write_summary(summary)
         run.write_samples(samples)
         if is_wandb(logger):
