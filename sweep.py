@@ -4,9 +4,10 @@
     python sweep.py preset=smoke                      # every model for a few steps (minutes on a CPU)
     python sweep.py leviathan=true                    # ... and the Leviathan LSTM
     python sweep.py models=[astra_alpha,scribe_alpha] data.path=my.txt logger=csv
+    python sweep.py models=ladder                     # the language-model ladder (conf/sweep.yaml model_sets)
     python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
 
-sweep.py's own keys are in conf/sweep.yaml (models, leviathan, report). Every other argument is
+sweep.py's own keys are in conf/sweep.yaml (models, model_sets, leviathan, report). Every other argument is
 a train.py override and applies to every job: preset=..., data.path=..., trainer=ddp, logger=...,
 hydra/launcher=parallel|slurm, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
 The report (report.md, results.csv, plots) goes into the sweep folder; with W&B it also goes to a
@@ -44,7 +45,9 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         else:
             overrides.append(arg)
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
-    if isinstance(settings.models, str):  # models=a,b as well as models=[a,b]
+    if isinstance(settings.models, str) and settings.models in settings.model_sets:  # models=ladder
+        settings.models = list(settings.model_sets[settings.models])
+    elif isinstance(settings.models, str):  # models=a,b as well as models=[a,b]
         settings.models = [name.strip() for name in settings.models.split(",") if name.strip()]
     known = sorted(path.stem for path in (CONF / "model").glob("*.yaml"))
     unknown = [name for name in settings.models if name not in known]

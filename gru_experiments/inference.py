@@ -165,6 +165,8 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
         if mode == "windowed":
             if window is None:
                 raise ValueError("windowed sampling needs a window (tokens of context)")
+            if getattr(model, "context", None) is not None:  # it sees at most `context` tokens of any window
+                window = max(1, min(window, model.context))
             return sample_windowed(model, prompt, max_new_tokens, choose, window)
         raise ValueError(f"unknown inference mode {mode!r}; choose one of {MODES}")
 

@@ -36,6 +36,7 @@ from gru_experiments.runs import RunDir
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
 PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"
+PLOT_LADDER = "ladder.png"
 
 # (column, header in report.md, format); results.csv has every column of COLUMNS.
 TABLE = [
@@ -297,6 +298,7 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += ["| " + " | ".join(_cell(job, key, fmt) for key, _, fmt in TABLE) + " |" for job in jobs]
     missing = _missing_lines(jobs, plots)
     lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
+    lines += ladder_section(jobs, plots)
     lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
     lines += _best_section(jobs)
     lines += ["## Context curve", "",
@@ -348,6 +350,69 @@ def _best_section(jobs: list[JobResult]) -> list[str]:
     return lines + [""]
 
 
+# --- the ladder: models of several families side by side ----------------------------------
+def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
+    """The completed jobs, in launch order, when they span more than one model family (the
+    summary's "cell": gru, lstm, rnn, mlp, ngram); [] for a sweep of one family."""
+    done = [job for job in jobs if job.status == "completed"]
+    return done if len({job.values.get("cell") for job in done}) > 1 else []
+
+
+def _context(job: JobResult) -> str:
+    if "context" not in job.values:
+        return MISSING
+    return "unbounded" if job.values["context"] is None else f"{job.values['context']:,}"
+
+
+LADDER_COLUMNS = ["model", "family", "context (tokens)", "parameters", "stateful bpc", "stateless bpc",
+                  "windowed bpc", "training time"]
+
+
+def ladder_rows(jobs: list[JobResult]) -> list[list[str]]:
+    number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
+    return [[_escape(job.model), _escape(str(job.values.get("cell") or MISSING)), _context(job),
+             number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
+             number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
+             number(job, "train_seconds", format_duration)] for job in ladder_jobs(jobs)]
+
+
+def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
+    rows = ladder_rows(jobs)
+    if not rows:
+        return []
+    lines = ["", "## The ladder", "",
+             "Each model family side by side: validation bits per character with the state carried (stateful) "
+             "and reset at every step (stateless: only the last token is seen), and with the last "
+             "`evaluation.window` tokens (windowed). Parameters: trainable ones; for an n-gram, the counts it "
+             "stores. Training time: the training steps alone; for an n-gram, counting the training split.", "",
+             "| " + " | ".join(LADDER_COLUMNS) + " |", "|---|---|" + "--:|" * (len(LADDER_COLUMNS) - 2)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    bigram = next((job.number("bigram_bpc") for job in ladder_jobs(jobs) if job.number("bigram_bpc")), None)
+    if bigram is not None:
+        lines += ["", f"Baseline: the add-one bigram table of the training split, {bigram:.4f} bits per character."]
+    lines += ["", f"![the ladder: stateful and stateless bits per character]({PLOT_LADDER})" if PLOT_LADDER in plots
+              else f"{MISSING} no ladder plot."]
+    return lines
+
+
+def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
+    """Stateful and stateless bpc of every rung, the bigram baseline as a line."""
+    rungs = [job for job in ladder_jobs(jobs) if job.number("stateful_bpc") is not None]
+    if not rungs:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
+    for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
+        _labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
+    bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
+    if bigram is not None:
+        ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
+    labels = [f"{job.model}\n{(job.number('parameters') or 0) / 1000:,.0f}k" for job in rungs]
+    ax.set_xticks(range(len(rungs)), labels, fontsize=8)
+    return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
+                          path)
+
+
 # --- plots ------------------------------------------------------------------------------
 def _figure():
     import matplotlib
@@ -384,15 +449,22 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
     for i, (key, label) in enumerate(zip(keys, labels)):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
-        heights = [job.number(key) or 0.0 for job in shown]
-        bars = ax.bar(xs, heights, width, label=label)
-        for bar, job in zip(bars, shown):
-            value = job.number(key)
-            ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+        _labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
+    return _save_bpc_bars(plt, fig, ax, "Validation bits per character by inference mode", path)
+
+
+def _labelled_bars(ax, xs, values, width, label) -> None:
+    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
+    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+    for bar, value in zip(bars, values):
+        ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+
+
+def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
     ax.set_ylabel("bits per character (lower is better)")
-    ax.set_title("Validation bits per character by inference mode")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -522,7 +594,7 @@ def build_report(sweep_dir) -> Report:
     sweep_dir = Path(sweep_dir).resolve()
     jobs, overrides = collect(sweep_dir)
     plots = {}
-    for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves),
+    for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves), (PLOT_LADDER, plot_ladder),
                        (PLOT_CONTEXT, plot_context_curve), (PLOT_MODES, plot_modes_over_training)):
         if (written := plot(jobs, sweep_dir / name)) is not None:
             plots[name] = written

@@ -23,6 +23,7 @@ from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
 from gru_experiments.jobs import job
 from gru_experiments.loggers import build_logger, is_wandb
 from gru_experiments.language_model import count_parameters
+from gru_experiments.precision import apply_matmul_precision
 from gru_experiments.resume import resume_point
 from gru_experiments.runs import RunDir
 
@@ -102,6 +103,10 @@ def _train(cfg: DictConfig, current) -> dict:
     history = MetricsHistory(run.history_file)  # learning curves for the sweep report
     trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
                           callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
+    # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
+    precision_used = apply_matmul_precision(model, cfg.get("low_precision_matmuls") or "never",
+                                            cfg.trainer.get("precision"), trainer)
+    print(f"precision: {precision_used['precision']}, matmuls in {precision_used['matmul_dtype']}")
     counted_checkpoint = None
     if not model.trainable:  # counted, not trained: count the training split, validate once, save
         counted_checkpoint = count_and_save(trainer, task, datamodule, run)
@@ -138,14 +143,17 @@ def _train(cfg: DictConfig, current) -> dict:
         "tokenizer": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "parameters": parameters,
+        "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
         "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,
         "val_bpc": val.bpc,
         "tokens_per_second": task.tokens_per_second,  # per process: times world_size under DDP
+        "train_seconds": task.train_seconds,  # the training steps (or the counting) alone
         "train_steps": trainer.global_step,
         "world_size": trainer.world_size,
         "wall_seconds": current.seconds,
         "device": str(trainer.strategy.root_device),
+        **precision_used,
         "checkpoint": counted_checkpoint or next(
             (c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path), None),
         "best_checkpoint": checkpoint.best_model_path or None,

@@ -109,12 +109,16 @@ def test_train_writes_a_gru_runs_outputs_and_sample_py_loads_it(compose_config, 
         assert f"=== 'MARÍA: ' [{mode}, sample 1/1]" in result.stdout
 
 
-def test_ngram_on_sentencepiece_tokens(compose_config, tiny_corpus):
-    cfg = compose_config("model=ngram3", "tokenizer=spm", "tokenizer.vocab_size=80", f"data.path={tiny_corpus}",
-                         "data.seq_len=16", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false")
+@pytest.mark.parametrize("model", ["ngram3", "mlp", "rnn"])
+def test_every_family_on_sentencepiece_tokens(compose_config, tiny_corpus, model):
+    recipe = [] if model.startswith("ngram") else ["trainer.max_steps=3", "data.batch_size=4"]
+    cfg = compose_config(f"model={model}", "tokenizer=spm", "tokenizer.vocab_size=80", f"data.path={tiny_corpus}",
+                         "data.seq_len=16", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", *recipe)
     summary = train(cfg)
     assert summary["tokenizer"] == "spm" and summary["vocab_size"] == 80
-    assert 0 < summary["stateful_bpc"] < summary["bigram_bpc"]
+    assert all(summary[f"{mode}_bpc"] > 0 for mode in ("stateful", "stateless", "windowed", "bigram"))
+    if model.startswith("ngram"):
+        assert summary["stateful_bpc"] < summary["bigram_bpc"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -143,3 +147,13 @@ def test_a_checkpoint_may_only_name_a_family_inside_the_package():
         build_model({"_target_": "os.system"}, 5, from_checkpoint=True)
     with pytest.raises(UserError, match="not a LanguageModel"):
         build_model({"_target_": "torch.nn.Linear"}, 5)
+
+
+@pytest.mark.parametrize("family", ["mlp", "ngram"])
+def test_a_finite_context_model_samples_the_same_stateful_and_windowed(family):
+    """It sees its last `context` tokens either way (windowed sampling runs only those)."""
+    model = build(family)
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    stateful, windowed = (sample_tokens(model, prompt, 40, mode, make_chooser(Decoding(), torch.Generator().manual_seed(5)),
+                                        window=50) for mode in ("stateful", "windowed"))
+    assert torch.equal(stateful, windowed)

@@ -204,3 +204,25 @@ def test_wandb_summary_run_carries_table_and_plots(tmp_path, monkeypatch):
     assert run.summary["jobs_completed"] == 1 and run.summary["jobs_not_completed"] == 1
     table = json.loads(next(sweep.glob("wandb/offline-run-*/files/" + logged["results"]["path"])).read_text())
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["completed", "failed"]
+
+
+def test_ladder_table_and_plot_for_a_sweep_of_several_families(tmp_path):
+    sweep = tmp_path / "ladder"
+    make_job(sweep, 0, "ngram3", cell="ngram", summary=completed("ngram3", "ngram", "char", 2.9, context=2,
+                                                                   parameters=12_673, train_seconds=0.9))
+    make_job(sweep, 1, "mlp", cell="mlp", summary=completed("mlp", "mlp", "char", 2.6, context=16,
+                                                            parameters=86_773, train_seconds=95.0))
+    make_job(sweep, 2, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.3, context=None,
+                                                        train_seconds=200.0))
+    report = build_report(sweep)
+    text = report.files["report.md"].read_text()
+    assert "## The ladder" in text
+    assert "| ngram3 | ngram | 2 | 12,673 | 2.8500 | 4.1000 | 2.9000 | 0.9 s |" in text
+    assert "| mlp | mlp | 16 | 86,773 | 2.5500 | 3.8000 | 2.6000 | 1 min 35 s |" in text
+    assert "| astra_alpha | gru | unbounded | 86,913 | 2.2500 | 3.5000 | 2.3000 | 3 min 20 s |" in text
+    assert_valid_png(report.files["ladder.png"])
+
+    single = tmp_path / "gru_only"
+    make_job(single, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.3))
+    report = build_report(single)
+    assert "## The ladder" not in report.files["report.md"].read_text() and "ladder.png" not in report.files
