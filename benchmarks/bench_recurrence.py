@@ -1,8 +1,10 @@
-"""Throughput of our hand-written recurrence vs PyTorch's nn.GRU / nn.LSTM / nn.RNN, whole models, side by side.
+"""Throughput of our hand-written recurrence, in float32 and with bf16 matmuls, vs PyTorch's
+nn.GRU / nn.LSTM / nn.RNN: whole models, side by side.
 
-    python benchmarks/bench_recurrence.py                      # all models, ~10 min on a 2-core CPU
+    python benchmarks/bench_recurrence.py                      # all models, ~15 min on a 2-core CPU
     python benchmarks/bench_recurrence.py --quick              # small models, few repetitions, ~1 min
     python benchmarks/bench_recurrence.py --models astra_alpha,leviathan --steps 7 --reference
+    python benchmarks/bench_recurrence.py --no-sampling --no-builtin   # only the precision comparison
     python benchmarks/bench_recurrence.py --models astra_alpha_rnn,astra_beta_rnn   # Elman RNN vs nn.RNN
 
 Both sides are whole language models of the same shape: the same embedding, dropout,
@@ -12,9 +14,11 @@ applies the reset gate before the candidate matmul, PyTorch's after), only the s
 shape and cost class; the LSTMs differ only in nn.LSTM's extra hidden-side bias.
 
 Training: one step = forward + cross-entropy + backward + AdamW step, on random tokens
-(batch 64, sequence 128 by default). Ours and built-in alternate step by step after a
-warm-up (A B B A A B ...), so load from other processes on a shared machine hits both
-alike; the table reports medians. `--reference` also times the readable per-step
+(batch 64, sequence 128 by default). Ours in float32 (`trainer.precision=32-true`), ours
+with bf16 matmul inputs at every weight (`low_precision_matmuls=always`), ours as
+`low_precision_matmuls=auto` picks on this machine, and built-in (float32) alternate step
+by step after a warm-up (A B C D D C B A ...), so load from other processes on a shared
+machine hits all alike; the table reports medians and the ratios within the run. `--reference` also times the readable per-step
 reference layers (the notebook-style number), for context.
 
 Sampling: stateful, one token at a time: `model(tokens[:, -1:], state)` carrying the
@@ -41,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gru_experiments.model import RecurrentLM  # noqa: E402
+from gru_experiments.precision import MatmulPrecision, has_fast_bf16, resolve  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -108,12 +113,17 @@ class BuiltinLM(nn.Module):
 
 
 def build(kind: str, s: Shape, device) -> nn.Module:
+    """kind: builtin | reference | ours (float32) | bf16 (every weight) | auto (as
+    low_precision_matmuls=auto picks on this device)."""
     if kind == "builtin":
-        model = BuiltinLM(s)
-    else:
-        model = RecurrentLM(s.vocab_size, s.cell, s.embedding_dim, s.hidden_size, s.num_layers, s.dropout,
-                            s.layer_norm, implementation="fast" if kind == "ours" else "reference")
-    return model.to(device)
+        return BuiltinLM(s).to(device)
+    model = RecurrentLM(s.vocab_size, s.cell, s.embedding_dim, s.hidden_size, s.num_layers, s.dropout,
+                        s.layer_norm, implementation="reference" if kind == "reference" else "fast").to(device)
+    if kind == "bf16":
+        model.set_matmul_precision(MatmulPrecision())
+    elif kind == "auto":
+        model.set_matmul_precision(resolve("auto", None, device))
+    return model
 
 
 def sync(device) -> None:
@@ -216,6 +226,7 @@ def main(argv=None) -> None:
     p.add_argument("--lengths", default=None, help="two sampling lengths, e.g. 50,200 (default 16,64; --quick 8,32)")
     p.add_argument("--sample-repeats", type=int, default=3)
     p.add_argument("--no-sampling", action="store_true")
+    p.add_argument("--no-builtin", action="store_true", help="leave out nn.GRU / nn.LSTM (training table)")
     p.add_argument("--reference", action="store_true", help="also time the readable reference (training, 2 steps)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
@@ -235,6 +246,7 @@ def main(argv=None) -> None:
 
     print("## Machine\n")
     print(machine_info(device))
+    print(f"- fast bf16 on this device (what low_precision_matmuls=auto looks for): {has_fast_bf16(device)}")
     print(f"\nbatch {args.batch}, sequence {args.seq_len}; training step = forward + backward + AdamW; "
           f"medians of interleaved repetitions\n", flush=True)
 
@@ -245,7 +257,11 @@ def main(argv=None) -> None:
         big = s.hidden_size >= 768
         steps = args.steps or (3 if args.quick or big else 7)
         torch.manual_seed(0)
-        models = {kind: build(kind, s, device) for kind in ("ours", "builtin")}
+        kinds = ("ours", "bf16", "auto") + (() if args.no_builtin else ("builtin",))
+        models = {kind: build(kind, s, device) for kind in kinds}
+        for kind in kinds[1:]:
+            if kind != "builtin":
+                models[kind].load_state_dict(models["ours"].state_dict())
         trainers = {kind: Trainer(m, s, args.batch, args.seq_len, device) for kind, m in models.items()}
         t0 = time.perf_counter()
         sec = interleaved({k: tr.step for k, tr in trainers.items()}, steps)
@@ -256,9 +272,15 @@ def main(argv=None) -> None:
             ref_sec = interleaved({"reference": reference.step}, 2 if not big else 1)["reference"]
             ref = f" {fmt(tokens / ref_sec)} |"
             del reference
-        ratio = sec["builtin"] / sec["ours"]
-        train_rows.append(f"| {s.describe()} | {fmt(tokens / sec['ours'])} | {fmt(tokens / sec['builtin'])} | "
-                          f"**{ratio:.2f}x** |{ref}")
+        auto_bf16 = models["auto"].low_precision_weights()
+        auto_picks = "none" if not auto_bf16 else (
+            "all" if len(auto_bf16) == len(models["bf16"].low_precision_weights()) else
+            f"{len(auto_bf16)} of {len(models['bf16'].low_precision_weights())}")
+        builtin = "" if args.no_builtin else (f" {fmt(tokens / sec['builtin'])} | "
+                                              f"{sec['builtin'] / sec['ours']:.2f}x |")
+        train_rows.append(f"| {s.describe()} | {fmt(tokens / sec['ours'])} | {fmt(tokens / sec['bf16'])} | "
+                          f"**{sec['ours'] / sec['bf16']:.2f}x** | {fmt(tokens / sec['auto'])} ({auto_picks}) | "
+                          f"**{sec['ours'] / sec['auto']:.2f}x** |{builtin}{ref}")
         print(train_rows[-1] + f"  ({steps} steps each, {time.perf_counter() - t0:.0f} s, load {load_average()})",
               file=sys.stderr, flush=True)
 
@@ -268,6 +290,7 @@ def main(argv=None) -> None:
             for batch in (1, 64):
                 fns = {}
                 for kind in ("ours", "builtin"):
+                    models.setdefault(kind, build(kind, s, device))
                     for length in lengths:
                         fns[(kind, length)] = (lambda m=models[kind], b=batch, n=length:
                                                sample_seconds(m, s, b, n, device))
@@ -282,8 +305,9 @@ def main(argv=None) -> None:
 
     print(f"load average at the end: {load_average()}; total {time.perf_counter() - started:.0f} s\n")
     print("## Training throughput (tokens/s)\n")
-    header = "| model | ours (fast) | nn.GRU / nn.LSTM / nn.RNN | ours / built-in |"
-    rule = "|---|---:|---:|---:|"
+    header = ("| model | ours fp32 | ours bf16 (always) | bf16 / fp32 | ours auto (bf16 weights) | auto / fp32 |"
+              + ("" if args.no_builtin else " nn.GRU / nn.LSTM / nn.RNN fp32 | ours fp32 / built-in |"))
+    rule = "|---|---:|---:|---:|---:|---:|" + ("" if args.no_builtin else "---:|---:|")
     if args.reference:
         header, rule = header + " reference (per-step cells) |", rule + "---:|"
     print(header)
@@ -291,7 +315,7 @@ def main(argv=None) -> None:
     print("\n".join(train_rows))
     if sample_rows:
         a, b = lengths
-        print(f"\n## Stateful sampling (tokens/s, generating {a} / {b} tokens)\n")
+        print(f"\n## Stateful sampling, float32 (tokens/s, generating {a} / {b} tokens)\n")
         print("| model | ours, batch 1 | built-in, batch 1 | ours, batch 64 | built-in, batch 64 |")
         print("|---|---:|---:|---:|---:|")
         print("\n".join(sample_rows))

@@ -13,7 +13,9 @@ The GRU and RNN state is a tensor h of shape (B, H); the LSTM state is a tuple (
 `forward` runs the sequence with `implementation="reference"` (a loop over `step`)
 or `"fast"`: the layer's `fast_sequence` (see `fast_recurrence.py`), which computes the
 same function faster; tests hold the two to 1e-5 in outputs and gradients. A layer
-without a fast path (`fast_sequence = None`) runs its readable loop either way.
+without a fast path (`fast_sequence = None`) runs its readable loop either way. A layer's
+`matmul_precision` (None, or a `precision.MatmulPrecision`) lets the fast path take bf16
+matmul inputs; the readable loop never does.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class RecurrentLayer(nn.Module):
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.implementation = implementation
+        self.matmul_precision = None  # fast path only: which matmuls take bf16 inputs (precision.py)
 
     def reset_parameters(self) -> None:
         # PyTorch's recurrent default: every weight and bias uniform in ±1/sqrt(H).
@@ -114,7 +117,7 @@ class GRULayer(RecurrentLayer):
 
     def fast_sequence(self, x: Tensor, h: Tensor):
         return fast_recurrence.gru_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight_rz,
-                                            self.hidden_bias_rz, self.hidden_weight_candidate)
+                                            self.hidden_bias_rz, self.hidden_weight_candidate, self.matmul_precision)
 
 
 class LSTMLayer(RecurrentLayer):
@@ -158,7 +161,8 @@ class LSTMLayer(RecurrentLayer):
         return h_next, (h_next, c_next)
 
     def fast_sequence(self, x: Tensor, state: tuple[Tensor, Tensor]):
-        return fast_recurrence.lstm_sequence(x, state, self.input_weight, self.input_bias, self.hidden_weight)
+        return fast_recurrence.lstm_sequence(x, state, self.input_weight, self.input_bias, self.hidden_weight,
+                                             self.matmul_precision)
 
 
 class RNNLayer(RecurrentLayer):
@@ -187,7 +191,8 @@ class RNNLayer(RecurrentLayer):
         return h_next, h_next
 
     def fast_sequence(self, x: Tensor, h: Tensor):
-        return fast_recurrence.rnn_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight)
+        return fast_recurrence.rnn_sequence(x, h, self.input_weight, self.input_bias, self.hidden_weight,
+                                            self.matmul_precision)
 
 
 CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}

@@ -63,6 +63,8 @@ TRAIN_RULES = [
     Rule("weight_decay", non_negative_number, "a number >= 0"),
     Rule("trainer.max_steps", lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
     Rule("trainer.gradient_clip_val", non_negative_number, "a number >= 0", optional=True),
+    Rule("low_precision_matmuls", lambda v: v in ("auto", "always", "never"), "auto, always or never",
+         optional=True),
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
 ]
 

@@ -1,97 +1,20 @@
-r"""Fast paths for the layers in `cells.py`: the same formulas, fewer and bigger ops.
+"""Fast paths for the layers in `cells.py`: the same formulas, fewer and bigger ops.
 
-Where the time goes
--------------------
-The readable `step` does six small matmuls per GRU time step, and autograd records
-~20 nodes per step; at the study's shapes (B=64, T=128, H<=768) on a CPU the
-per-op overhead of recording, and of replaying every node backwards, costs as much
-as the arithmetic. So this module:
+`gru_sequence` and `lstm_sequence` run one layer over a whole sequence. With grad, each is
+one custom `torch.autograd.Function`: the forward does the input side of all T steps as
+one matmul and loops only over the hidden side, keeping every step's gates in one buffer;
+the backward walks the hidden-state recurrence backwards and gets every weight gradient as
+one matmul over all steps. Without grad the same forward runs bare, and a single step
+(stateful sampling) takes a shortcut with the fewest ops.
 
-1. runs each layer as one custom `torch.autograd.Function` whose forward runs under
-   no_grad: the input side of all T steps is one matmul (biases folded in), and the
-   loop adds each step's hidden side into that same buffer in place and applies the
-   activations there, so it ends up holding every step's gates — the only large
-   tensors saved besides h (and c): GRU [r | z | h̃], LSTM [i | f | g | o].
-   (r ⊙ h and tanh c are recomputed in backward, one pass each.) No torch.stack;
-2. whose backward walks only the *hidden state* recurrence backwards step by step (the
-   truly sequential part), writing the gate pre-activation gradients dA_t into one
-   (T, B, ·) buffer, then gets every weight gradient as a single matmul over all
-   time steps:  dW = dAᵀ · H_prev  with dA viewed as (T·B, ·) — one big GEMM
-   instead of T small ones; dA is also the gradient of the input projection, so
-   dx = dA·W_x, dW_x = dAᵀ·X and db = Σ dA are one matmul (one sum) each;
-3. precomputes, vectorised over all T before the backward loop, every factor of the
-   backward that does not depend on the incoming gradient (σ'(·), tanh'(·) products,
-   with aten's fused sigmoid_backward/tanh_backward), *into the dA buffer itself*:
-   step t multiplies its own K_t by δ in place, so the loop does ~6 ops per step and
-   allocates no (T, B, ·) temporaries. (Fresh large buffers are not free: first-touch
-   page faults cost ~3 µs per 4 KiB page on the VM this was measured on, as much as
-   several passes over the memory.)
-4. runs each step's hidden matmul through `_StepMatmul`: for big weights, MKL's packed
-   GEMM (the weight reordered once per sequence instead of once per step — 2x on the
-   LSTM's (64×1024)·(1024×4096)); for small ones a contiguous copy of Wᵀ.
+Optionally (`precision`, a `MatmulPrecision`, or autocast) the matmuls take bf16 inputs,
+with the weights cast once per sequence; the hidden state, the gate pre-activations and
+the pointwise math stay in the computation's dtype (float32).
 
-Tensors are kept time-major (T, B, ·) inside, so a step's slice is contiguous; a layer
-returns a (B, T, H) *view* of its time-major output, which makes the next layer's
-time-major input free. Without grad (evaluation) the same forward kernel runs without
-the autograd.Function around it; a single step without grad (stateful sampling, one
-token at a time) takes a shortcut with the fewest ops, so the cost per sampled token
-is constant and close to PyTorch's built-in GRU's.
-
-The backward equations
-----------------------
-Notation: for each step t, h = h_{t-1}, h' = h_t, and δ = ∂L/∂h_t *in total*, i.e. the
-gradient arriving from the output y_t = h_t plus the one carried back from step t+1.
-P_t is the projected input (input side + all biases, X·W_xᵀ + b), split like the gates.
-
-GRU (the study's variant: reset applied to h *before* the candidate matmul)::
-
-    a_r = P_r + W_rh·h        r = σ(a_r)
-    a_z = P_z + W_zh·h        z = σ(a_z)
-    q   = r ⊙ h
-    a_c = P_c + W_h·q         h̃ = tanh(a_c)
-    h'  = (1 − z) ⊙ h + z ⊙ h̃   (computed as lerp(h, h̃, z) = h + z ⊙ (h̃ − h))
-
-Backward, with σ' = σ(1 − σ) and tanh' = 1 − tanh²::
-
-    da_z = δ ⊙ (h̃ − h) ⊙ z(1 − z)             = δ ⊙ K_z,   K_z = (h̃ − h) z (1 − z)
-    da_c = δ ⊙ z ⊙ (1 − h̃²)                   = δ ⊙ K_c,   K_c = z (1 − h̃²)
-    dq   = W_hᵀ·da_c                            (row form: dq = da_c @ W_h)
-    # q = r ⊙ h: the reset gate and h both receive gradient through the product
-    da_r = dq ⊙ h ⊙ r(1 − r)                  = dq ⊙ K_r,  K_r = h r (1 − r)
-    δ_{t-1} = δ ⊙ (1 − z)                      direct path through the interpolation
-            + dq ⊙ r                          through q = r ⊙ h (the reset path)
-            + [da_r | da_z] @ [W_rh ; W_zh]   through both gates' hidden matmuls
-            + ∂L/∂y_{t-1}
-
-    dW_h          = Σ_t da_cᵀ q_t              one (H, T·B)×(T·B, H) matmul
-    [dW_rh; dW_zh] = Σ_t [da_r|da_z]ᵀ h_{t-1}  one (2H, T·B)×(T·B, H) matmul
-    dP_t = [da_r | da_z | da_c]                → dW_x = dPᵀX, dx = dP·W_x, db_x = Σ dP, [db_r; db_z] = Σ [da_r|da_z]
-    dh_0 = δ_0 after the last backward step.
-
-LSTM (one bias per gate, input side; gate rows [i | f | g | o])::
-
-    [a_i, a_f, a_g, a_o] = P + W·h;  i, f, o = σ(·), g = tanh(a_g)
-    c' = f ⊙ c + i ⊙ g;   h' = o ⊙ tanh(c')
-
-Backward, with δ = ∂L/∂h_t in total and γ = ∂L/∂c_t arriving from step t+1 (or
-from the final state c_T)::
-
-    γ    += δ ⊙ o ⊙ (1 − tanh²c')             = δ ⊙ K_c,  K_c = o (1 − tanh² c')
-    da_o  = δ ⊙ tanh c' ⊙ o(1 − o)            = δ ⊙ K_o
-    da_i  = γ ⊙ g ⊙ i(1 − i)                  = γ ⊙ K_i
-    da_f  = γ ⊙ c ⊙ f(1 − f)                  = γ ⊙ K_f
-    da_g  = γ ⊙ i ⊙ (1 − g²)                  = γ ⊙ K_g
-    γ_{t-1} = γ ⊙ f
-    δ_{t-1} = dA_t @ W + ∂L/∂y_{t-1}
-    dW = Σ_t dA_tᵀ h_{t-1}   (one matmul);  dW_x = dAᵀX, dx = dA·W_x, db = Σ dA;
-    dh_0 = δ_0, dc_0 = γ_0.
-
-Dtypes and devices: nothing here names a device; the loop runs in autocast's dtype
-when autocast is on (bf16/fp16: input, weights and initial state are cast to it
-*outside* the Function, so autograd casts their gradients back), else in the input's.
-The Function turns autocast off inside, because out=/in-place ops and autocast don't mix.
+The derivation of the backward equations, the design and the measurements behind it:
+docs/performance.md. tests/test_fast_recurrence.py holds this to the readable reference
+(`cells.py`, `step`) within 1e-5 in float32, and the bf16 path within a stated tolerance.
 Double backward is not supported (`once_differentiable`).
-tests/test_fast_recurrence.py holds all of this to the reference within 1e-5.
 """
 
 from __future__ import annotations
@@ -100,25 +23,30 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from gru_experiments.precision import MatmulPrecision, autocast_precision
+
 
 # ------------------------------------------------------------------------------- helpers
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the recurrence runs in: autocast's when it is on (the reference's
-    matmuls would run in it too), else the input's."""
-    device = x.device.type
-    try:
-        if torch.is_autocast_enabled(device):
-            return torch.get_autocast_dtype(device)
-    except TypeError:  # torch < 2.4 spells these per device
-        if device == "cpu" and torch.is_autocast_cpu_enabled():
-            return torch.get_autocast_cpu_dtype()
-        if device == "cuda" and torch.is_autocast_enabled():
-            return torch.get_autocast_gpu_dtype()
-    return x.dtype
+def _matmul_dtypes(precision: MatmulPrecision | None, x: Tensor, *weights: Tensor) -> tuple:
+    """Per weight: the dtype its matmuls take their inputs in, or None for the computation's
+    own dtype (x's). `precision` None: autocast's when it is on, else none."""
+    precision = precision or autocast_precision(x.device.type)
+    if precision is None:
+        return (None,) * len(weights)
+    dtypes = (precision.for_weight(w) for w in weights)
+    return tuple(None if d == x.dtype else d for d in dtypes)
+
+
+def _mm_t(a: Tensor, b: Tensor, a_low: Tensor | None, dtype: torch.dtype | None) -> Tensor:
+    """aᵀ·b (a weight gradient over all T·B rows), in `dtype` if given (a_low: a, already
+    cast), returned in a's dtype."""
+    if dtype is None:
+        return a.t().mm(b)
+    return a_low.t().mm(b.to(dtype)).to(a.dtype)
 
 
 def _time_major(x: Tensor) -> Tensor:
@@ -128,28 +56,38 @@ def _time_major(x: Tensor) -> Tensor:
     return x.transpose(0, 1).reshape(T * B, I)
 
 
-def _input_side_grads(dA: Tensor, X: Tensor, W_x: Tensor, x_shape, needs_x: bool, needs_W: bool, needs_b: bool):
+def _input_side_grads(dA: Tensor, dA_low: Tensor | None, X: Tensor, W_x: Tensor, x_shape, needs_x: bool,
+                      needs_W: bool, needs_b: bool):
     """Gradients of the input projection A = X·W_xᵀ + b: each one matmul (or one sum)
-    over all T·B rows at once."""
+    over all T·B rows at once. X and W_x are as the forward used them (bf16 on the bf16
+    path, with dA_low = dA in bf16); the gradients come back in dA's dtype."""
     flat = dA.view(X.shape[0], -1)
+    low = X.dtype != flat.dtype
     grad_x = grad_W = grad_b = None
     if needs_x:
         B, T, I = x_shape
-        grad_x = flat.mm(W_x).view(T, B, I).transpose(0, 1)
+        grad_x = (dA_low.mm(W_x).to(flat.dtype) if low else flat.mm(W_x)).view(T, B, I).transpose(0, 1)
     if needs_W:
-        grad_W = flat.t().mm(X)
+        grad_W = _mm_t(flat, X, dA_low, X.dtype if low else None)
     if needs_b:
         grad_b = flat.sum(0)
     return grad_x, grad_W, grad_b
 
 
+def _input_projection(X: Tensor, W_x: Tensor, bias: Tensor, dtype: torch.dtype | None):
+    """A = X·W_xᵀ + bias for all T·B rows in one matmul; on the bf16 path X and W_x are cast
+    once (returned, for backward) and the bias is added in the computation's dtype."""
+    if dtype is None:
+        return torch.addmm(bias, X, W_x.t()), X, W_x
+    X, W_x = X.to(dtype), W_x.to(dtype)
+    return torch.add(torch.mm(X, W_x.t()), bias), X, W_x
+
+
 # MKL's packed GEMM (a private op of x86 CPU builds, the one inductor uses for frozen
-# linears): the weight is reordered once, then reused by every step. oneDNN's LSTM
-# does the same. An ordinary mm re-packs the weight on every call, which costs as much
-# as the multiply itself for a big weight and a thin (batch-row) input: measured on a
-# Xeon @2.5GHz, (64×1024)·(1024×4096) runs at 51 instead of 25 GMAC/s, no gain below
-# ~0.5M weight elements (the weight then stays in cache anyway). Worth it only
-# when the weight is big and there are enough steps to repay the reorder.
+# linears): the weight is reordered once, then reused by every step. An ordinary mm
+# re-packs the weight on every call, which costs as much as the multiply itself for a big
+# weight and a thin (batch-row) input. Worth it only when the weight is big and there are
+# enough steps to repay the reorder (measurements: benchmarks/RESULTS.md).
 PACKED_MIN_WEIGHT_ELEMENTS = 400_000  # ~1.6 MB of fp32: the GRU's H×2H from H=448, an LSTM's H×4H from H=320
 PACKED_MIN_STEPS = 16
 _HAS_MKL_PACKED = hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and torch.backends.mkl.is_available()
@@ -158,9 +96,15 @@ _HAS_MKL_PACKED = hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and torch
 class _StepMatmul:
     """`x @ M` for many x of one shape (B, K), M (K, N) fixed across the T steps."""
 
-    def __init__(self, M: Tensor, batch: int, steps: int):
+    def __init__(self, M: Tensor, batch: int, steps: int, low_dtype: torch.dtype | None = None):
         self.batch = batch
         self.packed = None
+        self.scratch = None
+        if low_dtype is not None and low_dtype != M.dtype:
+            # bf16: the weight cast once per sequence; each step's x is cast into one scratch row.
+            self.M = M.to(low_dtype).contiguous()
+            self.scratch = M.new_empty((batch, M.shape[0]), dtype=low_dtype)
+            return
         if (_HAS_MKL_PACKED and M.device.type == "cpu" and M.dtype == torch.float32
                 and steps >= PACKED_MIN_STEPS and M.numel() >= PACKED_MIN_WEIGHT_ELEMENTS):
             try:
@@ -173,20 +117,29 @@ class _StepMatmul:
             # per-step products, MKL runs ~25% faster with it than with a transposed view.
             self.M = M.contiguous() if steps > 1 else M
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        return self.M.dtype if self.packed is None else self.linear_weight.dtype
+
     def mm(self, x: Tensor) -> Tensor:
+        """x @ M, in M's dtype (bf16 on the bf16 path: the kernel accumulates in fp32)."""
         if self.packed is None:
+            if x.dtype != self.M.dtype:
+                x = self.scratch.copy_(x) if self.scratch is not None and x.shape == self.scratch.shape \
+                    else x.to(self.M.dtype)
             return torch.mm(x, self.M)
         return torch.ops.mkl._mkl_linear(x, self.packed, self.linear_weight, None, self.batch)
 
     def addmm(self, acc: Tensor, x: Tensor) -> Tensor:
-        """acc + x @ M, a new tensor."""
-        if self.packed is None:
+        """acc + x @ M, a new tensor in acc's dtype."""
+        if self.packed is None and self.M.dtype == acc.dtype:
             return torch.addmm(acc, x, self.M)
-        return self.mm(x).add_(acc)
+        y = self.mm(x)
+        return y.add_(acc) if y.dtype == acc.dtype else torch.add(acc, y)
 
     def addmm_(self, acc: Tensor, x: Tensor) -> Tensor:
         """acc += x @ M, in place."""
-        if self.packed is None:
+        if self.packed is None and self.M.dtype == acc.dtype:
             return acc.addmm_(x, self.M)
         return acc.add_(self.mm(x))
 
@@ -198,17 +151,21 @@ _tanh_backward = torch.ops.aten.tanh_backward.grad_input
 
 
 # ----------------------------------------------------------------------------------- GRU
-def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate):
+def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate,
+                 precision: MatmulPrecision | None = None):
+    """The study's GRU over x (B, T, I) from state h (B, H): outputs (B, T, H), final h.
+    `precision`: which matmuls take bf16 inputs (None: autocast's choice, else none)."""
     inputs = (x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate)
     if x.shape[1] == 1 and not _needs_grad(*inputs):
         h = _gru_one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), h
-    dtype = _compute_dtype(x)
-    inputs = tuple(t.to(dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
+    inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
+    dtypes = _matmul_dtypes(precision, x, input_weight, hidden_weight_rz, hidden_weight_candidate)
     if _needs_grad(*inputs):
-        outputs = _GRUFunction.apply(*inputs)
+        outputs = _GRUFunction.apply(*inputs, dtypes)
     else:
-        outputs = _gru_forward(*inputs)[0][1:]
+        with torch.autocast(x.device.type, enabled=False):
+            outputs = _gru_forward(*inputs, dtypes)[0][1:]
     # outputs is time-major; the batch-first view costs nothing. The final state is
     # the last output (a view: its gradient flows into the outputs' gradient).
     return outputs.transpose(0, 1), outputs[-1]
@@ -225,7 +182,8 @@ def _gru_one_step(x, h, W_x, b_x, W_rz, b_rz, W_h):
     return torch.lerp(h, candidate, rz[:, H:])
 
 
-def _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h):
+def _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h, dtypes=(None, None, None)):
+    dtype_x, dtype_rz, dtype_h = dtypes
     B, T, _ = x.shape
     H = h0.shape[1]
     X = _time_major(x)
@@ -235,11 +193,14 @@ def _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h):
     # the hidden terms. The loop adds those in place and applies the activations, so A
     # ends up holding [r | z | h̃] for every step: what backward needs, in the same
     # buffer (fresh large buffers are not free: first-touch page faults).
-    A = torch.addmm(bias, X, W_x.t()).view(T, B, 3 * H)
+    A, X, W_x = _input_projection(X, W_x, bias, dtype_x)
+    A = A.view(T, B, 3 * H)
     Hs = A.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
     Hs[0] = h0
-    q = A.new_empty(B, H)  # r ⊙ h_{t-1}: one scratch row; backward recomputes all q from R and Hs
-    rz_matmul, c_matmul = _StepMatmul(W_rz.t(), B, T), _StepMatmul(W_h.t(), B, T)
+    rz_matmul, c_matmul = _StepMatmul(W_rz.t(), B, T, dtype_rz), _StepMatmul(W_h.t(), B, T, dtype_h)
+    # r ⊙ h_{t-1}: one scratch row, written straight in the dtype its matmul takes (the
+    # cast is free); backward recomputes all q from R and Hs.
+    q = A.new_empty(B, H, dtype=c_matmul.input_dtype)
     h = h0
     # unbind once: the per-step views are made in C++ in one go, not by T×5 Python indexings.
     for rz, r, z, c, y in zip(A[..., : 2 * H].unbind(0), A[..., :H].unbind(0), A[..., H: 2 * H].unbind(0),
@@ -248,16 +209,16 @@ def _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h):
         torch.mul(r, h, out=q)  # reset applied *before* the candidate matmul (the study's GRU)
         c_matmul.addmm_(c, q).tanh_()
         h = torch.lerp(h, c, z, out=y)  # (1 − z) ⊙ h + z ⊙ h̃ in one op
-    return Hs, A, X
+    return Hs, A, X, W_x
 
 
 class _GRUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, h0, W_x, b_x, W_rz, b_rz, W_h):
+    def forward(ctx, x, h0, W_x, b_x, W_rz, b_rz, W_h, dtypes):
         with torch.autocast(x.device.type, enabled=False):  # out=/in-place ops and autocast don't mix
-            Hs, A, X = _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h)
-        ctx.save_for_backward(X, W_x, W_rz, W_h, Hs, A)
-        ctx.x_shape = x.shape
+            Hs, A, X, W_x_used = _gru_forward(x, h0, W_x, b_x, W_rz, b_rz, W_h, dtypes)
+        ctx.save_for_backward(X, W_x_used, W_rz, W_h, Hs, A)  # X, W_x as multiplied (bf16 on that path)
+        ctx.x_shape, ctx.dtypes = x.shape, dtypes
         return Hs[1:]
 
     @staticmethod
@@ -266,16 +227,18 @@ class _GRUFunction(torch.autograd.Function):
         X, W_x, W_rz, W_h, Hs, A = ctx.saved_tensors
         needs = ctx.needs_input_grad  # x, h0, W_x, b_x, W_rz, b_rz, W_h
         with torch.autocast(grad_Y.device.type, enabled=False):
-            dA, grad_h0, grad_W_rz, grad_W_h = _gru_backward(grad_Y.to(A.dtype), W_rz, W_h, Hs, A, needs)
-            grad_x, grad_W_x, grad_bias = _input_side_grads(dA, X, W_x, ctx.x_shape, needs[0], needs[2],
+            dA, dA_low, grad_h0, grad_W_rz, grad_W_h = _gru_backward(grad_Y.to(A.dtype), W_rz, W_h, Hs, A, needs,
+                                                                     ctx.dtypes)
+            grad_x, grad_W_x, grad_bias = _input_side_grads(dA, dA_low, X, W_x, ctx.x_shape, needs[0], needs[2],
                                                             needs[3] or needs[5])
         H = W_h.shape[0]
         grad_b_x = grad_bias if needs[3] else None
         grad_b_rz = grad_bias[: 2 * H] if needs[5] else None  # b_r, b_z sit in the same sums as b_rx, b_zx
-        return grad_x, grad_h0, grad_W_x, grad_b_x, grad_W_rz, grad_b_rz, grad_W_h
+        return grad_x, grad_h0, grad_W_x, grad_b_x, grad_W_rz, grad_b_rz, grad_W_h, None
 
 
-def _gru_backward(grad_Y, W_rz, W_h, Hs, A, needs):
+def _gru_backward(grad_Y, W_rz, W_h, Hs, A, needs, dtypes=(None, None, None)):
+    dtype_x, dtype_rz, dtype_h = dtypes
     T, B, H = grad_Y.shape
     H_prev = Hs[:-1]  # h_{t-1} for every t
     R, Z, C = A[..., :H], A[..., H: 2 * H], A[..., 2 * H:]
@@ -294,7 +257,7 @@ def _gru_backward(grad_Y, W_rz, W_h, Hs, A, needs):
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
     steps = list(zip(grad_prev, K_r.unbind(0), K_z.unbind(0), K_c.unbind(0), dA[..., : 2 * H].unbind(0),
                      one_minus_z.unbind(0), R.unbind(0)))
-    dq_matmul, rz_matmul = _StepMatmul(W_h, B, T), _StepMatmul(W_rz, B, T)
+    dq_matmul, rz_matmul = _StepMatmul(W_h, B, T, dtype_h), _StepMatmul(W_rz, B, T, dtype_rz)
     delta = grad_Y[-1]
     for g_prev, da_r, da_z, da_c, da_rz, omz, r in reversed(steps):
         da_z.mul_(delta)  # da_z = δ ⊙ K_z
@@ -306,27 +269,38 @@ def _gru_backward(grad_Y, W_rz, W_h, Hs, A, needs):
         delta = new_delta.addcmul_(dq, r)  # h's own share of r ⊙ h
 
     flat = dA.view(T * B, 3 * H)
-    grad_W_rz = flat[:, : 2 * H].t().mm(H_prev.reshape(T * B, H)) if needs[4] else None
-    grad_W_h = None
+    low = dtype_x or dtype_rz or dtype_h  # one low dtype: dA is cast to it once, for every matmul
+    flat_low = flat.to(low) if low else None
+    grad_W_rz = grad_W_h = None
+    if needs[4]:
+        grad_W_rz = _mm_t(flat[:, : 2 * H], H_prev.reshape(T * B, H), _slice(flat_low, 0, 2 * H), dtype_rz)
     if needs[6]:
-        Q = torch.mul(R, H_prev, out=one_minus_z)  # q_t = r_t ⊙ h_{t-1}, into a buffer now free
-        grad_W_h = flat[:, 2 * H:].t().mm(Q.view(T * B, H))
-    return dA, (delta if needs[1] else None), grad_W_rz, grad_W_h
+        # q_t = r_t ⊙ h_{t-1}, into a buffer now free (or straight in bf16)
+        Q = torch.mul(R, H_prev, out=one_minus_z if dtype_h is None else None)
+        grad_W_h = _mm_t(flat[:, 2 * H:], Q.reshape(T * B, H), _slice(flat_low, 2 * H, 3 * H), dtype_h)
+    return dA, flat_low, (delta if needs[1] else None), grad_W_rz, grad_W_h
+
+
+def _slice(t: Tensor | None, start: int, stop: int) -> Tensor | None:
+    return None if t is None else t[:, start:stop]
 
 
 # ---------------------------------------------------------------------------------- LSTM
-def lstm_sequence(x, state, input_weight, input_bias, hidden_weight):
+def lstm_sequence(x, state, input_weight, input_bias, hidden_weight, precision: MatmulPrecision | None = None):
+    """The LSTM over x (B, T, I) from state (h, c): outputs (B, T, H), final (h, c).
+    `precision`: as for gru_sequence."""
     h, c = state
     inputs = (x, h, c, input_weight, input_bias, hidden_weight)
     if x.shape[1] == 1 and not _needs_grad(*inputs):
         h, c = _lstm_one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), (h, c)
-    dtype = _compute_dtype(x)
-    inputs = tuple(t.to(dtype) for t in inputs)
+    inputs = tuple(t.to(x.dtype) for t in inputs)
+    dtypes = _matmul_dtypes(precision, x, input_weight, hidden_weight)
     if _needs_grad(*inputs):
-        outputs, c_last = _LSTMFunction.apply(*inputs)
+        outputs, c_last = _LSTMFunction.apply(*inputs, dtypes)
     else:
-        Hs, Cs, _, _ = _lstm_forward(*inputs)
+        with torch.autocast(x.device.type, enabled=False):
+            Hs, Cs, _, _, _ = _lstm_forward(*inputs, dtypes)
         outputs, c_last = Hs[1:], Cs[-1]
     return outputs.transpose(0, 1), (outputs[-1], c_last)
 
@@ -344,18 +318,20 @@ def _lstm_one_step(x, h, c, W_x, b, W):
     return o * torch.tanh(c), c
 
 
-def _lstm_forward(x, h0, c0, W_x, b, W):
+def _lstm_forward(x, h0, c0, W_x, b, W, dtypes=(None, None)):
+    dtype_x, dtype_W = dtypes
     B, T, _ = x.shape
     H = h0.shape[1]
     X = _time_major(x)
     # Input side of every step in one matmul; the loop adds W·h in place and activates,
     # so G ends up holding the gates [i | f | g | o] of every step (see _gru_forward).
-    G = torch.addmm(b, X, W_x.t()).view(T, B, 4 * H)
+    G, X, W_x = _input_projection(X, W_x, b, dtype_x)
+    G = G.view(T, B, 4 * H)
     Hs = G.new_empty(T + 1, B, H)  # h_0 .. h_T (outputs are Hs[1:])
     Cs = G.new_empty(T + 1, B, H)  # c_0 .. c_T
     Hs[0], Cs[0] = h0, c0
     tc = G.new_empty(B, H)  # tanh(c_t): one scratch row; backward recomputes it from Cs
-    matmul = _StepMatmul(W.t(), B, T)
+    matmul = _StepMatmul(W.t(), B, T, dtype_W)
     h, c = h0, c0
     for g, i_f, i, f, g_g, o, c_t, y in zip(
             G.unbind(0), G[..., : 2 * H].unbind(0), G[..., :H].unbind(0), G[..., H: 2 * H].unbind(0),
@@ -366,16 +342,16 @@ def _lstm_forward(x, h0, c0, W_x, b, W):
         o.sigmoid_()
         c = torch.mul(f, c, out=c_t).addcmul_(i, g_g)  # f ⊙ c + i ⊙ g
         h = torch.mul(o, torch.tanh(c, out=tc), out=y)
-    return Hs, Cs, G, X
+    return Hs, Cs, G, X, W_x
 
 
 class _LSTMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, h0, c0, W_x, b, W):
+    def forward(ctx, x, h0, c0, W_x, b, W, dtypes):
         with torch.autocast(x.device.type, enabled=False):
-            Hs, Cs, G, X = _lstm_forward(x, h0, c0, W_x, b, W)
-        ctx.save_for_backward(X, W_x, W, Hs, Cs, G)
-        ctx.x_shape = x.shape
+            Hs, Cs, G, X, W_x_used = _lstm_forward(x, h0, c0, W_x, b, W, dtypes)
+        ctx.save_for_backward(X, W_x_used, W, Hs, Cs, G)
+        ctx.x_shape, ctx.dtypes = x.shape, dtypes
         # c_T is returned as its own tensor (a clone, not a view of the saved buffer).
         return Hs[1:], Cs[-1].clone()
 
@@ -385,13 +361,15 @@ class _LSTMFunction(torch.autograd.Function):
         X, W_x, W, Hs, Cs, G = ctx.saved_tensors
         needs = ctx.needs_input_grad  # x, h0, c0, W_x, b, W
         with torch.autocast(grad_Y.device.type, enabled=False):
-            dA, grad_h0, grad_c0, grad_W = _lstm_backward(grad_Y.to(G.dtype), grad_c_last.to(G.dtype),
-                                                          W, Hs, Cs, G, needs)
-            grad_x, grad_W_x, grad_b = _input_side_grads(dA, X, W_x, ctx.x_shape, needs[0], needs[3], needs[4])
-        return grad_x, grad_h0, grad_c0, grad_W_x, grad_b, grad_W
+            dA, dA_low, grad_h0, grad_c0, grad_W = _lstm_backward(grad_Y.to(G.dtype), grad_c_last.to(G.dtype),
+                                                                  W, Hs, Cs, G, needs, ctx.dtypes)
+            grad_x, grad_W_x, grad_b = _input_side_grads(dA, dA_low, X, W_x, ctx.x_shape, needs[0], needs[3],
+                                                         needs[4])
+        return grad_x, grad_h0, grad_c0, grad_W_x, grad_b, grad_W, None
 
 
-def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs):
+def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs, dtypes=(None, None)):
+    dtype_x, dtype_W = dtypes
     T, B, H = grad_Y.shape
     I, F, Gg, O = G[..., :H], G[..., H: 2 * H], G[..., 2 * H: 3 * H], G[..., 3 * H:]
     # Factors independent of δ and γ, for all steps at once, written into the buffer that
@@ -408,7 +386,7 @@ def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs):
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
     steps = list(zip(grad_prev, dA.unbind(0), K_i.unbind(0), K_f.unbind(0), K_g.unbind(0), K_o.unbind(0),
                      K_c.unbind(0), F.unbind(0)))
-    matmul = _StepMatmul(W, B, T)
+    matmul = _StepMatmul(W, B, T, dtype_W)
     delta, gamma = grad_Y[-1], grad_c_last
     for g_prev, da, da_i, da_f, da_g, da_o, k_c, f in reversed(steps):
         gamma = torch.addcmul(gamma, delta, k_c)  # ∂L/∂c_t in total
@@ -419,25 +397,31 @@ def _lstm_backward(grad_Y, grad_c_last, W, Hs, Cs, G, needs):
         gamma.mul_(f)  # γ_{t-1} = γ ⊙ f
         delta = matmul.addmm(g_prev, da)  # δ_{t-1}
 
-    grad_W = dA.view(T * B, 4 * H).t().mm(Hs[:-1].reshape(T * B, H)) if needs[5] else None
-    return dA, (delta if needs[1] else None), (gamma if needs[2] else None), grad_W
+    flat = dA.view(T * B, 4 * H)
+    low = dtype_x or dtype_W  # dA cast once, for every matmul that takes it in bf16
+    flat_low = flat.to(low) if low else None
+    grad_W = _mm_t(flat, Hs[:-1].reshape(T * B, H), flat_low, dtype_W) if needs[5] else None
+    return dA, flat_low, (delta if needs[1] else None), (gamma if needs[2] else None), grad_W
 
 
 # ----------------------------------------------------------------------------------- RNN
 # Elman: a = P + W_h·h (P = W_x·x + b, all steps in one matmul), h' = tanh(a).
 # Backward, with δ = ∂L/∂h_t in total:  da = δ ⊙ (1 − h'²);  δ_{t-1} = da @ W_h + ∂L/∂y_{t-1};
 # dW_h = Σ_t daᵀ h_{t-1} (one matmul); dW_x = dAᵀX, dx = dA·W_x, db = Σ dA; dh_0 = δ_0.
-def rnn_sequence(x, h, input_weight, input_bias, hidden_weight):
+def rnn_sequence(x, h, input_weight, input_bias, hidden_weight, precision: MatmulPrecision | None = None):
+    """The Elman RNN over x (B, T, I) from state h (B, H): outputs (B, T, H), final h.
+    `precision`: as for gru_sequence."""
     inputs = (x, h, input_weight, input_bias, hidden_weight)
     if x.shape[1] == 1 and not _needs_grad(*inputs):
         h = _rnn_one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), h
-    dtype = _compute_dtype(x)
-    inputs = tuple(t.to(dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
+    inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
+    dtypes = _matmul_dtypes(precision, x, input_weight, hidden_weight)
     if _needs_grad(*inputs):
-        outputs = _RNNFunction.apply(*inputs)
+        outputs = _RNNFunction.apply(*inputs, dtypes)
     else:
-        outputs = _rnn_forward(*inputs)[0][1:]
+        with torch.autocast(x.device.type, enabled=False):
+            outputs = _rnn_forward(*inputs, dtypes)[0][1:]
     return outputs.transpose(0, 1), outputs[-1]
 
 
@@ -447,27 +431,33 @@ def _rnn_one_step(x, h, W_x, b, W_h):
     return torch.addmm(p, h.to(p.dtype), W_h.t().to(p.dtype)).tanh_()
 
 
-def _rnn_forward(x, h0, W_x, b, W_h):
+def _rnn_forward(x, h0, W_x, b, W_h, dtypes=(None, None)):
+    dtype_x, dtype_h = dtypes
     B, T, _ = x.shape
     H = h0.shape[1]
     X = _time_major(x)
     Hs = X.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
     Hs[0] = h0
-    torch.addmm(b, X, W_x.t(), out=Hs[1:].view(T * B, H))  # the input side of every step, in place
-    matmul = _StepMatmul(W_h.t(), B, T)
+    P = Hs[1:].view(T * B, H)  # the input side of every step, written in place
+    if dtype_x is None:
+        torch.addmm(b, X, W_x.t(), out=P)
+    else:
+        X, W_x = X.to(dtype_x), W_x.to(dtype_x)
+        torch.add(torch.mm(X, W_x.t()), b, out=P)
+    matmul = _StepMatmul(W_h.t(), B, T, dtype_h)
     h = Hs[0]
     for y in Hs[1:].unbind(0):
         h = matmul.addmm_(y, h).tanh_()
-    return Hs, X
+    return Hs, X, W_x
 
 
 class _RNNFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, h0, W_x, b, W_h):
+    def forward(ctx, x, h0, W_x, b, W_h, dtypes):
         with torch.autocast(x.device.type, enabled=False):
-            Hs, X = _rnn_forward(x, h0, W_x, b, W_h)
-        ctx.save_for_backward(X, W_x, W_h, Hs)
-        ctx.x_shape = x.shape
+            Hs, X, W_x_used = _rnn_forward(x, h0, W_x, b, W_h, dtypes)
+        ctx.save_for_backward(X, W_x_used, W_h, Hs)
+        ctx.x_shape, ctx.dtypes = x.shape, dtypes
         return Hs[1:]
 
     @staticmethod
@@ -476,20 +466,25 @@ class _RNNFunction(torch.autograd.Function):
         X, W_x, W_h, Hs = ctx.saved_tensors
         needs = ctx.needs_input_grad  # x, h0, W_x, b, W_h
         with torch.autocast(grad_Y.device.type, enabled=False):
-            dA, grad_h0, grad_W_h = _rnn_backward(grad_Y.to(Hs.dtype), W_h, Hs, needs)
-            grad_x, grad_W_x, grad_b = _input_side_grads(dA, X, W_x, ctx.x_shape, needs[0], needs[2], needs[3])
-        return grad_x, grad_h0, grad_W_x, grad_b, grad_W_h
+            dA, dA_low, grad_h0, grad_W_h = _rnn_backward(grad_Y.to(Hs.dtype), W_h, Hs, needs, ctx.dtypes)
+            grad_x, grad_W_x, grad_b = _input_side_grads(dA, dA_low, X, W_x, ctx.x_shape, needs[0], needs[2],
+                                                         needs[3])
+        return grad_x, grad_h0, grad_W_x, grad_b, grad_W_h, None
 
 
-def _rnn_backward(grad_Y, W_h, Hs, needs):
+def _rnn_backward(grad_Y, W_h, Hs, needs, dtypes=(None, None)):
+    dtype_x, dtype_h = dtypes
     T, B, H = grad_Y.shape
     one = torch.ones((), dtype=Hs.dtype, device=Hs.device)
     dA = torch.addcmul(one, Hs[1:], Hs[1:], value=-1)  # tanh' = 1 − h_t², all steps; step t turns it into da_t
     grad_prev = [torch.zeros_like(Hs[0]), *grad_Y[:-1].unbind(0)]
-    matmul = _StepMatmul(W_h, B, T)
+    matmul = _StepMatmul(W_h, B, T, dtype_h)
     delta = grad_Y[-1]
     for g_prev, da in zip(reversed(grad_prev), reversed(dA.unbind(0))):
         da.mul_(delta)  # da_t = δ_t ⊙ (1 − h_t²)
         delta = matmul.addmm(g_prev, da)  # δ_{t-1} = da_t @ W_h + ∂L/∂y_{t-1}
-    grad_W_h = dA.view(T * B, H).t().mm(Hs[:-1].reshape(T * B, H)) if needs[4] else None
-    return dA, (delta if needs[1] else None), grad_W_h
+    flat = dA.view(T * B, H)
+    low = dtype_x or dtype_h  # dA cast once, for every matmul that takes it in bf16
+    flat_low = flat.to(low) if low else None
+    grad_W_h = _mm_t(flat, Hs[:-1].reshape(T * B, H), flat_low, dtype_h) if needs[4] else None
+    return dA, flat_low, (delta if needs[1] else None), grad_W_h

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from gru_experiments.cells import CELLS, IMPLEMENTATIONS, make_layer
 from gru_experiments.language_model import LanguageModel, check_dropout, check_int, check_setting
+from gru_experiments.precision import MatmulPrecision, linear
 
 
 class RecurrentLM(LanguageModel):
@@ -46,6 +47,29 @@ class RecurrentLM(LanguageModel):
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(hidden_size) if layer_norm else nn.Identity()
         self.head = nn.Linear(hidden_size, vocab_size)
+        self.matmul_precision: MatmulPrecision | None = None
+
+    def set_matmul_precision(self, precision: MatmulPrecision | None) -> None:
+        """bf16 matmul inputs (fp32 accumulation) in the fast recurrent layers and the head,
+        for the weights `precision` picks; None: the parameters' dtype throughout. The
+        embedding is a lookup, no matmul: it stays in the parameters' dtype, and the first
+        layer casts its output once, with the rest of its input projection."""
+        self.matmul_precision = precision
+        for layer in self.layers:
+            layer.matmul_precision = precision
+
+    def low_precision_weights(self) -> list[str]:
+        """The parameters whose matmuls take bf16 inputs (fast path, under this precision)."""
+        if self.matmul_precision is None:
+            return []
+        names = []
+        for i, layer in enumerate(self.layers):
+            if layer.implementation == "fast" and layer.fast_sequence is not None:
+                names += [f"layers.{i}.{n}" for n, p in layer.named_parameters()
+                          if p.dim() == 2 and self.matmul_precision.for_weight(p) is not None]
+        if self.matmul_precision.for_weight(self.head.weight) is not None:
+            names.append("head.weight")
+        return names
 
     @property
     def family(self) -> str:
@@ -68,4 +92,5 @@ class RecurrentLM(LanguageModel):
             x, layer_state = layer(x, layer_state)
             x = self.dropout(x)
             new_state.append(layer_state)
-        return self.head(self.norm(x)), new_state
+        x = self.norm(x)
+        return linear(x, self.head.weight, self.head.bias, self.matmul_precision), new_state

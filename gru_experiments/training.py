@@ -22,6 +22,7 @@ from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.jobs import job
 from gru_experiments.loggers import build_logger, is_wandb
 from gru_experiments.language_model import count_parameters
+from gru_experiments.precision import apply_matmul_precision
 from gru_experiments.resume import resume_point
 from gru_experiments.runs import RunDir
 
@@ -99,6 +100,10 @@ def _train(cfg: DictConfig, current) -> dict:
     history = MetricsHistory(run.history_file)  # learning curves for the sweep report
     trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
                           callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
+    # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
+    precision_used = apply_matmul_precision(model, cfg.get("low_precision_matmuls") or "never",
+                                            cfg.trainer.get("precision"), trainer)
+    print(f"precision: {precision_used['precision']}, matmuls in {precision_used['matmul_dtype']}")
     counted_checkpoint = None
     if not model.trainable:  # counted, not trained: count the training split, validate once, save
         counted_checkpoint = count_and_save(trainer, task, datamodule, run)
@@ -145,6 +150,7 @@ def _train(cfg: DictConfig, current) -> dict:
         "world_size": trainer.world_size,
         "wall_seconds": current.seconds,
         "device": str(trainer.strategy.root_device),
+        **precision_used,
         "checkpoint": counted_checkpoint or next(
             (c.last_model_path for c in (checkpoint, *more_checkpoints) if c.last_model_path), None),
         "best_checkpoint": checkpoint.best_model_path or None,

@@ -1,0 +1,164 @@
+"""Which dtype the model's matmuls take their inputs in: bfloat16 or the model's own (float32).
+
+With bf16 matmuls, the weights are cast once per forward, each matmul's inputs are bf16 and
+its products are accumulated in fp32 by the kernel (oneDNN/MKL on CPU, cuBLAS on CUDA); the
+parameters, the optimiser, the hidden state, the gate pre-activations, all pointwise math
+and the loss stay float32. See docs/performance.md for the design and the measurements.
+
+Configuration (conf/train.yaml):
+
+    low_precision_matmuls: auto | always | never
+        auto    bf16 where the hardware multiplies bf16 fast (CPU: avx512_bf16 or amx_bf16;
+                CUDA: a bf16-capable GPU), and there only for weights of at least
+                AUTO_MIN_WEIGHT_ELEMENTS elements (smaller bf16 matmuls measured no faster);
+        always  bf16 for every weight, whatever the hardware (slow where it is emulated);
+        never   float32.
+    trainer.precision: null (default: Lightning's 32-true, matmuls as above) | 32-true (pure
+        float32, whatever low_precision_matmuls says) | any other Lightning precision (then
+        Lightning's autocast or true-precision decides, and the fast recurrence follows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+MODES = ("auto", "always", "never")
+
+# bf16 pays off per matmul only above a size: measured on the study's shapes (batch 64),
+# a weight of 128×256 runs slower in bf16 (cast + multiply) than MKL's fp32, 256×256 about
+# even, 256×512 and up faster (benchmarks/RESULTS.md). So under "auto" the Astra-α model
+# (every weight below 65k elements) stays float32.
+AUTO_MIN_WEIGHT_ELEMENTS = 65_536
+
+FULL_PRECISION = ("32-true", "32", 32)
+
+
+@dataclass(frozen=True)
+class MatmulPrecision:
+    """bf16 (or another low-precision dtype) for every weight with at least
+    `min_weight_elements` elements; the others keep the model's dtype."""
+
+    dtype: torch.dtype = torch.bfloat16
+    min_weight_elements: int = 0
+
+    def for_weight(self, weight: Tensor) -> torch.dtype | None:
+        """The dtype this weight's matmuls take their inputs in; None: the computation's own."""
+        if weight.dtype == torch.float64 or weight.numel() < self.min_weight_elements:
+            return None
+        return self.dtype
+
+
+def has_fast_bf16(device: torch.device | str) -> bool:
+    """Whether this device multiplies bf16 in hardware (not by emulation)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # older torch: no including_emulation
+            return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return _cpu_has("avx512_bf16", "_is_avx512_bf16_supported") or _cpu_has("amx_bf16", "_is_amx_tile_supported")
+    return False
+
+
+def _cpu_has(flag: str, torch_probe: str) -> bool:
+    probe = getattr(torch.cpu, torch_probe, None)  # private probes (torch >= 2.3); else /proc/cpuinfo
+    if probe is not None:
+        try:
+            return bool(probe())
+        except RuntimeError:
+            pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def resolve(mode: str, trainer_precision, device) -> MatmulPrecision | None:
+    """The matmul precision of a training run: None means the model's own dtype throughout."""
+    if mode not in MODES:
+        raise ValueError(f"low_precision_matmuls must be one of {', '.join(MODES)}, got {mode!r}")
+    if trainer_precision is not None:
+        return None  # 32-true: pure float32; others: Lightning's autocast / true precision decides
+    if mode == "always":
+        return MatmulPrecision()
+    if mode == "auto" and has_fast_bf16(device):
+        return MatmulPrecision(min_weight_elements=AUTO_MIN_WEIGHT_ELEMENTS)
+    return None
+
+
+def autocast_precision(device_type: str) -> MatmulPrecision | None:
+    """Under autocast (trainer.precision=bf16-mixed / 16-mixed) the matmuls take autocast's
+    dtype, at every size, as autocast's own matmuls would."""
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return MatmulPrecision(torch.get_autocast_dtype(device_type))
+    except TypeError:  # torch < 2.4 spells these per device
+        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
+            return MatmulPrecision(torch.get_autocast_cpu_dtype())
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return MatmulPrecision(torch.get_autocast_gpu_dtype())
+    return None
+
+
+def apply_matmul_precision(model, mode: str, trainer_precision, trainer) -> dict:
+    """Set a training run's matmul precision on its model (a model without bf16 support, such
+    as a counted one, keeps its own dtype) and return what summary.json records (`describe`)."""
+    if hasattr(model, "set_matmul_precision"):
+        model.set_matmul_precision(resolve(mode, trainer_precision, trainer.strategy.root_device))
+    return describe(trainer.precision, mode, model)
+
+
+def describe(trainer_precision: str, mode: str, model) -> dict:
+    """What summary.json records: Lightning's precision, the low_precision_matmuls setting, the
+    dtype the matmuls took ("float32", "bfloat16", or "bfloat16+float32" when only the big
+    weights did) and which weights ran in bf16."""
+    trainer_precision = str(trainer_precision)
+    weights = model.low_precision_weights() if hasattr(model, "low_precision_weights") else []
+    if trainer_precision not in [str(p) for p in FULL_PRECISION]:  # Lightning's autocast or true precision
+        dtype = {"bf16": "bfloat16", "16": "float16", "64": "float64"}.get(trainer_precision.split("-")[0],
+                                                                           trainer_precision)
+    elif not weights:
+        dtype = "float32"
+    else:
+        matrices = [n for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("embedding")]
+        dtype = "bfloat16" if len(weights) == len(matrices) else "bfloat16+float32"
+    return {"precision": trainer_precision, "low_precision_matmuls": mode, "matmul_dtype": dtype,
+            "bf16_weights": weights}
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, precision: MatmulPrecision | None) -> Tensor:
+    """`F.linear`, with the matmuls in low precision (forward and backward) where
+    `precision` picks it for this weight; output and gradients in x's and the weight's dtype."""
+    dtype = precision.for_weight(weight) if precision is not None else None
+    if dtype is None or dtype == x.dtype:
+        return torch.nn.functional.linear(x, weight, bias)
+    return _LowPrecisionLinear.apply(x, weight, bias, dtype)
+
+
+class _LowPrecisionLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype):
+        with torch.autocast(x.device.type, enabled=False):
+            X = x.reshape(-1, x.shape[-1]).to(dtype)
+            W = weight.to(dtype)
+            y = torch.mm(X, W.t())
+            y = y.to(x.dtype) if bias is None else torch.add(y, bias)  # the bias in fp32, one pass
+        ctx.save_for_backward(X, W)
+        ctx.has_bias, ctx.x_shape, ctx.x_dtype = bias is not None, x.shape, x.dtype
+        return y.view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        X, W = ctx.saved_tensors
+        with torch.autocast(grad_y.device.type, enabled=False):
+            flat = grad_y.reshape(-1, grad_y.shape[-1])
+            g = flat.to(W.dtype)
+            grad_x = torch.mm(g, W).to(ctx.x_dtype).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
+            grad_w = torch.mm(g.t(), X).to(grad_y.dtype) if ctx.needs_input_grad[1] else None
+            grad_b = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None
