@@ -2,19 +2,59 @@
 
 Bits per character makes char and subword models comparable: the split's total
 NLL (in bits) divided by the number of characters its scored tokens decode to.
+
+The figures (docs/evaluation.md):
+
+    score_chunks     the training-time validation pass: the split cut into chunks of seq_len, each
+                     chunk from a zero state (val_loss, val_bpc)
+    score_stateful   the inference mode "stateful": the state carried through the whole split
+    score_stateless  the mode "stateless": every target from its previous token alone
+    score_windowed   the mode "windowed": every target from its own window of the `window` tokens
+                     before it, from a zero state
+    score_bigram     the count-based bigram baseline of the training split
+    context_curve    bits per character against the context given: score_windowed at
+                     w = 1, 2, 4, ... up to the training window, and stateful (unbounded)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from gru_experiments.data import IGNORE_INDEX, EvalBatches
+from gru_experiments.inference import MODES, eval_mode
 from gru_experiments.ngram import NGramLM
+
+FIGURES = (*MODES, "bigram")  # what the evaluation reports: every inference mode and the bigram baseline
+
+
+@dataclass(frozen=True)
+class Split:
+    """A split's token ids with the number of characters each token id decodes to (the
+    tokenizer's token_char_lengths, a (V,) tensor): everything bits per character needs."""
+    ids: Tensor
+    char_lengths: Tensor
+
+    @classmethod
+    def of(cls, ids: Tensor, tokenizer) -> "Split":
+        return cls(ids, tokenizer.token_char_lengths)
+
+    def to(self, device) -> "Split":
+        return Split(self.ids.to(device), self.char_lengths.to(device))
+
+    @property
+    def n_targets(self) -> int:
+        """Every token but the first is a target."""
+        return max(self.ids.numel() - 1, 0)
+
+    @property
+    def characters(self) -> int:
+        """Characters of the whole split (all its tokens)."""
+        return int(self.char_lengths.to(self.ids.device)[self.ids].sum().item())
 
 
 @dataclass
@@ -22,9 +62,12 @@ class Score:
     nll_sum: float = 0.0  # nats, summed over scored tokens
     tokens: int = 0
     characters: int = 0
+    # Second moments of the per-target (nll, characters) pairs, for the standard error of a sample.
+    moments: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))  # sums of nll^2, nll*chars, chars^2
 
     def add(self, other: "Score") -> "Score":
-        return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters)
+        return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters,
+                     tuple(a + b for a, b in zip(self.moments, other.moments)))
 
     @property
     def nll(self) -> float:
@@ -35,38 +78,60 @@ class Score:
     def bpc(self) -> float:
         return self.nll_sum / math.log(2) / max(self.characters, 1)
 
+    @property
+    def bpc_se(self) -> float:
+        """Standard error of `bpc` as an estimate from these targets (a ratio estimator, the targets
+        taken as independent draws: for a systematic sample of a text an approximation). 0 when
+        every target of the split was scored, the figure then being exact, is for the caller to say."""
+        n = self.tokens
+        if n < 2 or not self.characters:
+            return float("nan")
+        ratio = self.nll_sum / self.characters
+        nll_sq, nll_chars, chars_sq = self.moments
+        residual = max(nll_sq - 2 * ratio * nll_chars + ratio * ratio * chars_sq, 0.0)
+        return math.sqrt(residual / (n * (n - 1))) / (self.characters / n) / math.log(2)
 
-def score_batch(logits: Tensor, targets: Tensor, token_char_lengths: Tensor) -> Score:
-    """Summed NLL of logits (..., V) against targets (...), IGNORE_INDEX positions skipped."""
-    nll_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                              ignore_index=IGNORE_INDEX, reduction="sum")
-    scored = targets[targets != IGNORE_INDEX]
-    return Score(nll_sum.item(), scored.numel(), int(token_char_lengths.to(scored.device)[scored].sum().item()))
+
+def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
+    """Summed NLL of logits (..., V) against targets (...), IGNORE_INDEX positions skipped;
+    char_lengths: characters per token id."""
+    targets = targets.reshape(-1)
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, ignore_index=IGNORE_INDEX,
+                          reduction="none")
+    scored = targets != IGNORE_INDEX
+    return _score_nll(nll[scored], targets[scored], char_lengths)
+
+
+def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
+    """A Score from per-target NLLs (nats) and their target ids."""
+    nll, chars = nll.double(), char_lengths.to(targets.device)[targets].double()
+    moments = torch.stack([(nll * nll).sum(), (nll * chars).sum(), (chars * chars).sum()]).tolist()
+    return Score(nll.sum().item(), targets.numel(), int(chars.sum().item()), tuple(moments))
 
 
 @torch.no_grad()
-def score_windows(model, ids: Tensor, seq_len: int, batch_size: int, token_char_lengths: Tensor) -> Score:
-    """Every target of `ids` predicted from the previous tokens of its window, from a zero state."""
-    was_training = model.training
-    model.eval()
+def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
+    """The validation pass (val_loss, val_bpc): the split cut into chunks of seq_len tokens, every
+    target predicted from the previous tokens of its chunk, each chunk from a zero state."""
     total = Score()
-    for inputs, targets in EvalBatches(ids, batch_size, seq_len):
-        logits, _ = model(inputs)
-        total = total.add(score_batch(logits, targets, token_char_lengths))
-    model.train(was_training)
+    with eval_mode(model):
+        for inputs, targets in EvalBatches(split.ids, batch_size, seq_len):
+            logits, _ = model(inputs)
+            total = total.add(score_batch(logits, targets, split.char_lengths))
     return total
 
 
 # --- The inference modes on a whole split ---------------------------------------------------
-# Every function below scores the same targets, ids[1:], each exactly once, so their numbers
-# compare directly (and with `score_windows`, the training-time validation loss).
+# Every function below scores the same targets, ids[1:], each exactly once (or a documented
+# sample of them), so their numbers compare directly, and with `score_chunks`.
 
 @torch.no_grad()
-def score_stateful(model, ids: Tensor, seq_len: int, streams: int, token_char_lengths: Tensor) -> Score:
+def score_stateful(model, split: Split, seq_len: int, streams: int) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
     (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
     stream is predicted from a zero state."""
-    n_targets = ids.numel() - 1
+    ids = split.ids
+    n_targets = split.n_targets
     streams = max(1, min(streams, n_targets))
     length = -(-n_targets // streams)
     inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
@@ -74,13 +139,11 @@ def score_stateful(model, ids: Tensor, seq_len: int, streams: int, token_char_le
     inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
     inputs, targets = inputs.view(streams, length), targets.view(streams, length)
 
-    was_training = model.training
-    model.eval()
     total, state = Score(), None
-    for start in range(0, length, seq_len):
-        logits, state = model(inputs[:, start:start + seq_len], state)
-        total = total.add(score_batch(logits, targets[:, start:start + seq_len], token_char_lengths))
-    model.train(was_training)
+    with eval_mode(model):
+        for start in range(0, length, seq_len):
+            logits, state = model(inputs[:, start:start + seq_len], state)
+            total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
     return total
 
 
@@ -88,41 +151,36 @@ def score_stateful(model, ids: Tensor, seq_len: int, streams: int, token_char_le
 def stateless_log_probs(model) -> Tensor:
     """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
     stateless model can ever predict. One forward pass over the whole vocabulary."""
-    was_training = model.training
-    model.eval()
-    vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
-    logits, _ = model(vocab)
-    model.train(was_training)
+    with eval_mode(model):
+        vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
+        logits, _ = model(vocab)
     return F.log_softmax(logits[:, 0].double(), dim=-1)  # a small table: float64 keeps count models exact
 
 
-def score_table(log_probs: Tensor, ids: Tensor, token_char_lengths: Tensor) -> Score:
-    """Every target of `ids` scored by a first-order table: log_probs[previous, target]."""
-    previous, targets = ids[:-1], ids[1:]
-    log_probs = log_probs.to(ids.device)
-    nll_sum = -log_probs[previous, targets].double().sum().item()
-    characters = int(token_char_lengths.to(ids.device)[targets].sum().item())
-    return Score(nll_sum, targets.numel(), characters)
+def score_table(log_probs: Tensor, split: Split) -> Score:
+    """Every target of the split scored by a first-order table: log_probs[previous, target]."""
+    previous, targets = split.ids[:-1], split.ids[1:]
+    return _score_nll(-log_probs.to(split.ids.device)[previous, targets], targets, split.char_lengths)
 
 
-def score_stateless(model, ids: Tensor, token_char_lengths: Tensor) -> Score:
+def score_stateless(model, split: Split) -> Score:
     """Stateless: every target predicted from its previous token alone, from a zero state
     (exact: the model's whole stateless behaviour is a V x V table)."""
-    return score_table(stateless_log_probs(model), ids, token_char_lengths)
+    return score_table(stateless_log_probs(model), split)
 
 
-def score_bigram(train_ids: Tensor, ids: Tensor, token_char_lengths: Tensor) -> Score:
+def score_bigram(train_ids: Tensor, split: Split) -> Score:
     """The baseline: the n-gram family at order 2, add-one smoothed, counted from the training
-    split ((count(a, b) + 1) / (count(a) + V)), every target of `ids` from its previous token."""
-    bigram = NGramLM(token_char_lengths.numel(), order=2, smoothing="add_one").to(ids.device).fit(train_ids)
-    return score_stateless(bigram, ids, token_char_lengths)
+    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token."""
+    device = split.ids.device
+    bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
+    return score_stateless(bigram, split)
 
 
 @torch.no_grad()
-def score_windowed(model, ids: Tensor, window: int, token_char_lengths: Tensor, stride: int = 1,
-                   batch_tokens: int = 1 << 16) -> Score:
+def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16) -> Score:
     """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
-    the split), run from a zero state. Unlike `score_windows`, each target gets its own window,
+    the split), run from a zero state. Unlike `score_chunks`, each target gets its own window,
     so this costs `window` times a single pass.
 
     stride > 1 scores only every stride-th target (positions 1, 1 + stride, ...): a systematic
@@ -134,25 +192,24 @@ def score_windowed(model, ids: Tensor, window: int, token_char_lengths: Tensor, 
     if sees_whole_window(model, window):
         # Every window holds all the model can see: one pass over the split, the state carried,
         # predicts each target exactly as its own window would.
-        return _score_in_one_pass(model, ids, stride, token_char_lengths)
-    was_training = model.training
-    model.eval()
+        return _score_in_one_pass(model, split, stride)
+    ids = split.ids
     positions = torch.arange(1, ids.numel(), stride, device=ids.device)  # indices of scored targets
     total = Score()
-    # Targets 1..window: their windows are prefixes of ids[:window], so one pass over that prefix
-    # predicts each of them from exactly its own context.
-    head = positions[positions <= window]
-    if head.numel():
-        logits, _ = model(ids[:window].unsqueeze(0))
-        total = total.add(score_batch(logits[0, head - 1], ids[head], token_char_lengths))
-    # Every later target t: the window ids[t - window : t].
-    tail = positions[positions > window]
-    offsets = torch.arange(-window, 0, device=ids.device)
-    per_batch = max(1, batch_tokens // window)
-    for chunk in tail.split(per_batch):
-        logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
-        total = total.add(score_batch(logits[:, -1], ids[chunk], token_char_lengths))
-    model.train(was_training)
+    with eval_mode(model):
+        # Targets 1..window: their windows are prefixes of ids[:window], so one pass over that
+        # prefix predicts each of them from exactly its own context.
+        head = positions[positions <= window]
+        if head.numel():
+            logits, _ = model(ids[:window].unsqueeze(0))
+            total = total.add(score_batch(logits[0, head - 1], ids[head], split.char_lengths))
+        # Every later target t: the window ids[t - window : t].
+        tail = positions[positions > window]
+        offsets = torch.arange(-window, 0, device=ids.device)
+        per_batch = max(1, batch_tokens // window)
+        for chunk in tail.split(per_batch):
+            logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
+            total = total.add(score_batch(logits[:, -1], ids[chunk], split.char_lengths))
     return total
 
 
@@ -163,19 +220,18 @@ def sees_whole_window(model, window: int) -> bool:
 
 
 @torch.no_grad()
-def _score_in_one_pass(model, ids: Tensor, stride: int, token_char_lengths: Tensor, chunk: int = 1 << 12) -> Score:
-    """Targets 1, 1 + stride, ... of `ids`, each from everything before it (one stream, the state
-    carried from chunk to chunk)."""
-    was_training = model.training
-    model.eval()
+def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12) -> Score:
+    """Targets 1, 1 + stride, ... of the split, each from everything before it (one stream, the
+    state carried from chunk to chunk)."""
+    ids = split.ids
     positions = torch.arange(1, ids.numel(), stride, device=ids.device)
     total, state = Score(), None
     inputs = ids[:-1]
-    for start in range(0, inputs.numel(), chunk):
-        logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
-        wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
-        total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], token_char_lengths))
-    model.train(was_training)
+    with eval_mode(model):
+        for start in range(0, inputs.numel(), chunk):
+            logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
+            wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
+            total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], split.char_lengths))
     return total
 
 
@@ -191,22 +247,87 @@ def windowed_stride(stride: int | str, n_targets: int, window: int, training_tok
     return max(1, math.ceil(n_targets * window / training_tokens))
 
 
-def evaluate_modes(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths: Tensor, *, seq_len: int,
-                   streams: int, window: int, windowed_stride: int = 1,
-                   batch_tokens: int = 1 << 16) -> dict[str, Score]:
-    """The whole validation split in every inference mode, plus the training split's bigram table."""
-    device = model.device
-    val_ids, token_char_lengths = val_ids.to(device), token_char_lengths.to(device)
-    return {
-        "stateful": score_stateful(model, val_ids, seq_len, streams, token_char_lengths),
-        "stateless": score_stateless(model, val_ids, token_char_lengths),
-        "windowed": score_windowed(model, val_ids, window, token_char_lengths, windowed_stride, batch_tokens),
-        "bigram": score_bigram(train_ids.to(device), val_ids, token_char_lengths),
-    }
+# --- The context curve ----------------------------------------------------------------------
+def context_lengths(max_window: int) -> list[int]:
+    """1, 2, 4, ... below max_window, then max_window itself (the training window)."""
+    lengths, w = [], 1
+    while w < max_window:
+        lengths.append(w)
+        w *= 2
+    return lengths + [max_window]
+
+
+def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
+    """Every target (exact) when that runs at most `point_tokens` tokens through the model
+    (n_targets x window); else every k-th target, the smallest k within the budget."""
+    if not point_tokens:
+        return 1
+    return max(1, math.ceil(n_targets * window / int(point_tokens)))
+
+
+def context_curve(model, split: Split, *, max_window: int, stateful: Score, point_tokens: int | None,
+                  batch_tokens: int = 1 << 16, known: dict[int, tuple[Score, int]] | None = None) -> dict:
+    """Bits per character with the model seeing only the last w tokens, from its initial state,
+    for w in `context_lengths(max_window)` (score_windowed), and with the state carried
+    ("stateful": `stateful`, already scored). Point w scores every target when n_targets x w
+    forward tokens fit in `point_tokens`, else a systematic sample (every k-th target, k the
+    smallest that fits). `known` maps a window to a (Score, stride) already computed (the windowed
+    mode's figure), reused instead of scoring it again.
+
+    Returns {"1": bpc, "2": bpc, ..., "stateful": bpc, "settings": {...}}: the settings record,
+    per point, the targets scored, the stride, the tokens run through the model and the standard
+    error of a sampled point (0 for an exact one)."""
+    known = known or {}
+    curve, targets, strides, forward, errors = {}, {}, {}, {}, {}
+    n = split.n_targets
+    for w in context_lengths(max_window):
+        stride = 1 if sees_whole_window(model, w) else curve_stride(n, w, point_tokens)
+        if w in known and known[w][1] <= stride:  # already scored, on at least as many targets
+            score, stride = known[w]
+        else:
+            score = score_windowed(model, split, w, stride, batch_tokens)
+        key = str(w)
+        curve[key], targets[key], strides[key] = score.bpc, score.tokens, stride
+        forward[key] = split.n_targets if sees_whole_window(model, w) else score.tokens * w
+        errors[key] = 0.0 if score.tokens == n else score.bpc_se
+    curve["stateful"] = stateful.bpc
+    targets["stateful"], strides["stateful"], errors["stateful"] = stateful.tokens, 1, 0.0
+    curve["settings"] = {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
+                         "targets": targets, "stride": strides, "forward_tokens": forward, "bpc_se": errors}
+    return curve
+
+
+def curve_points(curve: dict | None) -> list[tuple[str, float]]:
+    """The (context, bpc) points of a summary's context_curve, in order, without its settings."""
+    if not isinstance(curve, dict):
+        return []
+    return [(key, value) for key, value in curve.items()
+            if key != "settings" and isinstance(value, (int, float)) and math.isfinite(value)]
+
+
+def format_curve(curve: dict) -> str:
+    settings = curve.get("settings", {})
+    lines = [f"{'context':>8} {'bits/char':>10} {'targets':>9} {'stride':>7} {'s.e.':>8}"]
+    for key, bpc in curve_points(curve):
+        se = settings.get("bpc_se", {}).get(key)
+        lines.append(f"{key:>8} {bpc:>10.4f} {settings.get('targets', {}).get(key, 0):>9,} "
+                     f"{settings.get('stride', {}).get(key, 1):>7} {'exact' if not se else f'{se:.4f}':>8}")
+    return "\n".join(lines)
+
+
+# --- Everything at once, from the evaluation config group ------------------------------------
+@dataclass
+class Evaluation:
+    scores: dict[str, Score]  # FIGURES -> Score
+    settings: dict  # the settings actually used
+    curve: dict | None = None  # context_curve's result
+
+    def metrics(self) -> dict:
+        """{"stateful_nll": ..., "stateful_bpc": ..., ...} for summary.json and the loggers."""
+        return mode_metrics(self.scores)
 
 
 def mode_metrics(scores: dict[str, Score]) -> dict[str, float]:
-    """{"stateful_nll": ..., "stateful_bpc": ..., ...} for summary.json and the loggers."""
     metrics = {}
     for mode, score in scores.items():
         metrics[f"{mode}_nll"] = score.nll
@@ -221,18 +342,37 @@ def format_modes(scores: dict[str, Score]) -> str:
     return "\n".join(lines)
 
 
-def evaluate_from_config(model, train_ids: Tensor, val_ids: Tensor, token_char_lengths: Tensor, seq_len: int,
-                         settings, training_tokens: int | None = None) -> tuple[dict[str, Score], dict]:
-    """`evaluate_modes` with the `evaluation` config group's settings (conf/evaluation/default.yaml);
-    returns the scores and the settings actually used (window and stride resolved)."""
-    window = int(settings.get("window") or seq_len)
-    n_targets = val_ids.numel() - 1
+def evaluation_window(settings, seq_len: int) -> int:
+    """The windowed mode's context: evaluation.window (the one key, for scoring and sampling),
+    null meaning the training window data.seq_len."""
+    return int(settings.get("window") or seq_len)
+
+
+def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, training_tokens: int | None = None, *,
+             stateful: Score | None = None, curve: bool = True) -> Evaluation:
+    """The validation split in every inference mode, the training split's bigram table and (curve)
+    the context curve, with the `evaluation` config group's settings (conf/evaluation/default.yaml).
+    `stateful`: that figure when it is already known for these weights (the last validation's)."""
+    device = model.device
+    val = val.to(device)
+    window = evaluation_window(settings, seq_len)
+    n_targets = val.n_targets
     stride = windowed_stride(settings.get("windowed_stride", "auto"), n_targets, window, training_tokens)
     if sees_whole_window(model, window) and settings.get("windowed_stride", "auto") == "auto":
         stride = 1  # exact at the cost of one pass (see score_windowed)
-    used = {"seq_len": seq_len, "streams": int(settings.streams), "window": window, "windowed_stride": stride,
+    streams = int(settings.streams)
+    batch_tokens = int(settings.get("batch_tokens", 1 << 16))
+    used = {"seq_len": seq_len, "streams": streams, "window": window, "windowed_stride": stride,
             "windowed_targets": len(range(1, n_targets + 1, stride))}
-    scores = evaluate_modes(model, train_ids, val_ids, token_char_lengths, seq_len=seq_len,
-                            streams=used["streams"], window=used["window"], windowed_stride=stride,
-                            batch_tokens=int(settings.get("batch_tokens", 1 << 16)))
-    return scores, used
+    scores = {
+        "stateful": stateful if stateful is not None else score_stateful(model, val, seq_len, streams),
+        "stateless": score_stateless(model, val),
+        "windowed": score_windowed(model, val, window, stride, batch_tokens),
+        "bigram": score_bigram(train_ids, val),
+    }
+    result = Evaluation(scores, used)
+    if curve:
+        result.curve = context_curve(model, val, max_window=seq_len, stateful=scores["stateful"],
+                                     point_tokens=settings.get("curve_point_tokens"), batch_tokens=batch_tokens,
+                                     known={window: (scores["windowed"], stride)})
+    return result

@@ -8,6 +8,8 @@ reader for. One row per measurement, long format, appended as training goes:
     10,0,train/loss,3.1821     (mean training loss over the steps since the previous row)
     10,0,val/loss,3.2056       (the whole validation split, at the end of each epoch)
     10,0,val/bpc,4.6246
+    10,0,val/stateful_bpc,4.6001   (the inference modes at every validation: the whole split,
+    10,0,val/stateless_bpc,4.7712   the state carried, and each target from its previous token)
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 FIELDS = ["step", "epoch", "metric", "value"]
+VAL_METRICS = ("val/loss", "val/bpc", "val/stateful_bpc", "val/stateless_bpc")
 
 
 class MetricsHistory(Callback):
     """Appends to history.csv (global rank zero only): the mean training loss every
     `trainer.log_every_n_steps` steps and the validation metrics after every validation."""
 
-    def __init__(self, path: Path, val_metrics: tuple[str, ...] = ("val/loss", "val/bpc")):
+    def __init__(self, path: Path, val_metrics: tuple[str, ...] = VAL_METRICS):
         self.path = Path(path)
         self.val_metrics = val_metrics
         self._loss_sum, self._loss_count = 0.0, 0  # a tensor once training runs: no host sync per step

@@ -17,6 +17,7 @@ model's own state interface (`logits, state = model(tokens, state)`) is all they
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -26,7 +27,19 @@ from torch import Tensor
 
 from gru_experiments.tokenizers import encode_prompt
 
-MODES = ("stateful", "stateless", "windowed")
+MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode (no dropout) inside the block, its previous mode restored after it,
+    also when the block raises. Every function that runs a model for inference or scoring uses it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
 
 # The study's three prompts.
 STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
@@ -144,9 +157,7 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
     if prompt.ndim != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must be a non-empty (batch, length) tensor of token ids, got shape "
                          f"{tuple(prompt.shape)}")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         if mode == "stateful":
             return sample_stateful(model, prompt, max_new_tokens, choose)
         if mode == "stateless":
@@ -158,8 +169,6 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
                 window = max(1, min(window, model.context))
             return sample_windowed(model, prompt, max_new_tokens, choose, window)
         raise ValueError(f"unknown inference mode {mode!r}; choose one of {MODES}")
-    finally:
-        model.train(was_training)
 
 
 def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
@@ -194,10 +203,10 @@ def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new
     return texts
 
 
-def tokens_for_chars(chars: int, ids: Tensor, token_char_lengths: Tensor) -> int:
-    """How many tokens make about `chars` characters, at the mean token length of `ids`
-    (chars itself for a character model, fewer for subwords)."""
-    mean_length = token_char_lengths.to(ids.device)[ids].float().mean().item() if ids.numel() else 1.0
+def tokens_for_chars(chars: int, split) -> int:
+    """How many tokens make about `chars` characters, at the mean token length of `split`
+    (an evaluation.Split; chars itself for a character model, fewer for subwords)."""
+    mean_length = split.characters / split.ids.numel() if split.ids.numel() else 1.0
     return max(1, round(chars / max(mean_length, 1e-9)))
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from gru_experiments.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.errors import TrainingDiverged, UserError
-from gru_experiments.evaluation import Score, score_batch
+from gru_experiments.evaluation import Score, Split, score_batch, score_stateful, score_stateless
 from gru_experiments.language_model import build_model
 from gru_experiments.tokenizers import tokenizer_from_state
 
@@ -66,6 +66,8 @@ class LanguageModelTask(L.LightningModule):
         self._val_score = Score()
         self.last_val_score: Score | None = None  # the latest validation pass, and the step it ran at
         self.last_val_step = -1
+        self._modes_split: tuple[Split, int, int] | None = None  # see track_modes
+        self.last_mode_scores: dict[str, Score] = {}  # stateful and stateless at the last validation
         self._epoch_loss = [0.0, 0]  # sum, count: the mean training loss of the current epoch
         self.last_epoch_train_loss = float("nan")
         self.train_tokens = 0
@@ -123,6 +125,12 @@ class LanguageModelTask(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": schedule.interval}}
 
     # --- validation: the whole split, accumulated over batches ------------------------
+    def track_modes(self, val: Split, seq_len: int, streams: int) -> None:
+        """Also score `val` stateful and stateless after every validation (val/stateful_bpc,
+        val/stateless_bpc): the inference modes over training. Stateless is one forward pass over
+        the vocabulary; stateful one pass over the split (evaluation.streams streams of seq_len chunks)."""
+        self._modes_split = (val, seq_len, streams)
+
     def on_validation_epoch_start(self) -> None:
         self._val_score = Score()
 
@@ -139,6 +147,13 @@ class LanguageModelTask(L.LightningModule):
         # Every rank scores the same whole split, so the values agree across ranks.
         self.log("val/loss", score.nll, prog_bar=True)
         self.log("val/bpc", score.bpc, prog_bar=True)
+        if self._modes_split is not None:
+            val, seq_len, streams = self._modes_split
+            val = val.to(self.device)
+            self.last_mode_scores = {"stateful": score_stateful(self.model, val, seq_len, streams),
+                                     "stateless": score_stateless(self.model, val)}
+            for mode, mode_score in self.last_mode_scores.items():
+                self.log(f"val/{mode}_bpc", mode_score.bpc)
 
     # --- checkpoints carry the tokenizer and the running training statistics ----------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -27,13 +27,15 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
+from gru_experiments.evaluation import FIGURES, MODES, curve_points
 from gru_experiments.files import atomic_file, atomic_write
+from gru_experiments.findings import findings_markdown
 from gru_experiments.history import read_history
 from gru_experiments.runs import RunDir
 
-MODES = ("stateful", "stateless", "windowed", "bigram")  # the inference modes of the evaluation
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
+PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"
 PLOT_LADDER = "ladder.png"
 
 # (column, header in report.md, format); results.csv has every column of COLUMNS.
@@ -42,12 +44,14 @@ TABLE = [
     ("parameters", "parameters", "{:,}".format),
     ("train_loss", "train loss", "{:.4f}".format), ("val_loss", "val loss", "{:.4f}".format),
     ("val_bpc", "val bpc", "{:.4f}".format),
-    *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in MODES),
+    *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in FIGURES),
     ("tokens_per_second", "tokens/s", "{:,.0f}".format),
     ("wall_seconds", "wall time", lambda s: format_duration(s)),
     ("status", "status", str),
 ]
-COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in MODES), "error", "run_dir"]
+BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
+COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in FIGURES), "best_step",
+           *(f"best_{key}" for key in BEST_KEYS), "error", "run_dir"]
 MISSING = "—"
 
 
@@ -64,6 +68,14 @@ class JobResult:
     @property
     def model(self) -> str:
         return self.values.get("model") or self.job
+
+    def best(self, key: str) -> float | None:
+        """A finite number of the best checkpoint (summary["best"]; key "step" for its step), else None."""
+        best = self.values.get("best")
+        value = best.get(key) if isinstance(best, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return value
 
     def number(self, key: str) -> float | None:
         """A finite number from the summary, else None."""
@@ -196,6 +208,8 @@ def results_csv(jobs: list[JobResult]) -> str:
                 value = job.status
             elif key == "run_dir":
                 value = job.run_dir or ""
+            elif key.startswith("best_"):
+                value = job.best(key.removeprefix("best_"))
             else:
                 value = job.values.get(key)
             row.append("" if value is None else repr(value) if isinstance(value, float) else value)
@@ -216,7 +230,7 @@ def _missing_lines(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
             lines.append(f"- **{job.model}** was planned but never started")
     completed = [job for job in jobs if job.status == "completed"]
     absent: dict[tuple, list[str]] = {}  # the models without a metric -> the metrics they lack
-    for key in ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]:
+    for key in ["val_bpc", *(f"{mode}_bpc" for mode in FIGURES)]:
         without = tuple(job.model for job in completed if job.number(key) is None)
         if without:
             absent.setdefault(without, []).append(f"`{key}`")
@@ -276,7 +290,8 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         "subword for spm models, so they compare only within a tokenizer); bpc is bits per character "
         "of the validation text, which compares across tokenizers. Stateful, stateless, windowed and "
         "bigram are the inference modes of the evaluation; val bpc is the validation split scored in "
-        "windows of data.seq_len, each from a zero state.", "",
+        "windows of data.seq_len, each from a zero state. Every figure of this table is of the final "
+        "weights (the best checkpoint's are under *Best checkpoint and final weights*).", "",
         "| " + " | ".join(header for _, header, _ in TABLE) + " |",
         "|" + "|".join("---" if key in ("model", "cell", "tokenizer", "status") else "--:" for key, _, _ in TABLE) + "|",
     ]
@@ -284,6 +299,21 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     missing = _missing_lines(jobs, plots)
     lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
     lines += ladder_section(jobs, plots)
+    lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
+    lines += _best_section(jobs)
+    lines += ["## Context curve", "",
+              "Bits per character with the model given only the last w tokens, from its initial state "
+              "(w = 1 is the stateless figure), and with the state carried through the whole split "
+              "(stateful, at the right); final weights. A point whose exact figure would run more than "
+              "evaluation.curve_point_tokens tokens through the model scores a systematic sample of targets "
+              "(summary.json's context_curve.settings).", ""]
+    lines += [f"![bits per character against context length]({PLOT_CONTEXT})" if PLOT_CONTEXT in plots
+              else f"{MISSING} no completed job has a context curve."]
+    lines += ["", "## Inference modes over training", "",
+              "Stateful and stateless bits per character of the whole validation split at every validation "
+              "(history.csv), against the training tokens.", ""]
+    lines += [f"![stateful and stateless bits per character over training]({PLOT_MODES})" if PLOT_MODES in plots
+              else f"{MISSING} no job recorded the modes over training."]
     lines += ["", "## Bits per character by inference mode", ""]
     lines += [f"![bits per character by model and inference mode]({PLOT_BPC})" if PLOT_BPC in plots
               else f"{MISSING} no completed job has a bpc to plot."]
@@ -294,6 +324,30 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += ["Files: `results.csv` (every number above, full precision), the PNGs beside this report, "
               "and each job's folder (summary.json, history.csv, samples.json, checkpoints)."]
     return "\n".join(lines) + "\n"
+
+
+def _best_section(jobs: list[JobResult]) -> list[str]:
+    lines = ["## Best checkpoint and final weights", "",
+             "The checkpoint with the lowest validation loss (best) beside the final weights, both scored in "
+             "every mode (bits per character).", ""]
+    judged = [job for job in jobs if job.status == "completed"]
+    if not any(job.best("step") is not None for job in judged):
+        return lines + [f"{MISSING} no summary has a best checkpoint's figures.", ""]
+    keys = BEST_KEYS
+    lines += ["| model | weights | step | " + " | ".join(k.removesuffix("_bpc").replace("val", "val (chunks)")
+                                                          for k in keys) + " |",
+              "|---|---|--:|" + "--:|" * len(keys)]
+    fmt = lambda value: MISSING if value is None else f"{value:.4f}"  # noqa: E731
+    for job in judged:
+        if job.best("step") is None:
+            lines.append(f"| {_escape(job.model)} | best | {MISSING} |" + f" {MISSING} |" * len(keys))
+            continue
+        same = (job.values.get("best") or {}).get("same_as_final")
+        lines.append(f"| {_escape(job.model)} | final | {job.number('train_steps') or 0:.0f} | "
+                     + " | ".join(fmt(job.number(k)) for k in keys) + " |")
+        lines.append(f"| {_escape(job.model)} | best{' (= final)' if same else ''} | {job.best('step'):.0f} | "
+                     + " | ".join(fmt(job.best(k)) for k in keys) + " |")
+    return lines + [""]
 
 
 # --- the ladder: models of several families side by side ----------------------------------
@@ -372,16 +426,20 @@ def _figure():
 
 
 def _save(fig, path: Path) -> Path:
+    """Write the figure as a PNG (atomically) and close it, also when writing fails."""
     # No timestamp in the PNG metadata: the same results give the same bytes.
-    with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
-        fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-    return path
+    try:
+        with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
+            fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        return path
+    finally:
+        _figure().close(fig)
 
 
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     """Grouped bars: one group per model, one bar per inference mode (val bpc when no job has
     the evaluation's modes)."""
-    keys = [f"{mode}_bpc" for mode in MODES if any(job.number(f"{mode}_bpc") is not None for job in jobs)]
+    keys = [f"{mode}_bpc" for mode in FIGURES if any(job.number(f"{mode}_bpc") is not None for job in jobs)]
     labels = [key.removesuffix("_bpc") for key in keys]
     if not keys:
         keys, labels = ["val_bpc"], ["validation (windows, zero state)"]
@@ -411,10 +469,7 @@ def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
@@ -438,10 +493,100 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
     for ax in (train_ax, val_ax):
         ax.grid(alpha=0.3)
     train_ax.legend(fontsize=7)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
+
+
+def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
+    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} from the summaries' context_curve, for
+    every completed model with a carried state (count and window models are baselines)."""
+    series = {}
+    for job in jobs:
+        points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
+        if not points or job.values.get("cell") in ("ngram",):
+            continue
+        series[job.model] = {"windows": [(int(key), value) for key, value in points if key.isdigit()],
+                             "stateful": dict(points).get("stateful")}
+    return series
+
+
+def baselines(jobs: list[JobResult]) -> dict[str, float]:
+    """Horizontal lines of the context curve: the bigram counts (one per tokenizer) and the best
+    n-gram model of the sweep, by stateful bpc."""
+    lines = {}
+    for job in jobs:
+        if job.status == "completed" and job.number("bigram_bpc") is not None:
+            lines.setdefault(f"bigram counts ({job.values.get('tokenizer') or '?'})", job.number("bigram_bpc"))
+    ngrams = [job for job in jobs if job.status == "completed" and job.values.get("cell") == "ngram"
+              and job.number("stateful_bpc") is not None]
+    if ngrams:
+        best = min(ngrams, key=lambda job: job.number("stateful_bpc"))
+        lines[f"best n-gram ({best.model})"] = best.number("stateful_bpc")
+    return lines
+
+
+def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
+    """Bits per character against the context length (log axis), one curve per model, its stateful
+    figure at the right end; the bigram and the best n-gram as horizontal lines."""
+    series = context_curve_series(jobs)
+    if not series:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    longest = max(w for s in series.values() for w, _ in s["windows"])
+    stateful_x = longest * 4
+    for model, s in series.items():
+        xs, ys = zip(*s["windows"])
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=model)
+        if s["stateful"] is not None:
+            ax.plot([xs[-1], stateful_x], [ys[-1], s["stateful"]], linestyle=":", color=line.get_color())
+            ax.plot([stateful_x], [s["stateful"]], marker="*", markersize=9, color=line.get_color())
+    for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
+        ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
+    ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"])
+    ax.set(title="Bits per character against the context given (final weights)",
+           xlabel="tokens of context (from the initial state); stateful: the state carried",
+           ylabel="bits per character (lower is better)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
+    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv; tokens =
+    step x the run's tokens per step (summary: train_tokens / train_steps), the step itself when unknown."""
+    series = {}
+    for job in jobs:
+        per_step = 1.0
+        if job.number("train_tokens") and job.number("train_steps"):
+            per_step = job.number("train_tokens") / job.number("train_steps")
+        curves = {mode: [(step * per_step, value) for step, value in job.history.get(f"val/{mode}_bpc", [])]
+                  for mode in ("stateful", "stateless")}
+        if any(curves.values()):
+            series[job.model] = curves
+    return series
+
+
+def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
+    """Stateful (solid) and stateless (dashed) validation bpc against training tokens, per model."""
+    series = modes_over_training_series(jobs)
+    if not series:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for model, curves in series.items():
+        color = None
+        for mode, style in (("stateful", "-"), ("stateless", "--")):
+            if curves[mode]:
+                xs, ys = zip(*curves[mode])
+                (line,) = ax.plot(xs, ys, linestyle=style, marker="o" if len(xs) < 12 else None, markersize=3,
+                                  color=color, label=f"{model} {mode}")
+                color = line.get_color()
+    ax.set(title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
 
 
 # --- the whole report -------------------------------------------------------------------
@@ -451,7 +596,8 @@ def build_report(sweep_dir) -> Report:
     sweep_dir = Path(sweep_dir).resolve()
     jobs, overrides = collect(sweep_dir)
     plots = {}
-    for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves), (PLOT_LADDER, plot_ladder)):
+    for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves), (PLOT_LADDER, plot_ladder),
+                       (PLOT_CONTEXT, plot_context_curve), (PLOT_MODES, plot_modes_over_training)):
         if (written := plot(jobs, sweep_dir / name)) is not None:
             plots[name] = written
         elif (sweep_dir / name).exists():
@@ -464,7 +610,7 @@ def build_report(sweep_dir) -> Report:
 
 def format_table(report: Report) -> str:
     """The results table as plain text, for the terminal."""
-    keys = ["model", "tokenizer", "parameters", "val_bpc", *(f"{m}_bpc" for m in MODES), "tokens_per_second",
+    keys = ["model", "tokenizer", "parameters", "val_bpc", *(f"{m}_bpc" for m in FIGURES), "tokens_per_second",
             "wall_seconds", "status"]
     spec = {key: (header, fmt) for key, header, fmt in TABLE}
     rows = [[spec[key][0] for key in keys]]
@@ -504,7 +650,7 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
                         if name.endswith(".png")})
         run.log(payload)
         run.summary.update({f"{job.model}/{key}": job.number(key) for job in report.completed
-                            for key in ("val_bpc", *(f"{mode}_bpc" for mode in MODES)) if job.number(key) is not None})
+                            for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES)) if job.number(key) is not None})
         run.summary.update({"jobs_completed": len(report.completed), "jobs_not_completed": len(report.problems)})
     finally:
         run.finish()

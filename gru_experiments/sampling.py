@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data import corpus_path, read_corpus, split_text
-from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics
+from gru_experiments.evaluation import Split, evaluate as evaluate_modes, evaluation_window, format_curve, format_modes
 from gru_experiments.config_schema import validate_sampling
 from gru_experiments.errors import UserError
 from gru_experiments.inference import STUDY_PROMPTS, Decoding, sample_texts
@@ -89,7 +89,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
                for prompt in read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))]
     decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
     mode = cfg.inference.mode
-    window = int(cfg.inference.get("window") or data_cfg.seq_len) if mode == "windowed" else None
+    window = evaluation_window(cfg.evaluation, int(data_cfg.seq_len)) if mode == "windowed" else None
     settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
                     **decoding.to_dict(), seed=cfg.seed, device=str(device))
 
@@ -119,17 +119,16 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
 
     if cfg.evaluate:
-        record["evaluation"] = evaluate(cfg, model, tokenizer, task.token_char_lengths.to(device), run,
-                                        data_cfg, checkpoint)
+        record["evaluation"] = evaluate(cfg, model, tokenizer, run, data_cfg, checkpoint)
     return record
 
 
-def evaluate(cfg: DictConfig, model, tokenizer, token_char_lengths, run: RunDir | None, data_cfg,
-             checkpoint: Path) -> dict:
-    """Every inference mode on the whole validation split of the data the model trained on."""
+def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path) -> dict:
+    """Every inference mode and the context curve on the validation split of the data the model
+    trained on."""
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
     train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
-    device = token_char_lengths.device
+    device = model.device
     try:
         train_ids, val_ids = (torch.tensor(tokenizer.encode(t), dtype=torch.long, device=device)
                               for t in (train_text, val_text))
@@ -139,12 +138,13 @@ def evaluate(cfg: DictConfig, model, tokenizer, token_char_lengths, run: RunDir 
     summary = (run.summary() if run else None) or {}
     training_tokens = summary.get("train_tokens")
     started = time.perf_counter()
-    scores, used = evaluate_from_config(model, train_ids, val_ids, token_char_lengths, int(data_cfg.seq_len),
-                                        cfg.evaluation, training_tokens)
-    print(f"inference modes on the whole validation split of {display_path(source)} ({used}):")
-    print(format_modes(scores))
-    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": used,
-              **mode_metrics(scores), "seconds": time.perf_counter() - started}
+    evaluation = evaluate_modes(model, train_ids, Split.of(val_ids, tokenizer), int(data_cfg.seq_len),
+                                cfg.evaluation, training_tokens)
+    print(f"inference modes on the whole validation split of {display_path(source)} ({evaluation.settings}):")
+    print(format_modes(evaluation.scores))
+    print(f"context curve (bits per character against the tokens of context):\n{format_curve(evaluation.curve)}")
+    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": evaluation.settings,
+              **evaluation.metrics(), "context_curve": evaluation.curve, "seconds": time.perf_counter() - started}
     write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
     print(f"saved: {display_path(Path(cfg.paths.output_dir) / 'evaluation.json')}")
     return result

@@ -10,15 +10,16 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.checkpoints import AtomicCheckpointIO, NonFiniteWeights, TrainingState
+from gru_experiments.checkpoints import AtomicCheckpointIO, NonFiniteWeights, TrainingState, read_checkpoint
 from gru_experiments.config_schema import validate
 from gru_experiments.data import CorpusDataModule, prepare_corpus
 from gru_experiments.errors import TrainingDiverged, UserError
-from gru_experiments.evaluation import evaluate_from_config, format_modes, mode_metrics, score_windows
+from gru_experiments.evaluation import (MODES, Split, curve_points, evaluate, format_curve, format_modes,
+                                        score_chunks)
 from gru_experiments.history import MetricsHistory
 from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_samples, spellable_prompts,
                                        tokens_for_chars)
-from gru_experiments.lightning_module import LanguageModelTask
+from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
 from gru_experiments.jobs import job
 from gru_experiments.loggers import build_logger, is_wandb
 from gru_experiments.language_model import count_parameters
@@ -74,6 +75,8 @@ def _train(cfg: DictConfig, current) -> dict:
         model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
     model = task.model
+    val_split = Split.of(datamodule.val_ids, tokenizer)
+    task.track_modes(val_split, cfg.data.seq_len, int(cfg.evaluation.streams))  # history.csv: modes over training
     if model.context is not None and datamodule.train_ids.numel() < model.context + 1:
         raise UserError(f"the training split has {datamodule.train_ids.numel()} tokens, fewer than one context "
                         f"of {cfg.model.name} ({model.context} tokens and the one they predict); use a longer "
@@ -130,9 +133,9 @@ def _train(cfg: DictConfig, current) -> dict:
     # calls, nothing to wait for); only rank zero writes.
     task.to(trainer.strategy.root_device)
     val = task.last_val_score
-    if task.last_val_step != trainer.global_step or val.tokens != datamodule.val_ids.numel() - 1:
-        val = score_windows(task.model, datamodule.val_ids, cfg.data.seq_len, cfg.data.eval_batch_size,
-                            task.token_char_lengths)
+    val_is_final = task.last_val_step == trainer.global_step and val is not None and val.tokens == val_split.n_targets
+    if not val_is_final:
+        val = score_chunks(task.model, val_split.to(task.device), cfg.data.seq_len, cfg.data.eval_batch_size)
     summary = {
         "status": "completed",
         "model": cfg.model.name,
@@ -158,7 +161,9 @@ def _train(cfg: DictConfig, current) -> dict:
         "resumed_from_step": resume and resume.step,
     }
     if trainer.is_global_zero:
-        samples = evaluate_inference_modes(cfg, task, datamodule, summary, logger)
+        samples = evaluate_inference_modes(cfg, task, datamodule, val_split, summary, logger,
+                                           stateful=task.last_mode_scores.get("stateful") if val_is_final else None)
+        summary["wall_seconds"] = current.seconds  # the whole run, the evaluation included
         run.write_summary(summary)
         run.write_samples(samples)
         if is_wandb(logger):
@@ -167,37 +172,91 @@ def _train(cfg: DictConfig, current) -> dict:
     return summary
 
 
-def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodule: CorpusDataModule,
-                             summary: dict, logger) -> dict:
+def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodule: CorpusDataModule, val: Split,
+                             summary: dict, logger, stateful=None) -> dict:
     """The study's comparison on the final weights: the whole validation split scored stateful,
     stateless and windowed, against the training split's bigram table (nll and bpc added to
-    `summary`), and short seeded stateful/stateless samples side by side (returned)."""
+    `summary`), the context curve (`summary["context_curve"]`), the best checkpoint in every
+    mode (`summary["best"]`), and short seeded stateful/stateless samples side by side (returned).
+    `stateful`: the final weights' stateful score when the last validation already computed it."""
     started = time.perf_counter()
     summary["train_tokens"] = (summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
                                if task.model.trainable else task.train_tokens)
-    scores, settings = evaluate_from_config(task.model, datamodule.train_ids, datamodule.val_ids,
-                                            task.token_char_lengths, cfg.data.seq_len, cfg.evaluation,
-                                            summary["train_tokens"])
-    metrics = mode_metrics(scores)
+    evaluation = evaluate(task.model, datamodule.train_ids, val, cfg.data.seq_len, cfg.evaluation,
+                          summary["train_tokens"], stateful=stateful)
+    metrics = evaluation.metrics()
     summary.update(metrics)
-    summary["mode_evaluation"] = settings
+    summary["mode_evaluation"] = evaluation.settings
+    summary["context_curve"] = evaluation.curve
+    summary["best"] = score_best(cfg, summary, datamodule.train_ids, val, task.device)
     samples = side_by_side_samples(
         task.model, task.tokenizer, spellable_prompts(task.tokenizer, STUDY_PROMPTS, datamodule.val_ids),
-        max_new_tokens=tokens_for_chars(cfg.evaluation.sample_chars, datamodule.val_ids, task.token_char_lengths),
+        max_new_tokens=tokens_for_chars(cfg.evaluation.sample_chars, val),
         decoding=Decoding(temperature=cfg.evaluation.sample_temperature), seed=cfg.seed)
     summary["evaluation_seconds"] = time.perf_counter() - started
 
-    print(f"inference modes on the whole validation split ({settings}):\n{format_modes(scores)}")
-    for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
-        print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
+    print(f"inference modes on the whole validation split, final weights (step {summary['train_steps']}; "
+          f"{evaluation.settings}):\n{format_modes(evaluation.scores)}")
+    print(f"context curve, final weights (bits per character against the tokens of context):\n"
+          f"{format_curve(evaluation.curve)}")
+    print(format_best(summary["best"]))
+    for prompt, stateful_text, stateless_text in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
+        print(f"--- {prompt!r} stateful:\n{stateful_text}\n--- {prompt!r} stateless:\n{stateless_text}")
     if logger:
         logger.log_metrics({f"modes/{k}": v for k, v in metrics.items()}, step=task.global_step)
+        logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(evaluation.curve)}, step=task.global_step)
+        logger.log_metrics({f"best/{k}": v for k, v in summary["best"].items() if isinstance(v, (int, float))
+                            and not isinstance(v, bool)}, step=task.global_step)
         if is_wandb(logger):
+            log_curve_to_wandb(logger, evaluation.curve, summary["model"])
             logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
                              data=[list(row) for row in zip(samples["prompts"], samples["stateful"],
                                                             samples["stateless"])])
         logger.save()
     return samples
+
+
+def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device) -> dict:
+    """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
+    {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
+    When the best checkpoint holds the final weights (or there is none: a counted model), its
+    figures are the final ones, not scored twice."""
+    final_step = summary["train_steps"]
+    path = summary.get("best_checkpoint")
+    step = read_checkpoint(path, mmap=True).get("global_step") if path else final_step
+    keys = ["val_loss", "val_bpc", *(f"{mode}_{unit}" for mode in MODES for unit in ("nll", "bpc"))]
+    best = {"step": step, "checkpoint": path or summary.get("checkpoint"), "same_as_final": step == final_step}
+    if step == final_step:
+        return best | {key: summary.get(key) for key in keys}
+    model = load_checkpoint(path, map_location=device).model.to(device)
+    val = val.to(device)
+    chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
+    evaluation = evaluate(model, train_ids, val, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
+                          curve=False)
+    metrics = evaluation.metrics()
+    return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
+
+
+def format_best(best: dict) -> str:
+    if best["same_as_final"]:
+        return f"best checkpoint by val/loss: the final weights (step {best['step']})"
+    figures = ", ".join(f"{key.removesuffix('_bpc')} {best[key]:.4f}" for key in
+                        ("val_bpc", *(f"{mode}_bpc" for mode in MODES)))
+    return f"best checkpoint by val/loss (step {best['step']}), bits per character: {figures}"
+
+
+def log_curve_to_wandb(logger, curve: dict, model_name: str) -> None:
+    """The context curve as a W&B line plot (windowed points against the context) and a table."""
+    import wandb
+
+    rows = [[int(key), value] for key, value in curve_points(curve) if key.isdigit()]
+    table = wandb.Table(columns=["context_tokens", "bpc"], data=rows)
+    logger.experiment.log({
+        "context_curve/table": table,
+        "context_curve/plot": wandb.plot.line(table, "context_tokens", "bpc",
+                                              title=f"{model_name}: bits per character against context "
+                                                    f"(stateful: {curve['stateful']:.4f})"),
+    })
 
 
 def keep_final_weights(trainer, run: RunDir, callbacks) -> None:

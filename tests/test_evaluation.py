@@ -9,15 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from gru_experiments.data import RandomWindowBatches, split_text
-from gru_experiments.evaluation import (evaluate_modes, score_bigram, score_stateful,
-                                        score_stateless, score_table, score_windowed, stateless_log_probs,
-                                        windowed_stride)
+from gru_experiments.evaluation import (Score, Split, context_curve, context_lengths, curve_points, curve_stride,
+                                        evaluate, score_bigram, score_stateful, score_stateless, score_table,
+                                        score_windowed, stateless_log_probs, windowed_stride)
+from gru_experiments.inference import eval_mode
+from gru_experiments.history import read_history
 from gru_experiments.model import RecurrentLM
 from gru_experiments.ngram import NGramLM
 from gru_experiments.tokenizers import CharTokenizer
-from gru_experiments.training import train
+from gru_experiments.training import score_best, train
 
 V = 11
 
@@ -38,6 +41,10 @@ def lengths(vocab=V):
     return torch.arange(vocab) % 3 + 1
 
 
+def split(ids):
+    return Split(ids, lengths())
+
+
 def nll_of(model, context: torch.Tensor, target: int) -> float:
     """-log p(target | context) from a zero state: one plain forward pass."""
     with torch.no_grad():
@@ -54,7 +61,7 @@ def check_score(score, nlls: list[float], targets: torch.Tensor):
 
 @pytest.mark.parametrize("streams", [1, 4, 149, 500])
 def test_stateful_is_each_stream_in_one_pass(model, ids, streams):
-    score = score_stateful(model, ids, seq_len=7, streams=streams, token_char_lengths=lengths())
+    score = score_stateful(model, split(ids), seq_len=7, streams=streams)
     # Each stream run whole in one forward pass: carrying the state across chunks changes nothing.
     n = ids.numel() - 1
     per_stream = -(-n // min(streams, n))
@@ -68,7 +75,7 @@ def test_stateful_is_each_stream_in_one_pass(model, ids, streams):
 
 
 def test_stateless_is_every_target_from_its_previous_token_alone(model, ids):
-    score = score_stateless(model, ids, lengths())
+    score = score_stateless(model, split(ids))
     nlls = [nll_of(model, ids[t - 1:t], ids[t].item()) for t in range(1, ids.numel())]
     check_score(score, nlls, ids[1:])
     assert stateless_log_probs(model).shape == (V, V)
@@ -76,7 +83,7 @@ def test_stateless_is_every_target_from_its_previous_token_alone(model, ids):
 
 @pytest.mark.parametrize("window,stride", [(6, 1), (6, 7), (1, 1), (500, 3)])
 def test_windowed_is_every_target_from_its_own_window(model, ids, window, stride):
-    score = score_windowed(model, ids, window, lengths(), stride=stride, batch_tokens=40)
+    score = score_windowed(model, split(ids), window, stride=stride, batch_tokens=40)
     positions = range(1, ids.numel(), stride)
     nlls = [nll_of(model, ids[max(0, t - window):t], ids[t].item()) for t in positions]
     check_score(score, nlls, ids[list(positions)])
@@ -84,9 +91,9 @@ def test_windowed_is_every_target_from_its_own_window(model, ids, window, stride
 
 def test_windowed_extremes_are_stateless_and_stateful(model, ids):
     # A one-token window is the stateless model; a window covering everything is one stream.
-    assert score_windowed(model, ids, 1, lengths()).nll == pytest.approx(score_stateless(model, ids, lengths()).nll)
-    assert score_windowed(model, ids, 1000, lengths()).nll == pytest.approx(
-        score_stateful(model, ids, 5, 1, lengths()).nll)
+    assert score_windowed(model, split(ids), 1).nll == pytest.approx(score_stateless(model, split(ids)).nll)
+    assert score_windowed(model, split(ids), 1000).nll == pytest.approx(
+        score_stateful(model, split(ids), 5, 1).nll)
 
 
 def test_bigram_counts_by_hand():
@@ -98,7 +105,7 @@ def test_bigram_counts_by_hand():
     bigram = NGramLM(3, order=2, smoothing="add_one").fit(train_ids)  # the baseline is the n-gram family
     torch.testing.assert_close(stateless_log_probs(bigram).exp().double(), expected)
     val_ids = torch.tensor([0, 1, 2, 2])
-    score = score_bigram(train_ids, val_ids, torch.tensor([1, 2, 3]))
+    score = score_bigram(train_ids, Split(val_ids, torch.tensor([1, 2, 3])))
     assert score.nll_sum == pytest.approx(-(math.log(3 / 5) + math.log(2 / 6) + math.log(1 / 3)))
     assert (score.tokens, score.characters) == (3, 2 + 3 + 3)
 
@@ -106,7 +113,7 @@ def test_bigram_counts_by_hand():
 def test_tables_score_uneven_token_lengths():
     table = torch.log_softmax(torch.randn(4, 4, dtype=torch.float64), -1)
     ids = torch.tensor([3, 0, 2, 2, 1])
-    score = score_table(table, ids, torch.tensor([1, 2, 5, 1]))
+    score = score_table(table, Split(ids, torch.tensor([1, 2, 5, 1])))
     assert score.nll_sum == pytest.approx(-(table[3, 0] + table[0, 2] + table[2, 2] + table[2, 1]).item())
     assert score.characters == 1 + 5 + 5 + 2  # the targets 0, 2, 2, 1
 
@@ -117,6 +124,48 @@ def test_auto_stride_scores_a_full_recipe_exactly_and_a_smoke_run_quickly():
     assert windowed_stride("auto", 111_539, 128, 2 * 4 * 32) == math.ceil(111_539 * 128 / 256)
     assert windowed_stride("auto", 111_539, 128, None) == 1
     assert windowed_stride(5, 111_539, 128, 1) == 5
+
+
+def test_context_curve_points_are_windowed_scores_on_a_systematic_sample(model, ids):
+    assert context_lengths(128) == [1, 2, 4, 8, 16, 32, 64, 128] and context_lengths(12) == [1, 2, 4, 8, 12]
+    assert curve_stride(149, 8, 10_000) == 1 and curve_stride(149, 8, 300) == math.ceil(149 * 8 / 300)
+    stateful = score_stateful(model, split(ids), 5, 1)
+    curve = context_curve(model, split(ids), max_window=6, stateful=stateful, point_tokens=300, batch_tokens=40)
+    for w in [1, 2, 4, 6]:
+        stride = curve_stride(149, w, 300)
+        assert curve["settings"]["stride"][str(w)] == stride
+        assert curve[str(w)] == pytest.approx(score_windowed(model, split(ids), w, stride).bpc, rel=1e-12)
+        assert curve["settings"]["targets"][str(w)] == len(range(1, 150, stride))
+    assert curve["1"] == pytest.approx(score_stateless(model, split(ids)).bpc, abs=1e-4)
+    assert curve["stateful"] == stateful.bpc
+    # A known figure is reused only when it scored at least the targets the budget allows.
+    fake = Score(1.0, 149, 149)
+    reused = context_curve(model, split(ids), max_window=4, stateful=stateful, point_tokens=None,
+                           known={4: (fake, 1), 2: (fake, 9)})
+    assert reused["4"] == fake.bpc and reused["2"] != fake.bpc
+
+
+def test_standard_error_of_a_sample_is_the_ratio_estimators():
+    nll = torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5], dtype=torch.float64)
+    chars = torch.tensor([1, 2, 1, 3, 1])
+    score = Score(nll.sum().item(), 5, int(chars.sum()), ((nll * nll).sum().item(), (nll * chars).sum().item(),
+                                                          (chars * chars).sum().item()))
+    ratio = nll.sum() / chars.sum()
+    expected = math.sqrt(((nll - ratio * chars) ** 2).sum().item() / (5 * 4)) / (chars.float().mean().item()) / math.log(2)
+    assert score.bpc_se == pytest.approx(expected)
+
+
+def test_eval_mode_restores_the_mode_also_on_error(model):
+    model.train()
+    with pytest.raises(RuntimeError):
+        with eval_mode(model):
+            assert not model.training
+            raise RuntimeError("boom")
+    assert model.training
+    model.eval()
+    with eval_mode(model):
+        pass
+    assert not model.training
 
 
 def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
@@ -134,14 +183,23 @@ def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    scores = evaluate_modes(model, train_ids, val_ids, tokenizer.token_char_lengths, seq_len=32, streams=16,
-                            window=32, windowed_stride=20)
-    bpc = {mode: score.bpc for mode, score in scores.items()}
+    settings = OmegaConf.create({"streams": 16, "window": 32, "windowed_stride": 20, "curve_point_tokens": 100_000})
+    evaluation = evaluate(model, train_ids, Split.of(val_ids, tokenizer), 32, settings)
+    bpc = {mode: score.bpc for mode, score in evaluation.scores.items()}
     assert bpc["stateful"] < bpc["stateless"] - 0.3, bpc
     assert bpc["windowed"] < bpc["stateless"] - 0.3, bpc
     # A stateless GRU is a first-order model, so it cannot beat the best first-order table by much;
     # the stateful one has already left the bigram table behind.
     assert bpc["stateful"] < bpc["bigram"], bpc
+    # The context curve: one token of context is the stateless model; more context helps.
+    curve = evaluation.curve
+    assert [key for key, _ in curve_points(curve)] == ["1", "2", "4", "8", "16", "32", "stateful"]
+    assert curve["1"] == pytest.approx(bpc["stateless"], abs=1e-4)
+    assert curve["8"] < curve["1"] - 0.3 and curve["stateful"] == bpc["stateful"]
+    # 19,999 targets x 16 tokens fit in 100,000 tokens? No: every 4th target; x 32: every 7th.
+    assert curve["settings"]["stride"]["16"] == 4 and curve["settings"]["targets"]["16"] == len(range(1, 20_000, 4))
+    assert curve["settings"]["stride"]["32"] == 7 and curve["settings"]["bpc_se"]["32"] > 0
+    assert curve["settings"]["stride"]["4"] == 1 and curve["settings"]["bpc_se"]["4"] == 0
 
 
 def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_config, small_shakespeare):
@@ -155,6 +213,32 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
         for unit in ["nll", "bpc"]:
             assert math.isfinite(on_disk[f"{mode}_{unit}"]) and on_disk[f"{mode}_{unit}"] == summary[f"{mode}_{unit}"]
     assert on_disk["mode_evaluation"]["window"] == 16 and on_disk["mode_evaluation"]["windowed_stride"] == 1
+    # The context curve: the point "1" is the stateless figure computed another way.
+    curve = on_disk["context_curve"]
+    assert [key for key, _ in curve_points(curve)] == ["1", "2", "4", "8", "16", "stateful"]
+    assert curve["1"] == pytest.approx(on_disk["stateless_bpc"], abs=1e-4)
+    assert curve["16"] == pytest.approx(on_disk["windowed_bpc"]) and curve["stateful"] == on_disk["stateful_bpc"]
+    # The best checkpoint beside the final weights; history.csv has the modes at every validation.
+    best = on_disk["best"]
+    assert best["step"] <= on_disk["train_steps"] and best["same_as_final"] == (best["step"] == on_disk["train_steps"])
+    history = read_history(run_dir / "history.csv")
+    assert [step for step, _ in history["val/stateful_bpc"]] == [step for step, _ in history["val/loss"]]
+    assert history["val/stateful_bpc"][-1][1] == pytest.approx(on_disk["stateful_bpc"], rel=1e-5)
+    assert history["val/stateless_bpc"][-1][1] == pytest.approx(on_disk["stateless_bpc"], rel=1e-5)
+
+    # A best checkpoint from another step is loaded and scored in every mode: here the final
+    # weights recorded as step 1, so its figures must be the final ones.
+    checkpoint = torch.load(on_disk["checkpoint"], weights_only=True)
+    checkpoint["global_step"] = 1
+    torch.save(checkpoint, run_dir / "checkpoints" / "earlier.ckpt")
+    earlier = dict(on_disk, best_checkpoint=str(run_dir / "checkpoints" / "earlier.ckpt"))
+    train_text, val_text = split_text(small_shakespeare.read_text(encoding="utf-8"), cfg.data.train_fraction)
+    tokenizer = CharTokenizer.from_text(train_text)
+    val = Split.of(torch.tensor(tokenizer.encode(val_text)), tokenizer)
+    best = score_best(cfg, earlier, torch.tensor(tokenizer.encode(train_text)), val, torch.device("cpu"))
+    assert best["step"] == 1 and not best["same_as_final"]
+    for key in ["val_loss", "val_bpc", "stateful_bpc", "stateless_bpc", "windowed_bpc", "windowed_nll"]:
+        assert best[key] == pytest.approx(on_disk[key], rel=1e-5), key
 
     # The bigram baseline is the training split's counts, scored on the validation split.
     train_text, val_text = split_text(small_shakespeare.read_text(encoding="utf-8"), cfg.data.train_fraction)

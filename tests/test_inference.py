@@ -272,6 +272,12 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ["stateful_nll", "stateless_nll", "windowed_nll", "bigram_nll"]:
         assert evaluation[key] == pytest.approx(summary[key], rel=1e-5)
+    # ... and the same context curve, point by point.
+    assert set(evaluation["context_curve"]) == set(summary["context_curve"])
+    for key, value in summary["context_curve"].items():
+        if key != "settings":
+            assert evaluation["context_curve"][key] == pytest.approx(value, rel=1e-5), key
+    assert "context curve" in result.stdout
 
 
 def test_sample_py_without_a_checkpoint_says_how_to_train_one(tmp_path):

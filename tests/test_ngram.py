@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gru_experiments.errors import UserError
-from gru_experiments.evaluation import score_bigram
+from gru_experiments.evaluation import Split, score_bigram
 from gru_experiments.language_model import NO_TOKEN, InvalidSetting
 from gru_experiments.ngram import MIN_DISCOUNT, NGramLM
 
@@ -110,7 +110,7 @@ def test_order_two_add_one_is_the_bigram_baseline():
     counts = Counter(zip(train[:-1].tolist(), train[1:].tolist()))
     firsts = Counter(train[:-1].tolist())
     nll = -sum(math.log((counts[(a, b)] + 1) / (firsts[a] + V)) for a, b in zip(val[:-1].tolist(), val[1:].tolist()))
-    score = score_bigram(train, val, torch.ones(V, dtype=torch.long))
+    score = score_bigram(train, Split(val, torch.ones(V, dtype=torch.long)))
     assert score.tokens == 499 and score.nll == pytest.approx(nll / 499, rel=1e-6)
 
 

@@ -77,10 +77,21 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         for key in NUMBERS + present_modes:
             assert math.isfinite(float(row[key])) and float(row[key]) == pytest.approx(summary[key]), (row["model"], key)
-    for name in ("bpc_by_mode.png", "curves.png"):
+    for name in ("bpc_by_mode.png", "curves.png", "context_curve.png", "modes_over_training.png"):
         assert_valid_png(sweep / name)
     report = (sweep / "report.md").read_text()
     assert all(f"| {name} |" in report for name in SIX)
+    # The study's figures: every job's context curve (point "1" is its stateless figure), the modes
+    # at every validation, the best checkpoint, and the five findings judged from them.
+    for row in rows:
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert summary["context_curve"]["1"] == pytest.approx(summary["stateless_bpc"], abs=1e-4)
+        assert summary["best"]["step"] <= summary["train_steps"]
+        history = (Path(row["run_dir"]) / "history.csv").read_text()
+        assert history.count("val/stateful_bpc") == history.count("val/stateless_bpc") == 2  # 2 epochs
+    findings = report.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    assert [line[:3] for line in findings.splitlines() if line[:1].isdigit()] == ["1. ", "2. ", "3. ", "4. ", "5. "]
+    assert "cannot be judged" not in findings.split("4. ", 1)[1].split("\n")[0]  # char and spm models both ran
 
     # W&B: every job its own offline run in the sweep's group, holding its metrics.
     for row in rows:
@@ -88,6 +99,10 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
         assert run.name == row["model"] and run.group == "smoke_study" and run.exit_code == 0
         assert run.summary["val_bpc"] == pytest.approx(float(row["val_bpc"]))
         assert len(run.series("val/bpc")) == 2 and len(run.series("train/loss")) > 0  # 2 epochs
+        assert len(run.series("val/stateful_bpc")) == 2 and len(run.series("val/stateless_bpc")) == 2
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert run.series("context_curve/1") == [pytest.approx(summary["context_curve"]["1"])]
+        assert any("context_curve/plot_table" in entry for entry in run.history)  # the W&B line plot
     [summary_run] = offline_runs(sweep)
     [table] = [entry["results"] for entry in summary_run.history if "results" in entry]
     assert summary_run.group == "smoke_study" and table["nrows"] == 6

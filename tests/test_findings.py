@@ -1,0 +1,125 @@
+"""The report's study figures (context curve, modes over training, best vs final) and its
+*Findings*, over fabricated sweep folders: the figures must be the summaries' numbers, and the
+findings must follow the numbers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gru_experiments.findings import CLAIMS, findings
+from gru_experiments.reporting import (PLOT_CONTEXT, PLOT_MODES, build_report, collect, context_curve_series,
+                                       modes_over_training_series)
+from test_reporting import assert_valid_png, make_job
+
+# (model, tokenizer, parameters, stateful, stateless, bigram)
+MODELS = [("astra_alpha", "char", 86_913, 2.31, 3.78, 3.58),
+          ("astra_beta", "char", 715_713, 2.05, 3.70, 3.58),
+          ("scribe_alpha", "spm", 1_075_688, 2.25, 2.79, 2.85)]
+
+
+def summary(model, tokenizer, parameters, stateful, stateless, bigram, best_step=2000, best_val=None):
+    curve = {"1": stateless, "2": stateless - 0.5, "4": stateful + 0.3, "8": stateful + 0.02,
+             "stateful": stateful, "settings": {"max_window": 8, "targets": {}, "stride": {}}}
+    val = stateful + 0.03
+    best_val = val if best_val is None else best_val
+    return {"status": "completed", "model": model, "cell": "gru", "tokenizer": tokenizer, "parameters": parameters,
+            "train_loss": 1.5, "val_loss": 1.6, "val_bpc": val, "stateful_bpc": stateful,
+            "stateless_bpc": stateless, "windowed_bpc": stateful + 0.02, "bigram_bpc": bigram,
+            "train_steps": 2000, "train_tokens": 2000 * 64 * 128, "context_curve": curve,
+            "best": {"step": best_step, "same_as_final": best_step == 2000, "val_bpc": best_val,
+                     "stateful_bpc": stateful - 0.01, "stateless_bpc": stateless, "windowed_bpc": stateful}}
+
+
+def history(stateful_first, stateful_last, stateless_first, stateless_last):
+    rows = [(10, 0, "train/loss", 3.9), (2000, 9, "train/loss", 1.5)]
+    for step, sf, sl in ((200, stateful_first, stateless_first), (2000, stateful_last, stateless_last)):
+        rows += [(step, 0, "val/loss", 2.0), (step, 0, "val/bpc", sf + 0.03),
+                 (step, 0, "val/stateful_bpc", sf), (step, 0, "val/stateless_bpc", sl)]
+    return rows
+
+
+def make_sweep(root: Path, models=MODELS, **changes) -> Path:
+    """A study sweep folder; `changes` maps a model to summary() keyword overrides."""
+    sweep = root / "study"
+    sweep.mkdir(parents=True)
+    for num, (model, tokenizer, parameters, stateful, stateless, bigram) in enumerate(models):
+        values = dict(stateful=stateful, stateless=stateless, bigram=bigram) | changes.get(model, {})
+        make_job(sweep, num, model, tokenizer=tokenizer,
+                 summary=summary(model, tokenizer, parameters, **values),
+                 history=history(values["stateful"] + 0.5, values["stateful"], values["stateless"] + 0.2,
+                                 values["stateless"]))
+    return sweep
+
+
+def finding_lines(report_md: str) -> list[str]:
+    section = report_md.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if re.match(r"\d\. ", line)]
+
+
+def test_the_study_plots_are_the_summaries_numbers(tmp_path):
+    sweep = make_sweep(tmp_path)
+    report = build_report(sweep)
+    for name in (PLOT_CONTEXT, PLOT_MODES):
+        assert_valid_png(report.files[name])
+        assert f"]({name})" in (sweep / "report.md").read_text()
+    jobs, _ = collect(sweep)
+    series = context_curve_series(jobs)
+    for job in jobs:
+        curve = job.values["context_curve"]
+        assert series[job.model]["windows"] == [(w, curve[str(w)]) for w in (1, 2, 4, 8)]
+        assert series[job.model]["stateful"] == job.values["stateful_bpc"]
+    over_training = modes_over_training_series(jobs)
+    alpha = next(job for job in jobs if job.model == "astra_alpha")
+    assert over_training["astra_alpha"]["stateful"] == [(200 * 64 * 128, pytest.approx(2.81)),
+                                                        (2000 * 64 * 128, 2.31)]
+    assert over_training["astra_alpha"]["stateless"][-1] == (2000 * 64 * 128, alpha.values["stateless_bpc"])
+
+
+def test_findings_state_the_measured_figures(tmp_path):
+    lines = finding_lines((build_report(make_sweep(tmp_path)).files["report.md"]).read_text())
+    assert len(lines) == 5 and all(claim in line for claim, line in zip(CLAIMS, lines))
+    # (2) stateless vs bigram: worse for both char models, better for the spm one.
+    assert "partly supported" in lines[1] and "worse than the count bigram for 2 of 3" in lines[1]
+    # (4) resetting costs spm 0.54, char (1.47 + 1.65) / 2 = 1.56: contradicted, and said so.
+    assert "contradicted" in lines[3] and "subword models 0.540 and character models 1.560" in lines[3]
+    assert "lose less" in lines[3]
+    # (5) astra_alpha stateful 2.31 beats the stateless figures of both larger models.
+    assert "supported" in lines[4] and "beats 2 of 2 larger models" in lines[4]
+    # (1) every best checkpoint is the final one here.
+    assert "not shown by this sweep" in lines[0] and "0 of 3" in lines[0]
+
+
+def test_findings_change_when_the_numbers_do(tmp_path):
+    before = finding_lines(build_report(make_sweep(tmp_path / "a")).files["report.md"].read_text())
+    # The subword model now loses 2.0 bits per character without its state, and overfits.
+    after = finding_lines(build_report(make_sweep(tmp_path / "b", scribe_alpha=dict(
+        stateless=4.25, best_step=600, best_val=2.168))).files["report.md"].read_text())
+    assert "contradicted" in before[3] and after[3].startswith("4. **Subword models amplify inference-time errors**: "
+                                                               "supported")
+    assert "subword models 2.000" in after[3]
+    assert "1 of 3" in after[0] and "best 2.1680 at step 600" in after[0] and after[0] != before[0]
+    assert "3 of 3" in after[1] and "supported" in after[1]
+
+
+def test_findings_say_what_is_missing(tmp_path):
+    one = [MODELS[0]]
+    lines = finding_lines(build_report(make_sweep(tmp_path, models=one)).files["report.md"].read_text())
+    assert "cannot be judged" in lines[3] and "no subword (spm) model" in lines[3]
+    assert "cannot be judged" in lines[4] and "at least two sizes" in lines[4]
+    assert "Missing: models of one tokenizer at two sizes" in lines[2]
+    assert [f.verdict for f in findings([])] == ["cannot be judged"] * 5
+
+
+def test_best_and_final_weights_side_by_side(tmp_path):
+    sweep = make_sweep(tmp_path, scribe_alpha=dict(best_step=600, best_val=2.168))
+    text = build_report(sweep).files["report.md"].read_text()
+    section = text.split("## Best checkpoint and final weights", 1)[1].split("\n## ", 1)[0]
+    assert "| scribe_alpha | best | 600 | 2.1680 |" in section
+    assert "| scribe_alpha | final | 2000 | 2.2800 |" in section
+    assert "| astra_alpha | best (= final) | 2000 |" in section
+    rows = {row["model"]: row for row in __import__("csv").DictReader(open(sweep / "results.csv"))}
+    assert rows["scribe_alpha"]["best_step"] == "600" and float(rows["scribe_alpha"]["best_val_bpc"]) == 2.168
