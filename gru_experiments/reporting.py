@@ -409,6 +409,8 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
     labels = [f"{job.model}\n{(job.number('parameters') or 0) / 1000:,.0f}k" for job in rungs]
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
+    tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
+    ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
     return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
                           path)
 
