@@ -145,8 +145,8 @@ def check_model(cfg) -> None:
     # epochs and steps_per_epoch mean nothing to it (preset=smoke sets them for every model);
     # a learning rate would suggest an optimizer that does not exist.
     if _select(cfg, "model.lr") not in (_MISSING, None):
-        raise UserError(f"model.lr is not a setting of {family.__name__}: a {family.family} model is counted "
-                        "from the training split, with no optimizer, epochs or steps")
+        raise UserError(f"model.lr is not a setting of {family.__name__} ({family.family}): its weights are "
+                        "counted from the training split, with no optimizer, epochs or steps")
 
 
 def validate_sampling(settings, vocab_size: int, prefix: str = "") -> None:

@@ -193,24 +193,52 @@ def score_windowed(model, split: Split, window: int, stride: int = 1, batch_toke
         # Every window holds all the model can see: one pass over the split, the state carried,
         # predicts each target exactly as its own window would.
         return _score_in_one_pass(model, split, stride)
-    ids = split.ids
-    positions = torch.arange(1, ids.numel(), stride, device=ids.device)  # indices of scored targets
-    total = Score()
+    return score_contexts(model, split, window, [window], stride, batch_tokens)[window]
+
+
+@torch.no_grad()
+def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
+                   batch_tokens: int = 1 << 16) -> dict[int, Score]:
+    """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
+    the windows of `score_windowed(window)`: a causal model run from a zero state over a window
+    ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
+    it. So the windows of every target (one forward pass each) give every shorter context too, at
+    no extra forward cost.
+
+    Context w scores the targets u = w + 1 - window + stride * i (every stride-th target, the same
+    sample as the full window's, shifted): those with u <= w from the prefix pass (all their
+    history), the others from the window starting at u - w, and the last window - w of them (whose
+    windows would run past the split) from their own window of w tokens.
+    """
+    if stride < 1 or any(not 1 <= w <= window for w in contexts):
+        raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
+    ids, n = split.ids, split.n_targets
+    device = ids.device
+    totals = {w: Score() for w in contexts}
     with eval_mode(model):
-        # Targets 1..window: their windows are prefixes of ids[:window], so one pass over that
-        # prefix predicts each of them from exactly its own context.
-        head = positions[positions <= window]
-        if head.numel():
-            logits, _ = model(ids[:window].unsqueeze(0))
-            total = total.add(score_batch(logits[0, head - 1], ids[head], split.char_lengths))
-        # Every later target t: the window ids[t - window : t].
-        tail = positions[positions > window]
-        offsets = torch.arange(-window, 0, device=ids.device)
-        per_batch = max(1, batch_tokens // window)
-        for chunk in tail.split(per_batch):
+        # Targets 1..window: their contexts are prefixes of ids[:window] (one pass predicts all).
+        logits, _ = model(ids[:window].unsqueeze(0))
+        for w in contexts:
+            head = torch.arange(1, min(w, n) + 1, device=device)
+            head = head[(head - (w + 1 - window)) % stride == 0]
+            if head.numel():
+                totals[w] = totals[w].add(score_batch(logits[0, head - 1], ids[head], split.char_lengths))
+        # The windows ids[s : s + window] of the full window's targets t = s + window in (window, n].
+        starts = torch.arange(1, max(n - window + 1, 1), device=device)
+        starts = starts[(starts + window - 1) % stride == 0]
+        offsets = torch.arange(window, device=device)
+        for chunk in starts.split(max(1, batch_tokens // window)):
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
-            total = total.add(score_batch(logits[:, -1], ids[chunk], split.char_lengths))
-    return total
+            for w in contexts:
+                totals[w] = totals[w].add(score_batch(logits[:, w - 1], ids[chunk + w], split.char_lengths))
+        # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
+        for w in contexts:
+            tail = torch.arange(min(max(n - window + w, w), n) + 1, n + 1, device=device)
+            tail = tail[(tail - (w + 1 - window)) % stride == 0]
+            if tail.numel():
+                logits, _ = model(ids[tail.unsqueeze(1) + torch.arange(-w, 0, device=device)])
+                totals[w] = totals[w].add(score_batch(logits[:, -1], ids[tail], split.char_lengths))
+    return totals
 
 
 def sees_whole_window(model, window: int) -> bool:
@@ -266,34 +294,54 @@ def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
 
 
 def context_curve(model, split: Split, *, max_window: int, stateful: Score, point_tokens: int | None,
-                  batch_tokens: int = 1 << 16, known: dict[int, tuple[Score, int]] | None = None) -> dict:
+                  shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None) -> dict:
     """Bits per character with the model seeing only the last w tokens, from its initial state,
-    for w in `context_lengths(max_window)` (score_windowed), and with the state carried
-    ("stateful": `stateful`, already scored). Point w scores every target when n_targets x w
-    forward tokens fit in `point_tokens`, else a systematic sample (every k-th target, k the
-    smallest that fits). `known` maps a window to a (Score, stride) already computed (the windowed
-    mode's figure), reused instead of scoring it again.
+    for w in `context_lengths(max_window)`, and with the state carried ("stateful": `stateful`,
+    already scored).
+
+    Every point comes from one pass of windows of max_window tokens (`score_contexts`), scoring
+    every `shared_stride`-th target (the windowed figure's stride). A point whose exact figure fits
+    in `point_tokens` forward tokens (n_targets x w) but that the shared pass sampled gets its own
+    pass, scoring every k-th target with k the smallest stride within that budget (`curve_stride`).
+    The point max_window always comes from the shared pass: it is the windowed figure at the
+    training window. Finite-context models whose context fits in w are scored in one pass, exactly.
+    `scores_out`, when given, receives {w: Score}.
 
     Returns {"1": bpc, "2": bpc, ..., "stateful": bpc, "settings": {...}}: the settings record,
-    per point, the targets scored, the stride, the tokens run through the model and the standard
-    error of a sampled point (0 for an exact one)."""
-    known = known or {}
-    curve, targets, strides, forward, errors = {}, {}, {}, {}, {}
+    per point, the targets scored, the stride, the tokens run through the model for it and the
+    standard error of a sampled point (0 for an exact one)."""
     n = split.n_targets
-    for w in context_lengths(max_window):
-        stride = 1 if sees_whole_window(model, w) else curve_stride(n, w, point_tokens)
-        if w in known and known[w][1] <= stride:  # already scored, on at least as many targets
-            score, stride = known[w]
-        else:
-            score = score_windowed(model, split, w, stride, batch_tokens)
-        key = str(w)
-        curve[key], targets[key], strides[key] = score.bpc, score.tokens, stride
-        forward[key] = split.n_targets if sees_whole_window(model, w) else score.tokens * w
-        errors[key] = 0.0 if score.tokens == n else score.bpc_se
+    lengths = context_lengths(max_window)
+    one_pass = [w for w in lengths if sees_whole_window(model, w)]
+    own = [w for w in lengths if w not in one_pass and w != max_window
+           and curve_stride(n, w, point_tokens) < shared_stride]
+    shared = [w for w in lengths if w not in one_pass and w not in own]
+    scores, strides, forward = {}, {}, {}
+    if shared:
+        scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens)
+        for w in shared:
+            strides[w], forward[w] = shared_stride, 0  # shared: the windowed pass's forward tokens
+        forward[max(shared)] = len(range(1, n + 1, shared_stride)) * max_window
+    for w in own:
+        strides[w] = curve_stride(n, w, point_tokens)
+        scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens)[w]
+        forward[w] = scores[w].tokens * w
+    for w in one_pass:
+        scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1), 1, n
+    curve, settings = {}, {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
+                           "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
+    for w in lengths:
+        key, score = str(w), scores[w]
+        curve[key] = score.bpc
+        settings["targets"][key], settings["stride"][key] = score.tokens, strides[w]
+        settings["forward_tokens"][key] = forward[w]
+        settings["bpc_se"][key] = 0.0 if score.tokens == n else score.bpc_se
     curve["stateful"] = stateful.bpc
-    targets["stateful"], strides["stateful"], errors["stateful"] = stateful.tokens, 1, 0.0
-    curve["settings"] = {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
-                         "targets": targets, "stride": strides, "forward_tokens": forward, "bpc_se": errors}
+    settings["targets"]["stateful"], settings["stride"]["stateful"] = stateful.tokens, 1
+    settings["bpc_se"]["stateful"] = 0.0
+    curve["settings"] = settings
+    if scores_out is not None:
+        scores_out.update(scores)
     return curve
 
 
@@ -364,15 +412,22 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
     batch_tokens = int(settings.get("batch_tokens", 1 << 16))
     used = {"seq_len": seq_len, "streams": streams, "window": window, "windowed_stride": stride,
             "windowed_targets": len(range(1, n_targets + 1, stride))}
-    scores = {
-        "stateful": stateful if stateful is not None else score_stateful(model, val, seq_len, streams),
-        "stateless": score_stateless(model, val),
-        "windowed": score_windowed(model, val, window, stride, batch_tokens),
-        "bigram": score_bigram(train_ids, val),
-    }
-    result = Evaluation(scores, used)
-    if curve:
-        result.curve = context_curve(model, val, max_window=seq_len, stateful=scores["stateful"],
-                                     point_tokens=settings.get("curve_point_tokens"), batch_tokens=batch_tokens,
-                                     known={window: (scores["windowed"], stride)})
+    stateful = stateful if stateful is not None else score_stateful(model, val, seq_len, streams)
+    point_tokens = settings.get("curve_point_tokens")
+    by_context: dict[int, Score] = {}
+    context = None
+    if curve and window == seq_len and not sees_whole_window(model, window):
+        # One pass of windows gives the windowed figure and every shorter context (score_contexts).
+        context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
+                                shared_stride=stride, batch_tokens=batch_tokens, scores_out=by_context)
+        windowed = by_context[window]
+    else:
+        windowed = score_windowed(model, val, window, stride, batch_tokens)
+        if curve:
+            context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
+                                    shared_stride=curve_stride(n_targets, seq_len, point_tokens),
+                                    batch_tokens=batch_tokens)
+    scores = {"stateful": stateful, "stateless": score_stateless(model, val), "windowed": windowed,
+              "bigram": score_bigram(train_ids, val)}
+    result = Evaluation(scores, used, context)
     return result

@@ -304,9 +304,9 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += ["## Context curve", "",
               "Bits per character with the model given only the last w tokens, from its initial state "
               "(w = 1 is the stateless figure), and with the state carried through the whole split "
-              "(stateful, at the right); final weights. A point whose exact figure would run more than "
-              "evaluation.curve_point_tokens tokens through the model scores a systematic sample of targets "
-              "(summary.json's context_curve.settings).", ""]
+              "(stateful, at the right); final weights. The points score the windowed figure's targets (all, "
+              "or its systematic sample; summary.json's context_curve.settings says which, with standard "
+              "errors; docs/evaluation.md).", ""]
     lines += [f"![bits per character against context length]({PLOT_CONTEXT})" if PLOT_CONTEXT in plots
               else f"{MISSING} no completed job has a context curve."]
     lines += ["", "## Inference modes over training", "",
@@ -409,6 +409,8 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
     labels = [f"{job.model}\n{(job.number('parameters') or 0) / 1000:,.0f}k" for job in rungs]
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
+    tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
+    ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
     return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
                           path)
 

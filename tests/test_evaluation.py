@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.data import RandomWindowBatches, split_text
 from gru_experiments.evaluation import (Score, Split, context_curve, context_lengths, curve_points, curve_stride,
+                                        score_contexts,
                                         evaluate, score_bigram, score_stateful, score_stateless, score_table,
                                         score_windowed, stateless_log_probs, windowed_stride)
 from gru_experiments.inference import eval_mode
@@ -126,23 +127,37 @@ def test_auto_stride_scores_a_full_recipe_exactly_and_a_smoke_run_quickly():
     assert windowed_stride(5, 111_539, 128, 1) == 5
 
 
-def test_context_curve_points_are_windowed_scores_on_a_systematic_sample(model, ids):
+@pytest.mark.parametrize("stride", [1, 3])
+def test_one_pass_of_windows_scores_every_shorter_context(model, ids, stride):
+    window = 6
+    scores = score_contexts(model, split(ids), window, [1, 2, 4, 6], stride=stride, batch_tokens=40)
+    for w, score in scores.items():
+        # Context w: the targets u = w + 1 - window (mod stride), each from its own last w tokens.
+        targets = [u for u in range(1, ids.numel()) if (u - (w + 1 - window)) % stride == 0]
+        nlls = [nll_of(model, ids[max(0, u - w):u], ids[u].item()) for u in targets]
+        check_score(score, nlls, ids[targets])
+        if stride == 1:
+            assert score.nll_sum == pytest.approx(score_windowed(model, split(ids), w).nll_sum, rel=1e-9)
+    assert scores[6].nll_sum == pytest.approx(score_windowed(model, split(ids), 6, stride).nll_sum, rel=1e-9)
+
+
+def test_context_curve_points_exact_or_on_a_systematic_sample(model, ids):
     assert context_lengths(128) == [1, 2, 4, 8, 16, 32, 64, 128] and context_lengths(12) == [1, 2, 4, 8, 12]
     assert curve_stride(149, 8, 10_000) == 1 and curve_stride(149, 8, 300) == math.ceil(149 * 8 / 300)
     stateful = score_stateful(model, split(ids), 5, 1)
-    curve = context_curve(model, split(ids), max_window=6, stateful=stateful, point_tokens=300, batch_tokens=40)
+    exact = context_curve(model, split(ids), max_window=6, stateful=stateful, point_tokens=300, batch_tokens=40)
     for w in [1, 2, 4, 6]:
-        stride = curve_stride(149, w, 300)
-        assert curve["settings"]["stride"][str(w)] == stride
-        assert curve[str(w)] == pytest.approx(score_windowed(model, split(ids), w, stride).bpc, rel=1e-12)
-        assert curve["settings"]["targets"][str(w)] == len(range(1, 150, stride))
-    assert curve["1"] == pytest.approx(score_stateless(model, split(ids)).bpc, abs=1e-4)
-    assert curve["stateful"] == stateful.bpc
-    # A known figure is reused only when it scored at least the targets the budget allows.
-    fake = Score(1.0, 149, 149)
-    reused = context_curve(model, split(ids), max_window=4, stateful=stateful, point_tokens=None,
-                           known={4: (fake, 1), 2: (fake, 9)})
-    assert reused["4"] == fake.bpc and reused["2"] != fake.bpc
+        assert exact[str(w)] == pytest.approx(score_windowed(model, split(ids), w).bpc, rel=1e-9)
+        assert exact["settings"]["targets"][str(w)] == 149 and exact["settings"]["bpc_se"][str(w)] == 0
+    assert exact["1"] == pytest.approx(score_stateless(model, split(ids)).bpc, abs=1e-4)
+    assert exact["stateful"] == stateful.bpc
+    # The shared pass samples every 5th target; points whose exact figure fits the budget get their
+    # own pass (every k-th target within it), the training window stays the windowed figure's sample.
+    sampled = context_curve(model, split(ids), max_window=6, stateful=stateful, point_tokens=300, shared_stride=5)
+    assert sampled["settings"]["stride"] == {"1": 1, "2": 1, "4": 2, "6": 5, "stateful": 1}
+    assert sampled["4"] == pytest.approx(score_windowed(model, split(ids), 4, 2).bpc, rel=1e-9)
+    assert sampled["6"] == pytest.approx(score_windowed(model, split(ids), 6, 5).bpc, rel=1e-9)
+    assert sampled["settings"]["bpc_se"]["6"] > 0 and sampled["settings"]["targets"]["6"] == 30
 
 
 def test_standard_error_of_a_sample_is_the_ratio_estimators():
@@ -196,9 +211,11 @@ def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
     assert [key for key, _ in curve_points(curve)] == ["1", "2", "4", "8", "16", "32", "stateful"]
     assert curve["1"] == pytest.approx(bpc["stateless"], abs=1e-4)
     assert curve["8"] < curve["1"] - 0.3 and curve["stateful"] == bpc["stateful"]
-    # 19,999 targets x 16 tokens fit in 100,000 tokens? No: every 4th target; x 32: every 7th.
+    # 19,999 targets x 16 tokens fit in 100,000 tokens? No: every 4th target. The training window
+    # (32) is the windowed figure, every 20th target.
     assert curve["settings"]["stride"]["16"] == 4 and curve["settings"]["targets"]["16"] == len(range(1, 20_000, 4))
-    assert curve["settings"]["stride"]["32"] == 7 and curve["settings"]["bpc_se"]["32"] > 0
+    assert curve["settings"]["stride"]["32"] == 20 and curve["settings"]["bpc_se"]["32"] > 0
+    assert curve["32"] == bpc["windowed"]
     assert curve["settings"]["stride"]["4"] == 1 and curve["settings"]["bpc_se"]["4"] == 0
 
 

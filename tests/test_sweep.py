@@ -47,6 +47,22 @@ def tiny_overrides(corpus: Path, data_dir: Path) -> list[str]:
 
 # --- end to end ---------------------------------------------------------------------------
 @pytest.mark.slow
+def test_the_ladder_in_one_command(tiny_corpus, data_dir, tmp_path):
+    """models=ladder: every family's rungs, one report with the ladder table and plot."""
+    sweep = tmp_path / "ladder"
+    result = run_script("sweep.py", "models=ladder", "logger=none", *tiny_overrides(tiny_corpus, data_dir),
+                        f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha", "lstm"]
+    rows = read_rows(sweep)
+    assert [row["model"] for row in rows] == ladder and {row["status"] for row in rows} == {"completed"}
+    assert [row["cell"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm"]
+    report = (sweep / "report.md").read_text()
+    assert "## The ladder" in report and all(f"| {name} | " in report for name in ladder)
+    assert_valid_png(sweep / "ladder.png")
+
+
+@pytest.mark.slow
 def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
     sweep = tmp_path / "smoke_study"
     result = run_script("sweep.py", "preset=smoke", f"data.path={shakespeare}", f"paths.data_dir={data_dir}",
