@@ -8,6 +8,7 @@ vectorised gather there (no Python loop over the batch, no host-to-device copy).
 from __future__ import annotations
 
 import hashlib
+import lzma
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,10 @@ from gru_experiments.files import atomic_file
 from gru_experiments.tokenizers import build_tokenizer, describe_characters
 
 IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
+
+# The default corpus, shipped in the package (xz -9e) so training needs no network: Tiny Shakespeare.
+SHIPPED_CORPUS = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt.xz"
+SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
 
 
 def sha256_of(path: Path) -> str:
@@ -43,10 +48,13 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
     return dest
 
 
-def corpus_path(path: str | None, url: str, sha256: str | None, cache_dir: str | Path) -> Path:
-    """The local file to train on: `path` if given, else the cached download of `url`."""
+def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir: str | Path) -> Path:
+    """The file to train on: `path` if given, else the cached download of `url` (opt-in), else the
+    corpus shipped in the package (SHIPPED_CORPUS)."""
     if path:
         return Path(path).expanduser()
+    if not url:
+        return SHIPPED_CORPUS
     cached = Path(cache_dir) / Path(url.split("?")[0]).name
     if not cached.exists() or (sha256 and sha256_of(cached) != sha256):
         print(f"downloading {url} -> {cached}")
@@ -59,12 +67,21 @@ def corpus_path(path: str | None, url: str, sha256: str | None, cache_dir: str |
 
 
 def read_corpus(path: Path) -> str:
-    """The corpus text; UserError if the file is missing, empty or not UTF-8."""
+    """The corpus text; UserError if the file is missing, empty or not UTF-8. A `.xz` file is
+    decompressed; the shipped corpus is checked against its sha256."""
     if not path.exists():
         raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
     if not path.is_file():
         raise UserError(f"corpus path is not a file: {path} (data.path)")
     data = path.read_bytes()
+    if path.suffix == ".xz":
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError as err:
+            raise UserError(f"corpus file is not valid xz: {path} ({err})") from None
+    if path == SHIPPED_CORPUS and (got := hashlib.sha256(data).hexdigest()) != SHIPPED_SHA256:
+        raise UserError(f"the shipped corpus {path} is damaged: sha256 {got}, expected {SHIPPED_SHA256}; "
+                        "reinstall the package or train on a local file: data.path=FILE")
     if not data:
         raise UserError(f"corpus file is empty: {path}")
     try:

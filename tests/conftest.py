@@ -1,7 +1,7 @@
 """Shared fixtures: configs composed with Hydra's compose API into tmp_path, and corpora.
 
-Tests never use the network: the real corpus comes from ../shared (or GRU_TEST_CORPUS),
-small corpora are made here.
+Tests never use the network: the real corpus is the copy shipped in the package
+(gru_experiments/corpora), small corpora are made here.
 """
 
 from __future__ import annotations
@@ -24,19 +24,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
 
 
-def shakespeare_path() -> Path:
-    candidates = [os.environ.get("GRU_TEST_CORPUS"), REPO.parent / "shared" / "data" / "tinyshakespeare.txt",
-                  REPO / "data" / "input.txt"]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    raise FileNotFoundError("Tiny Shakespeare not found: put it at ../shared/data/tinyshakespeare.txt "
-                            "or point GRU_TEST_CORPUS at a copy")
-
-
 @pytest.fixture(scope="session")
-def shakespeare() -> Path:
-    return shakespeare_path()
+def shakespeare(tmp_path_factory) -> Path:
+    """The shipped Tiny Shakespeare as a plain text file (read and sha256-checked by data.read_corpus)."""
+    from gru_experiments.data import SHIPPED_CORPUS, read_corpus
+
+    path = tmp_path_factory.mktemp("corpus") / "tinyshakespeare.txt"
+    path.write_text(read_corpus(SHIPPED_CORPUS), encoding="utf-8")
+    return path
 
 
 def make_text(n_chars: int = 20_000, seed: int = 0) -> str:

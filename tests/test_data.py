@@ -102,3 +102,23 @@ def test_download_with_a_wrong_checksum_leaves_nothing(http_server, tmp_path):
 
 def test_a_local_path_wins(tiny_corpus):
     assert corpus_path(str(tiny_corpus), "http://unused.invalid/x.txt", None, "unused") == tiny_corpus
+
+
+def test_the_default_corpus_is_the_shipped_one_read_offline_and_sha_checked(tmp_path, monkeypatch):
+    import lzma
+
+    from gru_experiments import data
+
+    assert corpus_path(None, None, None, tmp_path / "cache") == data.SHIPPED_CORPUS
+    assert not (tmp_path / "cache").exists()  # nothing downloaded, nothing written
+    text = data.read_corpus(data.SHIPPED_CORPUS)
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == data.SHIPPED_SHA256
+    assert data.SHIPPED_CORPUS.stat().st_size < 500_000
+    # A damaged copy is refused in one line.
+    monkeypatch.setattr(data, "SHIPPED_SHA256", "0" * 64)
+    with pytest.raises(UserError, match="shipped corpus .* is damaged"):
+        data.read_corpus(data.SHIPPED_CORPUS)
+    # Any local .xz text reads like a plain one.
+    packed = tmp_path / "t.txt.xz"
+    packed.write_bytes(lzma.compress("héllo\n".encode()))
+    assert data.read_corpus(packed) == "héllo\n"
