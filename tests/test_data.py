@@ -111,6 +111,8 @@ def test_the_default_corpus_is_the_shipped_one_read_offline_and_sha_checked(tmp_
 
     assert corpus_path(None, None, None, tmp_path / "cache") == data.SHIPPED_CORPUS
     assert not (tmp_path / "cache").exists()  # nothing downloaded, nothing written
+    # A run recorded when the default was a download of the same text reads the shipped copy too.
+    assert corpus_path(None, "http://unused.invalid/input.txt", data.SHIPPED_SHA256, tmp_path) == data.SHIPPED_CORPUS
     text = data.read_corpus(data.SHIPPED_CORPUS)
     assert hashlib.sha256(text.encode("utf-8")).hexdigest() == data.SHIPPED_SHA256
     assert data.SHIPPED_CORPUS.stat().st_size < 500_000
