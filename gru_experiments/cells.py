@@ -170,7 +170,7 @@ class RNNLayer(RecurrentLayer):
 
         h' = tanh(W_x·x + b + W_h·h)
 
-    One bias (nn.RNN has two, b_ih and b_hh, which add up to one). Per layer:
+    One bias (PyTorch's built-in Elman layer has two, b_ih and b_hh, which add up to one). Per layer:
     H·I + H·H + H parameters.
     """
 
