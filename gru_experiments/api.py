@@ -1,0 +1,316 @@
+"""The Python API: train a model, load it, generate and score text in the study's inference modes.
+
+    import gru_experiments
+
+    summary = gru_experiments.train(["model=astra_alpha", "trainer.max_steps=300"])
+    lm = gru_experiments.load(summary["run_dir"])          # a run folder, a checkpoint, or the summary
+    lm.generate("ROMEO: ", mode="stateful", seed=1)         # prompt + continuation
+    lm.score("KING RICHARD III:\\nNow is the winter", mode="stateless")   # nats per token, bits per char
+
+Nothing here is a second implementation: `train` composes the same config as train.py (Hydra's
+compose API over conf/, config "train") and runs training.train; `load` is
+lightning_module.load_checkpoint (weights only) on the checkpoint runs.find_checkpoint picks;
+`generate` is inference.generate; `score` is evaluation.py's per-mode scorers on an
+evaluation.Split. Bad input raises a one-line errors.UserError. docs/python.md describes it all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from gru_experiments.errors import UserError
+
+MODES = ("stateful", "stateless", "windowed")  # inference.MODES, without importing torch here
+# The Hydra configs train.py composes: conf/ beside the package (an editable install or a checkout).
+CONF = Path(__file__).resolve().parent.parent / "conf"
+REPO = CONF.parent
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join(MODES)}")
+    return mode
+
+
+# --- scoring ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TextScore:
+    """How well a model predicts a text in one inference mode. Every token but the first is
+    predicted (the first is context only), as in evaluation.py."""
+    mode: str
+    nll: float  # mean negative log-likelihood per predicted token, in nats
+    bpc: float  # bits per character: nll_sum / (characters * ln 2)
+    nll_sum: float  # total, in nats
+    tokens: int  # tokens predicted (the text's tokens minus the first)
+    characters: int  # characters those tokens decode to
+    window: int | None = None  # the windowed mode's context, in tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- a trained model -------------------------------------------------------------------------
+class TrainedModel:
+    """A trained model with its tokenizer, ready to generate and score text (see `load`)."""
+
+    def __init__(self, model, tokenizer, *, name: str, checkpoint: Path, run_dir: Path | None = None,
+                 seq_len: int | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.checkpoint = checkpoint
+        self.run_dir = run_dir
+        self.seq_len = seq_len  # the training window (data.seq_len), when the run recorded it
+
+    def __repr__(self) -> str:
+        where = self.run_dir if self.run_dir is not None else self.checkpoint
+        return (f"TrainedModel({self.name!r}: {self.model.family}, {self.tokenizer.kind} tokenizer, "
+                f"vocabulary {self.tokenizer.vocab_size}, seq_len {self.seq_len}, from {str(where)!r})")
+
+    @property
+    def device(self):
+        return self.model.device
+
+    @property
+    def summary(self) -> dict | None:
+        """The run's summary.json, when the model came from a finished run."""
+        from gru_experiments.runs import RunDir
+
+        return RunDir(self.run_dir).summary() if self.run_dir is not None else None
+
+    def _window(self, window: int | None) -> int:
+        if window is None:
+            window = self.seq_len
+        if window is None:
+            raise UserError(f"windowed mode needs window=N: {self.checkpoint} has no run config recording "
+                            "the training window (data.seq_len)")
+        return window
+
+    def generate(self, prompt: str, mode: str = "stateful", *, max_new_tokens: int = 500, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, greedy: bool = False, seed: int = 1234,
+                 num_samples: int | None = None, window: int | None = None,
+                 drop_unknown: bool = False) -> str | list[str]:
+        """The prompt and a continuation of `max_new_tokens` tokens, sampled in `mode` ("stateful",
+        "stateless" or "windowed", the last from the last `window` tokens, by default the training
+        seq_len). A list of `num_samples` texts when num_samples is given, drawn together.
+
+        Decoding as sample.py: temperature, top_k, top_p; greedy=True takes the argmax. The draws
+        come from a generator seeded with `seed` alone: the same seed gives the same text (on the
+        same device). drop_unknown=True drops prompt characters the vocabulary lacks (else they
+        raise a UserError naming them). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
+        that as `seed` to get its text."""
+        from gru_experiments.config_schema import validate_sampling
+        from gru_experiments.inference import Decoding, generate
+        from gru_experiments.tokenizers import encode_prompt
+
+        _check_mode(mode)
+        if mode == "windowed":
+            window = self._window(window)
+        settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                    "num_samples": 1 if num_samples is None else num_samples, "max_new_tokens": max_new_tokens,
+                    "window": window}
+        validate_sampling({k: v for k, v in settings.items() if v is not None}, self.tokenizer.vocab_size)
+        if not isinstance(prompt, str):
+            raise UserError(f"the prompt must be a string, got {type(prompt).__name__}")
+        # As sample.py: the prompt as the vocabulary spells it (a UserError names unknown characters).
+        prompt = self.tokenizer.decode(encode_prompt(self.tokenizer, prompt, drop_unknown=drop_unknown,
+                                                     option="drop_unknown=True"))
+        decoding = Decoding(temperature=temperature, top_k=top_k, top_p=top_p, greedy=bool(greedy))
+        generated = generate(self.model, encode_prompt(self.tokenizer, prompt), mode=mode,
+                             max_new_tokens=max_new_tokens, num_samples=settings["num_samples"], decoding=decoding,
+                             seed=seed, window=window if mode == "windowed" else None)
+        texts = [prompt + self.tokenizer.decode(row) for row in generated.tolist()]
+        return texts[0] if num_samples is None else texts
+
+    def score(self, text: str, mode: str = "stateful", *, window: int | None = None) -> TextScore:
+        """The text's negative log-likelihood per token (nats) and bits per character in `mode`,
+        every token but the first predicted: stateful from everything before it (the state carried
+        through the whole text), stateless from the previous token alone, windowed from the
+        `window` tokens before it (default: the training seq_len) from a zero state. The figures
+        are evaluation.py's (score_stateful with one stream, score_stateless, score_windowed with
+        stride 1) on the text's token ids."""
+        import torch
+
+        from gru_experiments.config_schema import validate_sampling
+        from gru_experiments.evaluation import Split, score_stateful, score_stateless, score_windowed
+        from gru_experiments.tokenizers import describe_characters
+
+        _check_mode(mode)
+        if mode == "windowed":
+            window = self._window(window)
+            validate_sampling({"window": window}, self.tokenizer.vocab_size)
+        if not isinstance(text, str):
+            raise UserError(f"the text must be a string, got {type(text).__name__}")
+        unknown = self.tokenizer.unknown_characters(text)
+        if unknown:
+            raise UserError(f"the text has characters this model's {self.tokenizer.kind} vocabulary lacks: "
+                            f"{describe_characters(unknown)}")
+        ids = torch.tensor(self.tokenizer.encode(text), dtype=torch.long, device=self.device)
+        if ids.numel() < 2:
+            raise UserError(f"the text is {ids.numel()} token(s) long; scoring needs at least 2 "
+                            "(the first is context only)")
+        split = Split.of(ids, self.tokenizer)
+        if mode == "stateful":  # one stream: every target from the whole text before it
+            result = score_stateful(self.model, split, self.seq_len or 256, streams=1)
+        elif mode == "stateless":
+            result = score_stateless(self.model, split)
+        else:
+            result = score_windowed(self.model, split, window, stride=1)
+        return TextScore(mode=mode, nll=result.nll, bpc=result.bpc, nll_sum=result.nll_sum, tokens=result.tokens,
+                         characters=result.characters, window=window if mode == "windowed" else None)
+
+
+def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
+    """A trained model and its tokenizer from a run folder (its last checkpoint, as sample.py
+    run=... takes it), a checkpoint file, or the summary dict `train` returns. Read with
+    weights_only=True (lightning_module.load_checkpoint). device: "cpu", "cuda", "auto", ..."""
+    from gru_experiments.runs import RunDir, find_checkpoint
+
+    if isinstance(run_or_checkpoint, dict):  # train()'s summary
+        if not run_or_checkpoint.get("run_dir"):
+            raise UserError("load() takes a run folder, a checkpoint file or train()'s summary (with run_dir)")
+        run_or_checkpoint = run_or_checkpoint["run_dir"]
+    if not isinstance(run_or_checkpoint, (str, os.PathLike)):
+        raise UserError(f"load() takes a run folder or a checkpoint file, got {type(run_or_checkpoint).__name__}")
+    path = Path(run_or_checkpoint).expanduser()
+    if path.is_file():
+        checkpoint, run = find_checkpoint("", ".", ckpt=str(path)), RunDir.of_checkpoint(path)
+    elif path.is_dir():
+        checkpoint, run = find_checkpoint("", ".", run=str(path)), RunDir(path)
+    else:
+        raise UserError(f"no run folder or checkpoint file at {run_or_checkpoint}")
+
+    from gru_experiments.lightning_module import load_checkpoint
+    from gru_experiments.sampling import resolve_device
+
+    try:
+        device = resolve_device(device)
+    except RuntimeError as error:
+        raise UserError(f"unknown device {device!r}: {str(error).splitlines()[0]}") from None
+    task = load_checkpoint(checkpoint, map_location=device)
+    model = task.model.to(device).eval()
+    return TrainedModel(model, task.tokenizer, name=task.hparams.get("model_name") or "model",
+                        checkpoint=Path(checkpoint).resolve(), run_dir=run.path.resolve() if run else None,
+                        seq_len=_training_seq_len(run))
+
+
+def _training_seq_len(run) -> int | None:
+    """data.seq_len the run trained with: its saved config's, else its summary's record."""
+    if run is None:
+        return None
+    from gru_experiments.sampling import training_data_settings
+
+    data = training_data_settings(run, None)
+    if data is not None and data.get("seq_len"):
+        return int(data.seq_len)
+    seq_len = ((run.summary() or {}).get("mode_evaluation") or {}).get("seq_len")
+    return int(seq_len) if seq_len else None
+
+
+# --- training --------------------------------------------------------------------------------
+def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | None = None) -> dict:
+    """Train one model as `python train.py OVERRIDES...` does and return its summary (summary.json).
+
+    overrides: train.py's command-line overrides, e.g. ["model=astra_beta", "trainer.max_steps=300"];
+    resume=last or resume=RUN_DIR continues an interrupted run, as in train.py. root: where
+    outputs/ (and data/) go, i.e. paths.root_dir; default $PROJECT_ROOT, else the checkout (as
+    train.py). The run folder is outputs/runs/<model>/<date>_<time>_<µs>/ with the same files as
+    train.py's, .hydra/ and train.log included, so `load` and sample.py find it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from gru_experiments.resume import quote, rewrite_argv
+
+    if isinstance(overrides, str):
+        raise UserError(f"train() takes a list of overrides, e.g. [{overrides!r}], not a string")
+    overrides = [str(o) for o in (overrides or [])]
+    if not (CONF / "train.yaml").is_file():
+        raise UserError(f"the Hydra configs are not at {CONF}; install the project from its checkout "
+                        "(pip install -e .)")
+    if GlobalHydra.instance().is_initialized():
+        raise UserError("train() composes its own config; call it outside a Hydra app or initialize() block")
+    if root is not None:
+        overrides.append(f"paths.root_dir={quote(str(Path(root).expanduser().resolve()))}")
+    else:
+        os.environ.setdefault("PROJECT_ROOT", str(REPO))  # as train.py
+    # resume=: the run's own recorded overrides, hydra.run.dir pointing at it (resume.rewrite_argv).
+    overrides = rewrite_argv(["train.py", *overrides], CONF)[1:]
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="train"):
+            config = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise UserError(f"the overrides {overrides} do not compose: {_one_line(error)}") from None
+    return _run_job(config)
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def _run_job(config) -> dict:
+    """What Hydra's run_job does for train.py's single run: fix the run folder, record the config
+    in it (.hydra/), log into train.log, and run training.train with HydraConfig set, so that
+    paths.output_dir (${hydra:runtime.output_dir}) resolves."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from gru_experiments.jobs import discard_untouched_run_dir
+
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    try:
+        hydra_config.set_config(config)
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.runtime.output_dir = os.path.abspath(str(config.hydra.run.dir))
+            config.hydra.mode = RunMode.RUN
+        hydra_config.set_config(config)
+        run_dir = Path(config.hydra.runtime.output_dir)
+        task_cfg = copy.deepcopy(config)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if config.hydra.output_subdir is not None:
+            record = run_dir / str(config.hydra.output_subdir)
+            record.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(task_cfg, record / "config.yaml")
+            OmegaConf.save(HydraConfig.instance().cfg, record / "hydra.yaml")
+            OmegaConf.save(config.hydra.overrides.task, record / "overrides.yaml")
+        from gru_experiments.training import train as train_run
+
+        with _job_log(run_dir / f"{config.hydra.job.name}.log"):
+            try:
+                return train_run(task_cfg)
+            except UserError:
+                discard_untouched_run_dir(task_cfg.paths.log_dir)  # input errors leave no run folder
+                raise
+    finally:
+        hydra_config.cfg = previous
+
+
+@contextlib.contextmanager
+def _job_log(path: Path):
+    """train.log in the run folder, as Hydra's job logging writes it (same format), for the
+    duration of the run: a file handler on the root logger, and on Lightning's loggers when they
+    do not propagate (Lightning stops them when the root logger had no handler as it was
+    imported). Removed afterwards; the caller's own logging is otherwise left alone."""
+    handler = logging.FileHandler(path, delay=True, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")
+                                       if not logging.getLogger(name).propagate]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+        handler.close()
