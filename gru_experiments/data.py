@@ -19,7 +19,7 @@ from torch import Tensor
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_file
-from gru_experiments.tokenizers import build_tokenizer, describe_characters
+from gru_experiments.tokenizers import build_tokenizer
 
 IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
 
@@ -118,17 +118,21 @@ class Corpus:
 
 
 def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir) -> Corpus:
-    """Load, split, fit the tokenizer on the training split only, encode both splits."""
+    """Load, split, fit the tokenizer, encode both splits.
+
+    The char tokenizer's vocabulary is every character of the whole corpus (as char-rnn and
+    nanoGPT do), so any UTF-8 text trains: a character that occurs only in the validation split
+    gets a token the model never saw as a target, an untrained embedding and output row, and
+    finite (large) cost where it occurs; nothing else of the validation text is used. SentencePiece
+    learns its pieces from the training split only (its pieces are statistics of the text)."""
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
-    train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
+    text = read_corpus(source)
+    train_text, val_text = split_text(text, data_cfg.train_fraction)
     # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
     check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)
-    tokenizer = build_tokenizer(tokenizer_cfg.kind, train_text, tokenizer_cache_dir, **settings)
-    if tokenizer.kind == "char" and (unseen := tokenizer.unknown_characters(val_text)):
-        raise UserError(f"the validation split of {source} has characters the training split lacks "
-                        f"({describe_characters(unseen)}), and the char vocabulary comes from the training split; "
-                        "use a corpus whose last part has no new characters, or tokenizer=spm")
+    fit_text = text if tokenizer_cfg.kind == "char" else train_text
+    tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, **settings)
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
     corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source)
     check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)

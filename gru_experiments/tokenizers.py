@@ -245,14 +245,17 @@ def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
 
 
 def build_tokenizer(
-    kind: str, train_text: str, cache_dir: str | Path, **settings
+    kind: str, text: str, cache_dir: str | Path, **settings
 ) -> CharTokenizer | SentencePieceTokenizer:
+    """The tokenizer of `kind` fitted on `text`: for "char", the sorted set of its characters
+    (data.prepare_corpus passes the whole corpus); for "spm", a SentencePiece model trained on it
+    (prepare_corpus passes the training split only)."""
     if kind == "char":
         if settings:
             raise TypeError(f"char tokenizer takes no settings, got {sorted(settings)}")
-        return CharTokenizer.from_text(train_text)
+        return CharTokenizer.from_text(text)
     if kind == "spm":
-        return SentencePieceTokenizer.train(train_text, cache_dir=cache_dir, **settings)
+        return SentencePieceTokenizer.train(text, cache_dir=cache_dir, **settings)
     raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
 
 

@@ -124,3 +124,38 @@ def test_the_default_corpus_is_the_shipped_one_read_offline_and_sha_checked(tmp_
     packed = tmp_path / "t.txt.xz"
     packed.write_bytes(lzma.compress("héllo\n".encode()))
     assert data.read_corpus(packed) == "héllo\n"
+
+
+def _data_cfg(path, seq_len=16):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"path": path and str(path), "url": None, "sha256": None, "cache_dir": "unused",
+                             "train_fraction": 0.9, "seq_len": seq_len})
+
+
+def test_char_vocabulary_is_the_whole_corpus_and_spm_learns_from_the_training_split(tmp_path):
+    from omegaconf import OmegaConf
+
+    from gru_experiments.data import prepare_corpus
+
+    path = tmp_path / "new_chars.txt"
+    text = "abc abc\n" * 400 + "é½\txyz€ abc\n" * 20  # the last tenth has characters the rest lacks
+    path.write_text(text, encoding="utf-8")
+    train_text, val_text = split_text(text, 0.9)
+    assert set(val_text) - set(train_text) == set("é½\txyz€")
+    corpus = prepare_corpus(_data_cfg(path), OmegaConf.create({"kind": "char"}), tmp_path / "tok")
+    assert corpus.tokenizer.chars == sorted(set(text))
+    assert corpus.tokenizer.decode(corpus.val_ids.tolist()) == val_text
+    assert corpus.tokenizer.decode(corpus.train_ids.tolist()) == train_text
+    # SentencePiece still sees the training split only: the new characters are not among its pieces.
+    spm = prepare_corpus(_data_cfg(path), OmegaConf.create({"kind": "spm", "vocab_size": 7}), tmp_path / "tok")
+    assert set(spm.tokenizer.unknown_characters(val_text)) == set("é½\txyz€")
+
+
+def test_tiny_shakespeare_char_vocabulary_is_its_65_characters(tmp_path):
+    from omegaconf import OmegaConf
+
+    from gru_experiments.data import prepare_corpus
+
+    corpus = prepare_corpus(_data_cfg(None, 256), OmegaConf.create({"kind": "char"}), tmp_path)
+    assert corpus.tokenizer.vocab_size == 65

@@ -103,6 +103,35 @@ def test_probabilities_sum_to_one_in_every_context_seen_and_unseen():
                                    atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("smoothing, order", [("add_one", 2), ("add_one", 3), ("kneser_ney", 1),
+                                             ("kneser_ney", 2), ("kneser_ney", 4)])
+def test_a_token_never_seen_in_training_gets_probability_above_zero(smoothing, order):
+    """A char vocabulary is the whole corpus's characters, so a character of the validation split alone
+    is a token the counts never saw: it must get probability > 0 after any context (seen contexts, and
+    contexts made of unseen tokens), every distribution summing to 1, so its cost is finite."""
+    V = 9  # tokens V-2 and V-1 never occur in the training stream
+    tokens = corpus(V=V)
+    model = NGramLM(V, order, smoothing).fit(torch.tensor(tokens))
+    seen = torch.tensor(tokens[:400]).view(40, 10)
+    unseen = torch.tensor([[V - 1, V - 2] * 5, [0, 1, 2, 3, 4, V - 1, V - 1, V - 2, V - 1, 5]])
+    for contexts in (seen, unseen):
+        probs = model(contexts)[0].double().exp()
+        assert (probs[..., V - 2:] > 0).all(), f"unseen tokens got zero probability ({smoothing}, order {order})"
+        torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1], dtype=torch.float64),
+                                   atol=1e-6, rtol=0)
+    if smoothing == "kneser_ney":
+        # The lowest order interpolates with the uniform distribution: after an unseen context, an unseen
+        # token gets gamma(root) / V, gamma(root) the share the discounts took from the unigram counts.
+        naive = NaiveKneserNey(tokens, V, 1)
+        expected = naive.prob((), V - 1)
+        assert expected > 0
+        torch.testing.assert_close(NGramLM(V, 1).fit(torch.tensor(tokens))(torch.tensor([[V - 1]]))[0][0, 0, V - 1]
+                                   .double().exp(), torch.tensor(expected, dtype=torch.float64))
+    else:  # add-one: 1 / (c(h) + V), 1 / V after an unseen context
+        probs = model(torch.tensor([[V - 1] * order]))[0].double().exp()
+        torch.testing.assert_close(probs[0, -1, V - 2], torch.tensor(1 / V, dtype=torch.float64))
+
+
 def test_order_two_add_one_is_the_bigram_baseline():
     """(count(a, b) + 1) / (count(a) + V), the figure every summary reports as bigram."""
     V = 9
