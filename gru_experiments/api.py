@@ -237,6 +237,7 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
                         "(pip install -e .)")
     if GlobalHydra.instance().is_initialized():
         raise UserError("train() composes its own config; call it outside a Hydra app or initialize() block")
+    given = list(overrides)
     if root is not None:
         overrides.append(f"paths.root_dir={quote(str(Path(root).expanduser().resolve()))}")
     else:
@@ -247,12 +248,13 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="train"):
             config = compose(config_name="train", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as error:
-        raise UserError(f"the overrides {overrides} do not compose: {_one_line(error)}") from None
+        raise UserError(f"the overrides {given} do not compose: {_one_line(error)}") from None
     return _run_job(config)
 
 
 def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
+    """Hydra's message on one line, without its config search path."""
+    return " ".join(str(error).split("Config search path")[0].split())
 
 
 def _run_job(config) -> dict:
