@@ -5,9 +5,10 @@ keys; this module catches known keys with values that would fail later, after mi
 corpus preparation or training, or that would silently do something else: a negative
 learning rate, dropout of 1, a sequence length of 1, an unknown precision.
 
-`validate(cfg)` checks a composed train config; `validate_sampling(settings, vocab_size)`
-checks sampling settings (used by sample.py). Both raise a UserError naming the key, the
-value and what is allowed.
+`validate(cfg)` checks a composed train config (the `evaluation` group and, with logger=wandb,
+the WANDB_MODE environment variable included); `validate_sampling(settings, vocab_size)` checks
+sampling settings (used by sample.py and the Python API; inference.generate adds the check that
+the request fits in memory). Both raise a UserError naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Rule:
     check: Callable[[Any], bool]
     allowed: str  # what the value must be, in words
     optional: bool = False  # the key may be absent or null
+    may_be_absent: bool = False  # the key may be absent (but not null: optional says that)
 
 
 def _is_int(value) -> bool:
@@ -75,6 +77,21 @@ RECIPE_RULES = [
     Rule("model.lr", positive_number, "a number > 0"),
 ]
 
+# The end-of-training evaluation (conf/evaluation/default.yaml); sample.py evaluate=true reads the same.
+EVALUATION_RULES = [
+    Rule("evaluation.streams", int_at_least(1), "an integer >= 1", may_be_absent=True),
+    Rule("evaluation.window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1",
+         optional=True),
+    Rule("evaluation.windowed_stride", lambda v: v == "auto" or int_at_least(1)(v),
+         "auto or an integer >= 1 (1: every target)", may_be_absent=True),
+    Rule("evaluation.curve_point_tokens", int_at_least(1), "null (exact points) or an integer >= 1",
+         optional=True),
+    Rule("evaluation.batch_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
+    Rule("evaluation.sample_chars", int_at_least(1), "an integer >= 1", may_be_absent=True),
+    Rule("evaluation.sample_temperature", non_negative_number, "a number >= 0 (0: the argmax)",
+         may_be_absent=True),
+]
+
 SPM_RULES = [
     Rule("tokenizer.vocab_size", int_at_least(2), "an integer >= 2"),
     Rule("tokenizer.model_type", lambda v: v in ("unigram", "bpe"), "'unigram' or 'bpe'", optional=True),
@@ -101,6 +118,8 @@ def check_rules(cfg, rules: list[Rule], prefix: str = "") -> None:
         value = _select(cfg, rule.key)
         if (value is _MISSING or value is None) and rule.optional:
             continue
+        if value is _MISSING and rule.may_be_absent:
+            continue
         if value is _MISSING or not rule.check(value):
             shown = "missing" if value is _MISSING else repr(value)
             raise UserError(f"invalid {prefix}{rule.key}={shown}: must be {rule.allowed}")
@@ -119,6 +138,7 @@ def valid_precisions() -> tuple:
 def validate(cfg) -> None:
     """Check a composed train config; raise UserError on the first invalid value."""
     check_rules(cfg, TRAIN_RULES)
+    check_rules(cfg, EVALUATION_RULES)
     check_model(cfg)
     if _select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
@@ -128,6 +148,10 @@ def validate(cfg) -> None:
         if precision not in allowed:
             names = dict.fromkeys(str(p) for p in allowed)  # 16 and "16" read the same
             raise UserError(f"invalid trainer.precision={precision!r}: must be one of {', '.join(names)}")
+    if str(_select(cfg, "logger._target_")).endswith("WandbLogger"):
+        from gru_experiments.loggers import wandb_mode
+
+        wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
 
 
 def check_model(cfg) -> None:
@@ -149,16 +173,27 @@ def check_model(cfg) -> None:
                         "counted from the training split, with no optimizer, epochs or steps")
 
 
-def validate_sampling(settings, vocab_size: int, prefix: str = "") -> None:
+def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> None:
     """Check sampling settings (a dict or DictConfig with any of temperature, top_k, top_p,
-    num_tokens); null/absent top_k and top_p mean "off". `prefix` is how the keys are spelled
-    on the command line, e.g. "sample." gives "invalid sample.top_k=0".
+    num_tokens, num_samples, max_new_tokens, window, seed, greedy); absent keys are skipped,
+    null top_k, top_p and window mean "off" (window: the caller's default). `vocab_size` bounds
+    top_k (None: not known yet, so only top_k >= 1 is checked). `prefix` is how the keys are
+    spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
+
+    The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
+    and inference.generate calls it for num_samples, max_new_tokens and window.
     """
+    top_k = ((lambda v: _is_int(v) and 1 <= v <= vocab_size), f"null (off) or an integer from 1 to the vocabulary "
+             f"size {vocab_size}") if vocab_size is not None else (int_at_least(1), "null (off) or an integer >= 1")
     rules = [
         Rule("temperature", positive_number, "a number > 0", optional=True),
-        Rule("top_k", lambda v: _is_int(v) and 1 <= v <= vocab_size,
-             f"null (off) or an integer from 1 to the vocabulary size {vocab_size}", optional=True),
+        Rule("top_k", *top_k, optional=True),
         Rule("top_p", lambda v: _is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
         Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),
+        Rule("num_samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
+        Rule("max_new_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
+        Rule("window", int_at_least(1), "null or an integer >= 1 (tokens of context)", optional=True),
+        Rule("seed", _is_int, "an integer", may_be_absent=True),
+        Rule("greedy", lambda v: isinstance(v, bool), "true or false", may_be_absent=True),
     ]
     check_rules(settings, rules, prefix)

@@ -18,6 +18,7 @@ model's own state interface (`logits, state = model(tokens, state)`) is all they
 from __future__ import annotations
 
 import contextlib
+import os
 import zlib
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -25,6 +26,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from gru_experiments.config_schema import validate_sampling
+from gru_experiments.errors import UserError
 from gru_experiments.tokenizers import encode_prompt
 
 MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
@@ -171,14 +174,108 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
         raise ValueError(f"unknown inference mode {mode!r}; choose one of {MODES}")
 
 
+# --- will it fit? ---------------------------------------------------------------------------
+
+def _state_bytes(state) -> int:
+    """Bytes of a model state (a tensor, or lists/tuples of them: per layer h, or (h, c))."""
+    if isinstance(state, Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, (list, tuple)):
+        return sum(_state_bytes(part) for part in state)
+    return 0
+
+
+def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
+                     window: int | None = None) -> dict[str, int]:
+    """A lower bound on the memory the sampler of `mode` allocates at once, by buffer: the token
+    buffer (num_samples x (prompt + new tokens) int64 ids), the logits of its longest forward pass
+    (num_samples x tokens fed x vocabulary, float32: the prompt in stateful mode, one token in
+    stateless, the window in windowed), the float32 copy the chooser turns into probabilities
+    (num_samples x vocabulary) and the model state (num_samples x one sample's). A lower bound:
+    the model's activations inside a forward pass come on top."""
+    B, V = int(num_samples), int(model.vocab_size)
+    total_len = int(prompt_len) + int(max_new_tokens)
+    if mode == "stateful":
+        fed = max(int(prompt_len), 1)
+    elif mode == "windowed":
+        fed = min(int(window or 1), total_len - 1)
+        if getattr(model, "context", None) is not None:
+            fed = min(fed, max(1, model.context))
+    else:
+        fed = 1
+    try:  # one sample's state, built where it costs nothing
+        state = _state_bytes(model.initial_state(1, device="meta"))
+    except Exception:  # a model that cannot build its state on the meta device: count none
+        state = 0
+    return {"token buffer": B * total_len * 8, "logits": B * fed * V * 4, "probabilities": B * V * 4,
+            "model state": B * state}
+
+
+def memory_available(device) -> tuple[int, str] | None:
+    """(bytes a new allocation can use on `device`, how to say it), or None when unknown. CUDA: the
+    free device memory plus what torch's allocator holds unused; CPU: the machine's physical
+    memory (a request above it cannot succeed; one below it may still have to wait for swap)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free, f"{device} has {format_bytes(free)} free of {format_bytes(total)}"
+    if device.type == "cpu":
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # no sysconf (Windows): leave it to the allocator
+            return None
+        return total, f"this machine has {format_bytes(total)} of memory"
+    return None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
+                          window: int | None = None, device=None) -> None:
+    """UserError, before anything is allocated, when the request's buffers (`generation_bytes`,
+    a lower bound) exceed the memory of the model's device: saying how much it would need and how
+    much there is. (Otherwise the allocator fails mid-way, or the machine swaps for hours.)"""
+    available = memory_available(device if device is not None else model.device)
+    if available is None:
+        return
+    limit, where = available
+    parts = generation_bytes(model, prompt_len, max_new_tokens, num_samples, mode, window)
+    request = (f"num_samples={num_samples} x (prompt {prompt_len} + max_new_tokens={max_new_tokens}) tokens"
+               + (f", window={window}" if mode == "windowed" else ""))
+    advice = "ask for fewer samples (num_samples) or fewer tokens (max_new_tokens)"
+    if parts["token buffer"] > limit:
+        raise UserError(f"{request} would need {format_bytes(parts['token buffer'])} for the token buffer alone; "
+                        f"{where}; {advice}")
+    needed = sum(parts.values())
+    if needed > limit:
+        shown = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items() if size)
+        raise UserError(f"{request} in {mode} mode would need at least {format_bytes(needed)} ({shown}); {where}; "
+                        f"{advice}" + (" or a shorter window (evaluation.window)" if mode == "windowed" else ""))
+
+
 def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
              decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None) -> Tensor:
     """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N).
 
+    Every generation path comes through here: nonsense sizes (config_schema.validate_sampling) and
+    a request too large for the device's memory (`check_generation_fits`) raise a UserError
+    before anything is allocated.
+
     The random draws come from a generator seeded with `seed` alone, so the same seed gives the
     same text (on the same device), whatever was sampled before."""
+    validate_sampling({"num_samples": num_samples, "max_new_tokens": max_new_tokens, "window": window},
+                      model.vocab_size)
+    prompt_ids = list(prompt_ids)
+    check_generation_fits(model, len(prompt_ids), max_new_tokens, num_samples, mode, window)
     device = model.device
-    prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=device).expand(num_samples, -1)
+    prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
     generator = torch.Generator(device=device).manual_seed(seed)
     return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator),
                          window)

@@ -10,11 +10,28 @@ from urllib.parse import urlparse
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from gru_experiments.errors import UserError
+
+
+# The modes wandb accepts (wandb.sdk.wandb_settings.Settings.mode): online, offline and disabled
+# (docs.wandb.ai: "What is the difference between wandb.init modes?"), and its older spellings.
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+
 
 def wandb_mode() -> str:
-    """WANDB_MODE if set; else online when credentials exist (env or ~/.netrc); else offline."""
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
+    """WANDB_MODE if set; else online when credentials exist (env or ~/.netrc); else offline.
+
+    A WANDB_MODE that wandb would refuse (it fails deep inside wandb.init with a traceback) is a
+    UserError naming it. An empty WANDB_MODE is such a value too, not "unset": wandb reads the
+    variable itself and refuses it, so the message says to unset it."""
+    if "WANDB_MODE" in os.environ:
+        mode = os.environ["WANDB_MODE"]
+        if mode not in WANDB_MODES:
+            shown = "'' (an empty string)" if not mode else repr(mode)
+            raise UserError(f"invalid WANDB_MODE={shown} (environment variable): must be online, offline or disabled "
+                            f"(wandb also takes {', '.join(WANDB_MODES[3:])}), or unset (unset WANDB_MODE: online "
+                            "with W&B credentials, offline without); logger=csv or logger=none do without W&B")
+        return mode
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname

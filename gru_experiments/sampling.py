@@ -19,7 +19,7 @@ from gru_experiments.data import corpus_path, read_corpus, split_text
 from gru_experiments.evaluation import Split, evaluate as evaluate_modes, evaluation_window, format_curve, format_modes
 from gru_experiments.config_schema import validate_sampling
 from gru_experiments.errors import UserError
-from gru_experiments.inference import STUDY_PROMPTS, Decoding, sample_texts
+from gru_experiments.inference import STUDY_PROMPTS, Decoding, check_generation_fits, sample_texts
 from gru_experiments.lightning_module import load_checkpoint
 from gru_experiments.tokenizers import encode_prompt
 from gru_experiments.files import atomic_write, write_json
@@ -74,6 +74,12 @@ def training_data_settings(run: RunDir | None, fallback: DictConfig) -> DictConf
 def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     """Generate from `checkpoint` (see runs.find_checkpoint) as cfg (conf/sample.yaml) says."""
     output_dir = Path(cfg.paths.output_dir)
+    mode = cfg.inference.mode
+    # The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it).
+    validate_sampling(cfg, vocab_size=None)
+    if mode == "windowed":
+        validate_sampling({"window": cfg.evaluation.get("window")}, None, prefix="evaluation.")
+    raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
     device = resolve_device(cfg.device)
     if cfg.get("cpu_threads"):
         torch.set_num_threads(int(cfg.cpu_threads))
@@ -85,11 +91,13 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     validate_sampling(cfg, tokenizer.vocab_size)  # before any generation
     # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
     # drop_unknown=true, used without those characters.
-    prompts = [tokenizer.decode(encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown))
-               for prompt in read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))]
+    encoded = [encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown) for prompt in raw_prompts]
+    prompts = [tokenizer.decode(ids) for ids in encoded]
     decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
-    mode = cfg.inference.mode
     window = evaluation_window(cfg.evaluation, int(data_cfg.seq_len)) if mode == "windowed" else None
+    # A request too large for memory is refused before the first prompt's samples, not after them
+    # (inference.generate checks each prompt again).
+    check_generation_fits(model, max(map(len, encoded)), cfg.max_new_tokens, cfg.num_samples, mode, window)
     settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
                     **decoding.to_dict(), seed=cfg.seed, device=str(device))
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from lightning.pytorch import Trainer
+from omegaconf import OmegaConf
 
 from conftest import CONF
 from gru_experiments import checkpoints
@@ -27,6 +28,7 @@ from gru_experiments.data import prepare_corpus
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.jobs import job
 from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
+from gru_experiments.loggers import WANDB_MODES, wandb_mode
 from gru_experiments.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
 from gru_experiments.training import train
 from robustness_helpers import (TINY, TRAIN_PY, assert_untouched, error_line, fingerprint, run_script,
@@ -87,6 +89,14 @@ BAD_VALUES = {
     "trainer.precision=fp8": "invalid trainer.precision='fp8': must be one of",
     "trainer.precision=17": "invalid trainer.precision=17: must be one of",
     "checkpoint.every_n_steps=-5": "invalid checkpoint.every_n_steps=-5",
+    "evaluation.window=0": "invalid evaluation.window=0: must be null (the training data.seq_len) or an integer >= 1",
+    "evaluation.streams=0": "invalid evaluation.streams=0: must be an integer >= 1",
+    "evaluation.windowed_stride=0": "invalid evaluation.windowed_stride=0: must be auto or an integer >= 1",
+    "evaluation.windowed_stride=sometimes": "invalid evaluation.windowed_stride='sometimes'",
+    "evaluation.curve_point_tokens=-1": "invalid evaluation.curve_point_tokens=-1",
+    "evaluation.batch_tokens=0": "invalid evaluation.batch_tokens=0: must be an integer >= 1",
+    "evaluation.sample_chars=0": "invalid evaluation.sample_chars=0: must be an integer >= 1",
+    "evaluation.sample_temperature=-1": "invalid evaluation.sample_temperature=-1: must be a number >= 0",
 }
 
 
@@ -163,6 +173,16 @@ def test_validation_split_with_characters_the_training_split_lacks_is_accepted(t
     ({"top_p": 0.0}, "invalid top_p=0.0: must be null (off) or a number in (0, 1]"),
     ({"top_p": 1.5}, "invalid top_p=1.5"),
     ({"num_tokens": -1}, "invalid num_tokens=-1"),
+    ({"num_samples": 0}, "invalid num_samples=0: must be an integer >= 1"),
+    ({"num_samples": 2.5}, "invalid num_samples=2.5: must be an integer >= 1"),
+    ({"num_samples": None}, "invalid num_samples=None: must be an integer >= 1"),
+    ({"max_new_tokens": -5}, "invalid max_new_tokens=-5: must be an integer >= 1"),
+    ({"max_new_tokens": 0}, "invalid max_new_tokens=0: must be an integer >= 1"),
+    ({"max_new_tokens": "many"}, "invalid max_new_tokens='many': must be an integer >= 1"),
+    ({"window": 0}, "invalid window=0: must be null or an integer >= 1"),
+    ({"window": True}, "invalid window=True"),
+    ({"seed": "lucky"}, "invalid seed='lucky': must be an integer"),
+    ({"greedy": "yes"}, "invalid greedy='yes': must be true or false"),
 ])
 def test_validate_sampling_rejects(settings, expected):
     with pytest.raises(UserError) as info:
@@ -175,6 +195,60 @@ def test_validate_sampling_accepts_and_names_keys_with_prefix():
     validate_sampling({"temperature": 1, "top_k": None, "top_p": None}, vocab_size=65)
     with pytest.raises(UserError, match=r"invalid sample\.top_k=1000"):
         validate_sampling({"top_k": 1000}, vocab_size=65, prefix="sample.")
+    # The sizes: absent keys are skipped, a window may be null (the caller's default).
+    validate_sampling({"num_samples": 1, "max_new_tokens": 1, "window": None, "seed": -3, "greedy": True}, 65)
+    validate_sampling({"num_samples": 100, "max_new_tokens": 2000, "window": 256}, 65)
+    # Before the checkpoint is read the vocabulary is unknown: top_k is only checked to be >= 1.
+    validate_sampling({"top_k": 1000}, vocab_size=None)
+    with pytest.raises(UserError, match=r"invalid top_k=0: must be null \(off\) or an integer >= 1"):
+        validate_sampling({"top_k": 0}, vocab_size=None)
+    # A DictConfig (sample.py's whole config) reads the same.
+    with pytest.raises(UserError, match=r"invalid evaluation\.window=0"):
+        validate_sampling(OmegaConf.create({"window": 0}), None, prefix="evaluation.")
+
+
+# --- WANDB_MODE -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [("", "'' (an empty string)"), ("onlin", "'onlin'"), ("OFFLINE", "'OFFLINE'")])
+def test_wandb_mode_wandb_would_refuse_is_a_user_error(monkeypatch, value, shown):
+    monkeypatch.setenv("WANDB_MODE", value)
+    with pytest.raises(UserError) as info:
+        wandb_mode()
+    assert str(info.value).startswith(f"invalid WANDB_MODE={shown} (environment variable): must be online, offline "
+                                      "or disabled")
+
+
+def test_wandb_modes_wandb_accepts_pass(monkeypatch):
+    for value in WANDB_MODES:
+        monkeypatch.setenv("WANDB_MODE", value)
+        assert wandb_mode() == value
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", "/nonexistent/netrc")
+    assert wandb_mode() == "offline"  # unset: the project's choice
+    # The same set as the installed wandb's own settings.
+    from typing import get_args
+
+    from wandb.sdk.wandb_settings import Settings
+
+    assert set(WANDB_MODES) == set(get_args(Settings.model_fields["mode"].annotation))
+
+
+@pytest.mark.parametrize("value", ["", "bogus"])
+def test_train_py_with_a_bad_wandb_mode_fails_before_the_run_folder(workspace, tiny_corpus, monkeypatch, value):
+    """The default logger=wandb: the error comes from validate(cfg), before any work, and no run
+    folder is left behind (wandb itself would fail with a pydantic traceback after it was made)."""
+    before = fingerprint(workspace)
+    result = run_script(workspace, f"data.path={tiny_corpus}", "data.batch_size=8", "data.seq_len=32",
+                        "trainer.accelerator=cpu", WANDB_MODE=value)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert error_line(result.stderr).startswith(f"error: invalid WANDB_MODE={value!r}")
+    assert_untouched(before, fingerprint(workspace))
+    # logger=csv does not use W&B, so the variable does not matter to it.
+    monkeypatch.setenv("WANDB_MODE", value)
+    validate(compose_in(workspace, f"data.path={tiny_corpus}", "logger=csv"))
+    with pytest.raises(UserError, match="invalid WANDB_MODE"):
+        validate(compose_in(workspace, f"data.path={tiny_corpus}", "logger=wandb"))
 
 
 def test_prompt_with_unknown_characters(tmp_path, capsys):
