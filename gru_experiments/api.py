@@ -114,14 +114,14 @@ class TrainedModel:
             window = self._window(window)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
                     "num_samples": 1 if num_samples is None else num_samples, "max_new_tokens": max_new_tokens,
-                    "window": window}
+                    "window": window, "seed": seed, "greedy": greedy}
         validate_sampling({k: v for k, v in settings.items() if v is not None}, self.tokenizer.vocab_size)
         if not isinstance(prompt, str):
             raise UserError(f"the prompt must be a string, got {type(prompt).__name__}")
         # As sample.py: the prompt as the vocabulary spells it (a UserError names unknown characters).
         prompt = self.tokenizer.decode(encode_prompt(self.tokenizer, prompt, drop_unknown=drop_unknown,
                                                      option="drop_unknown=True"))
-        decoding = Decoding(temperature=temperature, top_k=top_k, top_p=top_p, greedy=bool(greedy))
+        decoding = Decoding(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
         generated = generate(self.model, encode_prompt(self.tokenizer, prompt), mode=mode,
                              max_new_tokens=max_new_tokens, num_samples=settings["num_samples"], decoding=decoding,
                              seed=seed, window=window if mode == "windowed" else None)
