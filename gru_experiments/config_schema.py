@@ -183,8 +183,9 @@ def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> Non
     The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
     and inference.generate calls it for num_samples, max_new_tokens and window.
     """
-    top_k = ((lambda v: _is_int(v) and 1 <= v <= vocab_size), f"null (off) or an integer from 1 to the vocabulary "
-             f"size {vocab_size}") if vocab_size is not None else (int_at_least(1), "null (off) or an integer >= 1")
+    top_k = "null (off) or an integer from 1 to the vocabulary size"
+    top_k = ((lambda v: _is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
+        else (int_at_least(1), top_k)
     rules = [
         Rule("temperature", positive_number, "a number > 0", optional=True),
         Rule("top_k", *top_k, optional=True),

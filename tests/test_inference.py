@@ -11,8 +11,13 @@ import pytest
 import torch
 
 from conftest import REPO
-from gru_experiments.inference import (STUDY_PROMPTS, Decoding, filter_logits, generate, make_chooser,
-                                       sample_texts, sample_tokens, spellable_prompts)
+from robustness_helpers import assert_untouched, error_line, fingerprint
+from gru_experiments import inference
+from gru_experiments.errors import UserError
+from gru_experiments.inference import (STUDY_PROMPTS, Decoding, check_generation_fits, filter_logits, generate,
+                                       generation_bytes, make_chooser, sample_texts, sample_tokens,
+                                       spellable_prompts)
+from gru_experiments.ngram import NGramLM
 from gru_experiments.model import RecurrentLM
 from gru_experiments.tokenizers import CharTokenizer
 
@@ -196,6 +201,64 @@ def test_decoding_rejects_nonsense():
             Decoding(**bad)
 
 
+# --- requests that cannot be served ---------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_samples=0), "invalid num_samples=0: must be an integer >= 1"),
+    (dict(max_new_tokens=-5), "invalid max_new_tokens=-5: must be an integer >= 1"),
+    (dict(mode="windowed", window=0), "invalid window=0: must be null or an integer >= 1"),
+])
+def test_generate_refuses_nonsense_sizes(kwargs, message):
+    args = dict(mode="stateful", max_new_tokens=3) | kwargs
+    with pytest.raises(UserError) as info:
+        generate(make_model(), [1, 2], **args)
+    assert str(info.value).startswith(message)
+
+
+def test_generate_refuses_a_request_larger_than_memory_before_allocating(monkeypatch):
+    model = make_model()
+    allocations = []
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda *a, **k: allocations.append(a) or pytest.fail("allocated"))
+    with pytest.raises(UserError) as info:
+        generate(model, [1, 2, 3], mode="stateful", max_new_tokens=100_000_000, num_samples=100_000)
+    message = str(info.value)
+    assert message.startswith("num_samples=100000 x (prompt 3 + max_new_tokens=100000000) tokens would need 72.8 TiB "
+                              "for the token buffer alone; this machine has ")
+    assert message.endswith("of memory; ask for fewer samples (num_samples) or fewer tokens (max_new_tokens)")
+    assert not allocations
+
+
+def test_memory_check_counts_logits_window_and_state(monkeypatch):
+    model = make_model()  # V = 13, 3 GRU layers of 10
+    parts = generation_bytes(model, 4, 100, 8, "stateful")
+    assert parts == {"token buffer": 8 * 104 * 8, "logits": 8 * 4 * V * 4, "probabilities": 8 * V * 4,
+                     "model state": 8 * 3 * 10 * 4}
+    assert generation_bytes(model, 4, 100, 8, "stateless")["logits"] == 8 * 1 * V * 4
+    assert generation_bytes(model, 4, 100, 8, "windowed", window=50)["logits"] == 8 * 50 * V * 4
+    assert generation_bytes(model, 4, 100, 8, "windowed", window=10**6)["logits"] == 8 * 103 * V * 4  # the history
+    ngram = NGramLM(V, order=3)
+    assert generation_bytes(ngram, 4, 100, 8, "windowed", window=50)["logits"] == 8 * 2 * V * 4  # its context
+    assert generation_bytes(ngram, 4, 100, 8, "stateful")["model state"] == 8 * 2 * 8  # its last 2 token ids
+    # A machine of 1 MiB: the token buffer fits, the windowed logits do not.
+    monkeypatch.setattr(inference, "memory_available", lambda device: (1 << 20, "this machine has 1.0 MiB of memory"))
+    check_generation_fits(model, 4, 10_000, 8, "stateless")
+    with pytest.raises(UserError) as info:
+        check_generation_fits(model, 4, 10_000, 8, "windowed", window=5000)
+    assert str(info.value) == (
+        "num_samples=8 x (prompt 4 + max_new_tokens=10000) tokens, window=5000 in windowed mode would need at least "
+        "2.6 MiB (token buffer 625.2 KiB, logits 2.0 MiB, probabilities 416 bytes, model state 960 bytes); this "
+        "machine has 1.0 MiB of memory; ask for fewer samples (num_samples) or fewer tokens (max_new_tokens) or a "
+        "shorter window (evaluation.window)")
+
+
+def test_normal_requests_pass_the_memory_check():
+    # The largest model of the study at sample.py's documented scale: 100 samples x 2000 tokens, every mode.
+    model = RecurrentLM(1000, "lstm", embedding_dim=256, hidden_size=1024, num_layers=3)
+    for mode in ("stateful", "stateless", "windowed"):
+        check_generation_fits(model, 20, 2000, 100, mode, window=256)
+    assert inference.memory_available("cpu")[0] > 1 << 30
+
+
 # --- sample.py end to end ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -302,14 +365,23 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
     (["top_p=1.5"], "error: invalid top_p=1.5: must be null (off) or a number in (0, 1]"),
     (["prompt='ROMEO ✓: '"], "error: the prompt has characters this model's char vocabulary lacks: '✓' (U+2713); "
                            "remove them, or drop them with drop_unknown=true"),
+    (["max_new_tokens=-5"], "error: invalid max_new_tokens=-5: must be an integer >= 1"),
+    (["num_samples=0"], "error: invalid num_samples=0: must be an integer >= 1"),
+    (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null or an integer "
+                                                     ">= 1"),
+    (["max_new_tokens=100000000", "num_samples=100000"],
+     "error: num_samples=100000 x (prompt 15 + max_new_tokens=100000000) tokens would need 72.8 TiB for the token "
+     "buffer alone; this machine has "),
 ])
 def test_sample_py_refuses_bad_settings_before_sampling(trained_run, overrides, message):
     root, _ = trained_run
-    before = sampling_dirs(root)
-    result = run_sample(root, "max_new_tokens=5", *overrides)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(message)
-    assert "Traceback" not in result.stderr and sampling_dirs(root) == before  # nothing written
+    before, files = sampling_dirs(root), fingerprint(root)
+    size = [] if any(o.startswith("max_new_tokens=") for o in overrides) else ["max_new_tokens=5"]
+    result = run_sample(root, *size, *overrides)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert error_line(result.stderr).startswith(message)
+    assert sampling_dirs(root) == before  # no run folder left
+    assert_untouched(files, fingerprint(root))  # nothing written anywhere
 
 
 def test_sample_py_drops_unknown_prompt_characters_when_asked(trained_run):

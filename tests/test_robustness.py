@@ -200,7 +200,8 @@ def test_validate_sampling_accepts_and_names_keys_with_prefix():
     validate_sampling({"num_samples": 100, "max_new_tokens": 2000, "window": 256}, 65)
     # Before the checkpoint is read the vocabulary is unknown: top_k is only checked to be >= 1.
     validate_sampling({"top_k": 1000}, vocab_size=None)
-    with pytest.raises(UserError, match=r"invalid top_k=0: must be null \(off\) or an integer >= 1"):
+    with pytest.raises(UserError, match=r"invalid top_k=0: must be null \(off\) or an integer from 1 to the "
+                                        r"vocabulary size$"):
         validate_sampling({"top_k": 0}, vocab_size=None)
     # A DictConfig (sample.py's whole config) reads the same.
     with pytest.raises(UserError, match=r"invalid evaluation\.window=0"):
