@@ -102,9 +102,9 @@ class TrainedModel:
 
         Decoding as sample.py: temperature, top_k, top_p; greedy=True takes the argmax. The draws
         come from a generator seeded with `seed` alone: the same seed gives the same text (on the
-        same device). drop_unknown=True drops prompt characters the vocabulary lacks (else they
-        raise a UserError naming them). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
-        that as `seed` to get its text."""
+        same device). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
+        that as `seed` to get its text. drop_unknown=True drops prompt characters the vocabulary
+        lacks (else they raise a UserError naming them)."""
         from gru_experiments.config_schema import validate_sampling
         from gru_experiments.inference import Decoding, generate
         from gru_experiments.tokenizers import encode_prompt
