@@ -205,6 +205,9 @@ def test_score_of_the_validation_split_is_the_summary_figure(trained, lm):
     (dict(num_samples=0), "num_samples"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(mode="windowed", window=0), "window"),
+    (dict(seed="x"), "seed"),
+    (dict(greedy="yes"), "greedy"),
+    (dict(num_samples=10**9), "memory"),  # inference.generate's up-front check
 ])
 def test_generate_refuses_bad_settings_in_one_line(lm, kwargs, fragment):
     """The rules are config_schema.validate_sampling's, shared with sample.py."""
