@@ -251,6 +251,15 @@ def test_memory_check_counts_logits_window_and_state(monkeypatch):
         "shorter window (evaluation.window)")
 
 
+def test_memory_on_cuda_is_the_free_device_memory_plus_torch_cached(monkeypatch):
+    # No GPU needed: the CUDA calls the check makes, answered as a busy 80 GiB device would.
+    GiB = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GiB, 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 * GiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 4 * GiB)
+    assert inference.memory_available("cuda:0") == (12 * GiB, "cuda:0 has 12.0 GiB free of 80.0 GiB")
+
+
 def test_normal_requests_pass_the_memory_check():
     # The largest model of the study at sample.py's documented scale: 100 samples x 2000 tokens, every mode.
     model = RecurrentLM(1000, "lstm", embedding_dim=256, hidden_size=1024, num_layers=3)
