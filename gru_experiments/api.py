@@ -26,13 +26,14 @@ from typing import Sequence
 
 from gru_experiments.errors import UserError
 
-MODES = ("stateful", "stateless", "windowed")  # inference.MODES, without importing torch here
 # The Hydra configs train.py composes: conf/ beside the package (an editable install or a checkout).
 CONF = Path(__file__).resolve().parent.parent / "conf"
 REPO = CONF.parent
 
 
 def _check_mode(mode: str) -> str:
+    from gru_experiments.inference import MODES  # imports torch: only once a model is used
+
     if mode not in MODES:
         raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join(MODES)}")
     return mode
