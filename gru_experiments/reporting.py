@@ -554,10 +554,13 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
 
 
 def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
-    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv; tokens =
-    step x the run's tokens per step (summary: train_tokens / train_steps), the step itself when unknown."""
+    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv, for the models
+    trained with steps; tokens = step x the run's tokens per step (summary: train_tokens / train_steps),
+    the step itself when unknown."""
     series = {}
     for job in jobs:
+        if job.number("train_steps") == 0:  # a counted model (n-gram): one validation, no training to plot
+            continue
         per_step = 1.0
         if job.number("train_tokens") and job.number("train_steps"):
             per_step = job.number("train_tokens") / job.number("train_steps")

@@ -79,6 +79,18 @@ def test_the_study_plots_are_the_summaries_numbers(tmp_path):
     assert over_training["astra_alpha"]["stateless"][-1] == (2000 * 64 * 128, alpha.values["stateless_bpc"])
 
 
+
+def test_modes_over_training_leaves_out_counted_models():
+    """A counted model (an n-gram: train_steps 0) has one validation and nothing over training."""
+    from gru_experiments.reporting import JobResult
+
+    trained = JobResult("0_astra_alpha", "completed", {"model": "astra_alpha", "train_steps": 2000,
+                                                       "train_tokens": 2000 * 64 * 128},
+                        history={"val/stateful_bpc": [(2000, 2.31)], "val/stateless_bpc": [(2000, 3.78)]})
+    counted = JobResult("1_ngram6", "completed", {"model": "ngram6", "train_steps": 0, "train_tokens": 1_003_854},
+                        history={"val/stateful_bpc": [(0, 2.20)], "val/stateless_bpc": [(0, 4.46)]})
+    assert list(modes_over_training_series([trained, counted])) == ["astra_alpha"]
+
 def test_findings_state_the_measured_figures(tmp_path):
     lines = finding_lines((build_report(make_sweep(tmp_path)).files["report.md"]).read_text())
     assert len(lines) == 5 and all(claim in line for claim, line in zip(CLAIMS, lines))
