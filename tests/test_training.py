@@ -25,12 +25,14 @@ def unigram_entropy_nats(text: str) -> float:
 
 
 def test_short_astra_alpha_run_learns_well_below_unigram_entropy(compose_config, shakespeare, capsys):
+    # The last 1% validates (11k characters): the end-of-run evaluation stays a few seconds.
     cfg = compose_config(f"data.path={shakespeare}", "trainer.max_steps=300", "model.steps_per_epoch=150",
-                         "data.batch_size=32", "data.seq_len=64", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu")
+                         "data.batch_size=32", "data.seq_len=64", "data.train_fraction=0.99",
+                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu")
     summary = train(cfg)
     assert "trainable parameters: 86,913" in capsys.readouterr().out
 
-    _, val_text = split_text(read_corpus(shakespeare), 0.9)
+    _, val_text = split_text(read_corpus(shakespeare), 0.99)
     entropy = unigram_entropy_nats(val_text)  # ~3.3 nats: what a model with no context could reach
     assert summary["val_loss"] < entropy - 0.8, (summary["val_loss"], entropy)
     assert summary["val_bpc"] == pytest.approx(summary["val_loss"] / math.log(2))  # char: one token, one char
