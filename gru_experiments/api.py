@@ -264,9 +264,10 @@ def _run_job(config) -> dict:
     paths.output_dir (${hydra:runtime.output_dir}) resolves."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import OmegaConf, open_dict, read_write
+    from omegaconf import open_dict, read_write
 
     from gru_experiments.jobs import discard_untouched_run_dir
+    from gru_experiments.runs import RunDir
 
     hydra_config = HydraConfig.instance()
     previous = hydra_config.cfg
@@ -282,11 +283,8 @@ def _run_job(config) -> dict:
             del task_cfg["hydra"]
         run_dir.mkdir(parents=True, exist_ok=True)
         if config.hydra.output_subdir is not None:
-            record = run_dir / str(config.hydra.output_subdir)
-            record.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(task_cfg, record / "config.yaml")
-            OmegaConf.save(HydraConfig.instance().cfg, record / "hydra.yaml")
-            OmegaConf.save(config.hydra.overrides.task, record / "overrides.yaml")
+            RunDir(run_dir).write_config_record(task_cfg, HydraConfig.instance().cfg, config.hydra.overrides.task,
+                                                subdir=str(config.hydra.output_subdir))
         from gru_experiments.training import train as train_run
 
         with _job_log(run_dir / f"{config.hydra.job.name}.log"):

@@ -131,6 +131,16 @@ class RunDir:
     def write_samples(self, samples: dict) -> Path:
         return write_json(self.samples_file, samples)
 
+    def write_config_record(self, config, hydra_config, overrides, subdir: str = HYDRA) -> Path:
+        """config.yaml, hydra.yaml and overrides.yaml in `subdir` (.hydra, or .hydra/resumed_<time>
+        for a resume), as Hydra writes them when it starts a job (the Python API's train() has no
+        Hydra app to do it). Returns that folder."""
+        record = self.path / subdir
+        record.mkdir(parents=True, exist_ok=True)
+        for name, content in (("config.yaml", config), ("hydra.yaml", hydra_config), ("overrides.yaml", overrides)):
+            OmegaConf.save(content, record / name)
+        return record
+
     # --- finding runs -------------------------------------------------------------------
     @classmethod
     def of_checkpoint(cls, checkpoint) -> RunDir | None:

@@ -88,7 +88,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
     data_cfg = training_data_settings(run, cfg.data)
 
-    validate_sampling(cfg, tokenizer.vocab_size)  # before any generation
+    validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
     # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
     # drop_unknown=true, used without those characters.
     encoded = [encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown) for prompt in raw_prompts]

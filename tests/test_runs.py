@@ -50,6 +50,18 @@ def test_run_dir_knows_its_files(tmp_path):
     assert run.summary() is None
 
 
+
+def test_the_config_record_is_read_back_by_the_run(tmp_path):
+    """What the Python API's train() records (Hydra's .hydra/ files) is what the run reads back."""
+    from omegaconf import OmegaConf
+
+    run = RunDir(tmp_path / "run")
+    record = run.write_config_record(OmegaConf.create({"model": {"name": "astra_beta"}}),
+                                     OmegaConf.create({"hydra": {"job": {"num": 0}}}), ["model=astra_beta"])
+    assert sorted(p.name for p in record.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert run.config().model.name == "astra_beta" and run.model_name() == "astra_beta"
+    assert list(OmegaConf.load(run.overrides_file())) == ["model=astra_beta"]
+
 def test_model_name_comes_from_summary_then_config_then_layout(tmp_path):
     assert make_run(tmp_path / "a", "astra_gamma", "completed").model_name() == "astra_gamma"
     assert make_run(tmp_path / "b", config_model="scribe_alpha").model_name() == "scribe_alpha"
