@@ -68,6 +68,8 @@ TRAIN_RULES = [
     Rule("low_precision_matmuls", lambda v: v in ("auto", "always", "never"), "auto, always or never",
          optional=True),
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
+    Rule("training.batching", lambda v: v in ("windows", "streams"), "windows or streams (data.BATCHINGS)",
+         may_be_absent=True),
 ]
 
 # The recipe of a model trained with an optimizer (a counted model, e.g. the n-gram, has none).
@@ -86,6 +88,9 @@ EVALUATION_RULES = [
          "auto or an integer >= 1 (1: every target)", may_be_absent=True),
     Rule("evaluation.curve_point_tokens", int_at_least(1), "null (exact points) or an integer >= 1",
          optional=True),
+    Rule("evaluation.curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
+         optional=True),
+    Rule("evaluation.long_point_tokens", int_at_least(1), "null (exact points) or an integer >= 1", optional=True),
     Rule("evaluation.batch_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
     Rule("evaluation.sample_chars", int_at_least(1), "an integer >= 1", may_be_absent=True),
     Rule("evaluation.sample_temperature", non_negative_number, "a number >= 0 (0: the argmax)",

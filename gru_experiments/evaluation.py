@@ -13,13 +13,16 @@ The figures (docs/evaluation.md):
                      before it, from a zero state
     score_bigram     the count-based bigram baseline of the training split
     context_curve    bits per character against the context given: score_windowed at
-                     w = 1, 2, 4, ... up to the training window, and stateful (unbounded)
+                     w = 1, 2, 4, ... up to the training window, on past it (256, 512, 1024 by
+                     default), and stateful (unbounded)
+    state_gain       stateful minus windowed, target by target, with its standard error: what
+                     carrying the state buys beyond the window
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +68,17 @@ class Score:
     # Second moments of the per-target (nll, characters) pairs, for the standard error of a sample.
     moments: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))  # sums of nll^2, nll*chars, chars^2
 
+    # Which targets were scored and their NLLs, when the scoring function was asked to keep them
+    # (targets=True): (positions in the split, nll in nats), for paired comparisons (state_gain).
+    positions: Tensor | None = None
+    target_nll: Tensor | None = None
+
     def add(self, other: "Score") -> "Score":
         return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters,
                      tuple(a + b for a, b in zip(self.moments, other.moments)))
+
+    def with_targets(self, positions: list[Tensor], nll: list[Tensor]) -> "Score":
+        return replace(self, positions=torch.cat(positions), target_nll=torch.cat(nll).double())
 
     @property
     def nll(self) -> float:
@@ -96,10 +107,15 @@ def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
     """Summed NLL of logits (..., V) against targets (...), IGNORE_INDEX positions skipped;
     char_lengths: characters per token id."""
     targets = targets.reshape(-1)
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, ignore_index=IGNORE_INDEX,
-                          reduction="none")
+    nll = target_nll(logits, targets)
     scored = targets != IGNORE_INDEX
     return _score_nll(nll[scored], targets[scored], char_lengths)
+
+
+def target_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """The NLL (nats) of every target: logits (..., V), targets (...) -> (N,) float32, 0 at IGNORE_INDEX."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="none")
 
 
 def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
@@ -126,11 +142,11 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 # sample of them), so their numbers compare directly, and with `score_chunks`.
 
 @torch.no_grad()
-def score_stateful(model, split: Split, seq_len: int, streams: int) -> Score:
+def score_stateful(model, split: Split, seq_len: int, streams: int, targets: bool = False) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
     (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
-    stream is predicted from a zero state."""
-    ids = split.ids
+    stream is predicted from a zero state. targets=True keeps every target's NLL (Score.positions)."""
+    ids, keep = split.ids, targets
     n_targets = split.n_targets
     streams = max(1, min(streams, n_targets))
     length = -(-n_targets // streams)
@@ -139,11 +155,16 @@ def score_stateful(model, split: Split, seq_len: int, streams: int) -> Score:
     inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
     inputs, targets = inputs.view(streams, length), targets.view(streams, length)
 
-    total, state = Score(), None
+    total, state, nll = Score(), None, []
     with eval_mode(model):
         for start in range(0, length, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
             total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
+            if keep:
+                nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(streams, -1))
+    if keep:  # row-major over (streams, length): position p + 1 is the target of input p
+        return total.with_targets([torch.arange(1, n_targets + 1, device=ids.device)],
+                                  [torch.cat(nll, dim=1).reshape(-1)[:n_targets]])
     return total
 
 
@@ -178,7 +199,8 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
 
 
 @torch.no_grad()
-def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16) -> Score:
+def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16,
+                   targets: bool = False) -> Score:
     """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
     the split), run from a zero state. Unlike `score_chunks`, each target gets its own window,
     so this costs `window` times a single pass.
@@ -192,18 +214,31 @@ def score_windowed(model, split: Split, window: int, stride: int = 1, batch_toke
     if sees_whole_window(model, window):
         # Every window holds all the model can see: one pass over the split, the state carried,
         # predicts each target exactly as its own window would.
-        return _score_in_one_pass(model, split, stride)
-    return score_contexts(model, split, window, [window], stride, batch_tokens)[window]
+        return _score_in_one_pass(model, split, stride, targets=targets)
+    return score_contexts(model, split, window, [window], stride, batch_tokens, targets)[window]
+
+
+def state_gain(stateful: Score, windowed: Score, split: Split) -> Score:
+    """Stateful minus windowed on the targets both scored, paired target by target (both Scores
+    kept their targets): `.bpc` is the difference in bits per character (negative: carrying the
+    state helps), `.bpc_se` its standard error, far smaller than either figure's own because the
+    two NLLs of a target move together."""
+    n = split.n_targets
+    nll = torch.full((2, n + 1), math.nan, dtype=torch.float64, device=split.ids.device)
+    nll[0, stateful.positions] = stateful.target_nll
+    nll[1, windowed.positions] = windowed.target_nll
+    both = torch.nonzero(~torch.isnan(nll).any(dim=0)).squeeze(1)
+    return _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
 
 
 @torch.no_grad()
 def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
-                   batch_tokens: int = 1 << 16) -> dict[int, Score]:
+                   batch_tokens: int = 1 << 16, targets: bool = False) -> dict[int, Score]:
     """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
     the windows of `score_windowed(window)`: a causal model run from a zero state over a window
     ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
     it. So the windows of every target (one forward pass each) give every shorter context too, at
-    no extra forward cost.
+    no extra forward cost. targets=True keeps every target's NLL (Score.positions).
 
     Context w scores the targets u = w + 1 - window + stride * i (every stride-th target, the same
     sample as the full window's, shifted): those with u <= w from the prefix pass (all their
@@ -215,6 +250,14 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
     ids, n = split.ids, split.n_targets
     device = ids.device
     totals = {w: Score() for w in contexts}
+    kept = {w: ([], []) for w in contexts}  # targets=True: positions and NLLs
+
+    def add(w: int, logits: Tensor, positions: Tensor) -> None:
+        totals[w] = totals[w].add(score_batch(logits, ids[positions], split.char_lengths))
+        if targets:
+            kept[w][0].append(positions)
+            kept[w][1].append(target_nll(logits, ids[positions]))
+
     with eval_mode(model):
         # Targets 1..window: their contexts are prefixes of ids[:window] (one pass predicts all).
         logits, _ = model(ids[:window].unsqueeze(0))
@@ -222,7 +265,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
             head = torch.arange(1, min(w, n) + 1, device=device)
             head = head[(head - (w + 1 - window)) % stride == 0]
             if head.numel():
-                totals[w] = totals[w].add(score_batch(logits[0, head - 1], ids[head], split.char_lengths))
+                add(w, logits[0, head - 1], head)
         # The windows ids[s : s + window] of the full window's targets t = s + window in (window, n].
         starts = torch.arange(1, max(n - window + 1, 1), device=device)
         starts = starts[(starts + window - 1) % stride == 0]
@@ -230,14 +273,16 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
         for chunk in starts.split(max(1, batch_tokens // window)):
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
             for w in contexts:
-                totals[w] = totals[w].add(score_batch(logits[:, w - 1], ids[chunk + w], split.char_lengths))
+                add(w, logits[:, w - 1], chunk + w)
         # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
         for w in contexts:
             tail = torch.arange(min(max(n - window + w, w), n) + 1, n + 1, device=device)
             tail = tail[(tail - (w + 1 - window)) % stride == 0]
             if tail.numel():
                 logits, _ = model(ids[tail.unsqueeze(1) + torch.arange(-w, 0, device=device)])
-                totals[w] = totals[w].add(score_batch(logits[:, -1], ids[tail], split.char_lengths))
+                add(w, logits[:, -1], tail)
+    if targets:
+        return {w: totals[w].with_targets(*kept[w]) if kept[w][0] else totals[w] for w in contexts}
     return totals
 
 
@@ -248,19 +293,21 @@ def sees_whole_window(model, window: int) -> bool:
 
 
 @torch.no_grad()
-def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12) -> Score:
+def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, targets: bool = False) -> Score:
     """Targets 1, 1 + stride, ... of the split, each from everything before it (one stream, the
-    state carried from chunk to chunk)."""
+    state carried from chunk to chunk). targets=True keeps every target's NLL (Score.positions)."""
     ids = split.ids
     positions = torch.arange(1, ids.numel(), stride, device=ids.device)
-    total, state = Score(), None
+    total, state, nll = Score(), None, []
     inputs = ids[:-1]
     with eval_mode(model):
         for start in range(0, inputs.numel(), chunk):
             logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
             wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
             total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], split.char_lengths))
-    return total
+            if targets:
+                nll.append(target_nll(logits[0, wanted - 1 - start], ids[wanted]))
+    return total.with_targets([positions], nll) if targets and nll else total
 
 
 def windowed_stride(stride: int | str, n_targets: int, window: int, training_tokens: int | None = None) -> int:
@@ -285,6 +332,17 @@ def context_lengths(max_window: int) -> list[int]:
     return lengths + [max_window]
 
 
+def long_context_lengths(max_window: int, longest: int | None, n_targets: int) -> list[int]:
+    """The curve's points past the training window: 2, 4, 8 ... times max_window up to `longest`
+    (256, 512, 1024 for a window of 128 and longest 1024), each where the split has a target with
+    that much context before it."""
+    lengths, w = [], 2 * max_window
+    while longest and w <= longest and w < n_targets:
+        lengths.append(w)
+        w *= 2
+    return lengths
+
+
 def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
     """Every target (exact) when that runs at most `point_tokens` tokens through the model
     (n_targets x window); else every k-th target, the smallest k within the budget."""
@@ -294,43 +352,54 @@ def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
 
 
 def context_curve(model, split: Split, *, max_window: int, stateful: Score, point_tokens: int | None,
-                  shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None) -> dict:
+                  shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None,
+                  longest: int | None = None, long_tokens: int | None = None, targets: bool = False) -> dict:
     """Bits per character with the model seeing only the last w tokens, from its initial state,
-    for w in `context_lengths(max_window)`, and with the state carried ("stateful": `stateful`,
-    already scored).
+    for w in `context_lengths(max_window)` and past the training window up to `longest`
+    (`long_context_lengths`), and with the state carried ("stateful": `stateful`, already scored).
 
     Every point comes from one pass of windows of max_window tokens (`score_contexts`), scoring
     every `shared_stride`-th target (the windowed figure's stride). A point whose exact figure fits
     in `point_tokens` forward tokens (n_targets x w) but that the shared pass sampled gets its own
     pass, scoring every k-th target with k the smallest stride within that budget (`curve_stride`).
     The point max_window always comes from the shared pass: it is the windowed figure at the
-    training window. Finite-context models whose context fits in w are scored in one pass, exactly.
-    `scores_out`, when given, receives {w: Score}.
+    training window. The points past it come from one more shared pass, of windows of the longest
+    point, every k-th target with k the smallest stride within `long_tokens` forward tokens.
+    Finite-context models whose context fits in w are scored in one pass, exactly.
+    `scores_out`, when given, receives {w: Score}; targets=True keeps the targets of the point
+    max_window (the windowed figure) in its Score.
 
     Returns {"1": bpc, "2": bpc, ..., "stateful": bpc, "settings": {...}}: the settings record,
     per point, the targets scored, the stride, the tokens run through the model for it and the
     standard error of a sampled point (0 for an exact one)."""
     n = split.n_targets
     lengths = context_lengths(max_window)
-    one_pass = [w for w in lengths if sees_whole_window(model, w)]
+    beyond = long_context_lengths(max_window, longest, n)
+    one_pass = [w for w in lengths + beyond if sees_whole_window(model, w)]
     own = [w for w in lengths if w not in one_pass and w != max_window
            and curve_stride(n, w, point_tokens) < shared_stride]
     shared = [w for w in lengths if w not in one_pass and w not in own]
+    long = [w for w in beyond if w not in one_pass]
     scores, strides, forward = {}, {}, {}
-    if shared:
-        scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens)
-        for w in shared:
-            strides[w], forward[w] = shared_stride, 0  # shared: the windowed pass's forward tokens
-        forward[max(shared)] = len(range(1, n + 1, shared_stride)) * max_window
+    for contexts, window, stride in ((shared, max_window, shared_stride),
+                                     (long, max(long, default=0), curve_stride(n, max(long, default=0), long_tokens))):
+        if not contexts:
+            continue
+        scores |= score_contexts(model, split, window, contexts, stride, batch_tokens,
+                                 targets=targets and window == max_window)
+        for w in contexts:
+            strides[w], forward[w] = stride, 0  # a shared pass: its forward tokens counted at its window
+        forward[max(contexts)] = len(range(1, n + 1, stride)) * window
     for w in own:
         strides[w] = curve_stride(n, w, point_tokens)
         scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens)[w]
         forward[w] = scores[w].tokens * w
     for w in one_pass:
-        scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1), 1, n
+        scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1, targets=targets), 1, n
     curve, settings = {}, {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
+                           "longest": max(lengths + beyond), "long_point_tokens": long_tokens,
                            "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
-    for w in lengths:
+    for w in lengths + beyond:
         key, score = str(w), scores[w]
         curve[key] = score.bpc
         settings["targets"][key], settings["stride"][key] = score.tokens, strides[w]
@@ -369,10 +438,15 @@ class Evaluation:
     scores: dict[str, Score]  # FIGURES -> Score
     settings: dict  # the settings actually used
     curve: dict | None = None  # context_curve's result
+    gain: Score | None = None  # state_gain: stateful - windowed, paired
 
     def metrics(self) -> dict:
-        """{"stateful_nll": ..., "stateful_bpc": ..., ...} for summary.json and the loggers."""
-        return mode_metrics(self.scores)
+        """{"stateful_nll": ..., "stateful_bpc": ..., ..., "state_gain_bpc", "state_gain_se"} for
+        summary.json and the loggers."""
+        metrics = mode_metrics(self.scores)
+        if self.gain is not None:
+            metrics["state_gain_bpc"], metrics["state_gain_se"] = self.gain.bpc, self.gain.bpc_se
+        return metrics
 
 
 def mode_metrics(scores: dict[str, Score]) -> dict[str, float]:
@@ -414,20 +488,24 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
             "windowed_targets": len(range(1, n_targets + 1, stride))}
     stateful = stateful if stateful is not None else score_stateful(model, val, seq_len, streams)
     point_tokens = settings.get("curve_point_tokens")
+    long_curve = {"longest": settings.get("curve_longest"), "long_tokens": settings.get("long_point_tokens")}
     by_context: dict[int, Score] = {}
     context = None
     if curve and window == seq_len and not sees_whole_window(model, window):
         # One pass of windows gives the windowed figure and every shorter context (score_contexts).
         context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
-                                shared_stride=stride, batch_tokens=batch_tokens, scores_out=by_context)
+                                shared_stride=stride, batch_tokens=batch_tokens, scores_out=by_context,
+                                targets=True, **long_curve)
         windowed = by_context[window]
     else:
-        windowed = score_windowed(model, val, window, stride, batch_tokens)
+        windowed = score_windowed(model, val, window, stride, batch_tokens, targets=curve)
         if curve:
             context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
                                     shared_stride=curve_stride(n_targets, seq_len, point_tokens),
-                                    batch_tokens=batch_tokens)
+                                    batch_tokens=batch_tokens, **long_curve)
     scores = {"stateful": stateful, "stateless": score_stateless(model, val), "windowed": windowed,
               "bigram": score_bigram(train_ids, val)}
-    result = Evaluation(scores, used, context)
-    return result
+    gain = None
+    if curve:  # the final weights: stateful - windowed, paired (stateful again, keeping its targets: one cheap pass)
+        gain = state_gain(score_stateful(model, val, seq_len, streams, targets=True), windowed, val)
+    return Evaluation(scores, used, context, gain)

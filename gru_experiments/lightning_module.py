@@ -72,6 +72,7 @@ class LanguageModelTask(L.LightningModule):
         self.last_epoch_train_loss = float("nan")
         self.train_tokens = 0
         self.train_seconds = 0.0
+        self.carried_state = None  # training=streams: the state after the last chunk, detached
 
     def forward(self, tokens, state=None):
         return self.model(tokens, state)
@@ -84,8 +85,13 @@ class LanguageModelTask(L.LightningModule):
         self._step_started = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        inputs, targets = batch
-        logits, _ = self.model(inputs)
+        # windows: (inputs, targets), from the initial state. streams (truncated BPTT): (inputs,
+        # targets, starts_pass); the chunk continues the previous chunk's state unless it starts a pass.
+        inputs, targets, *streams = batch
+        carry = bool(streams) and not streams[0]
+        logits, state = self.model(inputs, self.carried_state if carry else None)
+        if streams:
+            self.carried_state = detach_state(state)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         if not torch.isfinite(loss):
             # Stop before the update, so the weights (and any checkpoint) stay those of the
@@ -164,12 +170,38 @@ class LanguageModelTask(L.LightningModule):
             "epoch_loss_sum": float(self._epoch_loss[0]), "epoch_loss_count": self._epoch_loss[1],
             "train_tokens": self.train_tokens, "train_seconds": self.train_seconds,
         }
+        if self.carried_state is not None:  # streams: every rank's carried state (ranks read their own streams)
+            checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         stats = checkpoint.get("train_statistics")
         if stats:
             self._epoch_loss = [stats["epoch_loss_sum"], stats["epoch_loss_count"]]
             self.train_tokens, self.train_seconds = stats["train_tokens"], stats["train_seconds"]
+        ranks = checkpoint.get("carried_state")
+        if ranks:
+            rank = self.trainer.global_rank if self._trainer is not None else 0
+            self.carried_state = map_state(lambda t: t.to(self.device), ranks[rank])
+
+    def _gather_ranks(self, state) -> list:
+        """[the state of rank 0, of rank 1, ...]: on_save_checkpoint runs on every rank, only rank 0 writes."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world == 1:
+            return [state]
+        gathered = self.all_gather(state)  # each tensor gains a leading (world,) dimension
+        return [map_state(lambda t, r=r: t[r], gathered) for r in range(world)]
+
+
+def map_state(fn, state):
+    """`fn` applied to every tensor of a model state (a tensor, or nested lists and tuples of them)."""
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_state(fn, item) for item in state)
+    return fn(state) if isinstance(state, torch.Tensor) else state
+
+
+def detach_state(state):
+    """The state cut from the graph: truncated backpropagation through time stops at a chunk boundary."""
+    return map_state(torch.Tensor.detach, state)
 
 
 def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,

@@ -45,6 +45,12 @@ def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckp
     return best, periodic
 
 
+def training_batching(cfg: DictConfig) -> str:
+    """training.batching: windows (random windows, each from the initial state; the default, also for
+    configs written before the choice existed) or streams (truncated BPTT)."""
+    return OmegaConf.select(cfg, "training.batching", default=None) or "windows"
+
+
 def train(cfg: DictConfig) -> dict:
     """Train, score and summarise one model.
 
@@ -65,9 +71,6 @@ def _train(cfg: DictConfig, current) -> dict:
 
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
     tokenizer = corpus.tokenizer
-    datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
-                                  cfg.data.steps_per_epoch, seed=cfg.seed,
-                                  eval_batch_size=cfg.data.eval_batch_size)
     recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
     task = LanguageModelTask(
         architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
@@ -75,6 +78,11 @@ def _train(cfg: DictConfig, current) -> dict:
         model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
     model = task.model
+    batching = training_batching(cfg)
+    datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
+                                  cfg.data.steps_per_epoch, seed=cfg.seed,
+                                  eval_batch_size=cfg.data.eval_batch_size,
+                                  batching=batching if model.trainable else "windows")  # counted: no batches
     val_split = Split.of(datamodule.val_ids, tokenizer)
     task.track_modes(val_split, cfg.data.seq_len, int(cfg.evaluation.streams))  # history.csv: modes over training
     if model.context is not None and datamodule.train_ids.numel() < model.context + 1:
@@ -86,6 +94,8 @@ def _train(cfg: DictConfig, current) -> dict:
     parameters = count_parameters(model) if model.trainable else None  # a counted model: after counting
     if parameters is not None:
         print(f"trainable parameters: {parameters:,}")
+    if batching == "streams" and not model.trainable:
+        print(f"training=streams: {cfg.model.name} is counted, not trained; its counts are the same either way")
 
     if resume is not None:
         resume.check(task.hparams, tokenizer)
@@ -144,6 +154,7 @@ def _train(cfg: DictConfig, current) -> dict:
         "vocab_size": tokenizer.vocab_size,
         "parameters": parameters,
         "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
+        "training_mode": batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
         "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,
         "val_bpc": val.bpc,
@@ -197,6 +208,9 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
 
     print(f"inference modes on the whole validation split, final weights (step {summary['train_steps']}; "
           f"{evaluation.settings}):\n{format_modes(evaluation.scores)}")
+    if evaluation.gain is not None:
+        print(f"stateful - windowed ({evaluation.settings['window']} tokens), paired on "
+              f"{evaluation.gain.tokens:,} targets: {evaluation.gain.bpc:+.4f} ± {evaluation.gain.bpc_se:.4f} bits/char")
     print(f"context curve, final weights (bits per character against the tokens of context):\n"
           f"{format_curve(evaluation.curve)}")
     print(format_best(summary["best"]))

@@ -232,7 +232,10 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     assert on_disk["mode_evaluation"]["window"] == 16 and on_disk["mode_evaluation"]["windowed_stride"] == 1
     # The context curve: the point "1" is the stateless figure computed another way.
     curve = on_disk["context_curve"]
-    assert [key for key, _ in curve_points(curve)] == ["1", "2", "4", "8", "16", "stateful"]
+    # Past the training window (16) the curve doubles up to evaluation.curve_longest (1024).
+    assert [key for key, _ in curve_points(curve)] == ["1", "2", "4", "8", "16", "32", "64", "128", "256", "512",
+                                                       "1024", "stateful"]
+    assert curve["settings"]["longest"] == 1024
     assert curve["1"] == pytest.approx(on_disk["stateless_bpc"], abs=1e-4)
     assert curve["16"] == pytest.approx(on_disk["windowed_bpc"]) and curve["stateful"] == on_disk["stateful_bpc"]
     # The best checkpoint beside the final weights; history.csv has the modes at every validation.
