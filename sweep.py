@@ -5,6 +5,7 @@
     python sweep.py leviathan=true                    # ... and the Leviathan LSTM
     python sweep.py models=[astra_alpha,scribe_alpha] data.path=my.txt logger=csv
     python sweep.py models=ladder                     # the language-model ladder (conf/sweep.yaml model_sets)
+    python sweep.py models=grid training=windows,streams  # each model trained both ways: the training x inference grid
     python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
 
 sweep.py's own keys are in conf/sweep.yaml (models, model_sets, leviathan, report). Every other argument is
@@ -58,6 +59,16 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     return settings, overrides
 
 
+def first_values(overrides: list[str]) -> list[str]:
+    """The overrides with each sweep (training=windows,streams) at its first value: one job's
+    config, which compose can build (the multirun sweeps them all)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else o.input_line
+            for o in parsed]
+
+
 def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
     """The sweep folder exactly as train.py would compose it (hydra.sweep.dir, paths.* and all),
     fixed now so that sweep.py knows where the report goes. Composing also checks every override
@@ -68,7 +79,8 @@ def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
 
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"model={models[0]}", *overrides], return_hydra_config=True)
+            cfg = compose(config_name="train", overrides=[f"model={models[0]}", *first_values(overrides)],
+                          return_hydra_config=True)
             return Path(str(cfg.hydra.sweep.dir)).resolve()
     except (HydraException, OmegaConfBaseException) as error:
         raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None
