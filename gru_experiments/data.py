@@ -216,7 +216,8 @@ class StreamBatches:
 
     A pass over the split starts at a seeded random offset in [0, seq_len) (so chunk boundaries
     move from pass to pass) and cuts ids[offset:] into batch_size x world_size streams of the same
-    whole number of chunks; the tail that does not fill a chunk of every stream is not read. Rank r
+    whole number of chunks, the same in every pass (as many as the largest offset allows); the tail
+    after them, less than one chunk of every stream and one chunk more, is not read. Rank r
     reads streams r*batch_size ... (r+1)*batch_size - 1, so no two DDP ranks share a stream.
 
     Each batch is (inputs, targets, starts_pass): starts_pass is True for the first chunk of a pass,

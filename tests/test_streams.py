@@ -1,0 +1,269 @@
+"""training=streams (truncated BPTT): the stream reader, the state carried across chunks in training,
+exact resume, DDP ranks on their own streams, every stateful family, the context curve past the
+training window and the paired stateful - windowed figure."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gru_experiments.data import StreamBatches
+from gru_experiments.errors import UserError
+from gru_experiments.evaluation import Split, long_context_lengths, score_stateful, score_windowed, state_gain
+from gru_experiments.lightning_module import LanguageModelTask
+from gru_experiments.mlp import BengioMLP
+from gru_experiments.model import RecurrentLM
+from gru_experiments.training import train
+from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
+from test_resume import Interrupted, interrupt_at, weights_of
+
+V = 13
+
+
+def read_pass(reader: StreamBatches) -> list[tuple]:
+    """The batches of one whole pass."""
+    reader.steps = reader.chunks_per_pass
+    return list(reader)
+
+
+# --- the stream reader ------------------------------------------------------------------------
+@pytest.mark.parametrize("n, batch, seq_len", [(1000, 4, 7), (5000, 8, 16), (97, 2, 5)])
+def test_a_pass_reads_every_token_once_but_the_cut_tail(n, batch, seq_len):
+    ids = torch.arange(n)  # token i is its own position
+    reader = StreamBatches(ids, batch, seq_len, steps=1, seed=3)
+    for pass_index in range(3):
+        offset = reader.offset(pass_index)
+        assert 0 <= offset < seq_len
+        batches = read_pass(reader)
+        assert [b[2] for b in batches] == [True] + [False] * (len(batches) - 1)  # the state resets once
+        inputs = torch.cat([b[0] for b in batches], dim=1)  # (batch, stream length): the streams, chunks joined
+        targets = torch.cat([b[1] for b in batches], dim=1)
+        assert torch.equal(targets, inputs + 1)  # next-token targets
+        read = inputs.reshape(-1)
+        assert torch.equal(read, torch.arange(offset, offset + read.numel()))  # contiguous, each token once
+        # The cut: the offset before, and after the streams (+ their last target) less than one chunk of
+        # every stream and one more chunk (every pass has the same length, what the largest offset allows).
+        assert n - read.numel() - offset - 1 < (batch + 1) * seq_len
+        assert reader.pass_index == pass_index + 1 and reader.chunk == 0
+    assert len({reader.offset(p) for p in range(20)}) > 1  # chunk boundaries move between passes
+
+
+def test_trainer_epochs_continue_the_pass_and_the_position_round_trips():
+    ids = torch.arange(2000)
+    reader = StreamBatches(ids, 4, 10, steps=7, seed=0)
+    first = list(reader)  # one Trainer epoch: 7 of the pass's 49 chunks
+    state = reader.state_dict()
+    assert state == {"pass_index": 0, "chunk": 7}
+    second = list(reader)
+    assert torch.equal(second[0][0], first[-1][0] + 10) and not second[0][2]  # the next chunk, carried on
+    restored = StreamBatches(ids, 4, 10, steps=7, seed=0)
+    restored.load_state_dict(state)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(list(restored), second))
+
+
+def test_ddp_ranks_read_disjoint_streams():
+    ids = torch.arange(10_000)
+    world = 3
+    ranks = [StreamBatches(ids, 4, 8, steps=1, seed=5, rank=r, world_size=world) for r in range(world)]
+    assert len({r.chunks_per_pass for r in ranks}) == 1
+    seen = [torch.cat([b[0] for b in read_pass(r)], dim=1) for r in ranks]
+    tokens = [set(s.reshape(-1).tolist()) for s in seen]
+    for a in range(world):
+        for b in range(a + 1, world):
+            assert not tokens[a] & tokens[b]
+    # Together the ranks read one contiguous stretch, as a single process with world x batch streams would.
+    single = torch.cat([b[0] for b in read_pass(StreamBatches(ids, 12, 8, steps=1, seed=5))], dim=1)
+    assert torch.equal(torch.cat(seen), single)
+
+
+def test_streams_shorter_than_one_chunk_are_refused():
+    with pytest.raises(UserError, match="too few for 64 streams"):
+        StreamBatches(torch.arange(5000), 64, 128, steps=1, seed=0)
+
+
+def test_train_py_batch_too_large_for_the_streams_is_one_line_and_writes_nothing(tmp_path, tiny_corpus):
+    before = fingerprint(tmp_path)
+    result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "training=streams", "data.batch_size=4096")
+    assert result.returncode == 2
+    assert "training=streams" in error_line(result.stderr) and "data.batch_size" in error_line(result.stderr)
+    assert_untouched(before, fingerprint(tmp_path))
+
+
+def test_bad_batching_value_is_one_line(tmp_path, tiny_corpus):
+    result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "training.batching=carried")
+    assert result.returncode == 2 and "training.batching='carried'" in error_line(result.stderr)
+
+
+# --- the state carried in training -------------------------------------------------------------
+def families():
+    torch.manual_seed(0)
+    return {
+        "gru": RecurrentLM(V, "gru", embedding_dim=5, hidden_size=9, num_layers=2, dropout=0.0),
+        "lstm": RecurrentLM(V, "lstm", embedding_dim=5, hidden_size=9, num_layers=2, dropout=0.0, layer_norm=True),
+        "rnn": RecurrentLM(V, "rnn", embedding_dim=5, hidden_size=9, num_layers=1, dropout=0.0),
+        "mlp": BengioMLP(V, context=4, embedding_dim=3, hidden_size=7, dropout=0.0),
+    }
+
+
+@pytest.mark.parametrize("family", ["gru", "lstm", "rnn", "mlp"])
+def test_two_chunks_with_the_state_carried_equal_one_pass(family):
+    model = families()[family].train()  # training mode, as training runs it (dropout 0)
+    tokens = torch.randint(0, V, (3, 20))
+    whole, _ = model(tokens)
+    first, state = model(tokens[:, :9])
+    second, _ = model(tokens[:, 9:], state)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), whole, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gru", "lstm", "mlp"])
+def test_training_step_carries_the_detached_state_and_resets_at_a_new_pass(family):
+    model = families()[family]
+    task = LanguageModelTask({"_target_": "gru_experiments.model.RecurrentLM"}, V)  # any; replaced below
+    task.model = model
+    task.log = lambda *args, **kwargs: None
+    task.optimizers = lambda: type("O", (), {"param_groups": [{"lr": 0.0}]})()
+    tokens = torch.randint(0, V, (2, 13))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    task.training_step((inputs[:, :6], targets[:, :6], True), 0)
+    loss = task.training_step((inputs[:, 6:], targets[:, 6:], False), 1)
+    _, expected_state = model(inputs[:, :6])
+    logits, _ = model(inputs[:, 6:], expected_state)
+    expected = F.cross_entropy(logits.reshape(-1, V), targets[:, 6:].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+    assert loss.requires_grad and all(not t.requires_grad for t in _tensors(task.carried_state))
+    # A new pass starts from the initial state, whatever was carried.
+    restart = task.training_step((inputs[:, 6:], targets[:, 6:], True), 2)
+    fresh, _ = model(inputs[:, 6:])
+    torch.testing.assert_close(restart, F.cross_entropy(fresh.reshape(-1, V), targets[:, 6:].reshape(-1)))
+
+
+def _tensors(state):
+    if isinstance(state, (list, tuple)):
+        return [t for item in state for t in _tensors(item)]
+    return [state]
+
+
+STREAMS = [*TINY, "training=streams", "data.seq_len=16", "model.steps_per_epoch=8", "model.epochs=2",
+           "checkpoint.every_n_steps=3"]
+
+
+def test_interrupted_streams_run_resumes_bit_for_bit(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    """As test_resume's windows run: the carried state and the stream position come back from the checkpoint."""
+    base = [*STREAMS, f"data.path={tiny_corpus}"]
+    uninterrupted = tmp_path / "uninterrupted"
+    reference = train(compose_config(*base, f"paths.output_dir={uninterrupted}"))
+    assert reference["training_mode"] == "streams"
+
+    run = tmp_path / "run"
+    interrupt_at(monkeypatch, 11)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base))
+    monkeypatch.undo()
+    resumed = train(compose_config(*base, f"resume={run}"))
+    assert resumed["resumed_from_step"] == 9
+    for key in ("train_loss", "val_loss", "val_bpc", "stateful_bpc", "windowed_bpc", "state_gain_bpc"):
+        assert resumed[key] == reference[key], key
+    a, b = weights_of(run), weights_of(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resume_without_the_carried_state_would_differ(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    """The carried state matters to the resumed numbers, so the test above can fail."""
+    base = [*STREAMS, f"data.path={tiny_corpus}"]
+    reference = train(compose_config(*base, f"paths.output_dir={tmp_path / 'uninterrupted'}"))
+    interrupt_at(monkeypatch, 11)
+    with pytest.raises(Interrupted):
+        train(compose_config(*base))
+    monkeypatch.undo()
+    original = LanguageModelTask.on_load_checkpoint
+
+    def forget_the_state(self, checkpoint):
+        checkpoint.pop("carried_state", None)
+        original(self, checkpoint)
+
+    monkeypatch.setattr(LanguageModelTask, "on_load_checkpoint", forget_the_state)
+    resumed = train(compose_config(*base, f"resume={tmp_path / 'run'}"))
+    assert resumed["train_loss"] != reference["train_loss"]
+
+
+@pytest.mark.parametrize("model", ["astra_alpha", "lstm", "rnn", "mlp", "scribe_alpha"])
+def test_every_stateful_family_trains_in_streams_mode(compose_config, tiny_corpus, model):
+    overrides = [*TINY, f"data.path={tiny_corpus}", f"model={model}", "training=streams", "trainer.max_steps=4",
+                 "data.seq_len=16", "evaluation.curve_longest=64", "evaluation.windowed_stride=7"]
+    if model.startswith("scribe"):
+        overrides += ["tokenizer.vocab_size=60"]
+    summary = train(compose_config(*overrides))
+    assert summary["status"] == "completed" and summary["training_mode"] == "streams"
+    assert summary["train_steps"] == 4 and math.isfinite(summary["val_loss"])
+    assert [k for k in summary["context_curve"] if k.isdigit()][-3:] == ["16", "32", "64"]
+
+
+def test_a_counted_ngram_says_streams_change_nothing(compose_config, tiny_corpus, capsys):
+    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "model=ngram3", "training=streams",
+                                   "evaluation.curve_longest=64"))
+    assert summary["training_mode"] == "counted"
+    assert "training=streams: ngram3 is counted, not trained; its counts are the same either way" in \
+        capsys.readouterr().out
+
+
+def test_windows_mode_records_its_mode(compose_config, tiny_corpus):
+    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=2",
+                                   "evaluation.curve_longest=null", "evaluation.windowed_stride=9"))
+    assert summary["training_mode"] == "windows"
+    assert [k for k in summary["context_curve"] if k.isdigit()][-1] == "32"  # curve_longest=null: stops at seq_len
+
+
+# --- the curve past the window, and stateful - windowed ----------------------------------------
+def test_long_context_lengths_double_past_the_window_where_the_split_allows():
+    assert long_context_lengths(128, 1024, 111_539) == [256, 512, 1024]
+    assert long_context_lengths(128, 1024, 600) == [256, 512]
+    assert long_context_lengths(128, None, 10**6) == [] and long_context_lengths(128, 200, 10**6) == []
+
+
+def test_state_gain_is_the_paired_difference_with_its_standard_error():
+    torch.manual_seed(1)
+    model = families()["gru"].eval()
+    ids = torch.randint(0, V, (400,))
+    lengths = torch.randint(1, 4, (V,))  # a subword-like vocabulary: tokens of 1-3 characters
+    split = Split(ids, lengths)
+    stateful = score_stateful(model, split, seq_len=16, streams=3, targets=True)
+    windowed = score_windowed(model, split, window=8, stride=3, targets=True)
+    gain = state_gain(stateful, windowed, split)
+    # Independently: every 3rd target from position 1 (the windowed sample), each target's NLL both ways.
+    positions = list(range(1, 400, 3))
+    with torch.no_grad():
+        full, _ = model(ids[:-1].unsqueeze(0))
+        nll_s = F.cross_entropy(full[0], ids[1:], reduction="none").double()
+        nll_w = []
+        for u in positions:
+            logits, _ = model(ids[max(0, u - 8):u].unsqueeze(0))
+            nll_w.append(F.cross_entropy(logits[0, -1:], ids[u:u + 1]).double())
+    d = nll_s[[u - 1 for u in positions]] - torch.stack(nll_w)
+    chars = lengths[ids[positions]].double()
+    assert gain.tokens == len(positions)
+    assert gain.bpc == pytest.approx((d.sum() / chars.sum() / math.log(2)).item(), abs=1e-9)
+    r = d.sum() / chars.sum()
+    se = torch.sqrt(((d - r * chars) ** 2).sum() / (len(positions) * (len(positions) - 1))) / chars.mean()
+    assert gain.bpc_se == pytest.approx((se / math.log(2)).item(), rel=1e-6)
+
+
+def test_summary_has_the_gain_and_the_long_curve(compose_config, small_shakespeare):
+    cfg = compose_config(*TINY, f"data.path={small_shakespeare}", "trainer.max_steps=6", "training=streams",
+                         "data.seq_len=16", "evaluation.curve_longest=128", "evaluation.long_point_tokens=20000",
+                         "evaluation.windowed_stride=1")
+    summary = train(cfg)
+    assert json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["state_gain_bpc"] == \
+        summary["state_gain_bpc"]
+    curve = summary["context_curve"]
+    assert [k for k in curve if k.isdigit()] == ["1", "2", "4", "8", "16", "32", "64", "128"]
+    settings = curve["settings"]
+    assert settings["longest"] == 128 and settings["stride"]["32"] == settings["stride"]["128"] > 1
+    assert settings["forward_tokens"]["128"] <= 20_000 + 128 and settings["bpc_se"]["64"] > 0
+    # Both figures exact (every target): the paired difference is the difference of the figures.
+    assert summary["state_gain_bpc"] == pytest.approx(summary["stateful_bpc"] - summary["windowed_bpc"], abs=1e-6)
+    assert summary["state_gain_se"] > 0
