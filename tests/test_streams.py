@@ -231,7 +231,10 @@ def test_state_gain_is_the_paired_difference_with_its_standard_error():
     ids = torch.randint(0, V, (400,))
     lengths = torch.randint(1, 4, (V,))  # a subword-like vocabulary: tokens of 1-3 characters
     split = Split(ids, lengths)
-    stateful = score_stateful(model, split, seq_len=16, streams=3, targets=True)
+    stateful = score_stateful(model, split, seq_len=16, streams=1, targets=True)
+    streams = score_stateful(model, split, seq_len=16, streams=3, targets=True)  # kept targets add up to the figure
+    assert streams.target_nll.sum().item() == pytest.approx(streams.nll_sum, rel=1e-12)
+    assert torch.equal(streams.positions, torch.arange(1, 400))
     windowed = score_windowed(model, split, window=8, stride=3, targets=True)
     gain = state_gain(stateful, windowed, split)
     # Independently: every 3rd target from position 1 (the windowed sample), each target's NLL both ways.
