@@ -8,6 +8,10 @@ The original study states five findings:
     4. subword models amplify inference-time errors
     5. correctness precedes scale
 
+and the project adds what the study needs to answer its own question:
+
+    6. training with the state carried makes the state worth carrying (training=streams)
+
 `findings(jobs)` writes one line per finding: the claim, a verdict (supported, partly supported,
 contradicted, or cannot be judged and what is missing) and the measured figures it rests on,
 all computed here from the jobs' summaries and histories. Nothing is written in advance: a
@@ -31,6 +35,7 @@ CLAIMS = (
     "Correct inference gains more than extra depth or epochs",
     "Subword models amplify inference-time errors",
     "Correctness precedes scale",
+    "Training with the state carried makes the state worth carrying",
 )
 
 
@@ -215,16 +220,59 @@ def correctness_finding(jobs) -> Finding:
     return Finding(claim, _verdict(len(beaten), len(larger)), evidence)
 
 
+def _gain(job) -> tuple[float, float] | None:
+    """Stateful - windowed bits per character, paired target by target, and its standard error."""
+    gain, se = _number(job, "state_gain_bpc"), _number(job, "state_gain_se")
+    return None if gain is None or se is None else (gain, se)
+
+
+def training_mode_pairs(jobs) -> list[tuple]:
+    """(windows job, streams job) of every model trained both ways, with both state gains."""
+    by_mode = {}
+    for job in _recurrent(jobs) + [job for job in jobs if job.values.get("cell") == "mlp"]:
+        if _gain(job) is not None:
+            by_mode.setdefault(job.values.get("model"), {})[job.values.get("training_mode") or "windows"] = job
+    return [(modes["windows"], modes["streams"]) for modes in by_mode.values() if {"windows", "streams"} <= modes.keys()]
+
+
+def carried_state_finding(jobs) -> Finding:
+    """(6) Does training with the state carried (truncated BPTT) make carrying it at inference pay?
+    Judged per model from stateful - windowed under each training mode, with standard errors."""
+    claim = CLAIMS[5]
+    pairs = training_mode_pairs(jobs)
+    if not pairs:
+        return _cannot(claim, "no model trained both ways (python sweep.py models=grid training=windows,streams)")
+    parts, supported, contradicted = [], 0, 0
+    for windows, streams in pairs:
+        (gw, sw), (gs, ss) = _gain(windows), _gain(streams)
+        change, change_se = gs - gw, math.hypot(sw, ss)
+        if gs < -2 * ss and change < -2 * change_se:
+            supported += 1
+        elif change > 2 * change_se:
+            contradicted += 1
+        window = (windows.values.get("mode_evaluation") or {}).get("window", "?")
+        parts.append(f"{windows.values.get('model')}: stateful - windowed ({window} tokens) {gw:+.4f} ± {sw:.4f} "
+                     f"trained on windows, {gs:+.4f} ± {ss:.4f} trained on streams (change {change:+.4f} ± "
+                     f"{change_se:.4f})")
+    verdict = ("supported" if supported == len(pairs) else "partly supported" if supported else
+               "contradicted" if contradicted == len(pairs) else "not shown by this sweep")
+    evidence = (f"Bits per character, negative where the carried state beats the window, ± one standard error "
+                f"(paired by target): " + "; ".join(parts) + f". Supported for {supported} of {len(pairs)} models "
+                "(streams gain below zero and below the windows gain, each by two standard errors).")
+    return Finding(claim, verdict, evidence)
+
+
 def findings(jobs) -> list[Finding]:
-    """The five findings judged by the completed jobs of a sweep."""
+    """The findings judged by the completed jobs of a sweep."""
     return [rule(jobs) for rule in (training_loss_finding, stateless_finding, inference_vs_scale_finding,
-                                    subword_finding, correctness_finding)]
+                                    subword_finding, correctness_finding, carried_state_finding)]
 
 
 def findings_markdown(jobs) -> list[str]:
     """report.md's *Findings* section."""
     lines = ["## Findings", "",
-             "The original study's five findings, each judged by this sweep's numbers (computed when the report "
+             "The original study's five findings and the project's sixth, each judged by this sweep's numbers "
+             "(computed when the report "
              "is built; figures are of the final weights, \"best\" ones of the checkpoint with the lowest "
              "validation loss).", ""]
     if not jobs:

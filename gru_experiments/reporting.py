@@ -32,6 +32,7 @@ from gru_experiments.files import atomic_file, atomic_write
 from gru_experiments.findings import findings_markdown
 from gru_experiments.history import read_history
 from gru_experiments.runs import RunDir
+from gru_experiments.training_grid import PLOT_GRID, grid_section, plot_training_grid
 
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
@@ -40,7 +41,8 @@ PLOT_LADDER = "ladder.png"
 
 # (column, header in report.md, format); results.csv has every column of COLUMNS.
 TABLE = [
-    ("model", "model", str), ("cell", "cell", str), ("tokenizer", "tokenizer", str),
+    ("model", "model", str), ("training_mode", "training", str), ("cell", "cell", str),
+    ("tokenizer", "tokenizer", str),
     ("parameters", "parameters", "{:,}".format),
     ("train_loss", "train loss", "{:.4f}".format), ("val_loss", "val loss", "{:.4f}".format),
     ("val_bpc", "val bpc", "{:.4f}".format),
@@ -50,7 +52,8 @@ TABLE = [
     ("status", "status", str),
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
-COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in FIGURES), "best_step",
+COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in FIGURES), "state_gain_bpc",
+           "state_gain_se", "best_step",
            *(f"best_{key}" for key in BEST_KEYS), "error", "run_dir"]
 MISSING = "—"
 
@@ -66,8 +69,18 @@ class JobResult:
     logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
 
     @property
-    def model(self) -> str:
+    def name(self) -> str:
+        """The model's config name."""
         return self.values.get("model") or self.job
+
+    @property
+    def training_mode(self) -> str:
+        return self.values.get("training_mode") or "windows"
+
+    @property
+    def model(self) -> str:
+        """Its label in the report: the name, marked when trained with the state carried."""
+        return f"{self.name} (streams)" if self.training_mode == "streams" else self.name
 
     def best(self, key: str) -> float | None:
         """A finite number of the best checkpoint (summary["best"]; key "step" for its step), else None."""
@@ -133,6 +146,7 @@ def read_job(job_dir: Path) -> JobResult:
         "model": _select(cfg, "model.name"),
         "cell": _select(cfg, "model.architecture.cell"),
         "tokenizer": _select(cfg, "tokenizer.kind"),
+        "training_mode": _select(cfg, "training.batching"),
         **(summary if isinstance(summary, dict) else {}),
     }
     if not isinstance(summary, dict):
@@ -162,7 +176,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
                       key=_job_order)
     jobs = [read_job(job_dir) for job_dir in job_dirs]
     overrides = sweep_overrides(sweep_dir)
-    started = {job.model for job in jobs}
+    started = {job.name for job in jobs}
     jobs += [JobResult(job="", status="missing", values={"model": name})
              for name in planned_models(overrides) if name not in started]
     if not any(job.status in ("completed", "failed") for job in jobs):
@@ -183,8 +197,10 @@ def format_duration(seconds: float) -> str:
 
 def _cell(job: JobResult, key: str, fmt) -> str:
     value = job.values.get(key)
-    if key in ("model", "cell", "tokenizer", "status"):
-        value = job.status if key == "status" else value
+    if key in ("model", "training_mode", "cell", "tokenizer", "status"):
+        value = {"status": job.status, "model": job.model}.get(key, value)
+        if key == "training_mode" and job.status != "missing":
+            value = job.training_mode  # summaries written before the choice existed: windows
         return _escape(str(value)) if value else MISSING
     number = job.number(key)
     return MISSING if number is None else fmt(number)
@@ -293,12 +309,13 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         "windows of data.seq_len, each from a zero state. Every figure of this table is of the final "
         "weights (the best checkpoint's are under *Best checkpoint and final weights*).", "",
         "| " + " | ".join(header for _, header, _ in TABLE) + " |",
-        "|" + "|".join("---" if key in ("model", "cell", "tokenizer", "status") else "--:" for key, _, _ in TABLE) + "|",
+        "|" + "|".join("---" if key in ("model", "training_mode", "cell", "tokenizer", "status") else "--:" for key, _, _ in TABLE) + "|",
     ]
     lines += ["| " + " | ".join(_cell(job, key, fmt) for key, _, fmt in TABLE) + " |" for job in jobs]
     missing = _missing_lines(jobs, plots)
     lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
     lines += ladder_section(jobs, plots)
+    lines += grid_section(jobs, plots, format_duration)
     lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
     lines += _best_section(jobs)
     lines += ["## Context curve", "",
@@ -600,7 +617,8 @@ def build_report(sweep_dir) -> Report:
     jobs, overrides = collect(sweep_dir)
     plots = {}
     for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves), (PLOT_LADDER, plot_ladder),
-                       (PLOT_CONTEXT, plot_context_curve), (PLOT_MODES, plot_modes_over_training)):
+                       (PLOT_CONTEXT, plot_context_curve), (PLOT_MODES, plot_modes_over_training),
+                       (PLOT_GRID, lambda jobs, path: plot_training_grid(jobs, path, _figure, _save))):
         if (written := plot(jobs, sweep_dir / name)) is not None:
             plots[name] = written
         elif (sweep_dir / name).exists():
@@ -646,7 +664,7 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
     try:
         columns = [key for key in COLUMNS if key not in ("error", "run_dir")]
         data = [[job.status if key == "status" else job.job if key == "job" else
-                 (job.number(key) if key not in ("model", "cell", "tokenizer") else job.values.get(key))
+                 (job.number(key) if key not in ("model", "training_mode", "cell", "tokenizer") else job.values.get(key))
                  for key in columns] for job in report.jobs]
         payload = {"results": wandb.Table(columns=columns, data=data)}
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from gru_experiments.findings import CLAIMS, findings
 from gru_experiments.reporting import (PLOT_CONTEXT, PLOT_MODES, build_report, collect, context_curve_series,
                                        modes_over_training_series)
+from gru_experiments.training_grid import PLOT_GRID
 from test_reporting import assert_valid_png, make_job
 
 # (model, tokenizer, parameters, stateful, stateless, bigram)
@@ -93,7 +94,9 @@ def test_modes_over_training_leaves_out_counted_models():
 
 def test_findings_state_the_measured_figures(tmp_path):
     lines = finding_lines((build_report(make_sweep(tmp_path)).files["report.md"]).read_text())
-    assert len(lines) == 5 and all(claim in line for claim, line in zip(CLAIMS, lines))
+    assert len(lines) == 6 and all(claim in line for claim, line in zip(CLAIMS, lines))
+    # (6) no model trained both ways here.
+    assert "cannot be judged" in lines[5] and "models=grid training=windows,streams" in lines[5]
     # (2) stateless vs bigram: worse for both char models, better for the spm one.
     assert "partly supported" in lines[1] and "worse than the count bigram for 2 of 3" in lines[1]
     # (4) resetting costs spm 0.54, char (1.47 + 1.65) / 2 = 1.56: contradicted, and said so.
@@ -123,7 +126,7 @@ def test_findings_say_what_is_missing(tmp_path):
     assert "cannot be judged" in lines[3] and "no subword (spm) model" in lines[3]
     assert "cannot be judged" in lines[4] and "at least two sizes" in lines[4]
     assert "Missing: models of one tokenizer at two sizes" in lines[2]
-    assert [f.verdict for f in findings([])] == ["cannot be judged"] * 5
+    assert [f.verdict for f in findings([])] == ["cannot be judged"] * len(CLAIMS)
 
 
 def test_best_and_final_weights_side_by_side(tmp_path):
@@ -135,3 +138,45 @@ def test_best_and_final_weights_side_by_side(tmp_path):
     assert "| astra_alpha | best (= final) | 2000 |" in section
     rows = {row["model"]: row for row in __import__("csv").DictReader(open(sweep / "results.csv"))}
     assert rows["scribe_alpha"]["best_step"] == "600" and float(rows["scribe_alpha"]["best_val_bpc"]) == 2.168
+
+
+def make_grid_sweep(root: Path, gains: dict) -> Path:
+    """A sweep of models trained both ways; gains: {(model, mode): (stateful - windowed, its s.e.)}."""
+    sweep = root / "grid"
+    sweep.mkdir(parents=True)
+    for num, ((model, mode), (gain, se)) in enumerate(gains.items()):
+        values = summary(model, "char", 86_913, 2.30 + gain, 3.78, 3.58) | {
+            "training_mode": mode, "windowed_bpc": 2.30, "state_gain_bpc": gain, "state_gain_se": se,
+            "train_seconds": 200.0 + num, "mode_evaluation": {"window": 128}}
+        values["context_curve"]["settings"]["longest"] = 1024
+        make_job(sweep, num, model, summary=values)
+    return sweep
+
+
+def test_the_training_grid_and_the_sixth_finding(tmp_path):
+    sweep = make_grid_sweep(tmp_path, {("astra_alpha", "windows"): (0.002, 0.001),
+                                       ("astra_alpha", "streams"): (-0.050, 0.004),
+                                       ("astra_beta", "windows"): (0.003, 0.001),
+                                       ("astra_beta", "streams"): (-0.080, 0.005)})
+    report = build_report(sweep)
+    assert_valid_png(report.files[PLOT_GRID])
+    text = (sweep / "report.md").read_text()
+    grid = text.split("## Training mode against inference mode", 1)[1].split("\n## ", 1)[0]
+    assert "| astra_alpha | windows | 2.3020 | 2.3000 | 3.7800 | +0.0020 ± 0.0010 | 3 min 20 s |" in grid
+    assert "| astra_beta | streams | 2.2200 | 2.3000 | 3.7800 | -0.0800 ± 0.0050 | 3 min 23 s |" in grid
+    assert "windowed: the last 128 tokens; the context curve's longest point: 1024 tokens" in grid
+    assert f"]({PLOT_GRID})" in grid
+    sixth = finding_lines(text)[5]
+    assert sixth.startswith("6. **Training with the state carried makes the state worth carrying**: supported.")
+    assert "astra_alpha: stateful - windowed (128 tokens) +0.0020 ± 0.0010 trained on windows, -0.0500 ± 0.0040" in sixth
+    # The report tells the two trainings of a model apart.
+    assert "| astra_alpha (streams) | streams |" in text
+
+
+@pytest.mark.parametrize("streams_gain, verdict", [((-0.001, 0.004), "not shown by this sweep"),
+                                                   ((0.050, 0.004), "contradicted")])
+def test_the_sixth_finding_follows_the_numbers(tmp_path, streams_gain, verdict):
+    sweep = make_grid_sweep(tmp_path, {("astra_alpha", "windows"): (0.002, 0.001),
+                                       ("astra_alpha", "streams"): streams_gain})
+    sixth = finding_lines(build_report(sweep).files["report.md"].read_text())[5]
+    assert f"carrying**: {verdict}." in sixth and "Supported for 0 of 1 models" in sixth

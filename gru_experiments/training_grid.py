@@ -1,0 +1,82 @@
+"""The training x inference grid of a sweep (report.md's *Training mode against inference mode*,
+`training_grid.png`): every model trained both ways (training=windows and training=streams, e.g.
+`python sweep.py models=grid training=windows,streams`), each scored in every inference mode.
+
+The figure of interest is stateful - windowed (summary.json `state_gain_bpc`, paired target by target,
+with its standard error `state_gain_se`): what carrying the state buys beyond the window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+GRID_MODES = ("stateful", "windowed", "stateless")
+TRAINING_MODES = ("windows", "streams")
+PLOT_GRID = "training_grid.png"
+
+
+def grid_models(jobs) -> dict[str, dict]:
+    """{model name: {training mode: job}} for the completed models trained in more than one mode."""
+    by_model: dict[str, dict] = {}
+    for job in jobs:
+        if job.status == "completed":
+            by_model.setdefault(job.name, {})[job.training_mode] = job
+    return {name: modes for name, modes in by_model.items() if len(modes) > 1}
+
+
+def _settings(job) -> str:
+    window = (job.values.get("mode_evaluation") or {}).get("window")
+    longest = ((job.values.get("context_curve") or {}).get("settings") or {}).get("longest")
+    return f"windowed: the last {window or '?'} tokens; the context curve's longest point: {longest or '?'} tokens"
+
+
+def grid_section(jobs, plots: dict[str, Path], format_duration) -> list[str]:
+    grid = grid_models(jobs)
+    if not grid:
+        return []
+    lines = ["## Training mode against inference mode", "",
+             "Each model trained on random windows from a zero state (`training=windows`) and with the state "
+             "carried across contiguous chunks (`training=streams`, truncated BPTT), then scored in every "
+             "inference mode; validation bits per character, final weights. Stateful - windowed is paired "
+             "target by target (± one standard error); negative where the carried state beats the window.", "",
+             "| model | training | stateful | windowed | stateless | stateful - windowed | training time |",
+             "|---|---|--:|--:|--:|--:|--:|"]
+    for name, modes in grid.items():
+        for mode in sorted(modes, key=lambda m: TRAINING_MODES.index(m) if m in TRAINING_MODES else 99):
+            job = modes[mode]
+            cells = [f"{job.number(f'{m}_bpc'):.4f}" if job.number(f"{m}_bpc") is not None else "—"
+                     for m in GRID_MODES]
+            gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
+            cells.append("—" if gain is None else f"{gain:+.4f} ± {se:.4f}" if se is not None else f"{gain:+.4f}")
+            seconds = job.number("train_seconds")
+            cells.append("—" if seconds is None else format_duration(seconds))
+            lines.append(f"| {name} | {mode} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"- {name}: {_settings(next(iter(modes.values())))}" for name, modes in grid.items()]
+    lines += ["", f"![bits per character by training mode and inference mode]({PLOT_GRID})" if PLOT_GRID in plots
+              else "— no grid figure.", ""]
+    return lines
+
+
+def plot_training_grid(jobs, path: Path, figure, save) -> Path | None:
+    """One panel per model: the inference modes on the x axis, one bar per training mode."""
+    grid = grid_models(jobs)
+    if not grid:
+        return None
+    plt = figure()
+    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
+    for ax, (name, modes) in zip(axes[0], grid.items()):
+        order = [m for m in TRAINING_MODES if m in modes] + [m for m in modes if m not in TRAINING_MODES]
+        width = 0.8 / len(order)
+        for i, mode in enumerate(order):
+            values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in GRID_MODES]
+            xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(GRID_MODES))]
+            bars = ax.bar(xs, values, width, label=f"trained on {mode}")
+            for bar, value in zip(bars, values):
+                ax.annotate(f"{value:.3f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+        ax.set_xticks(range(len(GRID_MODES)), [f"{m}\n(inference)" for m in GRID_MODES])
+        ax.set_title(name)
+        ax.set_ylabel("validation bits per character")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, path)
