@@ -270,3 +270,19 @@ def test_summary_has_the_gain_and_the_long_curve(compose_config, small_shakespea
     # Both figures exact (every target): the paired difference is the difference of the figures.
     assert summary["state_gain_bpc"] == pytest.approx(summary["stateful_bpc"] - summary["windowed_bpc"], abs=1e-6)
     assert summary["state_gain_se"] > 0
+
+
+@pytest.mark.slow
+def test_ddp_streams_run_two_ranks_on_their_own_streams(tmp_path, tiny_corpus):
+    """Two CPU processes (gloo), each on its own streams; the checkpoint holds both ranks' states."""
+    run_dir = tmp_path / "ddp_streams"
+    result = run_script(tmp_path, *STREAMS, f"data.path={tiny_corpus}", "trainer=ddp", "trainer.devices=2",
+                        "trainer.max_steps=6", f"hydra.run.dir={run_dir}", "evaluation.curve_longest=64",
+                        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["training_mode"] == "streams" and summary["train_steps"] == 6
+    from gru_experiments.checkpoints import read_checkpoint
+
+    ranks = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["carried_state"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0][0], ranks[1][0])  # one GRU layer's h per rank, different
