@@ -15,8 +15,8 @@ The figures (docs/evaluation.md):
     context_curve    bits per character against the context given: score_windowed at
                      w = 1, 2, 4, ... up to the training window, on past it (256, 512, 1024 by
                      default), and stateful (unbounded)
-    state_gain       stateful minus windowed, target by target, with its standard error: what
-                     carrying the state buys beyond the window
+    paired_difference  one figure minus another, target by target, with its standard error: e.g.
+                     stateful - windowed, what carrying the state buys beyond the window
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Score:
     moments: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))  # sums of nll^2, nll*chars, chars^2
 
     # Which targets were scored and their NLLs, when the scoring function was asked to keep them
-    # (targets=True): (positions in the split, nll in nats), for paired comparisons (state_gain).
+    # (targets=True): (positions in the split, nll in nats), for paired comparisons (paired_difference).
     positions: Tensor | None = None
     target_nll: Tensor | None = None
 
@@ -142,11 +142,13 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 # sample of them), so their numbers compare directly, and with `score_chunks`.
 
 @torch.no_grad()
-def score_stateful(model, split: Split, seq_len: int, streams: int, targets: bool = False) -> Score:
+def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
     (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
-    stream is predicted from a zero state. targets=True keeps every target's NLL (Score.positions)."""
-    ids, keep = split.ids, targets
+    stream is predicted from a zero state. targets_after=k keeps the NLL of every target that has
+    at least k tokens of its stream before it (Score.positions): the targets whose carried state
+    has seen more than a window of k tokens would (k = 0: every target)."""
+    ids, keep = split.ids, targets_after is not None
     n_targets = split.n_targets
     streams = max(1, min(streams, n_targets))
     length = -(-n_targets // streams)
@@ -163,8 +165,9 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets: boo
             if keep:
                 nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(streams, -1))
     if keep:  # row-major over (streams, length): position p + 1 is the target of input p
-        return total.with_targets([torch.arange(1, n_targets + 1, device=ids.device)],
-                                  [torch.cat(nll, dim=1).reshape(-1)[:n_targets]])
+        warm = (torch.arange(streams * length, device=ids.device) % length >= targets_after)[:n_targets]
+        return total.with_targets([torch.arange(1, n_targets + 1, device=ids.device)[warm]],
+                                  [torch.cat(nll, dim=1).reshape(-1)[:n_targets][warm]])
     return total
 
 
@@ -218,15 +221,14 @@ def score_windowed(model, split: Split, window: int, stride: int = 1, batch_toke
     return score_contexts(model, split, window, [window], stride, batch_tokens, targets)[window]
 
 
-def state_gain(stateful: Score, windowed: Score, split: Split) -> Score:
-    """Stateful minus windowed on the targets both scored, paired target by target (both Scores
-    kept their targets): `.bpc` is the difference in bits per character (negative: carrying the
-    state helps), `.bpc_se` its standard error, far smaller than either figure's own because the
-    two NLLs of a target move together."""
+def paired_difference(a: Score, b: Score, split: Split) -> Score:
+    """a minus b on the targets both scored, paired target by target (both Scores kept their
+    targets): `.bpc` is the difference in bits per character, `.bpc_se` its standard error, far
+    smaller than either figure's own because the two NLLs of a target move together."""
     n = split.n_targets
     nll = torch.full((2, n + 1), math.nan, dtype=torch.float64, device=split.ids.device)
-    nll[0, stateful.positions] = stateful.target_nll
-    nll[1, windowed.positions] = windowed.target_nll
+    nll[0, a.positions] = a.target_nll
+    nll[1, b.positions] = b.target_nll
     both = torch.nonzero(~torch.isnan(nll).any(dim=0)).squeeze(1)
     return _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
 
@@ -363,8 +365,10 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     in `point_tokens` forward tokens (n_targets x w) but that the shared pass sampled gets its own
     pass, scoring every k-th target with k the smallest stride within that budget (`curve_stride`).
     The point max_window always comes from the shared pass: it is the windowed figure at the
-    training window. The points past it come from one more shared pass, of windows of the longest
-    point, every k-th target with k the smallest stride within `long_tokens` forward tokens.
+    training window. The points past it score every k-th target, k the smallest stride that keeps
+    their passes and a reference pass at max_window on the same targets within `long_tokens`
+    forward tokens: a long point is the max_window point plus its paired difference from the
+    reference (a difference estimator; its standard error is the difference's, docs/evaluation.md).
     Finite-context models whose context fits in w are scored in one pass, exactly.
     `scores_out`, when given, receives {w: Score}; targets=True keeps the targets of the point
     max_window (the windowed figure) in its Score.
@@ -381,15 +385,27 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     shared = [w for w in lengths if w not in one_pass and w not in own]
     long = [w for w in beyond if w not in one_pass]
     scores, strides, forward = {}, {}, {}
-    for contexts, window, stride in ((shared, max_window, shared_stride),
-                                     (long, max(long, default=0), curve_stride(n, max(long, default=0), long_tokens))):
-        if not contexts:
-            continue
-        scores |= score_contexts(model, split, window, contexts, stride, batch_tokens,
-                                 targets=targets and window == max_window)
-        for w in contexts:
-            strides[w], forward[w] = stride, 0  # a shared pass: its forward tokens counted at its window
-        forward[max(contexts)] = len(range(1, n + 1, stride)) * window
+    bpc, se = {}, {}  # the points past max_window (difference estimates)
+    if shared:
+        scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens, targets=targets)
+        for w in shared:
+            strides[w], forward[w] = shared_stride, 0  # shared: the windowed pass's forward tokens
+        forward[max(shared)] = len(range(1, n + 1, shared_stride)) * max_window
+    if long:
+        # A difference estimator: each long point is the max_window point plus its difference from
+        # it, paired on a sample of targets (every k-th, the same for every long point and for a
+        # reference pass at max_window), so the sample's error is that of the difference alone.
+        stride = curve_stride(n, sum(long) + max_window, long_tokens)
+        reference = score_contexts(model, split, max_window, [max_window], stride, batch_tokens, targets=True)
+        base = scores[max_window]
+        base_se = base.bpc_se if base.tokens < n else 0.0
+        for w in long:
+            scores[w] = score_contexts(model, split, w, [w], stride, batch_tokens, targets=True)[w]
+            difference = paired_difference(scores[w], reference[max_window], split)
+            strides[w], forward[w] = stride, scores[w].tokens * w
+            sampled_se = difference.bpc_se if scores[w].tokens < n else 0.0  # every target: exact
+            bpc[w], se[w] = base.bpc + difference.bpc, math.hypot(sampled_se, base_se)
+        forward[max(long)] += reference[max_window].tokens * max_window  # the reference pass
     for w in own:
         strides[w] = curve_stride(n, w, point_tokens)
         scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens)[w]
@@ -401,16 +417,16 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
                            "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
     for w in lengths + beyond:
         key, score = str(w), scores[w]
-        curve[key] = score.bpc
+        curve[key] = bpc.get(w, score.bpc)
         settings["targets"][key], settings["stride"][key] = score.tokens, strides[w]
         settings["forward_tokens"][key] = forward[w]
-        settings["bpc_se"][key] = 0.0 if score.tokens == n else score.bpc_se
+        settings["bpc_se"][key] = se.get(w, 0.0 if score.tokens == n else score.bpc_se)
     curve["stateful"] = stateful.bpc
     settings["targets"]["stateful"], settings["stride"]["stateful"] = stateful.tokens, 1
     settings["bpc_se"]["stateful"] = 0.0
     curve["settings"] = settings
     if scores_out is not None:
-        scores_out.update(scores)
+        scores_out.update({w: score for w, score in scores.items() if w not in bpc})
     return curve
 
 
@@ -438,7 +454,7 @@ class Evaluation:
     scores: dict[str, Score]  # FIGURES -> Score
     settings: dict  # the settings actually used
     curve: dict | None = None  # context_curve's result
-    gain: Score | None = None  # state_gain: stateful - windowed, paired
+    gain: Score | None = None  # stateful - windowed, paired (paired_difference), warm targets only
 
     def metrics(self) -> dict:
         """{"stateful_nll": ..., "stateful_bpc": ..., ..., "state_gain_bpc", "state_gain_se"} for
@@ -507,5 +523,7 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
               "bigram": score_bigram(train_ids, val)}
     gain = None
     if curve:  # the final weights: stateful - windowed, paired (stateful again, keeping its targets: one cheap pass)
-        gain = state_gain(score_stateful(model, val, seq_len, streams, targets=True), windowed, val)
+        # Only the targets whose stream has carried the state past one window: before that the state
+        # has seen less than the window has (a cold start of each of the `streams` streams).
+        gain = paired_difference(score_stateful(model, val, seq_len, streams, targets_after=window), windowed, val)
     return Evaluation(scores, used, context, gain)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from gru_experiments.data import StreamBatches
 from gru_experiments.errors import UserError
-from gru_experiments.evaluation import Split, long_context_lengths, score_stateful, score_windowed, state_gain
+from gru_experiments.evaluation import (Split, context_curve, long_context_lengths, paired_difference, score_stateful,
+                                        score_windowed)
 from gru_experiments.lightning_module import LanguageModelTask
 from gru_experiments.mlp import BengioMLP
 from gru_experiments.model import RecurrentLM
@@ -225,18 +226,21 @@ def test_long_context_lengths_double_past_the_window_where_the_split_allows():
     assert long_context_lengths(128, None, 10**6) == [] and long_context_lengths(128, 200, 10**6) == []
 
 
-def test_state_gain_is_the_paired_difference_with_its_standard_error():
+def test_paired_difference_with_its_standard_error_against_an_independent_computation():
     torch.manual_seed(1)
     model = families()["gru"].eval()
     ids = torch.randint(0, V, (400,))
     lengths = torch.randint(1, 4, (V,))  # a subword-like vocabulary: tokens of 1-3 characters
     split = Split(ids, lengths)
-    stateful = score_stateful(model, split, seq_len=16, streams=1, targets=True)
-    streams = score_stateful(model, split, seq_len=16, streams=3, targets=True)  # kept targets add up to the figure
+    stateful = score_stateful(model, split, seq_len=16, streams=1, targets_after=0)
+    streams = score_stateful(model, split, seq_len=16, streams=3, targets_after=0)  # kept targets add up to the figure
     assert streams.target_nll.sum().item() == pytest.approx(streams.nll_sum, rel=1e-12)
     assert torch.equal(streams.positions, torch.arange(1, 400))
+    # targets_after=k: only targets with k tokens of their stream before them (streams of 133 targets).
+    warm = score_stateful(model, split, seq_len=16, streams=3, targets_after=10)
+    assert warm.positions.tolist() == [p for p in range(1, 400) if (p - 1) % 133 >= 10]
     windowed = score_windowed(model, split, window=8, stride=3, targets=True)
-    gain = state_gain(stateful, windowed, split)
+    gain = paired_difference(stateful, windowed, split)  # what evaluate() records as state_gain
     # Independently: every 3rd target from position 1 (the windowed sample), each target's NLL both ways.
     positions = list(range(1, 400, 3))
     with torch.no_grad():
@@ -267,8 +271,8 @@ def test_summary_has_the_gain_and_the_long_curve(compose_config, small_shakespea
     settings = curve["settings"]
     assert settings["longest"] == 128 and settings["stride"]["32"] == settings["stride"]["128"] > 1
     assert settings["forward_tokens"]["128"] <= 20_000 + 128 and settings["bpc_se"]["64"] > 0
-    # Both figures exact (every target): the paired difference is the difference of the figures.
-    assert summary["state_gain_bpc"] == pytest.approx(summary["stateful_bpc"] - summary["windowed_bpc"], abs=1e-6)
+    # The paired difference leaves out each stream's first window of targets (its state has seen less).
+    assert abs(summary["state_gain_bpc"] - (summary["stateful_bpc"] - summary["windowed_bpc"])) < 0.05
     assert summary["state_gain_se"] > 0
 
 
@@ -286,3 +290,23 @@ def test_ddp_streams_run_two_ranks_on_their_own_streams(tmp_path, tiny_corpus):
 
     ranks = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["carried_state"]
     assert len(ranks) == 2 and not torch.equal(ranks[0][0], ranks[1][0])  # one GRU layer's h per rank, different
+
+
+def test_long_points_are_difference_estimates_exact_without_a_budget():
+    torch.manual_seed(2)
+    model = families()["gru"].eval()
+    ids = torch.randint(0, V, (300,))
+    split = Split(ids, torch.ones(V, dtype=torch.long))
+    stateful = score_stateful(model, split, seq_len=8, streams=1)
+    exact = context_curve(model, split, max_window=8, stateful=stateful, point_tokens=None, longest=64,
+                          long_tokens=None)
+    sampled = context_curve(model, split, max_window=8, stateful=stateful, point_tokens=None, longest=64,
+                            long_tokens=3_000)
+    for w in (16, 32, 64):
+        assert exact[str(w)] == pytest.approx(score_windowed(model, split, w).bpc, abs=1e-9)
+        assert exact["settings"]["bpc_se"][str(w)] == 0.0
+        settings = sampled["settings"]
+        assert settings["stride"][str(w)] > 1 and settings["bpc_se"][str(w)] > 0
+        # The estimate is the exact window-8 figure plus a paired difference: within a few standard errors.
+        assert abs(sampled[str(w)] - exact[str(w)]) < 4 * settings["bpc_se"][str(w)] + 1e-6
+    assert sum(sampled["settings"]["forward_tokens"][str(w)] for w in (16, 32, 64)) <= 3_000 + 64
