@@ -90,7 +90,7 @@ def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:
     sweep_dir = resolve_sweep_dir(models, overrides)
     command = [sys.executable, str(ROOT / "train.py"), "-m", "model=" + ",".join(models),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
-    print(f"sweep.py: {len(models)} jobs into {sweep_dir}\n  {' '.join(command)}", flush=True)
+    print(f"sweep.py: {len(models)} models into {sweep_dir}\n  {' '.join(command)}", flush=True)
     # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
     # others; train.py then exits non-zero, and the report says which job failed.
     returncode = subprocess.run(command, check=False).returncode
