@@ -28,6 +28,7 @@ from torch import Tensor
 from gru_experiments.data import IGNORE_INDEX, EvalBatches
 from gru_experiments.inference import MODES, eval_mode
 from gru_experiments.ngram import NGramLM
+from gru_experiments.progress import NO_PROGRESS
 
 FIGURES = (*MODES, "bigram")  # what the evaluation reports: every inference mode and the bigram baseline
 
@@ -126,7 +127,7 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 # sample of them), so their numbers compare directly, and with `score_chunks`.
 
 @torch.no_grad()
-def score_stateful(model, split: Split, seq_len: int, streams: int) -> Score:
+def score_stateful(model, split: Split, seq_len: int, streams: int, tick=None) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
     (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
     stream is predicted from a zero state."""
@@ -144,6 +145,8 @@ def score_stateful(model, split: Split, seq_len: int, streams: int) -> Score:
         for start in range(0, length, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
             total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
+            if tick is not None:  # a progress bar's (progress.py)
+                tick(logits.shape[0] * logits.shape[1])
     return total
 
 
@@ -178,7 +181,8 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
 
 
 @torch.no_grad()
-def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16) -> Score:
+def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16,
+                   tick=None) -> Score:
     """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
     the split), run from a zero state. Unlike `score_chunks`, each target gets its own window,
     so this costs `window` times a single pass.
@@ -192,13 +196,13 @@ def score_windowed(model, split: Split, window: int, stride: int = 1, batch_toke
     if sees_whole_window(model, window):
         # Every window holds all the model can see: one pass over the split, the state carried,
         # predicts each target exactly as its own window would.
-        return _score_in_one_pass(model, split, stride)
-    return score_contexts(model, split, window, [window], stride, batch_tokens)[window]
+        return _score_in_one_pass(model, split, stride, tick=tick)
+    return score_contexts(model, split, window, [window], stride, batch_tokens, tick)[window]
 
 
 @torch.no_grad()
 def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
-                   batch_tokens: int = 1 << 16) -> dict[int, Score]:
+                   batch_tokens: int = 1 << 16, tick=None) -> dict[int, Score]:
     """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
     the windows of `score_windowed(window)`: a causal model run from a zero state over a window
     ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
@@ -231,6 +235,8 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
             for w in contexts:
                 totals[w] = totals[w].add(score_batch(logits[:, w - 1], ids[chunk + w], split.char_lengths))
+            if tick is not None:
+                tick(chunk.numel() * window)
         # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
         for w in contexts:
             tail = torch.arange(min(max(n - window + w, w), n) + 1, n + 1, device=device)
@@ -248,7 +254,7 @@ def sees_whole_window(model, window: int) -> bool:
 
 
 @torch.no_grad()
-def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12) -> Score:
+def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, tick=None) -> Score:
     """Targets 1, 1 + stride, ... of the split, each from everything before it (one stream, the
     state carried from chunk to chunk)."""
     ids = split.ids
@@ -260,6 +266,8 @@ def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12) -
             logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
             wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
             total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], split.char_lengths))
+            if tick is not None:
+                tick(logits.shape[1])
     return total
 
 
@@ -285,6 +293,14 @@ def context_lengths(max_window: int) -> list[int]:
     return lengths + [max_window]
 
 
+def sample_stride(n_targets: int, max_targets: int | None) -> int:
+    """evaluation.max_tokens: every k-th target, the smallest k that scores at most `max_targets`
+    of the split's targets (1, the whole split, when unset)."""
+    if not max_targets:
+        return 1
+    return max(1, math.ceil(n_targets / int(max_targets)))
+
+
 def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
     """Every target (exact) when that runs at most `point_tokens` tokens through the model
     (n_targets x window); else every k-th target, the smallest k within the budget."""
@@ -294,7 +310,8 @@ def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
 
 
 def context_curve(model, split: Split, *, max_window: int, stateful: Score, point_tokens: int | None,
-                  shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None) -> dict:
+                  shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None,
+                  max_targets: int | None = None, progress=NO_PROGRESS) -> dict:
     """Bits per character with the model seeing only the last w tokens, from its initial state,
     for w in `context_lengths(max_window)`, and with the state carried ("stateful": `stateful`,
     already scored).
@@ -305,7 +322,8 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     pass, scoring every k-th target with k the smallest stride within that budget (`curve_stride`).
     The point max_window always comes from the shared pass: it is the windowed figure at the
     training window. Finite-context models whose context fits in w are scored in one pass, exactly.
-    `scores_out`, when given, receives {w: Score}.
+    `scores_out`, when given, receives {w: Score}. `max_targets` (evaluation.max_tokens) caps the
+    targets any point scores (`sample_stride`). `progress`: a bar per pass (progress.py).
 
     Returns {"1": bpc, "2": bpc, ..., "stateful": bpc, "settings": {...}}: the settings record,
     per point, the targets scored, the stride, the tokens run through the model for it and the
@@ -313,21 +331,28 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     n = split.n_targets
     lengths = context_lengths(max_window)
     one_pass = [w for w in lengths if sees_whole_window(model, w)]
-    own = [w for w in lengths if w not in one_pass and w != max_window
-           and curve_stride(n, w, point_tokens) < shared_stride]
+    def point_stride(w: int) -> int:
+        return max(curve_stride(n, w, point_tokens), sample_stride(n, max_targets))
+
+    own = [w for w in lengths if w not in one_pass and w != max_window and point_stride(w) < shared_stride]
     shared = [w for w in lengths if w not in one_pass and w not in own]
     scores, strides, forward = {}, {}, {}
     if shared:
-        scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens)
+        passes = len(range(1, n + 1, shared_stride))
+        with progress.phase(f"windowed and context curve {', '.join(map(str, shared))}",
+                            passes * max_window) as tick:
+            scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens, tick)
         for w in shared:
             strides[w], forward[w] = shared_stride, 0  # shared: the windowed pass's forward tokens
         forward[max(shared)] = len(range(1, n + 1, shared_stride)) * max_window
     for w in own:
-        strides[w] = curve_stride(n, w, point_tokens)
-        scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens)[w]
+        strides[w] = point_stride(w)
+        with progress.phase(f"context curve {w}", len(range(1, n + 1, strides[w])) * w) as tick:
+            scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens, tick)[w]
         forward[w] = scores[w].tokens * w
     for w in one_pass:
-        scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1), 1, n
+        with progress.phase(f"context curve {w}", n) as tick:
+            scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1, tick=tick), 1, n
     curve, settings = {}, {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
                            "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
     for w in lengths:
@@ -383,6 +408,25 @@ def mode_metrics(scores: dict[str, Score]) -> dict[str, float]:
     return metrics
 
 
+def whole_split(settings: dict, curve: dict | None = None) -> bool:
+    """Every figure scored every target of the split (no sample: the windowed stride and every
+    curve point's stride 1)."""
+    n = settings.get("split_targets")
+    points = (curve or {}).get("settings", {}).get("targets", {})
+    return settings.get("windowed_targets") == n and all(t == n for t in points.values())
+
+
+def describe_sample(settings: dict, curve: dict | None = None) -> str:
+    """What the evaluation scored, in words, for the log."""
+    if whole_split(settings, curve):
+        return "the whole validation split"
+    budget = f", evaluation.max_tokens={settings['max_tokens']}" if settings.get("max_tokens") else ""
+    return (f"the whole validation split for stateful, stateless and bigram; windowed and the context curve a "
+            f"systematic sample (windowed: every {settings['windowed_stride']}th target, "
+            f"{settings['windowed_targets']:,} of {settings['split_targets']:,}, standard error "
+            f"{settings.get('windowed_bpc_se', float('nan')):.4f} bits per character{budget})")
+
+
 def format_modes(scores: dict[str, Score]) -> str:
     lines = [f"{'mode':<10} {'nats/token':>10} {'bits/char':>10} {'targets':>9}"]
     for mode, score in scores.items():
@@ -397,10 +441,16 @@ def evaluation_window(settings, seq_len: int) -> int:
 
 
 def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, training_tokens: int | None = None, *,
-             stateful: Score | None = None, curve: bool = True) -> Evaluation:
+             stateful: Score | None = None, curve: bool = True, progress=NO_PROGRESS) -> Evaluation:
     """The validation split in every inference mode, the training split's bigram table and (curve)
     the context curve, with the `evaluation` config group's settings (conf/evaluation/default.yaml).
-    `stateful`: that figure when it is already known for these weights (the last validation's)."""
+    `stateful`: that figure when it is already known for these weights (the last validation's).
+
+    evaluation.max_tokens (null: the whole split) caps the targets of the windowed figure and of
+    every context-curve point, the passes that cost a window per target: every k-th target, a
+    systematic sample, its standard error in the settings ("windowed_bpc_se"; the curve's per
+    point). stateful, stateless and bigram cost one pass over the split and always score all of it.
+    `progress`: a bar per mode and per curve pass (progress.py)."""
     device = model.device
     val = val.to(device)
     window = evaluation_window(settings, seq_len)
@@ -408,26 +458,35 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
     stride = windowed_stride(settings.get("windowed_stride", "auto"), n_targets, window, training_tokens)
     if sees_whole_window(model, window) and settings.get("windowed_stride", "auto") == "auto":
         stride = 1  # exact at the cost of one pass (see score_windowed)
+    max_targets = settings.get("max_tokens")
+    stride = max(stride, sample_stride(n_targets, max_targets))
     streams = int(settings.streams)
     batch_tokens = int(settings.get("batch_tokens", 1 << 16))
     used = {"seq_len": seq_len, "streams": streams, "window": window, "windowed_stride": stride,
-            "windowed_targets": len(range(1, n_targets + 1, stride))}
-    stateful = stateful if stateful is not None else score_stateful(model, val, seq_len, streams)
+            "windowed_targets": len(range(1, n_targets + 1, stride)), "max_tokens": max_targets,
+            "split_targets": n_targets}
+    if stateful is None:
+        with progress.phase("stateful", n_targets) as tick:
+            stateful = score_stateful(model, val, seq_len, streams, tick)
     point_tokens = settings.get("curve_point_tokens")
     by_context: dict[int, Score] = {}
     context = None
     if curve and window == seq_len and not sees_whole_window(model, window):
         # One pass of windows gives the windowed figure and every shorter context (score_contexts).
         context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
-                                shared_stride=stride, batch_tokens=batch_tokens, scores_out=by_context)
+                                shared_stride=stride, batch_tokens=batch_tokens, scores_out=by_context,
+                                max_targets=max_targets, progress=progress)
         windowed = by_context[window]
     else:
-        windowed = score_windowed(model, val, window, stride, batch_tokens)
+        with progress.phase("windowed", used["windowed_targets"] * window) as tick:
+            windowed = score_windowed(model, val, window, stride, batch_tokens, tick)
         if curve:
             context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
-                                    shared_stride=curve_stride(n_targets, seq_len, point_tokens),
-                                    batch_tokens=batch_tokens)
+                                    shared_stride=max(curve_stride(n_targets, seq_len, point_tokens),
+                                                      sample_stride(n_targets, max_targets)),
+                                    batch_tokens=batch_tokens, max_targets=max_targets, progress=progress)
     scores = {"stateful": stateful, "stateless": score_stateless(model, val), "windowed": windowed,
               "bigram": score_bigram(train_ids, val)}
+    used["windowed_bpc_se"] = 0.0 if windowed.tokens == n_targets else windowed.bpc_se
     result = Evaluation(scores, used, context)
     return result
