@@ -184,11 +184,12 @@ def _train(cfg: DictConfig, current) -> dict:
 
 def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodule: CorpusDataModule, val: Split,
                              summary: dict, logger, stateful=None) -> dict:
-    """The study's comparison on the final weights: the whole validation split scored stateful,
-    stateless and windowed, against the training split's bigram table (nll and bpc added to
+    """The study's comparison on the final weights: the validation split scored stateful,
+    stateless and windowed (windowed and the curve on a sample under evaluation.max_tokens), against the training split's bigram table (nll and bpc added to
     `summary`), the context curve (`summary["context_curve"]`), the best checkpoint in every
     mode (`summary["best"]`), and short seeded stateful/stateless samples side by side (returned).
-    `stateful`: the final weights' stateful score when the last validation already computed it."""
+    `stateful`: the final weights' stateful score when the last validation already computed it.
+    Shows a progress bar per pass (trainer.enable_progress_bar) and records `eval_seconds`."""
     started = time.perf_counter()
     summary["train_tokens"] = (summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
                                if task.model.trainable else task.train_tokens)
