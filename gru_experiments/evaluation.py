@@ -422,7 +422,7 @@ def describe_sample(settings: dict, curve: dict | None = None) -> str:
         return "the whole validation split"
     budget = f", evaluation.max_tokens={settings['max_tokens']}" if settings.get("max_tokens") else ""
     return (f"the whole validation split for stateful, stateless and bigram; windowed and the context curve a "
-            f"systematic sample (windowed: every {settings['windowed_stride']}th target, "
+            f"systematic sample (windowed: one target in {settings['windowed_stride']}, "
             f"{settings['windowed_targets']:,} of {settings['split_targets']:,}, standard error "
             f"{settings.get('windowed_bpc_se', float('nan')):.4f} bits per character{budget})")
 

@@ -305,7 +305,7 @@ def test_max_tokens_scores_a_systematic_sample_with_its_standard_error(model):
     for mode in ("stateful", "stateless", "bigram"):  # one pass each: always whole
         assert sampled.scores[mode].tokens == 399 and sampled.scores[mode].nll == whole.scores[mode].nll
     assert not whole_split(sampled.settings, sampled.curve)
-    assert "every 8th target, 50 of 399" in describe_sample(sampled.settings, sampled.curve)
+    assert "one target in 8, 50 of 399" in describe_sample(sampled.settings, sampled.curve)
     # The sample estimates the whole figure within a few standard errors.
     se = sampled.settings["windowed_bpc_se"]
     assert abs(sampled.scores["windowed"].bpc - whole.scores["windowed"].bpc) < 4 * se
