@@ -331,6 +331,7 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     n = split.n_targets
     lengths = context_lengths(max_window)
     one_pass = [w for w in lengths if sees_whole_window(model, w)]
+
     def point_stride(w: int) -> int:
         return max(curve_stride(n, w, point_tokens), sample_stride(n, max_targets))
 
