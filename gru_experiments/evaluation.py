@@ -31,6 +31,7 @@ from torch import Tensor
 from gru_experiments.data import IGNORE_INDEX, EvalBatches
 from gru_experiments.inference import MODES, eval_mode
 from gru_experiments.ngram import NGramLM
+from gru_experiments.progress import NO_PROGRESS
 
 FIGURES = (*MODES, "bigram")  # what the evaluation reports: every inference mode and the bigram baseline
 
@@ -142,7 +143,8 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 # sample of them), so their numbers compare directly, and with `score_chunks`.
 
 @torch.no_grad()
-def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None) -> Score:
+def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
+                   tick=None) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
     (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
     stream is predicted from a zero state. targets_after=k keeps the NLL of every target that has
@@ -162,6 +164,8 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
         for start in range(0, length, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
             total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
+            if tick is not None:  # a progress bar's (progress.py)
+                tick(logits.shape[0] * logits.shape[1])
             if keep:
                 nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(streams, -1))
     if keep:  # row-major over (streams, length): position p + 1 is the target of input p
@@ -203,7 +207,7 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
 
 @torch.no_grad()
 def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16,
-                   targets: bool = False) -> Score:
+                   targets: bool = False, tick=None) -> Score:
     """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
     the split), run from a zero state. Unlike `score_chunks`, each target gets its own window,
     so this costs `window` times a single pass.
@@ -217,8 +221,8 @@ def score_windowed(model, split: Split, window: int, stride: int = 1, batch_toke
     if sees_whole_window(model, window):
         # Every window holds all the model can see: one pass over the split, the state carried,
         # predicts each target exactly as its own window would.
-        return _score_in_one_pass(model, split, stride, targets=targets)
-    return score_contexts(model, split, window, [window], stride, batch_tokens, targets)[window]
+        return _score_in_one_pass(model, split, stride, targets=targets, tick=tick)
+    return score_contexts(model, split, window, [window], stride, batch_tokens, targets, tick)[window]
 
 
 def paired_difference(a: Score, b: Score, split: Split) -> Score:
@@ -235,7 +239,7 @@ def paired_difference(a: Score, b: Score, split: Split) -> Score:
 
 @torch.no_grad()
 def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
-                   batch_tokens: int = 1 << 16, targets: bool = False) -> dict[int, Score]:
+                   batch_tokens: int = 1 << 16, targets: bool = False, tick=None) -> dict[int, Score]:
     """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
     the windows of `score_windowed(window)`: a causal model run from a zero state over a window
     ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
@@ -276,6 +280,8 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
             for w in contexts:
                 add(w, logits[:, w - 1], chunk + w)
+            if tick is not None:
+                tick(chunk.numel() * window)
         # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
         for w in contexts:
             tail = torch.arange(min(max(n - window + w, w), n) + 1, n + 1, device=device)
@@ -295,7 +301,8 @@ def sees_whole_window(model, window: int) -> bool:
 
 
 @torch.no_grad()
-def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, targets: bool = False) -> Score:
+def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, targets: bool = False,
+                       tick=None) -> Score:
     """Targets 1, 1 + stride, ... of the split, each from everything before it (one stream, the
     state carried from chunk to chunk). targets=True keeps every target's NLL (Score.positions)."""
     ids = split.ids
@@ -309,6 +316,8 @@ def _score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, t
             total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], split.char_lengths))
             if targets:
                 nll.append(target_nll(logits[0, wanted - 1 - start], ids[wanted]))
+            if tick is not None:
+                tick(logits.shape[1])
     return total.with_targets([positions], nll) if targets and nll else total
 
 
@@ -345,6 +354,21 @@ def long_context_lengths(max_window: int, longest: int | None, n_targets: int) -
     return lengths
 
 
+def sample_stride(n_targets: int, max_targets: int | None) -> int:
+    """evaluation.max_tokens: every k-th target, the smallest k that scores at most `max_targets`
+    of the split's targets (1, the whole split, when unset)."""
+    if not max_targets:
+        return 1
+    return max(1, math.ceil(n_targets / int(max_targets)))
+
+
+def long_point_budget(long_point_tokens: int | None, training_tokens: int | None) -> int | None:
+    """The forward tokens the curve's points past the training window may run: evaluation.long_point_tokens,
+    and never more than training ran (as windowed_stride=auto), so a short run is scored quickly."""
+    budgets = [int(b) for b in (long_point_tokens, training_tokens) if b]
+    return min(budgets) if budgets else None
+
+
 def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
     """Every target (exact) when that runs at most `point_tokens` tokens through the model
     (n_targets x window); else every k-th target, the smallest k within the budget."""
@@ -355,7 +379,8 @@ def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
 
 def context_curve(model, split: Split, *, max_window: int, stateful: Score, point_tokens: int | None,
                   shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None,
-                  longest: int | None = None, long_tokens: int | None = None, targets: bool = False) -> dict:
+                  longest: int | None = None, long_tokens: int | None = None, targets: bool = False,
+                  max_targets: int | None = None, progress=NO_PROGRESS) -> dict:
     """Bits per character with the model seeing only the last w tokens, from its initial state,
     for w in `context_lengths(max_window)` and past the training window up to `longest`
     (`long_context_lengths`), and with the state carried ("stateful": `stateful`, already scored).
@@ -371,7 +396,8 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     reference (a difference estimator; its standard error is the difference's, docs/evaluation.md).
     Finite-context models whose context fits in w are scored in one pass, exactly.
     `scores_out`, when given, receives {w: Score}; targets=True keeps the targets of the point
-    max_window (the windowed figure) in its Score.
+    max_window (the windowed figure) in its Score. `max_targets` (evaluation.max_tokens) caps the
+    targets any point scores (`sample_stride`). `progress`: a bar per pass (progress.py).
 
     Returns {"1": bpc, "2": bpc, ..., "stateful": bpc, "settings": {...}}: the settings record,
     per point, the targets scored, the stride, the tokens run through the model for it and the
@@ -380,14 +406,20 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     lengths = context_lengths(max_window)
     beyond = long_context_lengths(max_window, longest, n)
     one_pass = [w for w in lengths + beyond if sees_whole_window(model, w)]
-    own = [w for w in lengths if w not in one_pass and w != max_window
-           and curve_stride(n, w, point_tokens) < shared_stride]
+
+    def point_stride(w: int) -> int:
+        return max(curve_stride(n, w, point_tokens), sample_stride(n, max_targets))
+
+    own = [w for w in lengths if w not in one_pass and w != max_window and point_stride(w) < shared_stride]
     shared = [w for w in lengths if w not in one_pass and w not in own]
     long = [w for w in beyond if w not in one_pass]
     scores, strides, forward = {}, {}, {}
     bpc, se = {}, {}  # the points past max_window (difference estimates)
     if shared:
-        scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens, targets=targets)
+        passes = len(range(1, n + 1, shared_stride))
+        with progress.phase(f"windowed and context curve {', '.join(map(str, shared))}",
+                            passes * max_window) as tick:
+            scores |= score_contexts(model, split, max_window, shared, shared_stride, batch_tokens, targets, tick)
         for w in shared:
             strides[w], forward[w] = shared_stride, 0  # shared: the windowed pass's forward tokens
         forward[max(shared)] = len(range(1, n + 1, shared_stride)) * max_window
@@ -395,23 +427,28 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
         # A difference estimator: each long point is the max_window point plus its difference from
         # it, paired on a sample of targets (every k-th, the same for every long point and for a
         # reference pass at max_window), so the sample's error is that of the difference alone.
-        stride = curve_stride(n, sum(long) + max_window, long_tokens)
-        reference = score_contexts(model, split, max_window, [max_window], stride, batch_tokens, targets=True)
+        stride = max(curve_stride(n, sum(long) + max_window, long_tokens), sample_stride(n, max_targets))
+        passes = len(range(1, n + 1, stride))
+        with progress.phase(f"context curve {max_window} (reference)", passes * max_window) as tick:
+            reference = score_contexts(model, split, max_window, [max_window], stride, batch_tokens, True, tick)
         base = scores[max_window]
         base_se = base.bpc_se if base.tokens < n else 0.0
         for w in long:
-            scores[w] = score_contexts(model, split, w, [w], stride, batch_tokens, targets=True)[w]
+            with progress.phase(f"context curve {w}", passes * w) as tick:
+                scores[w] = score_contexts(model, split, w, [w], stride, batch_tokens, True, tick)[w]
             difference = paired_difference(scores[w], reference[max_window], split)
             strides[w], forward[w] = stride, scores[w].tokens * w
             sampled_se = difference.bpc_se if scores[w].tokens < n else 0.0  # every target: exact
             bpc[w], se[w] = base.bpc + difference.bpc, math.hypot(sampled_se, base_se)
         forward[max(long)] += reference[max_window].tokens * max_window  # the reference pass
     for w in own:
-        strides[w] = curve_stride(n, w, point_tokens)
-        scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens)[w]
+        strides[w] = point_stride(w)
+        with progress.phase(f"context curve {w}", len(range(1, n + 1, strides[w])) * w) as tick:
+            scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens, tick)[w]
         forward[w] = scores[w].tokens * w
     for w in one_pass:
-        scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1, targets=targets), 1, n
+        with progress.phase(f"context curve {w}", n) as tick:
+            scores[w], strides[w], forward[w] = _score_in_one_pass(model, split, 1, targets=targets, tick=tick), 1, n
     curve, settings = {}, {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
                            "longest": max(lengths + beyond), "long_point_tokens": long_tokens,
                            "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
@@ -473,6 +510,25 @@ def mode_metrics(scores: dict[str, Score]) -> dict[str, float]:
     return metrics
 
 
+def whole_split(settings: dict, curve: dict | None = None) -> bool:
+    """Every figure scored every target of the split (no sample: the windowed stride and every
+    curve point's stride 1)."""
+    n = settings.get("split_targets")
+    points = (curve or {}).get("settings", {}).get("targets", {})
+    return settings.get("windowed_targets") == n and all(t == n for t in points.values())
+
+
+def describe_sample(settings: dict, curve: dict | None = None) -> str:
+    """What the evaluation scored, in words, for the log."""
+    if whole_split(settings, curve):
+        return "the whole validation split"
+    budget = f", evaluation.max_tokens={settings['max_tokens']}" if settings.get("max_tokens") else ""
+    return (f"the whole validation split for stateful, stateless and bigram; windowed and the context curve a "
+            f"systematic sample (windowed: one target in {settings['windowed_stride']}, "
+            f"{settings['windowed_targets']:,} of {settings['split_targets']:,}, standard error "
+            f"{settings.get('windowed_bpc_se', float('nan')):.4f} bits per character{budget})")
+
+
 def format_modes(scores: dict[str, Score]) -> str:
     lines = [f"{'mode':<10} {'nats/token':>10} {'bits/char':>10} {'targets':>9}"]
     for mode, score in scores.items():
@@ -487,10 +543,16 @@ def evaluation_window(settings, seq_len: int) -> int:
 
 
 def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, training_tokens: int | None = None, *,
-             stateful: Score | None = None, curve: bool = True) -> Evaluation:
+             stateful: Score | None = None, curve: bool = True, progress=NO_PROGRESS) -> Evaluation:
     """The validation split in every inference mode, the training split's bigram table and (curve)
     the context curve, with the `evaluation` config group's settings (conf/evaluation/default.yaml).
-    `stateful`: that figure when it is already known for these weights (the last validation's)."""
+    `stateful`: that figure when it is already known for these weights (the last validation's).
+
+    evaluation.max_tokens (null: the whole split) caps the targets of the windowed figure and of
+    every context-curve point, the passes that cost a window per target: every k-th target, a
+    systematic sample, its standard error in the settings ("windowed_bpc_se"; the curve's per
+    point). stateful, stateless and bigram cost one pass over the split and always score all of it.
+    `progress`: a bar per mode and per curve pass (progress.py)."""
     device = model.device
     val = val.to(device)
     window = evaluation_window(settings, seq_len)
@@ -498,32 +560,44 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
     stride = windowed_stride(settings.get("windowed_stride", "auto"), n_targets, window, training_tokens)
     if sees_whole_window(model, window) and settings.get("windowed_stride", "auto") == "auto":
         stride = 1  # exact at the cost of one pass (see score_windowed)
+    max_targets = settings.get("max_tokens")
+    stride = max(stride, sample_stride(n_targets, max_targets))
     streams = int(settings.streams)
     batch_tokens = int(settings.get("batch_tokens", 1 << 16))
     used = {"seq_len": seq_len, "streams": streams, "window": window, "windowed_stride": stride,
-            "windowed_targets": len(range(1, n_targets + 1, stride))}
-    stateful = stateful if stateful is not None else score_stateful(model, val, seq_len, streams)
+            "windowed_targets": len(range(1, n_targets + 1, stride)), "max_tokens": max_targets,
+            "split_targets": n_targets}
+    if stateful is None:
+        with progress.phase("stateful", n_targets) as tick:
+            stateful = score_stateful(model, val, seq_len, streams, tick=tick)
     point_tokens = settings.get("curve_point_tokens")
-    long_curve = {"longest": settings.get("curve_longest"), "long_tokens": settings.get("long_point_tokens")}
+    long_curve = {"longest": settings.get("curve_longest"),
+                  "long_tokens": long_point_budget(settings.get("long_point_tokens"), training_tokens)}
     by_context: dict[int, Score] = {}
     context = None
     if curve and window == seq_len and not sees_whole_window(model, window):
         # One pass of windows gives the windowed figure and every shorter context (score_contexts).
         context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
                                 shared_stride=stride, batch_tokens=batch_tokens, scores_out=by_context,
-                                targets=True, **long_curve)
+                                targets=True, max_targets=max_targets, progress=progress, **long_curve)
         windowed = by_context[window]
     else:
-        windowed = score_windowed(model, val, window, stride, batch_tokens, targets=curve)
+        with progress.phase("windowed", used["windowed_targets"] * window) as tick:
+            windowed = score_windowed(model, val, window, stride, batch_tokens, targets=curve, tick=tick)
         if curve:
             context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
-                                    shared_stride=curve_stride(n_targets, seq_len, point_tokens),
-                                    batch_tokens=batch_tokens, **long_curve)
+                                    shared_stride=max(curve_stride(n_targets, seq_len, point_tokens),
+                                                      sample_stride(n_targets, max_targets)),
+                                    batch_tokens=batch_tokens, max_targets=max_targets, progress=progress,
+                                    **long_curve)
     scores = {"stateful": stateful, "stateless": score_stateless(model, val), "windowed": windowed,
               "bigram": score_bigram(train_ids, val)}
+    used["windowed_bpc_se"] = 0.0 if windowed.tokens == n_targets else windowed.bpc_se
     gain = None
     if curve:  # the final weights: stateful - windowed, paired (stateful again, keeping its targets: one cheap pass)
         # Only the targets whose stream has carried the state past one window: before that the state
         # has seen less than the window has (a cold start of each of the `streams` streams).
-        gain = paired_difference(score_stateful(model, val, seq_len, streams, targets_after=window), windowed, val)
+        with progress.phase("stateful (paired with windowed)", n_targets) as tick:
+            warm = score_stateful(model, val, seq_len, streams, targets_after=window, tick=tick)
+        gain = paired_difference(warm, windowed, val)
     return Evaluation(scores, used, context, gain)

@@ -12,6 +12,7 @@ Appends (history.csv) and files that belong to one process (logs) are written di
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -53,9 +54,31 @@ def atomic_file(path, mode: str = "wb") -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        name_the_file(error, path)
         raise
+
+
+def disk_error(error: BaseException | None) -> OSError | None:
+    """The OSError "no space left on device" (or "disk quota exceeded") behind `error`, if any:
+    itself, or in its chain (torch.save's RuntimeError "enforce fail at inline_container" follows
+    the OSError that caused it)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def name_the_file(error: BaseException, path) -> None:
+    """A write to an open file that runs out of space raises an OSError without a file name:
+    give it the name of the file that was being written, for the message (jobs.py)."""
+    full = disk_error(error)
+    if full is not None and full.filename is None:
+        full.filename = str(path)
 
 
 def atomic_write(path, content: str | bytes) -> Path:

@@ -23,8 +23,11 @@ On failure the wrapper, in this order:
    folder that Hydra created but nothing used is removed. Inside a Hydra multirun the other
    jobs must still run, so the job fails the Hydra way instead: Hydra finishes the batch, then
    prints the one-line message and exits 1. `debug=true` on the command line or
-   HYDRA_FULL_ERROR=1 re-raises instead, so the full traceback is shown. Any other exception
-   is a bug and keeps its traceback.
+   HYDRA_FULL_ERROR=1 re-raises instead, so the full traceback is shown. A full disk
+   ("No space left on device" anywhere in the exception's chain) is not a bug either: one line
+   with the file that could not be written, the run's last good checkpoint and the resume=
+   command (`disk_full_message`), exit status 3. Any other exception is a bug and keeps its
+   traceback.
 
 Imports nothing heavy (Hydra and OmegaConf only), so scripts can use it before their imports.
 """
@@ -46,8 +49,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
+from gru_experiments.files import disk_error
 
 EXIT_USER_ERROR = 2
+EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
 
 
 @dataclass
@@ -79,8 +84,12 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
             with suppress(Exception):
                 current.logger = record_failure(cfg, current.logger, error, current.seconds)
         close_logger(exit_code=1)
-        if report and isinstance(error, UserError) and not debug_requested(cfg, argv):
-            _exit_with_one_line(error, cfg)
+        if report and not debug_requested(cfg, argv):
+            if isinstance(error, UserError):
+                _exit_with_one_line(error, cfg)
+            full = disk_error(error)
+            if full is not None:
+                _exit_with_one_line(disk_full_message(full, cfg), cfg, EXIT_DISK_FULL)
         raise
     close_logger(exit_code=0)
 
@@ -118,13 +127,42 @@ def close_logger(exit_code: int = 0) -> None:
         wandb.finish(exit_code=exit_code)
 
 
-def _exit_with_one_line(error: UserError, cfg) -> None:
+def _exit_with_one_line(error, cfg, status: int = EXIT_USER_ERROR) -> None:
     message = f"error: {one_line(error)}"
     print(message, file=sys.stderr, flush=True)
     if multirun_job():
         raise JobFailed(f"error: multirun job {HydraConfig.get().job.num} failed: {one_line(error)}") from None
     discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if isinstance(cfg, DictConfig) else None)
-    sys.exit(EXIT_USER_ERROR)
+    sys.exit(status)
+
+
+def disk_full_message(error: OSError, cfg) -> str:
+    """What a full disk stopped and how to go on: the file that could not be written, the last
+    good checkpoint of the run (checkpoint writes are atomic: a failed one leaves the previous
+    intact) and the command that resumes it from there."""
+    what = f"could not write {error.filename}" if error.filename else "could not write a file"
+    run_dir = OmegaConf.select(cfg, "paths.output_dir") if isinstance(cfg, DictConfig) else None
+    checkpoint = _last_good_checkpoint(run_dir)
+    if checkpoint is None:
+        return f"no space left on device: {what}; free some space, then run the same command again"
+    path, step = checkpoint
+    return (f"no space left on device: {what}; the last good checkpoint is {path}"
+            f"{'' if step is None else f' (step {step})'}; free some space, then resume with: "
+            f"python train.py resume={run_dir}")
+
+
+def _last_good_checkpoint(run_dir) -> tuple[str, int | None] | None:
+    from gru_experiments.runs import RunDir
+
+    if not run_dir or not RunDir(run_dir).checkpoint.is_file():
+        return None
+    path = RunDir(run_dir).checkpoint
+    step = None
+    with suppress(Exception):  # the message must come out whatever the file holds
+        from gru_experiments.checkpoints import read_checkpoint
+
+        step = int(read_checkpoint(path, mmap=True, require=()).get("global_step"))
+    return str(path), step
 
 
 def one_line(message) -> str:

@@ -8,10 +8,12 @@ and the loss stay float32. See docs/performance.md for the design and the measur
 Configuration (conf/train.yaml):
 
     low_precision_matmuls: auto | always | never
-        auto    bf16 where the hardware multiplies bf16 fast (CPU: avx512_bf16 or amx_bf16;
-                CUDA: a bf16-capable GPU), and there only for weights of at least
-                AUTO_MIN_WEIGHT_ELEMENTS elements (smaller bf16 matmuls measured no faster);
-        always  bf16 for every weight, whatever the hardware (slow where it is emulated);
+        auto    bf16 where the hardware multiplies bf16 natively (CPU: avx512_bf16 or amx_bf16
+                in /proc/cpuinfo; CUDA: a bf16-capable GPU), and there only for weights of at
+                least AUTO_MIN_WEIGHT_ELEMENTS elements (smaller bf16 matmuls measured no
+                faster); on an AVX2-only CPU, float32 throughout;
+        always  bf16 for every weight, whatever the hardware (emulated, and slower than
+                float32, on a CPU without those flags: logged once);
         never   float32.
     trainer.precision: null (default: Lightning's 32-true, matmuls as above) | 32-true (pure
         float32, whatever low_precision_matmuls says) | any other Lightning precision (then
@@ -20,12 +22,14 @@ Configuration (conf/train.yaml):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 MODES = ("auto", "always", "never")
+log = logging.getLogger(__name__)
 
 # bf16 pays off per matmul only above a size: measured on the study's shapes (batch 64),
 # a weight of 128×256 runs slower in bf16 (cast + multiply) than MKL's fp32, 256×256 about
@@ -51,8 +55,24 @@ class MatmulPrecision:
         return self.dtype
 
 
+# CPU flags of native bf16 matmuls: AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake and
+# later) and AMX (Intel Sapphire Rapids and later). Without them (an AVX2-only CPU) oneDNN
+# emulates bf16 by converting to fp32, which is slower than fp32 itself.
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags, from /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
 def has_fast_bf16(device: torch.device | str) -> bool:
-    """Whether this device multiplies bf16 in hardware (not by emulation)."""
+    """Whether this device multiplies bf16 in hardware (not by emulation): on a CPU, one of
+    NATIVE_BF16_CPU_FLAGS in `cpu_flags()`; on CUDA, a GPU with bf16 (Ampere and later)."""
     device = torch.device(device)
     if device.type == "cuda":
         try:
@@ -60,22 +80,28 @@ def has_fast_bf16(device: torch.device | str) -> bool:
         except TypeError:  # older torch: no including_emulation
             return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        return _cpu_has("avx512_bf16", "_is_avx512_bf16_supported") or _cpu_has("amx_bf16", "_is_amx_tile_supported")
+        flags = cpu_flags()
+        if not flags:  # no /proc/cpuinfo: ask torch's own probes (torch >= 2.3)
+            return any(bool(getattr(torch.cpu, probe, lambda: False)())
+                       for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+        return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
     return False
 
 
-def _cpu_has(flag: str, torch_probe: str) -> bool:
-    probe = getattr(torch.cpu, torch_probe, None)  # private probes (torch >= 2.3); else /proc/cpuinfo
-    if probe is not None:
-        try:
-            return bool(probe())
-        except RuntimeError:
-            pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and flag in line.split() for line in f)
-    except OSError:
+_warned_emulated: set[str] = set()
+
+
+def warn_if_emulated(device) -> bool:
+    """`always` on a device without native bf16: say so, once per process and device type."""
+    device = torch.device(device)
+    if has_fast_bf16(device) or device.type in _warned_emulated:
         return False
+    _warned_emulated.add(device.type)
+    where = ("this CPU has neither avx512_bf16 nor amx_bf16" if device.type == "cpu"
+             else f"this {device.type} device has no native bf16")
+    log.warning(f"low_precision_matmuls=always: {where}, so bf16 matmuls are emulated there and slower than "
+                "float32; low_precision_matmuls=auto chooses float32 on it")
+    return True
 
 
 def resolve(mode: str, trainer_precision, device) -> MatmulPrecision | None:
@@ -85,6 +111,7 @@ def resolve(mode: str, trainer_precision, device) -> MatmulPrecision | None:
     if trainer_precision is not None:
         return None  # 32-true: pure float32; others: Lightning's autocast / true precision decides
     if mode == "always":
+        warn_if_emulated(device)
         return MatmulPrecision()
     if mode == "auto" and has_fast_bf16(device):
         return MatmulPrecision(min_weight_elements=AUTO_MIN_WEIGHT_ELEMENTS)

@@ -16,13 +16,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data import corpus_path, read_corpus, split_text
-from gru_experiments.evaluation import Split, evaluate as evaluate_modes, evaluation_window, format_curve, format_modes
+from gru_experiments.evaluation import (Split, describe_sample, evaluate as evaluate_modes, evaluation_window,
+                                        format_curve, format_modes)
 from gru_experiments.config_schema import validate_sampling
 from gru_experiments.errors import UserError
 from gru_experiments.inference import STUDY_PROMPTS, Decoding, check_generation_fits, sample_texts
 from gru_experiments.lightning_module import load_checkpoint
 from gru_experiments.tokenizers import encode_prompt
 from gru_experiments.files import atomic_write, write_json
+from gru_experiments.progress import Progress
 from gru_experiments.runs import RunDir, display_path
 
 
@@ -147,8 +149,9 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
     training_tokens = summary.get("train_tokens")
     started = time.perf_counter()
     evaluation = evaluate_modes(model, train_ids, Split.of(val_ids, tokenizer), int(data_cfg.seq_len),
-                                cfg.evaluation, training_tokens)
-    print(f"inference modes on the whole validation split of {display_path(source)} ({evaluation.settings}):")
+                                cfg.evaluation, training_tokens, progress=Progress())
+    print(f"inference modes on {describe_sample(evaluation.settings, evaluation.curve)} of {display_path(source)} "
+          f"({evaluation.settings}):")
     print(format_modes(evaluation.scores))
     print(f"context curve (bits per character against the tokens of context):\n{format_curve(evaluation.curve)}")
     result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": evaluation.settings,

@@ -14,8 +14,9 @@ from gru_experiments.checkpoints import AtomicCheckpointIO, NonFiniteWeights, Tr
 from gru_experiments.config_schema import validate
 from gru_experiments.data import CorpusDataModule, prepare_corpus
 from gru_experiments.errors import TrainingDiverged, UserError
-from gru_experiments.evaluation import (MODES, Split, curve_points, evaluate, format_curve, format_modes,
-                                        score_chunks)
+from gru_experiments.estimate import CostEstimate
+from gru_experiments.evaluation import (MODES, Split, curve_points, describe_sample, evaluate, format_curve,
+                                        format_modes, score_chunks, whole_split)
 from gru_experiments.history import MetricsHistory
 from gru_experiments.inference import (STUDY_PROMPTS, Decoding, side_by_side_samples, spellable_prompts,
                                        tokens_for_chars)
@@ -24,8 +25,10 @@ from gru_experiments.jobs import job
 from gru_experiments.loggers import build_logger, is_wandb
 from gru_experiments.language_model import count_parameters
 from gru_experiments.precision import apply_matmul_precision
+from gru_experiments.progress import NO_PROGRESS, Progress
 from gru_experiments.resume import resume_point
 from gru_experiments.runs import RunDir
+from gru_experiments.smoke import is_smoke, smoke_config, smoke_split
 
 
 def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckpoint, ...]:
@@ -65,6 +68,7 @@ def train(cfg: DictConfig) -> dict:
 
 def _train(cfg: DictConfig, current) -> dict:
     validate(cfg)  # bad values fail here, before any work
+    cfg = smoke_config(cfg)  # trainer.fast_dev_run: the whole pipeline on a small slice (smoke.py)
     resume = resume_point(cfg)
     run = RunDir(cfg.paths.output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -79,8 +83,8 @@ def _train(cfg: DictConfig, current) -> dict:
     )
     model = task.model
     batching = training_batching(cfg)
-    datamodule = CorpusDataModule(corpus.train_ids, corpus.val_ids, cfg.data.batch_size, cfg.data.seq_len,
-                                  cfg.data.steps_per_epoch, seed=cfg.seed,
+    datamodule = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
+                                  cfg.data.seq_len, cfg.data.steps_per_epoch, seed=cfg.seed,
                                   eval_batch_size=cfg.data.eval_batch_size,
                                   batching=batching if model.trainable else "windows")  # counted: no batches
     val_split = Split.of(datamodule.val_ids, tokenizer)
@@ -91,6 +95,9 @@ def _train(cfg: DictConfig, current) -> dict:
                         "corpus or a smaller context")
     print(f"model {cfg.model.name}: {model.family}, {tokenizer.kind} tokenizer, "
           f"vocabulary {tokenizer.vocab_size}, corpus {corpus.source}")
+    if is_smoke(cfg):
+        print(f"fast_dev_run: a smoke run on a small slice (the first {val_split.n_targets + 1:,} validation "
+              "tokens, small batches, a sampled evaluation): its figures say nothing about the model")
     parameters = count_parameters(model) if model.trainable else None  # a counted model: after counting
     if parameters is not None:
         print(f"trainable parameters: {parameters:,}")
@@ -111,8 +118,9 @@ def _train(cfg: DictConfig, current) -> dict:
     if logger and resume is None and parameters is not None:
         logger.log_metrics({"parameters": parameters})
     history = MetricsHistory(run.history_file)  # learning curves for the sweep report
+    cost = CostEstimate(val_split.n_targets, cfg.data.seq_len, cfg.data.batch_size, cfg.evaluation, model=model)
     trainer = instantiate(cfg.trainer, logger=logger, plugins=[checkpoint_io],
-                          callbacks=[checkpoint, *more_checkpoints, TrainingState(), history])
+                          callbacks=[checkpoint, *more_checkpoints, TrainingState(), history, cost])
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     precision_used = apply_matmul_precision(model, cfg.get("low_precision_matmuls") or "never",
                                             cfg.trainer.get("precision"), trainer)
@@ -148,6 +156,7 @@ def _train(cfg: DictConfig, current) -> dict:
         val = score_chunks(task.model, val_split.to(task.device), cfg.data.seq_len, cfg.data.eval_batch_size)
     summary = {
         "status": "completed",
+        "smoke": is_smoke(cfg),  # trainer.fast_dev_run: figures of a small slice (smoke.py)
         "model": cfg.model.name,
         "cell": model.family,
         "tokenizer": tokenizer.kind,
@@ -185,29 +194,34 @@ def _train(cfg: DictConfig, current) -> dict:
 
 def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodule: CorpusDataModule, val: Split,
                              summary: dict, logger, stateful=None) -> dict:
-    """The study's comparison on the final weights: the whole validation split scored stateful,
-    stateless and windowed, against the training split's bigram table (nll and bpc added to
+    """The study's comparison on the final weights: the validation split scored stateful,
+    stateless and windowed (windowed and the curve on a sample under evaluation.max_tokens), against the training split's bigram table (nll and bpc added to
     `summary`), the context curve (`summary["context_curve"]`), the best checkpoint in every
     mode (`summary["best"]`), and short seeded stateful/stateless samples side by side (returned).
-    `stateful`: the final weights' stateful score when the last validation already computed it."""
+    `stateful`: the final weights' stateful score when the last validation already computed it.
+    Shows a progress bar per pass (trainer.enable_progress_bar) and records `eval_seconds`."""
     started = time.perf_counter()
     summary["train_tokens"] = (summary["train_steps"] * cfg.data.batch_size * cfg.data.seq_len
                                if task.model.trainable else task.train_tokens)
+    progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
     evaluation = evaluate(task.model, datamodule.train_ids, val, cfg.data.seq_len, cfg.evaluation,
-                          summary["train_tokens"], stateful=stateful)
+                          summary["train_tokens"], stateful=stateful, progress=progress)
     metrics = evaluation.metrics()
     summary.update(metrics)
     summary["mode_evaluation"] = evaluation.settings
     summary["context_curve"] = evaluation.curve
-    summary["best"] = score_best(cfg, summary, datamodule.train_ids, val, task.device)
+    summary["best"] = score_best(cfg, summary, datamodule.train_ids, val, task.device,
+                                 Progress(progress.enabled, "evaluation, best checkpoint"))
     samples = side_by_side_samples(
         task.model, task.tokenizer, spellable_prompts(task.tokenizer, STUDY_PROMPTS, datamodule.val_ids),
         max_new_tokens=tokens_for_chars(cfg.evaluation.sample_chars, val),
         decoding=Decoding(temperature=cfg.evaluation.sample_temperature), seed=cfg.seed)
-    summary["evaluation_seconds"] = time.perf_counter() - started
+    summary["eval_seconds"] = time.perf_counter() - started
 
-    print(f"inference modes on the whole validation split, final weights (step {summary['train_steps']}; "
-          f"{evaluation.settings}):\n{format_modes(evaluation.scores)}")
+    summary["eval_whole_split"] = whole_split(evaluation.settings, evaluation.curve)
+    print(f"inference modes on {describe_sample(evaluation.settings, evaluation.curve)}, final weights "
+          f"(step {summary['train_steps']}; {evaluation.settings}; {summary['eval_seconds']:.1f} s):\n"
+          f"{format_modes(evaluation.scores)}")
     if evaluation.gain is not None:
         print(f"stateful - windowed ({evaluation.settings['window']} tokens), paired on "
               f"{evaluation.gain.tokens:,} targets: {evaluation.gain.bpc:+.4f} ± {evaluation.gain.bpc_se:.4f} bits/char")
@@ -230,7 +244,7 @@ def evaluate_inference_modes(cfg: DictConfig, task: LanguageModelTask, datamodul
     return samples
 
 
-def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device) -> dict:
+def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, progress=NO_PROGRESS) -> dict:
     """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
     {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
     When the best checkpoint holds the final weights (or there is none: a counted model), its
@@ -246,7 +260,7 @@ def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device) ->
     val = val.to(device)
     chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
     evaluation = evaluate(model, train_ids, val, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
-                          curve=False)
+                          curve=False, progress=progress)
     metrics = evaluation.metrics()
     return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
 

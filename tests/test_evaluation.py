@@ -275,3 +275,64 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     for mode in ["stateful", "stateless"]:
         assert [len(text) for text in samples[mode]] == [len(p) + 40 for p in samples["prompts"]]
         assert all(text.startswith(prompt) for text, prompt in zip(samples[mode], samples["prompts"]))
+
+
+# --- evaluation.max_tokens and the progress bars (issue 20) ------------------------------------
+
+def _settings(**extra):
+    return OmegaConf.create({"streams": 4, "window": None, "windowed_stride": 1, "curve_point_tokens": None,
+                             "batch_tokens": 200, **extra})
+
+
+def test_max_tokens_scores_a_systematic_sample_with_its_standard_error(model):
+    """A budget scores every k-th target of the windowed mode and of every curve point (the same
+    targets as score_windowed's stride k), with a standard error; stateful, stateless and bigram stay
+    whole; null scores everything, exactly as without the key."""
+    ids = torch.randint(V, (400,), generator=torch.Generator().manual_seed(3))
+    val, train_ids = Split(ids, lengths()), ids.flip(0)
+    whole = evaluate(model, train_ids, val, 8, _settings())
+    assert whole.settings["windowed_targets"] == 399 and whole.settings["windowed_bpc_se"] == 0.0
+    unset = evaluate(model, train_ids, val, 8, _settings(max_tokens=None))
+    assert unset.metrics() == whole.metrics() and unset.curve == whole.curve
+    from gru_experiments.evaluation import describe_sample, whole_split
+    assert whole_split(whole.settings, whole.curve) and describe_sample(whole.settings) == "the whole validation split"
+
+    sampled = evaluate(model, train_ids, val, 8, _settings(max_tokens=50))
+    k = math.ceil(399 / 50)  # 8
+    assert sampled.settings["windowed_stride"] == k and sampled.settings["windowed_targets"] == len(range(1, 400, k))
+    assert sampled.scores["windowed"].nll == pytest.approx(score_windowed(model, val, 8, stride=k).nll, rel=1e-12)
+    assert 0 < sampled.settings["windowed_bpc_se"] < 1
+    for key, targets in sampled.curve["settings"]["targets"].items():
+        if key != "stateful":
+            assert targets <= 50 and sampled.curve["settings"]["bpc_se"][key] > 0, key
+    for mode in ("stateful", "stateless", "bigram"):  # one pass each: always whole
+        assert sampled.scores[mode].tokens == 399 and sampled.scores[mode].nll == whole.scores[mode].nll
+    assert not whole_split(sampled.settings, sampled.curve)
+    assert "one target in 8, 50 of 399" in describe_sample(sampled.settings, sampled.curve)
+    # The sample estimates the whole figure within a few standard errors.
+    se = sampled.settings["windowed_bpc_se"]
+    assert abs(sampled.scores["windowed"].bpc - whole.scores["windowed"].bpc) < 4 * se
+
+
+def test_the_evaluation_shows_a_bar_per_mode_and_curve_pass(model, capsys):
+    from gru_experiments.progress import Progress
+
+    ids = torch.randint(V, (300,), generator=torch.Generator().manual_seed(4))
+    evaluate(model, ids, Split(ids, lengths()), 8, _settings(), progress=Progress(enabled=True))
+    bars = capsys.readouterr().err
+    assert "evaluation: stateful" in bars and "evaluation: windowed and context curve 1, 2, 4, 8" in bars
+    assert "100%" in bars
+    evaluate(model, ids, Split(ids, lengths()), 8, _settings(), progress=Progress(enabled=False))
+    assert capsys.readouterr().err == ""
+
+
+def test_max_tokens_is_validated(compose_config, tiny_corpus):
+    from gru_experiments.config_schema import validate
+    from gru_experiments.errors import UserError
+
+    assert compose_config().evaluation.max_tokens is None  # Astra-alpha: the whole split
+    assert compose_config("model=leviathan").evaluation.max_tokens == OmegaConf.load(
+        Path(__file__).parents[1] / "conf/model/leviathan.yaml").eval_max_tokens
+    for bad in ("0", "-3", "1.5", "many"):
+        with pytest.raises(UserError, match="evaluation.max_tokens"):
+            validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.max_tokens={bad}"))

@@ -334,6 +334,8 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
                         f"data.path={small_shakespeare}", "data.seq_len=32")
     assert result.returncode == 0, result.stderr
     assert "=== 'JULIET:\\nO Romeo' [windowed" in result.stdout
+    assert "inference modes on the whole validation split" in result.stdout
+    assert "evaluation: stateful" in result.stderr  # the progress bars
     newest = max(sampling_dirs(root), key=lambda d: d.name)
     record = json.loads((newest / "sampling.json").read_text())
     assert record["prompts"] == ["KING: ", "JULIET:\nO Romeo"] and record["settings"]["window"] == 32

@@ -3,9 +3,12 @@ and exits non-zero with one line; a bug keeps its traceback."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 
 import pytest
+import torch
 
 from gru_experiments import jobs
 from gru_experiments.errors import UserError
@@ -73,3 +76,99 @@ def test_failing_train_py_job_in_a_multirun(tiny_corpus, tmp_path):
     assert errors and all("vocab" in line.lower() for line in errors), result.stderr
     summary = json.loads((sweep / "0_astra_alpha" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["model"] == "astra_alpha"
+
+
+# --- A full disk: one line, the last good checkpoint and the resume= command (docs/robustness.md) ---
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _fill_the_disk(monkeypatch):
+    """torch.save's writes fail as on a full disk (torch then raises its own RuntimeError, the
+    OSError as its context, as on a real full filesystem)."""
+    real_save = torch.save
+
+    class FullDisk(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, data):
+            _no_space()
+
+    monkeypatch.setattr(torch, "save", lambda obj, f, *args, **kwargs: real_save(obj, FullDisk(), *args, **kwargs))
+
+
+def test_full_disk_during_a_checkpoint_is_one_line_with_the_resume_command(compose_config, monkeypatch, capsys):
+    from gru_experiments.checkpoints import atomic_torch_save
+
+    cfg = compose_config()
+    run = RunDir(cfg.paths.output_dir)
+    atomic_torch_save({"global_step": 100, "state_dict": {}}, run.checkpoint)  # the last good one
+    good = run.checkpoint.read_bytes()
+    _fill_the_disk(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info, job(cfg, report=True):
+        atomic_torch_save({"global_step": 200, "state_dict": {"w": torch.zeros(3)}}, run.checkpoint)
+    assert exit_info.value.code == jobs.EXIT_DISK_FULL
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err == (f"error: no space left on device: could not write {run.checkpoint}; the last good checkpoint "
+                   f"is {run.checkpoint} (step 100); free some space, then resume with: "
+                   f"python train.py resume={run.path}\n")
+    assert run.checkpoint.read_bytes() == good  # intact, and no temporary file left
+    assert sorted(p.name for p in run.checkpoint_dir.iterdir()) == ["last.ckpt"]
+
+
+def test_full_disk_without_a_checkpoint_sample_or_sweep_is_one_line(monkeypatch, capsys, tmp_path):
+    """sweep.py and sample.py (no checkpoint of their own): the file, and run the command again."""
+    from gru_experiments import files
+
+    monkeypatch.setattr(files.os, "fsync", _no_space)
+    with pytest.raises(SystemExit) as exit_info, job(argv=["sweep.py"], report=True):
+        files.write_json(tmp_path / "report" / "results.json", {"a": 1})
+    assert exit_info.value.code == jobs.EXIT_DISK_FULL
+    assert capsys.readouterr().err == (f"error: no space left on device: could not write {tmp_path}/report/"
+                                       "results.json; free some space, then run the same command again\n")
+    assert list((tmp_path / "report").iterdir()) == []  # no temporary file left
+    with pytest.raises(OSError), job(argv=["sweep.py", "debug=true"], report=True):  # debug: the traceback
+        files.write_json(tmp_path / "report" / "results.json", {"a": 1})
+
+
+def _can_mount_tmpfs(path) -> bool:
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_run_on_a_filesystem_too_small_for_two_checkpoints_stops_with_one_line_then_resumes(
+        tiny_corpus, tmp_path):
+    """The real thing (as root, where tmpfs can be mounted; docs/robustness.md has the manual check):
+    1.5 MB holds one Astra-alpha checkpoint (~1.1 MB) but not a second beside it."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    if not _can_mount_tmpfs(disk):
+        pytest.skip("needs root to mount a tmpfs (test_full_disk_during_a_checkpoint_... covers the message)")
+    try:
+        run_dir = disk / "run"
+        settings = [*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=6", "checkpoint.every_n_steps=3",
+                    "model.steps_per_epoch=100", f"hydra.run.dir={run_dir}", f"paths.data_dir={tmp_path / 'data'}"]
+        result = run_script(tmp_path, *settings)
+        assert result.returncode == jobs.EXIT_DISK_FULL, result.stderr
+        assert "Traceback" not in result.stderr
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert line == (f"error: no space left on device: could not write {run_dir}/checkpoints/last.ckpt; the "
+                        f"last good checkpoint is {run_dir}/checkpoints/last.ckpt (step 3); free some space, "
+                        f"then resume with: python train.py resume={run_dir}")
+        assert result.stderr.strip().endswith(line)
+        subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)
+        resumed = run_script(tmp_path, f"resume={run_dir}")
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads((run_dir / "summary.json").read_text())["train_steps"] == 6
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -141,6 +141,42 @@ def test_resolve(fast_bf16, monkeypatch):
         resolve("sometimes", None, "cpu")
 
 
+# /proc/cpuinfo flags of the two kinds of AMD EPYC this project meets (abridged).
+ZEN4_FLAGS = "fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512_vnni"
+AVX2_ONLY_FLAGS = "fpu sse2 avx avx2 fma bmi2"
+
+
+@pytest.mark.parametrize("flags, native", [(ZEN4_FLAGS, True), (AVX2_ONLY_FLAGS, False),
+                                           ("fpu avx2 amx_tile amx_bf16", True), ("avx512f avx512_vnni", False)])
+def test_auto_chooses_bf16_from_the_cpu_flags(flags, native, tmp_path, monkeypatch, caplog):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
+                       f"flags\t\t: {flags}\n")
+    assert precision.cpu_flags(str(cpuinfo)) == set(flags.split())
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set(flags.split()))
+    monkeypatch.setattr(precision, "_warned_emulated", set())
+    assert precision.has_fast_bf16("cpu") == native
+    auto = resolve("auto", None, "cpu")
+    assert auto == (MatmulPrecision(min_weight_elements=precision.AUTO_MIN_WEIGHT_ELEMENTS) if native else None)
+    with caplog.at_level("WARNING", logger=precision.__name__):
+        for _ in range(3):
+            assert resolve("always", None, "cpu") == MatmulPrecision()  # always is always bf16 ...
+    emulated = [r for r in caplog.records if "emulated" in r.getMessage()]
+    assert len(emulated) == (0 if native else 1)  # ... and says once where it is emulated
+    if not native:
+        assert "neither avx512_bf16 nor amx_bf16" in emulated[0].getMessage()
+
+
+def test_the_flags_of_this_machine_are_read():
+    """cpu_flags reads the real /proc/cpuinfo where there is one (the choice above then follows it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next(line for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags on this system")
+    assert precision.cpu_flags() == set(line.split(":", 1)[1].split())
+
+
 class CountCasts(TorchDispatchMode):
     """Counts the dtype conversions of tensors of given shapes."""
 

@@ -1,0 +1,86 @@
+"""How long `python train.py model=M trainer.fast_dev_run=true` takes, per model (a benchmark, not a test).
+
+    python benchmarks/bench_smoke.py [--models astra_alpha ... leviathan] [--repeats 2] [--threads 1]
+
+Each run is a fresh process, as a user runs it: the wall time from start to exit (imports, corpus
+and tokenizer, one training step, one validation batch, every inference mode, the context curve,
+the samples, summary.json), and from summary.json the run's own seconds, the training step and the
+evaluation. The Scribe models train their SentencePiece tokenizer the first time and cache it
+(paths.data_dir): the first repeat of a Scribe model is then a cold cache, the others warm. Goal:
+every model within 60 s on a 2-core CPU (issue 20).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
+
+
+def cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({os.cpu_count()} cores; {' '.join(shown)})"
+
+
+def run(model: str, log_dir: Path, data_dir: Path, threads: int) -> dict:
+    run_dir = log_dir / f"{model}_{time.time_ns()}"
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), WANDB_MODE="offline", PROJECT_ROOT=str(REPO))
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), f"model={model}", "trainer.fast_dev_run=true",
+                             "logger=none", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}",
+                             f"paths.data_dir={data_dir}"], cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"{model}: exit {result.returncode}\n{result.stderr[-2000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["smoke"] is True
+    return {"wall": wall, "run": summary["wall_seconds"], "train": summary["train_seconds"],
+            "eval": summary["eval_seconds"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=MODELS)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="tokenizer cache (default: a fresh temporary folder: cold for the first repeat)")
+    args = parser.parse_args()
+    print(f"CPU: {cpu_name()}; OMP_NUM_THREADS={args.threads}; load average at start "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = args.data_dir or Path(tmp) / "data"
+        rows = {model: [] for model in args.models}
+        for repeat in range(args.repeats):  # models side by side in each repeat: the load hits all alike
+            for model in args.models:
+                rows[model].append(run(model, Path(tmp) / "outputs", data_dir, args.threads))
+                r = rows[model][-1]
+                print(f"  repeat {repeat + 1} {model}: {r['wall']:.1f} s (run {r['run']:.1f} s, "
+                      f"training step {r['train']:.1f} s, evaluation {r['eval']:.1f} s)", flush=True)
+    print(f"\nload average at end {os.getloadavg()[0]:.1f}\n")
+    print("| model | wall, each repeat (s) | run within it (s) | training step (s) | evaluation (s) | ≤ 60 s |")
+    print("|---|---:|---:|---:|---:|:-:|")
+    for model, results in rows.items():
+        walls = " / ".join(f"{r['wall']:.1f}" for r in results)
+        worst = max(r["wall"] for r in results)
+        print(f"| {model} | {walls} | {max(r['run'] for r in results):.1f} | {max(r['train'] for r in results):.1f} "
+              f"| {max(r['eval'] for r in results):.1f} | {'yes' if worst <= 60 else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
