@@ -1,0 +1,164 @@
+"""The transformer family: its attention against an independent softmax(QKᵀ/√d + mask)·V, no position
+seeing a later token, the protocol's state (the last block_size tokens, as nanoGPT crops them), its
+configs' parameter counts and nanoGPT's shakespeare_char model through train.py."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from gru_experiments.inference import Decoding, make_chooser, sample_tokens
+from gru_experiments.language_model import build_model, count_parameters
+from gru_experiments.transformer import TransformerLM
+
+REPO = Path(__file__).resolve().parents[1]
+V = 11
+
+
+def build(block_size: int = 6, **settings) -> TransformerLM:
+    torch.manual_seed(0)
+    settings = dict(embedding_dim=8, num_layers=2, num_heads=2, dropout=0.0, bias=True) | settings
+    return TransformerLM(V, block_size=block_size, **settings).eval()
+
+
+def plain_attention(attention, x: torch.Tensor) -> torch.Tensor:
+    """softmax(Q Kᵀ / √d + mask) V per head, written out from the layer's weights, then its projection."""
+    T, C = x.shape
+    h = attention.heads
+    d = C // h
+    W, b = attention.qkv.weight, attention.qkv.bias
+    q, k, v = (x @ W[i * C:(i + 1) * C].T + b[i * C:(i + 1) * C] for i in range(3))
+    mask = torch.full((T, T), float("-inf")).triu(1)  # position i may see j <= i
+    heads = []
+    for j in range(h):
+        s = slice(j * d, (j + 1) * d)
+        heads.append(torch.softmax(q[:, s] @ k[:, s].T / math.sqrt(d) + mask, dim=-1) @ v[:, s])
+    return torch.cat(heads, dim=1) @ attention.proj.weight.T + attention.proj.bias
+
+
+def test_causal_attention_matches_a_plain_softmax_over_the_same_weights():
+    model = build(block_size=16, embedding_dim=12, num_heads=3)
+    attention = model.blocks[0].attention
+    x = torch.randn(2, 9, 12)
+    with torch.no_grad():
+        fused = attention(x)
+        for i in range(2):
+            torch.testing.assert_close(fused[i], plain_attention(attention, x[i]), atol=1e-5, rtol=1e-5)
+
+
+def test_the_whole_model_matches_a_plain_forward():
+    """Embeddings, pre-LayerNorm blocks, final LayerNorm and the tied head, recomputed by hand."""
+    model = build(block_size=16)
+    tokens = torch.randint(0, V, (1, 7))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        x = model.wte.weight[tokens[0]] + model.wpe.weight[:7]
+        for block in model.blocks:
+            x = x + plain_attention(block.attention, block.ln_1(x))
+            x = x + block.mlp.proj(torch.nn.functional.gelu(block.mlp.fc(block.ln_2(x))))
+        expected = model.ln_f(x) @ model.wte.weight.T
+    torch.testing.assert_close(logits[0], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [5, 14])  # within the block, and past it (each position its own window)
+def test_no_position_sees_a_later_token(length):
+    model = build(block_size=6)
+    tokens = torch.randint(0, V, (2, length))
+    with torch.no_grad():
+        before, _ = model(tokens)
+        for t in range(length):
+            changed = tokens.clone()
+            changed[:, t] = (changed[:, t] + 1) % V
+            after, _ = model(changed)
+            torch.testing.assert_close(after[:, :t], before[:, :t], atol=0, rtol=0)
+            assert not torch.allclose(after[:, t], before[:, t])  # the position itself does see it
+
+
+def test_it_sees_exactly_the_last_block_size_tokens_cropped_as_nanogpt():
+    """Past the block, position t is predicted from tokens t - block + 1 .. t alone, the oldest at position 0."""
+    model = build(block_size=6)
+    tokens = torch.randint(0, V, (1, 20))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        for t in range(20):
+            crop = tokens[:, max(0, t - 5):t + 1]  # nanoGPT's idx[:, -block_size:]
+            alone, _ = model(crop)
+            torch.testing.assert_close(logits[:, t], alone[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_state_continues_a_sequence():
+    model = build(block_size=6)
+    tokens = torch.randint(0, V, (3, 17))
+    with torch.no_grad():
+        whole, _ = model(tokens)
+        state, parts = None, []
+        for start, end in ((0, 4), (4, 5), (5, 13), (13, 17)):  # within the block, one token, past the block
+            logits, state = model(tokens[:, start:end], state)
+            parts.append(logits)
+    torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=1e-5)
+    assert torch.equal(state, tokens[:, -6:]) and model.context == 6
+
+
+def test_empty_input():
+    model = build(block_size=6)
+    for shape in ((0, 3), (2, 0)):
+        logits, _ = model(torch.zeros(shape, dtype=torch.long))
+        assert logits.shape == (*shape, V)
+
+
+def test_stateless_sees_the_last_token_and_stateful_equals_windowed():
+    model = build(block_size=6)
+    a, b = torch.tensor([[1, 2, 3, 4, 5, 6, 7]]), torch.tensor([[9, 8, 0, 0, 2, 1, 7]])
+    sample = lambda prompt, mode, seed=3: sample_tokens(  # noqa: E731
+        model, prompt, 25, mode, make_chooser(Decoding(), torch.Generator().manual_seed(seed)), window=50)
+    assert torch.equal(sample(a, "stateless"), sample(b, "stateless"))
+    assert torch.equal(sample(a, "stateful", 5), sample(a, "windowed", 5))
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("num_heads", 3, "invalid num_heads=3: must be a divisor of embedding_dim (8)"),
+    ("block_size", 0, "invalid block_size=0: must be an integer >= 1"),
+    ("dropout", 1.0, "invalid dropout=1.0"),
+    ("bias", "no", "invalid bias='no': must be true or false"),
+])
+def test_bad_settings_are_refused(key, value, message):
+    from gru_experiments.language_model import InvalidSetting
+
+    with pytest.raises(InvalidSetting, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build(**{key: value})
+
+
+# The sizes it faces: Astra-α 86,913 and Astra-β 715,713 (within 5%); nanoGPT's shakespeare_char 10.65M (1%,
+# nanoGPT's count, which leaves out the position embeddings: 10,646,784).
+@pytest.mark.parametrize("name,expected,rival,tolerance", [
+    ("transformer", 84_880, 86_913, 0.05), ("transformer_beta", 715_440, 715_713, 0.05),
+    ("nanogpt_shakespeare", 10_745_088, 10_650_000, 0.01)])
+def test_parameter_counts(compose_config, name, expected, rival, tolerance):
+    cfg = compose_config(f"model={name}")
+    model = build_model(OmegaConf.to_container(cfg.model.architecture), 65)
+    assert count_parameters(model) == expected and abs(expected / rival - 1) <= tolerance
+    if name == "nanogpt_shakespeare":
+        assert expected - model.wpe.weight.numel() == 10_646_784 and cfg.data.seq_len == 256
+    else:
+        assert cfg.data.seq_len == 128 == model.context
+
+
+def test_nanogpt_shakespeare_fast_dev_run_through_train_py(tmp_path, shakespeare):
+    env = dict(os.environ, PROJECT_ROOT=str(tmp_path), PYTHONPATH=str(REPO), WANDB_MODE="disabled")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "model=nanogpt_shakespeare", f"data.path={shakespeare}",
+         "trainer.fast_dev_run=true", "data.batch_size=2",
+         "data.train_fraction=0.99995",  # 56 validation characters, fewer than a block: every evaluation one pass "trainer.accelerator=cpu", "logger=none",
+         "trainer.enable_progress_bar=false", "evaluation.sample_chars=10", "evaluation.curve_point_tokens=4096",
+         f"paths.log_dir={tmp_path / 'outputs'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trainable parameters: 10,745,088" in result.stdout
+    assert "nanogpt_shakespeare: train loss" in result.stdout
