@@ -7,8 +7,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.jobs import job
-from gru_experiments.runs import find_checkpoint, model_name_for
+from gru_experiments.runs.jobs import job
+from gru_experiments.runs.run_dir import find_checkpoint, model_name_for
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 # The output folder is named after the model actually sampled (run=/ckpt= may name another one).
@@ -20,7 +20,7 @@ def main(cfg: DictConfig) -> None:
     with job(cfg, report=True):
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
-        from gru_experiments.sampling import sample
+        from gru_experiments.runs.sampling import sample
 
         sample(cfg, checkpoint)
 

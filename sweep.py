@@ -26,7 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.jobs import job
+from gru_experiments.runs.jobs import job
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -98,8 +98,9 @@ def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:
 
 
 def write_report(sweep_dir: Path):
-    from gru_experiments.loggers import wandb_mode
-    from gru_experiments.reporting import build_report, format_table, log_to_wandb, wandb_jobs
+    from gru_experiments.runs.loggers import wandb_mode
+    from gru_experiments.report.report import build_report, format_table
+    from gru_experiments.report.wandb_summary import log_to_wandb, wandb_jobs
 
     report = build_report(sweep_dir)  # NoResultsError (a UserError) for a folder with no results
     if wandb_jobs(report):

@@ -11,8 +11,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from gru_experiments.jobs import job
-from gru_experiments.resume import rewrite_argv
+from gru_experiments.runs.jobs import job
+from gru_experiments.runs.resume import rewrite_argv
 
 ROOT = Path(__file__).resolve().parent
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
@@ -20,12 +20,12 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    with job(cfg, report=True):  # failures: see gru_experiments/jobs.py
+    with job(cfg, report=True):  # failures: see gru_experiments/runs/jobs.py
         # imported here so --help and --cfg stay fast
-        from gru_experiments.distributed import needs_own_process, run_in_own_process
-        from gru_experiments.training import train
+        from gru_experiments.runs.distributed import needs_own_process, run_in_own_process
+        from gru_experiments.runs.training import train
 
-        if needs_own_process(cfg):  # DDP in a multirun job: see gru_experiments/distributed.py
+        if needs_own_process(cfg):  # DDP in a multirun job: see gru_experiments/runs/distributed.py
             run_in_own_process(cfg, __file__)
         else:
             train(cfg)

@@ -20,9 +20,10 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_recurrence import machine_info
-from gru_experiments.data import SHIPPED_CORPUS, RandomWindowBatches, StreamBatches, read_corpus
-from gru_experiments.lightning_module import LanguageModelTask
-from gru_experiments.tokenizers import build_tokenizer
+from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus
+from gru_experiments.data.batches import RandomWindowBatches, StreamBatches
+from gru_experiments.runs.task import LanguageModelTask
+from gru_experiments.data.tokenizers import build_tokenizer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -28,11 +28,12 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from gru_experiments.data import prepare_corpus
-from gru_experiments.estimate import planned_forward_tokens
-from gru_experiments.evaluation import Split, evaluate
-from gru_experiments.language_model import build_model
-from gru_experiments.precision import resolve
+from gru_experiments.data.corpus import prepare_corpus
+from gru_experiments.runs.estimate import planned_forward_tokens
+from gru_experiments.study.scores import Split
+from gru_experiments.study.evaluation import evaluate
+from gru_experiments.models.protocol import build_model
+from gru_experiments.models.precision import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -44,8 +44,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gru_experiments.model import RecurrentLM  # noqa: E402
-from gru_experiments.precision import MatmulPrecision, has_fast_bf16, resolve  # noqa: E402
+from gru_experiments.models.recurrent import RecurrentLM  # noqa: E402
+from gru_experiments.models.precision import MatmulPrecision, has_fast_bf16, resolve  # noqa: E402
 
 
 @dataclass(frozen=True)

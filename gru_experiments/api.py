@@ -9,8 +9,8 @@
 
 Nothing here is a second implementation: `train` composes the same config as train.py (Hydra's
 compose API over conf/, config "train") and runs training.train; `load` is
-lightning_module.load_checkpoint (weights only) on the checkpoint runs.find_checkpoint picks;
-`generate` is inference.generate; `score` is evaluation.py's per-mode scorers on an
+runs.task.load_checkpoint (weights only) on the checkpoint runs.run_dir.find_checkpoint picks;
+`generate` is inference.generate; `score` is study/scores.py's per-mode scorers on an
 evaluation.Split. Bad input raises a one-line errors.UserError. docs/python.md describes it all.
 """
 
@@ -32,7 +32,7 @@ REPO = CONF.parent
 
 
 def _check_mode(mode: str) -> str:
-    from gru_experiments.inference import MODES  # imports torch: only once a model is used
+    from gru_experiments.study.inference import MODES  # imports torch: only once a model is used
 
     if mode not in MODES:
         raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join(MODES)}")
@@ -43,7 +43,7 @@ def _check_mode(mode: str) -> str:
 @dataclass(frozen=True)
 class TextScore:
     """How well a model predicts a text in one inference mode. Every token but the first is
-    predicted (the first is context only), as in evaluation.py."""
+    predicted (the first is context only), as in study/scores.py."""
     mode: str
     nll: float  # mean negative log-likelihood per predicted token, in nats
     bpc: float  # bits per character: nll_sum / (characters * ln 2)
@@ -81,7 +81,7 @@ class TrainedModel:
     @property
     def summary(self) -> dict | None:
         """The run's summary.json, when the model came from a finished run."""
-        from gru_experiments.runs import RunDir
+        from gru_experiments.runs.run_dir import RunDir
 
         return RunDir(self.run_dir).summary() if self.run_dir is not None else None
 
@@ -106,9 +106,9 @@ class TrainedModel:
         same device). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
         that as `seed` to get its text. drop_unknown=True drops prompt characters the vocabulary
         lacks (else they raise a UserError naming them)."""
-        from gru_experiments.config_schema import validate_sampling
-        from gru_experiments.inference import Decoding, generate
-        from gru_experiments.tokenizers import encode_prompt
+        from gru_experiments.study.inference import validate_sampling
+        from gru_experiments.study.inference import Decoding, generate
+        from gru_experiments.data.tokenizers import encode_prompt
 
         _check_mode(mode)
         if mode == "windowed":
@@ -134,13 +134,13 @@ class TrainedModel:
         every token but the first predicted: stateful from everything before it (the state carried
         through the whole text), stateless from the previous token alone, windowed from the
         `window` tokens before it (default: the training seq_len) from a zero state. The figures
-        are evaluation.py's (score_stateful with one stream, score_stateless, score_windowed with
+        are study/scores.py's (score_stateful with one stream, score_stateless, score_windowed with
         stride 1) on the text's token ids."""
         import torch
 
-        from gru_experiments.config_schema import validate_sampling
-        from gru_experiments.evaluation import Split, score_stateful, score_stateless, score_windowed
-        from gru_experiments.tokenizers import describe_characters
+        from gru_experiments.study.inference import validate_sampling
+        from gru_experiments.study.scores import Split, score_stateful, score_stateless, score_windowed
+        from gru_experiments.data.tokenizers import describe_characters
 
         _check_mode(mode)
         if mode == "windowed":
@@ -170,8 +170,8 @@ class TrainedModel:
 def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
     """A trained model and its tokenizer from a run folder (its last checkpoint, as sample.py
     run=... takes it), a checkpoint file, or the summary dict `train` returns. Read with
-    weights_only=True (lightning_module.load_checkpoint). device: "cpu", "cuda", "auto", ..."""
-    from gru_experiments.runs import RunDir, find_checkpoint
+    weights_only=True (runs.task.load_checkpoint). device: "cpu", "cuda", "auto", ..."""
+    from gru_experiments.runs.run_dir import RunDir, find_checkpoint
 
     if isinstance(run_or_checkpoint, dict):  # train()'s summary
         if not run_or_checkpoint.get("run_dir"):
@@ -187,8 +187,8 @@ def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
     else:
         raise UserError(f"no run folder or checkpoint file at {run_or_checkpoint}")
 
-    from gru_experiments.lightning_module import load_checkpoint
-    from gru_experiments.sampling import resolve_device
+    from gru_experiments.runs.task import load_checkpoint
+    from gru_experiments.runs.sampling import resolve_device
 
     try:
         device = resolve_device(device)
@@ -205,7 +205,7 @@ def _training_seq_len(run) -> int | None:
     """data.seq_len the run trained with: its saved config's, else its summary's record."""
     if run is None:
         return None
-    from gru_experiments.sampling import training_data_settings
+    from gru_experiments.runs.sampling import training_data_settings
 
     data = training_data_settings(run, None)
     if data is not None and data.get("seq_len"):
@@ -228,7 +228,7 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from gru_experiments.resume import quote, rewrite_argv
+    from gru_experiments.runs.resume import quote, rewrite_argv
 
     if isinstance(overrides, str):
         raise UserError(f"train() takes a list of overrides, e.g. [{overrides!r}], not a string")
@@ -266,8 +266,8 @@ def _run_job(config) -> dict:
     from hydra.types import RunMode
     from omegaconf import open_dict, read_write
 
-    from gru_experiments.jobs import discard_untouched_run_dir
-    from gru_experiments.runs import RunDir
+    from gru_experiments.runs.jobs import discard_untouched_run_dir
+    from gru_experiments.runs.run_dir import RunDir
 
     hydra_config = HydraConfig.instance()
     previous = hydra_config.cfg
@@ -285,7 +285,7 @@ def _run_job(config) -> dict:
         if config.hydra.output_subdir is not None:
             RunDir(run_dir).write_config_record(task_cfg, HydraConfig.instance().cfg, config.hydra.overrides.task,
                                                 subdir=str(config.hydra.output_subdir))
-        from gru_experiments.training import train as train_run
+        from gru_experiments.runs.training import train as train_run
 
         with _job_log(run_dir / f"{config.hydra.job.name}.log"):
             try:

@@ -27,7 +27,7 @@ MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_be
 @pytest.fixture(scope="session")
 def shakespeare(tmp_path_factory) -> Path:
     """The shipped Tiny Shakespeare as a plain text file (read and sha256-checked by data.read_corpus)."""
-    from gru_experiments.data import SHIPPED_CORPUS, read_corpus
+    from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus
 
     path = tmp_path_factory.mktemp("corpus") / "tinyshakespeare.txt"
     path.write_text(read_corpus(SHIPPED_CORPUS), encoding="utf-8")

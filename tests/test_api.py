@@ -47,7 +47,7 @@ def one_line_error(call, *args, **kwargs) -> str:
 
 # --- train -----------------------------------------------------------------------------------
 def test_train_writes_the_run_folder_train_py_writes(trained):
-    from gru_experiments.runs import RunDir, find_checkpoint
+    from gru_experiments.runs.run_dir import RunDir, find_checkpoint
 
     root, summary = trained
     assert summary["status"] == "completed" and summary["model"] == "astra_alpha"
@@ -70,7 +70,7 @@ def test_train_writes_the_run_folder_train_py_writes(trained):
 def test_train_under_project_root_and_resume(trained, tmp_path, monkeypatch):
     """Without root= the run goes under $PROJECT_ROOT, as train.py's; resume=last continues an
     interrupted run in its own folder, as train.py resume=last does."""
-    from gru_experiments.runs import RunDir
+    from gru_experiments.runs.run_dir import RunDir
 
     _, summary = trained
     copy = tmp_path / "outputs" / "runs" / "astra_alpha" / Path(summary["run_dir"]).name
@@ -140,7 +140,7 @@ def test_generate_is_seeded_and_continues_the_prompt(lm, mode):
 
 def test_generate_is_sample_py_sampler(lm):
     """The same sampler as sample.py: with sample.py's per-prompt seed, its very text."""
-    from gru_experiments.inference import Decoding, prompt_seed, sample_texts
+    from gru_experiments.study.inference import Decoding, prompt_seed, sample_texts
 
     decoding = Decoding(temperature=0.8, top_k=20, top_p=0.9)
     for mode in ("stateful", "stateless", "windowed"):
@@ -160,7 +160,7 @@ def test_stateless_depends_on_the_last_prompt_token_only(lm):
 
 # --- score -----------------------------------------------------------------------------------
 def test_score_is_evaluation_py(lm):
-    from gru_experiments.evaluation import Split, score_stateful, score_stateless, score_windowed
+    from gru_experiments.study.scores import Split, score_stateful, score_stateless, score_windowed
 
     split = Split.of(torch.tensor(lm.tokenizer.encode(TEXT)), lm.tokenizer)
     expected = {"stateful": score_stateful(lm.model, split, 32, streams=1),
@@ -183,7 +183,7 @@ def test_score_is_evaluation_py(lm):
 def test_score_of_the_validation_split_is_the_summary_figure(trained, lm):
     """The stateless figure is exact in evaluation.py too: the API's score of the run's validation
     text is summary.json's stateless_bpc."""
-    from gru_experiments.data import SHIPPED_CORPUS, read_corpus, split_text
+    from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
 
     _, summary = trained
     _, val_text = split_text(read_corpus(SHIPPED_CORPUS), 0.995)  # preset=smoke's data.train_fraction

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from gru_experiments.cells import GRULayer, LSTMLayer, RNNLayer
+from gru_experiments.models.cells import GRULayer, LSTMLayer, RNNLayer
 
 torch.manual_seed(0)
 

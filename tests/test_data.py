@@ -8,8 +8,8 @@ from functools import partial
 import pytest
 import torch
 
-from gru_experiments.data import (IGNORE_INDEX, CorpusDataModule, RandomWindowBatches, corpus_path, eval_windows,
-                                  split_text)
+from gru_experiments.data.batches import IGNORE_INDEX, CorpusDataModule, RandomWindowBatches, eval_windows
+from gru_experiments.data.corpus import corpus_path, split_text
 from gru_experiments.errors import UserError
 
 
@@ -107,7 +107,7 @@ def test_a_local_path_wins(tiny_corpus):
 def test_the_default_corpus_is_the_shipped_one_read_offline_and_sha_checked(tmp_path, monkeypatch):
     import lzma
 
-    from gru_experiments import data
+    from gru_experiments.data import corpus as data
 
     assert corpus_path(None, None, None, tmp_path / "cache") == data.SHIPPED_CORPUS
     assert not (tmp_path / "cache").exists()  # nothing downloaded, nothing written
@@ -136,7 +136,7 @@ def _data_cfg(path, seq_len=16):
 def test_char_vocabulary_is_the_whole_corpus_and_spm_learns_from_the_training_split(tmp_path):
     from omegaconf import OmegaConf
 
-    from gru_experiments.data import prepare_corpus
+    from gru_experiments.data.corpus import prepare_corpus
 
     path = tmp_path / "new_chars.txt"
     text = "abc abc\n" * 400 + "é½\txyz€ abc\n" * 20  # the last tenth has characters the rest lacks
@@ -155,7 +155,7 @@ def test_char_vocabulary_is_the_whole_corpus_and_spm_learns_from_the_training_sp
 def test_tiny_shakespeare_char_vocabulary_is_its_65_characters(tmp_path):
     from omegaconf import OmegaConf
 
-    from gru_experiments.data import prepare_corpus
+    from gru_experiments.data.corpus import prepare_corpus
 
     corpus = prepare_corpus(_data_cfg(None, 256), OmegaConf.create({"kind": "char"}), tmp_path)
     assert corpus.tokenizer.vocab_size == 65

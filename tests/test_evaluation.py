@@ -11,17 +11,17 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from gru_experiments.data import RandomWindowBatches, split_text
-from gru_experiments.evaluation import (Score, Split, context_curve, context_lengths, curve_points, curve_stride,
-                                        score_contexts,
-                                        evaluate, score_bigram, score_stateful, score_stateless, score_table,
-                                        score_windowed, stateless_log_probs, windowed_stride)
-from gru_experiments.inference import eval_mode
-from gru_experiments.history import read_history
-from gru_experiments.model import RecurrentLM
-from gru_experiments.ngram import NGramLM
-from gru_experiments.tokenizers import CharTokenizer
-from gru_experiments.training import score_best, train
+from gru_experiments.data.batches import RandomWindowBatches
+from gru_experiments.data.corpus import split_text
+from gru_experiments.study.scores import (Score, Split, score_contexts, score_bigram, score_stateful, score_stateless, score_table, score_windowed, stateless_log_probs, windowed_stride)
+from gru_experiments.study.context_curve import context_curve, context_lengths, curve_points, curve_stride
+from gru_experiments.study.evaluation import evaluate
+from gru_experiments.study.inference import eval_mode
+from gru_experiments.runs.history import read_history
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.models.ngram import NGramLM
+from gru_experiments.data.tokenizers import CharTokenizer
+from gru_experiments.runs.training import score_best, train
 
 V = 11
 
@@ -294,7 +294,7 @@ def test_max_tokens_scores_a_systematic_sample_with_its_standard_error(model):
     assert whole.settings["windowed_targets"] == 399 and whole.settings["windowed_bpc_se"] == 0.0
     unset = evaluate(model, train_ids, val, 8, _settings(max_tokens=None))
     assert unset.metrics() == whole.metrics() and unset.curve == whole.curve
-    from gru_experiments.evaluation import describe_sample, whole_split
+    from gru_experiments.study.evaluation import describe_sample, whole_split
     assert whole_split(whole.settings, whole.curve) and describe_sample(whole.settings) == "the whole validation split"
 
     sampled = evaluate(model, train_ids, val, 8, _settings(max_tokens=50))
@@ -315,7 +315,7 @@ def test_max_tokens_scores_a_systematic_sample_with_its_standard_error(model):
 
 
 def test_the_evaluation_shows_a_bar_per_mode_and_curve_pass(model, capsys):
-    from gru_experiments.progress import Progress
+    from gru_experiments.study.progress import Progress
 
     ids = torch.randint(V, (300,), generator=torch.Generator().manual_seed(4))
     evaluate(model, ids, Split(ids, lengths()), 8, _settings(), progress=Progress(enabled=True))
@@ -327,7 +327,7 @@ def test_the_evaluation_shows_a_bar_per_mode_and_curve_pass(model, capsys):
 
 
 def test_max_tokens_is_validated(compose_config, tiny_corpus):
-    from gru_experiments.config_schema import validate
+    from gru_experiments.runs.config import validate
     from gru_experiments.errors import UserError
 
     assert compose_config().evaluation.max_tokens is None  # Astra-alpha: the whole split

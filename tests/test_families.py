@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from gru_experiments.errors import UserError
-from gru_experiments.inference import make_chooser, Decoding, sample_tokens
-from gru_experiments.mlp import BengioMLP
-from gru_experiments.model import RecurrentLM
-from gru_experiments.ngram import NGramLM
-from gru_experiments.training import train
+from gru_experiments.study.inference import make_chooser, Decoding, sample_tokens
+from gru_experiments.models.mlp import BengioMLP
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.models.ngram import NGramLM
+from gru_experiments.runs.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11
@@ -141,7 +141,7 @@ def test_bad_family_settings_fail_in_one_line_and_leave_nothing(compose_config, 
 
 
 def test_a_checkpoint_may_only_name_a_family_inside_the_package():
-    from gru_experiments.language_model import build_model
+    from gru_experiments.models.protocol import build_model
 
     with pytest.raises(UserError, match="only classes in gru_experiments"):
         build_model({"_target_": "os.system"}, 5, from_checkpoint=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gru_experiments.fast_recurrence as fast_recurrence
-from gru_experiments.cells import GRULayer, LSTMLayer, RNNLayer
-from gru_experiments.model import RecurrentLM
+import gru_experiments.models.fast_recurrence as fast_recurrence
+from gru_experiments.models.cells import GRULayer, LSTMLayer, RNNLayer
+from gru_experiments.models.recurrent import RecurrentLM
 
 CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
@@ -222,17 +222,17 @@ def test_autocast_bfloat16_runs(cell):
     torch.testing.assert_close(logits.float(), full.detach(), atol=0.1, rtol=0.05)
 
 
-@pytest.mark.skipif(not fast_recurrence._HAS_MKL_PACKED, reason="this torch build has no MKL packed GEMM")
+@pytest.mark.skipif(not fast_recurrence.common.HAS_MKL_PACKED, reason="this torch build has no MKL packed GEMM")
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_packed_weight_path_matches_reference(cell, with_state, monkeypatch):
     """Big layers use MKL's packed GEMM for the per-step matmuls; force it at a small shape."""
     monkeypatch.setattr(fast_recurrence, "PACKED_MIN_WEIGHT_ELEMENTS", 0)
     monkeypatch.setattr(fast_recurrence, "PACKED_MIN_STEPS", 1)
-    assert fast_recurrence._StepMatmul(torch.randn(6, 18), 3, 9).packed is not None
+    assert fast_recurrence.common.StepMatmul(torch.randn(6, 18), 3, 9).packed is not None
     test_layer_matches_reference(cell, with_state, torch.float32)
     # float64 cannot be packed: it falls back to plain matmuls on its own
-    assert fast_recurrence._StepMatmul(torch.randn(6, 18, dtype=torch.float64), 3, 9).packed is None
+    assert fast_recurrence.common.StepMatmul(torch.randn(6, 18, dtype=torch.float64), 3, 9).packed is None
     test_layer_matches_reference(cell, with_state, torch.float64)
 
 

@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from gru_experiments.findings import CLAIMS, findings
-from gru_experiments.reporting import (PLOT_CONTEXT, PLOT_MODES, build_report, collect, context_curve_series,
-                                       modes_over_training_series)
-from gru_experiments.training_grid import PLOT_GRID
+from gru_experiments.report.findings import CLAIMS, findings
+from gru_experiments.report.plots import PLOT_CONTEXT, PLOT_MODES, context_curve_series, modes_over_training_series
+from gru_experiments.report.report import build_report
+from gru_experiments.report.sweep_folder import collect
+from gru_experiments.report.training_grid import PLOT_GRID
 from test_reporting import assert_valid_png, make_job
 
 # (model, tokenizer, parameters, stateful, stateless, bigram)
@@ -83,7 +83,7 @@ def test_the_study_plots_are_the_summaries_numbers(tmp_path):
 
 def test_modes_over_training_leaves_out_counted_models():
     """A counted model (an n-gram: train_steps 0) has one validation and nothing over training."""
-    from gru_experiments.reporting import JobResult
+    from gru_experiments.report.sweep_folder import JobResult
 
     trained = JobResult("0_astra_alpha", "completed", {"model": "astra_alpha", "train_steps": 2000,
                                                        "train_tokens": 2000 * 64 * 128},

@@ -12,14 +12,14 @@ import torch
 
 from conftest import REPO
 from robustness_helpers import assert_untouched, error_line, fingerprint
-from gru_experiments import inference
+from gru_experiments.study import inference
 from gru_experiments.errors import UserError
-from gru_experiments.inference import (STUDY_PROMPTS, Decoding, check_generation_fits, filter_logits, generate,
+from gru_experiments.study.inference import (STUDY_PROMPTS, Decoding, check_generation_fits, filter_logits, generate,
                                        generation_bytes, make_chooser, sample_texts, sample_tokens,
                                        spellable_prompts)
-from gru_experiments.ngram import NGramLM
-from gru_experiments.model import RecurrentLM
-from gru_experiments.tokenizers import CharTokenizer
+from gru_experiments.models.ngram import NGramLM
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.data.tokenizers import CharTokenizer
 
 V = 13
 
@@ -275,7 +275,7 @@ def trained_run(tmp_path_factory, small_shakespeare):
     """A two-step Astra-alpha run, in an outputs/ folder of its own."""
     from hydra import compose, initialize_config_dir
 
-    from gru_experiments.training import train
+    from gru_experiments.runs.training import train
 
     root = tmp_path_factory.mktemp("sample_e2e")
     run_dir = root / "outputs" / "runs" / "astra_alpha" / "run1"

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from gru_experiments import jobs
+from gru_experiments.runs import jobs
 from gru_experiments.errors import UserError
-from gru_experiments.jobs import EXIT_USER_ERROR, job
-from gru_experiments.loggers import build_logger
-from gru_experiments.runs import RunDir
+from gru_experiments.runs.jobs import EXIT_USER_ERROR, job
+from gru_experiments.runs.loggers import build_logger
+from gru_experiments.runs.run_dir import RunDir
 from robustness_helpers import TINY, run_script
 from wandb_records import offline_runs
 
@@ -100,7 +100,7 @@ def _fill_the_disk(monkeypatch):
 
 
 def test_full_disk_during_a_checkpoint_is_one_line_with_the_resume_command(compose_config, monkeypatch, capsys):
-    from gru_experiments.checkpoints import atomic_torch_save
+    from gru_experiments.runs.checkpoints import atomic_torch_save
 
     cfg = compose_config()
     run = RunDir(cfg.paths.output_dir)

@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import gru_experiments.precision as precision
-from gru_experiments.cells import GRULayer, LSTMLayer, RNNLayer
-from gru_experiments.model import RecurrentLM
-from gru_experiments.precision import MatmulPrecision, describe, resolve
+import gru_experiments.models.precision as precision
+from gru_experiments.models.cells import GRULayer, LSTMLayer, RNNLayer
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.models.precision import MatmulPrecision, describe, resolve
 
 BF16_RTOL = 2e-2
 CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
@@ -202,7 +202,7 @@ def test_weights_cast_once_per_sequence(cell):
 
 
 def test_trainer_precision_32_true_is_pure_float32(compose_config, tiny_corpus, tmp_path, monkeypatch):
-    from gru_experiments.training import train
+    from gru_experiments.runs.training import train
 
     monkeypatch.setattr(precision, "has_fast_bf16", lambda device: True)
     common = (f"data.path={tiny_corpus}", "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=2",
@@ -218,7 +218,7 @@ def test_trainer_precision_32_true_is_pure_float32(compose_config, tiny_corpus, 
 
 
 def test_bad_setting_is_refused(compose_config, tiny_corpus):
-    from gru_experiments.config_schema import validate
+    from gru_experiments.runs.config import validate
     from gru_experiments.errors import UserError
 
     with pytest.raises(UserError, match="low_precision_matmuls='sometimes'"):

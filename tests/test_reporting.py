@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gru_experiments.reporting import (MISSING, NoResultsError, build_report, format_table, log_to_wandb,
-                                       planned_models)
+from gru_experiments.errors import NoResultsError
+from gru_experiments.report.report import build_report, format_table
+from gru_experiments.report.sweep_folder import MISSING, planned_models
+from gru_experiments.report.wandb_summary import log_to_wandb
 from wandb_records import offline_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

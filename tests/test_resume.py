@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gru_experiments.checkpoints import read_checkpoint, wandb_run_id
+from gru_experiments.runs.checkpoints import read_checkpoint, wandb_run_id
 from gru_experiments.errors import UserError
-from gru_experiments.lightning_module import LanguageModelTask
-from gru_experiments.training import train
+from gru_experiments.runs.task import LanguageModelTask
+from gru_experiments.runs.training import train
 from wandb_records import offline_runs
 from robustness_helpers import TINY, TRAIN_PY, error_line, fingerprint, run_script
 
@@ -144,7 +144,7 @@ def test_resume_of_a_finished_run_is_refused(compose_config, tiny_corpus, tmp_pa
 # A real process, killed with SIGKILL (no cleanup, no finally) right after step KILL_AT.
 KILLER = textwrap.dedent(f"""
     import os, runpy, signal, sys
-    from gru_experiments.lightning_module import LanguageModelTask
+    from gru_experiments.runs.task import LanguageModelTask
 
     original = LanguageModelTask.on_train_batch_end
 

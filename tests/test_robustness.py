@@ -5,7 +5,6 @@ runs started together share the SentencePiece cache safely."""
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import signal
 import subprocess
@@ -21,16 +20,17 @@ from lightning.pytorch import Trainer
 from omegaconf import OmegaConf
 
 from conftest import CONF
-from gru_experiments import checkpoints
-from gru_experiments.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
-from gru_experiments.config_schema import validate, validate_sampling
-from gru_experiments.data import prepare_corpus
+from gru_experiments.runs import checkpoints
+from gru_experiments.runs.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
+from gru_experiments.runs.config import validate
+from gru_experiments.study.inference import validate_sampling
+from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.errors import TrainingDiverged, UserError
-from gru_experiments.jobs import job
-from gru_experiments.lightning_module import LanguageModelTask, load_checkpoint
-from gru_experiments.loggers import WANDB_MODES, wandb_mode
-from gru_experiments.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
-from gru_experiments.training import train
+from gru_experiments.runs.jobs import job
+from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
+from gru_experiments.runs.loggers import WANDB_MODES, wandb_mode
+from gru_experiments.data.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
+from gru_experiments.runs.training import train
 from robustness_helpers import (TINY, TRAIN_PY, assert_untouched, error_line, fingerprint, run_script,
                                 start_script)
 
@@ -102,7 +102,7 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("override", BAD_VALUES)
 def test_invalid_values_are_caught_before_any_work(workspace, tiny_corpus, capsys, monkeypatch, override):
-    monkeypatch.setattr("gru_experiments.training.prepare_corpus",
+    monkeypatch.setattr("gru_experiments.runs.training.prepare_corpus",
                         lambda *a, **k: pytest.fail("work started despite an invalid value"))
     before = fingerprint(workspace)
     line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", override))
@@ -311,7 +311,7 @@ def test_lightning_fit_resume_path_refuses_malicious_checkpoint(tmp_path, tiny_c
     path, marker = malicious_checkpoint(tmp_path)
     cfg = compose_in(tmp_path, f"data.path={tiny_corpus}")
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tok")
-    from gru_experiments.data import CorpusDataModule
+    from gru_experiments.data.batches import CorpusDataModule
 
     task = LanguageModelTask({"cell": "gru", "embedding_dim": 8, "hidden_size": 8}, corpus.tokenizer.vocab_size,
                              1e-3, 0.0, 1, tokenizer=corpus.tokenizer)
@@ -396,7 +396,7 @@ def test_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
 
 SAVER = textwrap.dedent("""
     import sys, torch
-    from gru_experiments.checkpoints import atomic_torch_save
+    from gru_experiments.runs.checkpoints import atomic_torch_save
     path, step = sys.argv[1], 0
     big = torch.randn(30_000_000)  # 120 MB: each save takes a while
     while True:
@@ -523,8 +523,8 @@ def test_multirun_job_errors_fail_the_sweep_with_one_line_each(workspace, tiny_c
 # prove that the two processes overlapped and that only one of them trained.
 SLOW_SPM = textwrap.dedent(f"""
     import os, runpy, sys, time
-    from gru_experiments import data
-    from gru_experiments.tokenizers import SentencePieceTokenizer
+    from gru_experiments.data import corpus as data
+    from gru_experiments.data.tokenizers import SentencePieceTokenizer
 
     def log(event):
         with open(os.environ["SPM_LOG"], "a") as f:

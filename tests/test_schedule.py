@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import MODELS
-from gru_experiments.lightning_module import CosineSchedule, LanguageModelTask
-from gru_experiments.training import train
+from gru_experiments.runs.task import CosineSchedule, LanguageModelTask
+from gru_experiments.runs.training import train
 from robustness_helpers import TINY
 
 ON_TRAIN_BATCH_END = LanguageModelTask.on_train_batch_end

@@ -11,11 +11,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gru_experiments.estimate import CostEstimate, planned_forward_tokens
-from gru_experiments.evaluation import FIGURES, Split, evaluate
-from gru_experiments.model import RecurrentLM
-from gru_experiments.smoke import SMOKE, SMOKE_VAL_TOKENS, smoke_config
-from gru_experiments.training import train
+from gru_experiments.runs.estimate import CostEstimate, planned_forward_tokens
+from gru_experiments.study.evaluation import FIGURES, evaluate
+from gru_experiments.study.scores import Split
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.runs.smoke import SMOKE, SMOKE_VAL_TOKENS, smoke_config
+from gru_experiments.runs.training import train
 
 
 def test_fast_dev_run_runs_the_whole_pipeline_on_a_small_slice(compose_config, small_shakespeare, capsys):

@@ -12,14 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gru_experiments.data import StreamBatches
+from gru_experiments.data.batches import StreamBatches
 from gru_experiments.errors import UserError
-from gru_experiments.evaluation import (Split, context_curve, long_context_lengths, paired_difference, score_stateful,
-                                        score_windowed)
-from gru_experiments.lightning_module import LanguageModelTask
-from gru_experiments.mlp import BengioMLP
-from gru_experiments.model import RecurrentLM
-from gru_experiments.training import train
+from gru_experiments.study.scores import Split, paired_difference, score_stateful, score_windowed
+from gru_experiments.study.context_curve import context_curve, long_context_lengths
+from gru_experiments.runs.task import LanguageModelTask
+from gru_experiments.models.mlp import BengioMLP
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.runs.training import train
 from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
 from test_resume import Interrupted, interrupt_at, weights_of
 
@@ -124,7 +124,7 @@ def test_two_chunks_with_the_state_carried_equal_one_pass(family):
 @pytest.mark.parametrize("family", ["gru", "lstm", "mlp"])
 def test_training_step_carries_the_detached_state_and_resets_at_a_new_pass(family):
     model = families()[family]
-    task = LanguageModelTask({"_target_": "gru_experiments.model.RecurrentLM"}, V)  # any; replaced below
+    task = LanguageModelTask({"_target_": "gru_experiments.models.recurrent.RecurrentLM"}, V)  # any; replaced below
     task.model = model
     task.log = lambda *args, **kwargs: None
     task.optimizers = lambda: type("O", (), {"param_groups": [{"lr": 0.0}]})()
@@ -286,7 +286,7 @@ def test_ddp_streams_run_two_ranks_on_their_own_streams(tmp_path, tiny_corpus):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["training_mode"] == "streams" and summary["train_steps"] == 6
-    from gru_experiments.checkpoints import read_checkpoint
+    from gru_experiments.runs.checkpoints import read_checkpoint
 
     ranks = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["carried_state"]
     assert len(ranks) == 2 and not torch.equal(ranks[0][0], ranks[1][0])  # one GRU layer's h per rank, different

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 import sweep as sweep_script
 from conftest import CONF, REPO
-from gru_experiments import distributed
+from gru_experiments.runs import distributed
 from gru_experiments.errors import UserError
 from test_reporting import assert_valid_png
 from wandb_records import offline_runs

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gru_experiments import tokenizers
-from gru_experiments.tokenizers import (
+from gru_experiments.data import tokenizers
+from gru_experiments.data.tokenizers import (
     CharTokenizer,
     SentencePieceTokenizer,
     build_tokenizer,

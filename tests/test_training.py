@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from gru_experiments.data import read_corpus, split_text
-from gru_experiments.lightning_module import load_checkpoint
-from gru_experiments.training import train
+from gru_experiments.data.corpus import read_corpus, split_text
+from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.runs.training import train
 from wandb_records import offline_runs
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gru_experiments.inference import Decoding, make_chooser, sample_tokens
-from gru_experiments.language_model import build_model, count_parameters
-from gru_experiments.transformer import TransformerLM
+from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
+from gru_experiments.models.protocol import build_model, count_parameters
+from gru_experiments.models.transformer import TransformerLM
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11
@@ -129,7 +129,7 @@ def test_stateless_sees_the_last_token_and_stateful_equals_windowed():
     ("bias", "no", "invalid bias='no': must be true or false"),
 ])
 def test_bad_settings_are_refused(key, value, message):
-    from gru_experiments.language_model import InvalidSetting
+    from gru_experiments.models.protocol import InvalidSetting
 
     with pytest.raises(InvalidSetting, match=message.replace("(", r"\(").replace(")", r"\)")):
         build(**{key: value})

@@ -1,0 +1,230 @@
+"""How batches are drawn from the encoded splits.
+
+Batches never touch the host during training: the encoded training split lives
+on the training device as one tensor, and each batch is one vectorised gather
+(random windows) or one slice (contiguous streams) there: no Python loop over the
+batch, no host-to-device copy.
+
+Two ways to batch the training split (`training=windows|streams`, BATCHINGS):
+    windows   random windows of seq_len tokens, each trained from the initial state
+    streams   truncated BPTT: the split as batch_size contiguous streams read chunk by chunk,
+              the state after one chunk (detached) starting the next (StreamBatches)
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from gru_experiments.errors import UserError
+
+IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
+BATCHINGS = ("windows", "streams")  # training.batching: see the module docstring
+
+
+def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+    """Cut a split into consecutive windows that cover every target exactly once.
+
+    Window k predicts ids[k*T + 1 : (k+1)*T + 1] from ids[k*T : (k+1)*T], each from a
+    zero state. The last window is padded (targets IGNORE_INDEX), so all len(ids) - 1
+    targets of the split are scored, not a random sample of them.
+    """
+    n_targets = ids.numel() - 1
+    n_windows = -(-n_targets // seq_len)
+    inputs = torch.zeros(n_windows * seq_len, dtype=torch.long, device=ids.device)
+    targets = torch.full((n_windows * seq_len,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
+    inputs[:n_targets] = ids[:-1]
+    targets[:n_targets] = ids[1:]
+    return inputs.view(n_windows, seq_len), targets.view(n_windows, seq_len)
+
+
+class RandomWindowBatches:
+    """An epoch of `steps` batches of random windows, drawn on the data's device.
+
+    Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one.
+    """
+
+    def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator):
+        self.ids, self.batch_size, self.seq_len, self.steps = ids, batch_size, seq_len, steps
+        self.generator = generator
+        self.offsets = torch.arange(seq_len + 1, device=ids.device)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        n_starts = self.ids.numel() - self.seq_len  # last start leaves room for the shifted target
+        for _ in range(self.steps):
+            starts = torch.randint(n_starts, (self.batch_size, 1), device=self.ids.device, generator=self.generator)
+            windows = self.ids[starts + self.offsets]  # one gather: (B, T + 1)
+            yield windows[:, :-1], windows[:, 1:]
+
+    # Lightning checkpoints a loader that has state_dict/load_state_dict and restores it on a
+    # mid-epoch resume. The generator is all the state there is: the resumed epoch draws its
+    # remaining batches from it (Lightning stops the epoch after steps_per_epoch batches in
+    # all), which are exactly the batches the uninterrupted run drew. The data module saves
+    # the same generator; restoring it twice sets the same state.
+    def state_dict(self) -> dict:
+        return {"generator_state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator_state"])
+
+
+class EvalBatches:
+    """The whole split as consecutive windows, in batches (see `eval_windows`)."""
+
+    def __init__(self, ids: Tensor, batch_size: int, seq_len: int):
+        self.inputs, self.targets = eval_windows(ids, seq_len)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-self.inputs.shape[0] // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, self.inputs.shape[0], self.batch_size):
+            yield self.inputs[i : i + self.batch_size], self.targets[i : i + self.batch_size]
+
+
+class StreamBatches:
+    """Truncated BPTT (as char-rnn and AWD-LSTM train): the training split cut into contiguous
+    streams, read in consecutive chunks of seq_len tokens, one chunk of every stream per batch.
+
+    A pass over the split starts at a seeded random offset in [0, seq_len) (so chunk boundaries
+    move from pass to pass) and cuts ids[offset:] into batch_size x world_size streams of the same
+    whole number of chunks, the same in every pass (as many as the largest offset allows); the tail
+    after them, less than one chunk of every stream and one chunk more, is not read. Rank r
+    reads streams r*batch_size ... (r+1)*batch_size - 1, so no two DDP ranks share a stream.
+
+    Each batch is (inputs, targets, starts_pass): starts_pass is True for the first chunk of a pass,
+    where training starts from the initial state; every other chunk continues the state of the
+    previous one (LanguageModelTask.training_step). A Trainer epoch of `steps` batches continues
+    where the last one stopped and wraps into a new pass when a pass ends, so the recipe's steps and
+    tokens are those of windows mode. The position (pass, chunk) is the whole state of the reader:
+    the offset of a pass is a function of the seed and the pass number.
+    """
+
+    def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        self.ids, self.batch_size, self.seq_len, self.steps = ids, batch_size, seq_len, steps
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        streams = batch_size * world_size
+        self.chunks_per_pass = (ids.numel() - seq_len) // (streams * seq_len)  # the worst offset, seq_len - 1
+        if self.chunks_per_pass < 1:
+            raise UserError(
+                f"training=streams: the training split has {ids.numel()} tokens, too few for {streams} streams "
+                f"(data.batch_size {batch_size} x {world_size} processes) of at least one chunk of data.seq_len "
+                f"{seq_len} each (it needs {streams * seq_len + seq_len}); use a smaller data.batch_size, a shorter "
+                "data.seq_len or training=windows")
+        self.pass_index, self.chunk = 0, 0  # the next batch to read
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def offset(self, pass_index: int) -> int:
+        """Where pass `pass_index` starts: seeded, the same on every rank."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + pass_index)
+        return int(torch.randint(self.seq_len, (1,), generator=generator))
+
+    def pass_streams(self, pass_index: int) -> tuple[Tensor, Tensor]:
+        """This rank's (inputs, targets) of a pass: (batch_size, chunks_per_pass * seq_len) views."""
+        start, length = self.offset(pass_index), self.chunks_per_pass * self.seq_len
+        streams = self.batch_size * self.world_size
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        inputs = self.ids[start:start + streams * length].view(streams, length)[mine]
+        targets = self.ids[start + 1:start + 1 + streams * length].view(streams, length)[mine]
+        return inputs, targets
+
+    def __iter__(self):
+        streams = None
+        for _ in range(self.steps):
+            if streams is None or self.chunk == 0:
+                streams = self.pass_streams(self.pass_index)
+            columns = slice(self.chunk * self.seq_len, (self.chunk + 1) * self.seq_len)
+            starts_pass = self.chunk == 0
+            self.chunk += 1
+            if self.chunk == self.chunks_per_pass:
+                self.pass_index, self.chunk = self.pass_index + 1, 0
+            yield streams[0][:, columns], streams[1][:, columns], starts_pass
+
+    # The position travels in checkpoints (here for a mid-epoch resume, through the data module
+    # for every resume); Lightning does not prefetch from a loader with a length.
+    def state_dict(self) -> dict:
+        return {"pass_index": self.pass_index, "chunk": self.chunk}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pass_index, self.chunk = int(state["pass_index"]), int(state["chunk"])
+
+
+class CorpusDataModule(L.LightningDataModule):
+    def __init__(self, train_ids: Tensor, val_ids: Tensor, batch_size: int, seq_len: int,
+                 steps_per_epoch: int, seed: int = 0, eval_batch_size: int | None = None,
+                 batching: str = "windows"):
+        super().__init__()
+        if batching not in BATCHINGS:
+            raise UserError(f"invalid training.batching={batching!r}: must be one of {', '.join(BATCHINGS)}")
+        if train_ids.numel() < seq_len + 1:
+            raise UserError(
+                f"the training split has {train_ids.numel()} tokens, fewer than one window "
+                f"(seq_len + 1 = {seq_len + 1}); use a longer corpus or a shorter data.seq_len"
+            )
+        self.train_ids, self.val_ids = train_ids, val_ids
+        self.batch_size, self.seq_len, self.steps_per_epoch = batch_size, seq_len, steps_per_epoch
+        self.seed = seed
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.batching = batching
+        self.generator: torch.Generator | None = None
+        self._pending_generator_state: Tensor | None = None
+        self.streams: StreamBatches | None = None
+        self._pending_stream_state: dict | None = None
+        if batching == "streams":  # refuse a split too short for the streams now, before any work
+            StreamBatches(train_ids, batch_size, seq_len, steps_per_epoch, seed)
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def setup(self, stage: str) -> None:
+        device = self.device
+        self.train_ids = self.train_ids.to(device)
+        self.val_ids = self.val_ids.to(device)
+        if self.generator is None or self.generator.device != device:
+            # Each DDP rank draws different windows.
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            self.generator = torch.Generator(device=device).manual_seed(self.seed + rank)
+            if self._pending_generator_state is not None:
+                self.generator.set_state(self._pending_generator_state)
+        if self.batching == "streams" and (self.streams is None or self.streams.ids.device != device):
+            trainer = self.trainer
+            rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+            self.streams = StreamBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch,
+                                         self.seed, rank, world)
+            if self._pending_stream_state is not None:
+                self.streams.load_state_dict(self._pending_stream_state)
+
+    def train_dataloader(self):
+        if self.batching == "streams":
+            return self.streams
+        return RandomWindowBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch, self.generator)
+
+    def val_dataloader(self):
+        return EvalBatches(self.val_ids, self.eval_batch_size, self.seq_len)
+
+    # The window sampler's random state and the streams' position travel in checkpoints, so a
+    # resumed run reads the batches the uninterrupted run would have read.
+    def state_dict(self) -> dict:
+        state = {"generator_state": self.generator.get_state()} if self.generator is not None else {}
+        if self.streams is not None:
+            state["streams"] = self.streams.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if "streams" in state:
+            self._pending_stream_state = state["streams"]
+            if self.streams is not None:
+                self.streams.load_state_dict(state["streams"])
+        if "generator_state" in state:
+            self._pending_generator_state = state["generator_state"]
+            if self.generator is not None:
+                self.generator.set_state(self._pending_generator_state)

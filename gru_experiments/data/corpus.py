@@ -1,0 +1,133 @@
+"""The corpus: where it comes from (a local file, an opt-in download, or the Tiny Shakespeare
+shipped in `corpora/`), how it is checked, split and encoded (`prepare_corpus`)."""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gru_experiments.errors import UserError
+from gru_experiments.files import atomic_file
+from gru_experiments.data.tokenizers import build_tokenizer
+
+
+# The default corpus, shipped in the package (xz -9e) so training needs no network: Tiny Shakespeare.
+SHIPPED_CORPUS = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt.xz"
+SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(url: str, dest: Path, sha256: str | None = None) -> Path:
+    """Fetch url into dest, verified (files.atomic_file: never a partial or unverified dest)."""
+    digest = hashlib.sha256()
+    with atomic_file(dest) as out, urllib.request.urlopen(url, timeout=60) as response:
+        while block := response.read(1 << 20):
+            out.write(block)
+            digest.update(block)
+        if sha256 and (got := digest.hexdigest()) != sha256:
+            raise ValueError(f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}")
+    return dest
+
+
+def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir: str | Path) -> Path:
+    """The file to train on: `path` if given, else the cached download of `url` (opt-in), else the
+    corpus shipped in the package (SHIPPED_CORPUS)."""
+    if path:
+        return Path(path).expanduser()
+    if not url or sha256 == SHIPPED_SHA256:  # a URL of the same text (runs recorded before it shipped)
+        return SHIPPED_CORPUS
+    cached = Path(cache_dir) / Path(url.split("?")[0]).name
+    if not cached.exists() or (sha256 and sha256_of(cached) != sha256):
+        print(f"downloading {url} -> {cached}")
+        try:
+            download(url, cached, sha256)
+        except (OSError, ValueError) as err:  # no network, HTTP error, checksum mismatch
+            raise UserError(f"could not download the corpus from {url} ({err}); "
+                            "train on a local file instead: data.path=FILE") from None
+    return cached
+
+
+def read_corpus(path: Path) -> str:
+    """The corpus text; UserError if the file is missing, empty or not UTF-8. A `.xz` file is
+    decompressed; the shipped corpus is checked against its sha256."""
+    if not path.exists():
+        raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
+    if not path.is_file():
+        raise UserError(f"corpus path is not a file: {path} (data.path)")
+    data = path.read_bytes()
+    if path.suffix == ".xz":
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError as err:
+            raise UserError(f"corpus file is not valid xz: {path} ({err})") from None
+    if path == SHIPPED_CORPUS and (got := hashlib.sha256(data).hexdigest()) != SHIPPED_SHA256:
+        raise UserError(f"the shipped corpus {path} is damaged: sha256 {got}, expected {SHIPPED_SHA256}; "
+                        "reinstall the package or train on a local file: data.path=FILE")
+    if not data:
+        raise UserError(f"corpus file is empty: {path}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"corpus file is not UTF-8 text: {path} (byte 0x{data[err.start]:02x} at offset {err.start}, "
+                        f"line {line}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source) -> None:
+    """Training needs one window plus its shifted target; validation needs one target."""
+    if n_train < seq_len + 1:
+        raise UserError(f"corpus too short: the training split of {source} has {n_train} {unit}, fewer than one "
+                        f"training window plus one (data.seq_len + 1 = {seq_len + 1}); use a longer corpus or a "
+                        "shorter data.seq_len")
+    if n_val < 2:
+        raise UserError(f"corpus too short: the validation split of {source} has {n_val} {unit}, it needs at least "
+                        "2; use a longer corpus or a smaller data.train_fraction")
+
+
+def split_text(text: str, train_fraction: float) -> tuple[str, str]:
+    """Contiguous split: the first train_fraction of the characters trains, the rest validates."""
+    cut = int(len(text) * train_fraction)
+    return text[:cut], text[cut:]
+
+
+@dataclass
+class Corpus:
+    tokenizer: object
+    train_ids: Tensor  # (N_train,) int64
+    val_ids: Tensor  # (N_val,) int64
+    source: Path
+
+
+def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir) -> Corpus:
+    """Load, split, fit the tokenizer, encode both splits.
+
+    The char tokenizer's vocabulary is every character of the whole corpus (as char-rnn and
+    nanoGPT do), so any UTF-8 text trains: a character that occurs only in the validation split
+    gets a token the model never saw as a target, an untrained embedding and output row, and
+    finite (large) cost where it occurs; nothing else of the validation text is used. SentencePiece
+    learns its pieces from the training split only (its pieces are statistics of the text)."""
+    settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
+    source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
+    text = read_corpus(source)
+    train_text, val_text = split_text(text, data_cfg.train_fraction)
+    # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
+    check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)
+    fit_text = text if tokenizer_cfg.kind == "char" else train_text
+    tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, **settings)
+    encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
+    corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source)
+    check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)
+    return corpus

@@ -1,0 +1,64 @@
+"""Bengio et al. (2003), "A Neural Probabilistic Language Model": the ladder's feed-forward rung.
+
+The previous k tokens' embeddings, concatenated (oldest first), feed a tanh hidden layer and a
+softmax over the vocabulary:
+
+    x = [C(w_{t−k+1}); …; C(w_t)]          (k · embedding_dim)
+    y = b + U·tanh(d + H·x)  [+ W·x]       logits over the V tokens; W: the paper's optional
+                                           direct input-to-output connections (direct=true)
+
+Before the first token of a sequence the missing positions read a learned "no token" embedding
+(row V of C). The model follows the protocol of models/protocol.py: context k, and its state is its
+last k tokens (`ContextWindow`); it is trained like the recurrent models (Lightning, AdamW, the
+config's recipe), on the same windows: position t of a window sees the k tokens up to t, the
+missing ones (at the window's start) as "no token".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gru_experiments.models.protocol import ContextWindow, LanguageModel, check_dropout, check_int, check_setting
+
+
+class BengioMLP(LanguageModel):
+    family = "mlp"
+
+    def __init__(self, vocab_size: int, context: int = 16, embedding_dim: int = 16, hidden_size: int = 266,
+                 dropout: float = 0.1, direct: bool = False):
+        super().__init__()
+        for key, value in (("context", context), ("embedding_dim", embedding_dim), ("hidden_size", hidden_size)):
+            check_int(key, value)
+        check_dropout(dropout)
+        check_setting(isinstance(direct, bool), "direct", direct, "true or false")
+        self.window = ContextWindow(context)
+        self.embedding = nn.Embedding(vocab_size + 1, embedding_dim)  # C; row V: "no token"
+        self.hidden = nn.Linear(context * embedding_dim, hidden_size)  # H, d
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(hidden_size, vocab_size)  # U, b
+        self.direct = nn.Linear(context * embedding_dim, vocab_size, bias=False) if direct else None  # W
+
+    @property
+    def vocab_size(self) -> int:
+        return self.head.out_features
+
+    @property
+    def context(self) -> int:
+        return self.window.size
+
+    def initial_state(self, batch_size: int, device=None) -> Tensor:
+        return self.window.initial(batch_size, device)
+
+    def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """tokens (B, T) -> logits (B, T, V), the last k tokens."""
+        history, new_state = self.window.extend(tokens, state)  # (B, k + T)
+        B, T = tokens.shape
+        k = self.context
+        embedded = self.embedding(history.masked_fill(history < 0, self.vocab_size))  # (B, k + T, e)
+        # Window j + 1 of k consecutive embeddings ends at token j: (B, T, e, k) -> (B, T, k · e), oldest first.
+        x = embedded.unfold(1, k, 1)[:, 1:].transpose(2, 3).reshape(B, T, -1)
+        logits = self.head(self.dropout(torch.tanh(self.hidden(x))))
+        if self.direct is not None:
+            logits = logits + self.direct(x)
+        return logits, new_state

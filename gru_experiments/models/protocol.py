@@ -1,0 +1,203 @@
+"""The model protocol: what every language-model family implements, and how a family is built.
+
+Every family (the recurrent models in `recurrent.py`, the MLP in `mlp.py`, the n-gram in `ngram.py`, the transformer in `transformer.py`)
+is a `LanguageModel`, and the samplers, evaluators, training loop, sweep and report use only this:
+
+    logits, state = model(tokens, state=None)   tokens (B, T) -> logits (B, T, V) and the state after them
+    model.initial_state(batch, device=None)      the state before any token; state=None means this state
+    model.vocab_size                             V
+    model.context                                tokens of context the model can see: None (unbounded) for
+                                                 the recurrent models, k for the MLP, N - 1 for an order-N n-gram
+    model.family                                 its label in summaries and reports: gru, lstm, rnn, mlp, ngram
+    model.trainable                              False when the weights are counted, not learned: then
+                                                 model.fit(train_ids) counts them (no optimizer, no epochs)
+
+Feeding the returned state back in continues the sequence exactly. A finite-context model's state
+is its last `context` tokens (`ContextWindow`), left-padded with NO_TOKEN while fewer have been
+seen; so the three inference modes mean the same for every family: stateful carries the state,
+stateless starts every step from the initial state and sees only the last token, windowed re-runs
+the last `window` tokens.
+
+Which class a config builds is named by Hydra's `_target_` key in its `architecture`
+(conf/model/*.yaml); every other key of `architecture` is a constructor argument, and
+`build_model` adds `vocab_size`. A checkpoint stores the same dict, so it rebuilds its model
+without any config file. Constructors check their own arguments and raise `InvalidSetting`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+from torch import Tensor, nn
+
+from gru_experiments.errors import UserError
+
+NO_TOKEN = -1  # a context position before the first token
+DEFAULT_TARGET = "gru_experiments.models.recurrent.RecurrentLM"  # checkpoints written before `_target_` existed
+PACKAGE = "gru_experiments."  # checkpoints may only name classes in this package
+# Where the families lived before the package was cut into subpackages: checkpoints and run records
+# written by gru-experiments up to main 9d1cd15 (and the streams/transformer work before the move)
+# name these paths. Kept while such checkpoints may be around; tests/test_compat.py holds them.
+MOVED_CLASSES = {
+    "gru_experiments.model.RecurrentLM": "gru_experiments.models.recurrent.RecurrentLM",
+    "gru_experiments.mlp.BengioMLP": "gru_experiments.models.mlp.BengioMLP",
+    "gru_experiments.ngram.NGramLM": "gru_experiments.models.ngram.NGramLM",
+    "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
+}
+
+
+class InvalidSetting(UserError):
+    """A model setting with a value its family does not accept; `key` is the argument's name."""
+
+    def __init__(self, key: str, value, allowed: str, prefix: str = ""):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid {prefix}{key}={value!r}: must be {allowed}")
+
+    def with_prefix(self, prefix: str) -> "InvalidSetting":
+        return InvalidSetting(self.key, self.value, self.allowed, prefix)
+
+
+def check_setting(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise InvalidSetting(key, value, allowed)
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(key: str, value, low: int = 1) -> None:
+    check_setting(is_int(value) and value >= low, key, value, f"an integer >= {low}")
+
+
+def check_dropout(value) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+    check_setting(ok, "dropout", value, "a number in [0, 1)")
+
+
+class LanguageModel(nn.Module):
+    """Base class of every family; see the module docstring for the protocol."""
+
+    family: str = "model"
+    trainable: bool = True
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def context(self) -> int | None:
+        """Tokens of context the model can see; None: unbounded."""
+        return None
+
+    def initial_state(self, batch_size: int, device=None):
+        raise NotImplementedError
+
+    def forward(self, tokens: Tensor, state=None):
+        raise NotImplementedError
+
+    def fit(self, train_ids: Tensor) -> "LanguageModel":
+        """Count the weights from the training split (models with trainable = False)."""
+        raise TypeError(f"{type(self).__name__} is trained with an optimizer, not counted")
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in (*self.parameters(), *self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+
+class ContextWindow:
+    """The state of a model that sees the last `size` tokens: a (B, size) tensor of token ids,
+    left-padded with NO_TOKEN before the first token."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def initial(self, batch_size: int, device=None) -> Tensor:
+        return torch.full((batch_size, self.size), NO_TOKEN, dtype=torch.long, device=device)
+
+    def extend(self, tokens: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(the state followed by tokens: (B, size + T), the state after tokens: (B, size))."""
+        if state is None:
+            state = self.initial(tokens.shape[0], tokens.device)
+        history = torch.cat([state.to(tokens.device, torch.long), tokens], dim=1)
+        return history, history[:, history.shape[1] - self.size:]
+
+
+# --- building a family from its config or checkpoint -------------------------------------
+def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageModel]:
+    """The LanguageModel class that `target` ("package.module.Class") names. A checkpoint may
+    only name classes inside this package (importing a module can run code)."""
+    if not isinstance(target, str) or "." not in target:
+        raise UserError(f"invalid model.architecture._target_={target!r}: must name a class, e.g. {DEFAULT_TARGET}")
+    if from_checkpoint and not target.startswith(PACKAGE):
+        raise UserError(f"refusing to build {target!r} from a checkpoint: only classes in {PACKAGE[:-1]} are built")
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        raise UserError(f"invalid model.architecture._target_={target!r}: no such class") from None
+    if not (inspect.isclass(cls) and issubclass(cls, LanguageModel)):
+        raise UserError(f"invalid model.architecture._target_={target!r}: not a LanguageModel "
+                        "(gru_experiments/models/protocol.py)")
+    return cls
+
+
+def split_architecture(architecture) -> tuple[str, dict]:
+    """(target, constructor arguments) of an architecture dict (plain or DictConfig); a class path
+    from before the move into subpackages reads as today's (MOVED_CLASSES)."""
+    settings = dict(architecture)
+    target = settings.pop("_target_", DEFAULT_TARGET)
+    return MOVED_CLASSES.get(target, target), settings
+
+
+def current_architecture(architecture: dict) -> dict:
+    """The architecture dict with its class path as today's (for comparing a checkpoint with a config)."""
+    target, settings = split_architecture(architecture)
+    return {"_target_": target, **settings}
+
+
+def check_settings(cls: type, settings: dict, prefix: str = "model.architecture.") -> None:
+    """UserError for a setting the class does not have (names the ones it has)."""
+    parameters = inspect.signature(cls.__init__).parameters
+    known = [name for name in parameters if name not in ("self", "vocab_size")]
+    unknown = [key for key in settings if key not in known]
+    if unknown:
+        raise UserError(f"{prefix}{unknown[0]} is not a setting of {cls.__name__} ({cls.family}); "
+                        f"its settings: {', '.join(known)}")
+
+
+def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False) -> LanguageModel:
+    """The model an architecture dict names (`_target_` + constructor arguments)."""
+    target, settings = split_architecture(architecture)
+    cls = model_class(target, from_checkpoint=from_checkpoint)
+    check_settings(cls, settings)
+    try:
+        return cls(vocab_size=vocab_size, **settings)
+    except InvalidSetting as error:
+        raise error.with_prefix("model.architecture.") from None
+
+
+def validate_architecture(architecture) -> type[LanguageModel]:
+    """Check an architecture config before any work: the class exists, every key is one of its
+    settings, and its constructor accepts the values (built on the meta device: no memory, no
+    time). Returns the class."""
+    target, settings = split_architecture(architecture)
+    cls = model_class(target)
+    check_settings(cls, settings)
+    try:
+        with torch.device("meta"):
+            cls(vocab_size=2, **settings)
+    except InvalidSetting as error:
+        raise error.with_prefix("model.architecture.") from None
+    return cls
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters; for a counted model (e.g. the n-gram) the numbers it stores."""
+    if hasattr(model, "stored_numbers"):
+        return int(model.stored_numbers())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

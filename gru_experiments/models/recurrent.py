@@ -1,0 +1,96 @@
+"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config, the
+ladder's Elman RNN and LSTM: a `LanguageModel` (models/protocol.py) of unbounded context.
+
+    tokens -> embedding -> N recurrent layers (dropout after each) -> [LayerNorm] -> linear head
+
+`state` is a list with one entry per layer (h for a GRU or RNN layer, (h, c) for an LSTM
+layer); None means zeros. Feeding the returned state back in continues the
+sequence exactly, which is what stateful sampling and streaming evaluation rely on.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from gru_experiments.models.cells import CELLS, IMPLEMENTATIONS, make_layer
+from gru_experiments.models.protocol import LanguageModel, check_dropout, check_int, check_setting
+from gru_experiments.models.precision import MatmulPrecision, linear
+
+
+class RecurrentLM(LanguageModel):
+    def __init__(
+        self,
+        vocab_size: int,
+        cell: str = "gru",
+        embedding_dim: int = 64,
+        hidden_size: int = 128,
+        num_layers: int = 1,
+        dropout: float = 0.1,
+        layer_norm: bool = False,
+        implementation: str = "fast",
+    ):
+        super().__init__()
+        check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
+        for key, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            check_int(key, value)
+        check_dropout(dropout)
+        check_setting(implementation in IMPLEMENTATIONS, "implementation", implementation,
+                      " or ".join(repr(i) for i in IMPLEMENTATIONS))
+        self.cell = cell
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.layers = nn.ModuleList(
+            make_layer(cell, embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
+            for i in range(num_layers)
+        )
+        # Dropout on each layer's output sequence: between layers, and before the head.
+        # The recurrent state itself is never dropped.
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(hidden_size) if layer_norm else nn.Identity()
+        self.head = nn.Linear(hidden_size, vocab_size)
+        self.matmul_precision: MatmulPrecision | None = None
+
+    def set_matmul_precision(self, precision: MatmulPrecision | None) -> None:
+        """bf16 matmul inputs (fp32 accumulation) in the fast recurrent layers and the head,
+        for the weights `precision` picks; None: the parameters' dtype throughout. The
+        embedding is a lookup, no matmul: it stays in the parameters' dtype, and the first
+        layer casts its output once, with the rest of its input projection."""
+        self.matmul_precision = precision
+        for layer in self.layers:
+            layer.matmul_precision = precision
+
+    def low_precision_weights(self) -> list[str]:
+        """The parameters whose matmuls take bf16 inputs (fast path, under this precision)."""
+        if self.matmul_precision is None:
+            return []
+        names = []
+        for i, layer in enumerate(self.layers):
+            if layer.implementation == "fast" and layer.fast_sequence is not None:
+                names += [f"layers.{i}.{n}" for n, p in layer.named_parameters()
+                          if p.dim() == 2 and self.matmul_precision.for_weight(p) is not None]
+        if self.matmul_precision.for_weight(self.head.weight) is not None:
+            names.append("head.weight")
+        return names
+
+    @property
+    def family(self) -> str:
+        return self.cell
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding.num_embeddings
+
+    def initial_state(self, batch_size: int, device=None) -> list:
+        return [layer.initial_state(batch_size, device) for layer in self.layers]
+
+    def forward(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list]:
+        """tokens (B, T) -> logits (B, T, vocab), new state (one entry per layer)."""
+        if state is None:
+            state = [None] * len(self.layers)
+        x = self.embedding(tokens)
+        new_state = []
+        for layer, layer_state in zip(self.layers, state):
+            x, layer_state = layer(x, layer_state)
+            x = self.dropout(x)
+            new_state.append(layer_state)
+        x = self.norm(x)
+        return linear(x, self.head.weight, self.head.bias, self.matmul_precision), new_state

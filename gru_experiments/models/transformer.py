@@ -1,0 +1,153 @@
+"""A decoder-only transformer in nanoGPT's form: the GRU's rival, under the same protocol.
+
+    x = wte(token) + wpe(position)                        learned token and position embeddings
+    x = x + attention(ln_1(x))                           pre-LayerNorm blocks: causal self-attention
+    x = x + mlp(ln_2(x))                                 (scaled_dot_product_attention) and a GELU MLP
+    logits = head(ln_f(x))                               head weights tied to wte, as nanoGPT's
+
+It sees at most `block_size` tokens (its `context`), and, like nanoGPT at generation, it sees them
+cropped: the oldest of the tokens in view at position 0. So its prediction at every step is a
+function of its last `block_size` tokens, and its state under the protocol (models/protocol.py)
+is those tokens (`ContextWindow`), as the MLP's: stateful carries them, stateless starts every
+step with none (only the last token is seen), windowed re-runs the last `window`.
+
+Computing that exactly: while every position sees all the tokens before it (training windows,
+validation chunks from the initial state, a prompt shorter than the block), one causal pass does it.
+Past the block, each position has its own window, whose tokens all sit at other positions than in
+its neighbour's window, so nothing is shared: each window is one pass (`block_size` tokens per
+prediction, what nanoGPT's sampling costs per token). A KV cache cannot help with learned absolute
+positions that shift at every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gru_experiments.models.protocol import (NO_TOKEN, ContextWindow, LanguageModel, check_dropout, check_int,
+                                            check_setting)
+
+WINDOW_BATCH_TOKENS = 1 << 16  # past the block: windows run in batches of about this many tokens (memory)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float, bias: bool):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width, bias=bias)  # nanoGPT's c_attn: query, key, value at once
+        self.proj = nn.Linear(width, width, bias=bias)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        N, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(N, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))  # (N, h, T, d)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(N, T, C)))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int, dropout: float, bias: bool):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width, bias=bias)
+        self.proj = nn.Linear(4 * width, width, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width, bias=bias)
+        self.attention = CausalSelfAttention(width, heads, dropout, bias)
+        self.ln_2 = nn.LayerNorm(width, bias=bias)
+        self.mlp = MLP(width, dropout, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TransformerLM(LanguageModel):
+    family = "transformer"
+
+    def __init__(self, vocab_size: int, block_size: int = 128, embedding_dim: int = 40, num_layers: int = 4,
+                 num_heads: int = 4, dropout: float = 0.1, bias: bool = False):
+        super().__init__()
+        for key, value in (("block_size", block_size), ("embedding_dim", embedding_dim), ("num_layers", num_layers),
+                           ("num_heads", num_heads)):
+            check_int(key, value)
+        check_setting(embedding_dim % num_heads == 0, "num_heads", num_heads,
+                      f"a divisor of embedding_dim ({embedding_dim})")
+        check_dropout(dropout)
+        check_setting(isinstance(bias, bool), "bias", bias, "true or false")
+        self.window = ContextWindow(block_size)
+        self.wte = nn.Embedding(vocab_size, embedding_dim)
+        self.wpe = nn.Embedding(block_size, embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(embedding_dim, num_heads, dropout, bias) for _ in range(num_layers))
+        self.ln_f = nn.LayerNorm(embedding_dim, bias=bias)
+        self.head = nn.Linear(embedding_dim, vocab_size, bias=False)
+        self.head.weight = self.wte.weight  # weight tying (nanoGPT's)
+        # nanoGPT's initialisation: N(0, 0.02), zero biases, the residual projections scaled by depth.
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, parameter in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(parameter, std=0.02 / math.sqrt(2 * num_layers))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.wte.num_embeddings
+
+    @property
+    def context(self) -> int:
+        return self.window.size
+
+    def initial_state(self, batch_size: int, device=None) -> Tensor:
+        return self.window.initial(batch_size, device)
+
+    def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """tokens (B, T) -> logits (B, T, V), the last block_size tokens."""
+        history, new_state = self.window.extend(tokens, state)  # (B, block + T), NO_TOKEN-padded on the left
+        B, T = tokens.shape
+        if tokens.numel() == 0:  # no rows or no tokens (an empty batch of windows)
+            return self.wte.weight.new_zeros(B, T, self.vocab_size), new_state
+        if int((history != NO_TOKEN).sum(1).max()) <= self.context:
+            return self.predict_last(history, T), new_state  # everything in view of every position: one pass
+        windows = history.unfold(1, self.context, 1)[:, 1:].reshape(B * T, self.context)  # position t's window
+        step = max(1, WINDOW_BATCH_TOKENS // self.context)
+        logits = torch.cat([self.predict_last(part, 1) for part in windows.split(step)])
+        return logits.view(B, T, -1), new_state
+
+    def predict_last(self, rows: Tensor, count: int) -> Tensor:
+        """The logits (N, count, V) at the last `count` tokens of each row of `rows` (N, L), rows
+        left-padded with NO_TOKEN and at most block_size real tokens each. The real tokens are
+        moved to positions 0, 1, ... (the crop) and the row's end padded with any token: causal
+        attention never lets a position see what follows it."""
+        N, L = rows.shape
+        pads = (rows == NO_TOKEN).sum(1, keepdim=True)  # (N, 1)
+        index = torch.arange(L, device=rows.device) + pads
+        aligned = rows.gather(1, index.clamp(max=L - 1)).masked_fill(index >= L, 0)
+        length = L - int(pads.min())  # the longest row's real tokens
+        x = self.hidden(aligned[:, :length])
+        last = (L - pads) - count + torch.arange(count, device=rows.device)  # (N, count)
+        x = x.gather(1, last.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return self.head(self.ln_f(x))
+
+    def hidden(self, tokens: Tensor) -> Tensor:
+        """The last block's output (N, T, C) of a sequence whose first token sits at position 0."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.dropout(self.wte(tokens) + self.wpe(positions))
+        for block in self.blocks:
+            x = block(x)
+        return x

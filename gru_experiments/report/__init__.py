@@ -1,0 +1,10 @@
+"""The report layer: a sweep folder read back and written up.
+
+Owns: reading a sweep folder (`sweep_folder.py`), report.md and results.csv (`report.py`), the
+plots (`plots.py`), the training x inference grid (`training_grid.py`), the findings
+(`findings.py`) and the W&B summary run (`wandb_summary.py`).
+
+May import: runs/ (run folders, history), the study (figure names) and the ground floor; only
+sweep.py and the API stand above it. A new plot goes in `plots.py`, a new finding in
+`findings.py`.
+"""

@@ -1,0 +1,280 @@
+"""The study's five findings, each judged by the numbers of one sweep (report.md's *Findings*).
+
+The original study states five findings:
+
+    1. training loss alone cannot validate a recurrent model
+    2. a GRU without carried state is functionally non-recurrent
+    3. correct inference gains more than extra depth or epochs
+    4. subword models amplify inference-time errors
+    5. correctness precedes scale
+
+and the project adds what the study needs to answer its own question:
+
+    6. training with the state carried makes the state worth carrying (training=streams)
+
+`findings(jobs)` writes one line per finding: the claim, a verdict (supported, partly supported,
+contradicted, or cannot be judged and what is missing) and the measured figures it rests on,
+all computed here from the jobs' summaries and histories. Nothing is written in advance: a
+sweep on another corpus, or other numbers, give other lines. Figures are of the final weights
+unless a line says "best" (the checkpoint with the lowest validation loss).
+
+A job is anything with `.model` (its name), `.values` (its summary.json) and `.history`
+({metric: [(step, value), ...]}, history.csv), as reporting.JobResult.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+RECURRENT = ("gru", "lstm", "rnn")  # the summary's "cell" of a model with a carried state
+
+CLAIMS = (
+    "Training loss alone cannot validate a recurrent model",
+    "A GRU without carried state is functionally non-recurrent",
+    "Correct inference gains more than extra depth or epochs",
+    "Subword models amplify inference-time errors",
+    "Correctness precedes scale",
+    "Training with the state carried makes the state worth carrying",
+)
+
+
+@dataclass
+class Finding:
+    claim: str
+    verdict: str  # supported | partly supported | contradicted | cannot be judged
+    evidence: str
+
+    def line(self, number: int) -> str:
+        return f"{number}. **{self.claim}**: {self.verdict}. {self.evidence}"
+
+
+def _number(job, key: str) -> float | None:
+    value = job.values.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _best(job, key: str) -> float | None:
+    best = job.values.get("best")
+    value = best.get(key) if isinstance(best, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _recurrent(jobs) -> list:
+    return [job for job in jobs if (job.values.get("cell") or "gru") in RECURRENT]
+
+
+def _reset_cost(job) -> float | None:
+    """Bits per character lost by resetting the state at every step (stateless - stateful)."""
+    stateful, stateless = _number(job, "stateful_bpc"), _number(job, "stateless_bpc")
+    return None if stateful is None or stateless is None else stateless - stateful
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _verdict(k: int, n: int) -> str:
+    return "supported" if k == n else "contradicted" if k == 0 else "partly supported"
+
+
+def _cannot(claim: str, missing: str) -> Finding:
+    return Finding(claim, "cannot be judged", f"Missing: {missing}.")
+
+
+def training_loss_finding(jobs) -> Finding:
+    """(1) Did validation get worse after its best while the training loss kept falling?"""
+    claim = CLAIMS[0]
+    judged = [job for job in _recurrent(jobs)
+              if _number(job, "val_bpc") is not None and _best(job, "val_bpc") is not None]
+    if not judged:
+        return _cannot(claim, "no recurrent model has both final and best-checkpoint validation figures")
+    parts, worse = [], 0
+    for job in judged:
+        final, best, step = _number(job, "val_bpc"), _best(job, "val_bpc"), _best(job, "step")
+        train = [value for _, value in job.history.get("train/loss", [])]
+        trend = f", training loss {train[0]:.3f} to {train[-1]:.3f}" if len(train) >= 2 else ""
+        if final - best > 1e-9:
+            worse += 1
+            parts.append(f"{job.model} best {best:.4f} at step {step:.0f}, final {final:.4f} "
+                         f"(+{final - best:.4f}){trend}")
+        else:
+            parts.append(f"{job.model} best at its final step ({final:.4f}){trend}")
+    evidence = (f"Validation bits per character got worse after the best checkpoint for {worse} of {len(judged)} "
+                f"recurrent models: " + "; ".join(parts) + ".")
+    if worse == 0:
+        evidence += " In this sweep the training loss and the validation figure never disagreed."
+    verdict = "supported" if worse else "not shown by this sweep"
+    return Finding(claim, verdict, evidence)
+
+
+def stateless_finding(jobs) -> Finding:
+    """(2) Reset at every step, the model is a first-order table: is it any better than counting?"""
+    claim = CLAIMS[1]
+    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None and _number(job, "bigram_bpc") is not None]
+    if not judged:
+        return _cannot(claim, "no recurrent model with stateful, stateless and bigram figures")
+    worse = [job for job in judged if _number(job, "stateless_bpc") >= _number(job, "bigram_bpc")]
+    costs = [_reset_cost(job) for job in judged]
+    gap = ", ".join(f"{job.model} {_number(job, 'stateless_bpc'):.4f} vs {_number(job, 'bigram_bpc'):.4f}"
+                    for job in judged)
+    evidence = (f"Stateless (every target from its previous token alone, the context curve's 1-token point) is "
+                f"worse than the count bigram for {len(worse)} of {len(judged)} recurrent models (stateless vs "
+                f"bigram bpc: {gap}); resetting the state costs {_mean(costs):.3f} bits per character on average "
+                f"(from {min(costs):.3f} to {max(costs):.3f}).")
+    if len(worse) < len(judged):
+        evidence += (" Where stateless beats the bigram counts, the network is still a first-order model, "
+                     "only a better-smoothed one.")
+    return Finding(claim, _verdict(len(worse), len(judged)), evidence)
+
+
+def _first_and_last(job, metric: str) -> tuple[tuple[int, float], tuple[int, float]] | None:
+    points = job.history.get(metric, [])
+    return (points[0], points[-1]) if points else None
+
+
+def inference_vs_scale_finding(jobs) -> Finding:
+    """(3) The state's gain against the gain of more training (epochs) and of a bigger model."""
+    claim = CLAIMS[2]
+    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
+    if not judged:
+        return _cannot(claim, "no recurrent model with stateful and stateless figures")
+    state_gain = _mean(_reset_cost(job) for job in judged)
+    parts = [f"Carrying the state gains {state_gain:.3f} bits per character on average ({len(judged)} models)"]
+    checks, missing = [], []
+    # Epochs: the stateful figure at the first validation against the stateless one at the last.
+    over_training = [(job, _first_and_last(job, "val/stateful_bpc"), _first_and_last(job, "val/stateless_bpc"))
+                     for job in judged]
+    over_training = [(job, sf, sl) for job, sf, sl in over_training if sf and sl]
+    if over_training:
+        early = [job for job, sf, sl in over_training if sf[0][1] < sl[1][1]]
+        checks.append(len(early) == len(over_training))
+        parts.append(f"stateful at the first validation already beats stateless at the last for {len(early)} of "
+                     f"{len(over_training)} models ("
+                     + ", ".join(f"{job.model} {sf[0][1]:.4f} at step {sf[0][0]} vs {sl[1][1]:.4f} at step {sl[1][0]}"
+                                 for job, sf, sl in over_training) + ")")
+        stateless_training = _mean(sl[0][1] - sl[1][1] for _, _, sl in over_training)
+        parts.append(f"training from the first validation to the last improved stateless by {stateless_training:.3f} "
+                     f"on average")
+    else:
+        missing.append("the modes over training (history.csv's val/stateful_bpc)")
+    # Depth and width: the largest model against the smallest of the same tokenizer, both stateful.
+    scale_gains = []
+    for tokenizer in sorted({job.values.get("tokenizer") or "?" for job in judged}):
+        same = [job for job in judged if (job.values.get("tokenizer") or "?") == tokenizer
+                and _number(job, "parameters") is not None]
+        if len({_number(job, "parameters") for job in same}) < 2:
+            continue
+        small = min(same, key=lambda job: _number(job, "parameters"))
+        large = max(same, key=lambda job: _number(job, "parameters"))
+        gain = _number(small, "stateful_bpc") - _number(large, "stateful_bpc")
+        scale_gains.append(gain)
+        parts.append(f"{large.model} over {small.model} ({_number(large, 'parameters') / _number(small, 'parameters'):.0f}x "
+                     f"the parameters) gains {gain:.3f} stateful")
+    if scale_gains:
+        checks.append(state_gain > max(scale_gains))
+    else:
+        missing.append("models of one tokenizer at two sizes (the gain of scale)")
+    evidence = "; ".join(parts) + "."
+    if missing:
+        evidence += " Missing: " + ", ".join(missing) + "."
+    if not checks:
+        return Finding(claim, "cannot be judged", evidence)
+    return Finding(claim, _verdict(sum(checks), len(checks)), evidence)
+
+
+def subword_finding(jobs) -> Finding:
+    """(4) Does resetting the state cost subword models more than character models?"""
+    claim = CLAIMS[3]
+    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
+    groups = {kind: [job for job in judged if job.values.get("tokenizer") == kind] for kind in ("char", "spm")}
+    absent = [kind for kind, group in groups.items() if not group]
+    if absent:
+        names = {"char": "character", "spm": "subword (spm)"}
+        return _cannot(claim, f"no {' and no '.join(names[k] for k in absent)} model with stateful and stateless "
+                              f"figures, so the two cannot be compared")
+    char, spm = (_mean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
+    evidence = (f"Resetting the state costs subword models {spm:.3f} and character models {char:.3f} bits per "
+                f"character on average ({len(groups['spm'])} and {len(groups['char'])} models).")
+    if spm <= char:
+        evidence += " The subword models lose less than the character models."
+    return Finding(claim, "supported" if spm > char else "contradicted", evidence)
+
+
+def correctness_finding(jobs) -> Finding:
+    """(5) Does the smallest model used correctly (stateful) beat every larger one used statelessly?"""
+    claim = CLAIMS[4]
+    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None and _number(job, "parameters")]
+    if len({_number(job, "parameters") for job in judged}) < 2:
+        return _cannot(claim, "recurrent models of at least two sizes with stateful and stateless figures")
+    small = min(judged, key=lambda job: _number(job, "parameters"))
+    larger = [job for job in judged if _number(job, "parameters") > _number(small, "parameters")]
+    beaten = [job for job in larger if _number(small, "stateful_bpc") < _number(job, "stateless_bpc")]
+    evidence = (f"The smallest model, {small.model} ({_number(small, 'parameters'):,.0f} parameters), stateful at "
+                f"{_number(small, 'stateful_bpc'):.4f} bits per character, beats {len(beaten)} of {len(larger)} "
+                f"larger models used statelessly ("
+                + ", ".join(f"{job.model} {_number(job, 'stateless_bpc'):.4f}" for job in larger) + ").")
+    return Finding(claim, _verdict(len(beaten), len(larger)), evidence)
+
+
+def _gain(job) -> tuple[float, float] | None:
+    """Stateful - windowed bits per character, paired target by target, and its standard error."""
+    gain, se = _number(job, "state_gain_bpc"), _number(job, "state_gain_se")
+    return None if gain is None or se is None else (gain, se)
+
+
+def training_mode_pairs(jobs) -> list[tuple]:
+    """(windows job, streams job) of every model trained both ways, with both state gains."""
+    by_mode = {}
+    for job in _recurrent(jobs) + [job for job in jobs if job.values.get("cell") == "mlp"]:
+        if _gain(job) is not None:
+            by_mode.setdefault(job.values.get("model"), {})[job.values.get("training_mode") or "windows"] = job
+    return [(modes["windows"], modes["streams"]) for modes in by_mode.values() if {"windows", "streams"} <= modes.keys()]
+
+
+def carried_state_finding(jobs) -> Finding:
+    """(6) Does training with the state carried (truncated BPTT) make carrying it at inference pay?
+    Judged per model from stateful - windowed under each training mode, with standard errors."""
+    claim = CLAIMS[5]
+    pairs = training_mode_pairs(jobs)
+    if not pairs:
+        return _cannot(claim, "no model trained both ways (python sweep.py models=grid training=windows,streams)")
+    parts, supported, contradicted = [], 0, 0
+    for windows, streams in pairs:
+        (gw, sw), (gs, ss) = _gain(windows), _gain(streams)
+        change, change_se = gs - gw, math.hypot(sw, ss)
+        if gs < -2 * ss and change < -2 * change_se:
+            supported += 1
+        elif change > 2 * change_se:
+            contradicted += 1
+        window = (windows.values.get("mode_evaluation") or {}).get("window", "?")
+        parts.append(f"{windows.values.get('model')}: stateful - windowed ({window} tokens) {gw:+.4f} ± {sw:.4f} "
+                     f"trained on windows, {gs:+.4f} ± {ss:.4f} trained on streams (change {change:+.4f} ± "
+                     f"{change_se:.4f})")
+    verdict = ("supported" if supported == len(pairs) else "partly supported" if supported else
+               "contradicted" if contradicted == len(pairs) else "not shown by this sweep")
+    evidence = ("Bits per character, negative where the carried state beats the window, ± one standard error "
+                "(paired by target): " + "; ".join(parts) + f". Supported for {supported} of {len(pairs)} models "
+                "(streams gain below zero and below the windows gain, each by two standard errors).")
+    return Finding(claim, verdict, evidence)
+
+
+def findings(jobs) -> list[Finding]:
+    """The findings judged by the completed jobs of a sweep."""
+    return [rule(jobs) for rule in (training_loss_finding, stateless_finding, inference_vs_scale_finding,
+                                    subword_finding, correctness_finding, carried_state_finding)]
+
+
+def findings_markdown(jobs) -> list[str]:
+    """report.md's *Findings* section."""
+    lines = ["## Findings", "",
+             "The original study's five findings and the project's sixth, each judged by this sweep's numbers "
+             "(computed when the report "
+             "is built; figures are of the final weights, \"best\" ones of the checkpoint with the lowest "
+             "validation loss).", ""]
+    if not jobs:
+        return lines + ["No completed job: nothing to judge.", ""]
+    return lines + [finding.line(i) for i, finding in enumerate(findings(jobs), 1)] + [""]

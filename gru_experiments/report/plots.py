@@ -1,0 +1,211 @@
+"""The report's plots (PNG, written atomically, the same bytes for the same results)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gru_experiments.files import atomic_file
+from gru_experiments.report.sweep_folder import MISSING, JobResult, ladder_jobs
+from gru_experiments.study.evaluation import FIGURES
+from gru_experiments.study.context_curve import curve_points
+
+PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
+PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"
+PLOT_LADDER = "ladder.png"
+
+
+def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
+    """Stateful and stateless bpc of every rung, the bigram baseline as a line."""
+    rungs = [job for job in ladder_jobs(jobs) if job.number("stateful_bpc") is not None]
+    if not rungs:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
+    for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
+        _labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
+    bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
+    if bigram is not None:
+        ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
+    labels = [f"{job.model}\n{(job.number('parameters') or 0) / 1000:,.0f}k" for job in rungs]
+    ax.set_xticks(range(len(rungs)), labels, fontsize=8)
+    tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
+    ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
+    return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
+                          path)
+
+
+# --- plots ------------------------------------------------------------------------------
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, safe in worker processes
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Write the figure as a PNG (atomically) and close it, also when writing fails."""
+    # No timestamp in the PNG metadata: the same results give the same bytes.
+    try:
+        with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
+            fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        return path
+    finally:
+        _figure().close(fig)
+
+
+def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
+    """Grouped bars: one group per model, one bar per inference mode (val bpc when no job has
+    the evaluation's modes)."""
+    keys = [f"{mode}_bpc" for mode in FIGURES if any(job.number(f"{mode}_bpc") is not None for job in jobs)]
+    labels = [key.removesuffix("_bpc") for key in keys]
+    if not keys:
+        keys, labels = ["val_bpc"], ["validation (windows, zero state)"]
+    shown = [job for job in jobs if any(job.number(key) is not None for key in keys)]
+    if not shown:
+        return None
+    plt = _figure()
+    width = 0.8 / len(keys)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
+    for i, (key, label) in enumerate(zip(keys, labels)):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
+        _labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
+    ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
+    return _save_bpc_bars(plt, fig, ax, "Validation bits per character by inference mode", path)
+
+
+def _labelled_bars(ax, xs, values, width, label) -> None:
+    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
+    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+    for bar, value in zip(bars, values):
+        ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+
+
+def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
+    ax.set_ylabel("bits per character (lower is better)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
+    """Training loss and validation bpc against the training step, every model in one figure."""
+    shown = [job for job in jobs if job.history]
+    if not shown:
+        return None
+    plt = _figure()
+    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for job in shown:
+        label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
+        if job.status != "completed":
+            label += f", {job.status}"
+        for ax, metric in ((train_ax, "train/loss"), (val_ax, "val/bpc")):
+            points = job.history.get(metric, [])
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if len(points) < 12 else None, markersize=3, label=label)
+    train_ax.set(title="Training loss", xlabel="step", ylabel="nats per token (char or subword)")
+    val_ax.set(title="Validation", xlabel="step", ylabel="bits per character")
+    for ax in (train_ax, val_ax):
+        ax.grid(alpha=0.3)
+    train_ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
+    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} from the summaries' context_curve, for
+    every completed model with a carried state (count and window models are baselines)."""
+    series = {}
+    for job in jobs:
+        points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
+        if not points or job.values.get("cell") in ("ngram",):
+            continue
+        series[job.model] = {"windows": [(int(key), value) for key, value in points if key.isdigit()],
+                             "stateful": dict(points).get("stateful")}
+    return series
+
+
+def baselines(jobs: list[JobResult]) -> dict[str, float]:
+    """Horizontal lines of the context curve: the bigram counts (one per tokenizer) and the best
+    n-gram model of the sweep, by stateful bpc."""
+    lines = {}
+    for job in jobs:
+        if job.status == "completed" and job.number("bigram_bpc") is not None:
+            lines.setdefault(f"bigram counts ({job.values.get('tokenizer') or '?'})", job.number("bigram_bpc"))
+    ngrams = [job for job in jobs if job.status == "completed" and job.values.get("cell") == "ngram"
+              and job.number("stateful_bpc") is not None]
+    if ngrams:
+        best = min(ngrams, key=lambda job: job.number("stateful_bpc"))
+        lines[f"best n-gram ({best.model})"] = best.number("stateful_bpc")
+    return lines
+
+
+def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
+    """Bits per character against the context length (log axis), one curve per model, its stateful
+    figure at the right end; the bigram and the best n-gram as horizontal lines."""
+    series = context_curve_series(jobs)
+    if not series:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    longest = max(w for s in series.values() for w, _ in s["windows"])
+    stateful_x = longest * 4
+    for model, s in series.items():
+        xs, ys = zip(*s["windows"])
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=model)
+        if s["stateful"] is not None:
+            ax.plot([xs[-1], stateful_x], [ys[-1], s["stateful"]], linestyle=":", color=line.get_color())
+            ax.plot([stateful_x], [s["stateful"]], marker="*", markersize=9, color=line.get_color())
+    for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
+        ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
+    ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"])
+    ax.set(title="Bits per character against the context given (final weights)",
+           xlabel="tokens of context (from the initial state); stateful: the state carried",
+           ylabel="bits per character (lower is better)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
+    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv, for the models
+    trained with steps; tokens = step x the run's tokens per step (summary: train_tokens / train_steps),
+    the step itself when unknown."""
+    series = {}
+    for job in jobs:
+        if job.number("train_steps") == 0:  # a counted model (n-gram): one validation, no training to plot
+            continue
+        per_step = 1.0
+        if job.number("train_tokens") and job.number("train_steps"):
+            per_step = job.number("train_tokens") / job.number("train_steps")
+        curves = {mode: [(step * per_step, value) for step, value in job.history.get(f"val/{mode}_bpc", [])]
+                  for mode in ("stateful", "stateless")}
+        if any(curves.values()):
+            series[job.model] = curves
+    return series
+
+
+def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
+    """Stateful (solid) and stateless (dashed) validation bpc against training tokens, per model."""
+    series = modes_over_training_series(jobs)
+    if not series:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for model, curves in series.items():
+        color = None
+        for mode, style in (("stateful", "-"), ("stateless", "--")):
+            if curves[mode]:
+                xs, ys = zip(*curves[mode])
+                (line,) = ax.plot(xs, ys, linestyle=style, marker="o" if len(xs) < 12 else None, markersize=3,
+                                  color=color, label=f"{model} {mode}")
+                color = line.get_color()
+    ax.set(title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

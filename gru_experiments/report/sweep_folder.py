@@ -1,0 +1,152 @@
+"""Reading a sweep folder: one JobResult per job (its summary.json, history.csv, samples.json and
+config), in launch order, with a "missing" entry for each planned model that never started."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from gru_experiments.errors import NoResultsError
+from gru_experiments.runs.history import read_history
+from gru_experiments.runs.run_dir import RunDir
+
+MISSING = "—"
+
+
+@dataclass
+class JobResult:
+    job: str  # the job folder's name, e.g. "0_astra_alpha" ("" for a job that never started)
+    status: str  # completed | failed | incomplete (started, no summary yet) | missing (never started)
+    values: dict = field(default_factory=dict)  # summary.json, completed with what the config says
+    run_dir: Path | None = None
+    history: dict = field(default_factory=dict)  # {metric: [(step, value), ...]}
+    samples: dict | None = None
+    logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
+
+    @property
+    def name(self) -> str:
+        """The model's config name."""
+        return self.values.get("model") or self.job
+
+    @property
+    def training_mode(self) -> str:
+        return self.values.get("training_mode") or "windows"
+
+    @property
+    def model(self) -> str:
+        """Its label in the report: the name, marked when trained with the state carried."""
+        return f"{self.name} (streams)" if self.training_mode == "streams" else self.name
+
+    def best(self, key: str) -> float | None:
+        """A finite number of the best checkpoint (summary["best"]; key "step" for its step), else None."""
+        best = self.values.get("best")
+        value = best.get(key) if isinstance(best, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return value
+
+    def number(self, key: str) -> float | None:
+        """A finite number from the summary, else None."""
+        value = self.values.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return value
+
+
+@dataclass
+class Report:
+    sweep_dir: Path
+    jobs: list[JobResult]
+    overrides: list[str]
+    files: dict[str, Path]  # name -> written file
+
+    @property
+    def completed(self) -> list[JobResult]:
+        return [job for job in self.jobs if job.status == "completed"]
+
+    @property
+    def problems(self) -> list[JobResult]:
+        return [job for job in self.jobs if job.status != "completed"]
+
+
+# --- reading a sweep folder --------------------------------------------------------------
+def _select(cfg, key: str):
+    return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+
+
+def sweep_overrides(sweep_dir: Path) -> list[str]:
+    """The command-line overrides the sweep ran with (Hydra's multirun.yaml), [] if unknown."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.is_file():
+        return []
+    return list(_select(OmegaConf.load(path), "hydra.overrides.task") or [])
+
+
+def planned_models(overrides: list[str]) -> list[str]:
+    """The models a sweep was started with, from its `model=a,b,c` override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
+        if override.is_sweep_override():
+            return list(override.sweep_string_iterator())
+        return [override.get_value_element_as_str()]
+    return []
+
+
+def read_job(job_dir: Path) -> JobResult:
+    run = RunDir(job_dir)
+    cfg = run.config()
+    summary = run.summary()
+    values = {
+        "model": _select(cfg, "model.name"),
+        "cell": _select(cfg, "model.architecture.cell"),
+        "tokenizer": _select(cfg, "tokenizer.kind"),
+        "training_mode": _select(cfg, "training.batching"),
+        **(summary if isinstance(summary, dict) else {}),
+    }
+    if not isinstance(summary, dict):
+        status = "incomplete"
+    elif summary.get("status") == "failed":
+        status = "failed"
+    else:
+        status = "completed"
+    logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
+    return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
+                     history=read_history(run.history_file), samples=run.samples(), logger=logger)
+
+
+def _job_order(job_dir: Path) -> tuple:
+    num = _select(OmegaConf.load(job_dir / ".hydra" / "hydra.yaml"), "hydra.job.num") \
+        if (job_dir / ".hydra" / "hydra.yaml").is_file() else None
+    return (num if isinstance(num, int) else math.inf, job_dir.name)
+
+
+def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
+    """Every job of the sweep, in launch order, plus a "missing" entry for each planned model
+    that has no job folder at all; and the sweep's overrides."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise NoResultsError(f"{sweep_dir} is not a folder: give the sweep folder (hydra.sweep.dir) of a study")
+    job_dirs = sorted((p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml") if p.parent.parent != sweep_dir),
+                      key=_job_order)
+    jobs = [read_job(job_dir) for job_dir in job_dirs]
+    overrides = sweep_overrides(sweep_dir)
+    started = {job.name for job in jobs}
+    jobs += [JobResult(job="", status="missing", values={"model": name})
+             for name in planned_models(overrides) if name not in started]
+    if not any(job.status in ("completed", "failed") for job in jobs):
+        found = f"{len(job_dirs)} job folders, none with a summary.json" if job_dirs else "no job folders"
+        raise NoResultsError(f"no results in {sweep_dir}: {found}. Give the folder of a sweep "
+                             f"(python sweep.py ..., or python train.py -m ...) whose jobs have finished.")
+    return jobs, overrides
+
+
+# --- the ladder: models of several families side by side ----------------------------------
+def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
+    """The completed jobs, in launch order, when they span more than one model family (the
+    summary's "cell": gru, lstm, rnn, mlp, ngram); [] for a sweep of one family."""
+    done = [job for job in jobs if job.status == "completed"]
+    return done if len({job.values.get("cell") for job in done}) > 1 else []

@@ -1,0 +1,207 @@
+"""Checkpoint files: read without running code, written atomically, never with broken weights.
+
+- `read_checkpoint` is the only way the project reads a checkpoint: torch.load with
+  weights_only=True, so a file crafted to run code when unpickled is refused before any of
+  it runs; missing, truncated and foreign files become UserErrors saying so.
+- `AtomicCheckpointIO` is the Trainer's checkpoint plugin: it writes to a temporary file in
+  the same folder and renames it over the target, so a kill during a save leaves the previous
+  file intact; it refuses to save non-finite weights over a good checkpoint; and Lightning's
+  own resume path (trainer.fit(ckpt_path=...)) reads through `read_checkpoint` too.
+- `TrainingState` carries what Lightning does not save itself: the random-number states
+  (dropout) and the W&B run id, so a resumed run continues the same random stream and the
+  same W&B run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Callback
+
+from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.files import atomic_file
+from gru_experiments.runs.loggers import is_wandb
+
+
+class NonFiniteWeights(TrainingDiverged):
+    """Raised instead of saving a checkpoint whose weights are nan or inf."""
+
+# What every checkpoint the project writes contains; resuming needs the training state too.
+MODEL_KEYS = ("state_dict", "hyper_parameters", "tokenizer")
+TRAINING_KEYS = MODEL_KEYS + ("optimizer_states", "lr_schedulers", "loops")
+
+
+def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_KEYS, mmap: bool = False) -> dict:
+    """torch.load(path, weights_only=True), with every way it can fail turned into a UserError.
+
+    mmap=True leaves the tensors on disk (memory-mapped) until they are touched: a cheap way
+    to read a checkpoint's hyper-parameters, tokenizer and step."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"checkpoint not found: {path}")
+    if not path.is_file():
+        raise UserError(f"checkpoint path is not a file: {path}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        refused = _refused_object(str(err))
+        if refused:
+            # Nothing in the file has run: the restricted unpickler stops at the first
+            # object it does not allow, before calling anything.
+            raise UserError(
+                f"refusing to load {path}: it contains {refused}, which could run code when unpickled; "
+                "only tensors and plain data are loaded (weights_only), so this file cannot be used") from None
+        reason = str(err).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        raise UserError(f"{path} is not a readable checkpoint (truncated or not a checkpoint file): {reason}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+        # The first sentence: torch's own messages go on for a paragraph.
+        reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
+        raise UserError(f"{path} is not a readable checkpoint (truncated or not a checkpoint file): {reason}") from None
+    if not isinstance(checkpoint, dict):
+        raise UserError(f"{path} is not a gru-experiments checkpoint (it holds a {type(checkpoint).__name__})")
+    missing = [key for key in require if key not in checkpoint]
+    if missing:
+        raise UserError(f"{path} is not a gru-experiments {'training ' if 'loops' in require else ''}checkpoint "
+                        f"(it lacks {', '.join(missing)})")
+    return checkpoint
+
+
+def _refused_object(message: str) -> str | None:
+    """What made torch's weights-only unpickler refuse a file, if it was an object that could
+    run code (a global such as os.system, or an instance it would have to construct); None when
+    the file is simply not a pickle it can read."""
+    if match := re.search(r"GLOBAL (\S+)", message):
+        return f"a reference to the Python object {match[1]}"
+    if "Can only create new object" in message or "Can only build" in message or "reduce" in message:
+        return "Python objects other than tensors and plain data"
+    return None
+
+
+def tokenizer_summary(state: dict) -> str:
+    kind = state.get("kind")
+    if kind == "char":
+        return f"a char tokenizer ({len(state['chars'])} characters)"
+    if kind == "spm":
+        from gru_experiments.data.tokenizers import tokenizer_from_state
+
+        return f"an spm tokenizer ({tokenizer_from_state(state).vocab_size} pieces)"
+    return f"an unknown tokenizer ({kind!r})"
+
+
+def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size: int | None = None,
+                    tokenizer=None) -> None:
+    """Raise a UserError if the checkpoint's tokenizer is not the one asked for: a kind
+    ('char'/'spm'), a vocabulary size, or an exact tokenizer (same symbols, same pieces)."""
+    state = checkpoint["tokenizer"]
+    ckpt_kind = state.get("kind")
+    hp_vocab = checkpoint["hyper_parameters"].get("vocab_size")
+    if kind is not None and ckpt_kind != kind:
+        raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but tokenizer={kind} "
+                        f"was asked for; drop the tokenizer override or use a checkpoint trained with tokenizer={kind}")
+    if vocab_size is not None and hp_vocab != vocab_size:
+        raise UserError(f"checkpoint {path} has a vocabulary of {hp_vocab}, but {vocab_size} was asked for; "
+                        "use the settings the checkpoint was trained with")
+    if tokenizer is not None:
+        if tokenizer.kind != ckpt_kind or tokenizer.vocab_size != hp_vocab:
+            raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but this config builds "
+                            f"{tokenizer_summary(tokenizer.state_dict())}; resume with the run's own tokenizer "
+                            "and data settings")
+        if not _same_tokenizer(tokenizer.state_dict(), state):
+            raise UserError(f"checkpoint {path} was trained with a different {ckpt_kind} vocabulary of the same "
+                            "size (another corpus or tokenizer settings?); resume with the run's own data.path "
+                            "and tokenizer settings")
+
+
+def _same_tokenizer(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def non_finite_weights(state_dict: dict) -> list[str]:
+    return [name for name, t in state_dict.items()
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
+
+
+def atomic_torch_save(obj, path) -> None:
+    """torch.save through files.atomic_file: a reader, or a kill at any moment, sees the old
+    file or the new one, never half."""
+    with atomic_file(path) as f:
+        torch.save(obj, f)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning CheckpointIO: atomic writes, finite weights only, weights-only reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_saved: tuple[str, int] | None = None  # (path, global step) of the newest good checkpoint
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        bad = non_finite_weights(checkpoint.get("state_dict", {}))
+        if bad:
+            kept = (f"the last good checkpoint is kept: {self.last_saved[0]} (step {self.last_saved[1]})"
+                    if self.last_saved else "no checkpoint was saved before")
+            raise NonFiniteWeights(
+                f"training diverged: weights became non-finite ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}) at step {checkpoint.get('global_step')}; not saved, {kept}; "
+                "try a lower model.lr")
+        atomic_torch_save(checkpoint, path)
+        self.last_saved = (str(path), int(checkpoint.get("global_step", -1)))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        # weights_only is forced: Lightning's resume path never unpickles code either.
+        return read_checkpoint(path, map_location=map_location or "cpu", require=TRAINING_KEYS)
+
+
+class TrainingState(Callback):
+    """Saves and restores the random-number states and the W&B run id with each checkpoint.
+
+    The window sampler's generator is saved by the data module itself; these are the global
+    generators that dropout draws from. Restored after the model is built (which consumed
+    random numbers), so the resumed run continues the interrupted run's random stream.
+    """
+
+    def __init__(self):
+        self._trainer = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict:
+        state = {"torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        logger = self._trainer.logger if self._trainer is not None else None
+        if is_wandb(logger):
+            state["wandb_run_id"] = logger.version
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(_as_tuples(state["python_rng"]))
+        cuda = state.get("cuda_rng")
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _as_tuples(value):
+    # random.setstate needs tuples; be lenient if a list comes back from the checkpoint.
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def wandb_run_id(checkpoint: dict) -> str | None:
+    return checkpoint.get("callbacks", {}).get(TrainingState.__qualname__, {}).get("wandb_run_id")

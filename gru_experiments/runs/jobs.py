@@ -1,0 +1,230 @@
+"""What happens when a job fails, in one place (after lightning-hydra-template's `task_wrapper`).
+
+Every job (train.py, sample.py, sweep.py, train(cfg) itself, the DDP child process of a
+multirun job) runs its work inside `job(...)`:
+
+    with job(cfg, record=True) as current:     # train(cfg): record the failure, close the logger
+        current.logger = build_logger(...)
+        ...
+    with job(cfg, report=True):                # a script: also the one-line message and exit status
+        ...
+
+On failure the wrapper, in this order:
+
+1. record=True, in a multirun job, on global rank zero: writes the failure record, summary.json
+   with status "failed", the error and the end of the traceback, into the job's run folder,
+   and marks the job's W&B run failed (starting one if the failure came before the logger), so
+   the sweep report lists the job as failed while the other jobs go on. A single run that
+   fails writes no record: its checkpoints stay, ready for resume=;
+2. closes the logger (the W&B run ends with exit code 1, so the next multirun job starts its
+   own); on success it closes it with exit code 0;
+3. report=True: a `UserError` (bad input: the message says what to do) becomes
+   `error: <message>` on one line on stderr and exit status 2, without a traceback, and a run
+   folder that Hydra created but nothing used is removed. Inside a Hydra multirun the other
+   jobs must still run, so the job fails the Hydra way instead: Hydra finishes the batch, then
+   prints the one-line message and exits 1. `debug=true` on the command line or
+   HYDRA_FULL_ERROR=1 re-raises instead, so the full traceback is shown. A full disk
+   ("No space left on device" anywhere in the exception's chain) is not a bug either: one line
+   with the file that could not be written, the run's last good checkpoint and the resume=
+   command (`disk_full_message`), exit status 3. Any other exception is a bug and keeps its
+   traceback.
+
+Imports nothing heavy (Hydra and OmegaConf only), so scripts can use it before their imports.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from gru_experiments.errors import UserError
+from gru_experiments.files import disk_error
+
+EXIT_USER_ERROR = 2
+EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
+
+
+@dataclass
+class Job:
+    """The running job: `logger` (set it once built) is where a failure is recorded; the job is timed."""
+    cfg: object = None
+    logger: object = False
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+class JobFailed(CompactHydraException):
+    """A multirun job's UserError: Hydra prints a CompactHydraException as its message alone."""
+
+
+@contextmanager
+def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report: bool = False) -> Iterator[Job]:
+    """Run a job's work; on failure record it, close the logger and (report=True) exit as
+    described in the module's docstring."""
+    current = Job(cfg)
+    try:
+        yield current
+    except BaseException as error:
+        if record and isinstance(error, Exception) and multirun_job() and _is_global_zero():
+            # Bookkeeping must never hide the error it reports.
+            with suppress(Exception):
+                current.logger = record_failure(cfg, current.logger, error, current.seconds)
+        close_logger(exit_code=1)
+        if report and not debug_requested(cfg, argv):
+            if isinstance(error, UserError):
+                _exit_with_one_line(error, cfg)
+            full = disk_error(error)
+            if full is not None:
+                _exit_with_one_line(disk_full_message(full, cfg), cfg, EXIT_DISK_FULL)
+        raise
+    close_logger(exit_code=0)
+
+
+def record_failure(cfg, logger, error: Exception, seconds: float):
+    """summary.json with status "failed", the error and where it happened; the same in W&B (a run
+    is started for it if the failure came before the logger). Returns the logger to close."""
+    from gru_experiments.runs.loggers import build_logger, is_wandb
+    from gru_experiments.runs.run_dir import RunDir
+
+    run = RunDir(OmegaConf.select(cfg, "paths.output_dir"))
+    summary = {
+        "status": "failed",
+        "model": OmegaConf.select(cfg, "model.name"),
+        "cell": OmegaConf.select(cfg, "model.architecture.cell"),
+        "tokenizer": OmegaConf.select(cfg, "tokenizer.kind"),
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-8)),
+        "wall_seconds": seconds,
+        "run_dir": str(run.path),
+    }
+    run.write_summary(summary)
+    logger = logger or build_logger(cfg.get("logger"), cfg)
+    if is_wandb(logger):
+        logger.experiment.summary.update({"status": "failed", "error": summary["error"]})
+    return logger
+
+
+def close_logger(exit_code: int = 0) -> None:
+    """End the job's W&B run, so that the next multirun job starts its own. A WandbLogger's run is
+    wandb's current run, so this also ends one that a failure left open before the logger was
+    handed over. Other loggers (CSV) need no closing."""
+    wandb = sys.modules.get("wandb")  # never imported here just to close nothing
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)
+
+
+def _exit_with_one_line(error, cfg, status: int = EXIT_USER_ERROR) -> None:
+    message = f"error: {one_line(error)}"
+    print(message, file=sys.stderr, flush=True)
+    if multirun_job():
+        raise JobFailed(f"error: multirun job {HydraConfig.get().job.num} failed: {one_line(error)}") from None
+    discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if isinstance(cfg, DictConfig) else None)
+    sys.exit(status)
+
+
+def disk_full_message(error: OSError, cfg) -> str:
+    """What a full disk stopped and how to go on: the file that could not be written, the last
+    good checkpoint of the run (checkpoint writes are atomic: a failed one leaves the previous
+    intact) and the command that resumes it from there."""
+    what = f"could not write {error.filename}" if error.filename else "could not write a file"
+    run_dir = OmegaConf.select(cfg, "paths.output_dir") if isinstance(cfg, DictConfig) else None
+    checkpoint = _last_good_checkpoint(run_dir)
+    if checkpoint is None:
+        return f"no space left on device: {what}; free some space, then run the same command again"
+    path, step = checkpoint
+    return (f"no space left on device: {what}; the last good checkpoint is {path}"
+            f"{'' if step is None else f' (step {step})'}; free some space, then resume with: "
+            f"python train.py resume={run_dir}")
+
+
+def _last_good_checkpoint(run_dir) -> tuple[str, int | None] | None:
+    from gru_experiments.runs.run_dir import RunDir
+
+    if not run_dir or not RunDir(run_dir).checkpoint.is_file():
+        return None
+    path = RunDir(run_dir).checkpoint
+    step = None
+    with suppress(Exception):  # the message must come out whatever the file holds
+        from gru_experiments.runs.checkpoints import read_checkpoint
+
+        step = int(read_checkpoint(path, mmap=True, require=()).get("global_step"))
+    return str(path), step
+
+
+def one_line(message) -> str:
+    return " ".join(str(message).split())
+
+
+def _truthy(value) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def debug_requested(cfg=None, argv: list[str] | None = None) -> bool:
+    """Full tracebacks wanted: HYDRA_FULL_ERROR=1, `debug=true` in the config, or on the command line."""
+    if _truthy(os.environ.get("HYDRA_FULL_ERROR", "")):
+        return True
+    if cfg is not None and _truthy(cfg.get("debug", False)):
+        return True
+    for arg in argv or []:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key == "debug" and _truthy(value):
+            return True
+    return False
+
+
+def multirun_job() -> bool:
+    """This process runs a job of a Hydra multirun."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _is_global_zero() -> bool:
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # only when there is a failure to record
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+HYDRA_RECORD = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+
+
+def discard_untouched_run_dir(log_dir=None) -> bool:
+    """Remove this Hydra run's folder if it holds nothing but what Hydra wrote when the job
+    started (.hydra/ and an empty log), so input errors leave no empty run folders behind;
+    then its parents that are left empty, below `log_dir` (when given).
+    A folder with anything else in it (a resumed run's checkpoints, logs with content) stays."""
+    if not HydraConfig.initialized():
+        return False
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
+    record = run_dir / ".hydra"
+    log = run_dir / f"{hydra.job.name}.log"
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {record.name, log.name}:
+        return False
+    if (log.exists() and log.stat().st_size) or (record.exists() and (
+            not record.is_dir() or any(p.name not in HYDRA_RECORD or p.is_dir() for p in record.iterdir()))):
+        return False
+    for path in [*record.glob("*"), log]:
+        path.unlink(missing_ok=True)
+    if record.exists():
+        record.rmdir()
+    run_dir.rmdir()
+    if log_dir is not None:
+        log_dir = Path(log_dir).resolve()
+        for parent in run_dir.resolve().parents:
+            if parent == log_dir or log_dir not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    return True

@@ -1,0 +1,201 @@
+"""Continuing an interrupted run: which run, and with which config.
+
+    python train.py resume=last model=astra_beta     # the newest astra_beta run
+    python train.py resume=outputs/runs/astra_beta/2026-01-02_03-04-05_123456
+
+A resumed run continues in its own folder from checkpoints/last.ckpt, with the config it
+was started with: `rewrite_argv` (called by train.py before Hydra starts) replaces the
+command line with the run's recorded overrides plus any new ones, points hydra.run.dir at
+the run folder, and records this session's config in .hydra/resumed_<time>/ so the
+original .hydra/ stays as it was.
+
+The run and its checkpoint are resolved once (`find_run`, through runs.RunDir) and checked
+cheaply: `ResumePoint` reads the checkpoint memory-mapped, for its hyper-parameters, tokenizer
+and step; Lightning then does the one full load. `resume_point` is what train() uses, so
+`resume=` also works when train(cfg) is called directly. This module imports nothing heavy
+at import time, so train.py stays quick to start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from gru_experiments.errors import UserError
+from gru_experiments.runs.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RunDir, newest_run
+
+LAST = "last"
+
+
+def find_run(resume: str, log_dir, model_name: str) -> RunDir:
+    """The run folder to continue for resume=last or resume=RUN_DIR; UserError if it cannot be
+    resumed (no such folder, no checkpoint yet, already finished). Reads no checkpoint."""
+    resume = str(resume)
+    if resume == LAST:
+        run = newest_run(log_dir, model_name)
+        if run is None:
+            raise UserError(f"resume=last: no {model_name} run with a checkpoint under {Path(log_dir)}; "
+                            f"start one with: python train.py model={model_name}")
+        which = f"the newest {model_name} run, {run.path},"
+    else:
+        path = Path(resume).expanduser()
+        which = f"run {path}"
+        if path.is_file():
+            raise UserError(f"resume={resume} is a file; resume takes a run folder (the one holding "
+                            f"checkpoints/), e.g. resume={_run_of_file(path)}")
+        if not path.is_dir():
+            raise UserError(f"resume={resume}: no such run folder")
+        run = RunDir(path)
+    run = RunDir(run.path.resolve())
+    if not run.checkpoint.is_file():
+        raise UserError(f"{which} has no {LAST_CHECKPOINT}: it stopped before its first checkpoint "
+                        "(written every checkpoint.every_n_steps steps and at epoch ends); start it afresh")
+    if run.finished:
+        raise UserError(f"{which} already finished (it has a summary.json): nothing to resume"
+                        + ("; to resume an older run, name its folder: resume=RUN_DIR" if resume == LAST else ""))
+    return run
+
+
+def _run_of_file(path: Path) -> Path:
+    return path.parent.parent if path.parent.name == CHECKPOINTS else path.parent
+
+
+@dataclass
+class ResumePoint:
+    """A run's last checkpoint as far as resuming needs it before Lightning loads it: read
+    memory-mapped (the tensors stay on disk), so checking it costs next to nothing."""
+    run: RunDir
+    checkpoint: Path
+    step: int
+    hyper_parameters: dict
+    tokenizer: dict  # the tokenizer's state
+    wandb_run_id: str | None
+
+    @classmethod
+    def read(cls, run: RunDir) -> ResumePoint:
+        """Refuses (UserError) a checkpoint that is unreadable, unsafe or not a training checkpoint."""
+        from gru_experiments.runs.checkpoints import TRAINING_KEYS, read_checkpoint, wandb_run_id
+
+        saved = read_checkpoint(run.checkpoint, require=TRAINING_KEYS, mmap=True)
+        return cls(run=run, checkpoint=run.checkpoint, step=int(saved["global_step"]),
+                   hyper_parameters=dict(saved["hyper_parameters"]), tokenizer=saved["tokenizer"],
+                   wandb_run_id=wandb_run_id(saved))
+
+    def check(self, hyper_parameters: dict, tokenizer) -> None:
+        """The checkpoint must hold the model this config builds: same tokenizer and architecture."""
+        from gru_experiments.models.protocol import current_architecture
+        from gru_experiments.runs.checkpoints import check_tokenizer
+
+        check_tokenizer({"tokenizer": self.tokenizer, "hyper_parameters": self.hyper_parameters}, self.checkpoint,
+                        tokenizer=tokenizer)
+        saved = dict(self.hyper_parameters, architecture=current_architecture(self.hyper_parameters["architecture"]))
+        wanted = dict(hyper_parameters, architecture=current_architecture(hyper_parameters["architecture"]))
+        for key in ("architecture", "vocab_size"):
+            if saved.get(key) != wanted[key]:
+                raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
+                                f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
+                                "resume with the run's own model settings")
+
+
+def resume_point(cfg) -> ResumePoint | None:
+    """For resume=last|RUN_DIR in cfg: the run and its checkpoint, resolved and read cheaply; None
+    without resume. Temporary files of a save cut short by the interruption are removed."""
+    resume = cfg.get("resume")
+    if resume is None:
+        return None
+    from gru_experiments.files import leftover_temporaries
+
+    run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
+    point = ResumePoint.read(run)
+    for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
+        leftover.unlink(missing_ok=True)
+    return point
+
+
+# --- command line ---------------------------------------------------------------------
+
+def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> list[str]:
+    """If the command line asks to resume, return the command line that resumes that run with
+    its own config; otherwise return argv unchanged. Raises UserError when it cannot resume."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    # ckpt_path=last|RUN_DIR is Lightning's spelling of the same request.
+    argv = [f"resume={arg.partition('=')[2]}" if arg.startswith("ckpt_path=") else arg for arg in argv]
+    args = get_args_parser().parse_args(argv[1:])
+    parser = OverridesParser.create()
+    try:
+        given = parser.parse_overrides(args.overrides)
+    except Exception:  # a malformed override: Hydra reports it itself
+        return argv
+    resume = next((o for o in given if o.key_or_group == "resume" and not o.is_delete()), None)
+    if resume is None or resume.value() in (None, "null"):
+        return argv
+    if args.multirun:
+        raise UserError("resume continues a single run; drop -m/--multirun")
+    value = str(resume.value())
+    if value == LAST:
+        cfg = _compose_without_hydra(config_dir, args.config_name or config_name, args.overrides)
+        if cfg is None:
+            return argv  # the overrides do not compose (unknown model, typo): Hydra says why
+        run = find_run(LAST, cfg.paths.log_dir, cfg.model.name)
+    else:
+        run = find_run(value, None, "")
+    # Refuse an unreadable or unsafe checkpoint now, before Hydra writes into the run folder.
+    ResumePoint.read(run)
+
+    recorded = _recorded_overrides(run)
+    user = [o for o in args.overrides if _key(parser, o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
+    user_keys = {_key(parser, o) for o in user}
+    merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
+    merged += [f"resume={quote(str(run.path))}", f"hydra.run.dir={quote(str(run.path))}",
+               f"hydra.output_subdir={quote(f'.hydra/resumed_{stamp}')}"]
+    flags = _without(argv[1:], args.overrides)
+    print(f"resuming {run.path} from {run.checkpoint}")
+    return [argv[0], *flags, *merged]
+
+
+def _recorded_overrides(run: RunDir) -> list[str]:
+    """The overrides the run was last started with (the newest resume's, else the original's)."""
+    from omegaconf import OmegaConf
+
+    record = run.overrides_file()
+    if not record.is_file():
+        raise UserError(f"{run.path} has no .hydra/overrides.yaml, so its config is unknown; "
+                        "it is not a run folder written by train.py")
+    return [str(o) for o in OmegaConf.load(record)]
+
+
+def _key(parser, override: str) -> str:
+    parsed = parser.parse_override(override)
+    return parsed.key_or_group + (f"@{parsed.package}" if parsed.package else "")
+
+
+def _without(items: list[str], remove: list[str]) -> list[str]:
+    remaining = list(items)
+    for item in remove:
+        remaining.remove(item)
+    return remaining
+
+
+def quote(value: str) -> str:
+    """A value as a Hydra override token: quoted unless it is plainly a path."""
+    if re.fullmatch(r"[\w./\-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _compose_without_hydra(config_dir, config_name: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    try:
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+            return compose(config_name=config_name, overrides=task_overrides)
+    except (HydraException, OmegaConfBaseException):
+        return None

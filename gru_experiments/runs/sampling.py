@@ -1,0 +1,162 @@
+"""python sample.py: load a trained checkpoint, generate in one inference mode, save what came out,
+and (evaluate=true) score the whole validation split in every mode.
+
+Everything is written to the sampling run's own folder (outputs/samples/<model>/<timestamp>/):
+samples.txt (the texts), sampling.json (checkpoint, settings, seed, texts, speed) and, with
+evaluate=true, evaluation.json.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from gru_experiments.data.corpus import corpus_path, read_corpus, split_text
+from gru_experiments.study.scores import Split
+from gru_experiments.study.evaluation import (describe_sample, evaluate as evaluate_modes, evaluation_window, format_modes)
+from gru_experiments.study.context_curve import format_curve
+from gru_experiments.study.inference import validate_sampling
+from gru_experiments.errors import UserError
+from gru_experiments.study.inference import STUDY_PROMPTS, Decoding, check_generation_fits, sample_texts
+from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.files import atomic_write, write_json
+from gru_experiments.study.progress import Progress
+from gru_experiments.runs.run_dir import RunDir, display_path
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""Decode \n, \t and \\ so that one line (or one command-line value) can hold a multi-line prompt."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
+def read_prompts(prompt=None, prompt_file: str | None = None) -> list[str]:
+    """The prompts to continue: `prompt` (one string or a list), or `prompt_file` (UTF-8, one
+    prompt per line: the line ending is dropped, trailing spaces are kept, empty lines are
+    skipped, \\n, \\t and \\\\ are decoded), else the study's three."""
+    if prompt is not None and prompt_file:
+        raise UserError("give prompt=... or prompt_file=..., not both")
+    if prompt_file:
+        path = Path(prompt_file).expanduser()
+        if not path.is_file():
+            raise UserError(f"prompt file not found: {prompt_file}")
+        prompts = [unescape(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        if not prompts:
+            raise UserError(f"no prompts in {prompt_file} (one per line)")
+        return prompts
+    if prompt is None:
+        return list(STUDY_PROMPTS)
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    return [unescape(str(p)) for p in prompts]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def training_data_settings(run: RunDir | None, fallback: DictConfig) -> DictConfig:
+    """The data settings the run trained with (its saved config), else this config's `data`."""
+    config = run.config() if run is not None else None
+    if config is not None and "data" in config:
+        try:
+            return OmegaConf.create(OmegaConf.to_container(config.data, resolve=True))
+        except Exception:  # an interpolation that only resolves inside that run (e.g. ${hydra:...})
+            pass
+    return fallback
+
+
+def sample(cfg: DictConfig, checkpoint: Path) -> dict:
+    """Generate from `checkpoint` (see runs.find_checkpoint) as cfg (conf/sample.yaml) says."""
+    output_dir = Path(cfg.paths.output_dir)
+    mode = cfg.inference.mode
+    # The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it).
+    validate_sampling(cfg, vocab_size=None)
+    if mode == "windowed":
+        validate_sampling({"window": cfg.evaluation.get("window")}, None, prefix="evaluation.")
+    raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
+    device = resolve_device(cfg.device)
+    if cfg.get("cpu_threads"):
+        torch.set_num_threads(int(cfg.cpu_threads))
+    task = load_checkpoint(checkpoint, map_location=device)
+    model, tokenizer = task.model.to(device).eval(), task.tokenizer
+    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
+    data_cfg = training_data_settings(run, cfg.data)
+
+    validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
+    # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
+    # drop_unknown=true, used without those characters.
+    encoded = [encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown) for prompt in raw_prompts]
+    prompts = [tokenizer.decode(ids) for ids in encoded]
+    decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
+    window = evaluation_window(cfg.evaluation, int(data_cfg.seq_len)) if mode == "windowed" else None
+    # A request too large for memory is refused before the first prompt's samples, not after them
+    # (inference.generate checks each prompt again).
+    check_generation_fits(model, max(map(len, encoded)), cfg.max_new_tokens, cfg.num_samples, mode, window)
+    settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
+                    **decoding.to_dict(), seed=cfg.seed, device=str(device))
+
+    hp = task.hparams
+    print(f"checkpoint: {display_path(checkpoint)} ({hp.model_name}: {model.family}, "
+          f"{tokenizer.kind} tokenizer)")
+    print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None))
+    results, lines = [], []
+    for prompt in prompts:
+        started = time.perf_counter()
+        [texts] = sample_texts(model, tokenizer, [prompt], mode=mode, max_new_tokens=cfg.max_new_tokens,
+                               num_samples=cfg.num_samples, decoding=decoding, seed=cfg.seed, window=window)
+        seconds = time.perf_counter() - started
+        results.append({"prompt": prompt, "samples": texts, "seconds": seconds,
+                        "tokens_per_second": cfg.num_samples * cfg.max_new_tokens / max(seconds, 1e-9)})
+        for i, text in enumerate(texts, 1):
+            lines += [f"=== {prompt!r} [{mode}, sample {i}/{len(texts)}]", text, ""]
+    text_out = "\n".join(lines)
+    print(text_out)
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(output_dir / "samples.txt", text_out)
+    record = {"checkpoint": str(Path(checkpoint).resolve()), "model": hp.model_name,
+              "run_dir": str(run.path.resolve()) if run else None, "settings": settings,
+              "seed": cfg.seed, "prompts": prompts, "results": results}
+    write_json(output_dir / "sampling.json", record)
+    print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
+
+    if cfg.evaluate:
+        record["evaluation"] = evaluate(cfg, model, tokenizer, run, data_cfg, checkpoint)
+    return record
+
+
+def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path) -> dict:
+    """Every inference mode and the context curve on the validation split of the data the model
+    trained on."""
+    source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
+    train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
+    device = model.device
+    try:
+        train_ids, val_ids = (torch.tensor(tokenizer.encode(t), dtype=torch.long, device=device)
+                              for t in (train_text, val_text))
+    except ValueError as error:
+        raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
+    # The run's recorded training length, so that stride "auto" picks what training itself picked.
+    summary = (run.summary() if run else None) or {}
+    training_tokens = summary.get("train_tokens")
+    started = time.perf_counter()
+    evaluation = evaluate_modes(model, train_ids, Split.of(val_ids, tokenizer), int(data_cfg.seq_len),
+                                cfg.evaluation, training_tokens, progress=Progress())
+    print(f"inference modes on {describe_sample(evaluation.settings, evaluation.curve)} of {display_path(source)} "
+          f"({evaluation.settings}):")
+    print(format_modes(evaluation.scores))
+    print(f"context curve (bits per character against the tokens of context):\n{format_curve(evaluation.curve)}")
+    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": evaluation.settings,
+              **evaluation.metrics(), "context_curve": evaluation.curve, "seconds": time.perf_counter() - started}
+    write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
+    print(f"saved: {display_path(Path(cfg.paths.output_dir) / 'evaluation.json')}")
+    return result

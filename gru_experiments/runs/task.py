@@ -1,0 +1,229 @@
+"""Training any LanguageModel (models/protocol.py) with Lightning: loss, optimiser, schedule, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
+from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.study.scores import Score, Split, score_batch, score_stateful, score_stateless
+from gru_experiments.models.protocol import build_model
+from gru_experiments.data.tokenizers import tokenizer_from_state
+
+
+class CosineSchedule(torch.optim.lr_scheduler.CosineAnnealingLR):
+    """The learning rate falls from model.lr to 0 (the floor) along a half cosine that spans the
+    training actually configured: trainer.max_steps when it ends training, else the epochs.
+
+    Training that is a whole number of epochs (the study's recipe) steps the schedule once per
+    epoch, as torch's CosineAnnealingLR over the epochs; any other length (trainer.max_steps=300,
+    say) steps it after every training step. The length is the whole run's, also after a resume
+    (the schedule's position comes back from the checkpoint), so training always ends with the
+    learning rate at the floor.
+    """
+
+    def __init__(self, optimizer, length: int, interval: str):
+        if interval not in ("epoch", "step"):
+            raise ValueError(f"interval must be 'epoch' or 'step', not {interval!r}")
+        self.interval = interval
+        super().__init__(optimizer, T_max=max(int(length), 1))
+
+    @classmethod
+    def for_training(cls, optimizer, trainer) -> "CosineSchedule":
+        """Over `trainer`'s configured training: its total optimiser steps (max_steps if that
+        ends training first) in epochs when they are whole epochs, else in steps."""
+        steps = trainer.estimated_stepping_batches
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        if not math.isfinite(steps):
+            raise UserError("the learning-rate schedule needs a training length: set trainer.max_epochs "
+                            "or trainer.max_steps")
+        if per_epoch and steps % per_epoch == 0:
+            return cls(optimizer, steps // per_epoch, "epoch")
+        return cls(optimizer, steps, "step")
+
+
+class LanguageModelTask(L.LightningModule):
+    """Wraps any LanguageModel (models/protocol.py). Checkpoints hold its architecture (hparams:
+    `_target_` and the constructor arguments) and its tokenizer, so `load_checkpoint` rebuilds both
+    without any config file. lr, weight_decay and epochs are the recipe of a trained model (None for
+    a counted one); `epochs` is kept as a record, the learning-rate schedule follows the Trainer
+    (CosineSchedule)."""
+
+    def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None,
+                 weight_decay: float | None = None, epochs: int | None = None, model_name: str = "model",
+                 tokenizer=None, from_checkpoint: bool = False):
+        super().__init__()
+        self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint"])
+        self.model = build_model(architecture, vocab_size, from_checkpoint=from_checkpoint)
+        self.tokenizer = tokenizer
+        lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
+        self.register_buffer("token_char_lengths", lengths.clone(), persistent=False)
+        self._val_score = Score()
+        self.last_val_score: Score | None = None  # the latest validation pass, and the step it ran at
+        self.last_val_step = -1
+        self._modes_split: tuple[Split, int, int] | None = None  # see track_modes
+        self.last_mode_scores: dict[str, Score] = {}  # stateful and stateless at the last validation
+        self._epoch_loss = [0.0, 0]  # sum, count: the mean training loss of the current epoch
+        self.last_epoch_train_loss = float("nan")
+        self.train_tokens = 0
+        self.train_seconds = 0.0
+        self.carried_state = None  # training=streams: the state after the last chunk, detached
+
+    def forward(self, tokens, state=None):
+        return self.model(tokens, state)
+
+    # --- training -------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        self._epoch_loss = [0.0, 0]
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        # windows: (inputs, targets), from the initial state. streams (truncated BPTT): (inputs,
+        # targets, starts_pass); the chunk continues the previous chunk's state unless it starts a pass.
+        inputs, targets, *streams = batch
+        carry = bool(streams) and not streams[0]
+        logits, state = self.model(inputs, self.carried_state if carry else None)
+        if streams:
+            self.carried_state = detach_state(state)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if not torch.isfinite(loss):
+            # Stop before the update, so the weights (and any checkpoint) stay those of the
+            # last good step.
+            raise TrainingDiverged(f"training diverged: the loss is {loss.item()} at training step "
+                                   f"{self.global_step + 1} (epoch {self.current_epoch})")
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self._epoch_loss[0] += loss.detach()
+        self._epoch_loss[1] += 1
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        # Measured after the optimiser step, so tokens/s covers forward, backward and update.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - self._step_started
+        tokens = batch[0].numel()
+        self.train_tokens += tokens
+        self.train_seconds += seconds
+        self.log("train/tokens_per_second", tokens / max(seconds, 1e-9), prog_bar=True)
+
+    def on_train_epoch_end(self) -> None:
+        loss_sum, count = self._epoch_loss
+        if count:
+            self.last_epoch_train_loss = float(loss_sum) / count
+            self.log("train/epoch_loss", self.last_epoch_train_loss)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.train_tokens / self.train_seconds if self.train_seconds else float("nan")
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        schedule = CosineSchedule.for_training(optimizer, self.trainer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": schedule.interval}}
+
+    # --- validation: the whole split, accumulated over batches ------------------------
+    def track_modes(self, val: Split, seq_len: int, streams: int) -> None:
+        """Also score `val` stateful and stateless after every validation (val/stateful_bpc,
+        val/stateless_bpc): the inference modes over training. Stateless is one forward pass over
+        the vocabulary; stateful one pass over the split (evaluation.streams streams of seq_len chunks)."""
+        self._modes_split = (val, seq_len, streams)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_score = Score()
+
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits, _ = self.model(inputs)
+        self._val_score = self._val_score.add(score_batch(logits, targets, self.token_char_lengths))
+
+    def on_validation_epoch_end(self) -> None:
+        score = self._val_score
+        if score.tokens == 0:
+            return
+        self.last_val_score, self.last_val_step = score, self.global_step
+        # Every rank scores the same whole split, so the values agree across ranks.
+        self.log("val/loss", score.nll, prog_bar=True)
+        self.log("val/bpc", score.bpc, prog_bar=True)
+        if self._modes_split is not None:
+            val, seq_len, streams = self._modes_split
+            val = val.to(self.device)
+            self.last_mode_scores = {"stateful": score_stateful(self.model, val, seq_len, streams),
+                                     "stateless": score_stateless(self.model, val)}
+            for mode, mode_score in self.last_mode_scores.items():
+                self.log(f"val/{mode}_bpc", mode_score.bpc)
+
+    # --- checkpoints carry the tokenizer and the running training statistics ----------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.state_dict()
+        # A run resumed mid-epoch reports the same epoch loss and throughput as an uninterrupted one.
+        checkpoint["train_statistics"] = {
+            "epoch_loss_sum": float(self._epoch_loss[0]), "epoch_loss_count": self._epoch_loss[1],
+            "train_tokens": self.train_tokens, "train_seconds": self.train_seconds,
+        }
+        if self.carried_state is not None:  # streams: every rank's carried state (ranks read their own streams)
+            checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        stats = checkpoint.get("train_statistics")
+        if stats:
+            self._epoch_loss = [stats["epoch_loss_sum"], stats["epoch_loss_count"]]
+            self.train_tokens, self.train_seconds = stats["train_tokens"], stats["train_seconds"]
+        ranks = checkpoint.get("carried_state")
+        if ranks:
+            rank = self.trainer.global_rank if self._trainer is not None else 0
+            self.carried_state = map_state(lambda t: t.to(self.device), ranks[rank])
+
+    def _gather_ranks(self, state) -> list:
+        """[the state of rank 0, of rank 1, ...]: on_save_checkpoint runs on every rank, only rank 0 writes."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world == 1:
+            return [state]
+        gathered = self.all_gather(state)  # each tensor gains a leading (world,) dimension
+        return [map_state(lambda t, r=r: t[r], gathered) for r in range(world)]
+
+
+def map_state(fn, state):
+    """`fn` applied to every tensor of a model state (a tensor, or nested lists and tuples of them)."""
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_state(fn, item) for item in state)
+    return fn(state) if isinstance(state, torch.Tensor) else state
+
+
+def detach_state(state):
+    """The state cut from the graph: truncated backpropagation through time stops at a chunk boundary."""
+    return map_state(torch.Tensor.detach, state)
+
+
+def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,
+                    vocab_size: int | None = None) -> LanguageModelTask:
+    """Rebuild model and tokenizer from a checkpoint alone. Nothing in it is executed:
+    it is read with weights_only=True (a file that would run code is refused).
+
+    `tokenizer_kind` ('char'/'spm') and `vocab_size`, when given, are what the caller asked
+    for; a checkpoint with another tokenizer or vocabulary raises a UserError, as does a
+    missing, truncated or foreign file.
+    """
+    checkpoint = read_checkpoint(path, map_location=map_location)
+    check_tokenizer(checkpoint, path, kind=tokenizer_kind, vocab_size=vocab_size)
+    try:
+        tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
+        task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer, from_checkpoint=True)
+        task.load_state_dict(checkpoint["state_dict"])
+    except UserError as err:
+        raise UserError(f"{path} is not a usable gru-experiments checkpoint: {err}") from None
+    except (TypeError, KeyError, ValueError, RuntimeError) as err:
+        raise UserError(f"{path} is not a usable gru-experiments checkpoint: {str(err).splitlines()[0]}") from None
+    if tokenizer.vocab_size != task.model.vocab_size:
+        raise UserError(f"{path} is inconsistent: its tokenizer has {tokenizer.vocab_size} symbols but its model "
+                        f"{task.model.vocab_size}")
+    return task.eval()

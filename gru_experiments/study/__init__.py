@@ -1,0 +1,10 @@
+"""The study layer: what a trained model is measured by.
+
+Owns: scoring a split in every inference mode (`scores.py`), the context curve
+(`context_curve.py`), the end-of-run evaluation (`evaluation.py`), the inference modes and
+decoders for generation (`inference.py`) and the evaluation's progress bars (`progress.py`).
+
+May import: the models, the data and the ground floor; never runs/ or report/ (it takes a model
+and a split, not a run). A new figure of the evaluation goes here; its line in the report goes
+in report/.
+"""

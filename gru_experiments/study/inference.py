@@ -1,0 +1,357 @@
+"""Generating text with a trained RecurrentLM, in the study's three inference modes.
+
+    stateful   the prompt runs through the model once; then the state (h per layer, (h, c) for an
+               LSTM) is carried forward and one token is fed per step. Constant cost per token.
+               This is how a model trained with BPTT is meant to be used.
+    stateless  at every step only the last token is fed, from a fresh zero state: the original
+               study's behaviour. The model can condition on nothing but the previous token, so it
+               is a first-order (bigram-like) model, however it was trained.
+    windowed   at every step the last `window` tokens are re-run from a zero state
+               (transformer-style). Cost per token grows with the window.
+
+The samplers are functions of (model, prompt token ids, number of tokens, a `choose` function);
+`choose` turns next-token logits (B, V) into token ids (B,) and is where decoding happens
+(greedy, temperature, top-k, top-p; see `make_chooser`). They never look at the cell type: the
+model's own state interface (`logits, state = model(tokens, state)`) is all they use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, positive_number
+from gru_experiments.errors import UserError
+from gru_experiments.data.tokenizers import encode_prompt
+
+MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode (no dropout) inside the block, its previous mode restored after it,
+    also when the block raises. Every function that runs a model for inference or scoring uses it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+# The study's three prompts.
+STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
+
+Chooser = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How the next token is chosen from the logits. Temperature, top-k and top-p combine
+    (applied in that order); greedy (or temperature 0) takes the argmax and ignores the rest."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    greedy: bool = False
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (or null for no limit), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (or null for no limit), got {self.top_p}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> Tensor:
+    """logits (..., V) scaled by 1/temperature, with every token outside the top-k and outside
+    the nucleus (the most probable tokens whose probabilities first reach top_p) set to -inf.
+    Ties with the k-th largest logit are kept."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # A token is dropped when the tokens ranked above it already hold top_p of the mass,
+        # so the most probable token always stays.
+        mass_above = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_above >= top_p
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def make_chooser(decoding: Decoding, generator: torch.Generator | None = None) -> Chooser:
+    """The function (B, V) logits -> (B,) token ids that `decoding` describes; random draws
+    come from `generator` only, so a seeded generator makes the output reproducible."""
+    if decoding.is_greedy:
+        return lambda logits: logits.argmax(dim=-1)
+    temperature, top_k, top_p = decoding.temperature, decoding.top_k, decoding.top_p
+
+    def choose(logits: Tensor) -> Tensor:
+        probs = filter_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    return choose
+
+
+# --- the three samplers: prompt (B, P) -> generated tokens (B, max_new_tokens) -------------
+# Call them on a model in eval mode (`generate` does that), or dropout makes every step random.
+
+@torch.inference_mode()
+def sample_stateful(model, prompt: Tensor, max_new_tokens: int, choose: Chooser) -> Tensor:
+    out = prompt.new_empty(prompt.shape[0], max_new_tokens)
+    if max_new_tokens == 0:
+        return out
+    logits, state = model(prompt)  # the whole prompt in one pass; its final state carries on
+    logits = logits[:, -1]
+    for t in range(max_new_tokens - 1):
+        token = choose(logits)
+        out[:, t] = token
+        logits, state = model(token.unsqueeze(1), state)
+        logits = logits[:, -1]
+    out[:, -1] = choose(logits)
+    return out
+
+
+@torch.inference_mode()
+def sample_stateless(model, prompt: Tensor, max_new_tokens: int, choose: Chooser) -> Tensor:
+    out = prompt.new_empty(prompt.shape[0], max_new_tokens)
+    token = prompt[:, -1]
+    for t in range(max_new_tokens):
+        logits, _ = model(token.unsqueeze(1))  # no state passed: a fresh zero state every step
+        token = choose(logits[:, -1])
+        out[:, t] = token
+    return out
+
+
+@torch.inference_mode()
+def sample_windowed(model, prompt: Tensor, max_new_tokens: int, choose: Chooser, window: int) -> Tensor:
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    prompt_len = prompt.shape[1]
+    tokens = torch.cat([prompt, prompt.new_empty(prompt.shape[0], max_new_tokens)], dim=1)
+    for end in range(prompt_len, prompt_len + max_new_tokens):
+        logits, _ = model(tokens[:, max(0, end - window):end])  # zero state, the last `window` tokens
+        tokens[:, end] = choose(logits[:, -1])
+    return tokens[:, prompt_len:]
+
+
+def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose: Chooser,
+                  window: int | None = None) -> Tensor:
+    """Dispatch to the sampler of `mode` (one of MODES); the model is put in eval mode meanwhile."""
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must be a non-empty (batch, length) tensor of token ids, got shape "
+                         f"{tuple(prompt.shape)}")
+    with eval_mode(model):
+        if mode == "stateful":
+            return sample_stateful(model, prompt, max_new_tokens, choose)
+        if mode == "stateless":
+            return sample_stateless(model, prompt, max_new_tokens, choose)
+        if mode == "windowed":
+            if window is None:
+                raise ValueError("windowed sampling needs a window (tokens of context)")
+            if getattr(model, "context", None) is not None:  # it sees at most `context` tokens of any window
+                window = max(1, min(window, model.context))
+            return sample_windowed(model, prompt, max_new_tokens, choose, window)
+        raise ValueError(f"unknown inference mode {mode!r}; choose one of {MODES}")
+
+
+# --- will it fit? ---------------------------------------------------------------------------
+
+def _state_bytes(state) -> int:
+    """Bytes of a model state (a tensor, or lists/tuples of them: per layer h, or (h, c))."""
+    if isinstance(state, Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, (list, tuple)):
+        return sum(_state_bytes(part) for part in state)
+    return 0
+
+
+def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
+                     window: int | None = None) -> dict[str, int]:
+    """A lower bound on the memory the sampler of `mode` allocates at once, by buffer: the token
+    buffer (num_samples x (prompt + new tokens) int64 ids), the logits of its longest forward pass
+    (num_samples x tokens fed x vocabulary, float32: the prompt in stateful mode, one token in
+    stateless, the window in windowed), the float32 copy the chooser turns into probabilities
+    (num_samples x vocabulary) and the model state (num_samples x one sample's). A lower bound:
+    the model's activations inside a forward pass come on top."""
+    B, V = int(num_samples), int(model.vocab_size)
+    total_len = int(prompt_len) + int(max_new_tokens)
+    if mode == "stateful":
+        fed = max(int(prompt_len), 1)
+    elif mode == "windowed":
+        fed = min(int(window or 1), total_len - 1)
+        if getattr(model, "context", None) is not None:
+            fed = min(fed, max(1, model.context))
+    else:
+        fed = 1
+    try:  # one sample's state, built where it costs nothing
+        state = _state_bytes(model.initial_state(1, device="meta"))
+    except Exception:  # a model that cannot build its state on the meta device: count none
+        state = 0
+    return {"token buffer": B * total_len * 8, "logits": B * fed * V * 4, "probabilities": B * V * 4,
+            "model state": B * state}
+
+
+def memory_available(device) -> tuple[int, str] | None:
+    """(bytes a new allocation can use on `device`, how to say it), or None when unknown. CUDA: the
+    free device memory plus what torch's allocator holds unused; CPU: the machine's physical
+    memory (a request above it cannot succeed; one below it may still have to wait for swap)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free, f"{device} has {format_bytes(free)} free of {format_bytes(total)}"
+    if device.type == "cpu":
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # no sysconf (Windows): leave it to the allocator
+            return None
+        return total, f"this machine has {format_bytes(total)} of memory"
+    return None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
+                          window: int | None = None, device=None) -> None:
+    """UserError, before anything is allocated, when the request's buffers (`generation_bytes`,
+    a lower bound) exceed the memory of the model's device: saying how much it would need and how
+    much there is. (Otherwise the allocator fails mid-way, or the machine swaps for hours.)"""
+    available = memory_available(device if device is not None else model.device)
+    if available is None:
+        return
+    limit, where = available
+    parts = generation_bytes(model, prompt_len, max_new_tokens, num_samples, mode, window)
+    request = (f"num_samples={num_samples} x (prompt {prompt_len} + max_new_tokens={max_new_tokens}) tokens"
+               + (f", window={window}" if mode == "windowed" else ""))
+    advice = "ask for fewer samples (num_samples) or fewer tokens (max_new_tokens)"
+    if parts["token buffer"] > limit:
+        raise UserError(f"{request} would need {format_bytes(parts['token buffer'])} for the token buffer alone; "
+                        f"{where}; {advice}")
+    needed = sum(parts.values())
+    if needed > limit:
+        shown = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items() if size)
+        raise UserError(f"{request} in {mode} mode would need at least {format_bytes(needed)} ({shown}); {where}; "
+                        f"{advice}" + (" or a shorter window (evaluation.window)" if mode == "windowed" else ""))
+
+
+def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
+             decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None) -> Tensor:
+    """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N).
+
+    Every generation path comes through here: nonsense sizes (study.inference.validate_sampling) and
+    a request too large for the device's memory (`check_generation_fits`) raise a UserError
+    before anything is allocated.
+
+    The random draws come from a generator seeded with `seed` alone, so the same seed gives the
+    same text (on the same device), whatever was sampled before."""
+    validate_sampling({"num_samples": num_samples, "max_new_tokens": max_new_tokens, "window": window},
+                      model.vocab_size)
+    prompt_ids = list(prompt_ids)
+    check_generation_fits(model, len(prompt_ids), max_new_tokens, num_samples, mode, window)
+    device = model.device
+    prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator),
+                         window)
+
+
+def prompt_seed(seed: int, prompt: str) -> int:
+    """The seed a prompt's samples are drawn with: from `seed` and the prompt's text, so that
+    prompts get independent draws, and a prompt's text does not depend on the other prompts."""
+    return (seed + zlib.crc32(prompt.encode("utf-8"))) % 2**63
+
+
+def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new_tokens: int,
+                 num_samples: int = 1, decoding: Decoding = Decoding(), seed: int = 0,
+                 window: int | None = None) -> list[list[str]]:
+    """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`."""
+    texts = []
+    for prompt in prompts:
+        generated = generate(model, encode_prompt(tokenizer, prompt), mode=mode, max_new_tokens=max_new_tokens,
+                             num_samples=num_samples, decoding=decoding, seed=prompt_seed(seed, prompt),
+                             window=window)
+        texts.append([prompt + tokenizer.decode(row) for row in generated.tolist()])
+    return texts
+
+
+def tokens_for_chars(chars: int, split) -> int:
+    """How many tokens make about `chars` characters, at the mean token length of `split`
+    (an evaluation.Split; chars itself for a character model, fewer for subwords)."""
+    mean_length = split.characters / split.ids.numel() if split.ids.numel() else 1.0
+    return max(1, round(chars / max(mean_length, 1e-9)))
+
+
+def spellable_prompts(tokenizer, prompts: Sequence[str], fallback_ids: Tensor, fallback_tokens: int = 8) -> list[str]:
+    """The prompts the tokenizer's vocabulary can spell; if none, the text of the first few
+    `fallback_ids` (e.g. the validation split's opening), so any corpus gets samples."""
+    usable = [p for p in prompts if p and not tokenizer.unknown_characters(p)]
+    return usable or [tokenizer.decode(fallback_ids[:fallback_tokens].tolist())]
+
+
+def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPTS, *, max_new_tokens: int,
+                         decoding: Decoding = Decoding(), seed: int = 0) -> dict:
+    """The same prompts, weights and seed, sampled statefully and statelessly.
+
+    Format (read by the sweep report): {"prompts": [...], "stateful": [...], "stateless": [...],
+    "settings": {...}}, one text (prompt + continuation) per prompt in each list."""
+    settings = dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())
+    samples = {"prompts": list(prompts)}
+    for mode in ("stateful", "stateless"):
+        texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
+                             decoding=decoding, seed=seed)
+        samples[mode] = [per_prompt[0] for per_prompt in texts]
+    samples["settings"] = settings
+    return samples
+
+
+def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> None:
+    """Check sampling settings (a dict or DictConfig with any of temperature, top_k, top_p,
+    num_tokens, num_samples, max_new_tokens, window, seed, greedy); absent keys are skipped,
+    null top_k, top_p and window mean "off" (window: the caller's default). `vocab_size` bounds
+    top_k (None: not known yet, so only top_k >= 1 is checked). `prefix` is how the keys are
+    spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
+
+    The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
+    and inference.generate calls it for num_samples, max_new_tokens and window.
+    """
+    top_k = "null (off) or an integer from 1 to the vocabulary size"
+    top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
+        else (int_at_least(1), top_k)
+    rules = [
+        Rule("temperature", positive_number, "a number > 0", optional=True),
+        Rule("top_k", *top_k, optional=True),
+        Rule("top_p", lambda v: is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
+        Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),
+        Rule("num_samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
+        Rule("max_new_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
+        Rule("window", int_at_least(1), "null or an integer >= 1 (tokens of context)", optional=True),
+        Rule("seed", is_int, "an integer", may_be_absent=True),
+        Rule("greedy", lambda v: isinstance(v, bool), "true or false", may_be_absent=True),
+    ]
+    check_rules(settings, rules, prefix)

@@ -1,0 +1,328 @@
+"""Scoring a model on a split: NLL per token and bits per character, in every inference mode.
+
+Bits per character makes char and subword models comparable: the split's total NLL (in bits)
+divided by the number of characters its scored tokens decode to.
+
+    score_chunks       the training-time validation pass: the split cut into chunks of seq_len, each
+                       chunk from a zero state (val_loss, val_bpc)
+    score_stateful     the inference mode "stateful": the state carried through the whole split
+    score_stateless    the mode "stateless": every target from its previous token alone
+    score_windowed     the mode "windowed": every target from its own window of the `window` tokens
+                       before it, from a zero state
+    score_bigram       the count-based bigram baseline of the training split
+    score_contexts     every shorter context from the same windows (the context curve's engine)
+    paired_difference  one figure minus another, target by target, with its standard error: e.g.
+                       stateful - windowed, what carrying the state buys beyond the window
+
+The context curve is in context_curve.py, everything at once (`evaluate`) in evaluation.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
+from gru_experiments.models.ngram import NGramLM
+from gru_experiments.study.inference import eval_mode
+
+
+@dataclass(frozen=True)
+class Split:
+    """A split's token ids with the number of characters each token id decodes to (the
+    tokenizer's token_char_lengths, a (V,) tensor): everything bits per character needs."""
+    ids: Tensor
+    char_lengths: Tensor
+
+    @classmethod
+    def of(cls, ids: Tensor, tokenizer) -> "Split":
+        return cls(ids, tokenizer.token_char_lengths)
+
+    def to(self, device) -> "Split":
+        return Split(self.ids.to(device), self.char_lengths.to(device))
+
+    @property
+    def n_targets(self) -> int:
+        """Every token but the first is a target."""
+        return max(self.ids.numel() - 1, 0)
+
+    @property
+    def characters(self) -> int:
+        """Characters of the whole split (all its tokens)."""
+        return int(self.char_lengths.to(self.ids.device)[self.ids].sum().item())
+
+
+@dataclass
+class Score:
+    nll_sum: float = 0.0  # nats, summed over scored tokens
+    tokens: int = 0
+    characters: int = 0
+    # Second moments of the per-target (nll, characters) pairs, for the standard error of a sample.
+    moments: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))  # sums of nll^2, nll*chars, chars^2
+
+    # Which targets were scored and their NLLs, when the scoring function was asked to keep them
+    # (targets=True): (positions in the split, nll in nats), for paired comparisons (paired_difference).
+    positions: Tensor | None = None
+    target_nll: Tensor | None = None
+
+    def add(self, other: "Score") -> "Score":
+        return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters,
+                     tuple(a + b for a, b in zip(self.moments, other.moments)))
+
+    def with_targets(self, positions: list[Tensor], nll: list[Tensor]) -> "Score":
+        return replace(self, positions=torch.cat(positions), target_nll=torch.cat(nll).double())
+
+    @property
+    def nll(self) -> float:
+        """Mean NLL per token, in nats."""
+        return self.nll_sum / max(self.tokens, 1)
+
+    @property
+    def bpc(self) -> float:
+        return self.nll_sum / math.log(2) / max(self.characters, 1)
+
+    @property
+    def bpc_se(self) -> float:
+        """Standard error of `bpc` as an estimate from these targets (a ratio estimator, the targets
+        taken as independent draws: for a systematic sample of a text an approximation). 0 when
+        every target of the split was scored, the figure then being exact, is for the caller to say."""
+        n = self.tokens
+        if n < 2 or not self.characters:
+            return float("nan")
+        ratio = self.nll_sum / self.characters
+        nll_sq, nll_chars, chars_sq = self.moments
+        residual = max(nll_sq - 2 * ratio * nll_chars + ratio * ratio * chars_sq, 0.0)
+        return math.sqrt(residual / (n * (n - 1))) / (self.characters / n) / math.log(2)
+
+
+def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
+    """Summed NLL of logits (..., V) against targets (...), IGNORE_INDEX positions skipped;
+    char_lengths: characters per token id."""
+    targets = targets.reshape(-1)
+    nll = target_nll(logits, targets)
+    scored = targets != IGNORE_INDEX
+    return _score_nll(nll[scored], targets[scored], char_lengths)
+
+
+def target_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """The NLL (nats) of every target: logits (..., V), targets (...) -> (N,) float32, 0 at IGNORE_INDEX."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="none")
+
+
+def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
+    """A Score from per-target NLLs (nats) and their target ids."""
+    nll, chars = nll.double(), char_lengths.to(targets.device)[targets].double()
+    moments = torch.stack([(nll * nll).sum(), (nll * chars).sum(), (chars * chars).sum()]).tolist()
+    return Score(nll.sum().item(), targets.numel(), int(chars.sum().item()), tuple(moments))
+
+
+@torch.no_grad()
+def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
+    """The validation pass (val_loss, val_bpc): the split cut into chunks of seq_len tokens, every
+    target predicted from the previous tokens of its chunk, each chunk from a zero state."""
+    total = Score()
+    with eval_mode(model):
+        for inputs, targets in EvalBatches(split.ids, batch_size, seq_len):
+            logits, _ = model(inputs)
+            total = total.add(score_batch(logits, targets, split.char_lengths))
+    return total
+
+
+# --- The inference modes on a whole split ---------------------------------------------------
+# Every function below scores the same targets, ids[1:], each exactly once (or a documented
+# sample of them), so their numbers compare directly, and with `score_chunks`.
+
+@torch.no_grad()
+def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
+                   tick=None) -> Score:
+    """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
+    (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
+    stream is predicted from a zero state. targets_after=k keeps the NLL of every target that has
+    at least k tokens of its stream before it (Score.positions): the targets whose carried state
+    has seen more than a window of k tokens would (k = 0: every target)."""
+    ids, keep = split.ids, targets_after is not None
+    n_targets = split.n_targets
+    streams = max(1, min(streams, n_targets))
+    length = -(-n_targets // streams)
+    inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
+    targets = torch.full((streams * length,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
+    inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
+    inputs, targets = inputs.view(streams, length), targets.view(streams, length)
+
+    total, state, nll = Score(), None, []
+    with eval_mode(model):
+        for start in range(0, length, seq_len):
+            logits, state = model(inputs[:, start:start + seq_len], state)
+            total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
+            if tick is not None:  # a progress bar's (progress.py)
+                tick(logits.shape[0] * logits.shape[1])
+            if keep:
+                nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(streams, -1))
+    if keep:  # row-major over (streams, length): position p + 1 is the target of input p
+        warm = (torch.arange(streams * length, device=ids.device) % length >= targets_after)[:n_targets]
+        return total.with_targets([torch.arange(1, n_targets + 1, device=ids.device)[warm]],
+                                  [torch.cat(nll, dim=1).reshape(-1)[:n_targets][warm]])
+    return total
+
+
+@torch.no_grad()
+def stateless_log_probs(model) -> Tensor:
+    """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
+    stateless model can ever predict. One forward pass over the whole vocabulary."""
+    with eval_mode(model):
+        vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
+        logits, _ = model(vocab)
+    return F.log_softmax(logits[:, 0].double(), dim=-1)  # a small table: float64 keeps count models exact
+
+
+def score_table(log_probs: Tensor, split: Split) -> Score:
+    """Every target of the split scored by a first-order table: log_probs[previous, target]."""
+    previous, targets = split.ids[:-1], split.ids[1:]
+    return _score_nll(-log_probs.to(split.ids.device)[previous, targets], targets, split.char_lengths)
+
+
+def score_stateless(model, split: Split) -> Score:
+    """Stateless: every target predicted from its previous token alone, from a zero state
+    (exact: the model's whole stateless behaviour is a V x V table)."""
+    return score_table(stateless_log_probs(model), split)
+
+
+def score_bigram(train_ids: Tensor, split: Split) -> Score:
+    """The baseline: the n-gram family at order 2, add-one smoothed, counted from the training
+    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token."""
+    device = split.ids.device
+    bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
+    return score_stateless(bigram, split)
+
+
+@torch.no_grad()
+def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16,
+                   targets: bool = False, tick=None) -> Score:
+    """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
+    the split), run from a zero state. Unlike `score_chunks`, each target gets its own window,
+    so this costs `window` times a single pass.
+
+    stride > 1 scores only every stride-th target (positions 1, 1 + stride, ...): a systematic
+    sample, an estimate rather than the exact figure. Windows go through the model in batches of
+    about `batch_tokens` tokens.
+    """
+    if window < 1 or stride < 1:
+        raise ValueError(f"window and stride must be >= 1, got {window} and {stride}")
+    if sees_whole_window(model, window):
+        # Every window holds all the model can see: one pass over the split, the state carried,
+        # predicts each target exactly as its own window would.
+        return score_in_one_pass(model, split, stride, targets=targets, tick=tick)
+    return score_contexts(model, split, window, [window], stride, batch_tokens, targets=targets, tick=tick)[window]
+
+
+def paired_difference(a: Score, b: Score, split: Split) -> Score:
+    """a minus b on the targets both scored, paired target by target (both Scores kept their
+    targets): `.bpc` is the difference in bits per character, `.bpc_se` its standard error, far
+    smaller than either figure's own because the two NLLs of a target move together."""
+    n = split.n_targets
+    nll = torch.full((2, n + 1), math.nan, dtype=torch.float64, device=split.ids.device)
+    nll[0, a.positions] = a.target_nll
+    nll[1, b.positions] = b.target_nll
+    both = torch.nonzero(~torch.isnan(nll).any(dim=0)).squeeze(1)
+    return _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
+
+
+@torch.no_grad()
+def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
+                   batch_tokens: int = 1 << 16, *, targets: bool = False, tick=None) -> dict[int, Score]:
+    """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
+    the windows of `score_windowed(window)`: a causal model run from a zero state over a window
+    ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
+    it. So the windows of every target (one forward pass each) give every shorter context too, at
+    no extra forward cost. targets=True keeps every target's NLL (Score.positions).
+
+    Context w scores the targets u = w + 1 - window + stride * i (every stride-th target, the same
+    sample as the full window's, shifted): those with u <= w from the prefix pass (all their
+    history), the others from the window starting at u - w, and the last window - w of them (whose
+    windows would run past the split) from their own window of w tokens.
+    """
+    if stride < 1 or any(not 1 <= w <= window for w in contexts):
+        raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
+    ids, n = split.ids, split.n_targets
+    device = ids.device
+    totals = {w: Score() for w in contexts}
+    kept = {w: ([], []) for w in contexts}  # targets=True: positions and NLLs
+
+    def add(w: int, logits: Tensor, positions: Tensor) -> None:
+        totals[w] = totals[w].add(score_batch(logits, ids[positions], split.char_lengths))
+        if targets:
+            kept[w][0].append(positions)
+            kept[w][1].append(target_nll(logits, ids[positions]))
+
+    with eval_mode(model):
+        # Targets 1..window: their contexts are prefixes of ids[:window] (one pass predicts all).
+        logits, _ = model(ids[:window].unsqueeze(0))
+        for w in contexts:
+            head = torch.arange(1, min(w, n) + 1, device=device)
+            head = head[(head - (w + 1 - window)) % stride == 0]
+            if head.numel():
+                add(w, logits[0, head - 1], head)
+        # The windows ids[s : s + window] of the full window's targets t = s + window in (window, n].
+        starts = torch.arange(1, max(n - window + 1, 1), device=device)
+        starts = starts[(starts + window - 1) % stride == 0]
+        offsets = torch.arange(window, device=device)
+        for chunk in starts.split(max(1, batch_tokens // window)):
+            logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
+            for w in contexts:
+                add(w, logits[:, w - 1], chunk + w)
+            if tick is not None:
+                tick(chunk.numel() * window)
+        # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
+        for w in contexts:
+            tail = torch.arange(min(max(n - window + w, w), n) + 1, n + 1, device=device)
+            tail = tail[(tail - (w + 1 - window)) % stride == 0]
+            if tail.numel():
+                logits, _ = model(ids[tail.unsqueeze(1) + torch.arange(-w, 0, device=device)])
+                add(w, logits[:, -1], tail)
+    if targets:
+        return {w: totals[w].with_targets(*kept[w]) if kept[w][0] else totals[w] for w in contexts}
+    return totals
+
+
+def sees_whole_window(model, window: int) -> bool:
+    """A finite-context model (context <= window) sees the same in a window as in the whole history."""
+    context = getattr(model, "context", None)
+    return context is not None and context <= window
+
+
+@torch.no_grad()
+def score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, targets: bool = False,
+                       tick=None) -> Score:
+    """Targets 1, 1 + stride, ... of the split, each from everything before it (one stream, the
+    state carried from chunk to chunk). targets=True keeps every target's NLL (Score.positions)."""
+    ids = split.ids
+    positions = torch.arange(1, ids.numel(), stride, device=ids.device)
+    total, state, nll = Score(), None, []
+    inputs = ids[:-1]
+    with eval_mode(model):
+        for start in range(0, inputs.numel(), chunk):
+            logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
+            wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
+            total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], split.char_lengths))
+            if targets:
+                nll.append(target_nll(logits[0, wanted - 1 - start], ids[wanted]))
+            if tick is not None:
+                tick(logits.shape[1])
+    return total.with_targets([positions], nll) if targets and nll else total
+
+
+def windowed_stride(stride: int | str, n_targets: int, window: int, training_tokens: int | None = None) -> int:
+    """`stride` as an int. "auto" scores every target (exact) unless that would run more tokens
+    through the model than training did (training_tokens: steps x batch x seq_len, forward passes
+    only); then every k-th target, the smallest such k. So a full recipe is scored exactly, a
+    smoke run of a few steps quickly, and the choice never depends on the hardware."""
+    if stride != "auto":
+        return int(stride)
+    if not training_tokens:
+        return 1
+    return max(1, math.ceil(n_targets * window / training_tokens))

@@ -1,0 +1,76 @@
+"""Checking config values against rules, before any work: the one rule engine. A Rule names a
+dotted key, what a valid value is (a predicate) and how to say it in words; `check_rules` raises a
+one-line UserError naming the key, the value and what is allowed. The rules themselves live with
+what they check: the run's in runs/config.py, the sampling settings' in study/inference.py."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+from gru_experiments.errors import UserError
+
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str  # dotted path in the config
+    check: Callable[[Any], bool]
+    allowed: str  # what the value must be, in words
+    optional: bool = False  # the key may be absent or null
+    may_be_absent: bool = False  # the key may be absent (but not null: optional says that)
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: is_int(v) and v >= low
+
+
+def positive_number(v) -> bool:
+    return is_number(v) and v > 0
+
+
+def non_negative_number(v) -> bool:
+    return is_number(v) and v >= 0
+
+
+def open_fraction(v) -> bool:  # (0, 1)
+    return is_number(v) and 0 < v < 1
+
+
+def select(cfg, key: str):
+    return OmegaConf.select(cfg, key, default=MISSING) if OmegaConf.is_config(cfg) else dotted_get(cfg, key)
+
+
+
+def dotted_get(mapping, key: str):
+    value = mapping
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+
+def check_rules(cfg, rules: list[Rule], prefix: str = "") -> None:
+    for rule in rules:
+        value = select(cfg, rule.key)
+        if (value is MISSING or value is None) and rule.optional:
+            continue
+        if value is MISSING and rule.may_be_absent:
+            continue
+        if value is MISSING or not rule.check(value):
+            shown = "missing" if value is MISSING else repr(value)
+            raise UserError(f"invalid {prefix}{rule.key}={shown}: must be {rule.allowed}")

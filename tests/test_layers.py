@@ -1,0 +1,42 @@
+"""The package's layers hold (import-linter, configured in pyproject.toml), and a contract that
+holds is not one that holds for anything: an upward import in a copy of the package breaks it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_layers_hold():
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    shutil.copytree(REPO / "gru_experiments", tmp_path / "gru_experiments",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.xz"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    mlp = tmp_path / "gru_experiments" / "models" / "mlp.py"
+    mlp.write_text(mlp.read_text() + "\nfrom gru_experiments.runs.training import train  # upward: models -> runs\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "gru_experiments.models.mlp -> gru_experiments.runs.training" in result.stdout
+
+
+def test_no_module_is_over_about_400_lines():
+    sizes = {str(path.relative_to(REPO)): len(path.read_text().splitlines())
+             for path in (REPO / "gru_experiments").rglob("*.py")}
+    assert not {path: n for path, n in sizes.items() if n > 420}, sizes
