@@ -162,19 +162,21 @@ def test_the_training_grid_and_the_sixth_finding(tmp_path):
     assert_valid_png(report.files[PLOT_GRID])
     text = (sweep / "report.md").read_text()
     grid = text.split("## Training mode against inference mode", 1)[1].split("\n## ", 1)[0]
-    assert "| astra_alpha | windows | 2.3020 | 2.3000 | 3.7800 | +0.0020 ± 0.0010 | 3 min 20 s |" in grid
-    assert "| astra_beta | streams | 2.2200 | 2.3000 | 3.7800 | -0.0800 ± 0.0050 | 3 min 23 s |" in grid
+    assert "| astra_alpha | windows | 2.3020 | 2.3000 | 3.7800 | +0.00200 ± 0.00100 | 3 min 20 s |" in grid
+    assert "| astra_beta | streams | 2.2200 | 2.3000 | 3.7800 | -0.08000 ± 0.00500 | 3 min 23 s |" in grid
     assert "windowed: the last 128 tokens; the context curve's longest point: 1024 tokens" in grid
     assert f"]({PLOT_GRID})" in grid
     sixth = finding_lines(text)[5]
     assert sixth.startswith("6. **Training with the state carried makes the state worth carrying**: supported.")
-    assert "astra_alpha: stateful - windowed (128 tokens) +0.0020 ± 0.0010 trained on windows, -0.0500 ± 0.0040" in sixth
+    assert "astra_alpha: stateful - windowed (128 tokens) +0.00200 ± 0.00100 trained on windows, -0.05000 ± 0.00400" in sixth
     # The report tells the two trainings of a model apart.
     assert "| astra_alpha (streams) | streams |" in text
 
 
 @pytest.mark.parametrize("streams_gain, verdict", [((-0.001, 0.004), "not shown by this sweep"),
-                                                   ((0.050, 0.004), "contradicted")])
+                                                   ((0.050, 0.004), "contradicted"),
+                                                   # two standard errors, but too small to be worth the state
+                                                   ((-0.0002, 0.00005), "not shown by this sweep")])
 def test_the_sixth_finding_follows_the_numbers(tmp_path, streams_gain, verdict):
     sweep = make_grid_sweep(tmp_path, {("astra_alpha", "windows"): (0.002, 0.001),
                                        ("astra_alpha", "streams"): streams_gain})

@@ -220,6 +220,9 @@ def correctness_finding(jobs) -> Finding:
     return Finding(claim, _verdict(len(beaten), len(larger)), evidence)
 
 
+WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (finding 6)
+
+
 def _gain(job) -> tuple[float, float] | None:
     """Stateful - windowed bits per character, paired target by target, and its standard error."""
     gain, se = _number(job, "state_gain_bpc"), _number(job, "state_gain_se")
@@ -246,19 +249,20 @@ def carried_state_finding(jobs) -> Finding:
     for windows, streams in pairs:
         (gw, sw), (gs, ss) = _gain(windows), _gain(streams)
         change, change_se = gs - gw, math.hypot(sw, ss)
-        if gs < -2 * ss and change < -2 * change_se:
+        if gs < -max(2 * ss, WORTH) and change < -max(2 * change_se, WORTH):
             supported += 1
-        elif change > 2 * change_se:
+        elif change > max(2 * change_se, WORTH):
             contradicted += 1
         window = (windows.values.get("mode_evaluation") or {}).get("window", "?")
-        parts.append(f"{windows.values.get('model')}: stateful - windowed ({window} tokens) {gw:+.4f} ± {sw:.4f} "
-                     f"trained on windows, {gs:+.4f} ± {ss:.4f} trained on streams (change {change:+.4f} ± "
-                     f"{change_se:.4f})")
+        parts.append(f"{windows.values.get('model')}: stateful - windowed ({window} tokens) {gw:+.5f} ± {sw:.5f} "
+                     f"trained on windows, {gs:+.5f} ± {ss:.5f} trained on streams (change {change:+.5f} ± "
+                     f"{change_se:.5f})")
     verdict = ("supported" if supported == len(pairs) else "partly supported" if supported else
                "contradicted" if contradicted == len(pairs) else "not shown by this sweep")
     evidence = ("Bits per character, negative where the carried state beats the window, ± one standard error "
                 "(paired by target): " + "; ".join(parts) + f". Supported for {supported} of {len(pairs)} models "
-                "(streams gain below zero and below the windows gain, each by two standard errors).")
+                "(trained on streams, stateful - windowed below zero and below the windows-trained figure, each by "
+                f"two standard errors and by at least {WORTH} bits per character: a gain worth the state).")
     return Finding(claim, verdict, evidence)
 
 

@@ -47,7 +47,7 @@ def grid_section(jobs, plots: dict[str, Path], format_duration) -> list[str]:
             cells = [f"{job.number(f'{m}_bpc'):.4f}" if job.number(f"{m}_bpc") is not None else "—"
                      for m in GRID_MODES]
             gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
-            cells.append("—" if gain is None else f"{gain:+.4f} ± {se:.4f}" if se is not None else f"{gain:+.4f}")
+            cells.append("—" if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}")
             seconds = job.number("train_seconds")
             cells.append("—" if seconds is None else format_duration(seconds))
             lines.append(f"| {name} | {mode} | " + " | ".join(cells) + " |")
