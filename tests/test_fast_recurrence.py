@@ -227,8 +227,8 @@ def test_autocast_bfloat16_runs(cell):
 @pytest.mark.parametrize("cell", ["gru", "lstm", "rnn"])
 def test_packed_weight_path_matches_reference(cell, with_state, monkeypatch):
     """Big layers use MKL's packed GEMM for the per-step matmuls; force it at a small shape."""
-    monkeypatch.setattr(fast_recurrence, "PACKED_MIN_WEIGHT_ELEMENTS", 0)
-    monkeypatch.setattr(fast_recurrence, "PACKED_MIN_STEPS", 1)
+    monkeypatch.setattr(fast_recurrence.common, "PACKED_MIN_WEIGHT_ELEMENTS", 0)
+    monkeypatch.setattr(fast_recurrence.common, "PACKED_MIN_STEPS", 1)
     assert fast_recurrence.common.StepMatmul(torch.randn(6, 18), 3, 9).packed is not None
     test_layer_matches_reference(cell, with_state, torch.float32)
     # float64 cannot be packed: it falls back to plain matmuls on its own
