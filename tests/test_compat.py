@@ -52,29 +52,49 @@ def old_main(tmp_path):
     return root
 
 
+# Run the old train.py and SIGKILL it after step 3: last.ckpt holds step 2 (checkpoint.every_n_steps=2).
+KILL_OLD_RUN = """
+import os, runpy, signal, sys
+from gru_experiments.lightning_module import LanguageModelTask  # the flat layout's module
+
+original = LanguageModelTask.on_train_batch_end
+
+def on_train_batch_end(self, outputs, batch, batch_idx):
+    original(self, outputs, batch, batch_idx)
+    if self.global_step == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+LanguageModelTask.on_train_batch_end = on_train_batch_end
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["astra_alpha", "mlp"])
 def test_checkpoints_of_the_flat_layout_load_sample_and_resume(tmp_path, tiny_corpus, model):
     old = old_main(tmp_path)
+    (old / "kill_at_step_3.py").write_text(KILL_OLD_RUN)
     runs = tmp_path / "runs"
     recipe = [*TINY, f"data.path={tiny_corpus}", f"model={model}", "model.steps_per_epoch=4", "model.epochs=2",
-              "trainer.max_steps=4", "checkpoint.every_n_steps=2"]
-    written = subprocess.run([sys.executable, str(old / "train.py"), *recipe], cwd=old, capture_output=True,
-                             text=True, timeout=600, env={**os.environ, "PROJECT_ROOT": str(runs),
-                                                          "PYTHONPATH": str(old), "WANDB_MODE": "offline"})
-    assert written.returncode == 0, written.stderr[-3000:]
+              "checkpoint.every_n_steps=2", "evaluation.windowed_stride=20"]
+    killed = subprocess.run([sys.executable, "kill_at_step_3.py", *recipe], cwd=old, capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "PROJECT_ROOT": str(runs), "PYTHONPATH": str(old),
+                                              "WANDB_MODE": "offline"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
     (run,) = (runs / "outputs" / "runs" / model).iterdir()
     ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
     assert ckpt["hyper_parameters"]["architecture"]["_target_"] == OLD_PATHS[model]  # written by the old code
+    assert ckpt["global_step"] == 2 and not (run / "summary.json").exists()
 
     lm = gru_experiments.load(run)
     assert len(lm.generate("ab", mode="stateless", max_new_tokens=4, seed=0)) >= 4
-    sampled = run_script(runs, f"run={run}", "max_new_tokens=20", "num_samples=1", script=REPO / "sample.py")
+    sampled = run_script(runs, f"run={run}", "prompt=arbre", "max_new_tokens=20", "num_samples=1",
+                         script=REPO / "sample.py")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
 
-    (run / "summary.json").unlink()  # as if it had been stopped at step 4 of 8
-    resumed = run_script(runs, f"resume={run}", "trainer.max_steps=6")
+    resumed = run_script(runs, f"resume={run}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["resumed_from_step"] == 4 and summary["train_steps"] == 6
+    assert summary["resumed_from_step"] == 2 and summary["train_steps"] == 8
     assert torch.isfinite(torch.tensor(summary["val_loss"]))
