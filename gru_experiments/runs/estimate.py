@@ -61,7 +61,8 @@ def planned_forward_tokens(model, n_targets: int, seq_len: int, settings, traini
     return final + (2 * n + windowed if best else 0)
 
 
-def format_duration(seconds: float) -> str:
+def format_estimate(seconds: float) -> str:
+    """A duration as an estimate says it: rounded (12 s, 7 min, 1.5 h)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -112,8 +113,8 @@ class CostEstimate(Callback):
 
     @staticmethod
     def describe(e: dict) -> str:
-        return (f"estimated time left: {format_duration(e['total_seconds'])} = training "
-                f"{format_duration(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
-                f"+ validation {format_duration(e['validation_seconds'])} + end-of-run evaluation "
-                f"{format_duration(e['eval_seconds'])} ({e['eval_forward_tokens'] / 1e6:.1f}M forward tokens; "
+        return (f"estimated time left: {format_estimate(e['total_seconds'])} = training "
+                f"{format_estimate(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
+                f"+ validation {format_estimate(e['validation_seconds'])} + end-of-run evaluation "
+                f"{format_estimate(e['eval_seconds'])} ({e['eval_forward_tokens'] / 1e6:.1f}M forward tokens; "
                 "evaluation.max_tokens bounds it)")
