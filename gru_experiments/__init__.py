@@ -9,7 +9,10 @@ The Python API (gru_experiments/api.py, docs/python.md):
     lm.score("KING: Now is the winter of our discontent", mode="stateful").bpc
 
 Exported lazily (PEP 562), so `import gru_experiments` stays light: scripts import the package's
-light modules (jobs, runs) before torch, and importing any of them runs this file first.
+light modules (runs.jobs, runs.run_dir) before torch, and importing any of them runs this file first.
+
+The package in layers (README, "Where a change goes"): models/ and data/ at the bottom, study/, runs/,
+report/ above them, this API on top; pyproject.toml's [tool.importlinter] holds them.
 """
 
 from __future__ import annotations
