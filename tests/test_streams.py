@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from gru_experiments.data.batches import StreamBatches
 from gru_experiments.errors import UserError
-from gru_experiments.study.scores import Split, paired_difference, score_stateful, score_windowed
+from gru_experiments.study.scores import Split, paired_difference, score_contexts, score_stateful, score_windowed
 from gru_experiments.study.context_curve import context_curve, long_context_lengths
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.models.mlp import BengioMLP
@@ -310,3 +310,15 @@ def test_long_points_are_difference_estimates_exact_without_a_budget():
         # The estimate is the exact window-8 figure plus a paired difference: within a few standard errors.
         assert abs(sampled[str(w)] - exact[str(w)]) < 4 * settings["bpc_se"][str(w)] + 1e-6
     assert sum(sampled["settings"]["forward_tokens"][str(w)] for w in (16, 32, 64)) <= 3_000 + 64
+
+
+def test_score_contexts_with_no_full_window_in_the_sample_scores_the_rest():
+    """A stride so large that no target has a full window in the sample: nothing runs on zero windows."""
+    model = families()["gru"].eval()
+    batches = []
+    forward = model.forward
+    model.forward = lambda tokens, state=None: (batches.append(tokens.shape[0]), forward(tokens, state))[1]
+    split = Split(torch.randint(0, V, (60,)), torch.ones(V, dtype=torch.long))
+    scores = score_contexts(model, split, window=50, contexts=[50], stride=40)
+    assert scores[50].tokens == len([u for u in range(1, 60) if (u - 1) % 40 == 0])
+    assert batches and min(batches) > 0  # (the bf16 head cannot take an empty batch)

@@ -21,6 +21,7 @@ import sweep as sweep_script
 from conftest import CONF, REPO
 from gru_experiments.runs import distributed
 from gru_experiments.errors import UserError
+from gru_experiments.report.findings import CLAIMS
 from test_reporting import assert_valid_png
 from wandb_records import offline_runs
 
@@ -82,7 +83,7 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
     report = (sweep / "report.md").read_text()
     assert all(f"| {name} |" in report for name in SIX)
     # The study's figures: every job's context curve (point "1" is its stateless figure), the modes
-    # at every validation, the best checkpoint, and the five findings judged from them.
+    # at every validation, the best checkpoint, and the six findings judged from them.
     for row in rows:
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         assert summary["context_curve"]["1"] == pytest.approx(summary["stateless_bpc"], abs=1e-4)
@@ -90,7 +91,7 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
         history = (Path(row["run_dir"]) / "history.csv").read_text()
         assert history.count("val/stateful_bpc") == history.count("val/stateless_bpc") == 2  # 2 epochs
     findings = report.split("## Findings", 1)[1].split("\n## ", 1)[0]
-    assert [line[:3] for line in findings.splitlines() if line[:1].isdigit()] == ["1. ", "2. ", "3. ", "4. ", "5. "]
+    assert [line[:3] for line in findings.splitlines() if line[:1].isdigit()] == [f"{i}. " for i in range(1, len(CLAIMS) + 1)]
     assert "cannot be judged" not in findings.split("4. ", 1)[1].split("\n")[0]  # char and spm models both ran
 
     # W&B: every job its own offline run in the sweep's group, holding its metrics.

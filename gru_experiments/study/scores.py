@@ -271,7 +271,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
         starts = torch.arange(1, max(n - window + 1, 1), device=device)
         starts = starts[(starts + window - 1) % stride == 0]
         offsets = torch.arange(window, device=device)
-        for chunk in starts.split(max(1, batch_tokens // window)):
+        for chunk in starts.split(max(1, batch_tokens // window)) if starts.numel() else ():
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
             for w in contexts:
                 add(w, logits[:, w - 1], chunk + w)
