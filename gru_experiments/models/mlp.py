@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gru_experiments.models.protocol import ContextWindow, LanguageModel, check_dropout, check_int, check_setting
+from gru_experiments.models.protocol import ContextWindow, FiniteContextLM, check_dropout, check_int, check_setting
 
 
-class BengioMLP(LanguageModel):
+class BengioMLP(FiniteContextLM):
     family = "mlp"
 
     def __init__(self, vocab_size: int, context: int = 16, embedding_dim: int = 16, hidden_size: int = 266,
@@ -42,13 +42,6 @@ class BengioMLP(LanguageModel):
     @property
     def vocab_size(self) -> int:
         return self.head.out_features
-
-    @property
-    def context(self) -> int:
-        return self.window.size
-
-    def initial_state(self, batch_size: int, device=None) -> Tensor:
-        return self.window.initial(batch_size, device)
 
     def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens (B, T) -> logits (B, T, V), the last k tokens."""

@@ -39,14 +39,14 @@ import torch
 from torch import Tensor
 
 from gru_experiments.errors import UserError
-from gru_experiments.models.protocol import ContextWindow, LanguageModel, check_int, check_setting
+from gru_experiments.models.protocol import ContextWindow, FiniteContextLM, check_int, check_setting
 
 SMOOTHINGS = ("kneser_ney", "add_one")
 MIN_DISCOUNT = 0.05
 ROWS_PER_CHUNK = 1 << 15  # positions whose distributions are built at once (memory: rows x V float64)
 
 
-class NGramLM(LanguageModel):
+class NGramLM(FiniteContextLM):
     family = "ngram"
     trainable = False
 
@@ -67,13 +67,6 @@ class NGramLM(LanguageModel):
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
-
-    @property
-    def context(self) -> int:
-        return self.order - 1
-
-    def initial_state(self, batch_size: int, device=None) -> Tensor:
-        return self.window.initial(batch_size, device)
 
     def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens (B, T) -> log-probabilities (B, T, V) in float64, the last N − 1 tokens."""

@@ -127,6 +127,21 @@ class ContextWindow:
         return history, history[:, history.shape[1] - self.size:]
 
 
+
+class FiniteContextLM(LanguageModel):
+    """A family that sees its last `context` tokens (the MLP, the n-gram, the transformer): its
+    state is a ContextWindow, which the subclass sets as `self.window`."""
+
+    window: ContextWindow
+
+    @property
+    def context(self) -> int:
+        return self.window.size
+
+    def initial_state(self, batch_size: int, device=None) -> Tensor:
+        return self.window.initial(batch_size, device)
+
+
 # --- building a family from its config or checkpoint -------------------------------------
 def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageModel]:
     """The LanguageModel class that `target` ("package.module.Class") names. A checkpoint may

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gru_experiments.models.protocol import (NO_TOKEN, ContextWindow, LanguageModel, check_dropout, check_int,
+from gru_experiments.models.protocol import (NO_TOKEN, ContextWindow, FiniteContextLM, check_dropout, check_int,
                                             check_setting)
 
 WINDOW_BATCH_TOKENS = 1 << 16  # past the block: windows run in batches of about this many tokens (memory)
@@ -74,7 +74,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class TransformerLM(LanguageModel):
+class TransformerLM(FiniteContextLM):
     family = "transformer"
 
     def __init__(self, vocab_size: int, block_size: int = 128, embedding_dim: int = 40, num_layers: int = 4,
@@ -108,13 +108,6 @@ class TransformerLM(LanguageModel):
     @property
     def vocab_size(self) -> int:
         return self.wte.num_embeddings
-
-    @property
-    def context(self) -> int:
-        return self.window.size
-
-    def initial_state(self, batch_size: int, device=None) -> Tensor:
-        return self.window.initial(batch_size, device)
 
     def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens (B, T) -> logits (B, T, V), the last block_size tokens."""
