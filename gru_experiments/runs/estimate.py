@@ -57,7 +57,7 @@ def planned_forward_tokens(model, n_targets: int, seq_len: int, settings, traini
         long_stride = max(curve_stride(n, sum(long) + seq_len, budget),
                           sample_stride(n, max_targets))
         curve += len(range(1, n + 1, long_stride)) * (sum(long) + seq_len)
-    final = 2 * n + windowed + curve  # stateful twice: its figure, and its targets paired with windowed
+    final = n + windowed + curve  # stateful once (its targets kept for the pairing with windowed)
     return final + (2 * n + windowed if best else 0)
 
 

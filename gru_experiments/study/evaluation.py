@@ -97,9 +97,12 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
     used = {"seq_len": seq_len, "streams": streams, "window": window, "windowed_stride": stride,
             "windowed_targets": len(range(1, n_targets + 1, stride)), "max_tokens": max_targets,
             "split_targets": n_targets}
+    # The paired stateful - windowed keeps only the targets whose stream has carried the state past one
+    # window: before that the state has seen less than the window has (each stream's cold start).
+    keep = window if curve else None
     if stateful is None:
         with progress.phase("stateful", n_targets) as tick:
-            stateful = score_stateful(model, val, seq_len, streams, tick=tick)
+            stateful = score_stateful(model, val, seq_len, streams, targets_after=keep, tick=tick)
     point_tokens = settings.get("curve_point_tokens")
     long_curve = {"longest": settings.get("curve_longest"),
                   "long_tokens": long_point_budget(settings.get("long_point_tokens"), training_tokens)}
@@ -125,10 +128,9 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
               "bigram": score_bigram(train_ids, val)}
     used["windowed_bpc_se"] = 0.0 if windowed.tokens == n_targets else windowed.bpc_se
     gain = None
-    if curve:  # the final weights: stateful - windowed, paired (stateful again, keeping its targets: one cheap pass)
-        # Only the targets whose stream has carried the state past one window: before that the state
-        # has seen less than the window has (a cold start of each of the `streams` streams).
-        with progress.phase("stateful (paired with windowed)", n_targets) as tick:
-            warm = score_stateful(model, val, seq_len, streams, targets_after=window, tick=tick)
-        gain = paired_difference(warm, windowed, val)
+    if curve:  # the final weights
+        if stateful.positions is None:  # the last validation's figure, kept no targets: one more cheap pass
+            with progress.phase("stateful (paired with windowed)", n_targets) as tick:
+                stateful = score_stateful(model, val, seq_len, streams, targets_after=keep, tick=tick)
+        gain = paired_difference(stateful, windowed, val)
     return Evaluation(scores, used, context, gain)
