@@ -94,9 +94,10 @@ def test_modes_over_training_leaves_out_counted_models():
 
 def test_findings_state_the_measured_figures(tmp_path):
     lines = finding_lines((build_report(make_sweep(tmp_path)).files["report.md"]).read_text())
-    assert len(lines) == 6 and all(claim in line for claim, line in zip(CLAIMS, lines))
-    # (6) no model trained both ways here.
+    assert len(lines) == 7 and all(claim in line for claim, line in zip(CLAIMS, lines))
+    # (6) no model trained both ways here; (7) no transformer.
     assert "cannot be judged" in lines[5] and "models=grid training=windows,streams" in lines[5]
+    assert "cannot be judged" in lines[6] and "models=beta" in lines[6]
     # (2) stateless vs bigram: worse for both char models, better for the spm one.
     assert "partly supported" in lines[1] and "worse than the count bigram for 2 of 3" in lines[1]
     # (4) resetting costs spm 0.54, char (1.47 + 1.65) / 2 = 1.56: contradicted, and said so.
@@ -182,3 +183,35 @@ def test_the_sixth_finding_follows_the_numbers(tmp_path, streams_gain, verdict):
                                        ("astra_alpha", "streams"): streams_gain})
     sixth = finding_lines(build_report(sweep).files["report.md"].read_text())[5]
     assert f"carrying**: {verdict}." in sixth and "Supported for 0 of 1 models" in sixth
+
+
+def make_rival_sweep(root: Path, rungs) -> Path:
+    """GRUs and transformers; rungs: [(model, cell, parameters, stateful bpc, its s.e., train_seconds)]."""
+    sweep = root / "rivals"
+    sweep.mkdir(parents=True)
+    for num, (model, cell, parameters, stateful, se, seconds) in enumerate(rungs):
+        values = summary(model, "char", parameters, stateful, 3.78, 3.58) | {
+            "cell": cell, "stateful_bpc_se": se, "train_seconds": seconds}
+        make_job(sweep, num, model, cell=cell, summary=values)
+    return sweep
+
+
+@pytest.mark.parametrize("alpha_transformer, beta_transformer, verdict", [
+    (2.3300, 2.1100, "supported"),  # the GRU better at one size, tied at the other
+    (2.3000, 2.0000, "partly supported"),  # tied at α, the transformer better at β
+    (2.2000, 2.0000, "contradicted"),  # the transformer better at both
+])
+def test_the_seventh_finding_pairs_sizes_and_follows_the_numbers(tmp_path, alpha_transformer, beta_transformer,
+                                                                 verdict):
+    sweep = make_rival_sweep(tmp_path, [
+        ("astra_alpha", "gru", 86_913, 2.3078, 0.0050, 207.0), ("transformer", "transformer", 84_880,
+                                                                  alpha_transformer, 0.0060, 300.0),
+        ("astra_beta", "gru", 715_713, 2.0958, 0.0045, 2076.0), ("transformer_beta", "transformer", 715_440,
+                                                                  beta_transformer, 0.0055, 1500.0),
+        ("astra_gamma", "gru", 4_383_041, 1.9, 0.004, 9000.0)])  # no transformer of its size: not judged
+    line = finding_lines(build_report(sweep).files["report.md"].read_text())[6]
+    assert line.startswith(f"7. **GRUs remain competitive with transformers**: {verdict}.")
+    se = (0.0050 ** 2 + 0.0060 ** 2) ** 0.5
+    assert (f"astra_alpha (86,913 parameters) 2.3078 in 3.5 min of training against transformer (84,880) "
+            f"{alpha_transformer:.4f} in 5.0 min: GRU - transformer {2.3078 - alpha_transformer:+.4f} ± {se:.4f}") in line
+    assert "astra_gamma" not in line and "of 2 sizes" in line

@@ -15,6 +15,7 @@ from gru_experiments.runs.estimate import CostEstimate, planned_forward_tokens
 from gru_experiments.study.evaluation import FIGURES, evaluate
 from gru_experiments.study.scores import Split
 from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.runs.smoke import SMOKE, SMOKE_VAL_TOKENS, smoke_config
 from gru_experiments.runs.training import train
 
@@ -53,21 +54,26 @@ def test_a_run_that_is_not_a_smoke_run_says_so(compose_config, tiny_corpus, caps
     assert "training" in line and "(1 steps at" in line and "end-of-run evaluation" in line, line
 
 
+@pytest.mark.parametrize("family", ["gru", "transformer"])
 @pytest.mark.parametrize("max_tokens", [None, 30])
-def test_the_planned_forward_tokens_are_those_the_evaluation_runs(max_tokens):
+def test_the_planned_forward_tokens_are_those_the_evaluation_runs(max_tokens, family):
     """planned_forward_tokens (the estimate's evaluation cost) against the tokens evaluate() really
-    runs through the model, counted at its forward."""
+    runs through the model, counted at its forward (the transformer's: at its blocks, where a window
+    per prediction runs past its block)."""
     torch.manual_seed(0)
-    model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1).eval()
-    ids = torch.randint(11, (500,), generator=torch.Generator().manual_seed(1))
+    if family == "gru":
+        model, counted_at = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1).eval(), "forward"
+    else:
+        model, counted_at = TransformerLM(11, block_size=16, embedding_dim=8, num_layers=1, num_heads=2).eval(), "hidden"
+    ids = torch.randint(11, (1500,), generator=torch.Generator().manual_seed(1))  # streams of 375 (their cold starts are cheaper)
     settings = OmegaConf.create({"streams": 4, "window": None, "windowed_stride": "auto", "max_tokens": max_tokens,
                                  "curve_point_tokens": 2000, "batch_tokens": 256, "curve_longest": 64,
                                  "long_point_tokens": 4000})
     counted = []
-    forward = model.forward
-    model.forward = lambda inputs, state=None: (counted.append(inputs.numel()), forward(inputs, state))[1]
+    method = getattr(model, counted_at)
+    setattr(model, counted_at, lambda tokens, *state: (counted.append(tokens.numel()), method(tokens, *state))[1])
     evaluate(model, ids, Split(ids, torch.ones(11, dtype=torch.long)), 16, settings, training_tokens=10_000)
-    planned = planned_forward_tokens(model, 499, 16, settings, 10_000, best=False)
+    planned = planned_forward_tokens(model, 1499, 16, settings, 10_000, best=False)
     ran = sum(counted) - 11  # the stateless table's one pass over the vocabulary is not counted
     assert abs(planned - ran) <= 0.1 * ran, (planned, ran)
 

@@ -54,12 +54,15 @@ def test_the_ladder_in_one_command(tiny_corpus, data_dir, tmp_path):
     result = run_script("sweep.py", "models=ladder", "logger=none", *tiny_overrides(tiny_corpus, data_dir),
                         f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha", "lstm"]
+    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha", "lstm",
+              "transformer"]
     rows = read_rows(sweep)
     assert [row["model"] for row in rows] == ladder and {row["status"] for row in rows} == {"completed"}
-    assert [row["cell"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm"]
+    assert [row["cell"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm", "transformer"]
     report = (sweep / "report.md").read_text()
     assert "## The ladder" in report and all(f"| {name} | " in report for name in ladder)
+    # Astra-α and the transformer face each other in finding 7 (a smoke run's figures: any verdict).
+    assert "7. **GRUs remain competitive with transformers**" in report and "astra_alpha (86,913 parameters)" in report
     assert_valid_png(sweep / "ladder.png")
 
 

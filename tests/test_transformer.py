@@ -127,6 +127,7 @@ def test_stateless_sees_the_last_token_and_stateful_equals_windowed():
     ("block_size", 0, "invalid block_size=0: must be an integer >= 1"),
     ("dropout", 1.0, "invalid dropout=1.0"),
     ("bias", "no", "invalid bias='no': must be true or false"),
+    ("attention_dropout", -0.1, "invalid attention_dropout=-0.1: must be a number in"),
 ])
 def test_bad_settings_are_refused(key, value, message):
     from gru_experiments.models.protocol import InvalidSetting
@@ -155,10 +156,75 @@ def test_nanogpt_shakespeare_fast_dev_run_through_train_py(tmp_path, shakespeare
     result = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "model=nanogpt_shakespeare", f"data.path={shakespeare}",
          "trainer.fast_dev_run=true", "data.batch_size=2",
-         "data.train_fraction=0.99995",  # 56 validation characters, fewer than a block: every evaluation one pass "trainer.accelerator=cpu", "logger=none",
+         "data.train_fraction=0.99995",  # 56 validation characters, fewer than a block: every evaluation one pass
+         "trainer.accelerator=cpu", "logger=none",
          "trainer.enable_progress_bar=false", "evaluation.sample_chars=10", "evaluation.curve_point_tokens=4096",
          f"paths.log_dir={tmp_path / 'outputs'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trainable parameters: 10,745,088" in result.stdout
     assert "nanogpt_shakespeare: train loss" in result.stdout
+
+
+def test_attention_dropout_defaults_to_dropout_and_may_be_turned_off():
+    assert build(dropout=0.2).blocks[0].attention.dropout == 0.2  # nanoGPT's attn_dropout = dropout
+    model = build(dropout=0.2, attention_dropout=0.0).train()
+    assert model.blocks[0].attention.dropout == 0.0 and model.blocks[0].mlp.dropout.p == 0.2
+    tokens = torch.randint(0, V, (2, 5))
+    with torch.no_grad():  # no dropout anywhere but on the attention weights: the forward is deterministic
+        quiet = build(dropout=0.0, attention_dropout=0.0).train()
+        torch.testing.assert_close(quiet(tokens)[0], quiet(tokens)[0])
+        noisy = build(dropout=0.0, attention_dropout=0.5).train()
+        assert not torch.allclose(noisy(tokens)[0], noisy(tokens)[0])
+
+
+def test_at_validation_the_stateful_figure_is_a_sample_within_the_budget():
+    """A transformer's stateful step runs a block per prediction, so validation scores every k-th
+    target from its own block (score_stateful_within); the same targets scored in one exact pass agree."""
+    from gru_experiments.models.recurrent import RecurrentLM
+    from gru_experiments.study.scores import Split, score_stateful, score_stateful_within, score_windowed
+
+    ids = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(2))
+    split = Split(ids, torch.ones(V, dtype=torch.long))
+    model = build(block_size=8)
+    assert model.tokens_per_prediction == 8
+    sample = score_stateful_within(model, split, 16, 4, forward_tokens=600)  # 299 x 8 > 600: every 4th target
+    exact_at_those_targets = score_windowed(model, split, 8, stride=4)
+    assert sample.tokens == exact_at_those_targets.tokens == len(range(1, 300, 4))
+    assert sample.nll == pytest.approx(exact_at_those_targets.nll, abs=1e-5)
+    whole = score_stateful_within(model, split, 16, 4, forward_tokens=None)
+    assert whole.tokens == 299 and whole.nll == pytest.approx(score_stateful(model, split, 16, 4).nll, abs=1e-6)
+    torch.manual_seed(0)
+    gru = RecurrentLM(V, "gru", embedding_dim=4, hidden_size=6, num_layers=1).eval()  # one token per prediction
+    assert score_stateful_within(gru, split, 16, 4, forward_tokens=10).tokens == 299
+
+
+def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(compose_config, tiny_corpus, tmp_path):
+    """A short run: the context curve stops at the block size (8), validation samples its stateful figure
+    (evaluation.validation_tokens) while the end-of-run one scores every target, and sample.py runs in
+    all three modes from the checkpoint."""
+    import json
+
+    from gru_experiments.runs.training import train
+
+    cfg = compose_config("model=transformer", f"data.path={tiny_corpus}", "model.architecture.block_size=8",
+                         "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=3", "model.steps_per_epoch=3",
+                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.sample_chars=20",
+                         "evaluation.validation_tokens=4000")
+    summary = train(cfg)
+    curve = summary["context_curve"]
+    assert [key for key in curve if key not in ("settings", "stateful")] == ["1", "2", "4", "8"]
+    assert curve["settings"]["longest"] == 8
+    n = summary["mode_evaluation"]["split_targets"]
+    assert n * 8 > 4000  # so validation sampled its stateful figure ...
+    assert "val/stateful_bpc" in (Path(cfg.paths.output_dir) / "history.csv").read_text()
+    assert curve["settings"]["targets"]["stateful"] == n  # ... and the end-of-run one scored every target
+    checkpoint = Path(json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["checkpoint"])
+    env = dict(os.environ, PROJECT_ROOT=str(tmp_path), PYTHONPATH=str(REPO), WANDB_MODE="disabled")
+    for mode in ("stateful", "stateless", "windowed"):
+        result = subprocess.run([sys.executable, str(REPO / "sample.py"), f"paths.log_dir={tmp_path / 'outputs'}",
+                                 "device=cpu", f"ckpt={checkpoint}", f"inference={mode}", "prompt='MARÍA: '",
+                                 "max_new_tokens=12"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"=== 'MARÍA: ' [{mode}, sample 1/1]" in result.stdout

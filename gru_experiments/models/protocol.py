@@ -8,6 +8,8 @@ is a `LanguageModel`, and the samplers, evaluators, training loop, sweep and rep
     model.vocab_size                             V
     model.context                                tokens of context the model can see: None (unbounded) for
                                                  the recurrent models, k for the MLP, N - 1 for an order-N n-gram
+    model.tokens_per_prediction                  forward tokens one stateful step runs per prediction: 1, but
+                                                 the transformer past its block re-runs all of it (block_size)
     model.family                                 its label in summaries and reports: gru, lstm, rnn, mlp, ngram
     model.trainable                              False when the weights are counted, not learned: then
                                                  model.fit(train_ids) counts them (no optimizer, no epochs)
@@ -72,9 +74,9 @@ def check_int(key: str, value, low: int = 1) -> None:
     check_setting(is_int(value) and value >= low, key, value, f"an integer >= {low}")
 
 
-def check_dropout(value) -> None:
+def check_dropout(value, key: str = "dropout") -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
-    check_setting(ok, "dropout", value, "a number in [0, 1)")
+    check_setting(ok, key, value, "a number in [0, 1)")
 
 
 class LanguageModel(nn.Module):
@@ -91,6 +93,11 @@ class LanguageModel(nn.Module):
     def context(self) -> int | None:
         """Tokens of context the model can see; None: unbounded."""
         return None
+
+    @property
+    def tokens_per_prediction(self) -> int:
+        """Forward tokens a stateful step runs per prediction (what the evaluation's cost counts)."""
+        return 1
 
     def initial_state(self, batch_size: int, device=None):
         raise NotImplementedError

@@ -12,6 +12,10 @@ and the project adds what the study needs to answer its own question:
 
     6. training with the state carried makes the state worth carrying (training=streams)
 
+and one that the study's notebook ends on:
+
+    7. GRUs remain competitive with transformers (at equal size and equal training)
+
 `findings(jobs)` writes one line per finding: the claim, a verdict (supported, partly supported,
 contradicted, or cannot be judged and what is missing) and the measured figures it rests on,
 all computed here from the jobs' summaries and histories. Nothing is written in advance: a
@@ -36,6 +40,7 @@ CLAIMS = (
     "Subword models amplify inference-time errors",
     "Correctness precedes scale",
     "Training with the state carried makes the state worth carrying",
+    "GRUs remain competitive with transformers",
 )
 
 
@@ -266,16 +271,71 @@ def carried_state_finding(jobs) -> Finding:
     return Finding(claim, verdict, evidence)
 
 
+SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter counts differ by at most this factor
+
+
+def size_pairs(jobs) -> list[tuple]:
+    """(GRU job, transformer job) of each size: the same tokenizer and parameters within SAME_SIZE."""
+    def of(family):
+        return [job for job in jobs if job.values.get("cell") == family and _number(job, "stateful_bpc") is not None
+                and _number(job, "parameters")]
+    pairs = []
+    for gru in of("gru"):
+        rivals = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")
+                  and max(_number(t, "parameters"), _number(gru, "parameters"))
+                  <= SAME_SIZE * min(_number(t, "parameters"), _number(gru, "parameters"))]
+        if rivals:
+            pairs.append((gru, min(rivals, key=lambda t: abs(_number(t, "parameters") - _number(gru, "parameters")))))
+    return sorted(pairs, key=lambda pair: _number(pair[0], "parameters"))
+
+
+def _minutes(job) -> str:
+    seconds = _number(job, "train_seconds")
+    return "?" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def transformer_finding(jobs) -> Finding:
+    """(7) At each size, the GRU's stateful bits per character against the transformer's, with their
+    standard errors (<mode>_bpc_se), and the training time of each beside them."""
+    claim = CLAIMS[6]
+    pairs = size_pairs(jobs)
+    if not pairs:
+        return _cannot(claim, "no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "
+                              "models=beta)")
+    parts, ahead, behind = [], 0, 0
+    for gru, transformer in pairs:
+        g, t = _number(gru, "stateful_bpc"), _number(transformer, "stateful_bpc")
+        se = math.hypot(_number(gru, "stateful_bpc_se") or 0.0, _number(transformer, "stateful_bpc_se") or 0.0)
+        difference = g - t
+        if difference > 2 * se:
+            behind += 1
+            outcome = "the transformer is better"
+        elif difference < -2 * se:
+            ahead += 1
+            outcome = "the GRU is better"
+        else:
+            outcome = "a tie within two standard errors"
+        parts.append(f"{gru.model} ({_number(gru, 'parameters'):,.0f} parameters) {g:.4f} in {_minutes(gru)} of "
+                     f"training against {transformer.model} ({_number(transformer, 'parameters'):,.0f}) {t:.4f} in "
+                     f"{_minutes(transformer)}: GRU - transformer {difference:+.4f} ± {se:.4f}, {outcome}")
+    verdict = ("contradicted" if behind == len(pairs) else "supported" if behind == 0 else "partly supported")
+    evidence = ("Stateful bits per character of the final weights, GRU against the transformer of its size, "
+                "± one standard error of the difference (the two figures' own, unpaired): " + "; ".join(parts)
+                + f". The GRU is better or tied at {len(pairs) - behind} of {len(pairs)} sizes.")
+    return Finding(claim, verdict, evidence)
+
+
 def findings(jobs) -> list[Finding]:
     """The findings judged by the completed jobs of a sweep."""
     return [rule(jobs) for rule in (training_loss_finding, stateless_finding, inference_vs_scale_finding,
-                                    subword_finding, correctness_finding, carried_state_finding)]
+                                    subword_finding, correctness_finding, carried_state_finding,
+                                    transformer_finding)]
 
 
 def findings_markdown(jobs) -> list[str]:
     """report.md's *Findings* section."""
     lines = ["## Findings", "",
-             "The original study's five findings and the project's sixth, each judged by this sweep's numbers "
+             "The original study's five findings, the project's sixth and the notebook's closing claim, each judged by this sweep's numbers "
              "(computed when the report "
              "is built; figures are of the final weights, \"best\" ones of the checkpoint with the lowest "
              "validation loss).", ""]

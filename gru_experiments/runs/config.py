@@ -53,6 +53,8 @@ EVALUATION_RULES = [
     Rule("evaluation.long_point_tokens", int_at_least(1), "null (exact points) or an integer >= 1", optional=True),
     Rule("evaluation.max_tokens", int_at_least(1), "null (the whole split) or an integer >= 1 (targets)",
          optional=True),
+    Rule("evaluation.validation_tokens", int_at_least(1), "null (exact) or an integer >= 1 (forward tokens)",
+         optional=True),
     Rule("evaluation.batch_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
     Rule("evaluation.sample_chars", int_at_least(1), "an integer >= 1", may_be_absent=True),
     Rule("evaluation.sample_temperature", non_negative_number, "a number >= 0 (0: the argmax)",

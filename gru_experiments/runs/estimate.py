@@ -16,7 +16,7 @@ import time
 
 from lightning.pytorch.callbacks import Callback
 
-from gru_experiments.study.context_curve import (context_lengths, curve_stride, long_context_lengths, long_point_budget, sample_stride)
+from gru_experiments.study.context_curve import curve_lengths, curve_stride, long_point_budget, sample_stride
 from gru_experiments.study.evaluation import evaluation_window
 from gru_experiments.study.scores import sees_whole_window, windowed_stride
 
@@ -34,31 +34,53 @@ def planned_forward_tokens(model, n_targets: int, seq_len: int, settings, traini
     with `best`, the best checkpoint's scores (validation, stateful, windowed) once more."""
     window = evaluation_window(settings, seq_len)
     n = n_targets
+    one_pass = n * model.tokens_per_prediction  # a pass over the split, its state carried (stateful)
     max_targets = settings.get("max_tokens")
     stride = windowed_stride(settings.get("windowed_stride", "auto"), n, window, training_tokens)
     if sees_whole_window(model, window):
-        windowed = n
+        stride = max(1 if settings.get("windowed_stride", "auto") == "auto" else stride, sample_stride(n, max_targets))
+        costly = model.tokens_per_prediction > 1  # then a sample runs its own windows (scores.score_windowed)
+        windowed = len(range(1, n + 1, stride)) * model.context if costly and stride > 1 else one_pass
     else:
         stride = max(stride, sample_stride(n, max_targets))
         windowed = len(range(1, n + 1, stride)) * window
     curve = 0
-    for w in context_lengths(seq_len)[:-1]:
-        if sees_whole_window(model, w):
-            curve += n
-            continue
-        point_stride = max(curve_stride(n, w, settings.get("curve_point_tokens")), sample_stride(n, max_targets))
-        if point_stride < stride:  # a point with its own pass (evaluation.context_curve)
-            curve += len(range(1, n + 1, point_stride)) * w
-    beyond = long_context_lengths(seq_len, settings.get("curve_longest"), n)
-    curve += n * sum(sees_whole_window(model, w) for w in beyond)
+    lengths, beyond = curve_lengths(model, seq_len, settings.get("curve_longest"), n)
+    point_tokens = settings.get("curve_point_tokens")
+    shares_windowed = window == seq_len and not sees_whole_window(model, window)  # evaluation.evaluate's branches
+    shared_stride = stride if shares_windowed else max(curve_stride(n, seq_len, point_tokens),
+                                                       sample_stride(n, max_targets))
+    shared = False
+    for w in lengths + beyond:
+        if sees_whole_window(model, w):  # the windowed figure itself, or one exact pass (context_curve)
+            reused = sees_whole_window(model, window) and (stride == 1 or model.tokens_per_prediction > 1)
+            curve += 0 if reused else one_pass
+        elif w not in beyond:  # (the long points are counted below)
+            point_stride = max(curve_stride(n, w, point_tokens), sample_stride(n, max_targets))
+            if w != seq_len and point_stride < shared_stride:  # a point with its own pass
+                curve += len(range(1, n + 1, point_stride)) * w
+            else:
+                shared = True
+    if shared and not shares_windowed:  # the curve's own pass of windows of seq_len
+        curve += len(range(1, n + 1, shared_stride)) * seq_len
     long = [w for w in beyond if not sees_whole_window(model, w)]
     if long:  # each past the training window, and a reference pass at it, on the same sample
         budget = long_point_budget(settings.get("long_point_tokens"), training_tokens)
         long_stride = max(curve_stride(n, sum(long) + seq_len, budget),
                           sample_stride(n, max_targets))
         curve += len(range(1, n + 1, long_stride)) * (sum(long) + seq_len)
-    final = n + windowed + curve  # stateful once (its targets kept for the pairing with windowed)
-    return final + (2 * n + windowed if best else 0)
+    final = one_pass + windowed + curve  # stateful once (its targets kept for the pairing with windowed)
+    return final + (n + one_pass + windowed if best else 0)
+
+
+def validation_forward_tokens(model, n_targets: int, settings) -> int:
+    """Tokens one validation runs through the model: the chunked pass (val_loss) and the stateful
+    figure (the modes over training; evaluation.validation_tokens bounds a costly one)."""
+    stateful = n_targets * model.tokens_per_prediction
+    budget = settings.get("validation_tokens")
+    if model.tokens_per_prediction > 1 and budget:
+        stateful = min(stateful, int(budget))
+    return n_targets + stateful
 
 
 def format_estimate(seconds: float) -> str:
@@ -106,7 +128,8 @@ class CostEstimate(Callback):
                                             int(total_steps) * tokens_per_step)
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
-                    "validation_seconds": epochs * 2 * self.val_targets * forward_seconds,
+                    "validation_seconds": epochs * validation_forward_tokens(model, self.val_targets, self.settings)
+                    * forward_seconds,
                     "eval_forward_tokens": evaluation, "eval_seconds": evaluation * forward_seconds}
         estimate["total_seconds"] = estimate["train_seconds"] + estimate["validation_seconds"] + estimate["eval_seconds"]
         return estimate

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.errors import TrainingDiverged, UserError
-from gru_experiments.study.scores import Score, Split, score_batch, score_stateful, score_stateless
+from gru_experiments.study.scores import Score, Split, score_batch, score_stateful_within, score_stateless
 from gru_experiments.models.protocol import build_model
 from gru_experiments.data.tokenizers import tokenizer_from_state
 
@@ -66,7 +66,7 @@ class LanguageModelTask(L.LightningModule):
         self._val_score = Score()
         self.last_val_score: Score | None = None  # the latest validation pass, and the step it ran at
         self.last_val_step = -1
-        self._modes_split: tuple[Split, int, int] | None = None  # see track_modes
+        self._modes_split: tuple[Split, int, int, int | None] | None = None  # see track_modes
         self.last_mode_scores: dict[str, Score] = {}  # stateful and stateless at the last validation
         self._epoch_loss = [0.0, 0]  # sum, count: the mean training loss of the current epoch
         self.last_epoch_train_loss = float("nan")
@@ -131,11 +131,13 @@ class LanguageModelTask(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": schedule.interval}}
 
     # --- validation: the whole split, accumulated over batches ------------------------
-    def track_modes(self, val: Split, seq_len: int, streams: int) -> None:
+    def track_modes(self, val: Split, seq_len: int, streams: int, forward_tokens: int | None = None) -> None:
         """Also score `val` stateful and stateless after every validation (val/stateful_bpc,
         val/stateless_bpc): the inference modes over training. Stateless is one forward pass over
-        the vocabulary; stateful one pass over the split (evaluation.streams streams of seq_len chunks)."""
-        self._modes_split = (val, seq_len, streams)
+        the vocabulary; stateful one pass over the split (evaluation.streams streams of seq_len
+        chunks), or a sample within `forward_tokens` (evaluation.validation_tokens) for a model
+        whose stateful step costs more than a token per prediction (`score_stateful_within`)."""
+        self._modes_split = (val, seq_len, streams, forward_tokens)
 
     def on_validation_epoch_start(self) -> None:
         self._val_score = Score()
@@ -154,9 +156,9 @@ class LanguageModelTask(L.LightningModule):
         self.log("val/loss", score.nll, prog_bar=True)
         self.log("val/bpc", score.bpc, prog_bar=True)
         if self._modes_split is not None:
-            val, seq_len, streams = self._modes_split
+            val, seq_len, streams, forward_tokens = self._modes_split
             val = val.to(self.device)
-            self.last_mode_scores = {"stateful": score_stateful(self.model, val, seq_len, streams),
+            self.last_mode_scores = {"stateful": score_stateful_within(self.model, val, seq_len, streams, forward_tokens),
                                      "stateless": score_stateless(self.model, val)}
             for mode, mode_score in self.last_mode_scores.items():
                 self.log(f"val/{mode}_bpc", mode_score.bpc)

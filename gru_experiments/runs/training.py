@@ -91,7 +91,8 @@ def _train(cfg: DictConfig, current) -> dict:
                                   eval_batch_size=cfg.data.eval_batch_size,
                                   batching=batching if model.trainable else "windows")  # counted: no batches
     val_split = Split.of(datamodule.val_ids, tokenizer)
-    task.track_modes(val_split, cfg.data.seq_len, int(cfg.evaluation.streams))  # history.csv: modes over training
+    task.track_modes(val_split, cfg.data.seq_len, int(cfg.evaluation.streams),  # history.csv: modes over training
+                     cfg.evaluation.get("validation_tokens"))
     if model.context is not None and datamodule.train_ids.numel() < model.context + 1:
         raise UserError(f"the training split has {datamodule.train_ids.numel()} tokens, fewer than one context "
                         f"of {cfg.model.name} ({model.context} tokens and the one they predict); use a longer "
@@ -183,9 +184,12 @@ def _train(cfg: DictConfig, current) -> dict:
         "run_dir": str(run.path),
         "resumed_from_step": resume and resume.step,
     }
+    last_stateful = task.last_mode_scores.get("stateful")
+    if last_stateful is not None and last_stateful.tokens != val_split.n_targets:
+        last_stateful = None  # a sample (evaluation.validation_tokens): the end-of-run figure scores every target
     if trainer.is_global_zero:
         samples = evaluate_inference_modes(cfg, task, datamodule, val_split, summary, logger,
-                                           stateful=task.last_mode_scores.get("stateful") if val_is_final else None)
+                                           stateful=last_stateful if val_is_final else None)
         summary["wall_seconds"] = current.seconds  # the whole run, the evaluation included
         run.write_summary(summary)
         run.write_samples(samples)

@@ -53,6 +53,18 @@ def curve_stride(n_targets: int, window: int, point_tokens: int | None) -> int:
     return max(1, math.ceil(n_targets * window / int(point_tokens)))
 
 
+def curve_lengths(model, max_window: int, longest: int | None, n_targets: int) -> tuple[list[int], list[int]]:
+    """The curve's points up to the training window and past it (`context_lengths`,
+    `long_context_lengths`). A finite-context model's curve stops at the first point that holds its
+    whole context (128 for a transformer of block 128, 16 for the MLP): past it, every point is the same."""
+    lengths, beyond = context_lengths(max_window), long_context_lengths(max_window, longest, n_targets)
+    context = getattr(model, "context", None)
+    stop = next((w for w in lengths + beyond if context is not None and w >= context), None)
+    if stop is None:
+        return lengths, beyond
+    return [w for w in lengths if w <= stop], [w for w in beyond if w <= stop]
+
+
 def context_curve(model, split: Split, *, max_window: int, stateful: Score, point_tokens: int | None,
                   shared_stride: int = 1, batch_tokens: int = 1 << 16, scores_out: dict | None = None,
                   longest: int | None = None, long_tokens: int | None = None, targets: bool = False,
@@ -70,8 +82,9 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     their passes and a reference pass at max_window on the same targets within `long_tokens`
     forward tokens: a long point is the max_window point plus its paired difference from the
     reference (a difference estimator; its standard error is the difference's, docs/evaluation.md).
-    Finite-context models whose context fits in w are scored in one pass, exactly, the same for every such w
-    (`whole_context`: that figure when it is already scored on every target, e.g. the windowed one).
+    A finite-context model's curve stops at the first w that holds its context (`curve_lengths`),
+    a point scored in one pass, exactly (`whole_context`: that figure when it is already scored on
+    every target, e.g. the windowed one).
     `scores_out`, when given, receives {w: Score}; targets=True keeps the targets of the point
     max_window (the windowed figure) in its Score. `max_targets` (evaluation.max_tokens) caps the
     targets any point scores (`sample_stride`). `progress`: a bar per pass (progress.py).
@@ -80,8 +93,7 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
     per point, the targets scored, the stride, the tokens run through the model for it and the
     standard error of a sampled point (0 for an exact one)."""
     n = split.n_targets
-    lengths = context_lengths(max_window)
-    beyond = long_context_lengths(max_window, longest, n)
+    lengths, beyond = curve_lengths(model, max_window, longest, n)
     one_pass = [w for w in lengths + beyond if sees_whole_window(model, w)]
 
     def point_stride(w: int) -> int:
@@ -126,12 +138,15 @@ def context_curve(model, split: Split, *, max_window: int, stateful: Score, poin
             scores[w] = score_contexts(model, split, w, [w], strides[w], batch_tokens, tick=tick)[w]
         forward[w] = scores[w].tokens * w
     if one_pass:  # a finite-context model sees its whole context at each of these w: one exact pass for all
-        if whole_context is None or whole_context.tokens != n:
+        costly = model.tokens_per_prediction > 1  # its pass runs a window per prediction: keep the budget's sample
+        if whole_context is None or (whole_context.tokens != n and not costly):
             with progress.phase(f"context curve {', '.join(map(str, one_pass))}", n) as tick:
                 whole_context = score_in_one_pass(model, split, 1, targets=targets, tick=tick)
+            forward[min(one_pass)] = n * model.tokens_per_prediction
+        stride = 1 if whole_context.tokens == n else sample_stride(n, max_targets)
         for w in one_pass:
-            scores[w], strides[w], forward[w] = whole_context, 1, 0
-        forward[min(one_pass)] = n
+            scores[w], strides[w] = whole_context, stride
+            forward.setdefault(w, 0)
     curve, settings = {}, {"max_window": max_window, "curve_point_tokens": point_tokens, "split_targets": n,
                            "longest": max(lengths + beyond), "long_point_tokens": long_tokens,
                            "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}

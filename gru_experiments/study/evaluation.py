@@ -33,10 +33,14 @@ class Evaluation:
 
 
 def mode_metrics(scores: dict[str, Score]) -> dict[str, float]:
+    """<mode>_nll and <mode>_bpc, and <mode>_bpc_se: the standard error of the bpc as a mean over the
+    targets scored, taken as independent draws from text like the split's (Score.bpc_se). It is what
+    separates two models' figures (finding 7), not a sampling error: a whole-split figure has it too."""
     metrics = {}
     for mode, score in scores.items():
         metrics[f"{mode}_nll"] = score.nll
         metrics[f"{mode}_bpc"] = score.bpc
+        metrics[f"{mode}_bpc_se"] = score.bpc_se
     return metrics
 
 
@@ -115,14 +119,15 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
                                 targets=True, max_targets=max_targets, progress=progress, **long_curve)
         windowed = by_context[window]
     else:
-        with progress.phase("windowed", used["windowed_targets"] * window) as tick:
+        one_pass = sees_whole_window(model, window)  # then the bar counts targets, as stateful's
+        with progress.phase("windowed", n_targets if one_pass else used["windowed_targets"] * window) as tick:
             windowed = score_windowed(model, val, window, stride, batch_tokens, targets=curve, tick=tick)
         if curve:
             context = context_curve(model, val, max_window=seq_len, stateful=stateful, point_tokens=point_tokens,
                                     shared_stride=max(curve_stride(n_targets, seq_len, point_tokens),
                                                       sample_stride(n_targets, max_targets)),
                                     batch_tokens=batch_tokens, max_targets=max_targets, progress=progress,
-                                    whole_context=windowed if sees_whole_window(model, window) else None,
+                                    whole_context=windowed if one_pass else None,
                                     **long_curve)
     scores = {"stateful": stateful, "stateless": score_stateless(model, val), "windowed": windowed,
               "bigram": score_bigram(train_ids, val)}

@@ -170,6 +170,19 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     return total
 
 
+def score_stateful_within(model, split: Split, seq_len: int, streams: int, forward_tokens: int | None) -> Score:
+    """The stateful figure within a budget of forward tokens (the modes over training, at every
+    validation). A model whose stateful step runs more than a token per prediction (the
+    transformer past its block: `tokens_per_prediction`) scores every k-th target from its own
+    window of `context` tokens, all it sees statefully, with k the smallest stride within the
+    budget: a systematic sample. Any other model, or forward_tokens=None, runs `score_stateful`."""
+    cost = model.tokens_per_prediction
+    if cost <= 1 or not forward_tokens or split.n_targets * cost <= forward_tokens:
+        return score_stateful(model, split, seq_len, streams)
+    stride = math.ceil(split.n_targets * cost / forward_tokens)
+    return score_contexts(model, split, model.context, [model.context], stride)[model.context]
+
+
 @torch.no_grad()
 def stateless_log_probs(model) -> Tensor:
     """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
@@ -215,8 +228,12 @@ def score_windowed(model, split: Split, window: int, stride: int = 1, batch_toke
         raise ValueError(f"window and stride must be >= 1, got {window} and {stride}")
     if sees_whole_window(model, window):
         # Every window holds all the model can see: one pass over the split, the state carried,
-        # predicts each target exactly as its own window would.
-        return score_in_one_pass(model, split, stride, targets=targets, tick=tick)
+        # predicts each target exactly as its own window would. Unless that pass runs a window per
+        # prediction (the transformer past its block) and only a sample is wanted: then the sample's
+        # own windows of `context` tokens, the same predictions.
+        if stride == 1 or model.tokens_per_prediction == 1:
+            return score_in_one_pass(model, split, stride, targets=targets, tick=tick)
+        window = model.context
     return score_contexts(model, split, window, [window], stride, batch_tokens, targets=targets, tick=tick)[window]
 
 
