@@ -128,6 +128,7 @@ def test_stateless_sees_the_last_token_and_stateful_equals_windowed():
     ("dropout", 1.0, "invalid dropout=1.0"),
     ("bias", "no", "invalid bias='no': must be true or false"),
     ("attention_dropout", -0.1, "invalid attention_dropout=-0.1: must be a number in"),
+    ("tie_head", 1, "invalid tie_head=1: must be true or false"),
 ])
 def test_bad_settings_are_refused(key, value, message):
     from gru_experiments.models.protocol import InvalidSetting
@@ -139,7 +140,7 @@ def test_bad_settings_are_refused(key, value, message):
 # The sizes it faces: Astra-α 86,913 and Astra-β 715,713 (within 5%); nanoGPT's shakespeare_char 10.65M (1%,
 # nanoGPT's count, which leaves out the position embeddings: 10,646,784).
 @pytest.mark.parametrize("name,expected,rival,tolerance", [
-    ("transformer", 84_880, 86_913, 0.05), ("transformer_beta", 715_440, 715_713, 0.05),
+    ("transformer", 87_480, 86_913, 0.05), ("transformer_beta", 723_240, 715_713, 0.05),
     ("nanogpt_shakespeare", 10_745_088, 10_650_000, 0.01)])
 def test_parameter_counts(compose_config, name, expected, rival, tolerance):
     cfg = compose_config(f"model={name}")
@@ -164,6 +165,14 @@ def test_nanogpt_shakespeare_fast_dev_run_through_train_py(tmp_path, shakespeare
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trainable parameters: 10,745,088" in result.stdout
     assert "nanogpt_shakespeare: train loss" in result.stdout
+
+
+def test_the_head_is_tied_to_the_embeddings_unless_told_otherwise():
+    tied = build()
+    assert tied.head.weight is tied.wte.weight
+    untied = build(tie_head=False)
+    assert untied.head.weight.data_ptr() != untied.wte.weight.data_ptr()
+    assert count_parameters(untied) == count_parameters(tied) + V * 8
 
 
 def test_attention_dropout_defaults_to_dropout_and_may_be_turned_off():

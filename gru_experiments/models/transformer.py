@@ -3,7 +3,7 @@
     x = wte(token) + wpe(position)                        learned token and position embeddings
     x = x + attention(ln_1(x))                           pre-LayerNorm blocks: causal self-attention
     x = x + mlp(ln_2(x))                                 (scaled_dot_product_attention) and a GELU MLP
-    logits = head(ln_f(x))                               head weights tied to wte, as nanoGPT's
+    logits = head(ln_f(x))                               head weights tied to wte, as nanoGPT's (or not: tie_head)
 
 It sees at most `block_size` tokens (its `context`), and, like nanoGPT at generation, it sees them
 cropped: the oldest of the tokens in view at position 0. So its prediction at every step is a
@@ -78,9 +78,11 @@ class TransformerLM(FiniteContextLM):
     family = "transformer"
 
     def __init__(self, vocab_size: int, block_size: int = 128, embedding_dim: int = 40, num_layers: int = 4,
-                 num_heads: int = 4, dropout: float = 0.1, bias: bool = False, attention_dropout: float | None = None):
+                 num_heads: int = 4, dropout: float = 0.1, bias: bool = False, attention_dropout: float | None = None,
+                 tie_head: bool = True):
         """attention_dropout: on the attention weights (None: `dropout`, as nanoGPT). Any value above 0 sends
-        scaled_dot_product_attention to its unfused path on CPU, at about half the speed."""
+        scaled_dot_product_attention to its unfused path on CPU, at about half the speed.
+        tie_head: the head shares the token embeddings' weights (nanoGPT's); false gives it its own."""
         super().__init__()
         for key, value in (("block_size", block_size), ("embedding_dim", embedding_dim), ("num_layers", num_layers),
                            ("num_heads", num_heads)):
@@ -91,6 +93,7 @@ class TransformerLM(FiniteContextLM):
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         check_dropout(attention_dropout, "attention_dropout")
         check_setting(isinstance(bias, bool), "bias", bias, "true or false")
+        check_setting(isinstance(tie_head, bool), "tie_head", tie_head, "true or false")
         self.window = ContextWindow(block_size)
         self.wte = nn.Embedding(vocab_size, embedding_dim)
         self.wpe = nn.Embedding(block_size, embedding_dim)
@@ -98,7 +101,8 @@ class TransformerLM(FiniteContextLM):
         self.blocks = nn.ModuleList(Block(embedding_dim, num_heads, dropout, bias, attention_dropout) for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(embedding_dim, bias=bias)
         self.head = nn.Linear(embedding_dim, vocab_size, bias=False)
-        self.head.weight = self.wte.weight  # weight tying (nanoGPT's)
+        if tie_head:
+            self.head.weight = self.wte.weight  # weight tying (nanoGPT's)
         # nanoGPT's initialisation: N(0, 0.02), zero biases, the residual projections scaled by depth.
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
