@@ -331,8 +331,10 @@ def test_max_tokens_is_validated(compose_config, tiny_corpus):
     from gru_experiments.errors import UserError
 
     assert compose_config().evaluation.max_tokens is None  # Astra-alpha: the whole split
-    assert compose_config("model=leviathan").evaluation.max_tokens == OmegaConf.load(
-        Path(__file__).parents[1] / "conf/model/leviathan.yaml").eval_max_tokens
+    leviathan = OmegaConf.load(Path(__file__).parents[1] / "conf/model/leviathan.yaml")
+    assert compose_config("model=leviathan").evaluation.max_tokens == leviathan.eval_max_tokens
+    assert compose_config("model=leviathan").evaluation.long_point_tokens == leviathan.eval_long_point_tokens
+    assert compose_config().evaluation.long_point_tokens == 8388608  # the default's
     for bad in ("0", "-3", "1.5", "many"):
         with pytest.raises(UserError, match="evaluation.max_tokens"):
             validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.max_tokens={bad}"))
