@@ -3,6 +3,9 @@
     python benchmarks/bench_evaluation.py [--models astra_gamma leviathan] [--fraction 0.1] [--steps 4]
                                           [--precision auto|always|never] [--data-dir DIR]
 
+--fraction 1 measures the whole evaluation (final weights and the best checkpoint's pass), nothing
+extrapolated.
+
 In one process, side by side: training steps of the model's recipe shape (batch 64 x 128,
 forward, backward, AdamW; random weights: speed does not depend on them), median of the steps
 after the first, times the recipe's steps = the full recipe's training time (extrapolated from the
@@ -73,7 +76,7 @@ def measure(name: str, args) -> dict:
     val = Split.of(corpus.val_ids[:part + 1], corpus.tokenizer)
     settings = OmegaConf.to_container(cfg.evaluation, resolve=True)
     budget = settings.get("max_tokens")
-    if budget:  # the same stride on the slice as on the whole split
+    if budget and part < n:  # the same stride on the slice as on the whole split
         settings["max_tokens"] = max(1, math.floor(part / math.ceil(n / budget)))
     training_tokens = recipe_steps * batch * seq_len
     settings["windowed_stride"] = max(1, math.ceil(n * seq_len / training_tokens)) \

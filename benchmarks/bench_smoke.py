@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
+MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan",
+          "transformer", "transformer_beta", "nanogpt_shakespeare"]
 
 
 def cpu_name() -> str:

@@ -86,7 +86,7 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
     report = (sweep / "report.md").read_text()
     assert all(f"| {name} |" in report for name in SIX)
     # The study's figures: every job's context curve (point "1" is its stateless figure), the modes
-    # at every validation, the best checkpoint, and the six findings judged from them.
+    # at every validation, the best checkpoint, and the findings judged from them.
     for row in rows:
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         assert summary["context_curve"]["1"] == pytest.approx(summary["stateless_bpc"], abs=1e-4)
