@@ -111,8 +111,9 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args()
     print(f"torch threads {torch.get_num_threads()}; precision {args.precision}", flush=True)
+    evaluation = "measured whole" if args.fraction >= 1 else f"extrapolated from {args.fraction:.0%} of the split"
     print("| model | training tokens/s | full recipe, training (extrapolated) | max_tokens | end-of-run evaluation "
-          "(extrapolated; final + best) | evaluation / training |")
+          f"({evaluation}; final + best) | evaluation / training |")
     print("|---|---:|---:|---:|---:|---:|", flush=True)
     for name in args.models:
         r = measure(name, args)

@@ -98,7 +98,8 @@ class TransformerLM(FiniteContextLM):
         self.wte = nn.Embedding(vocab_size, embedding_dim)
         self.wpe = nn.Embedding(block_size, embedding_dim)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(embedding_dim, num_heads, dropout, bias, attention_dropout) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(Block(embedding_dim, num_heads, dropout, bias, attention_dropout)
+                                    for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(embedding_dim, bias=bias)
         self.head = nn.Linear(embedding_dim, vocab_size, bias=False)
         if tie_head:

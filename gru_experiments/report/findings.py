@@ -1,4 +1,4 @@
-"""The study's five findings, each judged by the numbers of one sweep (report.md's *Findings*).
+"""The study's findings, each judged by the numbers of one sweep (report.md's *Findings*).
 
 The original study states five findings:
 
@@ -335,7 +335,8 @@ def findings(jobs) -> list[Finding]:
 def findings_markdown(jobs) -> list[str]:
     """report.md's *Findings* section."""
     lines = ["## Findings", "",
-             "The original study's five findings, the project's sixth and the notebook's closing claim, each judged by this sweep's numbers "
+             "The original study's five findings, the project's sixth and the notebook's closing claim, each judged "
+             "by this sweep's numbers "
              "(computed when the report "
              "is built; figures are of the final weights, \"best\" ones of the checkpoint with the lowest "
              "validation loss).", ""]

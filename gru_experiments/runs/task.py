@@ -158,7 +158,8 @@ class LanguageModelTask(L.LightningModule):
         if self._modes_split is not None:
             val, seq_len, streams, forward_tokens = self._modes_split
             val = val.to(self.device)
-            self.last_mode_scores = {"stateful": score_stateful_within(self.model, val, seq_len, streams, forward_tokens),
+            stateful = score_stateful_within(self.model, val, seq_len, streams, forward_tokens)
+            self.last_mode_scores = {"stateful": stateful,
                                      "stateless": score_stateless(self.model, val)}
             for mode, mode_score in self.last_mode_scores.items():
                 self.log(f"val/{mode}_bpc", mode_score.bpc)
