@@ -201,7 +201,11 @@ def test_every_stateful_family_trains_in_streams_mode(compose_config, tiny_corpu
     summary = train(compose_config(*overrides))
     assert summary["status"] == "completed" and summary["training_mode"] == "streams"
     assert summary["train_steps"] == 4 and math.isfinite(summary["val_loss"])
-    assert [k for k in summary["context_curve"] if k.isdigit()][-3:] == ["16", "32", "64"]
+    points = [k for k in summary["context_curve"] if k.isdigit()]
+    if model == "mlp":  # a finite context (16): the curve stops at the point that holds it
+        assert points[-1] == "16"
+    else:
+        assert points[-3:] == ["16", "32", "64"]
 
 
 def test_a_counted_ngram_says_streams_change_nothing(compose_config, tiny_corpus, capsys):
