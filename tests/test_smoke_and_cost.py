@@ -92,3 +92,16 @@ def test_the_estimate_adds_training_validation_and_evaluation():
     assert estimate["total_seconds"] == pytest.approx(
         estimate["train_seconds"] + estimate["validation_seconds"] + estimate["eval_seconds"])
     assert "estimated time left" in CostEstimate.describe(estimate)
+
+
+def test_the_estimate_counts_the_validations_that_max_steps_leaves():
+    """max_steps=200 of a 20 x 400-step recipe: one validation left, not twenty."""
+    class Trainer:
+        max_steps, global_step, max_epochs, current_epoch, num_training_batches = 200, 10, 20, 0, 400
+
+    model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
+    settings = OmegaConf.create({"streams": 4, "windowed_stride": "auto", "max_tokens": 100, "curve_point_tokens": None})
+    one = CostEstimate(1000, 16, 8, settings, model=model).compute(Trainer(), step_seconds=0.5)
+    Trainer.max_steps = 8000
+    twenty = CostEstimate(1000, 16, 8, settings, model=model).compute(Trainer(), step_seconds=0.5)
+    assert twenty["validation_seconds"] == pytest.approx(20 * one["validation_seconds"])

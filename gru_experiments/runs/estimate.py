@@ -12,6 +12,7 @@ An estimate: the machine's load moves it, and so does a best checkpoint that is 
 
 from __future__ import annotations
 
+import math
 import time
 
 from lightning.pytorch.callbacks import Callback
@@ -123,6 +124,9 @@ class CostEstimate(Callback):
         tokens_per_step = self.batch_size * self.seq_len
         forward_seconds = step_seconds / tokens_per_step / EVAL_FORWARD_SPEEDUP  # per forward token
         epochs = max(int(trainer.max_epochs or 1) - trainer.current_epoch, 1)
+        per_epoch = getattr(trainer, "num_training_batches", None)
+        if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
+            epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         model = self.model if self.model is not None else trainer.lightning_module.model
         evaluation = planned_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
                                             int(total_steps) * tokens_per_step)
