@@ -184,12 +184,9 @@ def _train(cfg: DictConfig, current) -> dict:
         "run_dir": str(run.path),
         "resumed_from_step": resume and resume.step,
     }
-    last_stateful = task.last_mode_scores.get("stateful")
-    if last_stateful is not None and last_stateful.tokens != val_split.n_targets:
-        last_stateful = None  # a sample (evaluation.validation_tokens): the end-of-run figure scores every target
     if trainer.is_global_zero:
         samples = evaluate_inference_modes(cfg, task, datamodule, val_split, summary, logger,
-                                           stateful=last_stateful if val_is_final else None)
+                                           stateful=task.last_mode_scores.get("stateful") if val_is_final else None)
         summary["wall_seconds"] = current.seconds  # the whole run, the evaluation included
         run.write_summary(summary)
         run.write_samples(samples)

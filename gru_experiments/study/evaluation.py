@@ -104,7 +104,7 @@ def evaluate(model, train_ids: Tensor, val: Split, seq_len: int, settings, train
     # The paired stateful - windowed keeps only the targets whose stream has carried the state past one
     # window: before that the state has seen less than the window has (each stream's cold start).
     keep = window if curve else None
-    if stateful is None:
+    if stateful is None or stateful.tokens != n_targets:  # a sample (evaluation.validation_tokens) is not reused
         with progress.phase("stateful", n_targets) as tick:
             stateful = score_stateful(model, val, seq_len, streams, targets_after=keep, tick=tick)
     point_tokens = settings.get("curve_point_tokens")
