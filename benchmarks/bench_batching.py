@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import torch
+from bench_recurrence import machine_info
 from omegaconf import OmegaConf
 
-from bench_recurrence import machine_info
-from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus
 from gru_experiments.data.batches import RandomWindowBatches, StreamBatches
-from gru_experiments.runs.task import LanguageModelTask
+from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus
 from gru_experiments.data.tokenizers import build_tokenizer
+from gru_experiments.runs.task import LanguageModelTask
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -89,7 +89,8 @@ def main() -> None:
     for mode, values in speeds.items():
         print(f"{mode:>8}: " + "  ".join(f"{v:,.0f}" for v in values) + f"   median {statistics.median(values):,.0f}")
     ratios = [s / w for s, w in zip(speeds["streams"], speeds["windows"])]
-    print(f"streams / windows per round: {'  '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
+    print(f"streams / windows per round: {'  '.join(f'{r:.3f}' for r in ratios)}; "
+          f"median {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":

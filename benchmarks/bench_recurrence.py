@@ -18,8 +18,8 @@ Training: one step = forward + cross-entropy + backward + AdamW step, on random 
 with bf16 matmul inputs at every weight (`low_precision_matmuls=always`), ours as
 `low_precision_matmuls=auto` picks on this machine, and built-in (float32) alternate step
 by step after a warm-up (A B C D D C B A ...), so load from other processes on a shared
-machine hits all alike; the table reports medians and the ratios within the run. `--reference` also times the readable per-step
-reference layers (the notebook-style number), for context.
+machine hits all alike; the table reports medians and the ratios within the run. `--reference`
+also times the readable per-step reference layers (the notebook-style number), for context.
 
 Sampling: stateful, one token at a time: `model(tokens[:, -1:], state)` carrying the
 state, sampled from the softmax, at batch 1 and batch 64, for two generation lengths:
@@ -44,8 +44,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gru_experiments.models.recurrent import RecurrentLM  # noqa: E402
 from gru_experiments.models.precision import MatmulPrecision, has_fast_bf16, resolve  # noqa: E402
+from gru_experiments.models.recurrent import RecurrentLM  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,8 @@ class Shape:
 
     def describe(self) -> str:
         ln = ", LN" if self.layer_norm else ""
-        return f"{self.name} ({self.cell.upper()} {self.embedding_dim}/{self.hidden_size}/{self.num_layers}, V {self.vocab_size}{ln})"
+        return (f"{self.name} ({self.cell.upper()} {self.embedding_dim}/{self.hidden_size}/{self.num_layers}, "
+                f"V {self.vocab_size}{ln})")
 
 
 def load_shapes() -> dict[str, Shape]:
@@ -200,7 +201,8 @@ def machine_info(device) -> str:
              f"oneDNN {torch.backends.mkldnn.is_available()}",
              f"- Python {platform.python_version()}, {platform.system()} {platform.release()}"]
     if torch.cuda.is_available():
-        lines.append(f"- CUDA {torch.version.cuda}: {torch.cuda.get_device_name(device if device.type == 'cuda' else 0)}")
+        lines.append(f"- CUDA {torch.version.cuda}: "
+                     f"{torch.cuda.get_device_name(device if device.type == 'cuda' else 0)}")
     lines.append(f"- device used: {device}; load average at start (1/5/15 min): {load_average()}")
     return "\n".join(lines)
 

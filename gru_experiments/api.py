@@ -11,7 +11,7 @@ Nothing here is a second implementation: `train` composes the same config as tra
 compose API over conf/, config "train") and runs training.train; `load` is
 runs.task.load_checkpoint (weights only) on the checkpoint runs.run_dir.find_checkpoint picks;
 `generate` is inference.generate; `score` is study/scores.py's per-mode scorers on an
-evaluation.Split. Bad input raises a one-line errors.UserError. docs/python.md describes it all.
+scores.Split. Bad input raises a one-line errors.UserError. docs/python.md describes it all.
 """
 
 from __future__ import annotations
@@ -80,10 +80,13 @@ class TrainedModel:
 
     @property
     def summary(self) -> dict | None:
-        """The run's summary.json, when the model came from a finished run."""
+        """The run's summary.json, when the model came from a finished run (an older run's "cell"
+        read as today's "family")."""
+        from gru_experiments.report.sweep_folder import read_summary
         from gru_experiments.runs.run_dir import RunDir
 
-        return RunDir(self.run_dir).summary() if self.run_dir is not None else None
+        summary = RunDir(self.run_dir).summary() if self.run_dir is not None else None
+        return None if summary is None else read_summary(summary)
 
     def _window(self, window: int | None) -> int:
         if window is None:
@@ -106,9 +109,8 @@ class TrainedModel:
         same device). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
         that as `seed` to get its text. drop_unknown=True drops prompt characters the vocabulary
         lacks (else they raise a UserError naming them)."""
-        from gru_experiments.study.inference import validate_sampling
-        from gru_experiments.study.inference import Decoding, generate
         from gru_experiments.data.tokenizers import encode_prompt
+        from gru_experiments.study.inference import Decoding, generate, validate_sampling
 
         _check_mode(mode)
         if mode == "windowed":
@@ -138,9 +140,9 @@ class TrainedModel:
         stride 1) on the text's token ids."""
         import torch
 
+        from gru_experiments.data.tokenizers import describe_characters
         from gru_experiments.study.inference import validate_sampling
         from gru_experiments.study.scores import Split, score_stateful, score_stateless, score_windowed
-        from gru_experiments.data.tokenizers import describe_characters
 
         _check_mode(mode)
         if mode == "windowed":
@@ -162,7 +164,7 @@ class TrainedModel:
         elif mode == "stateless":
             result = score_stateless(self.model, split)
         else:
-            result = score_windowed(self.model, split, window, stride=1)
+            result = score_windowed(self.model, split, window)
         return TextScore(mode=mode, nll=result.nll, bpc=result.bpc, nll_sum=result.nll_sum, tokens=result.tokens,
                          characters=result.characters, window=window if mode == "windowed" else None)
 
@@ -187,8 +189,8 @@ def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
     else:
         raise UserError(f"no run folder or checkpoint file at {run_or_checkpoint}")
 
-    from gru_experiments.runs.task import load_checkpoint
     from gru_experiments.runs.sampling import resolve_device
+    from gru_experiments.runs.task import load_checkpoint
 
     try:
         device = resolve_device(device)

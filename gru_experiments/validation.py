@@ -1,7 +1,10 @@
 """Checking config values against rules, before any work: the one rule engine. A Rule names a
 dotted key, what a valid value is (a predicate) and how to say it in words; `check_rules` raises a
 one-line UserError naming the key, the value and what is allowed. The rules themselves live with
-what they check: the run's in runs/config.py, the sampling settings' in study/inference.py."""
+what they check: the run's in runs/config.py, the sampling settings' in study/inference.py. A
+model's constructor checks its own arguments with `check_setting` (and `check_int`,
+`check_dropout`), which raise `InvalidSetting`: the key is the argument's name, and
+models/protocol.py adds the `model.architecture.` prefix."""
 
 from __future__ import annotations
 
@@ -47,6 +50,37 @@ def non_negative_number(v) -> bool:
 
 def open_fraction(v) -> bool:  # (0, 1)
     return is_number(v) and 0 < v < 1
+
+
+def temperature_rule(key: str = "temperature") -> Rule:
+    """The one rule for a sampling temperature, wherever it is set: sample.py and the Python API
+    (study/inference.validate_sampling), the end-of-run samples (runs/config.py:
+    evaluation.sample_temperature) and `inference.Decoding`. 0 means greedy: the argmax."""
+    return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)
+
+
+class InvalidSetting(UserError):
+    """A model setting with a value its family does not accept; `key` is the argument's name."""
+
+    def __init__(self, key: str, value, allowed: str, prefix: str = ""):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid {prefix}{key}={value!r}: must be {allowed}")
+
+    def with_prefix(self, prefix: str) -> "InvalidSetting":
+        return InvalidSetting(self.key, self.value, self.allowed, prefix)
+
+
+def check_setting(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise InvalidSetting(key, value, allowed)
+
+
+def check_int(key: str, value, low: int = 1) -> None:
+    check_setting(is_int(value) and value >= low, key, value, f"an integer >= {low}")
+
+
+def check_dropout(value, key: str = "dropout") -> None:
+    check_setting(is_number(value) and 0 <= value < 1, key, value, "a number in [0, 1)")
 
 
 def select(cfg, key: str):

@@ -1,7 +1,7 @@
 """Shared fixtures: configs composed with Hydra's compose API into tmp_path, and corpora.
 
 Tests never use the network: the real corpus is the copy shipped in the package
-(gru_experiments/corpora), small corpora are made here.
+(gru_experiments/data/corpora), small corpora are made here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ MODELS = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_be
 
 @pytest.fixture(scope="session")
 def shakespeare(tmp_path_factory) -> Path:
-    """The shipped Tiny Shakespeare as a plain text file (read and sha256-checked by data.read_corpus)."""
+    """The shipped Tiny Shakespeare as a plain text file (read and sha256-checked by corpus.read_corpus)."""
     from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus
 
     path = tmp_path_factory.mktemp("corpus") / "tinyshakespeare.txt"
@@ -43,7 +43,8 @@ def make_text(n_chars: int = 20_000, seed: int = 0) -> str:
     while sum(map(len, lines)) < n_chars:
         speaker = rng.choice(["ÉLISE", "JUAN", "MARÍA"])
         body = " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
-        lines.append(f"{speaker}:\n{body.capitalize()}{rng.choice('.!?,;')}\n  {rng.choice(words)}   {rng.choice(words)}\n\n")
+        lines.append(f"{speaker}:\n{body.capitalize()}{rng.choice('.!?,;')}\n"
+                     f"  {rng.choice(words)}   {rng.choice(words)}\n\n")
     return "".join(lines)[:n_chars]
 
 

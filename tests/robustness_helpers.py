@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +34,34 @@ def run_script(root: Path, *overrides: str, script: Path = TRAIN_PY, timeout: in
 def start_script(root: Path, *overrides: str, script: Path = TRAIN_PY, **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script), *overrides], cwd=REPO, env=script_env(root, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# train.py as a real process, killed with SIGKILL (no cleanup, no finally) right after it writes a
+# checkpoints/last.ckpt of training step KILL_AT_STEP: its first write of that step.
+KILL_AFTER_CHECKPOINT = textwrap.dedent(f"""
+    import os, runpy, signal, sys
+    from gru_experiments.runs.checkpoints import AtomicCheckpointIO
+
+    step = int(os.environ["KILL_AT_STEP"])
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_and_die(self, checkpoint, path, storage_options=None):
+        save(self, checkpoint, path, storage_options)
+        if checkpoint.get("global_step") == step and os.path.basename(path) == "last.ckpt":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    AtomicCheckpointIO.save_checkpoint = save_and_die
+    sys.argv = [{str(TRAIN_PY)!r}, *sys.argv[1:]]
+    runpy.run_path({str(TRAIN_PY)!r}, run_name="__main__")
+""")
+
+
+def run_killed_after_checkpoint(root: Path, step: int, *overrides: str) -> subprocess.CompletedProcess:
+    """train.py with `overrides` under `root`, killed right after its last.ckpt of `step` is written."""
+    killer = root / "kill_after_checkpoint.py"
+    root.mkdir(parents=True, exist_ok=True)
+    killer.write_text(KILL_AFTER_CHECKPOINT)
+    return run_script(root, *overrides, script=killer, KILL_AT_STEP=step)
 
 
 def fingerprint(*folders: Path) -> dict[str, str]:

@@ -10,7 +10,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from robustness_helpers import run_script
 
 NEW_CHARACTERS = "é½\tcf"  # "café" brings c and f too

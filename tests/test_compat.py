@@ -17,12 +17,12 @@ import tarfile
 
 import pytest
 import torch
+from robustness_helpers import REPO, TINY, run_script
 
 import gru_experiments
 from gru_experiments.models.protocol import MOVED_CLASSES
 from gru_experiments.runs.checkpoints import atomic_torch_save, read_checkpoint
 from gru_experiments.runs.training import train
-from robustness_helpers import REPO, TINY, run_script
 
 OLD_MAIN = "9d1cd15392d7a99c56d375dc04ee8fecb690cca2"  # the flat layout, as users had it
 OLD_PATHS = {"astra_alpha": "gru_experiments.model.RecurrentLM", "mlp": "gru_experiments.mlp.BengioMLP"}
@@ -31,7 +31,7 @@ OLD_PATHS = {"astra_alpha": "gru_experiments.model.RecurrentLM", "mlp": "gru_exp
 @pytest.mark.parametrize("model", ["astra_alpha", "mlp"])
 def test_a_checkpoint_naming_the_old_class_path_loads(compose_config, tiny_corpus, tmp_path, model):
     summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", f"model={model}", "trainer.max_steps=2",
-                                   "evaluation.windowed_stride=50"))
+                                   "evaluation.budget=1"))  # a sampled, quick evaluation
     checkpoint = read_checkpoint(summary["checkpoint"])
     assert checkpoint["hyper_parameters"]["architecture"]["_target_"] == MOVED_CLASSES[OLD_PATHS[model]]
     checkpoint["hyper_parameters"]["architecture"]["_target_"] = OLD_PATHS[model]
@@ -77,7 +77,8 @@ def test_checkpoints_of_the_flat_layout_load_sample_and_resume(tmp_path, tiny_co
     (old / "kill_at_step_3.py").write_text(KILL_OLD_RUN)
     runs = tmp_path / "runs"
     recipe = [*TINY, f"data.path={tiny_corpus}", f"model={model}", "model.steps_per_epoch=4", "model.epochs=2",
-              "checkpoint.every_n_steps=2", "evaluation.windowed_stride=20"]
+              "checkpoint.every_n_steps=2",  # killed at step 3, before its first validation or evaluation
+              "evaluation.windowed_stride=20"]  # a key of the old evaluation, gone since issue 25
     killed = subprocess.run([sys.executable, "kill_at_step_3.py", *recipe], cwd=old, capture_output=True, text=True,
                             timeout=600, env={**os.environ, "PROJECT_ROOT": str(runs), "PYTHONPATH": str(old),
                                               "WANDB_MODE": "offline"})
@@ -93,8 +94,9 @@ def test_checkpoints_of_the_flat_layout_load_sample_and_resume(tmp_path, tiny_co
                          script=REPO / "sample.py")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
 
-    resumed = run_script(runs, f"resume={run}")
+    resumed = run_script(runs, f"resume={run}", "evaluation.budget=1")  # a sampled, quick evaluation
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming without evaluation.windowed_stride=20" in resumed.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["train_steps"] == 8
     assert torch.isfinite(torch.tensor(summary["val_loss"]))

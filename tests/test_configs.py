@@ -30,7 +30,8 @@ ALL_CONFIGS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] 
 def test_parameter_count_to_the_unit(compose_config, name):
     cfg = compose_config(f"model={name}")
     cell, tokenizer, expected = EXPECTED[name]
-    assert cfg.model.name == name and cfg.model.architecture.get("cell", "mlp") == cell and cfg.tokenizer.kind == tokenizer
+    assert (cfg.model.name == name and cfg.model.architecture.get("cell", "mlp") == cell
+            and cfg.tokenizer.kind == tokenizer)
     vocab = 65 if tokenizer == "char" else cfg.tokenizer.vocab_size
     model = build_model(OmegaConf.to_container(cfg.model.architecture), vocab)
     assert count_parameters(model) == expected
@@ -59,9 +60,9 @@ def test_every_model_trains_one_step_on_tiny_data(compose_config, tiny_corpus, t
         overrides.append("tokenizer.vocab_size=80")  # the tiny corpus cannot support 1000 pieces
     cfg = compose_config(*overrides)
     summary = train(cfg)
-    assert summary["train_steps"] == (1 if summary["cell"] != "ngram" else 0) and summary["model"] == name
+    assert summary["train_steps"] == (1 if summary["family"] != "ngram" else 0) and summary["model"] == name
     on_disk = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
-    for key in ["model", "cell", "tokenizer", "vocab_size", "parameters", "train_loss", "val_loss", "val_bpc",
+    for key in ["model", "family", "tokenizer", "vocab_size", "parameters", "train_loss", "val_loss", "val_bpc",
                 "tokens_per_second", "wall_seconds", "checkpoint"]:
         assert key in on_disk
     assert Path(on_disk["checkpoint"]).is_file()

@@ -13,15 +13,27 @@ from omegaconf import OmegaConf
 
 from gru_experiments.data.batches import RandomWindowBatches
 from gru_experiments.data.corpus import split_text
-from gru_experiments.study.scores import (Score, Split, score_contexts, score_bigram, score_stateful, score_stateless, score_table, score_windowed, stateless_log_probs, windowed_stride)
-from gru_experiments.study.context_curve import context_curve, context_lengths, curve_points, curve_stride
-from gru_experiments.study.evaluation import evaluate
-from gru_experiments.study.inference import eval_mode
-from gru_experiments.runs.history import read_history
-from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.models.ngram import NGramLM
 from gru_experiments.data.tokenizers import CharTokenizer
-from gru_experiments.runs.training import score_best, train
+from gru_experiments.models.ngram import NGramLM
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.runs.history import read_history
+from gru_experiments.runs.scoring import score_best
+from gru_experiments.runs.training import train
+from gru_experiments.study.context_curve import curve_points
+from gru_experiments.study.evaluation import evaluate, plan_for
+from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.plan import context_lengths, plan_evaluation
+from gru_experiments.study.scores import (
+    Score,
+    Split,
+    score_bigram,
+    score_contexts,
+    score_stateful,
+    score_stateless,
+    score_table,
+    score_windowed,
+    stateless_log_probs,
+)
 
 V = 11
 
@@ -84,7 +96,9 @@ def test_stateless_is_every_target_from_its_previous_token_alone(model, ids):
 
 @pytest.mark.parametrize("window,stride", [(6, 1), (6, 7), (1, 1), (500, 3)])
 def test_windowed_is_every_target_from_its_own_window(model, ids, window, stride):
-    score = score_windowed(model, split(ids), window, stride=stride, batch_tokens=40)
+    # Every stride-th target from its own window (the evaluation's sample: score_contexts at one context).
+    score = score_windowed(model, split(ids), window) if stride == 1 else \
+        score_contexts(model, split(ids), window, [window], stride)[window]
     positions = range(1, ids.numel(), stride)
     nlls = [nll_of(model, ids[max(0, t - window):t], ids[t].item()) for t in positions]
     check_score(score, nlls, ids[list(positions)])
@@ -119,18 +133,10 @@ def test_tables_score_uneven_token_lengths():
     assert score.characters == 1 + 5 + 5 + 2  # the targets 0, 2, 2, 1
 
 
-def test_auto_stride_scores_a_full_recipe_exactly_and_a_smoke_run_quickly():
-    # Astra-alpha's recipe: 2000 steps x 64 x 128 tokens; the validation split: 111,539 targets.
-    assert windowed_stride("auto", 111_539, 128, 2000 * 64 * 128) == 1
-    assert windowed_stride("auto", 111_539, 128, 2 * 4 * 32) == math.ceil(111_539 * 128 / 256)
-    assert windowed_stride("auto", 111_539, 128, None) == 1
-    assert windowed_stride(5, 111_539, 128, 1) == 5
-
-
 @pytest.mark.parametrize("stride", [1, 3])
 def test_one_pass_of_windows_scores_every_shorter_context(model, ids, stride):
     window = 6
-    scores = score_contexts(model, split(ids), window, [1, 2, 4, 6], stride=stride, batch_tokens=40)
+    scores = score_contexts(model, split(ids), window, [1, 2, 4, 6], stride=stride)
     for w, score in scores.items():
         # Context w: the targets u = w + 1 - window (mod stride), each from its own last w tokens.
         targets = [u for u in range(1, ids.numel()) if (u - (w + 1 - window)) % stride == 0]
@@ -138,26 +144,28 @@ def test_one_pass_of_windows_scores_every_shorter_context(model, ids, stride):
         check_score(score, nlls, ids[targets])
         if stride == 1:
             assert score.nll_sum == pytest.approx(score_windowed(model, split(ids), w).nll_sum, rel=1e-9)
-    assert scores[6].nll_sum == pytest.approx(score_windowed(model, split(ids), 6, stride).nll_sum, rel=1e-9)
+    assert scores[6].exact == (stride == 1) and scores[6].population == ids.numel() - 1
 
 
 def test_context_curve_points_exact_or_on_a_systematic_sample(model, ids):
+    """Exact, every point is the windowed figure at its context; within a budget, the points share the
+    windowed pass's stride, each the same targets as score_contexts at that stride, with its error."""
     assert context_lengths(128) == [1, 2, 4, 8, 16, 32, 64, 128] and context_lengths(12) == [1, 2, 4, 8, 12]
-    assert curve_stride(149, 8, 10_000) == 1 and curve_stride(149, 8, 300) == math.ceil(149 * 8 / 300)
-    stateful = score_stateful(model, split(ids), 5, 1)
-    exact = context_curve(model, split(ids), max_window=6, stateful=stateful, point_tokens=300, batch_tokens=40)
+    settings = OmegaConf.create({"budget": None, "streams": 1, "curve_longest": None})
+    exact = evaluate(model, ids, split(ids), plan_for(model, 149, 6, settings, None)).curve
     for w in [1, 2, 4, 6]:
         assert exact[str(w)] == pytest.approx(score_windowed(model, split(ids), w).bpc, rel=1e-9)
         assert exact["settings"]["targets"][str(w)] == 149 and exact["settings"]["bpc_se"][str(w)] == 0
     assert exact["1"] == pytest.approx(score_stateless(model, split(ids)).bpc, abs=1e-4)
-    assert exact["stateful"] == stateful.bpc
-    # The shared pass samples every 5th target; points whose exact figure fits the budget get their
-    # own pass (every k-th target within it), the training window stays the windowed figure's sample.
-    sampled = context_curve(model, split(ids), max_window=6, stateful=stateful, point_tokens=300, shared_stride=5)
-    assert sampled["settings"]["stride"] == {"1": 1, "2": 1, "4": 2, "6": 5, "stateful": 1}
-    assert sampled["4"] == pytest.approx(score_windowed(model, split(ids), 4, 2).bpc, rel=1e-9)
-    assert sampled["6"] == pytest.approx(score_windowed(model, split(ids), 6, 5).bpc, rel=1e-9)
-    assert sampled["settings"]["bpc_se"]["6"] > 0 and sampled["settings"]["targets"]["6"] == 30
+    assert exact["stateful"] == score_stateful(model, split(ids), 6, 1).bpc
+    plan = plan_evaluation(model, 149, seq_len=6, window=6, streams=1, budget=200)
+    stride = plan.passes[plan.figure("windowed").passes[0]].stride
+    sampled = evaluate(model, ids, split(ids), plan).curve
+    assert stride > 1 and set(sampled["settings"]["stride"].values()) == {stride, 1}
+    for w in [1, 2, 4, 6]:
+        assert sampled[str(w)] == pytest.approx(score_contexts(model, split(ids), 6, [w], stride)[w].bpc, rel=1e-9)
+        assert sampled["settings"]["bpc_se"][str(w)] > 0
+    assert sampled["settings"]["targets"]["6"] == len(range(1, 150, stride))
 
 
 def test_standard_error_of_a_sample_is_the_ratio_estimators():
@@ -166,7 +174,8 @@ def test_standard_error_of_a_sample_is_the_ratio_estimators():
     score = Score(nll.sum().item(), 5, int(chars.sum()), ((nll * nll).sum().item(), (nll * chars).sum().item(),
                                                           (chars * chars).sum().item()))
     ratio = nll.sum() / chars.sum()
-    expected = math.sqrt(((nll - ratio * chars) ** 2).sum().item() / (5 * 4)) / (chars.float().mean().item()) / math.log(2)
+    expected = (math.sqrt(((nll - ratio * chars) ** 2).sum().item() / (5 * 4)) / (chars.float().mean().item())
+                / math.log(2))
     assert score.bpc_se == pytest.approx(expected)
 
 
@@ -198,8 +207,10 @@ def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    settings = OmegaConf.create({"streams": 16, "window": 32, "windowed_stride": 20, "curve_point_tokens": 100_000})
-    evaluation = evaluate(model, train_ids, Split.of(val_ids, tokenizer), 32, settings)
+    # 30 steps of 32 x 32 tokens; budget 0.5: 15,360 forward tokens for the windows of 32 and the curve.
+    settings = OmegaConf.create({"streams": 16, "window": 32, "budget": 0.5, "curve_longest": None})
+    plan = plan_for(model, 19_999, 32, settings, training_tokens=30 * 32 * 32)
+    evaluation = evaluate(model, train_ids, Split.of(val_ids, tokenizer), plan)
     bpc = {mode: score.bpc for mode, score in evaluation.scores.items()}
     assert bpc["stateful"] < bpc["stateless"] - 0.3, bpc
     assert bpc["windowed"] < bpc["stateless"] - 0.3, bpc
@@ -209,20 +220,19 @@ def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
     # The context curve: one token of context is the stateless model; more context helps.
     curve = evaluation.curve
     assert [key for key, _ in curve_points(curve)] == ["1", "2", "4", "8", "16", "32", "stateful"]
-    assert curve["1"] == pytest.approx(bpc["stateless"], abs=1e-4)
+    assert abs(curve["1"] - bpc["stateless"]) < 4 * curve["settings"]["bpc_se"]["1"]  # a sample of it
     assert curve["8"] < curve["1"] - 0.3 and curve["stateful"] == bpc["stateful"]
-    # 19,999 targets x 16 tokens fit in 100,000 tokens? No: every 4th target. The training window
-    # (32) is the windowed figure, every 20th target.
-    assert curve["settings"]["stride"]["16"] == 4 and curve["settings"]["targets"]["16"] == len(range(1, 20_000, 4))
-    assert curve["settings"]["stride"]["32"] == 20 and curve["settings"]["bpc_se"]["32"] > 0
-    assert curve["32"] == bpc["windowed"]
-    assert curve["settings"]["stride"]["4"] == 1 and curve["settings"]["bpc_se"]["4"] == 0
+    # 19,999 windows of 32 in 15,360 forward tokens: every 42nd target, for the windowed figure and
+    # every point its windows give; the training window (32) is the windowed figure.
+    assert curve["settings"]["stride"]["16"] == 42 and curve["settings"]["targets"]["32"] == len(range(1, 20_000, 42))
+    assert curve["settings"]["bpc_se"]["32"] > 0 and curve["32"] == bpc["windowed"]
 
 
 def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_config, small_shakespeare):
-    cfg = compose_config(f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=3",
-                         "model.steps_per_epoch=3", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-                         "evaluation.windowed_stride=1", "evaluation.sample_chars=40")
+    cfg = compose_config(f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=16",
+                         "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
+                         "trainer.accelerator=cpu",
+                         "evaluation.budget=null", "evaluation.sample_chars=40")
     summary = train(cfg)
     run_dir = Path(cfg.paths.output_dir)
     on_disk = json.loads((run_dir / "summary.json").read_text())
@@ -277,64 +287,55 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
         assert all(text.startswith(prompt) for text, prompt in zip(samples[mode], samples["prompts"]))
 
 
-# --- evaluation.max_tokens and the progress bars (issue 20) ------------------------------------
+# --- evaluation.budget and the progress bars ---------------------------------------------------
 
-def _settings(**extra):
-    return OmegaConf.create({"streams": 4, "window": None, "windowed_stride": 1, "curve_point_tokens": None,
-                             "batch_tokens": 200, **extra})
+def _settings(budget=None):
+    return OmegaConf.create({"streams": 4, "window": None, "budget": budget, "curve_longest": None})
 
 
-def test_max_tokens_scores_a_systematic_sample_with_its_standard_error(model):
-    """A budget scores every k-th target of the windowed mode and of every curve point (the same
-    targets as score_windowed's stride k), with a standard error; stateful, stateless and bigram stay
-    whole; null scores everything, exactly as without the key."""
+def test_a_budget_scores_a_systematic_sample_with_its_standard_error(model):
+    """Within a budget the windowed mode and every curve point score every k-th target (the same targets
+    as score_contexts at stride k), with a standard error; stateful, stateless and bigram stay whole;
+    null scores everything, exactly."""
     ids = torch.randint(V, (400,), generator=torch.Generator().manual_seed(3))
     val, train_ids = Split(ids, lengths()), ids.flip(0)
-    whole = evaluate(model, train_ids, val, 8, _settings())
+    whole = evaluate(model, train_ids, val, plan_for(model, 399, 8, _settings(), training_tokens=1000))
     assert whole.settings["windowed_targets"] == 399 and whole.settings["windowed_bpc_se"] == 0.0
-    unset = evaluate(model, train_ids, val, 8, _settings(max_tokens=None))
-    assert unset.metrics() == whole.metrics() and unset.curve == whole.curve
-    from gru_experiments.study.evaluation import describe_sample, whole_split
-    assert whole_split(whole.settings, whole.curve) and describe_sample(whole.settings) == "the whole validation split"
+    assert whole.plan.exact and "whole validation split" in whole.describe()
 
-    sampled = evaluate(model, train_ids, val, 8, _settings(max_tokens=50))
-    k = math.ceil(399 / 50)  # 8
-    assert sampled.settings["windowed_stride"] == k and sampled.settings["windowed_targets"] == len(range(1, 400, k))
-    assert sampled.scores["windowed"].nll == pytest.approx(score_windowed(model, val, 8, stride=k).nll, rel=1e-12)
+    sampled = evaluate(model, train_ids, val, plan_for(model, 399, 8, _settings(budget=0.4), training_tokens=1000))
+    k = sampled.settings["windowed_stride"]
+    assert k > 1 and sampled.settings["windowed_targets"] == len(range(1, 400, k))
+    assert sampled.scores["windowed"].nll == pytest.approx(score_contexts(model, val, 8, [8], k)[8].nll, rel=1e-12)
     assert 0 < sampled.settings["windowed_bpc_se"] < 1
     for key, targets in sampled.curve["settings"]["targets"].items():
         if key != "stateful":
-            assert targets <= 50 and sampled.curve["settings"]["bpc_se"][key] > 0, key
+            assert targets < 399 and sampled.curve["settings"]["bpc_se"][key] > 0, key
     for mode in ("stateful", "stateless", "bigram"):  # one pass each: always whole
         assert sampled.scores[mode].tokens == 399 and sampled.scores[mode].nll == whole.scores[mode].nll
-    assert not whole_split(sampled.settings, sampled.curve)
-    assert "one target in 8, 50 of 399" in describe_sample(sampled.settings, sampled.curve)
+    assert not sampled.plan.exact and "within evaluation.budget" in sampled.describe()
     # The sample estimates the whole figure within a few standard errors.
     se = sampled.settings["windowed_bpc_se"]
     assert abs(sampled.scores["windowed"].bpc - whole.scores["windowed"].bpc) < 4 * se
 
 
-def test_the_evaluation_shows_a_bar_per_mode_and_curve_pass(model, capsys):
+def test_the_evaluation_shows_a_bar_per_pass(model, capsys):
     from gru_experiments.study.progress import Progress
 
     ids = torch.randint(V, (300,), generator=torch.Generator().manual_seed(4))
-    evaluate(model, ids, Split(ids, lengths()), 8, _settings(), progress=Progress(enabled=True))
+    plan = plan_for(model, 299, 8, _settings(), None)
+    evaluate(model, ids, Split(ids, lengths()), plan, progress=Progress(enabled=True))
     bars = capsys.readouterr().err
-    assert "evaluation: stateful" in bars and "evaluation: windowed and context curve 1, 2, 4, 8" in bars
-    assert "100%" in bars
-    evaluate(model, ids, Split(ids, lengths()), 8, _settings(), progress=Progress(enabled=False))
+    assert "evaluation: stateful" in bars and "evaluation: windows of 8" in bars and "100%" in bars
+    evaluate(model, ids, Split(ids, lengths()), plan, progress=Progress(enabled=False))
     assert capsys.readouterr().err == ""
 
 
-def test_max_tokens_is_validated(compose_config, tiny_corpus):
-    from gru_experiments.runs.config import validate
+def test_the_budget_is_validated(compose_config, tiny_corpus):
     from gru_experiments.errors import UserError
+    from gru_experiments.runs.config import validate
 
-    assert compose_config().evaluation.max_tokens is None  # Astra-alpha: the whole split
-    leviathan = OmegaConf.load(Path(__file__).parents[1] / "conf/model/leviathan.yaml")
-    assert compose_config("model=leviathan").evaluation.max_tokens == leviathan.eval_max_tokens
-    assert compose_config("model=leviathan").evaluation.long_point_tokens == leviathan.eval_long_point_tokens
-    assert compose_config().evaluation.long_point_tokens == 8388608  # the default's
-    for bad in ("0", "-3", "1.5", "many"):
-        with pytest.raises(UserError, match="evaluation.max_tokens"):
-            validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.max_tokens={bad}"))
+    assert compose_config().evaluation.budget == 1.38
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(UserError, match="evaluation.budget"):
+            validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.budget={bad}"))

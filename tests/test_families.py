@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from gru_experiments.errors import UserError
-from gru_experiments.study.inference import make_chooser, Decoding, sample_tokens
 from gru_experiments.models.mlp import BengioMLP
-from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.ngram import NGramLM
+from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.training import train
+from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11
@@ -98,7 +98,7 @@ def test_train_writes_a_gru_runs_outputs_and_sample_py_loads_it(compose_config, 
     on_disk = json.loads((run_dir / "summary.json").read_text())
     for mode in ("stateful", "stateless", "windowed", "bigram"):
         assert on_disk[f"{mode}_bpc"] > 0 and on_disk[f"{mode}_nll"] > 0
-    assert on_disk["cell"] == model and on_disk["parameters"] > 0 and summary["status"] == "completed"
+    assert on_disk["family"] == model and on_disk["parameters"] > 0 and summary["status"] == "completed"
     assert (run_dir / "samples.json").is_file() and (run_dir / "history.csv").is_file()
     checkpoint = Path(on_disk["checkpoint"])
     assert checkpoint.is_file()
@@ -154,6 +154,7 @@ def test_a_finite_context_model_samples_the_same_stateful_and_windowed(family):
     """It sees its last `context` tokens either way (windowed sampling runs only those)."""
     model = build(family)
     prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
-    stateful, windowed = (sample_tokens(model, prompt, 40, mode, make_chooser(Decoding(), torch.Generator().manual_seed(5)),
+    stateful, windowed = (sample_tokens(model, prompt, 40, mode,
+                                        make_chooser(Decoding(), torch.Generator().manual_seed(5)),
                                         window=50) for mode in ("stateful", "windowed"))
     assert torch.equal(stateful, windowed)

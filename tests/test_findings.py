@@ -8,13 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from test_reporting import assert_valid_png, make_job
 
 from gru_experiments.report.findings import CLAIMS, findings
 from gru_experiments.report.plots import PLOT_CONTEXT, PLOT_MODES, context_curve_series, modes_over_training_series
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
 from gru_experiments.report.training_grid import PLOT_GRID
-from test_reporting import assert_valid_png, make_job
 
 # (model, tokenizer, parameters, stateful, stateless, bigram)
 MODELS = [("astra_alpha", "char", 86_913, 2.31, 3.78, 3.58),
@@ -27,7 +27,7 @@ def summary(model, tokenizer, parameters, stateful, stateless, bigram, best_step
              "stateful": stateful, "settings": {"max_window": 8, "targets": {}, "stride": {}}}
     val = stateful + 0.03
     best_val = val if best_val is None else best_val
-    return {"status": "completed", "model": model, "cell": "gru", "tokenizer": tokenizer, "parameters": parameters,
+    return {"status": "completed", "model": model, "family": "gru", "tokenizer": tokenizer, "parameters": parameters,
             "train_loss": 1.5, "val_loss": 1.6, "val_bpc": val, "stateful_bpc": stateful,
             "stateless_bpc": stateless, "windowed_bpc": stateful + 0.02, "bigram_bpc": bigram,
             "train_steps": 2000, "train_tokens": 2000 * 64 * 128, "context_curve": curve,
@@ -169,7 +169,8 @@ def test_the_training_grid_and_the_sixth_finding(tmp_path):
     assert f"]({PLOT_GRID})" in grid
     sixth = finding_lines(text)[5]
     assert sixth.startswith("6. **Training with the state carried makes the state worth carrying**: supported.")
-    assert "astra_alpha: stateful - windowed (128 tokens) +0.00200 ± 0.00100 trained on windows, -0.05000 ± 0.00400" in sixth
+    assert ("astra_alpha: stateful - windowed (128 tokens) +0.00200 ± 0.00100 trained on windows, "
+            "-0.05000 ± 0.00400") in sixth
     # The report tells the two trainings of a model apart.
     assert "| astra_alpha (streams) | streams |" in text
 
@@ -186,13 +187,13 @@ def test_the_sixth_finding_follows_the_numbers(tmp_path, streams_gain, verdict):
 
 
 def make_rival_sweep(root: Path, rungs) -> Path:
-    """GRUs and transformers; rungs: [(model, cell, parameters, stateful bpc, its s.e., train_seconds)]."""
+    """GRUs and transformers; rungs: [(model, family, parameters, stateful bpc, its s.e., train_seconds)]."""
     sweep = root / "rivals"
     sweep.mkdir(parents=True)
-    for num, (model, cell, parameters, stateful, se, seconds) in enumerate(rungs):
+    for num, (model, family, parameters, stateful, se, seconds) in enumerate(rungs):
         values = summary(model, "char", parameters, stateful, 3.78, 3.58) | {
-            "cell": cell, "stateful_bpc_se": se, "train_seconds": seconds}
-        make_job(sweep, num, model, cell=cell, summary=values)
+            "family": family, "stateful_bpc_se": se, "train_seconds": seconds}
+        make_job(sweep, num, model, cell=family, summary=values)
     return sweep
 
 
@@ -213,5 +214,6 @@ def test_the_seventh_finding_pairs_sizes_and_follows_the_numbers(tmp_path, alpha
     assert line.startswith(f"7. **GRUs remain competitive with transformers**: {verdict}.")
     se = (0.0050 ** 2 + 0.0060 ** 2) ** 0.5
     assert (f"astra_alpha (86,913 parameters) 2.3078 in 3.5 min of training against transformer (84,880) "
-            f"{alpha_transformer:.4f} in 5.0 min: GRU - transformer {2.3078 - alpha_transformer:+.4f} ± {se:.4f}") in line
+            f"{alpha_transformer:.4f} in 5.0 min: "
+            f"GRU - transformer {2.3078 - alpha_transformer:+.4f} ± {se:.4f}") in line
     assert "astra_gamma" not in line and "of 2 sizes" in line

@@ -9,17 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
 from robustness_helpers import assert_untouched, error_line, fingerprint
-from gru_experiments.study import inference
+
+from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
-from gru_experiments.study.inference import (STUDY_PROMPTS, Decoding, check_generation_fits, filter_logits, generate,
-                                       generation_bytes, make_chooser, sample_texts, sample_tokens,
-                                       spellable_prompts)
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.data.tokenizers import CharTokenizer
+from gru_experiments.study import inference
+from gru_experiments.study.inference import (
+    STUDY_PROMPTS,
+    Decoding,
+    check_generation_fits,
+    filter_logits,
+    generate,
+    generation_bytes,
+    make_chooser,
+    sample_texts,
+    sample_tokens,
+    spellable_prompts,
+)
 
 V = 13
 
@@ -334,7 +343,7 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
                         f"data.path={small_shakespeare}", "data.seq_len=32")
     assert result.returncode == 0, result.stderr
     assert "=== 'JULIET:\\nO Romeo' [windowed" in result.stdout
-    assert "inference modes on the whole validation split" in result.stdout
+    assert "inference modes on " in result.stdout
     assert "evaluation: stateful" in result.stderr  # the progress bars
     newest = max(sampling_dirs(root), key=lambda d: d.name)
     record = json.loads((newest / "sampling.json").read_text())
@@ -342,8 +351,10 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     evaluation = json.loads((newest / "evaluation.json").read_text())
     for mode in ["stateful", "stateless", "windowed", "bigram"]:
         assert evaluation[f"{mode}_bpc"] > 0 and evaluation[f"{mode}_nll"] > 0
-    # The same figures the training run recorded (same weights, data and settings).
+    # The same figures the training run recorded: the same weights, data and plan (its budget is a
+    # multiple of the run's own training tokens, read from its summary).
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert evaluation["settings"]["plan"] == summary["mode_evaluation"]["plan"]
     for key in ["stateful_nll", "stateless_nll", "windowed_nll", "bigram_nll"]:
         assert evaluation[key] == pytest.approx(summary[key], rel=1e-5)
     # ... and the same context curve, point by point.
@@ -371,7 +382,8 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["temperature=0"], "error: invalid temperature=0: must be a number > 0"),
+    (["temperature=-0.5"], "error: invalid temperature=-0.5: must be a number >= 0 (0: greedy, the argmax)"),
+    (["temperature=null"], "error: invalid temperature=None: must be a number >= 0"),
     (["top_k=0"], "error: invalid top_k=0: must be null (off) or an integer from 1 to the vocabulary size"),
     (["top_p=1.5"], "error: invalid top_p=1.5: must be null (off) or a number in (0, 1]"),
     (["prompt='ROMEO ✓: '"], "error: the prompt has characters this model's char vocabulary lacks: '✓' (U+2713); "
@@ -393,6 +405,33 @@ def test_sample_py_refuses_bad_settings_before_sampling(trained_run, overrides, 
     assert error_line(result.stderr).startswith(message)
     assert sampling_dirs(root) == before  # no run folder left
     assert_untouched(files, fingerprint(root))  # nothing written anywhere
+
+
+def test_sample_py_temperature_0_is_greedy(trained_run):
+    """temperature=0 means the argmax, in sample.py as in Decoding and evaluation.sample_temperature
+    (one rule: validation.temperature_rule); its text is greedy=true's, whatever the seed."""
+    from gru_experiments.api import load
+
+    root, run_dir = trained_run
+    result = run_sample(root, f"run={run_dir}", "prompt=ROMEO: ", "max_new_tokens=20", "temperature=0", "seed=7")
+    assert result.returncode == 0, result.stderr
+    newest = max(sampling_dirs(root), key=lambda d: d.name)
+    record = json.loads((newest / "sampling.json").read_text())
+    assert record["settings"]["temperature"] == 0
+    greedy = load(run_dir).generate("ROMEO: ", max_new_tokens=20, greedy=True, seed=1)
+    assert record["results"][0]["samples"] == [greedy]
+
+
+def test_one_temperature_rule_for_sample_py_and_the_run_config():
+    from gru_experiments.runs.config import EVALUATION_RULES
+    from gru_experiments.validation import temperature_rule
+
+    inference.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
+    [rule] = [r for r in EVALUATION_RULES if r.key == "evaluation.sample_temperature"]
+    assert rule == temperature_rule("evaluation.sample_temperature")
+    assert Decoding(temperature=0).is_greedy
+    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0: greedy, the argmax\), got -1"):
+        Decoding(temperature=-1)
 
 
 def test_sample_py_drops_unknown_prompt_characters_when_asked(trained_run):

@@ -9,15 +9,14 @@ import json
 
 import pytest
 import torch
-
-from gru_experiments.runs import jobs
-from gru_experiments.errors import UserError
-from gru_experiments.runs.jobs import EXIT_USER_ERROR, job
-from gru_experiments.runs.loggers import build_logger
-from gru_experiments.runs.run_dir import RunDir
 from robustness_helpers import TINY, run_script
 from wandb_records import offline_runs
 
+from gru_experiments.errors import UserError
+from gru_experiments.runs import jobs
+from gru_experiments.runs.jobs import EXIT_USER_ERROR, job
+from gru_experiments.runs.loggers import build_logger
+from gru_experiments.runs.run_dir import RunDir
 
 
 def test_failing_multirun_job_writes_its_record_and_closes_the_wandb_run(compose_config, tmp_path, monkeypatch):
@@ -36,6 +35,22 @@ def test_failing_multirun_job_writes_its_record_and_closes_the_wandb_run(compose
     assert summary["model"] == "astra_alpha" and "raise UserError" in summary["traceback"]
     (logged,) = offline_runs(cfg.paths.output_dir)
     assert logged.exit_code == 1 and logged.summary["status"] == "failed"
+
+
+@pytest.mark.parametrize("overrides, family", [
+    (["model=astra_alpha"], "gru"), (["model=lstm"], "lstm"), (["model=mlp"], "mlp"), (["model=ngram"], "ngram"),
+    (["model=transformer"], "transformer"),
+    (["model=astra_alpha", "model.architecture.cell=tanh"], None),  # the failure may be the architecture's own
+])
+def test_a_failure_record_names_the_family(compose_config, monkeypatch, overrides, family):
+    """summary.json's "family" (as a finished run's), from the architecture's class; None when the
+    architecture does not build (bookkeeping never hides the error)."""
+    monkeypatch.setattr(jobs, "multirun_job", lambda: True)
+    cfg = compose_config(*overrides)
+    with pytest.raises(UserError, match="boom"), job(cfg, record=True):
+        raise UserError("boom")
+    summary = RunDir(cfg.paths.output_dir).summary()
+    assert summary["status"] == "failed" and summary["family"] == family and "cell" not in summary
 
 
 def test_a_single_run_records_nothing_and_a_success_closes_the_logger(compose_config, monkeypatch):

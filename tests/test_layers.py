@@ -40,3 +40,37 @@ def test_no_module_is_over_about_400_lines():
     sizes = {str(path.relative_to(REPO)): len(path.read_text().splitlines())
              for path in (REPO / "gru_experiments").rglob("*.py")}
     assert not {path: n for path, n in sizes.items() if n > 420}, sizes
+
+
+RUFF = Path(sys.executable).with_name("ruff")
+MAX_FUNCTION_LINES = 60
+
+
+def test_ruff_finds_nothing():
+    """Lint and import order, configured in pyproject.toml ([tool.ruff]), over the whole repository."""
+    result = subprocess.run([str(RUFF), "check", "--no-cache", str(REPO)], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def long_functions(root: Path) -> list[str]:
+    """`path:line name (N lines)` for every function over MAX_FUNCTION_LINES lines below `root`."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_in_the_package_runs_over_sixty_lines(tmp_path):
+    assert long_functions(REPO / "gru_experiments") == []
+    # and the check sees one that does
+    (tmp_path / "pkg").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg" / "long.py").write_text(f"def too_long():\n{body}\n")
+    assert long_functions(tmp_path / "pkg") == [f"pkg/long.py:1 too_long ({MAX_FUNCTION_LINES + 1} lines)"]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gru_experiments.errors import UserError
-from gru_experiments.study.scores import Split, score_bigram
-from gru_experiments.models.protocol import NO_TOKEN, InvalidSetting
 from gru_experiments.models.ngram import MIN_DISCOUNT, NGramLM
+from gru_experiments.models.protocol import NO_TOKEN, InvalidSetting
+from gru_experiments.study.scores import Split, score_bigram
 
 
 def corpus(n=3000, V=9, seed=0) -> list[int]:

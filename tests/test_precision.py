@@ -1,4 +1,4 @@
-"""The bf16 matmul path (precision.py, fast_recurrence.py) against the float32 reference.
+"""The bf16 matmul path (models/precision.py, models/fast_recurrence/) against the float32 reference.
 
 bf16 keeps 8 significand bits: each matmul input is rounded with a relative error up to
 2^-9 ≈ 0.2%, and each matmul output too (the CPU kernels accumulate in fp32 but return
@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gru_experiments.models.precision as precision
 from gru_experiments.models.cells import GRULayer, LSTMLayer, RNNLayer
-from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.precision import MatmulPrecision, describe, resolve
+from gru_experiments.models.recurrent import RecurrentLM
 
 BF16_RTOL = 2e-2
 CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
@@ -218,8 +218,8 @@ def test_trainer_precision_32_true_is_pure_float32(compose_config, tiny_corpus, 
 
 
 def test_bad_setting_is_refused(compose_config, tiny_corpus):
-    from gru_experiments.runs.config import validate
     from gru_experiments.errors import UserError
+    from gru_experiments.runs.config import validate
 
     with pytest.raises(UserError, match="low_precision_matmuls='sometimes'"):
         validate(compose_config(f"data.path={tiny_corpus}", "low_precision_matmuls=sometimes"))

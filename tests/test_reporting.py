@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from wandb_records import offline_runs
 
 from gru_experiments.errors import NoResultsError
 from gru_experiments.report.report import build_report, format_table
 from gru_experiments.report.sweep_folder import MISSING, planned_models
 from gru_experiments.report.wandb_summary import log_to_wandb
-from wandb_records import offline_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROMPTS = ["ROMEO: ", "KING: ", "FIRST CITIZEN: "]
@@ -52,8 +52,8 @@ def make_job(sweep: Path, num: int, model: str, cell="gru", tokenizer="char", su
     return job
 
 
-def completed(model, cell, tokenizer, bpc, modes=True, **extra):
-    summary = {"status": "completed", "model": model, "cell": cell, "tokenizer": tokenizer,
+def completed(model, family, tokenizer, bpc, modes=True, **extra):
+    summary = {"status": "completed", "model": model, "family": family, "tokenizer": tokenizer,
                "parameters": 86_913, "train_loss": 1.4321, "val_loss": 1.5, "val_bpc": bpc,
                "tokens_per_second": 12_345.6, "wall_seconds": 75.0, **extra}
     if modes:
@@ -75,13 +75,14 @@ def sweep(tmp_path) -> Path:
     OmegaConf.save({"hydra": {"overrides": {"task": [
         "model=astra_alpha,scribe_alpha,scribe_beta,astra_beta,leviathan", "preset=smoke"]}}}, sweep / "multirun.yaml")
     make_job(sweep, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1), history=CURVE,
-             samples={"prompts": PROMPTS, "stateful": ["ROMEO: my lord,\nthe | king", "KING: <b>now</b>", "FIRST CITIZEN: so"],
+             samples={"prompts": PROMPTS,
+                      "stateful": ["ROMEO: my lord,\nthe | king", "KING: <b>now</b>", "FIRST CITIZEN: so"],
                       "stateless": ["ROMEO: e e e", "KING: t t", "FIRST CITIZEN: a"],
                       "settings": {"temperature": 0.8, "length": 200}})
     make_job(sweep, 1, "scribe_alpha", tokenizer="spm",
              summary=completed("scribe_alpha", "gru", "spm", 2.4, modes=False), history=CURVE[:3])
     make_job(sweep, 2, "scribe_beta", tokenizer="spm",
-             summary={"status": "failed", "model": "scribe_beta", "cell": "gru", "tokenizer": "spm",
+             summary={"status": "failed", "model": "scribe_beta", "family": "gru", "tokenizer": "spm",
                       "error": "RuntimeError: Vocabulary size too high (1000)\nmore lines", "wall_seconds": 3.0})
     make_job(sweep, 3, "astra_beta")  # started, no summary
     return sweep
@@ -101,7 +102,7 @@ def test_report_files_rows_and_what_is_missing(sweep):
         ("astra_beta", "incomplete"), ("leviathan", "missing")]
     alpha, scribe, failed = rows[0], rows[1], rows[2]
     assert float(alpha["stateful_bpc"]) == pytest.approx(2.05) and float(alpha["bigram_bpc"]) == pytest.approx(3.2)
-    assert alpha["cell"] == "gru" and alpha["tokenizer"] == "char" and int(alpha["parameters"]) == 86_913
+    assert alpha["family"] == "gru" and alpha["tokenizer"] == "char" and int(alpha["parameters"]) == 86_913
     for key in ["parameters", "train_loss", "val_loss", "val_bpc", "stateful_bpc", "stateless_bpc", "windowed_bpc",
                 "bigram_bpc", "tokens_per_second", "wall_seconds"]:
         assert math.isfinite(float(alpha[key])), key
@@ -110,10 +111,10 @@ def test_report_files_rows_and_what_is_missing(sweep):
 
     md = (sweep / "report.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| model | training | cell | tokenizer | parameters | train loss | val loss | val bpc | "
-                               "stateful bpc")
-    assert "| astra_alpha | windows | gru | char | 86,913 | 1.4321 | 1.5000 | 2.1000 | 2.0500 | 3.3000 | 2.1000 | 3.2000 | 12,346 " \
-           "| 1 min 15 s | completed |" in md
+    assert table[0].startswith("| model | training | family | tokenizer | parameters | train loss | val loss | "
+                               "val bpc | stateful bpc")
+    assert "| astra_alpha | windows | gru | char | 86,913 | 1.4321 | 1.5000 | 2.1000 | 2.0500 | 3.3000 | 2.1000 " \
+           "| 3.2000 | 12,346 | 1 min 15 s | completed |" in md
     scribe_row = next(line for line in table if line.startswith("| scribe_alpha"))
     assert scribe_row.count(MISSING) == 4  # the four inference modes
     assert "| leviathan | — | — | — |" in md and "| astra_beta | windows | gru | char |" in md
@@ -207,6 +208,30 @@ def test_wandb_summary_run_carries_table_and_plots(tmp_path, monkeypatch):
     assert run.summary["jobs_completed"] == 1 and run.summary["jobs_not_completed"] == 1
     table = json.loads(next(sweep.glob("wandb/offline-run-*/files/" + logged["results"]["path"])).read_text())
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["completed", "failed"]
+
+
+def test_a_run_folder_whose_summary_says_cell_still_reports_its_family(tmp_path):
+    """summary.json said "cell" for the family before the rename (and a failure record took
+    model.architecture.cell, null for the MLP): such folders load and report as before."""
+    sweep = tmp_path / "old"
+    old = {key if key != "family" else "cell": value for key, value in
+           completed("lstm", "lstm", "char", 2.4, context=None, train_seconds=10.0).items()}
+    make_job(sweep, 0, "lstm", cell="lstm", summary=old)
+    make_job(sweep, 1, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.3, context=None,
+                                                        train_seconds=20.0))
+    mlp = make_job(sweep, 2, "mlp", summary={"status": "failed", "model": "mlp", "cell": None, "tokenizer": "char",
+                                             "error": "RuntimeError: boom", "wall_seconds": 1.0})
+    OmegaConf.save({"model": {"name": "mlp", "architecture": {"_target_": "gru_experiments.models.mlp.BengioMLP"}},
+                    "tokenizer": {"kind": "char"}}, mlp / ".hydra" / "config.yaml")
+    report = build_report(sweep)
+    assert [(job.name, job.values["family"]) for job in report.jobs] == [
+        ("lstm", "lstm"), ("astra_alpha", "gru"), ("mlp", "mlp")]
+    assert all("cell" not in job.values for job in report.jobs)
+    rows = read_csv(sweep / "results.csv")
+    assert [row["family"] for row in rows] == ["lstm", "gru", "mlp"] and "cell" not in rows[0]
+    text = report.files["report.md"].read_text()
+    assert "| lstm | windows | lstm | char | 86,913 |" in text
+    assert "| lstm | lstm | unbounded | 86,913 | 2.3500 |" in text  # the ladder: two families
 
 
 def test_ladder_table_and_plot_for_a_sweep_of_several_families(tmp_path):

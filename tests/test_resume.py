@@ -4,19 +4,20 @@ run ends: same number of steps, same losses, same weights."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from robustness_helpers import TINY, TRAIN_PY, error_line, fingerprint, run_killed_after_checkpoint, run_script
+from wandb_records import offline_runs
 
-from gru_experiments.runs.checkpoints import read_checkpoint, wandb_run_id
 from gru_experiments.errors import UserError
+from gru_experiments.runs.checkpoints import read_checkpoint, wandb_run_id
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
-from wandb_records import offline_runs
-from robustness_helpers import TINY, TRAIN_PY, error_line, fingerprint, run_script
 
 # 2 epochs of 8 steps, last.ckpt every 3 steps (and at epoch ends); the interruption comes at
 # step 11, two steps after the mid-epoch checkpoint of step 9, so the resumed run redoes 10 and 11.
@@ -192,6 +193,69 @@ def test_sigkilled_train_py_resumes_with_resume_last(tmp_path, tiny_corpus):
 
     again = run_script(root, "resume=last")
     assert again.returncode == 2 and "already finished" in error_line(again.stderr)
+
+
+# Every figure survives a resume (issue 25): a run killed with SIGKILL right after a checkpoint and
+# resumed ends with the uninterrupted run's summary.json. 2 epochs of 4 steps, last.ckpt every 2
+# steps. The run is killed right after the checkpoint of each step in KILLS, and resumed: 4 (the
+# end of epoch 0), 6 (the middle of the last epoch: the resumed run trains on within the epoch
+# whose loss sums the checkpoint carries) and 8 (after the last step: the kill comes in the
+# end-of-run evaluation, and the resumed run trains no more). About 20 s a training mode.
+RESUMED_RECIPE = ["data.seq_len=16", "model.steps_per_epoch=4", "model.epochs=2", "checkpoint.every_n_steps=2"]
+KILLS = (4, 6, 8)
+TIMES = ("seconds", "per_second")  # keys of figures measured in seconds, or derived from them
+
+
+def figure_differences(resumed, uninterrupted, where: str = "summary") -> list[str]:
+    """Where two summaries differ, recursively, exactly (nan equals nan), but for the times and
+    the resume's own record; each summary's run folder reads <run> in its paths."""
+    if isinstance(resumed, dict) and isinstance(uninterrupted, dict):
+        keys = [k for k in {**resumed, **uninterrupted}
+                if k != "resumed_from_step" and not any(t in k for t in TIMES)]
+        return [d for k in keys for d in figure_differences(resumed.get(k, "<missing>"),
+                                                            uninterrupted.get(k, "<missing>"), f"{where}.{k}")]
+    if isinstance(resumed, list) and isinstance(uninterrupted, list) and len(resumed) == len(uninterrupted):
+        return [d for i, (a, b) in enumerate(zip(resumed, uninterrupted))
+                for d in figure_differences(a, b, f"{where}[{i}]")]
+    if resumed == uninterrupted or all(isinstance(v, float) and math.isnan(v) for v in (resumed, uninterrupted)):
+        return []
+    return [f"{where}: {resumed!r} resumed, {uninterrupted!r} uninterrupted"]
+
+
+def summary_in_run_terms(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text().replace(json.dumps(str(run))[1:-1], "<run>"))
+
+
+@pytest.mark.parametrize("mode", ["windows", "streams"])
+def test_every_figure_survives_sigkill_and_resume(tmp_path, tiny_corpus, mode):
+    base = [*TINY, f"data.path={tiny_corpus}", f"training={mode}", *RESUMED_RECIPE]
+    assert run_script(tmp_path / "reference", *base).returncode == 0
+    (uninterrupted,) = (tmp_path / "reference" / "outputs" / "runs" / "astra_alpha").iterdir()
+
+    root, run = tmp_path / "root", None
+    for step in KILLS:
+        killed = run_killed_after_checkpoint(root, step, *(base if run is None else [f"resume={run}"]))
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        (run,) = (root / "outputs" / "runs" / "astra_alpha").iterdir()
+        assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == step
+        assert not (run / "summary.json").exists()
+    resumed = run_script(root, f"resume={run}")
+    assert resumed.returncode == 0, resumed.stderr
+
+    summary = summary_in_run_terms(run)
+    assert summary["resumed_from_step"] == KILLS[-1] and summary["train_steps"] == 8
+    assert figure_differences(summary, summary_in_run_terms(uninterrupted)) == []
+
+
+def test_figure_differences():
+    nan = float("nan")
+    a = {"train_loss": 1.0, "best": {"val_bpc": 2.0, "curve": [1, nan]}, "wall_seconds": 3.0,
+         "tokens_per_second": 9.0, "resumed_from_step": 4}
+    assert figure_differences(a, {**a, "wall_seconds": 5.0, "tokens_per_second": 1.0, "resumed_from_step": None}) == []
+    assert figure_differences({**a, "best": {"val_bpc": 2.0, "curve": [1, 1.0]}}, a) == [
+        "summary.best.curve[1]: 1.0 resumed, nan uninterrupted"]
+    assert figure_differences({**a, "new_figure": 1}, a) == ["summary.new_figure: 1 resumed, '<missing>' uninterrupted"]
+    assert figure_differences({**a, "train_loss": nan}, a) == ["summary.train_loss: nan resumed, 1.0 uninterrupted"]
 
 
 def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_path, monkeypatch):

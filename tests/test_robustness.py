@@ -15,24 +15,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CONF
 from hydra import compose, initialize_config_dir
 from lightning.pytorch import Trainer
 from omegaconf import OmegaConf
+from robustness_helpers import TINY, TRAIN_PY, assert_untouched, error_line, fingerprint, run_script, start_script
 
-from conftest import CONF
+from gru_experiments.data.corpus import prepare_corpus
+from gru_experiments.data.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
+from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.runs import checkpoints
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
 from gru_experiments.runs.config import validate
-from gru_experiments.study.inference import validate_sampling
-from gru_experiments.data.corpus import prepare_corpus
-from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.runs.jobs import job
-from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
 from gru_experiments.runs.loggers import WANDB_MODES, wandb_mode
-from gru_experiments.data.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
+from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
 from gru_experiments.runs.training import train
-from robustness_helpers import (TINY, TRAIN_PY, assert_untouched, error_line, fingerprint, run_script,
-                                start_script)
+from gru_experiments.study.inference import validate_sampling
 
 # --- a workspace with a finished run and a tokenizer cache, which bad commands must not touch ---
 
@@ -91,10 +90,9 @@ BAD_VALUES = {
     "checkpoint.every_n_steps=-5": "invalid checkpoint.every_n_steps=-5",
     "evaluation.window=0": "invalid evaluation.window=0: must be null (the training data.seq_len) or an integer >= 1",
     "evaluation.streams=0": "invalid evaluation.streams=0: must be an integer >= 1",
-    "evaluation.windowed_stride=0": "invalid evaluation.windowed_stride=0: must be auto or an integer >= 1",
-    "evaluation.windowed_stride=sometimes": "invalid evaluation.windowed_stride='sometimes'",
-    "evaluation.curve_point_tokens=-1": "invalid evaluation.curve_point_tokens=-1",
-    "evaluation.batch_tokens=0": "invalid evaluation.batch_tokens=0: must be an integer >= 1",
+    "evaluation.budget=0": "invalid evaluation.budget=0: must be null (every figure exact) or a number > 0",
+    "evaluation.budget=sometimes": "invalid evaluation.budget='sometimes'",
+    "evaluation.curve_longest=-1": "invalid evaluation.curve_longest=-1",
     "evaluation.sample_chars=0": "invalid evaluation.sample_chars=0: must be an integer >= 1",
     "evaluation.sample_temperature=-1": "invalid evaluation.sample_temperature=-1: must be a number >= 0",
 }
@@ -134,7 +132,7 @@ def test_too_short_in_tokens_after_subword_encoding(workspace, tiny_corpus, caps
     # 20,000 characters are long enough in characters but not in SentencePiece tokens.
     cfg = compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm", "tokenizer.vocab_size=60",
                      "data.seq_len=17000")
-    assert re.search(r"training split of .* has \d+ tokens, fewer than one training window plus one", 
+    assert re.search(r"training split of .* has \d+ tokens, fewer than one training window plus one",
                      fail_in_process(capsys, cfg))
 
 
@@ -166,8 +164,8 @@ def test_validation_split_with_characters_the_training_split_lacks_is_accepted(t
 # --- sampling settings and prompts (used by sample.py) ---------------------------------------
 
 @pytest.mark.parametrize("settings, expected", [
-    ({"temperature": 0}, "invalid temperature=0: must be a number > 0"),
-    ({"temperature": -1.5}, "invalid temperature=-1.5: must be a number > 0"),
+    ({"temperature": -1.5}, "invalid temperature=-1.5: must be a number >= 0 (0: greedy, the argmax)"),
+    ({"temperature": None}, "invalid temperature=None: must be a number >= 0"),
     ({"top_k": 0}, "invalid top_k=0: must be null (off) or an integer from 1 to the vocabulary size 65"),
     ({"top_k": 66}, "invalid top_k=66"),
     ({"top_p": 0.0}, "invalid top_p=0.0: must be null (off) or a number in (0, 1]"),
@@ -193,6 +191,7 @@ def test_validate_sampling_rejects(settings, expected):
 def test_validate_sampling_accepts_and_names_keys_with_prefix():
     validate_sampling({"temperature": 0.8, "top_k": 65, "top_p": 1.0, "num_tokens": 0}, vocab_size=65)
     validate_sampling({"temperature": 1, "top_k": None, "top_p": None}, vocab_size=65)
+    validate_sampling({"temperature": 0}, vocab_size=65)  # 0: greedy, the argmax
     with pytest.raises(UserError, match=r"invalid sample\.top_k=1000"):
         validate_sampling({"top_k": 1000}, vocab_size=65, prefix="sample.")
     # The sizes: absent keys are skipped, a window may be null (the caller's default).
@@ -469,6 +468,37 @@ def test_train_py_bad_value_one_line_exit_2_nothing_damaged(workspace, tiny_corp
     assert_untouched(before, fingerprint(workspace))
 
 
+WINDOW_PAST_THE_BLOCK = ("error: invalid data.seq_len=256: model transformer sees at most 128 tokens "
+                         "(model.architecture.block_size); set data.seq_len <= 128 or a larger block_size")
+
+
+def test_train_py_refuses_a_transformer_window_longer_than_its_block(workspace, tiny_corpus):
+    """Past its block every position of a transformer runs a block of its own: minutes of silence
+    on a CPU. Refused in one line before any work (runs/config.check_window)."""
+    before = fingerprint(workspace)
+    tiny = [o for o in TINY if not o.startswith("data.seq_len=")]
+    result = run_script(workspace, f"data.path={tiny_corpus}", *tiny, "model=transformer", "data.seq_len=256",
+                        "trainer.max_steps=3")
+    assert result.returncode == 2
+    assert error_line(result.stderr) == WINDOW_PAST_THE_BLOCK
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+    assert "model transformer:" not in result.stdout  # the model summary: no work started
+    assert_untouched(before, fingerprint(workspace))
+
+
+@pytest.mark.parametrize("model", ["transformer", "mlp", "ngram"])
+def test_only_a_window_that_costs_more_than_a_token_per_prediction_is_refused(model):
+    """At its block the transformer trains; the MLP and the n-gram (a finite context, a token per
+    prediction) take any window."""
+    validate(compose_in(Path("/tmp"), f"model={model}", "data.seq_len=128"))
+    if model == "transformer":
+        with pytest.raises(UserError) as info:
+            validate(compose_in(Path("/tmp"), f"model={model}", "data.seq_len=129"))
+        assert str(info.value).startswith("invalid data.seq_len=129: model transformer sees at most 128 tokens")
+    else:
+        validate(compose_in(Path("/tmp"), f"model={model}", "data.seq_len=4096"))
+
+
 def test_train_py_unknown_names_get_hydras_message(workspace):
     before = fingerprint(workspace)
     for override, message in [("model=astra_delta", "Could not find 'model/astra_delta'"),
@@ -557,9 +587,9 @@ def test_runs_started_together_share_one_spm_cache(tmp_path, tiny_corpus):
     args = [f"data.path={tiny_corpus}", *TINY, "tokenizer=spm", "tokenizer.vocab_size=80", "trainer.max_steps=1",
             "model.steps_per_epoch=1"]
     jobs = [start_script(tmp_path, *args, script=script, SPM_LOG=log) for _ in range(2)]
-    for job in jobs:
-        out, err = job.communicate(timeout=300)
-        assert job.returncode == 0, err
+    for process in jobs:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
     events = [line.split() for line in log.read_text().splitlines()]
     arrivals = [float(t) for t, _, event in events if event == "wants-tokenizer"]
     trainings = [float(t) for t, _, event in events if event == "trains"]
@@ -570,7 +600,8 @@ def test_runs_started_together_share_one_spm_cache(tmp_path, tiny_corpus):
     models = list(cache.glob("spm-*.model"))
     assert len(models) == 1 and not list(cache.glob("*.tmp"))
     # Both runs used the very model in the cache, and it is a working one.
-    tokenizers = [load_checkpoint(p).tokenizer for p in tmp_path.glob("outputs/runs/astra_alpha/*/checkpoints/last.ckpt")]
+    tokenizers = [load_checkpoint(p).tokenizer
+                  for p in tmp_path.glob("outputs/runs/astra_alpha/*/checkpoints/last.ckpt")]
     assert len(tokenizers) == 2
     assert all(t.model_proto == models[0].read_bytes() for t in tokenizers)
     text = tiny_corpus.read_text()[:2000]

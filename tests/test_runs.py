@@ -1,4 +1,4 @@
-"""The run folder's owner (runs.RunDir), the one notion of a model's newest run, and the
+"""The run folder's owner (run_dir.RunDir), the one notion of a model's newest run, and the
 atomic writer every output file goes through (files.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ import pytest
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write, leftover_temporaries, read_json, write_json
-from gru_experiments.runs.run_dir import LAST_CHECKPOINT, RunDir, find_checkpoint, model_name_for, model_runs, newest_run
+from gru_experiments.runs.run_dir import (
+    LAST_CHECKPOINT,
+    RunDir,
+    find_checkpoint,
+    model_name_for,
+    model_runs,
+    newest_run,
+)
 
 
 def make_run(path: Path, model: str | None = None, status: str | None = None, checkpoint: bool = True,

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import MODELS
+from robustness_helpers import TINY
+
 from gru_experiments.runs.task import CosineSchedule, LanguageModelTask
 from gru_experiments.runs.training import train
-from robustness_helpers import TINY
 
 ON_TRAIN_BATCH_END = LanguageModelTask.on_train_batch_end
 

@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
+from test_resume import Interrupted, interrupt_at, weights_of
 
 from gru_experiments.data.batches import StreamBatches
 from gru_experiments.errors import UserError
-from gru_experiments.study.scores import Split, paired_difference, score_contexts, score_stateful, score_windowed
-from gru_experiments.study.context_curve import context_curve, long_context_lengths
-from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
-from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
-from test_resume import Interrupted, interrupt_at, weights_of
+from gru_experiments.study.evaluation import evaluate
+from gru_experiments.study.plan import curve_lengths, plan_evaluation
+from gru_experiments.study.scores import Split, paired_difference, score_contexts, score_stateful, score_windowed
 
 V = 13
 
@@ -195,7 +196,7 @@ def test_a_resume_without_the_carried_state_would_differ(compose_config, tiny_co
 @pytest.mark.parametrize("model", ["astra_alpha", "lstm", "rnn", "mlp", "scribe_alpha"])
 def test_every_stateful_family_trains_in_streams_mode(compose_config, tiny_corpus, model):
     overrides = [*TINY, f"data.path={tiny_corpus}", f"model={model}", "training=streams", "trainer.max_steps=4",
-                 "data.seq_len=16", "evaluation.curve_longest=64", "evaluation.windowed_stride=7"]
+                 "data.seq_len=16", "evaluation.curve_longest=64", "evaluation.budget=1"]  # a sampled, quick evaluation
     if model.startswith("scribe"):
         overrides += ["tokenizer.vocab_size=60"]
     summary = train(compose_config(*overrides))
@@ -218,16 +219,17 @@ def test_a_counted_ngram_says_streams_change_nothing(compose_config, tiny_corpus
 
 def test_windows_mode_records_its_mode(compose_config, tiny_corpus):
     summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=2",
-                                   "evaluation.curve_longest=null", "evaluation.windowed_stride=9"))
+                                   "evaluation.curve_longest=null", "evaluation.budget=1"))
     assert summary["training_mode"] == "windows"
     assert [k for k in summary["context_curve"] if k.isdigit()][-1] == "32"  # curve_longest=null: stops at seq_len
 
 
 # --- the curve past the window, and stateful - windowed ----------------------------------------
 def test_long_context_lengths_double_past_the_window_where_the_split_allows():
-    assert long_context_lengths(128, 1024, 111_539) == [256, 512, 1024]
-    assert long_context_lengths(128, 1024, 600) == [256, 512]
-    assert long_context_lengths(128, None, 10**6) == [] and long_context_lengths(128, 200, 10**6) == []
+    beyond = lambda seq_len, longest, n: curve_lengths(None, seq_len, longest, n)[1]  # noqa: E731
+    assert beyond(128, 1024, 111_539) == [256, 512, 1024]
+    assert beyond(128, 1024, 600) == [256, 512]
+    assert beyond(128, None, 10**6) == [] and beyond(128, 200, 10**6) == []
 
 
 def test_paired_difference_with_its_standard_error_against_an_independent_computation():
@@ -243,7 +245,7 @@ def test_paired_difference_with_its_standard_error_against_an_independent_comput
     # targets_after=k: only targets with k tokens of their stream before them (streams of 133 targets).
     warm = score_stateful(model, split, seq_len=16, streams=3, targets_after=10)
     assert warm.positions.tolist() == [p for p in range(1, 400) if (p - 1) % 133 >= 10]
-    windowed = score_windowed(model, split, window=8, stride=3, targets=True)
+    windowed = score_contexts(model, split, 8, [8], stride=3, targets=True)[8]  # the windowed figure, sampled
     gain = paired_difference(stateful, windowed, split)  # what evaluate() records as state_gain
     # Independently: every 3rd target from position 1 (the windowed sample), each target's NLL both ways.
     positions = list(range(1, 400, 3))
@@ -264,17 +266,23 @@ def test_paired_difference_with_its_standard_error_against_an_independent_comput
 
 
 def test_summary_has_the_gain_and_the_long_curve(compose_config, small_shakespeare):
+    # 6 steps of 8 x 16 = 768 tokens trained; a budget of 150 per token (115,200 forward tokens) holds the
+    # exact windowed figure (some 6,000 targets x 16 tokens) and leaves about 19,000 to the points past the window.
     cfg = compose_config(*TINY, f"data.path={small_shakespeare}", "trainer.max_steps=6", "training=streams",
-                         "data.seq_len=16", "evaluation.curve_longest=128", "evaluation.long_point_tokens=20000",
-                         "evaluation.windowed_stride=1")
+                         "data.seq_len=16", "evaluation.curve_longest=128", "evaluation.budget=150")
     summary = train(cfg)
     assert json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["state_gain_bpc"] == \
         summary["state_gain_bpc"]
     curve = summary["context_curve"]
     assert [k for k in curve if k.isdigit()] == ["1", "2", "4", "8", "16", "32", "64", "128"]
-    settings = curve["settings"]
+    settings, scored = curve["settings"], summary["mode_evaluation"]
+    assert scored["budget"] == 150 * 768 and scored["windowed_stride"] == 1  # the windowed figure fits: exact
+    windowed = next(row for row in scored["plan"] if row["name"] == "windowed")
     assert settings["longest"] == 128 and settings["stride"]["32"] == settings["stride"]["128"] > 1
-    assert settings["forward_tokens"]["128"] <= 20_000 + 128 and settings["bpc_se"]["64"] > 0
+    # The points past the window share what the windowed figure left of the budget.
+    long_tokens = sum(settings["forward_tokens"][w] for w in ("32", "64", "128"))
+    assert 0 < long_tokens <= scored["budget"] - windowed["forward_tokens"]
+    assert settings["bpc_se"]["64"] > 0 and settings["bpc_se"]["16"] == 0
     # The paired difference leaves out each stream's first window of targets (its state has seen less).
     assert abs(summary["state_gain_bpc"] - (summary["stateful_bpc"] - summary["windowed_bpc"])) < 0.05
     assert summary["state_gain_se"] > 0
@@ -297,23 +305,34 @@ def test_ddp_streams_run_two_ranks_on_their_own_streams(tmp_path, tiny_corpus):
 
 
 def test_long_points_are_difference_estimates_exact_without_a_budget():
+    """Past the training window (8) a curve point is the seq_len point plus a paired difference from a
+    reference pass at seq_len on the same targets: exact without a budget (each point its own
+    score_windowed), sampled within what the budget leaves after the exact windowed figure."""
     torch.manual_seed(2)
     model = families()["gru"].eval()
     ids = torch.randint(0, V, (300,))
     split = Split(ids, torch.ones(V, dtype=torch.long))
-    stateful = score_stateful(model, split, seq_len=8, streams=1)
-    exact = context_curve(model, split, max_window=8, stateful=stateful, point_tokens=None, longest=64,
-                          long_tokens=None)
-    sampled = context_curve(model, split, max_window=8, stateful=stateful, point_tokens=None, longest=64,
-                            long_tokens=3_000)
+
+    def plan(budget):
+        return plan_evaluation(model, split.n_targets, seq_len=8, window=8, streams=1, budget=budget, bigram=False,
+                               curve_longest=64)
+
+    exact_plan = plan(None)
+    budget = exact_plan.figure("windowed").forward_tokens + 3_000  # the windowed figure exact, 3,000 for the rest
+    sampled_plan = plan(budget)
+    assert sampled_plan.passes[sampled_plan.figure("windowed").passes[0]].stride == 1
+    exact, sampled = (evaluate(model, None, split, p).curve for p in (exact_plan, sampled_plan))
+    assert exact["8"] == sampled["8"] == pytest.approx(score_windowed(model, split, 8).bpc, abs=1e-9)
     for w in (16, 32, 64):
         assert exact[str(w)] == pytest.approx(score_windowed(model, split, w).bpc, abs=1e-9)
         assert exact["settings"]["bpc_se"][str(w)] == 0.0
         settings = sampled["settings"]
         assert settings["stride"][str(w)] > 1 and settings["bpc_se"][str(w)] > 0
+        reference, own = (sampled_plan.passes[i] for i in sampled_plan.figure(f"curve {w}").passes)
+        assert (reference.window, own.window) == (8, w) and reference.stride == own.stride  # the same targets
         # The estimate is the exact window-8 figure plus a paired difference: within a few standard errors.
         assert abs(sampled[str(w)] - exact[str(w)]) < 4 * settings["bpc_se"][str(w)] + 1e-6
-    assert sum(sampled["settings"]["forward_tokens"][str(w)] for w in (16, 32, 64)) <= 3_000 + 64
+    assert sum(sampled["settings"]["forward_tokens"][str(w)] for w in (16, 32, 64)) <= 3_000
 
 
 def test_score_contexts_with_no_full_window_in_the_sample_scores_the_rest():

@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-
-import sweep as sweep_script
 from conftest import CONF, REPO
-from gru_experiments.runs import distributed
-from gru_experiments.errors import UserError
-from gru_experiments.report.findings import CLAIMS
+from hydra import compose, initialize_config_dir
 from test_reporting import assert_valid_png
 from wandb_records import offline_runs
+
+import sweep as sweep_script
+from gru_experiments.errors import UserError
+from gru_experiments.report.findings import CLAIMS
+from gru_experiments.runs import distributed
 
 SIX = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma"]
 NUMBERS = ["parameters", "train_loss", "val_loss", "val_bpc", "tokens_per_second", "wall_seconds"]
@@ -58,7 +58,7 @@ def test_the_ladder_in_one_command(tiny_corpus, data_dir, tmp_path):
               "transformer"]
     rows = read_rows(sweep)
     assert [row["model"] for row in rows] == ladder and {row["status"] for row in rows} == {"completed"}
-    assert [row["cell"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm", "transformer"]
+    assert [row["family"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm", "transformer"]
     report = (sweep / "report.md").read_text()
     assert "## The ladder" in report and all(f"| {name} | " in report for name in ladder)
     # Astra-α and the transformer face each other in finding 7 (a smoke run's figures: any verdict).
@@ -81,7 +81,8 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
     for row in rows:
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         for key in NUMBERS + present_modes:
-            assert math.isfinite(float(row[key])) and float(row[key]) == pytest.approx(summary[key]), (row["model"], key)
+            assert math.isfinite(float(row[key])) and float(row[key]) == pytest.approx(summary[key]), (
+                row["model"], key)
     for name in ("bpc_by_mode.png", "curves.png", "context_curve.png", "modes_over_training.png"):
         assert_valid_png(sweep / name)
     report = (sweep / "report.md").read_text()
@@ -95,7 +96,8 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
         history = (Path(row["run_dir"]) / "history.csv").read_text()
         assert history.count("val/stateful_bpc") == history.count("val/stateless_bpc") == 2  # 2 epochs
     findings = report.split("## Findings", 1)[1].split("\n## ", 1)[0]
-    assert [line[:3] for line in findings.splitlines() if line[:1].isdigit()] == [f"{i}. " for i in range(1, len(CLAIMS) + 1)]
+    assert ([line[:3] for line in findings.splitlines() if line[:1].isdigit()]
+            == [f"{i}. " for i in range(1, len(CLAIMS) + 1)])
     assert "cannot be judged" not in findings.split("4. ", 1)[1].split("\n")[0]  # char and spm models both ran
 
     # W&B: every job its own offline run in the sweep's group, holding its metrics.
@@ -125,7 +127,8 @@ def test_a_failing_job_is_marked_and_the_others_complete(tiny_corpus, data_dir, 
     failed, done = read_rows(sweep)
     assert (failed["model"], failed["status"], done["model"], done["status"]) == (
         "scribe_alpha", "failed", "astra_alpha", "completed")
-    assert "tokenizer.vocab_size=1000 is too large for this corpus" in failed["error"] and math.isfinite(float(done["val_bpc"]))
+    assert ("tokenizer.vocab_size=1000 is too large for this corpus" in failed["error"]
+            and math.isfinite(float(done["val_bpc"])))
     missing = (sweep / "report.md").read_text().split("## What is missing")[1]
     assert "**scribe_alpha** failed (`0_scribe_alpha`)" in missing
 
@@ -214,7 +217,8 @@ def test_ddp_trainer_and_smoke_preset_compose():
 
 def test_sweep_arguments():
     settings, overrides = sweep_script.parse_arguments(
-        ["preset=smoke", "models=[astra_alpha,scribe_beta]", "leviathan=true", "data.path=x.txt", "hydra/launcher=parallel"])
+        ["preset=smoke", "models=[astra_alpha,scribe_beta]", "leviathan=true", "data.path=x.txt",
+         "hydra/launcher=parallel"])
     assert list(settings.models) == ["astra_alpha", "scribe_beta", "leviathan"] and settings.report is None
     assert overrides == ["preset=smoke", "data.path=x.txt", "hydra/launcher=parallel"]
     settings, _ = sweep_script.parse_arguments(["models=astra_beta,astra_gamma"])

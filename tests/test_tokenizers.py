@@ -15,7 +15,6 @@ from gru_experiments.data.tokenizers import (
     tokenizer_from_state,
 )
 
-
 # Text with everything a play has and SentencePiece's defaults would mangle.
 TRICKY = (
     "ROMEO:\nBut soft, what light?\n\n\n"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+from wandb_records import offline_runs
+
 from gru_experiments.data.corpus import read_corpus, split_text
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.runs.training import train
-from wandb_records import offline_runs
 
 
 def unigram_entropy_nats(text: str) -> float:

@@ -14,9 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
 from gru_experiments.models.protocol import build_model, count_parameters
 from gru_experiments.models.transformer import TransformerLM
+from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11
@@ -159,7 +159,8 @@ def test_nanogpt_shakespeare_fast_dev_run_through_train_py(tmp_path, shakespeare
          "trainer.fast_dev_run=true", "data.batch_size=2",
          "data.train_fraction=0.99995",  # 56 validation characters, fewer than a block: every evaluation one pass
          "trainer.accelerator=cpu", "logger=none",
-         "trainer.enable_progress_bar=false", "evaluation.sample_chars=10", "evaluation.curve_point_tokens=4096",
+         "trainer.enable_progress_bar=false", "evaluation.sample_chars=10",
+         "evaluation.budget=null",  # every figure exact: on 55 targets, a few thousand forward tokens
          f"paths.log_dir={tmp_path / 'outputs'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -187,53 +188,100 @@ def test_attention_dropout_defaults_to_dropout_and_may_be_turned_off():
         assert not torch.allclose(noisy(tokens)[0], noisy(tokens)[0])
 
 
-def test_at_validation_the_stateful_figure_is_a_sample_within_the_budget():
-    """A transformer's stateful step runs a block per prediction, so validation scores every k-th
-    target from its own block (score_stateful_within); the same targets scored in one exact pass agree."""
-    from gru_experiments.models.recurrent import RecurrentLM
-    from gru_experiments.study.scores import Split, score_stateful, score_stateful_within, score_windowed
+def test_a_stateful_figure_past_the_block_is_sampled_from_each_targets_own_block():
+    """A transformer's stateful step past its block runs a block per prediction, so within a small budget
+    its plan scores every k-th target from its own block, however long the chunks of the stateful pass
+    (here 16, twice the block); each such target scored independently agrees, and without a budget the
+    figure is the stateful pass itself. (tests/test_plan.py: the stride's rule, and that a recurrent
+    model's stateful figure is exact whatever the budget.)"""
+    import torch.nn.functional as F
+
+    from gru_experiments.study.evaluation import evaluate
+    from gru_experiments.study.plan import plan_evaluation
+    from gru_experiments.study.scores import Split, score_stateful
 
     ids = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(2))
     split = Split(ids, torch.ones(V, dtype=torch.long))
     model = build(block_size=8)
     assert model.tokens_per_prediction == 8
-    sample = score_stateful_within(model, split, 16, 4, forward_tokens=600)  # 299 x 8 > 600: every 4th target
-    exact_at_those_targets = score_windowed(model, split, 8, stride=4)
-    assert sample.tokens == exact_at_those_targets.tokens == len(range(1, 300, 4))
-    assert sample.nll == pytest.approx(exact_at_those_targets.nll, abs=1e-5)
-    whole = score_stateful_within(model, split, 16, 4, forward_tokens=None)
-    assert whole.tokens == 299 and whole.nll == pytest.approx(score_stateful(model, split, 16, 4).nll, abs=1e-6)
-    torch.manual_seed(0)
-    gru = RecurrentLM(V, "gru", embedding_dim=4, hidden_size=6, num_layers=1).eval()  # one token per prediction
-    assert score_stateful_within(gru, split, 16, 4, forward_tokens=10).tokens == 299
+
+    def plan(budget):
+        return plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=budget,
+                               windowed=False, bigram=False, curve=False)
+
+    sampled = plan(600)  # 299 x 8 > 600
+    stateful = sampled.passes[sampled.figure("stateful").passes[0]]
+    assert (stateful.kind, stateful.window, stateful.contexts) == ("windows", 8, (8,)) and stateful.stride > 1
+    assert stateful.forward_tokens <= 600
+    sample = evaluate(model, None, split, sampled).scores["stateful"]
+    targets = list(range(1, 300, stateful.stride))
+    with torch.no_grad():  # each target from the block before it, as the model sees it statefully
+        nll = [F.cross_entropy(model(ids[max(0, u - 8):u].unsqueeze(0))[0][0, -1:], ids[u:u + 1]) for u in targets]
+    assert sample.tokens == len(targets) == sampled.figure("stateful").targets and sample.sampling_se > 0
+    assert sample.nll == pytest.approx(torch.stack(nll).mean().item(), abs=1e-5)
+    whole = evaluate(model, None, split, plan(None)).scores["stateful"]
+    assert whole.tokens == 299 and whole.sampling_se == 0
+    assert whole.nll == pytest.approx(score_stateful(model, split, 16, 4).nll, abs=1e-6)
 
 
-def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(compose_config, tiny_corpus, tmp_path):
-    """A short run: the context curve stops at the block size (8), validation samples its stateful figure
-    (evaluation.validation_tokens) while the end-of-run one scores every target, and sample.py runs in
-    all three modes from the checkpoint."""
+def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(compose_config, tiny_corpus, tmp_path,
+                                                                                monkeypatch):
+    """A short run: the context curve stops at the block size (8), curve_longest notwithstanding; the
+    stateful figure, a block per target, is sampled within the budget both at validation (evaluation.budget
+    x an epoch's tokens) and at the end of the run (x the run's tokens), the latter scoring the targets its
+    plan names; and sample.py runs in all three modes from the checkpoint."""
     import json
 
+    import gru_experiments
+    from gru_experiments.data.corpus import prepare_corpus
+    from gru_experiments.runs import modes
     from gru_experiments.runs.training import train
+    from gru_experiments.study.evaluation import plan_for
+    from gru_experiments.study.scores import Split, score_contexts
 
+    validations, evaluate = [], modes.evaluate
+
+    def recorded(*args, **kwargs):  # the modes at every validation (runs/modes.py), kept for a look
+        validations.append(evaluate(*args, **kwargs))
+        return validations[-1]
+
+    monkeypatch.setattr(modes, "evaluate", recorded)
     cfg = compose_config("model=transformer", f"data.path={tiny_corpus}", "model.architecture.block_size=8",
-                         "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=3", "model.steps_per_epoch=3",
-                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.sample_chars=20",
-                         "evaluation.validation_tokens=4000")
+                         "data.batch_size=4", "data.seq_len=8", "trainer.max_steps=3", "model.steps_per_epoch=3",
+                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.sample_chars=20")
     summary = train(cfg)
     curve = summary["context_curve"]
     assert [key for key in curve if key not in ("settings", "stateful")] == ["1", "2", "4", "8"]
     assert curve["settings"]["longest"] == 8
     n = summary["mode_evaluation"]["split_targets"]
-    assert n * 8 > 4000  # so validation sampled its stateful figure ...
+    budget = float(cfg.evaluation.budget)
+    # At validation (one, at the end of the epoch of 3 steps x 4 x 8 tokens): stateful and stateless only,
+    # the stateful figure sampled within the budget of an epoch's tokens.
+    assert len(validations) == 1 and set(validations[0].scores) == {"stateful", "stateless"}
+    plan, stateful = validations[0].plan, validations[0].scores["stateful"]
+    assert plan.budget == math.floor(budget * 3 * 4 * 8) < n * 8  # so validation sampled its stateful figure
+    assert stateful.tokens == plan.figure("stateful").targets < n and stateful.sampling_se > 0
+    assert stateful.forward_tokens == plan.figure("stateful").forward_tokens <= plan.budget
     assert "val/stateful_bpc" in (Path(cfg.paths.output_dir) / "history.csv").read_text()
-    assert curve["settings"]["targets"]["stateful"] == n  # ... and the end-of-run one scored every target
-    checkpoint = Path(json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["checkpoint"])
+    # At the end of the run: the plan of the run's tokens, as recorded, and the stateful figure it names.
+    on_disk = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    model = gru_experiments.load(on_disk["checkpoint"]).model
+    plan = plan_for(model, n, 8, cfg.evaluation, summary["train_tokens"])
+    assert plan.budget == math.floor(budget * summary["train_tokens"]) and on_disk["mode_evaluation"]["plan"] == \
+        plan.record()
+    figure = plan.figure("stateful")
+    stride = plan.passes[figure.passes[0]].stride
+    assert figure.forward_tokens <= plan.budget < n * 8 and figure.targets < n  # bounded: sampled too
+    assert curve["settings"]["targets"]["stateful"] == figure.targets
+    corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
+    val = Split.of(corpus.val_ids, corpus.tokenizer)
+    assert val.n_targets == n
+    assert on_disk["stateful_bpc"] == pytest.approx(score_contexts(model, val, 8, [8], stride)[8].bpc, abs=1e-9)
     env = dict(os.environ, PROJECT_ROOT=str(tmp_path), PYTHONPATH=str(REPO), WANDB_MODE="disabled")
     for mode in ("stateful", "stateless", "windowed"):
         result = subprocess.run([sys.executable, str(REPO / "sample.py"), f"paths.log_dir={tmp_path / 'outputs'}",
-                                 "device=cpu", f"ckpt={checkpoint}", f"inference={mode}", "prompt='MARÍA: '",
-                                 "max_new_tokens=12"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=300)
+                                 "device=cpu", f"ckpt={on_disk['checkpoint']}", f"inference={mode}",
+                                 "prompt='MARÍA: '", "max_new_tokens=12"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-2000:]
         assert f"=== 'MARÍA: ' [{mode}, sample 1/1]" in result.stdout

@@ -12,10 +12,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from gru_experiments.data.tokenizers import build_tokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_file
-from gru_experiments.data.tokenizers import build_tokenizer
-
 
 # The default corpus, shipped in the package (xz -9e) so training needs no network: Tiny Shakespeare.
 SHIPPED_CORPUS = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt.xz"

@@ -212,7 +212,8 @@ def _vocab_size_error(err: RuntimeError) -> UserError | None:
     message = str(err)
     if match := re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message):
         return UserError(f"tokenizer.vocab_size={match[1]} is too large for this corpus: SentencePiece can make at "
-                         f"most {match[2]} pieces from its training split; set tokenizer.vocab_size={match[2]} or lower")
+                         f"most {match[2]} pieces from its training split; "
+                         f"set tokenizer.vocab_size={match[2]} or lower")
     if match := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message):
         return UserError(f"tokenizer.vocab_size={match[1]} is too small for this corpus: it has {match[2]} distinct "
                          f"characters, each needing a piece; set tokenizer.vocab_size above {match[2]}")
@@ -248,7 +249,7 @@ def build_tokenizer(
     kind: str, text: str, cache_dir: str | Path, **settings
 ) -> CharTokenizer | SentencePieceTokenizer:
     """The tokenizer of `kind` fitted on `text`: for "char", the sorted set of its characters
-    (data.prepare_corpus passes the whole corpus); for "spm", a SentencePiece model trained on it
+    (corpus.prepare_corpus passes the whole corpus); for "spm", a SentencePiece model trained on it
     (prepare_corpus passes the training split only)."""
     if kind == "char":
         if settings:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from gru_experiments.models import fast_recurrence
+from gru_experiments.validation import check_setting
 
 IMPLEMENTATIONS = ("reference", "fast")
 
@@ -35,8 +36,8 @@ class RecurrentLayer(nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, implementation: str = "fast"):
         super().__init__()
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+        check_setting(implementation in IMPLEMENTATIONS, "implementation", implementation,
+                      " or ".join(repr(i) for i in IMPLEMENTATIONS))
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.implementation = implementation
@@ -199,6 +200,5 @@ CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
 
 
 def make_layer(cell: str, input_size: int, hidden_size: int, implementation: str = "fast") -> RecurrentLayer:
-    if cell not in CELLS:
-        raise ValueError(f"unknown cell {cell!r}; choose one of {sorted(CELLS)}")
+    check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
     return CELLS[cell](input_size, hidden_size, implementation)

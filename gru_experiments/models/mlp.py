@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gru_experiments.models.protocol import ContextWindow, FiniteContextLM, check_dropout, check_int, check_setting
+from gru_experiments.models.protocol import ContextWindow, FiniteContextLM
+from gru_experiments.validation import check_dropout, check_int, check_setting
 
 
 class BengioMLP(FiniteContextLM):

@@ -18,10 +18,11 @@ training split (`fit`): seconds, no optimizer, no epochs. Two smoothings:
   Y = n_1 / (n_1 + 2 n_2),  D(1) = 1 − 2Y n_2/n_1,  D(2) = 2 − 3Y n_3/n_2,  D(3+) = 3 − 4Y n_4/n_3.
   Variant (documented and tested): each D(r) is clipped to [0.05, r], and where a formula would
   divide by a zero count of counts (small corpora), Y = 1/2 and D(r) = r/2 — so every token keeps
-  a probability above zero and a count never loses more than itself; and n-grams whose only occurrence starts the corpus have continuation
-  count 0 (nothing precedes them), as in Chen & Goodman without a sentence-start symbol.
+  a probability above zero and a count never loses more than itself; and n-grams whose only
+  occurrence starts the corpus have continuation count 0 (nothing precedes them), as in Chen &
+  Goodman without a sentence-start symbol.
 - `add_one`: (c(h, w) + 1) / (c(h) + V) at order N only. Order 2 with add-one smoothing is the
-  study's bigram baseline (`evaluation.score_bigram`).
+  study's bigram baseline (`scores.score_bigram`).
 
 Storage: for each order k, the sorted keys of the k-grams seen, key = id(first k − 1 tokens) · V +
 last token, where id() is a (k − 1)-gram's index in the previous order's sorted keys (the root, the
@@ -39,7 +40,8 @@ import torch
 from torch import Tensor
 
 from gru_experiments.errors import UserError
-from gru_experiments.models.protocol import ContextWindow, FiniteContextLM, check_int, check_setting
+from gru_experiments.models.protocol import ContextWindow, FiniteContextLM
+from gru_experiments.validation import check_int, check_setting
 
 SMOOTHINGS = ("kneser_ney", "add_one")
 MIN_DISCOUNT = 0.05

@@ -1,15 +1,19 @@
 """The model protocol: what every language-model family implements, and how a family is built.
 
-Every family (the recurrent models in `recurrent.py`, the MLP in `mlp.py`, the n-gram in `ngram.py`, the transformer in `transformer.py`)
-is a `LanguageModel`, and the samplers, evaluators, training loop, sweep and report use only this:
+Every family (the recurrent models in `recurrent.py`, the MLP in `mlp.py`, the n-gram in `ngram.py`,
+the transformer in `transformer.py`) is a `LanguageModel`, and the samplers, evaluators, training loop,
+sweep and report use only this:
 
     logits, state = model(tokens, state=None)   tokens (B, T) -> logits (B, T, V) and the state after them
     model.initial_state(batch, device=None)      the state before any token; state=None means this state
     model.vocab_size                             V
     model.context                                tokens of context the model can see: None (unbounded) for
                                                  the recurrent models, k for the MLP, N - 1 for an order-N n-gram
-    model.tokens_per_prediction                  forward tokens one stateful step runs per prediction: 1, but
-                                                 the transformer past its block re-runs all of it (block_size)
+    model.forward_cost(seen, new)                forward tokens a call runs for `new` tokens per row after a
+                                                 state that has seen `seen`: `new`, but the transformer past
+                                                 its block re-runs all of it for every prediction (block_size each)
+    model.tokens_per_prediction                  forward tokens one stateful step runs per prediction
+                                                 (from forward_cost)
     model.family                                 its label in summaries and reports: gru, lstm, rnn, mlp, ngram
     model.trainable                              False when the weights are counted, not learned: then
                                                  model.fit(train_ids) counts them (no optimizer, no epochs)
@@ -23,7 +27,8 @@ the last `window` tokens.
 Which class a config builds is named by Hydra's `_target_` key in its `architecture`
 (conf/model/*.yaml); every other key of `architecture` is a constructor argument, and
 `build_model` adds `vocab_size`. A checkpoint stores the same dict, so it rebuilds its model
-without any config file. Constructors check their own arguments and raise `InvalidSetting`.
+without any config file. Constructors check their own arguments with gru_experiments/validation.py
+(`check_setting`, `check_int`, `check_dropout`), which raise `InvalidSetting`.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ import torch
 from torch import Tensor, nn
 
 from gru_experiments.errors import UserError
+from gru_experiments.validation import InvalidSetting
 
 NO_TOKEN = -1  # a context position before the first token
+WINDOW_BATCH_TOKENS = 1 << 16  # windows run through a model in batches of about this many tokens (memory only)
 DEFAULT_TARGET = "gru_experiments.models.recurrent.RecurrentLM"  # checkpoints written before `_target_` existed
 PACKAGE = "gru_experiments."  # checkpoints may only name classes in this package
 # Where the families lived before the package was cut into subpackages: checkpoints and run records
@@ -48,35 +55,6 @@ MOVED_CLASSES = {
     "gru_experiments.ngram.NGramLM": "gru_experiments.models.ngram.NGramLM",
     "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
 }
-
-
-class InvalidSetting(UserError):
-    """A model setting with a value its family does not accept; `key` is the argument's name."""
-
-    def __init__(self, key: str, value, allowed: str, prefix: str = ""):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid {prefix}{key}={value!r}: must be {allowed}")
-
-    def with_prefix(self, prefix: str) -> "InvalidSetting":
-        return InvalidSetting(self.key, self.value, self.allowed, prefix)
-
-
-def check_setting(ok: bool, key: str, value, allowed: str) -> None:
-    if not ok:
-        raise InvalidSetting(key, value, allowed)
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_int(key: str, value, low: int = 1) -> None:
-    check_setting(is_int(value) and value >= low, key, value, f"an integer >= {low}")
-
-
-def check_dropout(value, key: str = "dropout") -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
-    check_setting(ok, key, value, "a number in [0, 1)")
 
 
 class LanguageModel(nn.Module):
@@ -94,10 +72,16 @@ class LanguageModel(nn.Module):
         """Tokens of context the model can see; None: unbounded."""
         return None
 
+    def forward_cost(self, seen: int, new: int) -> int:
+        """Forward tokens one row of `model(tokens, state)` runs for `new` tokens after a state that has
+        seen `seen` tokens (0: the initial state). The evaluation's plan (study/plan.py) counts its cost
+        with it, so a family whose cost is not a token per token says so here, in one place."""
+        return new
+
     @property
     def tokens_per_prediction(self) -> int:
-        """Forward tokens a stateful step runs per prediction (what the evaluation's cost counts)."""
-        return 1
+        """Forward tokens a stateful step runs per prediction, once the state has seen all it can."""
+        return self.forward_cost(self.context or 1, 1)
 
     def initial_state(self, batch_size: int, device=None):
         raise NotImplementedError
@@ -203,19 +187,24 @@ def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False)
         raise error.with_prefix("model.architecture.") from None
 
 
-def validate_architecture(architecture) -> type[LanguageModel]:
-    """Check an architecture config before any work: the class exists, every key is one of its
-    settings, and its constructor accepts the values (built on the meta device: no memory, no
-    time). Returns the class."""
+def meta_model(architecture) -> LanguageModel:
+    """The model an architecture config names, built on the meta device (no memory, no time) after
+    the checks of validate_architecture: for what it is (family, context, cost), not to run."""
     target, settings = split_architecture(architecture)
     cls = model_class(target)
     check_settings(cls, settings)
     try:
         with torch.device("meta"):
-            cls(vocab_size=2, **settings)
+            return cls(vocab_size=2, **settings)
     except InvalidSetting as error:
         raise error.with_prefix("model.architecture.") from None
-    return cls
+
+
+def validate_architecture(architecture) -> type[LanguageModel]:
+    """Check an architecture config before any work: the class exists, every key is one of its
+    settings, and its constructor accepts the values (built on the meta device: no memory, no
+    time). Returns the class."""
+    return type(meta_model(architecture))
 
 
 def count_parameters(model: nn.Module) -> int:

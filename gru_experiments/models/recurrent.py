@@ -13,8 +13,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gru_experiments.models.cells import CELLS, IMPLEMENTATIONS, make_layer
-from gru_experiments.models.protocol import LanguageModel, check_dropout, check_int, check_setting
 from gru_experiments.models.precision import MatmulPrecision, linear
+from gru_experiments.models.protocol import LanguageModel
+from gru_experiments.validation import check_dropout, check_int, check_setting
 
 
 class RecurrentLM(LanguageModel):

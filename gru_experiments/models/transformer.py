@@ -27,10 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gru_experiments.models.protocol import (NO_TOKEN, ContextWindow, FiniteContextLM, check_dropout, check_int,
-                                            check_setting)
-
-WINDOW_BATCH_TOKENS = 1 << 16  # past the block: windows run in batches of about this many tokens (memory)
+from gru_experiments.models.protocol import NO_TOKEN, WINDOW_BATCH_TOKENS, ContextWindow, FiniteContextLM
+from gru_experiments.validation import check_dropout, check_int, check_setting
 
 
 class CausalSelfAttention(nn.Module):
@@ -118,9 +116,11 @@ class TransformerLM(FiniteContextLM):
     def vocab_size(self) -> int:
         return self.wte.num_embeddings
 
-    @property
-    def tokens_per_prediction(self) -> int:
-        return self.context  # past the block, each prediction is a pass over its own block_size tokens
+    def forward_cost(self, seen: int, new: int) -> int:
+        """While every position sees all the tokens before it, one causal pass (`seen` + `new` tokens);
+        past the block, each prediction is a pass over its own block_size tokens (see forward)."""
+        seen = min(seen, self.context)
+        return seen + new if seen + new <= self.context else new * self.context
 
     def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens (B, T) -> logits (B, T, V), the last block_size tokens."""

@@ -23,7 +23,7 @@ sweep on another corpus, or other numbers, give other lines. Figures are of the 
 unless a line says "best" (the checkpoint with the lowest validation loss).
 
 A job is anything with `.model` (its name), `.values` (its summary.json) and `.history`
-({metric: [(step, value), ...]}, history.csv), as reporting.JobResult.
+({metric: [(step, value), ...]}, history.csv), as sweep_folder.JobResult.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-RECURRENT = ("gru", "lstm", "rnn")  # the summary's "cell" of a model with a carried state
+RECURRENT = ("gru", "lstm", "rnn")  # the summary's "family" of a model with a carried state
 
 CLAIMS = (
     "Training loss alone cannot validate a recurrent model",
@@ -68,7 +68,7 @@ def _best(job, key: str) -> float | None:
 
 
 def _recurrent(jobs) -> list:
-    return [job for job in jobs if (job.values.get("cell") or "gru") in RECURRENT]
+    return [job for job in jobs if (job.values.get("family") or "gru") in RECURRENT]
 
 
 def _reset_cost(job) -> float | None:
@@ -119,7 +119,8 @@ def training_loss_finding(jobs) -> Finding:
 def stateless_finding(jobs) -> Finding:
     """(2) Reset at every step, the model is a first-order table: is it any better than counting?"""
     claim = CLAIMS[1]
-    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None and _number(job, "bigram_bpc") is not None]
+    judged = [job for job in _recurrent(jobs)
+              if _reset_cost(job) is not None and _number(job, "bigram_bpc") is not None]
     if not judged:
         return _cannot(claim, "no recurrent model with stateful, stateless and bigram figures")
     worse = [job for job in judged if _number(job, "stateless_bpc") >= _number(job, "bigram_bpc")]
@@ -177,7 +178,8 @@ def inference_vs_scale_finding(jobs) -> Finding:
         large = max(same, key=lambda job: _number(job, "parameters"))
         gain = _number(small, "stateful_bpc") - _number(large, "stateful_bpc")
         scale_gains.append(gain)
-        parts.append(f"{large.model} over {small.model} ({_number(large, 'parameters') / _number(small, 'parameters'):.0f}x "
+        parts.append(f"{large.model} over {small.model} "
+                     f"({_number(large, 'parameters') / _number(small, 'parameters'):.0f}x "
                      f"the parameters) gains {gain:.3f} stateful")
     if scale_gains:
         checks.append(state_gain > max(scale_gains))
@@ -237,10 +239,11 @@ def _gain(job) -> tuple[float, float] | None:
 def training_mode_pairs(jobs) -> list[tuple]:
     """(windows job, streams job) of every model trained both ways, with both state gains."""
     by_mode = {}
-    for job in _recurrent(jobs) + [job for job in jobs if job.values.get("cell") == "mlp"]:
+    for job in _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]:
         if _gain(job) is not None:
             by_mode.setdefault(job.values.get("model"), {})[job.values.get("training_mode") or "windows"] = job
-    return [(modes["windows"], modes["streams"]) for modes in by_mode.values() if {"windows", "streams"} <= modes.keys()]
+    return [(modes["windows"], modes["streams"]) for modes in by_mode.values()
+            if {"windows", "streams"} <= modes.keys()]
 
 
 def carried_state_finding(jobs) -> Finding:
@@ -277,7 +280,7 @@ SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter 
 def size_pairs(jobs) -> list[tuple]:
     """(GRU job, transformer job) of each size: the same tokenizer and parameters within SAME_SIZE."""
     def of(family):
-        return [job for job in jobs if job.values.get("cell") == family and _number(job, "stateful_bpc") is not None
+        return [job for job in jobs if job.values.get("family") == family and _number(job, "stateful_bpc") is not None
                 and _number(job, "parameters")]
     pairs = []
     for gru in of("gru"):

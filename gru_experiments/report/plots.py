@@ -6,8 +6,8 @@ from pathlib import Path
 
 from gru_experiments.files import atomic_file
 from gru_experiments.report.sweep_folder import MISSING, JobResult, ladder_jobs
-from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.context_curve import curve_points
+from gru_experiments.study.evaluation import FIGURES
 
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
 PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"
@@ -121,7 +121,7 @@ def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
     series = {}
     for job in jobs:
         points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
-        if not points or job.values.get("cell") in ("ngram",):
+        if not points or job.values.get("family") in ("ngram",):
             continue
         series[job.model] = {"windows": [(int(key), value) for key, value in points if key.isdigit()],
                              "stateful": dict(points).get("stateful")}
@@ -135,7 +135,7 @@ def baselines(jobs: list[JobResult]) -> dict[str, float]:
     for job in jobs:
         if job.status == "completed" and job.number("bigram_bpc") is not None:
             lines.setdefault(f"bigram counts ({job.values.get('tokenizer') or '?'})", job.number("bigram_bpc"))
-    ngrams = [job for job in jobs if job.status == "completed" and job.values.get("cell") == "ngram"
+    ngrams = [job for job in jobs if job.status == "completed" and job.values.get("family") == "ngram"
               and job.number("stateful_bpc") is not None]
     if ngrams:
         best = min(ngrams, key=lambda job: job.number("stateful_bpc"))

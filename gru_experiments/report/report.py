@@ -4,7 +4,7 @@ summary run that carries the same table and plots.
 A sweep folder holds one folder per job (Hydra's multirun layout); everything is read from
 what the jobs wrote there:
 
-    <job>/.hydra/config.yaml   what the job was asked to train (model, cell, tokenizer, logger)
+    <job>/.hydra/config.yaml   what the job was asked to train (model, architecture, tokenizer, logger)
     <job>/summary.json         its results, or status "failed" and the error
     <job>/history.csv          its learning curves (gru_experiments/runs/history.py)
     <job>/samples.json         stateful and stateless samples for the study's prompts
@@ -23,9 +23,20 @@ from pathlib import Path
 
 from gru_experiments.files import atomic_write
 from gru_experiments.report.findings import findings_markdown
-from gru_experiments.report.plots import (PLOT_BPC, PLOT_CONTEXT, PLOT_CURVES, PLOT_LADDER, PLOT_MODES, _figure,
-                                          _save, plot_bpc_by_mode, plot_context_curve, plot_curves, plot_ladder,
-                                          plot_modes_over_training)
+from gru_experiments.report.plots import (
+    PLOT_BPC,
+    PLOT_CONTEXT,
+    PLOT_CURVES,
+    PLOT_LADDER,
+    PLOT_MODES,
+    _figure,
+    _save,
+    plot_bpc_by_mode,
+    plot_context_curve,
+    plot_curves,
+    plot_ladder,
+    plot_modes_over_training,
+)
 from gru_experiments.report.sweep_folder import MISSING, JobResult, Report, collect, ladder_jobs
 from gru_experiments.report.training_grid import PLOT_GRID, grid_section, plot_training_grid
 from gru_experiments.study.evaluation import FIGURES
@@ -35,7 +46,7 @@ RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 
 # (column, header in report.md, format); results.csv has every column of COLUMNS.
 TABLE = [
-    ("model", "model", str), ("training_mode", "training", str), ("cell", "cell", str),
+    ("model", "model", str), ("training_mode", "training", str), ("family", "family", str),
     ("tokenizer", "tokenizer", str),
     ("parameters", "parameters", "{:,}".format),
     ("train_loss", "train loss", "{:.4f}".format), ("val_loss", "val loss", "{:.4f}".format),
@@ -64,7 +75,7 @@ def format_duration(seconds: float) -> str:
 
 def _cell(job: JobResult, key: str, fmt) -> str:
     value = job.values.get(key)
-    if key in ("model", "training_mode", "cell", "tokenizer", "status"):
+    if key in ("model", "training_mode", "family", "tokenizer", "status"):
         value = {"status": job.status, "model": job.model}.get(key, value)
         if key == "training_mode" and job.status != "missing":
             value = job.training_mode  # summaries written before the choice existed: windows
@@ -176,7 +187,8 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         "windows of data.seq_len, each from a zero state. Every figure of this table is of the final "
         "weights (the best checkpoint's are under *Best checkpoint and final weights*).", "",
         "| " + " | ".join(header for _, header, _ in TABLE) + " |",
-        "|" + "|".join("---" if key in ("model", "training_mode", "cell", "tokenizer", "status") else "--:" for key, _, _ in TABLE) + "|",
+        "|" + "|".join("---" if key in ("model", "training_mode", "family", "tokenizer", "status") else "--:"
+                       for key, _, _ in TABLE) + "|",
     ]
     lines += ["| " + " | ".join(_cell(job, key, fmt) for key, _, fmt in TABLE) + " |" for job in jobs]
     missing = _missing_lines(jobs, plots)
@@ -246,7 +258,7 @@ LADDER_COLUMNS = ["model", "family", "context (tokens)", "parameters", "stateful
 
 def ladder_rows(jobs: list[JobResult]) -> list[list[str]]:
     number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
-    return [[_escape(job.model), _escape(str(job.values.get("cell") or MISSING)), _context(job),
+    return [[_escape(job.model), _escape(str(job.values.get("family") or MISSING)), _context(job),
              number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
              number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
              number(job, "train_seconds", format_duration)] for job in ladder_jobs(jobs)]

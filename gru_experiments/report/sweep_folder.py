@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
+from gru_experiments.runs.config import model_family
 from gru_experiments.runs.history import read_history
 from gru_experiments.runs.run_dir import RunDir
 
@@ -96,17 +97,29 @@ def planned_models(overrides: list[str]) -> list[str]:
     return []
 
 
+def read_summary(summary) -> dict:
+    """A job's summary.json as today's: one written before the rename says "cell" for "family"."""
+    if not isinstance(summary, dict):
+        return {}
+    summary = dict(summary)
+    if "cell" in summary:
+        old = summary.pop("cell")
+        summary.setdefault("family", old)
+    return summary
+
+
 def read_job(job_dir: Path) -> JobResult:
     run = RunDir(job_dir)
     cfg = run.config()
     summary = run.summary()
     values = {
         "model": _select(cfg, "model.name"),
-        "cell": _select(cfg, "model.architecture.cell"),
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
-        **(summary if isinstance(summary, dict) else {}),
+        **read_summary(summary),
     }
+    if values.get("family") is None and cfg is not None:  # not finished, or failed before the rename
+        values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
     if not isinstance(summary, dict):
         status = "incomplete"
     elif summary.get("status") == "failed":
@@ -130,7 +143,8 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise NoResultsError(f"{sweep_dir} is not a folder: give the sweep folder (hydra.sweep.dir) of a study")
-    job_dirs = sorted((p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml") if p.parent.parent != sweep_dir),
+    job_dirs = sorted((p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml")
+                       if p.parent.parent != sweep_dir),
                       key=_job_order)
     jobs = [read_job(job_dir) for job_dir in job_dirs]
     overrides = sweep_overrides(sweep_dir)
@@ -147,6 +161,6 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 # --- the ladder: models of several families side by side ----------------------------------
 def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
     """The completed jobs, in launch order, when they span more than one model family (the
-    summary's "cell": gru, lstm, rnn, mlp, ngram); [] for a sweep of one family."""
+    summary's "family": gru, lstm, rnn, mlp, ngram, transformer); [] for a sweep of one family."""
     done = [job for job in jobs if job.status == "completed"]
-    return done if len({job.values.get("cell") for job in done}) > 1 else []
+    return done if len({job.values.get("family") for job in done}) > 1 else []

@@ -33,14 +33,16 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
     try:
         columns = [key for key in COLUMNS if key not in ("error", "run_dir")]
         data = [[job.status if key == "status" else job.job if key == "job" else
-                 (job.number(key) if key not in ("model", "training_mode", "cell", "tokenizer") else job.values.get(key))
+                 (job.number(key) if key not in ("model", "training_mode", "family", "tokenizer")
+                  else job.values.get(key))
                  for key in columns] for job in report.jobs]
         payload = {"results": wandb.Table(columns=columns, data=data)}
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
                         if name.endswith(".png")})
         run.log(payload)
         run.summary.update({f"{job.model}/{key}": job.number(key) for job in report.completed
-                            for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES)) if job.number(key) is not None})
+                            for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES))
+                            if job.number(key) is not None})
         run.summary.update({"jobs_completed": len(report.completed), "jobs_not_completed": len(report.problems)})
     finally:
         run.finish()

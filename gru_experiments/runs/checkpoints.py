@@ -7,6 +7,8 @@
   the same folder and renames it over the target, so a kill during a save leaves the previous
   file intact; it refuses to save non-finite weights over a good checkpoint; and Lightning's
   own resume path (trainer.fit(ckpt_path=...)) reads through `read_checkpoint` too.
+- `StepCheckpoint` writes last.ckpt every N training steps, but not at an epoch's last batch,
+  where a resume would skip the epoch's end (the epoch-end checkpoint comes instead).
 - `TrainingState` carries what Lightning does not save itself: the random-number states
   (dropout) and the W&B run id, so a resumed run continues the same random stream and the
   same W&B run.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import atomic_file
@@ -165,6 +167,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         # weights_only is forced: Lightning's resume path never unpickles code either.
         return read_checkpoint(path, map_location=map_location or "cpu", require=TRAINING_KEYS)
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint(every_n_train_steps=N) that leaves out the last batch of an epoch.
+
+    A checkpoint written there (after the batch, before the epoch's validation and its
+    on_train_epoch_end) does not resume as the uninterrupted run goes on (Lightning 2.6): Lightning
+    counts the epoch as finished without ending it, so the resumed run skips that epoch's
+    validation (its history rows, its best checkpoint) and end-of-epoch hooks, calls no
+    on_train_epoch_start for the next epoch, and a later resume can misplace that epoch's end (a
+    run of 2 epochs of 4 steps, killed at steps 4, 6 and 8, trained 11 steps). The epoch-end
+    checkpoint, written moments later once the epoch has ended, takes its place; a kill in
+    between resumes from the checkpoint before, which is exact.
+    """
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx + 1 == trainer.num_training_batches:
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class TrainingState(Callback):

@@ -13,9 +13,22 @@ rules are study/inference.validate_sampling.
 
 from __future__ import annotations
 
+import inspect
+
 from gru_experiments.errors import UserError
-from gru_experiments.validation import (MISSING, Rule, check_rules, int_at_least, is_int, is_number,
-                                        non_negative_number, open_fraction, positive_number, select)
+from gru_experiments.validation import (
+    MISSING,
+    Rule,
+    check_rules,
+    int_at_least,
+    is_int,
+    is_number,
+    non_negative_number,
+    open_fraction,
+    positive_number,
+    select,
+    temperature_rule,
+)
 
 TRAIN_RULES = [
     Rule("data.seq_len", int_at_least(2), "an integer >= 2 (a window needs an input and a next token)"),
@@ -44,21 +57,12 @@ EVALUATION_RULES = [
     Rule("evaluation.streams", int_at_least(1), "an integer >= 1", may_be_absent=True),
     Rule("evaluation.window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1",
          optional=True),
-    Rule("evaluation.windowed_stride", lambda v: v == "auto" or int_at_least(1)(v),
-         "auto or an integer >= 1 (1: every target)", may_be_absent=True),
-    Rule("evaluation.curve_point_tokens", int_at_least(1), "null (exact points) or an integer >= 1",
-         optional=True),
+    Rule("evaluation.budget", positive_number,
+         "null (every figure exact) or a number > 0 (forward tokens per token trained)", optional=True),
     Rule("evaluation.curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
          optional=True),
-    Rule("evaluation.long_point_tokens", int_at_least(1), "null (exact points) or an integer >= 1", optional=True),
-    Rule("evaluation.max_tokens", int_at_least(1), "null (the whole split) or an integer >= 1 (targets)",
-         optional=True),
-    Rule("evaluation.validation_tokens", int_at_least(1), "null (exact) or an integer >= 1 (forward tokens)",
-         optional=True),
-    Rule("evaluation.batch_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
     Rule("evaluation.sample_chars", int_at_least(1), "an integer >= 1", may_be_absent=True),
-    Rule("evaluation.sample_temperature", non_negative_number, "a number >= 0 (0: the argmax)",
-         may_be_absent=True),
+    temperature_rule("evaluation.sample_temperature"),  # sample.py's rule: 0 is greedy
 ]
 
 SPM_RULES = [
@@ -99,19 +103,45 @@ def validate(cfg) -> None:
 
 
 def check_model(cfg) -> None:
-    """The architecture (its class, settings and values: the family checks its own) and, for a
-    trained family, its recipe; a counted family (trainable = False) takes no recipe."""
-    from gru_experiments.models.protocol import validate_architecture  # imports torch: only when validating
+    """The architecture (its class, settings and values: the family checks its own), the window
+    against what the model sees and, for a trained family, its recipe; a counted family
+    (trainable = False) takes no recipe."""
+    from gru_experiments.models.protocol import meta_model  # imports torch: only when validating
 
     architecture = select(cfg, "model.architecture")
     if architecture is MISSING or not hasattr(architecture, "keys"):
         raise UserError("invalid model.architecture: must be a mapping with _target_ and the model's settings")
-    family = validate_architecture(architecture)
-    if family.trainable:
+    model = meta_model(architecture)
+    check_window(cfg, model)
+    if model.trainable:
         check_rules(cfg, RECIPE_RULES)
         return
     # epochs and steps_per_epoch mean nothing to it (preset=smoke sets them for every model);
     # a learning rate would suggest an optimizer that does not exist.
     if select(cfg, "model.lr") not in (MISSING, None):
-        raise UserError(f"model.lr is not a setting of {family.__name__} ({family.family}): its weights are "
+        raise UserError(f"model.lr is not a setting of {type(model).__name__} ({model.family}): its weights are "
                         "counted from the training split, with no optimizer, epochs or steps")
+
+
+def check_window(cfg, model) -> None:
+    """A training window longer than the model's context is refused when seeing past the context
+    costs more than a token per prediction: past its block, every position of a transformer runs a
+    block of its own (seq_len x block_size tokens a window, minutes of silence on a CPU). The MLP
+    and the n-gram see a finite context too, at a token per prediction: any seq_len is fine."""
+    seq_len, context = select(cfg, "data.seq_len"), model.context
+    if context is None or model.tokens_per_prediction <= 1 or not is_int(seq_len) or seq_len <= context:
+        return
+    setting = "block_size" if "block_size" in inspect.signature(type(model)).parameters else "context"
+    raise UserError(f"invalid data.seq_len={seq_len}: model {select(cfg, 'model.name')} sees at most {context} "
+                    f"tokens (model.architecture.{setting}); set data.seq_len <= {context} or a larger {setting}")
+
+
+def model_family(architecture) -> str | None:
+    """The family an architecture config builds (gru, lstm, rnn, mlp, ngram, transformer: summary.json's
+    "family"), or None when it does not build: for records that must be written whatever went wrong."""
+    from gru_experiments.models.protocol import meta_model
+
+    try:
+        return meta_model(architecture).family
+    except Exception:  # noqa: BLE001 - bookkeeping never raises
+        return None

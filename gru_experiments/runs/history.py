@@ -1,4 +1,4 @@
-"""Each run keeps its own learning curves in its history.csv (runs.RunDir.history_file).
+"""Each run keeps its own learning curves in its history.csv (run_dir.RunDir.history_file).
 
 Why a file of our own: the sweep report draws every model's curves whatever the logger
 (wandb, csv or none), and W&B keeps offline runs in a binary log that it offers no local

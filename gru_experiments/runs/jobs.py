@@ -104,7 +104,7 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     summary = {
         "status": "failed",
         "model": OmegaConf.select(cfg, "model.name"),
-        "cell": OmegaConf.select(cfg, "model.architecture.cell"),
+        "family": _family(cfg),
         "tokenizer": OmegaConf.select(cfg, "tokenizer.kind"),
         "error": f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-8)),
@@ -116,6 +116,15 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     if is_wandb(logger):
         logger.experiment.summary.update({"status": "failed", "error": summary["error"]})
     return logger
+
+
+def _family(cfg) -> str | None:
+    """The family the config's architecture builds (None if it does not: the failure may be its own)."""
+    from gru_experiments.runs.config import model_family
+
+    with suppress(Exception):  # bookkeeping must never hide the error it reports
+        return model_family(OmegaConf.select(cfg, "model.architecture", default=None))
+    return None
 
 
 def close_logger(exit_code: int = 0) -> None:

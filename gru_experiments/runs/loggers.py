@@ -12,7 +12,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
 
-
 # The modes wandb accepts (wandb.sdk.wandb_settings.Settings.mode): online, offline and disabled
 # (docs.wandb.ai: "What is the difference between wandb.init modes?"), and its older spellings.
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")

@@ -9,7 +9,7 @@ command line with the run's recorded overrides plus any new ones, points hydra.r
 the run folder, and records this session's config in .hydra/resumed_<time>/ so the
 original .hydra/ stays as it was.
 
-The run and its checkpoint are resolved once (`find_run`, through runs.RunDir) and checked
+The run and its checkpoint are resolved once (`find_run`, through run_dir.RunDir) and checked
 cheaply: `ResumePoint` reads the checkpoint memory-mapped, for its hyper-parameters, tokenizer
 and step; Lightning then does the one full load. `resume_point` is what train() uses, so
 `resume=` also works when train(cfg) is called directly. This module imports nothing heavy
@@ -27,6 +27,11 @@ from gru_experiments.errors import UserError
 from gru_experiments.runs.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RunDir, newest_run
 
 LAST = "last"
+# Keys that runs written before issue 25 may have recorded, gone since: the evaluation's cost is now the
+# one key evaluation.budget. A resume drops them from the recorded overrides, and says so.
+REMOVED_KEYS = ("evaluation.windowed_stride", "evaluation.max_tokens", "evaluation.curve_point_tokens",
+                "evaluation.long_point_tokens", "evaluation.validation_tokens", "evaluation.batch_tokens",
+                "model.eval_max_tokens", "model.eval_long_point_tokens")
 
 
 def find_run(resume: str, log_dir, model_name: str) -> RunDir:
@@ -147,6 +152,10 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     ResumePoint.read(run)
 
     recorded = _recorded_overrides(run)
+    dropped = [o for o in recorded if _key(parser, o).lstrip("+~") in REMOVED_KEYS]
+    if dropped:
+        print(f"resuming without {', '.join(dropped)}: gone since, the evaluation's cost is evaluation.budget")
+        recorded = [o for o in recorded if o not in dropped]
     user = [o for o in args.overrides if _key(parser, o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
     user_keys = {_key(parser, o) for o in user}
     merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user

@@ -11,23 +11,28 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data.corpus import corpus_path, read_corpus, split_text
-from gru_experiments.study.scores import Split
-from gru_experiments.study.evaluation import (describe_sample, evaluate as evaluate_modes, evaluation_window, format_modes)
-from gru_experiments.study.context_curve import format_curve
-from gru_experiments.study.inference import validate_sampling
-from gru_experiments.errors import UserError
-from gru_experiments.study.inference import STUDY_PROMPTS, Decoding, check_generation_fits, sample_texts
-from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write, write_json
-from gru_experiments.study.progress import Progress
 from gru_experiments.runs.run_dir import RunDir, display_path
-
+from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.study.evaluation import evaluate as evaluate_modes
+from gru_experiments.study.evaluation import evaluation_window, plan_for
+from gru_experiments.study.inference import (
+    STUDY_PROMPTS,
+    Decoding,
+    check_generation_fits,
+    sample_texts,
+    validate_sampling,
+)
+from gru_experiments.study.progress import Progress
+from gru_experiments.study.scores import Split
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -75,7 +80,7 @@ def training_data_settings(run: RunDir | None, fallback: DictConfig) -> DictConf
 
 
 def sample(cfg: DictConfig, checkpoint: Path) -> dict:
-    """Generate from `checkpoint` (see runs.find_checkpoint) as cfg (conf/sample.yaml) says."""
+    """Generate from `checkpoint` (see run_dir.find_checkpoint) as cfg (conf/sample.yaml) says."""
     output_dir = Path(cfg.paths.output_dir)
     mode = cfg.inference.mode
     # The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it).
@@ -92,6 +97,8 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     data_cfg = training_data_settings(run, cfg.data)
 
     validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
+    # The corpus, before any sampling: one that does not fit the model is refused first.
+    splits = read_splits(data_cfg, tokenizer, device) if cfg.evaluate else None
     # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
     # drop_unknown=true, used without those characters.
     encoded = [encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown) for prompt in raw_prompts]
@@ -130,31 +137,45 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
 
     if cfg.evaluate:
-        record["evaluation"] = evaluate(cfg, model, tokenizer, run, data_cfg, checkpoint)
+        record["evaluation"] = evaluate(cfg, model, tokenizer, run, data_cfg, checkpoint, splits)
     return record
 
 
-def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path) -> dict:
-    """Every inference mode and the context curve on the validation split of the data the model
-    trained on."""
+class Splits(NamedTuple):
+    """The corpus the model trained on, split as it was: texts and token ids (on the model's device)."""
+    source: Path
+    train_text: str
+    val_text: str
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+
+
+def read_splits(data_cfg, tokenizer, device) -> Splits:
+    """The training and validation splits of `data_cfg`'s corpus; a UserError when the model's
+    vocabulary cannot spell it."""
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
     train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
-    device = model.device
     try:
         train_ids, val_ids = (torch.tensor(tokenizer.encode(t), dtype=torch.long, device=device)
                               for t in (train_text, val_text))
     except ValueError as error:
         raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
-    # The run's recorded training length, so that stride "auto" picks what training itself picked.
+    return Splits(source, train_text, val_text, train_ids, val_ids)
+
+
+def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path,
+             splits: Splits | None = None) -> dict:
+    """Every inference mode and the context curve on the validation split of the data the model
+    trained on (`splits`: read here when not given)."""
+    source, _, _, train_ids, val_ids = splits or read_splits(data_cfg, tokenizer, model.device)
+    # The run's recorded training length: evaluation.budget is a multiple of it, so the plan is the run's own
+    # (a checkpoint without its run folder: every figure exact).
     summary = (run.summary() if run else None) or {}
-    training_tokens = summary.get("train_tokens")
+    val = Split.of(val_ids, tokenizer)
     started = time.perf_counter()
-    evaluation = evaluate_modes(model, train_ids, Split.of(val_ids, tokenizer), int(data_cfg.seq_len),
-                                cfg.evaluation, training_tokens, progress=Progress())
-    print(f"inference modes on {describe_sample(evaluation.settings, evaluation.curve)} of {display_path(source)} "
-          f"({evaluation.settings}):")
-    print(format_modes(evaluation.scores))
-    print(f"context curve (bits per character against the tokens of context):\n{format_curve(evaluation.curve)}")
+    plan = plan_for(model, val.n_targets, int(data_cfg.seq_len), cfg.evaluation, summary.get("train_tokens"))
+    evaluation = evaluate_modes(model, train_ids, val, plan, progress=Progress())
+    print(f"{display_path(source)}: {evaluation.describe()}")
     result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": evaluation.settings,
               **evaluation.metrics(), "context_curve": evaluation.curve, "seconds": time.perf_counter() - started}
     write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)

@@ -4,25 +4,17 @@ minute for every model on a 2-core CPU (benchmarks/RESULTS.md), as Lightning's o
 answers "does this config compose and run?". Its figures are marked (summary.json "smoke": true)
 and say nothing about the model.
 
-The slice: Lightning's one training and one validation batch, at small batches of the model's own
-window; the first SMOKE_VAL_TOKENS tokens of the validation split; an evaluation budget of
-SMOKE["evaluation.max_tokens"] targets; short samples. The model, tokenizer and corpus are the run's own.
+The slice: Lightning's one training and one validation batch, and the first SMOKE_VAL_TOKENS tokens
+of the validation split. The evaluation needs no setting of its own: its budget (evaluation.budget)
+is a multiple of the one step trained.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from torch import Tensor
 
 SMOKE_VAL_TOKENS = 1024
-SMOKE = {
-    "data.batch_size": 4,
-    "data.eval_batch_size": 8,  # x seq_len 128: the sliced split in one validation batch
-    "evaluation.streams": 4,
-    "evaluation.max_tokens": 16,  # 16 windows: the windowed pass of the biggest models stays seconds
-    "evaluation.windowed_stride": 64,  # 16 of the slice's 1,023 targets (auto would take every 256th: 4)
-    "evaluation.sample_chars": 20,
-}
 
 
 def is_smoke(cfg) -> bool:
@@ -30,20 +22,6 @@ def is_smoke(cfg) -> bool:
     return bool(OmegaConf.select(cfg, "trainer.fast_dev_run", default=False))
 
 
-def smoke_config(cfg: DictConfig) -> DictConfig:
-    """A copy of a smoke run's config with SMOKE's settings (each a ceiling: a smaller number given
-    on the command line stays); any other run's config as it is."""
-    if not is_smoke(cfg):
-        return cfg
-    cfg = cfg.copy()
-    for key, ceiling in SMOKE.items():
-        value = OmegaConf.select(cfg, key)
-        smaller = isinstance(value, int) and value < ceiling
-        OmegaConf.update(cfg, key, value if smaller else ceiling, force_add=True)
-    return cfg
-
-
 def smoke_split(ids: Tensor, cfg) -> Tensor:
     """The validation split of a smoke run: its first SMOKE_VAL_TOKENS tokens (all of it otherwise)."""
     return ids[:SMOKE_VAL_TOKENS] if is_smoke(cfg) else ids
-

@@ -9,11 +9,11 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
-from gru_experiments.errors import TrainingDiverged, UserError
-from gru_experiments.study.scores import Score, Split, score_batch, score_stateful_within, score_stateless
-from gru_experiments.models.protocol import build_model
 from gru_experiments.data.tokenizers import tokenizer_from_state
+from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.models.protocol import build_model
+from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
+from gru_experiments.study.scores import Score, score_batch
 
 
 class CosineSchedule(torch.optim.lr_scheduler.CosineAnnealingLR):
@@ -66,10 +66,7 @@ class LanguageModelTask(L.LightningModule):
         self._val_score = Score()
         self.last_val_score: Score | None = None  # the latest validation pass, and the step it ran at
         self.last_val_step = -1
-        self._modes_split: tuple[Split, int, int, int | None] | None = None  # see track_modes
-        self.last_mode_scores: dict[str, Score] = {}  # stateful and stateless at the last validation
-        self._epoch_loss = [0.0, 0]  # sum, count: the mean training loss of the current epoch
-        self.last_epoch_train_loss = float("nan")
+        self._epoch_loss = [0.0, 0]  # sum, count: the current (or last) epoch's training losses
         self.train_tokens = 0
         self.train_seconds = 0.0
         self.carried_state = None  # training=streams: the state after the last chunk, detached
@@ -78,10 +75,12 @@ class LanguageModelTask(L.LightningModule):
         return self.model(tokens, state)
 
     # --- training -------------------------------------------------------------------
-    def on_train_epoch_start(self) -> None:
-        self._epoch_loss = [0.0, 0]
-
     def on_train_batch_start(self, batch, batch_idx) -> None:
+        # An epoch's loss sums start at its first batch, not in on_train_epoch_start: Lightning 2.4
+        # calls that hook again on a mid-epoch resume (after on_load_checkpoint restored the sums),
+        # and Lightning 2.5+ skips it for the epoch after a resume from an epoch's last batch.
+        if batch_idx == 0:
+            self._epoch_loss = [0.0, 0]
         self._step_started = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
@@ -115,10 +114,16 @@ class LanguageModelTask(L.LightningModule):
         self.log("train/tokens_per_second", tokens / max(seconds, 1e-9), prog_bar=True)
 
     def on_train_epoch_end(self) -> None:
-        loss_sum, count = self._epoch_loss
-        if count:
-            self.last_epoch_train_loss = float(loss_sum) / count
+        if self._epoch_loss[1]:
             self.log("train/epoch_loss", self.last_epoch_train_loss)
+
+    @property
+    def last_epoch_train_loss(self) -> float:
+        """The mean training loss of the last epoch (of its steps so far, when training stopped
+        within it); nan before the first step. Computed from the sums, which checkpoints carry,
+        so it needs no hook: a run resumed after its last step has it too."""
+        loss_sum, count = self._epoch_loss
+        return float(loss_sum) / count if count else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -131,14 +136,6 @@ class LanguageModelTask(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": schedule.interval}}
 
     # --- validation: the whole split, accumulated over batches ------------------------
-    def track_modes(self, val: Split, seq_len: int, streams: int, forward_tokens: int | None = None) -> None:
-        """Also score `val` stateful and stateless after every validation (val/stateful_bpc,
-        val/stateless_bpc): the inference modes over training. Stateless is one forward pass over
-        the vocabulary; stateful one pass over the split (evaluation.streams streams of seq_len
-        chunks), or a sample within `forward_tokens` (evaluation.validation_tokens) for a model
-        whose stateful step costs more than a token per prediction (`score_stateful_within`)."""
-        self._modes_split = (val, seq_len, streams, forward_tokens)
-
     def on_validation_epoch_start(self) -> None:
         self._val_score = Score()
 
@@ -155,14 +152,6 @@ class LanguageModelTask(L.LightningModule):
         # Every rank scores the same whole split, so the values agree across ranks.
         self.log("val/loss", score.nll, prog_bar=True)
         self.log("val/bpc", score.bpc, prog_bar=True)
-        if self._modes_split is not None:
-            val, seq_len, streams, forward_tokens = self._modes_split
-            val = val.to(self.device)
-            stateful = score_stateful_within(self.model, val, seq_len, streams, forward_tokens)
-            self.last_mode_scores = {"stateful": stateful,
-                                     "stateless": score_stateless(self.model, val)}
-            for mode, mode_score in self.last_mode_scores.items():
-                self.log(f"val/{mode}_bpc", mode_score.bpc)
 
     # --- checkpoints carry the tokenizer and the running training statistics ----------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -26,9 +26,9 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, positive_number
-from gru_experiments.errors import UserError
 from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.errors import UserError
+from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
 MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
 
@@ -53,7 +53,8 @@ Chooser = Callable[[Tensor], Tensor]
 @dataclass(frozen=True)
 class Decoding:
     """How the next token is chosen from the logits. Temperature, top-k and top-p combine
-    (applied in that order); greedy (or temperature 0) takes the argmax and ignores the rest."""
+    (applied in that order); greedy (or temperature 0) takes the argmax and ignores the rest.
+    The temperature's rule is validation.temperature_rule, as sample.py's and the run config's."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -61,8 +62,8 @@ class Decoding:
     greedy: bool = False
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not temperature_rule().check(self.temperature):
+            raise ValueError(f"temperature must be {temperature_rule().allowed}, got {self.temperature!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (or null for no limit), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -302,7 +303,7 @@ def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new
 
 def tokens_for_chars(chars: int, split) -> int:
     """How many tokens make about `chars` characters, at the mean token length of `split`
-    (an evaluation.Split; chars itself for a character model, fewer for subwords)."""
+    (a scores.Split; chars itself for a character model, fewer for subwords)."""
     mean_length = split.characters / split.ids.numel() if split.ids.numel() else 1.0
     return max(1, round(chars / max(mean_length, 1e-9)))
 
@@ -344,7 +345,7 @@ def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> Non
     top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
         else (int_at_least(1), top_k)
     rules = [
-        Rule("temperature", positive_number, "a number > 0", optional=True),
+        temperature_rule(),
         Rule("top_k", *top_k, optional=True),
         Rule("top_p", lambda v: is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
         Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),

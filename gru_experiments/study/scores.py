@@ -8,13 +8,17 @@ divided by the number of characters its scored tokens decode to.
     score_stateful     the inference mode "stateful": the state carried through the whole split
     score_stateless    the mode "stateless": every target from its previous token alone
     score_windowed     the mode "windowed": every target from its own window of the `window` tokens
-                       before it, from a zero state
+                       before it, from a zero state (exact; the evaluation samples it through score_contexts)
+    score_contexts     windows of a length for every stride-th target, which give every shorter context
+                       too (the windowed figure's and the context curve's engine)
+    score_in_one_pass  one stream, the state carried: a finite-context model's whole context
     score_bigram       the count-based bigram baseline of the training split
-    score_contexts     every shorter context from the same windows (the context curve's engine)
     paired_difference  one figure minus another, target by target, with its standard error: e.g.
                        stateful - windowed, what carrying the state buys beyond the window
 
-The context curve is in context_curve.py, everything at once (`evaluate`) in evaluation.py.
+Every Score knows the targets it was drawn from (`population`) and the forward tokens it ran
+(`model.forward_cost` per call), which the evaluation's plan (plan.py) predicts exactly. What to
+score with which stride is the plan's; running it all is evaluation.py's.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
 from gru_experiments.models.ngram import NGramLM
+from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.plan import ONE_PASS_CHUNK
 
 
 @dataclass(frozen=True)
@@ -68,10 +74,17 @@ class Score:
     # (targets=True): (positions in the split, nll in nats), for paired comparisons (paired_difference).
     positions: Tensor | None = None
     target_nll: Tensor | None = None
+    population: int = 0  # the targets these were drawn from (the split's); tokens == population: exact
+    forward_tokens: int = 0  # tokens run through the model for it (model.forward_cost)
 
     def add(self, other: "Score") -> "Score":
         return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters,
-                     tuple(a + b for a, b in zip(self.moments, other.moments)))
+                     tuple(a + b for a, b in zip(self.moments, other.moments)),
+                     forward_tokens=self.forward_tokens + other.forward_tokens)
+
+    def of(self, population: int) -> "Score":
+        """This score, drawn from `population` targets."""
+        return replace(self, population=population)
 
     def with_targets(self, positions: list[Tensor], nll: list[Tensor]) -> "Score":
         return replace(self, positions=torch.cat(positions), target_nll=torch.cat(nll).double())
@@ -86,10 +99,21 @@ class Score:
         return self.nll_sum / math.log(2) / max(self.characters, 1)
 
     @property
+    def exact(self) -> bool:
+        """Every target of the population was scored."""
+        return self.tokens == self.population
+
+    @property
+    def sampling_se(self) -> float:
+        """The standard error of a sample's figure as an estimate of the whole population's: 0 when it
+        is exact (every target scored), else `bpc_se`."""
+        return 0.0 if self.exact else self.bpc_se
+
+    @property
     def bpc_se(self) -> float:
-        """Standard error of `bpc` as an estimate from these targets (a ratio estimator, the targets
-        taken as independent draws: for a systematic sample of a text an approximation). 0 when
-        every target of the split was scored, the figure then being exact, is for the caller to say."""
+        """Standard error of `bpc` as the mean over these targets (a ratio estimator, the targets taken
+        as independent draws from text like the split's: for a systematic sample an approximation). A
+        whole-split figure has it too: it is what separates two models' figures (finding 7)."""
         n = self.tokens
         if n < 2 or not self.characters:
             return float("nan")
@@ -134,8 +158,8 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 
 
 # --- The inference modes on a whole split ---------------------------------------------------
-# Every function below scores the same targets, ids[1:], each exactly once (or a documented
-# sample of them), so their numbers compare directly, and with `score_chunks`.
+# Every function below scores the same targets, ids[1:], each exactly once (or every stride-th of
+# them), so their numbers compare directly, and with `score_chunks`.
 
 @torch.no_grad()
 def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
@@ -159,28 +183,17 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
         for start in range(0, length, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
             total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
+            total.forward_tokens += streams * model.forward_cost(start, logits.shape[1])
             if tick is not None:  # a progress bar's (progress.py)
                 tick(logits.shape[0] * logits.shape[1])
             if keep:
                 nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(streams, -1))
+    total = total.of(n_targets)
     if keep:  # row-major over (streams, length): position p + 1 is the target of input p
         warm = (torch.arange(streams * length, device=ids.device) % length >= targets_after)[:n_targets]
         return total.with_targets([torch.arange(1, n_targets + 1, device=ids.device)[warm]],
                                   [torch.cat(nll, dim=1).reshape(-1)[:n_targets][warm]])
     return total
-
-
-def score_stateful_within(model, split: Split, seq_len: int, streams: int, forward_tokens: int | None) -> Score:
-    """The stateful figure within a budget of forward tokens (the modes over training, at every
-    validation). A model whose stateful step runs more than a token per prediction (the
-    transformer past its block: `tokens_per_prediction`) scores every k-th target from its own
-    window of `context` tokens, all it sees statefully, with k the smallest stride within the
-    budget: a systematic sample. Any other model, or forward_tokens=None, runs `score_stateful`."""
-    cost = model.tokens_per_prediction
-    if cost <= 1 or not forward_tokens or split.n_targets * cost <= forward_tokens:
-        return score_stateful(model, split, seq_len, streams)
-    stride = math.ceil(split.n_targets * cost / forward_tokens)
-    return score_contexts(model, split, model.context, [model.context], stride)[model.context]
 
 
 @torch.no_grad()
@@ -196,64 +209,56 @@ def stateless_log_probs(model) -> Tensor:
 def score_table(log_probs: Tensor, split: Split) -> Score:
     """Every target of the split scored by a first-order table: log_probs[previous, target]."""
     previous, targets = split.ids[:-1], split.ids[1:]
-    return _score_nll(-log_probs.to(split.ids.device)[previous, targets], targets, split.char_lengths)
+    return _score_nll(-log_probs.to(split.ids.device)[previous, targets], targets, split.char_lengths).of(
+        split.n_targets)
 
 
 def score_stateless(model, split: Split) -> Score:
     """Stateless: every target predicted from its previous token alone, from a zero state
-    (exact: the model's whole stateless behaviour is a V x V table)."""
-    return score_table(stateless_log_probs(model), split)
+    (exact: the model's whole stateless behaviour is a V x V table, one forward pass)."""
+    score = score_table(stateless_log_probs(model), split)
+    return replace(score, forward_tokens=model.vocab_size * model.forward_cost(0, 1))
 
 
 def score_bigram(train_ids: Tensor, split: Split) -> Score:
     """The baseline: the n-gram family at order 2, add-one smoothed, counted from the training
-    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token."""
+    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token.
+    It runs nothing through the model (forward_tokens 0)."""
     device = split.ids.device
     bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
-    return score_stateless(bigram, split)
+    return score_table(stateless_log_probs(bigram), split)
 
 
-@torch.no_grad()
-def score_windowed(model, split: Split, window: int, stride: int = 1, batch_tokens: int = 1 << 16,
-                   targets: bool = False, tick=None) -> Score:
-    """Windowed: every target predicted from the `window` tokens before it (fewer at the start of
-    the split), run from a zero state. Unlike `score_chunks`, each target gets its own window,
-    so this costs `window` times a single pass.
-
-    stride > 1 scores only every stride-th target (positions 1, 1 + stride, ...): a systematic
-    sample, an estimate rather than the exact figure. Windows go through the model in batches of
-    about `batch_tokens` tokens.
-    """
-    if window < 1 or stride < 1:
-        raise ValueError(f"window and stride must be >= 1, got {window} and {stride}")
-    if sees_whole_window(model, window):
-        # Every window holds all the model can see: one pass over the split, the state carried,
-        # predicts each target exactly as its own window would. Unless that pass runs a window per
-        # prediction (the transformer past its block) and only a sample is wanted: then the sample's
-        # own windows of `context` tokens, the same predictions.
-        if stride == 1 or model.tokens_per_prediction == 1:
-            return score_in_one_pass(model, split, stride, targets=targets, tick=tick)
-        window = model.context
-    return score_contexts(model, split, window, [window], stride, batch_tokens, targets=targets, tick=tick)[window]
+def score_windowed(model, split: Split, window: int) -> Score:
+    """Windowed, exact: every target predicted from the `window` tokens before it (fewer at the start
+    of the split), run from a zero state. A model that sees at most `window` tokens predicts the same
+    from one pass with the state carried (score_in_one_pass)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if model.context is not None and model.context <= window:
+        return score_in_one_pass(model, split)
+    return score_contexts(model, split, window, [window])[window]
 
 
 def paired_difference(a: Score, b: Score, split: Split) -> Score:
     """a minus b on the targets both scored, paired target by target (both Scores kept their
     targets): `.bpc` is the difference in bits per character, `.bpc_se` its standard error, far
-    smaller than either figure's own because the two NLLs of a target move together."""
+    smaller than either figure's own because the two NLLs of a target move together. Exact when both
+    are (their common targets are then all there are); else a sample of a's population."""
     n = split.n_targets
     nll = torch.full((2, n + 1), math.nan, dtype=torch.float64, device=split.ids.device)
     nll[0, a.positions] = a.target_nll
     nll[1, b.positions] = b.target_nll
     both = torch.nonzero(~torch.isnan(nll).any(dim=0)).squeeze(1)
-    return _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
+    difference = _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
+    return difference.of(difference.tokens if a.exact and b.exact else a.population)
 
 
 @torch.no_grad()
-def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
-                   batch_tokens: int = 1 << 16, *, targets: bool = False, tick=None) -> dict[int, Score]:
+def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, *, targets: bool = False,
+                   tick=None) -> dict[int, Score]:
     """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
-    the windows of `score_windowed(window)`: a causal model run from a zero state over a window
+    the windows of `window` tokens: a causal model run from a zero state over a window
     ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
     it. So the windows of every target (one forward pass each) give every shorter context too, at
     no extra forward cost. targets=True keeps every target's NLL (Score.positions).
@@ -261,12 +266,12 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
     Context w scores the targets u = w + 1 - window + stride * i (every stride-th target, the same
     sample as the full window's, shifted): those with u <= w from the prefix pass (all their
     history), the others from the window starting at u - w, and the last window - w of them (whose
-    windows would run past the split) from their own window of w tokens.
+    windows would run past the split) from their own window of w tokens. plan.windows_pass counts
+    the same without running it.
     """
     if stride < 1 or any(not 1 <= w <= window for w in contexts):
         raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
-    ids, n = split.ids, split.n_targets
-    device = ids.device
+    ids, n, device, forward = split.ids, split.n_targets, split.ids.device, 0
     totals = {w: Score() for w in contexts}
     kept = {w: ([], []) for w in contexts}  # targets=True: positions and NLLs
 
@@ -279,6 +284,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
     with eval_mode(model):
         # Targets 1..window: their contexts are prefixes of ids[:window] (one pass predicts all).
         logits, _ = model(ids[:window].unsqueeze(0))
+        forward += model.forward_cost(0, logits.shape[1])
         for w in contexts:
             head = torch.arange(1, min(w, n) + 1, device=device)
             head = head[(head - (w + 1 - window)) % stride == 0]
@@ -288,8 +294,9 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
         starts = torch.arange(1, max(n - window + 1, 1), device=device)
         starts = starts[(starts + window - 1) % stride == 0]
         offsets = torch.arange(window, device=device)
-        for chunk in starts.split(max(1, batch_tokens // window)) if starts.numel() else ():
+        for chunk in starts.split(max(1, WINDOW_BATCH_TOKENS // window)) if starts.numel() else ():
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
+            forward += chunk.numel() * model.forward_cost(0, window)
             for w in contexts:
                 add(w, logits[:, w - 1], chunk + w)
             if tick is not None:
@@ -300,46 +307,33 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1,
             tail = tail[(tail - (w + 1 - window)) % stride == 0]
             if tail.numel():
                 logits, _ = model(ids[tail.unsqueeze(1) + torch.arange(-w, 0, device=device)])
+                forward += tail.numel() * model.forward_cost(0, w)
                 add(w, logits[:, -1], tail)
+    # The pass's forward tokens go with its longest context (the others came with it at no cost).
+    totals = {w: replace(totals[w].of(n), forward_tokens=forward if w == max(contexts) else 0) for w in contexts}
     if targets:
         return {w: totals[w].with_targets(*kept[w]) if kept[w][0] else totals[w] for w in contexts}
     return totals
 
 
-def sees_whole_window(model, window: int) -> bool:
-    """A finite-context model (context <= window) sees the same in a window as in the whole history."""
-    context = getattr(model, "context", None)
-    return context is not None and context <= window
-
-
 @torch.no_grad()
-def score_in_one_pass(model, split: Split, stride: int, chunk: int = 1 << 12, targets: bool = False,
-                       tick=None) -> Score:
-    """Targets 1, 1 + stride, ... of the split, each from everything before it (one stream, the
-    state carried from chunk to chunk). targets=True keeps every target's NLL (Score.positions)."""
+def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets: bool = False, tick=None) -> Score:
+    """Every target of the split, each from everything before it (one stream, the state carried from
+    chunk to chunk): for a model that sees at most a window, its windowed figure, exactly.
+    targets=True keeps every target's NLL (Score.positions)."""
     ids = split.ids
-    positions = torch.arange(1, ids.numel(), stride, device=ids.device)
-    total, state, nll = Score(), None, []
     inputs = ids[:-1]
+    total, state, nll = Score(), None, []
     with eval_mode(model):
         for start in range(0, inputs.numel(), chunk):
             logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
-            wanted = positions[(positions > start) & (positions <= start + logits.shape[1])]
-            total = total.add(score_batch(logits[0, wanted - 1 - start], ids[wanted], split.char_lengths))
+            wanted = torch.arange(start + 1, start + 1 + logits.shape[1], device=ids.device)
+            total = total.add(score_batch(logits[0], ids[wanted], split.char_lengths))
+            total.forward_tokens += model.forward_cost(start, logits.shape[1])
             if targets:
-                nll.append(target_nll(logits[0, wanted - 1 - start], ids[wanted]))
+                nll.append(target_nll(logits[0], ids[wanted]))
             if tick is not None:
                 tick(logits.shape[1])
+    total = total.of(split.n_targets)
+    positions = torch.arange(1, ids.numel(), device=ids.device)
     return total.with_targets([positions], nll) if targets and nll else total
-
-
-def windowed_stride(stride: int | str, n_targets: int, window: int, training_tokens: int | None = None) -> int:
-    """`stride` as an int. "auto" scores every target (exact) unless that would run more tokens
-    through the model than training did (training_tokens: steps x batch x seq_len, forward passes
-    only); then every k-th target, the smallest such k. So a full recipe is scored exactly, a
-    smoke run of a few steps quickly, and the choice never depends on the hardware."""
-    if stride != "auto":
-        return int(stride)
-    if not training_tokens:
-        return 1
-    return max(1, math.ceil(n_targets * window / training_tokens))

@@ -5,10 +5,20 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from gru_experiments.models.fast_recurrence.common import (
+    StepMatmul,
+    input_projection,
+    input_side_grads,
+    matmul_dtypes,
+    mm_t,
+    needs_grad,
+    run_h_only,
+    sigmoid_backward,
+    step_slice,
+    tanh_backward,
+    time_major,
+)
 from gru_experiments.models.precision import MatmulPrecision
-from gru_experiments.models.fast_recurrence.common import (StepMatmul, input_projection, input_side_grads,
-                                                         matmul_dtypes, mm_t, needs_grad, run_h_only,
-                                                         sigmoid_backward, step_slice, tanh_backward, time_major)
 
 
 def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate,

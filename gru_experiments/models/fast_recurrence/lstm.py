@@ -5,10 +5,18 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from gru_experiments.models.fast_recurrence.common import (
+    StepMatmul,
+    input_projection,
+    input_side_grads,
+    matmul_dtypes,
+    mm_t,
+    needs_grad,
+    sigmoid_backward,
+    tanh_backward,
+    time_major,
+)
 from gru_experiments.models.precision import MatmulPrecision
-from gru_experiments.models.fast_recurrence.common import (StepMatmul, input_projection, input_side_grads,
-                                                         matmul_dtypes, mm_t, needs_grad, sigmoid_backward,
-                                                         tanh_backward, time_major)
 
 
 def lstm_sequence(x, state, input_weight, input_bias, hidden_weight, precision: MatmulPrecision | None = None):

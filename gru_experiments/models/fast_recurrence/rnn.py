@@ -5,9 +5,16 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from gru_experiments.models.fast_recurrence.common import (
+    StepMatmul,
+    input_side_grads,
+    matmul_dtypes,
+    mm_t,
+    needs_grad,
+    run_h_only,
+    time_major,
+)
 from gru_experiments.models.precision import MatmulPrecision
-from gru_experiments.models.fast_recurrence.common import (StepMatmul, input_side_grads, matmul_dtypes, mm_t,
-                                                         needs_grad, run_h_only, time_major)
 
 
 # Elman: a = P + W_h·h (P = W_x·x + b, all steps in one matmul), h' = tanh(a).

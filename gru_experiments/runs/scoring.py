@@ -1,0 +1,112 @@
+"""The training job's score step: the final weights evaluated by their plan (study/plan.py, within
+evaluation.budget of the run's training tokens), the best checkpoint likewise without the curve, and
+the seeded samples side by side; printed, and handed to the loggers (docs/evaluation.md)."""
+
+from __future__ import annotations
+
+import time
+
+from omegaconf import DictConfig
+
+from gru_experiments.runs.checkpoints import read_checkpoint
+from gru_experiments.runs.loggers import is_wandb
+from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.study.context_curve import curve_points
+from gru_experiments.study.evaluation import Evaluation, evaluate, plan_for
+from gru_experiments.study.inference import (
+    MODES,
+    STUDY_PROMPTS,
+    Decoding,
+    side_by_side_samples,
+    spellable_prompts,
+    tokens_for_chars,
+)
+from gru_experiments.study.progress import NO_PROGRESS, Progress
+from gru_experiments.study.scores import Split, score_chunks
+
+
+def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer) -> dict:
+    """Adds every figure of the final weights and of the best checkpoint to `summary` (with
+    `eval_seconds`), logs them, and returns the samples. A bar per pass (trainer.enable_progress_bar)."""
+    started = time.perf_counter()
+    progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
+    plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"])
+    evaluation = evaluate(model, train_ids, val, plan, progress=progress)
+    summary |= evaluation.metrics() | {"mode_evaluation": evaluation.settings, "context_curve": evaluation.curve,
+                                       "eval_whole_split": plan.exact}
+    summary["best"] = score_best(cfg, summary, train_ids, val, model.device,
+                                 Progress(progress.enabled, "evaluation, best checkpoint"))
+    prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
+    samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(
+        cfg.evaluation.sample_chars, val), decoding=Decoding(temperature=cfg.evaluation.sample_temperature),
+        seed=cfg.seed)
+    summary["eval_seconds"] = time.perf_counter() - started
+    print(describe(evaluation, summary))
+    for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
+        print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
+    if logger:
+        log_evaluation(logger, evaluation, summary, samples)
+    return samples
+
+
+def describe(evaluation: Evaluation, summary: dict) -> str:
+    """The final weights' evaluation for the log, with the best checkpoint's."""
+    return (f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
+            f"{evaluation.describe()}\n{format_best(summary['best'])}")
+
+
+def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, progress=NO_PROGRESS) -> dict:
+    """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
+    {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
+    When the best checkpoint holds the final weights (or there is none: a counted model), its
+    figures are the final ones, not scored twice."""
+    final_step = summary["train_steps"]
+    path = summary.get("best_checkpoint")
+    step = read_checkpoint(path, mmap=True).get("global_step") if path else final_step
+    keys = ["val_loss", "val_bpc", *(f"{mode}_{unit}" for mode in MODES for unit in ("nll", "bpc"))]
+    best = {"step": step, "checkpoint": path or summary.get("checkpoint"), "same_as_final": step == final_step}
+    if step == final_step:
+        return best | {key: summary.get(key) for key in keys}
+    model = load_checkpoint(path, map_location=device).model.to(device)
+    val = val.to(device)
+    chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
+    plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"], curve=False)
+    metrics = evaluate(model, train_ids, val, plan, progress=progress).metrics()
+    return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
+
+
+def format_best(best: dict) -> str:
+    if best["same_as_final"]:
+        return f"best checkpoint by val/loss: the final weights (step {best['step']})"
+    figures = ", ".join(f"{key.removesuffix('_bpc')} {best[key]:.4f}" for key in
+                        ("val_bpc", *(f"{mode}_bpc" for mode in MODES)))
+    return f"best checkpoint by val/loss (step {best['step']}), bits per character: {figures}"
+
+
+def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict) -> None:
+    """The figures, the curve and the best checkpoint's figures to the loggers (W&B: a plot and tables)."""
+    step = summary["train_steps"]
+    logger.log_metrics({f"modes/{k}": v for k, v in evaluation.metrics().items()}, step=step)
+    logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(evaluation.curve)}, step=step)
+    logger.log_metrics({f"best/{k}": v for k, v in summary["best"].items() if isinstance(v, (int, float))
+                        and not isinstance(v, bool)}, step=step)
+    if is_wandb(logger):
+        if evaluation.curve:
+            log_curve_to_wandb(logger, evaluation.curve, summary["model"])
+        logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
+                         data=[list(row) for row in zip(samples["prompts"], samples["stateful"], samples["stateless"])])
+    logger.save()
+
+
+def log_curve_to_wandb(logger, curve: dict, model_name: str) -> None:
+    """The context curve as a W&B line plot (windowed points against the context) and a table."""
+    import wandb
+
+    rows = [[int(key), value] for key, value in curve_points(curve) if key.isdigit()]
+    table = wandb.Table(columns=["context_tokens", "bpc"], data=rows)
+    logger.experiment.log({
+        "context_curve/table": table,
+        "context_curve/plot": wandb.plot.line(table, "context_tokens", "bpc",
+                                              title=f"{model_name}: bits per character against context "
+                                                    f"(stateful: {curve['stateful']:.4f})"),
+    })

@@ -1,0 +1,184 @@
+"""The evaluation's plan (study/plan.py): the forward tokens and targets it predicts are those the
+scorers run and score, exactly; the budget decides the strides by its rule; and the study's default
+keeps Astra-alpha's full recipe at the figures it has always had."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from gru_experiments.models.mlp import BengioMLP
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.models.transformer import TransformerLM
+from gru_experiments.study.evaluation import evaluate, plan_for
+from gru_experiments.study.plan import congruent, plan_evaluation, windows_pass
+from gru_experiments.study.scores import Split, score_contexts, score_windowed
+
+V = 11
+CONF = Path(__file__).parents[1] / "conf"
+
+
+def gru():
+    torch.manual_seed(0)
+    return RecurrentLM(V, "gru", embedding_dim=5, hidden_size=8, num_layers=1).eval()
+
+
+def transformer(block=16):
+    torch.manual_seed(0)
+    return TransformerLM(V, block_size=block, embedding_dim=8, num_layers=1, num_heads=2).eval()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return BengioMLP(V, context=4, embedding_dim=3, hidden_size=8).eval()
+
+
+def val(n_tokens=700, seed=1):
+    ids = torch.randint(V, (n_tokens,), generator=torch.Generator().manual_seed(seed))
+    return ids, Split(ids, torch.arange(V) % 3 + 1)  # uneven characters per token, as subwords have
+
+
+def test_congruent_counts_by_hand():
+    for low, high, residue, stride in [(1, 10, 1, 3), (5, 40, -7, 4), (3, 2, 0, 1), (1, 100, 0, 7), (-5, 9, 2, 5)]:
+        assert congruent(low, high, residue, stride) == sum(1 for u in range(low, high + 1)
+                                                            if (u - residue) % stride == 0)
+
+
+@pytest.mark.parametrize("make", [gru, mlp, transformer], ids=["gru", "mlp", "transformer"])
+@pytest.mark.parametrize("budget", [None, 40_000, 3_000, 10])
+@pytest.mark.parametrize("window", [None, 12])
+def test_the_forward_tokens_scored_are_the_plans_exactly(make, budget, window):
+    """Every pass's forward tokens, counted while scoring (each model call's model.forward_cost), and
+    every figure's targets, equal the plan's: the plan counts the scorers' own geometry."""
+    model = make()
+    ids, split = val()
+    settings = OmegaConf.create({"budget": None if budget is None else budget / 10_000, "window": window,
+                                 "streams": 4, "curve_longest": 64})
+    plan = plan_for(model, split.n_targets, 8, settings, training_tokens=10_000)
+    evaluation = evaluate(model, ids.flip(0), split, plan)
+    counted = sum(score.forward_tokens for score in evaluation.scores.values())
+    counted += sum(tokens for tokens in evaluation.curve["settings"]["forward_tokens"].values())
+    # Figures that share a pass count it once, in the plan and in the scores alike.
+    assert counted == plan.forward_tokens, [(f.name, f.forward_tokens) for f in plan.figures]
+    for figure in plan.figures:
+        if figure.name in evaluation.scores:
+            assert evaluation.scores[figure.name].tokens == figure.targets, figure
+        elif figure.name.startswith("curve "):
+            key = str(figure.context)
+            assert evaluation.curve["settings"]["targets"][key] == figure.targets, figure
+            # A sampled point has a sampling error; an exact one (every target) none.
+            assert (evaluation.curve["settings"]["bpc_se"][key] == 0) == (figure.targets == split.n_targets), figure
+    if evaluation.gain is not None:
+        assert evaluation.gain.tokens == plan.figure("state_gain").targets
+    if budget is None:
+        assert plan.exact and all(s.sampling_se == 0 for s in evaluation.scores.values())
+    costly = sum(p.forward_tokens for p in plan.passes if p.kind == "windows" or
+                 (p.kind in ("stateful", "one_pass") and model.tokens_per_prediction > 1))
+    if budget is not None and budget >= 3_000:  # within the budget (a tiny one: one target a pass at the least)
+        assert costly <= budget
+
+
+def test_the_transformers_forward_cost_is_what_its_blocks_run():
+    """forward_cost against the tokens the transformer's layers really run (counted at `hidden`), for
+    calls that see all their history in one pass and calls past the block (a window per prediction)."""
+    model = transformer(block=16)
+    counted = []
+    hidden = model.hidden
+    model.hidden = lambda tokens: (counted.append(tokens.numel()), hidden(tokens))[1]
+    ids, _ = val(200)
+    state = None
+    for start, new in [(0, 10), (10, 6), (16, 9), (25, 30)]:
+        counted.clear()
+        with torch.no_grad():
+            _, state = model(ids[start:start + new].unsqueeze(0), state)
+        assert sum(counted) == model.forward_cost(start, new), (start, new)
+    counted.clear()
+    with torch.no_grad():
+        model(ids[:48].view(4, 12))  # four rows from the initial state, each in one pass
+    assert sum(counted) == 4 * model.forward_cost(0, 12)
+
+
+def test_a_windows_pass_scores_the_targets_the_plan_names():
+    model = gru()
+    ids, split = val(300)
+    for stride in (1, 4, 7):
+        planned = windows_pass(model, split.n_targets, 16, [1, 5, 16], stride)
+        scores = score_contexts(model, split, 16, [1, 5, 16], stride)
+        assert tuple(scores[w].tokens for w in (1, 5, 16)) == planned.targets_by_context
+        assert sum(s.forward_tokens for s in scores.values()) == planned.forward_tokens
+
+
+def test_the_budget_samples_in_the_studys_order():
+    """Each costly pass is exact when it fits in what is left, else the smallest stride within its share
+    (what is left over the passes still to plan); the floor (a token per target) is always exact."""
+    model = gru()
+    n = 111_539  # Tiny Shakespeare's validation split; Astra-alpha's shape does not change the counts
+    exact = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=None, curve_longest=1024)
+    windowed_cost = exact.figure("windowed").forward_tokens
+    assert exact.exact and {p.stride for p in exact.passes} == {1}
+    # Enough for the windowed pass: it is exact, and the long points get the rest.
+    plan = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=windowed_cost + 1_000_000,
+                           curve_longest=1024)
+    windowed, *long = [p for p in plan.passes if p.kind == "windows"]
+    assert windowed.stride == 1 and len(long) == 4 and len({p.stride for p in long}) == 1
+    k = long[0].stride  # the smallest stride within the 1,000,000 tokens left
+
+    def long_cost(stride):
+        return sum(windows_pass(model, n, w, [w], stride, keep=True).forward_tokens for w in (128, 256, 512, 1024))
+
+    assert long_cost(k) == sum(p.forward_tokens for p in long) <= 1_000_000 < long_cost(k - 1)
+    # Too little for it: windowed and the long points share the budget half and half.
+    small = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=200_000, curve_longest=1024)
+    windowed = next(p for p in small.passes if p.kind == "windows")
+    assert 1 < windowed.stride and windowed.forward_tokens <= 100_000
+    assert small.figure("stateful").targets == n and small.figure("stateless").targets == n
+    assert not small.exact
+
+
+def test_the_default_budget_keeps_astra_alpha_at_the_studys_figures(compose_config):
+    """Astra-alpha's full recipe (2,000 steps of 64 x 128) on Tiny Shakespeare's 111,539 validation
+    targets: the windowed figure and the curve up to 128 exact, the points past it on one target in 26
+    (the README's figures, to the last digit)."""
+    cfg = compose_config()
+    model = RecurrentLM(65, "gru", embedding_dim=64, hidden_size=128, num_layers=1)
+    plan = plan_for(model, 111_539, 128, cfg.evaluation, training_tokens=2000 * 64 * 128)
+    strides = {f.name: plan.passes[f.passes[-1]].stride for f in plan.figures if f.passes}
+    assert all(strides[f"curve {w}"] == 1 for w in (1, 2, 4, 8, 16, 32, 64, 128)) and strides["windowed"] == 1
+    assert all(strides[f"curve {w}"] == 26 for w in (256, 512, 1024))
+
+
+def test_the_evaluation_config_has_one_budget_and_models_one_key_at_most(compose_config):
+    assert len(OmegaConf.load(CONF / "evaluation" / "default.yaml")) <= 7
+    for path in sorted((CONF / "model").glob("*.yaml")):
+        keys = OmegaConf.load(path)
+        keys = keys.get("model", keys)
+        assert [k for k in keys if k.startswith("eval")] in ([], ["eval_budget"]), path.name
+    leviathan = OmegaConf.load(CONF / "model" / "leviathan.yaml")
+    assert compose_config("model=leviathan").evaluation.budget == leviathan.eval_budget
+    assert compose_config("evaluation.budget=null").evaluation.budget is None
+
+
+def test_a_costly_stateful_figure_is_sampled_within_the_budget():
+    """The transformer's stateful step past its block costs a block per target: within a small budget it
+    scores every k-th target from its own block (what it sees statefully), and those targets scored
+    exactly agree."""
+    model = transformer(block=8)
+    ids, split = val(300)
+    plan = plan_evaluation(model, split.n_targets, seq_len=8, window=8, streams=4, budget=600, windowed=False,
+                           bigram=False, curve=False)
+    stateful_pass = plan.passes[plan.figure("stateful").passes[0]]
+    assert stateful_pass.kind == "windows" and stateful_pass.stride == math.ceil(299 * 8 / 600)
+    sample = evaluate(model, None, split, plan).scores["stateful"]
+    exact_there = score_contexts(model, split, 8, [8], stateful_pass.stride)[8]
+    assert sample.nll == pytest.approx(exact_there.nll, rel=1e-9) and sample.sampling_se > 0
+    exact = evaluate(model, None, split, plan_evaluation(model, split.n_targets, seq_len=8, window=8, streams=4,
+                                                         budget=None, windowed=False, bigram=False, curve=False))
+    assert exact.scores["stateful"].tokens == 299 and exact.scores["stateful"].sampling_se == 0
+    # A recurrent model's stateful figure is one pass whatever the budget.
+    assert plan_evaluation(gru(), 299, seq_len=8, window=8, streams=4, budget=10, windowed=False, bigram=False,
+                           curve=False).figure("stateful").targets == 299
+    assert score_windowed(model, split, 8).tokens == 299
