@@ -16,7 +16,7 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.study.evaluation import evaluate, plan_for
 from gru_experiments.study.plan import congruent, plan_evaluation, windows_pass
-from gru_experiments.study.scores import Split, score_contexts, score_windowed
+from gru_experiments.study.scores import Split, score_contexts, score_stateful, score_windowed
 
 V = 11
 CONF = Path(__file__).parents[1] / "conf"
@@ -113,14 +113,15 @@ def test_a_windows_pass_scores_the_targets_the_plan_names():
 
 
 def test_the_budget_samples_in_the_studys_order():
-    """Each costly pass is exact when it fits in what is left, else the smallest stride within its share
-    (what is left over the passes still to plan); the floor (a token per target) is always exact."""
+    """Each pass in the budget is exact when it fits in what is left, else the smallest stride within its
+    share (what is left over the passes still to plan); the floor (the stateless table, the bigram) is
+    always exact."""
     model = gru()
     n = 111_539  # Tiny Shakespeare's validation split; Astra-alpha's shape does not change the counts
     exact = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=None, curve_longest=1024)
-    windowed_cost = exact.figure("windowed").forward_tokens
+    # The stateful pass comes first, then the windowed one: both exact, the long points get the rest.
+    windowed_cost = exact.figure("stateful").forward_tokens + exact.figure("windowed").forward_tokens
     assert exact.exact and {p.stride for p in exact.passes} == {1}
-    # Enough for the windowed pass: it is exact, and the long points get the rest.
     plan = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=windowed_cost + 1_000_000,
                            curve_longest=1024)
     windowed, *long = [p for p in plan.passes if p.kind == "windows"]
@@ -134,9 +135,15 @@ def test_the_budget_samples_in_the_studys_order():
     # Too little for it: windowed and the long points share the budget half and half.
     small = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=200_000, curve_longest=1024)
     windowed = next(p for p in small.passes if p.kind == "windows")
-    assert 1 < windowed.stride and windowed.forward_tokens <= 100_000
+    assert 1 < windowed.stride and windowed.forward_tokens <= 200_000 / 2
     assert small.figure("stateful").targets == n and small.figure("stateless").targets == n
     assert not small.exact
+    # Too little even for the stateful pass: every k-th of its 64 streams, whole.
+    tiny = plan_evaluation(model, n, seq_len=128, window=128, streams=64, budget=30_000, curve_longest=1024)
+    stateful = tiny.passes[tiny.figure("stateful").passes[0]]
+    # a third of the budget (three passes share it) affords 5 streams of 1,743 tokens: every 13th stream
+    assert stateful.kind == "stateful" and stateful.stride == 13 and stateful.forward_tokens <= 30_000 / 3
+    assert tiny.figure("stateful").targets == 5 * 1743 and tiny.figure("stateless").targets == n
 
 
 def test_the_default_budget_keeps_astra_alpha_at_the_studys_figures(compose_config):
@@ -178,7 +185,16 @@ def test_a_costly_stateful_figure_is_sampled_within_the_budget():
     exact = evaluate(model, None, split, plan_evaluation(model, split.n_targets, seq_len=8, window=8, streams=4,
                                                          budget=None, windowed=False, bigram=False, curve=False))
     assert exact.scores["stateful"].tokens == 299 and exact.scores["stateful"].sampling_se == 0
-    # A recurrent model's stateful figure is one pass whatever the budget.
-    assert plan_evaluation(gru(), 299, seq_len=8, window=8, streams=4, budget=10, windowed=False, bigram=False,
-                           curve=False).figure("stateful").targets == 299
+    # A recurrent model's is a sample of its streams, each whole (its state needs the stream's history);
+    # the same streams scored by score_stateful agree.
+    model = gru()
+    plan = plan_evaluation(model, 299, seq_len=8, window=8, streams=4, budget=160, windowed=False, bigram=False,
+                           curve=False)
+    streams = plan.passes[plan.figure("stateful").passes[0]]
+    assert (streams.kind, streams.stride, plan.figure("stateful").targets) == ("stateful", 2, 150)  # streams 0, 2
+    sample = evaluate(model, None, split, plan).scores["stateful"]
+    assert sample.tokens == 150 and sample.forward_tokens == 150 and sample.sampling_se > 0
+    ids = split.ids
+    by_hand = [score_stateful(model, Split(ids[s:s + 76], split.char_lengths), 8, 1) for s in (0, 150)]
+    assert sample.nll_sum == pytest.approx(sum(score.nll_sum for score in by_hand), rel=1e-6)
     assert score_windowed(model, split, 8).tokens == 299

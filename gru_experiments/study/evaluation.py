@@ -126,8 +126,9 @@ def run_pass(model, train_ids: Tensor, val: Split, p: Pass, progress=NO_PROGRESS
     if p.kind == "count":
         return {None: score_bigram(train_ids, val)}
     if p.kind == "stateful":
-        with progress.phase("stateful", n) as tick:
-            return {None: score_stateful(model, val, p.window, p.streams, targets_after=p.keep_after, tick=tick)}
+        with progress.phase("stateful" + ("" if p.stride == 1 else f", one stream in {p.stride}"), p.targets) as tick:
+            return {None: score_stateful(model, val, p.window, p.streams, targets_after=p.keep_after, tick=tick,
+                                         stride=p.stride)}
     if p.kind == "one_pass":
         with progress.phase("whole context, one pass", n) as tick:
             return {None: score_in_one_pass(model, val, targets=keep, tick=tick)}

@@ -6,15 +6,16 @@ split's size and the settings. Everything that scores (the end-of-run evaluation
 validation, `sample.py evaluate=true`) executes a plan (evaluation.py), and the cost estimate sums
 one (runs/estimate.py): nothing else derives a stride or a cost.
 
-The budget: forward tokens (tokens run through the model) the evaluation may spend on the passes
-that cost more than a token per target. The others (the floor: a recurrent model's stateful pass,
-the stateless table, the bigram's counting) are always exact, outside the budget. The costly ones
-(a window per target: windowed, the context curve, a transformer's stateful step past its block) come
-in the study's order: the stateful figure,
-the windowed figure with every curve point its windows give, the curve's own points, the points past
-the training window. Each is exact when its exact cost fits in what the budget has left; else it
-scores every k-th target (a systematic sample), k the smallest stride within its share: what is left
-divided among it and the passes after it. budget None: everything exact.
+The budget: forward tokens (tokens run through the model) the evaluation may spend. The stateless
+table and the bigram's counting (the floor: a pass over the vocabulary, and none) are always exact,
+outside it; so is the one pass of a model that sees no more than a window at a token per target
+(the MLP, the n-gram). The others come in the study's order: the stateful figure (a token per target,
+a block per target for a transformer past its block), the windowed figure with every curve point its
+windows give (a window per target), the curve's own points, the points past the training window.
+Each is exact when its exact cost fits in what the budget has left; else it scores a systematic
+sample, the smallest within its share (what is left divided among it and the passes after it): every
+k-th target, or for a recurrent model's stateful figure every k-th stream, whole (its state needs
+the stream's history). budget None: everything exact.
 """
 
 from __future__ import annotations
@@ -117,12 +118,17 @@ def windows_pass(model, n: int, window: int, contexts, stride: int, keep: bool =
                 targets_by_context=tuple(targets[w] for w in contexts))
 
 
-def stateful_pass(model, n: int, chunk: int, streams: int, keep_after: int | None) -> Pass:
-    """scores.score_stateful: `streams` streams side by side in chunks, the state carried."""
+def stateful_pass(model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> Pass:
+    """scores.score_stateful: `streams` streams side by side in chunks, the state carried; every
+    stride-th stream, whole (stream 0, stride, 2 stride, ...)."""
     streams = max(1, min(streams, n))
     length = -(-n // streams)
-    forward = streams * sum(model.forward_cost(start, min(chunk, length - start)) for start in range(0, length, chunk))
-    return Pass("stateful", chunk, streams=streams, keep_after=keep_after, targets=n, forward_tokens=forward)
+    rows = range(0, streams, stride)
+    forward = len(rows) * sum(model.forward_cost(start, min(chunk, length - start))
+                              for start in range(0, length, chunk))
+    targets = sum(max(0, min(length, n - s * length)) for s in rows)
+    return Pass("stateful", chunk, stride=stride, streams=streams, keep_after=keep_after, targets=targets,
+                forward_tokens=forward)
 
 
 def one_pass(model, n: int, keep: bool) -> Pass:
@@ -163,6 +169,7 @@ class _Unit:
     make: object
     figures: object
     fixed: bool
+    most: int | None = None  # the largest stride (None: half the targets, two of them at the least)
     passes: list[Pass] = field(default_factory=list)
 
     def cost(self, stride: int) -> int:
@@ -170,9 +177,9 @@ class _Unit:
 
 
 def _smallest_stride(unit: _Unit, share: float, n: int) -> int:
-    """The smallest stride whose passes fit in `share` forward tokens; at most n // 2, so that a pass
-    scores two targets at the least (a standard error needs two)."""
-    most = max(1, n // 2)
+    """The smallest stride whose passes fit in `share` forward tokens; at most the unit's `most`, by
+    default n // 2, so that a pass scores two targets at the least (a standard error needs two)."""
+    most = unit.most or max(1, n // 2)
     stride = max(1, min(most, math.ceil(unit.cost(1) / max(share, 1))))
     while stride < most and unit.cost(stride) > share:
         stride += 1
@@ -253,8 +260,10 @@ class _Shape:
         return [windows_pass(self.model, self.n, self.context, [self.context], stride, keep=self.curve)]
 
     def stateful(self, stride: int) -> list[Pass]:
-        if stride == 1:
-            return [stateful_pass(self.model, self.n, self.seq_len, self.streams, self.keep)]
+        """A sample of what the model sees statefully: a finite-context model's every stride-th target
+        from its own last `context` tokens; a recurrent model's every stride-th stream, whole."""
+        if stride == 1 or self.context is None:
+            return [stateful_pass(self.model, self.n, self.seq_len, self.streams, self.keep, stride)]
         return [windows_pass(self.model, self.n, self.context, [self.context], stride, keep=self.keep is not None)]
 
     def windowed_passes(self, stride: int) -> list[Pass]:
@@ -284,7 +293,9 @@ class _Shape:
     def units(self, bigram: bool) -> list[_Unit]:
         """In the study's order (the budget's priority): stateful, stateless, bigram, windowed, the curve."""
         model, n, cost = self.model, self.n, self.cost
-        units = [_Unit(self.stateful, lambda ps, i: [_figure(STATEFUL, None, cost, ps, self.context, i)], cost == 1),
+        streams = max(1, min(self.streams, n)) if self.context is None else None  # a recurrent model's sample
+        units = [_Unit(self.stateful, lambda ps, i: [_figure(STATEFUL, None, cost, ps, self.context, i)], False,
+                       streams),
                  _Unit(lambda s: [Pass("vocabulary", targets=n, forward_tokens=model.vocab_size)],
                        lambda ps, i: [_figure(STATELESS, 1, 0, ps, None, i)], True)]
         if bigram:
@@ -316,12 +327,12 @@ def _state_gain(passes: list[Pass], figures: list[Figure], n: int) -> Figure:
     with at least keep_after tokens of their stream before them) that the windowed figure scored."""
     stateful, windowed = (next(f for f in figures if f.name == name) for name in (STATEFUL, WINDOWED))
     a, b = passes[stateful.passes[0]], passes[windowed.passes[0]]
-    # Both strided figures score the targets u = 1 (mod stride) (windows at their own window: shift 1).
+    # Strided windows score the targets u = 1 (mod stride) (windows at their own window: shift 1).
     stride = math.lcm(a.stride if a.kind == "windows" else 1, b.stride if b.kind == "windows" else 1)
-    if a.kind == "stateful":
+    if a.kind == "stateful":  # every a.stride-th stream
         length = -(-n // a.streams)
         targets = sum(congruent(s * length + a.keep_after + 1, min((s + 1) * length, n), 1, stride)
-                      for s in range(a.streams))
+                      for s in range(0, a.streams, a.stride))
     else:
         targets = congruent(1, n, 1, stride)
     return Figure(STATE_GAIN, None, 0, targets, 0, stateful.passes + windowed.passes)

@@ -163,12 +163,13 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 
 @torch.no_grad()
 def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
-                   tick=None) -> Score:
+                   tick=None, stride: int = 1) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
     (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
     stream is predicted from a zero state. targets_after=k keeps the NLL of every target that has
     at least k tokens of its stream before it (Score.positions): the targets whose carried state
-    has seen more than a window of k tokens would (k = 0: every target)."""
+    has seen more than a window of k tokens would (k = 0: every target). stride > 1 runs every
+    stride-th stream only (streams 0, stride, ...), whole: a sample of the figure."""
     ids, keep = split.ids, targets_after is not None
     n_targets = split.n_targets
     streams = max(1, min(streams, n_targets))
@@ -176,23 +177,24 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
     targets = torch.full((streams * length,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
     inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
-    inputs, targets = inputs.view(streams, length), targets.view(streams, length)
+    rows = torch.arange(0, streams, stride, device=ids.device)
+    inputs, targets = inputs.view(streams, length)[rows], targets.view(streams, length)[rows]
 
     total, state, nll = Score(), None, []
     with eval_mode(model):
         for start in range(0, length, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
             total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
-            total.forward_tokens += streams * model.forward_cost(start, logits.shape[1])
+            total.forward_tokens += rows.numel() * model.forward_cost(start, logits.shape[1])
             if tick is not None:  # a progress bar's (progress.py)
                 tick(logits.shape[0] * logits.shape[1])
             if keep:
-                nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(streams, -1))
+                nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(rows.numel(), -1))
     total = total.of(n_targets)
-    if keep:  # row-major over (streams, length): position p + 1 is the target of input p
-        warm = (torch.arange(streams * length, device=ids.device) % length >= targets_after)[:n_targets]
-        return total.with_targets([torch.arange(1, n_targets + 1, device=ids.device)[warm]],
-                                  [torch.cat(nll, dim=1).reshape(-1)[:n_targets][warm]])
+    if keep:  # row s, column j: the input at s * length + j, whose target is the next position
+        positions = rows.unsqueeze(1) * length + torch.arange(length, device=ids.device) + 1
+        warm = (torch.arange(length, device=ids.device) >= targets_after) & (positions <= n_targets)
+        return total.with_targets([positions[warm]], [torch.cat(nll, dim=1)[warm]])
     return total
 
 
