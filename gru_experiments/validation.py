@@ -1,10 +1,10 @@
 """Checking config values against rules, before any work: the one rule engine. A Rule names a
 dotted key, what a valid value is (a predicate) and how to say it in words; `check_rules` raises a
 one-line UserError naming the key, the value and what is allowed. The rules themselves live with
-what they check: the run's in runs/config.py, the sampling settings' in study/inference.py. A
-model's constructor checks its own arguments with `check_setting` (and `check_int`,
-`check_dropout`), which raise `InvalidSetting`: the key is the argument's name, and
-models/protocol.py adds the `model.architecture.` prefix."""
+what they check: the run's in runs/config.py, the sampling settings' in study/inference.py, the
+text statistics' in study/text_protocol.py. A model's constructor checks its own arguments with
+`check_setting` (and `check_int`, `check_dropout`), which raise `InvalidSetting`: the key is the
+argument's name, and models/protocol.py adds the `model.architecture.` prefix."""
 
 from __future__ import annotations
 

@@ -365,6 +365,47 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     assert "context curve" in result.stdout
 
 
+def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, small_shakespeare):
+    """stats=true: the text statistics of every mode x decoder (study/text_protocol.py), printed as a
+    table and saved in stats.json with the texts they come from; the training split's index is
+    counted once and kept in paths.data_dir."""
+    from gru_experiments.study.text_index import TrainingIndex
+    from gru_experiments.study.text_protocol import DECODERS, TEXT_MODES
+    from gru_experiments.study.text_stats import STATISTICS, text_statistics
+
+    root, run_dir = trained_run
+    result = run_sample(root, f"run={run_dir}", "prompt=KING: ", "max_new_tokens=5", "stats=true", "stats_samples=4",
+                        "stats_chars=60", "stats_drift_chars=500", f"data.path={small_shakespeare}", "data.seq_len=32")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("text statistics: 4 samples of 60 characters per setting") for line in lines)
+    assert any(line.split() == ["setting", *STATISTICS] for line in lines)
+    rows = {line[:26].strip() for line in lines}
+    assert {f"{mode} {decoder}" for mode in TEXT_MODES for decoder in DECODERS} <= rows
+    assert {"reference (validation)", "random (floor)", "looped (ceiling)"} <= rows
+    assert any(line.startswith("drift: 2 generations of 500 characters") for line in lines)
+    assert "text statistics: windowed (32)" in result.stderr  # the progress bars; the run's window
+    newest = max(sampling_dirs(root), key=lambda d: d.name)
+    record = json.loads((newest / "stats.json").read_text())
+    assert record["settings"]["window"] == 32 and record["settings"]["seed"] == 1234
+    assert record["settings"]["prompts"] == [[p, n] for p, n in zip(STUDY_PROMPTS, (2, 1, 1))]  # the study's
+    [cached] = (root / "data").glob("text_index_*.pt")
+    index = TrainingIndex.from_state_dict(torch.load(cached, weights_only=True))
+    texts = record["texts"]
+    for mode in TEXT_MODES:
+        for decoder in DECODERS:
+            assert text_statistics(texts[mode][decoder], index, texts["reference"]) == record["modes"][mode][decoder]
+
+    # samples longer than the validation split cannot have a reference: refused in one line, before sampling
+    before = sampling_dirs(root)
+    result = run_sample(root, f"run={run_dir}", "stats=true", "stats_chars=10000", f"data.path={small_shakespeare}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert error_line(result.stderr).startswith(
+        "error: invalid stats_chars=10000: the reference is slices of the validation split as long as the samples, "
+        "and the validation split of ")
+    assert error_line(result.stderr).endswith("has 6,000 characters") and sampling_dirs(root) == before
+
+
 def test_sample_py_without_a_checkpoint_says_how_to_train_one(tmp_path):
     result = run_sample(tmp_path, "model=astra_beta")
     assert result.returncode != 0
@@ -392,6 +433,7 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
     (["num_samples=0"], "error: invalid num_samples=0: must be an integer >= 1"),
     (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null or an integer "
                                                      ">= 1"),
+    (["stats=true", "stats_samples=0"], "error: invalid stats_samples=0: must be an integer >= 1"),
     (["max_new_tokens=100000000", "num_samples=100000"],
      "error: num_samples=100000 x (prompt 15 + max_new_tokens=100000000) tokens would need 72.8 TiB for the token "
      "buffer alone; this machine has "),

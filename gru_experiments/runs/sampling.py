@@ -2,8 +2,9 @@
 and (evaluate=true) score the whole validation split in every mode.
 
 Everything is written to the sampling run's own folder (outputs/samples/<model>/<timestamp>/):
-samples.txt (the texts), sampling.json (checkpoint, settings, seed, texts, speed) and, with
-evaluate=true, evaluation.json.
+samples.txt (the texts), sampling.json (checkpoint, settings, seed, texts, speed), with
+evaluate=true evaluation.json, and with stats=true stats.json: the text statistics of every inference
+mode × decoder beside the reference, the floor and the ceiling (study/text_protocol.py), also printed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ from gru_experiments.study.inference import (
 )
 from gru_experiments.study.progress import Progress
 from gru_experiments.study.scores import Split
+from gru_experiments.study.text_index import TrainingIndex
+from gru_experiments.study.text_protocol import (
+    TextSettings,
+    format_text_statistics,
+    measure_text,
+    validate_text_settings,
+)
+from gru_experiments.validation import Rule, check_rules
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -83,10 +92,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     """Generate from `checkpoint` (see run_dir.find_checkpoint) as cfg (conf/sample.yaml) says."""
     output_dir = Path(cfg.paths.output_dir)
     mode = cfg.inference.mode
-    # The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it).
-    validate_sampling(cfg, vocab_size=None)
-    if mode == "windowed":
-        validate_sampling({"window": cfg.evaluation.get("window")}, None, prefix="evaluation.")
+    validate_settings(cfg)
     raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
     device = resolve_device(cfg.device)
     if cfg.get("cpu_threads"):
@@ -97,8 +103,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     data_cfg = training_data_settings(run, cfg.data)
 
     validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
-    # The corpus, before any sampling: one that does not fit the model is refused first.
-    splits = read_splits(data_cfg, tokenizer, device) if cfg.evaluate else None
+    splits = splits_needed(cfg, data_cfg, tokenizer, device)
     # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
     # drop_unknown=true, used without those characters.
     encoded = [encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown) for prompt in raw_prompts]
@@ -138,7 +143,28 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
 
     if cfg.evaluate:
         record["evaluation"] = evaluate(cfg, model, tokenizer, run, data_cfg, checkpoint, splits)
+    if cfg.get("stats"):
+        record["text"] = measure_run_text(cfg, model, tokenizer, splits, int(data_cfg.seq_len), checkpoint)
     return record
+
+
+def validate_settings(cfg: DictConfig) -> None:
+    """The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it)."""
+    validate_sampling(cfg, vocab_size=None)
+    if cfg.inference.mode == "windowed" or cfg.get("stats"):
+        validate_sampling({"window": cfg.evaluation.get("window")}, None, prefix="evaluation.")
+    validate_stats(cfg)
+
+
+def splits_needed(cfg: DictConfig, data_cfg, tokenizer, device) -> Splits | None:
+    """The corpus, when evaluate=true or stats=true needs it: read before any sampling, so that one that
+    does not fit the model, or is too short for the statistics' reference, is refused first."""
+    if not (cfg.evaluate or cfg.get("stats")):
+        return None
+    splits = read_splits(data_cfg, tokenizer, device)
+    if cfg.get("stats"):
+        check_stats_fit(cfg, splits)
+    return splits
 
 
 class Splits(NamedTuple):
@@ -181,3 +207,48 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
     write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
     print(f"saved: {display_path(Path(cfg.paths.output_dir) / 'evaluation.json')}")
     return result
+
+
+# --- stats=true: the text statistics --------------------------------------------------------------------
+def text_settings(cfg: DictConfig) -> dict:
+    """sample.py's stats_* keys that are set, as text_protocol's settings (samples, chars, drift_chars)."""
+    return {key: cfg[f"stats_{key}"] for key in ("samples", "chars", "drift_chars") if f"stats_{key}" in cfg}
+
+
+def validate_stats(cfg: DictConfig) -> None:
+    """A one-line UserError for a bad stats, stats_samples, stats_chars or stats_drift_chars."""
+    check_rules(cfg, [Rule("stats", lambda v: isinstance(v, bool), "true or false", may_be_absent=True)])
+    validate_text_settings(text_settings(cfg), prefix="stats_")
+
+
+def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:
+    """The reference is slices of the validation split as long as the samples (and as the drift's stretches)."""
+    settings, n = text_settings(cfg), len(splits.val_text)
+    chars, drift = settings.get("chars", TextSettings.chars), settings.get("drift_chars", TextSettings.drift_chars)
+    where = f"the validation split of {display_path(splits.source)} has {n:,} characters"
+    if chars > n:
+        raise UserError(f"invalid stats_chars={chars}: the reference is slices of the validation split as long as "
+                        f"the samples, and {where}")
+    if drift and TextSettings.stretch_chars > n:
+        raise UserError(f"the drift's reference is slices of {TextSettings.stretch_chars} characters, and {where}; "
+                        "turn the drift off with stats_drift_chars=0")
+
+
+def measure_run_text(cfg: DictConfig, model, tokenizer, splits: Splits, seq_len: int, checkpoint: Path) -> dict:
+    """The text statistics of the model's samples in every mode × decoder (study/text_protocol.py),
+    windowed at evaluation.window (null: the training seq_len): printed, and written to stats.json
+    with the texts they were computed on. The training split's index is counted once per corpus and
+    kept in paths.data_dir (TrainingIndex.cached)."""
+    started = time.perf_counter()
+    index = TrainingIndex.cached(splits.train_text, Path(cfg.paths.data_dir))
+    window = evaluation_window(cfg.evaluation, seq_len)
+    settings = TextSettings(window=window, seed=int(cfg.seed), **text_settings(cfg))
+    record = measure_text(model, tokenizer, index, splits.val_text, settings, val_ids=splits.val_ids,
+                          progress=Progress(prefix="text statistics"))
+    record = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(splits.source), **record,
+              "seconds": time.perf_counter() - started}
+    print(format_text_statistics(record))
+    path = Path(cfg.paths.output_dir) / "stats.json"
+    write_json(path, record)
+    print(f"saved: {display_path(path)} ({record['seconds']:.1f} s)")
+    return record

@@ -1,0 +1,265 @@
+"""The sampling protocol of the text statistics (study/text_stats.py): every inference mode × every
+decoder, measured beside held-out text, a floor and a ceiling, and the drift along long generations.
+
+    DECODERS                 greedy, temperature_0.8 (the seed's), top_k_30 (the seed's, at
+                             temperature 1), top_p_0.9 (temperature 1), pure (temperature 1)
+    TextSettings             N samples of L characters, the window, the seed, the drift's length
+    measure_text             draws every setting's samples and measures them: a JSON-able record
+    format_text_statistics   the record as a table, and the drift, for the log
+
+The settings. For each mode (stateful; windowed at `window` tokens; stateless) and each decoder, N
+samples of L characters continue the study's prompts that the vocabulary spells
+(inference.spellable_prompts): the N samples are shared among the prompts as evenly as they go
+(the first prompts take one more), each prompt's drawn as one batch with the generator of
+inference.prompt_seed(seed, prompt) (inference.sample_texts), so every setting continues the same
+prompts with the same seeds. A subword model draws inference.tokens_for_chars(L) tokens, about L
+characters at the validation split's mean token length. The statistics are those of the
+continuations alone: the prompt is not the model's text.
+
+Beside them: the reference, N slices of L characters of the validation split
+(text_stats.reference_slices, seeded with `seed`; its own line_shape against N other slices, seed
++ 1); the floor and the ceiling, N uniform random strings and N copies of a looped phrase of L
+characters (text_stats.floor_and_ceiling_texts). Each setting's line_shape is measured against the
+reference.
+
+Drift. For stateful and windowed, `drift_samples` generations of `drift_chars` characters, pure
+sampling, from the same prompts and seeds: the statistics of each consecutive stretch of
+`stretch_chars` characters (stretch k of every generation together, line_shape against N reference
+slices of that length); a tail shorter than a stretch is left out. Carrying the state either keeps a
+long text together or lets it drift; a window restarts from scratch at every step.
+
+Cost, in forward tokens (the progress bars' unit; `sampling_cost`): a token per generated token in
+stateful and stateless, the context so far up to the window per generated token in windowed. The
+record's settings hold the forward tokens of each mode and in all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.study.inference import (
+    STUDY_PROMPTS,
+    Decoding,
+    sample_texts,
+    spellable_prompts,
+    tokens_for_chars,
+)
+from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.scores import Split
+from gru_experiments.study.text_index import SPAN, TrainingIndex
+from gru_experiments.study.text_stats import (
+    STATISTICS,
+    floor_and_ceiling_texts,
+    reference_slices,
+    text_statistics,
+)
+from gru_experiments.validation import Rule, check_rules, int_at_least, is_int
+
+DECODERS = {
+    "greedy": Decoding(greedy=True),
+    "temperature_0.8": Decoding(temperature=0.8),
+    "top_k_30": Decoding(top_k=30),
+    "top_p_0.9": Decoding(top_p=0.9),
+    "pure": Decoding(),
+}
+TEXT_MODES = ("stateful", "windowed", "stateless")  # the table's order
+DRIFT_MODES = ("stateful", "windowed")
+DRIFT_DECODER = "pure"
+DRIFT_SHOWN = ("word_validity", "reference_bpc", "seq_rep_4")  # the drift's columns in the log
+STRETCH_CHARS = 500
+
+
+@dataclass(frozen=True)
+class TextSettings:
+    """What measure_text draws: `samples` (N) of `chars` (L) characters per mode × decoder; the windowed
+    mode's `window` (tokens); `seed`; `drift_samples` generations of `drift_chars` characters (0: no
+    drift) cut into stretches of `stretch_chars`; the prompts to continue (those the vocabulary spells)."""
+
+    window: int
+    samples: int = 12
+    chars: int = 300
+    seed: int = 0
+    drift_samples: int = 2
+    drift_chars: int = 4000
+    stretch_chars: int = STRETCH_CHARS
+    prompts: tuple[str, ...] = STUDY_PROMPTS
+
+    def __post_init__(self):
+        for name in ("window", "samples", "chars", "drift_samples", "stretch_chars"):
+            if not int_at_least(1)(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not (is_int(self.drift_chars) and self.drift_chars >= 0):
+            raise ValueError(f"drift_chars must be an integer >= 0, got {self.drift_chars!r}")
+
+
+def text_rules(stretch_chars: int = STRETCH_CHARS) -> list[Rule]:
+    """The rules of the settings a user gives (sample.py's stats_samples, stats_chars, stats_drift_chars,
+    checked with prefix "stats_")."""
+    return [Rule("samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
+            Rule("chars", int_at_least(SPAN), f"an integer >= {SPAN} (copy_32's span)", may_be_absent=True),
+            Rule("drift_chars", lambda v: is_int(v) and (v == 0 or v >= stretch_chars),
+                 f"0 (no drift) or an integer >= {stretch_chars} (one stretch)", may_be_absent=True)]
+
+
+def validate_text_settings(settings, prefix: str = "") -> None:
+    """A one-line UserError for a bad samples, chars or drift_chars (validation.check_rules)."""
+    check_rules(settings, text_rules(), prefix)
+
+
+def share_samples(n: int, prompts) -> list[tuple[str, int]]:
+    """(prompt, samples) for n samples over the prompts, as evenly as they go: the first n mod P
+    prompts take one more; a prompt left with none is left out."""
+    q, r = divmod(n, len(prompts))
+    return [(prompt, q + (i < r)) for i, prompt in enumerate(prompts) if q + (i < r)]
+
+
+def sampling_cost(model, mode: str, prompt_len: int, new: int, window: int | None = None) -> int:
+    """Forward tokens one row of inference.sample_tokens runs (model.forward_cost per call): the
+    prompt then a token per step (stateful), a token per step (stateless), the last `window` tokens
+    per step (windowed)."""
+    if mode == "stateless":
+        return new * model.forward_cost(0, 1)
+    if mode == "stateful":
+        return model.forward_cost(0, prompt_len) + sum(model.forward_cost(prompt_len + t, 1) for t in range(new - 1))
+    return sum(model.forward_cost(0, min(window, end)) for end in range(prompt_len, prompt_len + new))
+
+
+@dataclass
+class _Draws:
+    """How one kind of draw goes: the prompts' shares, the tokens per sample, the window."""
+    model: object
+    tokenizer: object
+    shares: list[tuple[str, int]]
+    tokens: int
+    window: int
+    seed: int
+
+    def row_cost(self, mode: str, prompt: str) -> int:
+        return sampling_cost(self.model, mode, len(encode_prompt(self.tokenizer, prompt)), self.tokens, self.window)
+
+    def cost(self, mode: str) -> int:
+        return sum(n * self.row_cost(mode, prompt) for prompt, n in self.shares)
+
+    def draw(self, mode: str, decoding: Decoding, tick) -> list[str]:
+        """The continuations (prompts cut off), prompt by prompt."""
+        texts = []
+        for prompt, n in self.shares:
+            [drawn] = sample_texts(self.model, self.tokenizer, [prompt], mode=mode, max_new_tokens=self.tokens,
+                                   num_samples=n, decoding=decoding, seed=self.seed, window=self.window)
+            texts += [text[len(prompt):] for text in drawn]
+            tick(n * self.row_cost(mode, prompt))
+        return texts
+
+
+def _phase(mode: str, window: int) -> str:
+    return f"windowed ({window})" if mode == "windowed" else mode
+
+
+def drift_stretches(texts: list[str], stretch: int, index: TrainingIndex, reference: list[str]) -> list[dict]:
+    """[{"start", "end", "statistics"}] of each consecutive stretch of the generations (stretch k of
+    every generation long enough, together); a tail shorter than a stretch is left out."""
+    longest = max(map(len, texts), default=0)
+    out = []
+    for start in range(0, longest - stretch + 1, stretch):
+        pieces = [text[start:start + stretch] for text in texts if len(text) >= start + stretch]
+        out.append({"start": start, "end": start + stretch,
+                    "statistics": text_statistics(pieces, index, reference)})
+    return out
+
+
+def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings: TextSettings, *,
+                 val_ids: torch.Tensor | None = None, progress=NO_PROGRESS) -> dict:
+    """Every mode × decoder's statistics, the reference's, the floor's and the ceiling's, and the
+    drift (the module docstring): {"settings", "modes": {mode: {decoder: {statistic: {"value", "se"}}}},
+    "reference", "floor", "ceiling", "drift": {mode: [stretch, ...]}, "texts"}. `val_ids`: the
+    validation split's token ids (default: val_text encoded); `progress`: a bar per mode (progress.py)."""
+    s = settings
+    val = Split.of((val_ids if val_ids is not None else torch.tensor(tokenizer.encode(val_text))).cpu(), tokenizer)
+    reference = reference_slices(val_text, s.samples, s.chars, s.seed)  # first: a too-short split fails at once
+    drift_reference = reference_slices(val_text, s.samples, s.stretch_chars, s.seed) if s.drift_chars else []
+    prompts = spellable_prompts(tokenizer, s.prompts, val.ids)
+    window = min(s.window, model.context) if getattr(model, "context", None) else s.window
+    main = _Draws(model, tokenizer, share_samples(s.samples, prompts), tokens_for_chars(s.chars, val), window, s.seed)
+    drift = _Draws(model, tokenizer, share_samples(s.drift_samples, prompts),
+                   tokens_for_chars(s.drift_chars, val) if s.drift_chars else 0, window, s.seed)
+    texts, costs = {}, {}
+    for mode in TEXT_MODES:
+        costs[mode] = len(DECODERS) * main.cost(mode)
+        with progress.phase(_phase(mode, window), costs[mode]) as tick:
+            texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
+    drift_texts = {}
+    for mode in DRIFT_MODES if s.drift_chars else ():
+        costs[f"drift {mode}"] = drift.cost(mode)
+        with progress.phase(f"drift, {_phase(mode, window)}", costs[f"drift {mode}"]) as tick:
+            drift_texts[mode] = drift.draw(mode, DECODERS[DRIFT_DECODER], tick)
+    other_reference = reference_slices(val_text, s.samples, s.chars, s.seed + 1)
+    bounds = floor_and_ceiling_texts(index, s.samples, s.chars, s.seed)
+    record_settings = {**asdict(s), "prompts": [list(share) for share in main.shares], "window": window,
+                       "max_new_tokens": main.tokens, "decoders": {n: d.to_dict() for n, d in DECODERS.items()},
+                       "drift_prompts": [list(share) for share in drift.shares], "drift_max_new_tokens": drift.tokens,
+                       "drift_decoder": DRIFT_DECODER, "forward_tokens": costs | {"total": sum(costs.values())}}
+    return {
+        "settings": record_settings,
+        "modes": {mode: {name: text_statistics(samples, index, reference) for name, samples in by_decoder.items()}
+                  for mode, by_decoder in texts.items()},
+        "reference": text_statistics(reference, index, other_reference),
+        "floor": text_statistics(bounds["random"], index, reference),
+        "ceiling": text_statistics(bounds["looped"], index, reference),
+        "drift": {mode: drift_stretches(generations, s.stretch_chars, index, drift_reference)
+                  for mode, generations in drift_texts.items()},
+        "texts": {**texts, "reference": reference, "other_reference": other_reference, "floor": bounds["random"],
+                  "ceiling": bounds["looped"], "drift": drift_texts, "drift_reference": drift_reference},
+    }
+
+
+# --- the table ----------------------------------------------------------------------------------------------
+def format_figure(figure: dict) -> str:
+    """"0.937 ±0.009"; "0.937" without a standard error; "—" without a value."""
+    value, se = figure["value"], figure["se"]
+    if value is None:
+        return "—"
+    return f"{value:.3f}" + ("" if se is None else f" ±{se:.3f}")
+
+
+def format_text_statistics(record: dict) -> str:
+    """The record of measure_text for the log: a row per mode × decoder, then the reference, the
+    random floor and the looped ceiling; a column per statistic (value ± standard error); then the
+    drift per stretch."""
+    s = record["settings"]
+    lines = [f"text statistics: {s['samples']} samples of {s['chars']} characters per setting, seed {s['seed']}; "
+             "value ± standard error over samples",
+             f"(continuations of {', '.join(repr(p) for p, _ in s['prompts'])}; "
+             f"windowed: the last {s['window']} tokens)",
+             f"{'setting':<26}" + "".join(f"{name:>14}" for name in STATISTICS)]
+    rows = [(f"{mode} {name}", figures)
+            for mode, by_decoder in record["modes"].items() for name, figures in by_decoder.items()]
+    rows += [("reference (validation)", record["reference"]), ("random (floor)", record["floor"]),
+             ("looped (ceiling)", record["ceiling"])]
+    lines += [f"{label:<26}" + "".join(f"{format_figure(figures[name]):>14}" for name in STATISTICS)
+              for label, figures in rows]
+    return "\n".join(lines + _drift_lines(record))
+
+
+def _drift_lines(record: dict) -> list[str]:
+    drift, s = record["drift"], record["settings"]
+    if not drift:
+        return []
+    width = 8 * len(DRIFT_SHOWN)
+    lines = [f"drift: {s['drift_samples']} generations of {s['drift_chars']:,} characters, {s['drift_decoder']} "
+             f"sampling; per stretch of {s['stretch_chars']}: {', '.join(DRIFT_SHOWN)}",
+             (f"{'characters':<14}" + "".join(f"{_phase(mode, s['window']):<{width}}" for mode in drift)).rstrip()]
+    for k in range(max(map(len, drift.values()))):
+        cells = []
+        for stretches in drift.values():
+            figures = stretches[k]["statistics"] if k < len(stretches) else {}
+            cells.append("".join(f"{_short(figures.get(name)):<8}" for name in DRIFT_SHOWN))
+        where = f"{k * s['stretch_chars']}-{(k + 1) * s['stretch_chars']}"
+        lines.append((f"{where:<14}" + "".join(cells)).rstrip())
+    return lines
+
+
+def _short(figure: dict | None) -> str:
+    return "—" if figure is None or figure["value"] is None else f"{figure['value']:.3f}"

@@ -1,0 +1,290 @@
+"""Text statistics: the generated text measured, model-free, against the training and validation splits.
+
+Seven statistics of a setting's samples (one mode × one decoder: N texts of L characters), for any
+corpus: nothing here knows Tiny Shakespeare's vocabulary, alphabet or layout.
+
+    word_validity  the share of a sample's words that occur in the training split
+    seq_rep_4      1 − distinct word 4-grams / word 4-grams, within a sample (Welleck et al. 2020)
+    loop_rate      the share of samples that end in a repeated phrase (after Holtzman et al. 2020)
+    distinct_2     distinct word bigrams / word bigrams, over all samples of a setting
+    copy_32        the share of a sample's 32-character spans found verbatim in the training split
+    line_shape     the Kolmogorov–Smirnov distance between the line lengths of the samples and the reference
+    reference_bpc  bits per character of a sample under a Kneser-Ney 7-gram counted on the training split
+
+The reference is the same statistics on held-out human text: slices of the validation split as long
+as the samples (`reference_slices`). The floor and ceiling are the same statistics on uniform random
+strings over the training alphabet and on a looped phrase (`floor_and_ceiling`): which of the two
+is a statistic's floor and which its ceiling depends on the statistic (random text has the most
+distinct bigrams, the loop the most valid words). Neither copies the training text: copy_32's ceiling, 1, is the
+training text itself. On Tiny Shakespeare (90/10 split), 20 samples of 500 characters:
+
+    statistic       reference (val)   uniform random    looped "the "
+    word_validity   0.937 ± 0.009     0.081 ± 0.007     1
+    seq_rep_4       0.001 ± 0.001     0                 0.992
+    loop_rate       0                 0                 1
+    distinct_2      0.919 ± 0.011     0.999 ± 0.001     0.0004
+    copy_32         0                 0                 0
+    line_shape      0.046 ± 0.032     0.408 ± 0.024     1
+    reference_bpc   2.19 ± 0.06       7.76 ± 0.01       2.76
+
+(line_shape of the reference against 20 other validation slices, of the others against the
+reference.) A loop is cheap under the judge: reference_bpc alone does not tell a loop from good text.
+
+Words are text_index.words: maximal runs of letters (any script) joined by inner apostrophes,
+lower-cased everywhere.
+
+Per sample and per setting. word_validity, seq_rep_4, copy_32 and reference_bpc have a value per
+sample; a sample where one is undefined (no word; fewer than four words; fewer than 32 characters;
+fewer than two characters) gives None and is left out of the setting's figure. loop_rate's value
+per sample is 1 or 0. A setting's figure for these is the mean of its per-sample values (every
+sample weighs the same), with standard error sd / sqrt(n) (sd: the sample standard deviation,
+n − 1 in its denominator; n: the samples that define it). distinct_2 and line_shape are properties
+of the whole setting: their standard error is a jackknife over samples (leave one sample out) for
+distinct_2, and a bootstrap over samples for line_shape (BOOTSTRAP_RESAMPLES resamples of the
+samples and, independently, of the reference, seed BOOTSTRAP_SEED); the jackknife suits a smooth
+ratio of counts and resampling with replacement would repeat a sample's bigrams; the bootstrap
+suits the KS statistic, a maximum, where the jackknife is unreliable. A figure that cannot be
+computed is None (a standard error needs two samples).
+
+What the statistics need from the training split (its words, its 32-character spans, its
+Kneser-Ney judge) is counted once per corpus in a `TrainingIndex` (study/text_index.py).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
+
+from gru_experiments.study.text_index import TrainingIndex, words
+
+STATISTICS = ("word_validity", "seq_rep_4", "loop_rate", "distinct_2", "copy_32", "line_shape", "reference_bpc")
+LOOP_REPEATS = 3  # loop_rate: a phrase repeated at least this many times ...
+LOOP_MIN_CHARS = 32  # ... over at least this many characters at the end of the sample
+BOOTSTRAP_RESAMPLES = 200
+BOOTSTRAP_SEED = 0
+
+
+# --- n-grams ------------------------------------------------------------------------------------
+def ngrams(items: Sequence, n: int) -> list[tuple]:
+    """The n-grams of a sequence, in order (none when it is shorter than n)."""
+    return [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
+
+
+# --- per-sample statistics -----------------------------------------------------------------------
+def word_validity(sample: str, vocabulary: AbstractSet[str]) -> float | None:
+    """The share of the sample's words (counted with repeats) that are words of the training split
+    (`vocabulary`: the set of its lower-cased words: a TrainingIndex's vocabulary); None for a sample
+    without a word."""
+    sample_words = words(sample)
+    if not sample_words:
+        return None
+    return sum(w in vocabulary for w in sample_words) / len(sample_words)
+
+
+def seq_rep_4(sample: str) -> float | None:
+    """Welleck et al. 2020's seq-rep-4 within one sample: 1 − distinct word 4-grams / word 4-grams.
+    0 for text that never repeats a 4-gram, near 1 for a loop; None for fewer than four words."""
+    grams = ngrams(words(sample), 4)
+    return 1 - len(set(grams)) / len(grams) if grams else None
+
+
+def loop_period(sample: str, repeats: int = LOOP_REPEATS, min_chars: int = LOOP_MIN_CHARS) -> int | None:
+    """The shortest period p of a loop the sample ends in, or None.
+
+    The rule (character-based, so that it holds for any corpus and for character-level garbage):
+    the sample ends in a loop when, for some p >= 1, its last m characters are periodic with period p
+    (each equals the character p before it: one phrase of p characters, repeated, the last
+    repetition possibly cut short) with m >= repeats · p (the phrase at least `repeats` = 3 times,
+    as Holtzman et al. 2020 count a generation ending in a repeated phrase) and m >= min_chars = 32
+    (so that prose ending in "ha, ha, ha" or "..." is not a loop). "the son, the son, the son, ..."
+    over 32 characters or more is a loop of period 9; "the the the ..." of period 4. Human text
+    rarely ends in one: of the 500-character windows of Tiny Shakespeare ending at every 7th
+    character, 2 of the validation split's 15,920 do (a real "here, sir! here, sir! here, sir! he")
+    and none of the training split's 143,394."""
+    n = len(sample)
+    for p in range(1, n // repeats + 1):
+        i = n - 1
+        while i >= p and sample[i] == sample[i - p]:
+            i -= 1
+        periodic = min(n, n - 1 - i + p)  # the periodic tail: the phrase, then every character matching
+        if periodic >= max(repeats * p, min_chars):
+            return p
+    return None
+
+
+def ends_in_loop(sample: str) -> bool:
+    """Whether the sample ends in a repeated phrase (the rule of `loop_period`)."""
+    return loop_period(sample) is not None
+
+
+def copy_32(sample: str, index: TrainingIndex) -> float | None:
+    """The share of the sample's 32-character spans (every start, overlapping) found verbatim in the
+    training split: memorisation. None for a sample shorter than 32 characters."""
+    return index.spans.share_found(sample)
+
+
+def reference_bpc(sample: str, index: TrainingIndex) -> float | None:
+    """Bits per character of the sample under the training split's Kneser-Ney 7-gram (`KneserNeyJudge`)."""
+    return index.judge.bpc(sample)
+
+
+# --- per-setting statistics ----------------------------------------------------------------------
+def loop_rate(samples: Sequence[str]) -> float | None:
+    """The share of samples that end in a loop (`loop_period`'s rule); None for no samples."""
+    return sum(map(ends_in_loop, samples)) / len(samples) if samples else None
+
+
+def distinct_2(samples: Sequence[str]) -> float | None:
+    """Distinct word bigrams / word bigrams over all samples (bigrams never cross from one sample to
+    the next); None when the samples have no bigram."""
+    grams = [g for sample in samples for g in ngrams(words(sample), 2)]
+    return len(set(grams)) / len(grams) if grams else None
+
+
+def line_lengths(text: str) -> list[int]:
+    """The lengths, in characters, of the text's lines: the pieces between newlines, the pieces cut
+    by the start and the end of the text included (a reference slice is cut the same way), the
+    empty piece after a final newline left out. "ab\\n\\ncde\\n" -> [2, 0, 3]."""
+    pieces = text.split("\n")
+    if pieces[-1] == "":
+        pieces.pop()
+    return [len(piece) for piece in pieces]
+
+
+def ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
+    """The two-sample Kolmogorov–Smirnov statistic: the largest distance between the empirical
+    distribution functions of a and b, sup_x |F_a(x) − F_b(x)| (0: the same, 1: disjoint)."""
+    if not a or not b:
+        raise ValueError("the KS statistic needs two non-empty samples")
+    a, b = sorted(a), sorted(b)
+    return max(abs(bisect_right(a, x) / len(a) - bisect_right(b, x) / len(b)) for x in set(a) | set(b))
+
+
+def line_shape(samples: Sequence[str], reference: Sequence[str]) -> float | None:
+    """The KS statistic between the line lengths of all samples and of all reference texts: a
+    corpus-agnostic stand-in for "formatting preserved". None when either has no line."""
+    return _line_shape([line_lengths(s) for s in samples], [line_lengths(r) for r in reference])
+
+
+def _line_shape(sample_lines: Sequence[list[int]], reference_lines: Sequence[list[int]]) -> float | None:
+    a = [n for lines in sample_lines for n in lines]
+    b = [n for lines in reference_lines for n in lines]
+    return ks_statistic(a, b) if a and b else None
+
+
+# --- a setting's figures, with standard errors -------------------------------------------------------
+def standard_deviation(values: Sequence[float]) -> float | None:
+    """The sample standard deviation (n − 1 in the denominator); None for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def mean_and_se(values: Iterable[float | None]) -> dict:
+    """{"value": mean, "se": sd / sqrt(n)} of the values that are not None; value None without
+    values, se None with fewer than two."""
+    defined = [v for v in values if v is not None]
+    if not defined:
+        return {"value": None, "se": None}
+    sd = standard_deviation(defined)
+    return {"value": sum(defined) / len(defined), "se": None if sd is None else sd / math.sqrt(len(defined))}
+
+
+def jackknife_se(statistic: Callable[[list], float | None], items: Sequence) -> float | None:
+    """The jackknife standard error of statistic(items) over its items, leaving one out at a time:
+    sqrt((n − 1)/n · Σ (θ_i − θ̄)²). None with fewer than two items (or defined leave-one-outs)."""
+    leave_one_out = [statistic(list(items[:i]) + list(items[i + 1:])) for i in range(len(items))]
+    thetas = [t for t in leave_one_out if t is not None]
+    n = len(thetas)
+    if n < 2:
+        return None
+    mean = sum(thetas) / n
+    return math.sqrt((n - 1) / n * sum((t - mean) ** 2 for t in thetas))
+
+
+def line_shape_se(samples: Sequence[str], reference: Sequence[str], resamples: int = BOOTSTRAP_RESAMPLES,
+                  seed: int = BOOTSTRAP_SEED) -> float | None:
+    """The bootstrap standard error of line_shape: the standard deviation of line_shape over
+    `resamples` resamplings (with replacement, seeded) of the samples and, independently, of the
+    reference. None with fewer than two samples or two reference texts."""
+    if len(samples) < 2 or len(reference) < 2:
+        return None
+    rng = random.Random(seed)
+    sample_lines, reference_lines = [line_lengths(s) for s in samples], [line_lengths(r) for r in reference]
+    values = [_line_shape(rng.choices(sample_lines, k=len(samples)), rng.choices(reference_lines, k=len(reference)))
+              for _ in range(resamples)]
+    return standard_deviation([v for v in values if v is not None])
+
+
+def text_statistics(samples: Sequence[str], index: TrainingIndex, reference: Sequence[str] | None = None) -> dict:
+    """Every statistic of one setting's samples: {name: {"value": v, "se": se}} for the names in
+    STATISTICS, in that order. line_shape is measured against `reference` (e.g. reference_slices of
+    the validation split); without one its value and se are None."""
+    samples = list(samples)
+    figures = {
+        "word_validity": mean_and_se(word_validity(s, index.vocabulary) for s in samples),
+        "seq_rep_4": mean_and_se(seq_rep_4(s) for s in samples),
+        "loop_rate": mean_and_se(float(ends_in_loop(s)) for s in samples),
+        "distinct_2": {"value": distinct_2(samples), "se": jackknife_se(distinct_2, samples)},
+        "copy_32": mean_and_se(copy_32(s, index) for s in samples),
+        "line_shape": {"value": None, "se": None},
+        "reference_bpc": mean_and_se(reference_bpc(s, index) for s in samples),
+    }
+    if reference is not None:
+        figures["line_shape"] = {"value": line_shape(samples, reference), "se": line_shape_se(samples, reference)}
+    return figures
+
+
+# --- reference, floor and ceiling -------------------------------------------------------------------
+def reference_slices(val_text: str, n: int, length: int, seed: int = 0) -> list[str]:
+    """n slices of `length` characters of the validation text, the reference, in text order. When
+    they fit (n · length <= len(val_text)) the text is cut into n equal stretches and each slice lies
+    at a seeded random position inside its own stretch: no two overlap. Otherwise their starts are
+    spread evenly from the first to the last possible one, and neighbours overlap."""
+    room = len(val_text) - length
+    if n < 1 or length < 1 or room < 0:
+        raise ValueError(f"cannot cut {n} slices of {length} characters from a text of {len(val_text)}")
+    stretch = len(val_text) // n
+    if stretch >= length:
+        rng = random.Random(seed)
+        starts = [k * stretch + rng.randint(0, stretch - length) for k in range(n)]
+    else:
+        starts = [round(k * room / max(n - 1, 1)) for k in range(n)]
+    return [val_text[start:start + length] for start in starts]
+
+
+def uniform_random_text(alphabet: Iterable[str], length: int, seed: int = 0) -> str:
+    """`length` characters drawn uniformly and independently from the distinct characters of
+    `alphabet` (seeded): the floor of every statistic."""
+    chars = sorted(set(alphabet))
+    return "".join(random.Random(seed).choices(chars, k=length))
+
+
+def looped_text(phrase: str, length: int) -> str:
+    """`phrase` repeated to `length` characters (the last repetition cut short): the ceiling of the
+    repetition statistics. looped_text("the son, ", 20) == "the son, the son, th"."""
+    if not phrase:
+        raise ValueError("looped_text needs a non-empty phrase")
+    return (phrase * (length // len(phrase) + 1))[:length]
+
+
+def floor_and_ceiling_texts(index: TrainingIndex, n: int, length: int, seed: int = 0,
+                            phrase: str | None = None) -> dict[str, list[str]]:
+    """n uniform random strings over the training alphabet (seeds seed..seed+n−1) and n copies of a
+    looped phrase (default: the training split's most common word and a space, "the the the ..." on
+    English text), each of `length` characters: {"random": [...], "looped": [...]}."""
+    phrase = phrase or f"{index.most_common_word or index.alphabet[:1]} "
+    return {"random": [uniform_random_text(index.alphabet, length, seed + i) for i in range(n)],
+            "looped": [looped_text(phrase, length)] * n}
+
+
+def floor_and_ceiling(index: TrainingIndex, n: int, length: int, seed: int = 0, phrase: str | None = None,
+                      reference: Sequence[str] | None = None) -> dict:
+    """text_statistics of `floor_and_ceiling_texts`: {"random": ..., "looped": ...}."""
+    texts = floor_and_ceiling_texts(index, n, length, seed, phrase)
+    return {name: text_statistics(samples, index, reference) for name, samples in texts.items()}
