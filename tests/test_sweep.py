@@ -91,7 +91,9 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
     # at every validation, the best checkpoint, and the findings judged from them.
     for row in rows:
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
-        assert summary["context_curve"]["1"] == pytest.approx(summary["stateless_bpc"], abs=1e-4)
+        curve = summary["context_curve"]  # point "1" is the stateless figure, exact or a sample of it
+        se = curve["settings"]["bpc_se"]["1"]
+        assert abs(curve["1"] - summary["stateless_bpc"]) <= (4 * se if se else 1e-4), (row["model"], se)
         assert summary["best"]["step"] <= summary["train_steps"]
         history = (Path(row["run_dir"]) / "history.csv").read_text()
         assert history.count("val/stateful_bpc") == history.count("val/stateless_bpc") == 2  # 2 epochs
