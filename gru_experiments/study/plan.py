@@ -82,9 +82,6 @@ class Plan:
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
 
-    def curve_contexts(self) -> list[int]:
-        return [f.context for f in self.figures if f.name.startswith("curve ")]
-
     def record(self) -> list[dict]:
         """The plan for summary.json: a row per figure."""
         return [{k: v for k, v in asdict(f).items() if k != "passes"} for f in self.figures]
