@@ -338,7 +338,7 @@ def test_the_budget_is_validated(compose_config, tiny_corpus):
     from gru_experiments.errors import UserError
     from gru_experiments.runs.config import validate
 
-    assert compose_config().evaluation.budget == 1.38
+    assert compose_config().evaluation.budget == 1.56
     for bad in ("0", "-3", "many"):
         with pytest.raises(UserError, match="evaluation.budget"):
             validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.budget={bad}"))

@@ -374,8 +374,9 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     from gru_experiments.study.text_stats import STATISTICS, text_statistics
 
     root, run_dir = trained_run
-    result = run_sample(root, f"run={run_dir}", "prompt=KING: ", "max_new_tokens=5", "stats=true", "stats_samples=4",
-                        "stats_chars=60", "stats_drift_chars=500", f"data.path={small_shakespeare}", "data.seq_len=32")
+    result = run_sample(root, f"run={run_dir}", "prompt=KING: ", "max_new_tokens=5", "stats=true",
+                        "evaluation.text_samples=4", "evaluation.text_chars=60", "evaluation.text_drift_chars=500",
+                        f"data.path={small_shakespeare}", "data.seq_len=32")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.startswith("text statistics: 4 samples of 60 characters per setting") for line in lines)
@@ -398,11 +399,12 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
 
     # samples longer than the validation split cannot have a reference: refused in one line, before sampling
     before = sampling_dirs(root)
-    result = run_sample(root, f"run={run_dir}", "stats=true", "stats_chars=10000", f"data.path={small_shakespeare}")
+    result = run_sample(root, f"run={run_dir}", "stats=true", "evaluation.text_chars=10000",
+                        f"data.path={small_shakespeare}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert error_line(result.stderr).startswith(
-        "error: invalid stats_chars=10000: the reference is slices of the validation split as long as the samples, "
-        "and the validation split of ")
+        "error: invalid evaluation.text_chars=10000: the reference is slices of the validation split as long as the "
+        "samples, and the validation split of ")
     assert error_line(result.stderr).endswith("has 6,000 characters") and sampling_dirs(root) == before
 
 
@@ -433,7 +435,9 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
     (["num_samples=0"], "error: invalid num_samples=0: must be an integer >= 1"),
     (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null or an integer "
                                                      ">= 1"),
-    (["stats=true", "stats_samples=0"], "error: invalid stats_samples=0: must be an integer >= 1"),
+    (["stats=true", "evaluation.text_samples=0"], "error: stats=true measures evaluation.text_samples samples per "
+                                                "setting, which is 0: give an integer >= 1"),
+    (["evaluation.text_chars=31"], "error: invalid evaluation.text_chars=31: must be an integer >= 32"),
     (["max_new_tokens=100000000", "num_samples=100000"],
      "error: num_samples=100000 x (prompt 15 + max_new_tokens=100000000) tokens would need 72.8 TiB for the token "
      "buffer alone; this machine has "),

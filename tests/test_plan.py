@@ -11,12 +11,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
+from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.study.evaluation import evaluate, plan_for
-from gru_experiments.study.plan import congruent, plan_evaluation, windows_pass
+from gru_experiments.study.plan import TextDemand, congruent, plan_evaluation, windows_pass
 from gru_experiments.study.scores import Split, score_contexts, score_stateful, score_windowed
+from gru_experiments.study.text_protocol import text_demand, text_settings
 
 V = 11
 CONF = Path(__file__).parents[1] / "conf"
@@ -148,18 +151,43 @@ def test_the_budget_samples_in_the_studys_order():
 
 def test_the_default_budget_keeps_astra_alpha_at_the_studys_figures(compose_config):
     """Astra-alpha's full recipe (2,000 steps of 64 x 128) on Tiny Shakespeare's 111,539 validation
-    targets: the windowed figure and the curve up to 128 exact, the points past it on one target in 26
-    (the README's figures, to the last digit)."""
+    targets: the windowed figure and the curve up to 128 exact, the text statistics whole (12 samples
+    per setting and the drift), the points past 128 on one target in 26 (the README's figures, to the
+    last digit); and so from 1.557 to 1.576."""
     cfg = compose_config()
+    text = read_corpus(SHIPPED_CORPUS)
+    tokenizer = CharTokenizer.from_text(text)
+    val = Split.of(torch.tensor(tokenizer.encode(split_text(text, 0.9)[1])), tokenizer)
     model = RecurrentLM(65, "gru", embedding_dim=64, hidden_size=128, num_layers=1)
-    plan = plan_for(model, 111_539, 128, cfg.evaluation, training_tokens=2000 * 64 * 128)
-    strides = {f.name: plan.passes[f.passes[-1]].stride for f in plan.figures if f.passes}
-    assert all(strides[f"curve {w}"] == 1 for w in (1, 2, 4, 8, 16, 32, 64, 128)) and strides["windowed"] == 1
-    assert all(strides[f"curve {w}"] == 26 for w in (256, 512, 1024))
+    demand = text_demand(model, tokenizer, val, text_settings(cfg.evaluation, 128, cfg.seed))
+    for budget in (cfg.evaluation.budget, 1.557, 1.576):
+        settings = OmegaConf.merge(cfg.evaluation, {"budget": budget})
+        plan = plan_for(model, val.n_targets, 128, settings, training_tokens=2000 * 64 * 128, text=demand)
+        strides = {f.name: plan.passes[f.passes[-1]].stride for f in plan.figures if f.passes}
+        assert all(strides[f"curve {w}"] == 1 for w in (1, 2, 4, 8, 16, 32, 64, 128)) and strides["windowed"] == 1
+        assert all(strides[f"curve {w}"] == 26 for w in (256, 512, 1024))
+        assert plan.text.targets == 12 and plan.text.drift == 2 and val.n_targets == 111_539
+
+
+def test_text_samples_are_cut_then_dropped_as_the_budget_shrinks():
+    """The text pass: whole when it fits; every k-th sample (two at the least) and no drift when it does
+    not; left out when even two samples do not fit its share; never counted as a split figure."""
+    model, (_, split) = gru(), val(700)
+    demand = TextDemand(12, 2, lambda samples, drift: 1000 * samples + 5000 * drift)
+    whole = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, text=demand)
+    assert (whole.text.targets, whole.text.drift, whole.text.forward_tokens) == (12, 2, 22_000) and whole.exact
+    assert whole.figure("text").targets == 12
+    stateful = whole.figure("stateful").forward_tokens
+    cut = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=stateful + 8000,
+                          windowed=False, curve=False, text=demand)
+    assert (cut.text.targets, cut.text.drift) == (6, 0) and cut.forward_tokens <= stateful + 8000 + 700
+    none = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=stateful + 1000,
+                           windowed=False, curve=False, text=demand)
+    assert none.text is None and none.figure("text") is None
 
 
 def test_the_evaluation_config_has_one_budget_and_models_one_key_at_most(compose_config):
-    assert len(OmegaConf.load(CONF / "evaluation" / "default.yaml")) <= 7
+    assert len(OmegaConf.load(CONF / "evaluation" / "default.yaml")) <= 9
     for path in sorted((CONF / "model").glob("*.yaml")):
         keys = OmegaConf.load(path)
         keys = keys.get("model", keys)

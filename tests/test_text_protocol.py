@@ -187,16 +187,17 @@ def test_cost_and_sharing():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"samples": 0}, "invalid stats_samples=0: must be an integer >= 1"),
-    ({"chars": 31}, "invalid stats_chars=31: must be an integer >= 32 (copy_32's span)"),
-    ({"drift_chars": 499}, "invalid stats_drift_chars=499: must be 0 (no drift) or an integer >= 500 (one stretch)"),
-    ({"drift_chars": True}, "invalid stats_drift_chars=True"),
+    ({"text_samples": -1}, "invalid evaluation.text_samples=-1: must be an integer >= 0 (0: no text statistics)"),
+    ({"text_chars": 31}, "invalid evaluation.text_chars=31: must be an integer >= 32 (copy_32's span)"),
+    ({"text_drift_chars": 499},
+     "invalid evaluation.text_drift_chars=499: must be 0 (no drift) or an integer >= 500 (one stretch)"),
+    ({"text_drift_chars": True}, "invalid evaluation.text_drift_chars=True"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(UserError) as error:
-        validate_text_settings(settings, prefix="stats_")
+        validate_text_settings(settings)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
-    validate_text_settings({"samples": 1, "chars": 32, "drift_chars": 0})
+    validate_text_settings({"text_samples": 0, "text_chars": 32, "text_drift_chars": 0})
     with pytest.raises(ValueError, match="samples must be an integer >= 1"):
         TextSettings(window=8, samples=0)
 

@@ -9,9 +9,15 @@ Two ways to batch the training split (`training=windows|streams`, BATCHINGS):
     windows   random windows of seq_len tokens, each trained from the initial state
     streams   truncated BPTT: the split as batch_size contiguous streams read chunk by chunk,
               the state after one chunk (detached) starting the next (StreamBatches)
+
+Either may read different ids in every pass over the split (an epoch of windows, a pass of the
+streams): given a per-pass source (`PassIds`), as the recall probe plants the training split afresh
+every pass (data/recall_probe.py); without one, every pass reads the one split.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import lightning as L
 import torch
@@ -39,37 +45,75 @@ def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
     return inputs.view(n_windows, seq_len), targets.view(n_windows, seq_len)
 
 
+PassSource = Callable[[int], Tensor]  # pass index -> that pass's ids, as long as the split
+
+
+class PassIds:
+    """The ids of pass p: the split `ids` itself, or with a `source` the source's ids of pass p moved to
+    the split's device (the last pass's kept, so a pass is fetched once)."""
+
+    def __init__(self, ids: Tensor, source: PassSource | None = None):
+        self.ids, self.source = ids, source
+        self._last: tuple[int, Tensor] | None = None
+
+    def __call__(self, pass_index: int) -> Tensor:
+        if self.source is None:
+            return self.ids
+        if self._last is None or self._last[0] != pass_index:
+            ids = self.source(pass_index).to(self.ids.device)
+            if ids.shape != self.ids.shape:
+                raise ValueError(f"pass {pass_index} has {ids.numel()} ids, the split {self.ids.numel()}")
+            self._last = (pass_index, ids)
+        return self._last[1]
+
+
 class RandomWindowBatches:
     """An epoch of `steps` batches of random windows, drawn on the data's device.
 
-    Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one.
+    Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one. With a
+    per-pass source (pass_ids), epoch e draws its windows from pass_ids(e).
     """
 
-    def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator):
+    def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator,
+                 pass_ids: PassSource | None = None):
         self.ids, self.batch_size, self.seq_len, self.steps = ids, batch_size, seq_len, steps
         self.generator = generator
         self.offsets = torch.arange(seq_len + 1, device=ids.device)
+        self.pass_ids = PassIds(ids, pass_ids)
+        self.epoch, self.read = 0, 0  # the epoch being read and how many of its batches were taken
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self):
-        n_starts = self.ids.numel() - self.seq_len  # last start leaves room for the shifted target
+        if self.read >= self.steps:  # the last epoch was read through; a resumed one was not
+            self.epoch, self.read = self.epoch + 1, 0
+        ids = self.pass_ids(self.epoch)
+        n_starts = ids.numel() - self.seq_len  # last start leaves room for the shifted target
         for _ in range(self.steps):
-            starts = torch.randint(n_starts, (self.batch_size, 1), device=self.ids.device, generator=self.generator)
-            windows = self.ids[starts + self.offsets]  # one gather: (B, T + 1)
+            starts = torch.randint(n_starts, (self.batch_size, 1), device=ids.device, generator=self.generator)
+            windows = ids[starts + self.offsets]  # one gather: (B, T + 1)
+            self.read += 1
             yield windows[:, :-1], windows[:, 1:]
 
     # Lightning checkpoints a loader that has state_dict/load_state_dict and restores it on a
-    # mid-epoch resume. The generator is all the state there is: the resumed epoch draws its
+    # mid-epoch resume. The generator is the state of the draws: the resumed epoch draws its
     # remaining batches from it (Lightning stops the epoch after steps_per_epoch batches in
     # all), which are exactly the batches the uninterrupted run drew. The data module saves
-    # the same generator; restoring it twice sets the same state.
+    # the same generator; restoring it twice sets the same state. The epoch (and its batches
+    # taken) says which pass a per-pass source gives the resumed epoch.
     def state_dict(self) -> dict:
-        return {"generator_state": self.generator.get_state()}
+        return {"generator_state": self.generator.get_state(), **self.position()}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator_state"])
+        self.load_position(state)
+
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "read": self.read}
+
+    def load_position(self, state: dict) -> None:
+        self.epoch, self.read = int(state.get("epoch", 0)), int(state.get("read", 0))  # older checkpoints: none
 
 
 class EvalBatches:
@@ -102,12 +146,14 @@ class StreamBatches:
     previous one (LanguageModelTask.training_step). A Trainer epoch of `steps` batches continues
     where the last one stopped and wraps into a new pass when a pass ends, so the recipe's steps and
     tokens are those of windows mode. The position (pass, chunk) is the whole state of the reader:
-    the offset of a pass is a function of the seed and the pass number.
+    the offset of a pass is a function of the seed and the pass number (and so are its ids, with a
+    per-pass source: pass_ids(pass_index)).
     """
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, seed: int,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, pass_ids: PassSource | None = None):
         self.ids, self.batch_size, self.seq_len, self.steps = ids, batch_size, seq_len, steps
+        self.pass_ids = PassIds(ids, pass_ids)
         self.seed, self.rank, self.world_size = seed, rank, world_size
         streams = batch_size * world_size
         self.chunks_per_pass = (ids.numel() - seq_len) // (streams * seq_len)  # the worst offset, seq_len - 1
@@ -132,8 +178,9 @@ class StreamBatches:
         start, length = self.offset(pass_index), self.chunks_per_pass * self.seq_len
         streams = self.batch_size * self.world_size
         mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        inputs = self.ids[start:start + streams * length].view(streams, length)[mine]
-        targets = self.ids[start + 1:start + 1 + streams * length].view(streams, length)[mine]
+        ids = self.pass_ids(pass_index)
+        inputs = ids[start:start + streams * length].view(streams, length)[mine]
+        targets = ids[start + 1:start + 1 + streams * length].view(streams, length)[mine]
         return inputs, targets
 
     def __iter__(self):
@@ -158,9 +205,13 @@ class StreamBatches:
 
 
 class CorpusDataModule(L.LightningDataModule):
+    """The training and validation batches of a run. With a recall probe (data/recall_probe.Probe,
+    Corpus.probe), training reads the probe's training split planted afresh every pass (probe.train)
+    and `self.probe` keeps the probe for the recall figures; validation reads the plain split."""
+
     def __init__(self, train_ids: Tensor, val_ids: Tensor, batch_size: int, seq_len: int,
                  steps_per_epoch: int, seed: int = 0, eval_batch_size: int | None = None,
-                 batching: str = "windows"):
+                 batching: str = "windows", probe=None):
         super().__init__()
         if batching not in BATCHINGS:
             raise UserError(f"invalid training.batching={batching!r}: must be one of {', '.join(BATCHINGS)}")
@@ -174,8 +225,12 @@ class CorpusDataModule(L.LightningDataModule):
         self.seed = seed
         self.eval_batch_size = eval_batch_size or batch_size
         self.batching = batching
+        self.probe = probe
+        self.train_pass_ids: PassSource | None = probe.train if probe is not None else None
         self.generator: torch.Generator | None = None
         self._pending_generator_state: Tensor | None = None
+        self.windows: RandomWindowBatches | None = None
+        self._pending_window_state: dict | None = None
         self.streams: StreamBatches | None = None
         self._pending_stream_state: dict | None = None
         if batching == "streams":  # refuse a split too short for the streams now, before any work
@@ -199,22 +254,31 @@ class CorpusDataModule(L.LightningDataModule):
             trainer = self.trainer
             rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
             self.streams = StreamBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch,
-                                         self.seed, rank, world)
+                                         self.seed, rank, world, pass_ids=self.train_pass_ids)
             if self._pending_stream_state is not None:
                 self.streams.load_state_dict(self._pending_stream_state)
 
     def train_dataloader(self):
         if self.batching == "streams":
             return self.streams
-        return RandomWindowBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch, self.generator)
+        # One reader for the whole fit: it counts the epochs (a per-pass source reads epoch e's ids).
+        windows = self.windows
+        if windows is None or windows.ids is not self.train_ids or windows.generator is not self.generator:
+            self.windows = RandomWindowBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch,
+                                               self.generator, pass_ids=self.train_pass_ids)
+            if self._pending_window_state is not None:
+                self.windows.load_position(self._pending_window_state)
+        return self.windows
 
     def val_dataloader(self):
         return EvalBatches(self.val_ids, self.eval_batch_size, self.seq_len)
 
-    # The window sampler's random state and the streams' position travel in checkpoints, so a
-    # resumed run reads the batches the uninterrupted run would have read.
+    # The window sampler's random state and epoch and the streams' position travel in checkpoints, so
+    # a resumed run reads the batches the uninterrupted run would have read.
     def state_dict(self) -> dict:
         state = {"generator_state": self.generator.get_state()} if self.generator is not None else {}
+        if self.windows is not None:
+            state["windows"] = self.windows.position()
         if self.streams is not None:
             state["streams"] = self.streams.state_dict()
         return state
@@ -224,6 +288,10 @@ class CorpusDataModule(L.LightningDataModule):
             self._pending_stream_state = state["streams"]
             if self.streams is not None:
                 self.streams.load_state_dict(state["streams"])
+        if "windows" in state:
+            self._pending_window_state = state["windows"]
+            if self.windows is not None:
+                self.windows.load_position(state["windows"])
         if "generator_state" in state:
             self._pending_generator_state = state["generator_state"]
             if self.generator is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
 from gru_experiments.data.tokenizers import build_tokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_file
@@ -106,27 +107,38 @@ def split_text(text: str, train_fraction: float) -> tuple[str, str]:
 class Corpus:
     tokenizer: object
     train_ids: Tensor  # (N_train,) int64
-    val_ids: Tensor  # (N_val,) int64
+    val_ids: Tensor  # (N_val,) int64: the plain split (the probe's plantings are in probe.validation)
     source: Path
+    probe: Probe | None = None  # probe=recall: data/recall_probe.py
 
 
-def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir) -> Corpus:
-    """Load, split, fit the tokenizer, encode both splits.
+def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSettings | None = None,
+                   seed: int = 0) -> Corpus:
+    """Load, split, fit the tokenizer, encode both splits; with `probe`, the recall probe seeded `seed`.
 
     The char tokenizer's vocabulary is every character of the whole corpus (as char-rnn and
     nanoGPT do), so any UTF-8 text trains: a character that occurs only in the validation split
     gets a token the model never saw as a target, an untrained embedding and output row, and
     finite (large) cost where it occurs; nothing else of the validation text is used. SentencePiece
-    learns its pieces from the training split only (its pieces are statistics of the text)."""
+    learns its pieces from the training split only (its pieces are statistics of the text).
+
+    With a probe the char vocabulary also holds the probe's markers and keys (characters the corpus
+    lacks), so the splits encode the same text with ids that may shift."""
+    if probe is not None and tokenizer_cfg.kind != "char":
+        raise UserError(NEEDS_CHAR)
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
     text = read_corpus(source)
     train_text, val_text = split_text(text, data_cfg.train_fraction)
     # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
     check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)
+    symbols = probe_symbols(text, probe.keys) if probe is not None else None
     fit_text = text if tokenizer_cfg.kind == "char" else train_text
+    fit_text += "".join([symbols.opening, symbols.closing, *symbols.keys]) if symbols else ""
     tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, **settings)
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
     corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source)
     check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)
+    if probe is not None:
+        corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)
     return corpus

@@ -16,6 +16,10 @@ and one that the study's notebook ends on:
 
     7. GRUs remain competitive with transformers (at equal size and equal training)
 
+After them, report.md judges the planted-recall control's findings (recall_findings.py, finding 6
+again among them, on a corpus with a known answer) and the generated text's (text_findings.py),
+numbered on from 8.
+
 `findings(jobs)` writes one line per finding: the claim, a verdict (supported, partly supported,
 contradicted, or cannot be judged and what is missing) and the measured figures it rests on,
 all computed here from the jobs' summaries and histories. Nothing is written in advance: a
@@ -29,9 +33,12 @@ A job is anything with `.model` (its name), `.values` (its summary.json) and `.h
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-RECURRENT = ("gru", "lstm", "rnn")  # the summary's "family" of a model with a carried state
+from gru_experiments.report.finding import RECURRENT, Finding, numbered
+from gru_experiments.report.finding import cannot as _cannot
+from gru_experiments.report.finding import verdict as _verdict
+from gru_experiments.report.recall_findings import recall_findings
+from gru_experiments.report.text_findings import text_findings
 
 CLAIMS = (
     "Training loss alone cannot validate a recurrent model",
@@ -42,16 +49,6 @@ CLAIMS = (
     "Training with the state carried makes the state worth carrying",
     "GRUs remain competitive with transformers",
 )
-
-
-@dataclass
-class Finding:
-    claim: str
-    verdict: str  # supported | partly supported | contradicted | cannot be judged
-    evidence: str
-
-    def line(self, number: int) -> str:
-        return f"{number}. **{self.claim}**: {self.verdict}. {self.evidence}"
 
 
 def _number(job, key: str) -> float | None:
@@ -80,14 +77,6 @@ def _reset_cost(job) -> float | None:
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
-
-
-def _verdict(k: int, n: int) -> str:
-    return "supported" if k == n else "contradicted" if k == 0 else "partly supported"
-
-
-def _cannot(claim: str, missing: str) -> Finding:
-    return Finding(claim, "cannot be judged", f"Missing: {missing}.")
 
 
 def training_loss_finding(jobs) -> Finding:
@@ -237,11 +226,13 @@ def _gain(job) -> tuple[float, float] | None:
 
 
 def training_mode_pairs(jobs) -> list[tuple]:
-    """(windows job, streams job) of every model trained both ways, with both state gains."""
+    """(windows job, streams job) of every model trained both ways at one training window (summary.json's
+    mode_evaluation.seq_len: a run on windows of another length is no pair), with both state gains."""
     by_mode = {}
     for job in _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]:
         if _gain(job) is not None:
-            by_mode.setdefault(job.values.get("model"), {})[job.values.get("training_mode") or "windows"] = job
+            key = (job.values.get("model"), (job.values.get("mode_evaluation") or {}).get("seq_len"))
+            by_mode.setdefault(key, {})[job.values.get("training_mode") or "windows"] = job
     return [(modes["windows"], modes["streams"]) for modes in by_mode.values()
             if {"windows", "streams"} <= modes.keys()]
 
@@ -336,7 +327,8 @@ def findings(jobs) -> list[Finding]:
 
 
 def findings_markdown(jobs) -> list[str]:
-    """report.md's *Findings* section."""
+    """report.md's *Findings* sections: the study's, then the planted-recall control's and the generated
+    text's (recall_findings.py, text_findings.py), numbered on."""
     lines = ["## Findings", "",
              "The original study's five findings, the project's sixth and the notebook's closing claim, each judged "
              "by this sweep's numbers "
@@ -345,4 +337,10 @@ def findings_markdown(jobs) -> list[str]:
              "validation loss).", ""]
     if not jobs:
         return lines + ["No completed job: nothing to judge.", ""]
-    return lines + [finding.line(i) for i, finding in enumerate(findings(jobs), 1)] + [""]
+    study, recall = findings(jobs), recall_findings(jobs)
+    lines += numbered(study, 1) + ["", "## Findings on the planted-recall control", "",
+                                   "What a control with a known answer shows: keys planted in the text and recalled "
+                                   "at known distances (*Planted recall*).", ""]
+    lines += numbered(recall, len(study) + 1) + ["", "## Findings on the generated text", "",
+                                                  "What the text the models write shows (*Generated text*).", ""]
+    return lines + numbered(text_findings(jobs), len(study) + len(recall) + 1) + [""]

@@ -22,6 +22,7 @@ import io
 from pathlib import Path
 
 from gru_experiments.files import atomic_write
+from gru_experiments.report.context_classes import CLASS_COLUMNS, PLOT_CLASSES, class_section, plot_classes
 from gru_experiments.report.findings import findings_markdown
 from gru_experiments.report.plots import (
     PLOT_BPC,
@@ -37,7 +38,9 @@ from gru_experiments.report.plots import (
     plot_ladder,
     plot_modes_over_training,
 )
+from gru_experiments.report.recall_report import PLOT_RECALL, plot_recall, recall_section
 from gru_experiments.report.sweep_folder import MISSING, JobResult, Report, collect, ladder_jobs
+from gru_experiments.report.text_report import PLOT_TEXT, TEXT_COLUMNS, plot_text, text_section
 from gru_experiments.report.training_grid import PLOT_GRID, grid_section, plot_training_grid
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.inference import MODES
@@ -57,11 +60,10 @@ TABLE = [
     ("status", "status", str),
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
+DERIVED = {**TEXT_COLUMNS, **CLASS_COLUMNS}  # results.csv's columns read from a summary's records, not its keys
 COLUMNS = ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in FIGURES), "state_gain_bpc",
            "state_gain_se", "best_step",
-           *(f"best_{key}" for key in BEST_KEYS), "error", "run_dir"]
-
-
+           *(f"best_{key}" for key in BEST_KEYS), *DERIVED, "error", "run_dir"]
 
 
 # --- writing ----------------------------------------------------------------------------
@@ -104,6 +106,8 @@ def results_csv(jobs: list[JobResult]) -> str:
                 value = job.run_dir or ""
             elif key.startswith("best_"):
                 value = job.best(key.removeprefix("best_"))
+            elif key in DERIVED:
+                value = DERIVED[key](job)
             else:
                 value = job.values.get(key)
             row.append("" if value is None else repr(value) if isinstance(value, float) else value)
@@ -196,16 +200,25 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += ladder_section(jobs, plots)
     lines += grid_section(jobs, plots, format_duration)
     lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
-    lines += _best_section(jobs)
-    lines += ["## Context curve", "",
-              "Bits per character with the model given only the last w tokens, from its initial state "
-              "(w = 1 is the stateless figure), and with the state carried through the whole split "
-              "(stateful, at the right); final weights. The points score the windowed figure's targets (all, "
-              "or its systematic sample; summary.json's context_curve.settings says which, with standard "
-              "errors; docs/evaluation.md).", ""]
+    lines += _best_section(jobs) + _figure_sections(jobs, plots)
+    lines += ["", *recall_section(jobs, plots), *text_section(jobs, plots), *_samples_section(jobs)]
+    lines += ["Files: `results.csv` (every number above, full precision), the PNGs beside this report, "
+              "and each job's folder (summary.json, history.csv, samples.json, checkpoints)."]
+    return "\n".join(lines) + "\n"
+
+
+def _figure_sections(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
+    """The context curve (all targets, then by class), the modes over training, bpc by mode, learning curves."""
+    lines = ["## Context curve", "",
+             "Bits per character with the model given only the last w tokens, from its initial state "
+             "(w = 1 is the stateless figure), and with the state carried through the whole split "
+             "(stateful, at the right); final weights. The points score the windowed figure's targets (all, "
+             "or its systematic sample; summary.json's context_curve.settings says which, with standard "
+             "errors; docs/evaluation.md).", ""]
     lines += [f"![bits per character against context length]({PLOT_CONTEXT})" if PLOT_CONTEXT in plots
               else f"{MISSING} no completed job has a context curve."]
-    lines += ["", "## Inference modes over training", "",
+    lines += ["", *class_section(jobs, plots)]
+    lines += ["## Inference modes over training", "",
               "Stateful and stateless bits per character of the whole validation split at every validation "
               "(history.csv), against the training tokens.", ""]
     lines += [f"![stateful and stateless bits per character over training]({PLOT_MODES})" if PLOT_MODES in plots
@@ -216,10 +229,7 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += ["", "## Learning curves", ""]
     lines += [f"![training loss and validation bpc against training steps]({PLOT_CURVES})" if PLOT_CURVES in plots
               else f"{MISSING} no job wrote history.csv."]
-    lines += ["", *_samples_section(jobs)]
-    lines += ["Files: `results.csv` (every number above, full precision), the PNGs beside this report, "
-              "and each job's folder (summary.json, history.csv, samples.json, checkpoints)."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _best_section(jobs: list[JobResult]) -> list[str]:
@@ -292,7 +302,8 @@ def build_report(sweep_dir) -> Report:
     plots = {}
     for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves), (PLOT_LADDER, plot_ladder),
                        (PLOT_CONTEXT, plot_context_curve), (PLOT_MODES, plot_modes_over_training),
-                       (PLOT_GRID, lambda jobs, path: plot_training_grid(jobs, path, _figure, _save))):
+                       (PLOT_GRID, lambda jobs, path: plot_training_grid(jobs, path, _figure, _save)),
+                       (PLOT_CLASSES, plot_classes), (PLOT_RECALL, plot_recall), (PLOT_TEXT, plot_text)):
         if (written := plot(jobs, sweep_dir / name)) is not None:
             plots[name] = written
         elif (sweep_dir / name).exists():

@@ -41,6 +41,18 @@ class JobResult:
         """Its label in the report: the name, marked when trained with the state carried."""
         return f"{self.name} (streams)" if self.training_mode == "streams" else self.name
 
+    @property
+    def training_window(self) -> int | None:
+        """The tokens of a training window (summary.json's mode_evaluation.seq_len), None when unknown."""
+        seq_len = (self.values.get("mode_evaluation") or {}).get("seq_len")
+        return seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None
+
+    @property
+    def training(self) -> str:
+        """Its training mode and window, "windows (512)"; the mode alone when the window is unknown."""
+        window = self.training_window
+        return self.training_mode if window is None else f"{self.training_mode} ({window})"
+
     def best(self, key: str) -> float | None:
         """A finite number of the best checkpoint (summary["best"]; key "step" for its step), else None."""
         best = self.values.get("best")
@@ -156,6 +168,14 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
         raise NoResultsError(f"no results in {sweep_dir}: {found}. Give the folder of a sweep "
                              f"(python sweep.py ..., or python train.py -m ...) whose jobs have finished.")
     return jobs, overrides
+
+
+def run_label(job: JobResult, jobs: list[JobResult]) -> str:
+    """The job's heading in a section per run: its label (JobResult.model), with its training mode and
+    window where another job of the sweep has the same label ("astra_alpha, windows (512)")."""
+    if sum(other.model == job.model for other in jobs) < 2:
+        return job.model
+    return f"{job.name}, {job.training}"
 
 
 # --- the ladder: models of several families side by side ----------------------------------

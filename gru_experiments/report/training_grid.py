@@ -16,12 +16,26 @@ PLOT_GRID = "training_grid.png"
 
 
 def grid_models(jobs) -> dict[str, dict]:
-    """{model name: {training mode: job}} for the completed models trained in more than one mode."""
-    by_model: dict[str, dict] = {}
+    """{model name: {training: job}} for the completed models trained in more than one mode. The training
+    is the mode ("windows", "streams"), with its window ("windows (512)") where the model was trained in one
+    mode at two windows."""
+    by_model: dict[str, list] = {}
     for job in jobs:
         if job.status == "completed":
-            by_model.setdefault(job.name, {})[job.training_mode] = job
-    return {name: modes for name, modes in by_model.items() if len(modes) > 1}
+            by_model.setdefault(job.name, []).append(job)
+    grid = {}
+    for name, runs in by_model.items():
+        modes = [job.training_mode for job in runs]
+        if len(set(modes)) < 2:
+            continue
+        windowed = len(set(modes)) < len(modes)  # a mode twice: tell its runs apart by their windows
+        ordered = sorted(runs, key=lambda job: (_rank(job.training_mode), job.training_window or 0))
+        grid[name] = {job.training if windowed else job.training_mode: job for job in ordered}
+    return grid
+
+
+def _rank(mode: str) -> int:
+    return TRAINING_MODES.index(mode) if mode in TRAINING_MODES else len(TRAINING_MODES)
 
 
 def _settings(job) -> str:
@@ -42,8 +56,7 @@ def grid_section(jobs, plots: dict[str, Path], format_duration) -> list[str]:
              "| model | training | stateful | windowed | stateless | stateful - windowed | training time |",
              "|---|---|--:|--:|--:|--:|--:|"]
     for name, modes in grid.items():
-        for mode in sorted(modes, key=lambda m: TRAINING_MODES.index(m) if m in TRAINING_MODES else 99):
-            job = modes[mode]
+        for mode, job in modes.items():
             cells = [f"{job.number(f'{m}_bpc'):.4f}" if job.number(f"{m}_bpc") is not None else "—"
                      for m in GRID_MODES]
             gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
@@ -65,7 +78,7 @@ def plot_training_grid(jobs, path: Path, figure, save) -> Path | None:
     plt = figure()
     fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
     for ax, (name, modes) in zip(axes[0], grid.items()):
-        order = [m for m in TRAINING_MODES if m in modes] + [m for m in modes if m not in TRAINING_MODES]
+        order = list(modes)  # grid_models' order: windows, then streams, each by its window
         width = 0.8 / len(order)
         for i, mode in enumerate(order):
             values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in GRID_MODES]

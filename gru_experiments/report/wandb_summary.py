@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from gru_experiments.report.report import COLUMNS
+from gru_experiments.report.report import COLUMNS, DERIVED
 from gru_experiments.report.sweep_folder import JobResult, Report
 from gru_experiments.study.evaluation import FIGURES
 
@@ -33,6 +33,7 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
     try:
         columns = [key for key in COLUMNS if key not in ("error", "run_dir")]
         data = [[job.status if key == "status" else job.job if key == "job" else
+                 DERIVED[key](job) if key in DERIVED else
                  (job.number(key) if key not in ("model", "training_mode", "family", "tokenizer")
                   else job.values.get(key))
                  for key in columns] for job in report.jobs]

@@ -88,6 +88,7 @@ def validate(cfg) -> None:
     check_rules(cfg, TRAIN_RULES)
     check_rules(cfg, EVALUATION_RULES)
     check_model(cfg)
+    check_probe(cfg)
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
     precision = select(cfg, "trainer.precision")
@@ -100,6 +101,21 @@ def validate(cfg) -> None:
         from gru_experiments.runs.loggers import wandb_mode
 
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
+
+
+def check_probe(cfg) -> None:
+    """The probe group: none (or absent: a config from before it), or recall with valid settings
+    (data/recall_probe.PROBE_RULES) and the char tokenizer it plants in."""
+    name = select(cfg, "probe.name")
+    if name is MISSING or name == "none":
+        return
+    if name != "recall":
+        raise UserError(f"invalid probe.name={name!r}: must be none or recall")
+    from gru_experiments.data.recall_probe import NEEDS_CHAR, PROBE_RULES  # imports torch: only for a probe
+
+    if select(cfg, "tokenizer.kind") != "char":
+        raise UserError(NEEDS_CHAR)
+    check_rules(cfg, PROBE_RULES)
 
 
 def check_model(cfg) -> None:

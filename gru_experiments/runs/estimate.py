@@ -16,8 +16,9 @@ import time
 
 from lightning.pytorch.callbacks import Callback
 
-from gru_experiments.study.evaluation import plan_for
+from gru_experiments.study.evaluation import evaluation_window, plan_for
 from gru_experiments.study.scores import Split
+from gru_experiments.study.text_protocol import text_demand, text_settings
 
 # Forward tokens/s of the evaluation (windows in big batches) over the training tokens/s (forward,
 # backward, AdamW), measured side by side on the 2-core AMD EPYC, one thread: Astra-alpha 2.9x,
@@ -27,17 +28,21 @@ EVAL_FORWARD_SPEEDUP = 1.5
 
 
 def evaluation_forward_tokens(model, n_targets: int, seq_len: int, settings, training_tokens: int,
-                              best: bool = True) -> int:
-    """Forward tokens of the end-of-run evaluation: the final weights' plan and (best) the best
-    checkpoint's (without the curve)."""
-    tokens = plan_for(model, n_targets, seq_len, settings, training_tokens).forward_tokens
+                              best: bool = True, text=None) -> int:
+    """Forward tokens of the end-of-run evaluation: the final weights' plan (with the text statistics'
+    samples when `text`, a plan.TextDemand, asks for them) and (best) the best checkpoint's (without the
+    curve)."""
+    tokens = plan_for(model, n_targets, seq_len, settings, training_tokens, text=text).forward_tokens
     if best:
         tokens += plan_for(model, n_targets, seq_len, settings, training_tokens, curve=False).forward_tokens
     return tokens
 
 
-def validation_forward_tokens(model, n_targets: int, seq_len: int, settings, epoch_tokens: int) -> int:
-    """Forward tokens of one validation: the chunked pass (val_loss) and the modes' plan (runs/modes.py)."""
+def validation_forward_tokens(model, n_targets: int, seq_len: int, settings, epoch_tokens: int, modes=None) -> int:
+    """Forward tokens of one validation: the chunked pass (val_loss) and the modes' plan (runs/modes.py:
+    `modes`'s own when given)."""
+    if modes is not None:
+        return n_targets + modes.plan(model).forward_tokens
     modes = plan_for(model, n_targets, seq_len, settings, epoch_tokens, windowed=False, bigram=False, curve=False)
     return n_targets + modes.forward_tokens
 
@@ -55,8 +60,10 @@ class CostEstimate(Callback):
     """Prints the run's estimated time once, after its first training steps: when `min_steps`
     steps after the first (which warms up) are timed, or a step or more took `min_seconds`."""
 
-    def __init__(self, val: Split, cfg, *, model=None, min_steps: int = 10, min_seconds: float = 20.0):
-        self.val_targets, self.settings = val.n_targets, cfg.evaluation
+    def __init__(self, val: Split, cfg, *, model=None, tokenizer=None, modes=None, min_steps: int = 10,
+                 min_seconds: float = 20.0):
+        self.val, self.val_targets, self.settings = val, val.n_targets, cfg.evaluation
+        self.tokenizer, self.modes, self.seed = tokenizer, modes, int(cfg.get("seed", 0))
         self.seq_len, self.batch_size, self.steps_per_epoch = (cfg.data.seq_len, cfg.data.batch_size,
                                                                cfg.data.steps_per_epoch)
         self.model, self.min_steps, self.min_seconds = model, min_steps, min_seconds
@@ -87,10 +94,13 @@ class CostEstimate(Callback):
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         model = self.model if self.model is not None else trainer.lightning_module.model
+        window = evaluation_window(self.settings, self.seq_len)
+        text = self.tokenizer is not None and text_settings(self.settings, window, self.seed)
         evaluation = evaluation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
-                                               int(total_steps) * tokens_per_step)
+                                               int(total_steps) * tokens_per_step,
+                                               text=text and text_demand(model, self.tokenizer, self.val, text))
         validation = validation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
-                                               self.steps_per_epoch * tokens_per_step)
+                                               self.steps_per_epoch * tokens_per_step, self.modes)
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
                     "validation_seconds": epochs * validation * forward_seconds,

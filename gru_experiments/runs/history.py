@@ -10,6 +10,8 @@ reader for. One row per measurement, long format, appended as training goes:
     10,0,val/bpc,4.6246
     10,0,val/stateful_bpc,4.6001   (the inference modes at every validation: the whole split,
     10,0,val/stateless_bpc,4.7712   the state carried, and each target from its previous token)
+    10,0,val/stateful_word_validity,0.41   (the share of the words of a short stateful and a short
+    10,0,val/stateless_word_validity,0.18   stateless sample found in the training split: runs/modes.py)
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 FIELDS = ["step", "epoch", "metric", "value"]
-VAL_METRICS = ("val/loss", "val/bpc", "val/stateful_bpc", "val/stateless_bpc")
+VAL_METRICS = ("val/loss", "val/bpc", "val/stateful_bpc", "val/stateless_bpc", "val/stateful_word_validity",
+               "val/stateless_word_validity")
 
 
 class MetricsHistory(Callback):

@@ -22,6 +22,7 @@ from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write, write_json
 from gru_experiments.runs.run_dir import RunDir, display_path
+from gru_experiments.runs.scoring import classes_of
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.evaluation import evaluate as evaluate_modes
 from gru_experiments.study.evaluation import evaluation_window, plan_for
@@ -39,6 +40,8 @@ from gru_experiments.study.text_protocol import (
     TextSettings,
     format_text_statistics,
     measure_text,
+    text_demand,
+    text_settings,
     validate_text_settings,
 )
 from gru_experiments.validation import Rule, check_rules
@@ -199,8 +202,12 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
     summary = (run.summary() if run else None) or {}
     val = Split.of(val_ids, tokenizer)
     started = time.perf_counter()
-    plan = plan_for(model, val.n_targets, int(data_cfg.seq_len), cfg.evaluation, summary.get("train_tokens"))
-    evaluation = evaluate_modes(model, train_ids, val, plan, progress=Progress())
+    # The run's plan, its text statistics' samples included (not drawn here: stats=true draws them all).
+    text = text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, int(data_cfg.seq_len)), int(cfg.seed))
+    plan = plan_for(model, val.n_targets, int(data_cfg.seq_len), cfg.evaluation, summary.get("train_tokens"),
+                    text=text and text_demand(model, tokenizer, val, text))
+    evaluation = evaluate_modes(model, train_ids, val, plan, progress=Progress(),
+                                classes=classes_of(val, tokenizer, plan))
     print(f"{display_path(source)}: {evaluation.describe()}")
     result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": evaluation.settings,
               **evaluation.metrics(), "context_curve": evaluation.curve, "seconds": time.perf_counter() - started}
@@ -210,28 +217,30 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
 
 
 # --- stats=true: the text statistics --------------------------------------------------------------------
-def text_settings(cfg: DictConfig) -> dict:
-    """sample.py's stats_* keys that are set, as text_protocol's settings (samples, chars, drift_chars)."""
-    return {key: cfg[f"stats_{key}"] for key in ("samples", "chars", "drift_chars") if f"stats_{key}" in cfg}
-
-
 def validate_stats(cfg: DictConfig) -> None:
-    """A one-line UserError for a bad stats, stats_samples, stats_chars or stats_drift_chars."""
+    """A one-line UserError for a bad stats, evaluation.text_samples, text_chars or text_drift_chars."""
     check_rules(cfg, [Rule("stats", lambda v: isinstance(v, bool), "true or false", may_be_absent=True)])
-    validate_text_settings(text_settings(cfg), prefix="stats_")
+    validate_text_settings(cfg.evaluation)
+    if cfg.get("stats") and not cfg.evaluation.get("text_samples", TextSettings.samples):
+        raise UserError("stats=true measures evaluation.text_samples samples per setting, which is 0: "
+                        "give an integer >= 1")
+
+
+def stats_settings(cfg: DictConfig, seq_len: int) -> TextSettings:
+    """The text statistics' settings: the evaluation group's, windowed at evaluation.window (null: seq_len)."""
+    return text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, seq_len), int(cfg.seed))
 
 
 def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:
     """The reference is slices of the validation split as long as the samples (and as the drift's stretches)."""
-    settings, n = text_settings(cfg), len(splits.val_text)
-    chars, drift = settings.get("chars", TextSettings.chars), settings.get("drift_chars", TextSettings.drift_chars)
+    settings, n = stats_settings(cfg, 1), len(splits.val_text)
     where = f"the validation split of {display_path(splits.source)} has {n:,} characters"
-    if chars > n:
-        raise UserError(f"invalid stats_chars={chars}: the reference is slices of the validation split as long as "
-                        f"the samples, and {where}")
-    if drift and TextSettings.stretch_chars > n:
-        raise UserError(f"the drift's reference is slices of {TextSettings.stretch_chars} characters, and {where}; "
-                        "turn the drift off with stats_drift_chars=0")
+    if settings.chars > n:
+        raise UserError(f"invalid evaluation.text_chars={settings.chars}: the reference is slices of the validation "
+                        f"split as long as the samples, and {where}")
+    if settings.drift_chars and settings.stretch_chars > n:
+        raise UserError(f"the drift's reference is slices of {settings.stretch_chars} characters, and {where}; "
+                        "turn the drift off with evaluation.text_drift_chars=0")
 
 
 def measure_run_text(cfg: DictConfig, model, tokenizer, splits: Splits, seq_len: int, checkpoint: Path) -> dict:
@@ -241,10 +250,8 @@ def measure_run_text(cfg: DictConfig, model, tokenizer, splits: Splits, seq_len:
     kept in paths.data_dir (TrainingIndex.cached)."""
     started = time.perf_counter()
     index = TrainingIndex.cached(splits.train_text, Path(cfg.paths.data_dir))
-    window = evaluation_window(cfg.evaluation, seq_len)
-    settings = TextSettings(window=window, seed=int(cfg.seed), **text_settings(cfg))
-    record = measure_text(model, tokenizer, index, splits.val_text, settings, val_ids=splits.val_ids,
-                          progress=Progress(prefix="text statistics"))
+    record = measure_text(model, tokenizer, index, splits.val_text, stats_settings(cfg, seq_len),
+                          val_ids=splits.val_ids, progress=Progress(prefix="text statistics"))
     record = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(splits.source), **record,
               "seconds": time.perf_counter() - started}
     print(format_text_statistics(record))

@@ -5,6 +5,7 @@ the seeded samples side by side; printed, and handed to the loggers (docs/evalua
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -12,7 +13,7 @@ from gru_experiments.runs.checkpoints import read_checkpoint
 from gru_experiments.runs.loggers import is_wandb
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import Evaluation, evaluate, plan_for
+from gru_experiments.study.evaluation import Evaluation, evaluate, evaluation_window, plan_for
 from gru_experiments.study.inference import (
     MODES,
     STUDY_PROMPTS,
@@ -22,31 +23,79 @@ from gru_experiments.study.inference import (
     tokens_for_chars,
 )
 from gru_experiments.study.progress import NO_PROGRESS, Progress
+from gru_experiments.study.recall import format_recall, score_recall
 from gru_experiments.study.scores import Split, score_chunks
+from gru_experiments.study.target_classes import TargetClasses, split_classes
+from gru_experiments.study.text_index import TrainingIndex
+from gru_experiments.study.text_protocol import (
+    TextSettings,
+    format_text_statistics,
+    measure_text,
+    settings_for,
+    text_demand,
+    text_settings,
+)
 
 
-def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer) -> dict:
+def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None) -> dict:
     """Adds every figure of the final weights and of the best checkpoint to `summary` (with
-    `eval_seconds`), logs them, and returns the samples. A bar per pass (trainer.enable_progress_bar)."""
+    `eval_seconds`), logs them, and returns the samples (with the texts the text statistics measured).
+    A bar per pass (trainer.enable_progress_bar)."""
     started = time.perf_counter()
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
-    plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"])
-    evaluation = evaluate(model, train_ids, val, plan, progress=progress)
+    text = run_text_settings(cfg)
+    plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
+                    text=text and text_demand(model, tokenizer, val, text))
+    evaluation = evaluate(model, train_ids, val, plan, progress=progress, classes=classes_of(val, tokenizer, plan))
     summary |= evaluation.metrics() | {"mode_evaluation": evaluation.settings, "context_curve": evaluation.curve,
                                        "eval_whole_split": plan.exact}
+    measured = plan.text and measure_run_text(cfg, model, tokenizer, train_ids, val, settings_for(text, plan.text),
+                                              Progress(progress.enabled, "text statistics"))
+    if probe is not None:  # the planted-recall control (data/recall_probe.py)
+        summary["recall"] = score_recall(model, probe.validation, seq_len=cfg.data.seq_len, window=plan.window,
+                                         keys=probe.settings.keys)
     summary["best"] = score_best(cfg, summary, train_ids, val, model.device,
                                  Progress(progress.enabled, "evaluation, best checkpoint"))
     prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
     samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(
         cfg.evaluation.sample_chars, val), decoding=Decoding(temperature=cfg.evaluation.sample_temperature),
         seed=cfg.seed)
+    if measured:
+        summary["text"] = {key: value for key, value in measured.items() if key != "texts"}
+        samples["text"] = measured["texts"]
     summary["eval_seconds"] = time.perf_counter() - started
     print(describe(evaluation, summary))
+    if measured:
+        print(format_text_statistics(measured))
+    if probe is not None:
+        print(format_recall(summary["recall"]))
     for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
         print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
     if logger:
         log_evaluation(logger, evaluation, summary, samples)
     return samples
+
+
+def classes_of(val: Split, tokenizer, plan) -> TargetClasses:
+    """The kinds of target of the validation split, for the curve by class (study/target_classes.py)."""
+    longest = max((f.context for f in plan.figures if f.name.startswith("curve ")), default=None)
+    return split_classes(val.ids.cpu(), tokenizer, plan.window, longest)
+
+
+def run_text_settings(cfg: DictConfig) -> TextSettings | None:
+    """The text statistics a run's evaluation asks for (None: evaluation.text_samples is 0)."""
+    return text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, cfg.data.seq_len), int(cfg.seed))
+
+
+def measure_run_text(cfg: DictConfig, model, tokenizer, train_ids, val: Split, settings: TextSettings,
+                     progress) -> dict:
+    """The text statistics of the final weights (study/text_protocol.py), as the plan cut them, with
+    their seconds; the training split's index counted once per corpus (TrainingIndex.cached)."""
+    started = time.perf_counter()
+    index = TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
+    measured = measure_text(model, tokenizer, index, tokenizer.decode(val.ids.tolist()), settings,
+                            val_ids=val.ids, progress=progress)
+    return measured | {"seconds": time.perf_counter() - started}
 
 
 def describe(evaluation: Evaluation, summary: dict) -> str:
@@ -90,6 +139,10 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
     logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(evaluation.curve)}, step=step)
     logger.log_metrics({f"best/{k}": v for k, v in summary["best"].items() if isinstance(v, (int, float))
                         and not isinstance(v, bool)}, step=step)
+    text = summary.get("text") or {"modes": {}}
+    logger.log_metrics({f"text/{mode}/{decoder}/{name}": figure["value"] for mode, by_decoder in text["modes"].items()
+                        for decoder, figures in by_decoder.items() for name, figure in figures.items()
+                        if figure["value"] is not None}, step=step)
     if is_wandb(logger):
         if evaluation.curve:
             log_curve_to_wandb(logger, evaluation.curve, summary["model"])

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import prepare_corpus
+from gru_experiments.data.recall_probe import ProbeSettings
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
@@ -73,7 +74,7 @@ def train(cfg: DictConfig) -> dict:
         # Every DDP rank holds the same weights; only rank zero scores and writes.
         if run.trainer.is_global_zero:
             samples = score_run(run.cfg, run.task.model, run.data.train_ids, run.val, summary, run.logger,
-                                run.task.tokenizer)
+                                run.task.tokenizer, run.corpus.probe)
             write(run, summary, samples, current)
         return summary
 
@@ -83,7 +84,8 @@ def prepare(cfg: DictConfig) -> Run:
     validate(cfg)  # bad values fail here, before any work
     resume = resume_point(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
+    corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers",
+                            probe=ProbeSettings.from_config(cfg.get("probe")), seed=cfg.seed)
     tokenizer = corpus.tokenizer
     recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
     task = LanguageModelTask(
@@ -96,7 +98,8 @@ def prepare(cfg: DictConfig) -> Run:
     data = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
                             cfg.data.seq_len, cfg.data.steps_per_epoch, seed=cfg.seed,
                             eval_batch_size=cfg.data.eval_batch_size,
-                            batching=batching if model.trainable else "windows")  # counted: no batches
+                            batching=batching if model.trainable else "windows",  # counted: no batches
+                            probe=corpus.probe)
     if model.context is not None and data.train_ids.numel() < model.context + 1:
         raise UserError(f"the training split has {data.train_ids.numel()} tokens, fewer than one context "
                         f"of {cfg.model.name} ({model.context} tokens and the one they predict); use a longer "
@@ -138,9 +141,11 @@ def fit_or_count(run: Run, current) -> None:
     if run.logger and resume is None and run.parameters is not None:
         run.logger.log_metrics({"parameters": run.parameters})
     epoch_tokens = cfg.data.steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
-    callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file),
-                 ModesOverTraining(run.val, cfg.data.seq_len, cfg.evaluation, epoch_tokens),
-                 CostEstimate(run.val, cfg, model=task.model)]
+    tokenizer = run.corpus.tokenizer
+    modes = ModesOverTraining(run.val, cfg.data.seq_len, cfg.evaluation, epoch_tokens, tokenizer,
+                              tokenizer.decode(run.corpus.train_ids.tolist()), cfg.seed)
+    callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
+                 CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes)]
     run.trainer = instantiate(cfg.trainer, logger=run.logger, plugins=[checkpoint_io], callbacks=callbacks)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
@@ -185,6 +190,7 @@ def summarize(run: Run, current) -> dict:
         "parameters": run.parameters,
         "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
         "training_mode": run.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
+        "probe": "recall" if run.corpus.probe is not None else None,  # probe=recall: pairs planted in training
         "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,
         "val_bpc": val.bpc,

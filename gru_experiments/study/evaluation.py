@@ -9,8 +9,19 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from gru_experiments.study.class_curve import curve_by_class
 from gru_experiments.study.context_curve import CurvePoint, curve_record, format_curve
-from gru_experiments.study.plan import BIGRAM, STATE_GAIN, STATEFUL, STATELESS, WINDOWED, Pass, Plan, plan_evaluation
+from gru_experiments.study.plan import (
+    BIGRAM,
+    STATE_GAIN,
+    STATEFUL,
+    STATELESS,
+    TEXT,
+    WINDOWED,
+    Pass,
+    Plan,
+    plan_evaluation,
+)
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.scores import (
     Score,
@@ -22,6 +33,7 @@ from gru_experiments.study.scores import (
     score_stateful,
     score_stateless,
 )
+from gru_experiments.study.target_classes import TargetClasses
 
 # What an evaluation reports per mode: each inference mode, the bigram.
 FIGURES = (STATEFUL, STATELESS, WINDOWED, BIGRAM)
@@ -94,8 +106,11 @@ def evaluation_window(settings, seq_len: int) -> int:
     return int(settings.get("window") or seq_len)
 
 
-def evaluate(model, train_ids: Tensor, val: Split, plan: Plan, progress=NO_PROGRESS) -> Evaluation:
-    """Every pass of `plan`, then its figures. `progress`: a bar per pass (progress.py)."""
+def evaluate(model, train_ids: Tensor, val: Split, plan: Plan, progress=NO_PROGRESS,
+             classes: TargetClasses | None = None) -> Evaluation:
+    """Every pass of `plan`, then its figures. `progress`: a bar per pass (progress.py). With `classes`
+    (target_classes.py) and a curve, the curve and stateful - windowed by kind of target too
+    (curve["by_class"])."""
     val = val.to(model.device)
     results = [run_pass(model, train_ids, val, p, progress) for p in plan.passes]
     scores, curve_scores = {}, {}
@@ -107,6 +122,8 @@ def evaluate(model, train_ids: Tensor, val: Split, plan: Plan, progress=NO_PROGR
             curve_scores[figure.context] = _curve_point(figure, results, curve_scores, plan, val)
     curve = curve_record(plan, curve_scores, scores[STATEFUL]) if curve_scores else None
     gain = paired_difference(scores[STATEFUL], scores[WINDOWED], val) if plan.figure(STATE_GAIN) else None
+    if classes is not None and curve is not None and gain is not None:
+        curve["by_class"] = curve_by_class(plan, results, scores, classes, val)
     return Evaluation(plan, scores, curve, gain)
 
 
@@ -121,6 +138,8 @@ def _score_at(result: dict, context):
 def run_pass(model, train_ids: Tensor, val: Split, p: Pass, progress=NO_PROGRESS) -> dict:
     """{context: Score} of one pass (context None: the pass's one figure)."""
     n, keep = val.n_targets, p.keep_after is not None
+    if p.kind == TEXT:  # the text statistics' samples: drawn by the caller (runs/scoring.py), as the plan cut them
+        return {}
     if p.kind == "vocabulary":
         return {None: score_stateless(model, val)}
     if p.kind == "count":

@@ -15,7 +15,9 @@ windows give (a window per target), the curve's own points, the points past the 
 Each is exact when its exact cost fits in what the budget has left; else it scores a systematic
 sample, the smallest within its share (what is left divided among it and the passes after it): every
 k-th target, or for a recurrent model's stateful figure every k-th stream, whole (its state needs
-the stream's history). budget None: everything exact.
+the stream's history). budget None: everything exact. The text statistics' samples (a TextDemand)
+come after the windowed figure, before the curve's own passes: every k-th sample, two at the least,
+the drift only when exact; left out when even two samples do not fit their share.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-STATEFUL, STATELESS, WINDOWED, BIGRAM = "stateful", "stateless", "windowed", "bigram"
+STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT = "stateful", "stateless", "windowed", "bigram", "text"
 STATE_GAIN = "state_gain"  # stateful - windowed, paired target by target
 ONE_PASS_CHUNK = 1 << 12  # a one-stream pass runs the split in chunks of this many tokens (scores.score_in_one_pass)
 
@@ -36,7 +38,7 @@ class Pass:
     (one stream, the state carried: a finite-context model's whole context), windows (every target
     from its own window of `window` tokens, from the initial state, which also gives every shorter
     context in `contexts`), vocabulary (the stateless table) or count (the bigram's counting)."""
-    kind: str
+    kind: str  # or text (the text statistics' samples: `targets` of them, `drift` long generations)
     window: int = 0
     contexts: tuple[int, ...] = ()
     stride: int = 1
@@ -46,6 +48,21 @@ class Pass:
     targets: int = 0  # targets scored (windows: at its longest context)
     forward_tokens: int = 0
     targets_by_context: tuple[int, ...] = ()  # windows: the targets of each of `contexts`
+    drift: int = 0  # text: the long generations measured stretch by stretch
+
+
+@dataclass(frozen=True)
+class TextDemand:
+    """What the text statistics ask (study/text_protocol.py): `samples` per mode x decoder and `drift`
+    long generations; `cost(samples, drift)`: the forward tokens of drawing them."""
+    samples: int
+    drift: int
+    cost: object
+
+    def make(self, stride: int) -> list[Pass]:
+        """Every stride-th sample (one at the least); the drift only when exact."""
+        samples, drift = -(-self.samples // stride), self.drift if stride == 1 else 0
+        return [Pass(TEXT, targets=samples, drift=drift, forward_tokens=self.cost(samples, drift))]
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,12 @@ class Plan:
     @property
     def exact(self) -> bool:
         """Every figure scores every target of the split."""
-        return all(f.targets == self.split_targets for f in self.figures if f.name != STATE_GAIN)
+        return all(f.targets == self.split_targets for f in self.figures if f.name not in (STATE_GAIN, TEXT))
+
+    @property
+    def text(self) -> Pass | None:
+        """The text statistics' pass, when planned."""
+        return next((p for p in self.passes if p.kind == TEXT), None)
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
@@ -167,6 +189,7 @@ class _Unit:
     figures: object
     fixed: bool
     most: int | None = None  # the largest stride (None: half the targets, two of them at the least)
+    optional: bool = False  # left out (no passes) when even its largest stride does not fit its share
     passes: list[Pass] = field(default_factory=list)
 
     def cost(self, stride: int) -> int:
@@ -180,6 +203,8 @@ def _smallest_stride(unit: _Unit, share: float, n: int) -> int:
     stride = max(1, min(most, math.ceil(unit.cost(1) / max(share, 1))))
     while stride < most and unit.cost(stride) > share:
         stride += 1
+    while stride > 1 and unit.cost(stride - 1) <= share:  # a cost that falls faster than 1/stride (the text's)
+        stride -= 1
     return stride
 
 
@@ -190,7 +215,11 @@ def allocate(units: list[_Unit], budget: int | None, n: int) -> None:
     for u in units:
         stride = 1
         if not u.fixed and left is not None and u.cost(1) > left:
-            stride = _smallest_stride(u, left / (len(flexible) - flexible.index(u)), n)
+            share = left / (len(flexible) - flexible.index(u))
+            stride = _smallest_stride(u, share, n)
+            if u.optional and u.cost(stride) > share:
+                u.passes = []
+                continue
         u.passes = list(u.make(stride))
         if left is not None and not u.fixed:
             left -= u.cost(stride)
@@ -209,13 +238,18 @@ def _figure(name: str, context, cost: int, passes, at: int, index: int, forward:
 
 def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, budget: int | None,
                     windowed: bool = True, bigram: bool = True, curve: bool = True,
-                    curve_longest: int | None = None) -> Plan:
+                    curve_longest: int | None = None, text: TextDemand | None = None) -> Plan:
     """The plan of an evaluation on a split of `n` targets: stateful and stateless always; the windowed
     figure at `window` and the bigram when asked; with `curve`, the context curve up to seq_len and on
-    to curve_longest, and stateful - windowed paired (the end-of-run evaluation)."""
+    to curve_longest, and stateful - windowed paired (the end-of-run evaluation); the text statistics'
+    samples when `text` asks for them (after the modes' figures, before the curve's own passes)."""
     shape = _Shape(model, n, seq_len, window, streams, windowed, curve,
                    *(curve_lengths(model.context, seq_len, curve_longest, n) if curve else ([], [])))
     units = shape.units(bigram)
+    if text is not None:
+        at = next((i + 1 for i, u in enumerate(units) if u.make == shape.windowed_passes), len(units))
+        units.insert(at, _Unit(text.make, lambda ps, i: [_figure(TEXT, None, 0, ps, None, i)] if ps else [],
+                               False, max(1, text.samples // 2), optional=True))
     allocate(units, budget, n)
     passes, figures = [], []
     for u in units:
@@ -301,7 +335,7 @@ class _Shape:
         if self.windowed:
             units.append(_Unit(self.windowed_passes, self.windowed_figures, self.whole_window and cost == 1))
         if self.short and not self.shares:
-            units.append(_Unit(lambda s: [windows_pass(model, n, max(self.short), self.short, s)],
+            units.append(_Unit(lambda s: [windows_pass(model, n, max(self.short), self.short, s, keep=self.curve)],
                                self.short_figures, False))
         if self.whole and not (self.windowed and self.whole_window):
             units.append(_Unit(self.whole_context, lambda ps, i: [_figure(f"curve {w}", w, cost, ps, None, i)
@@ -313,7 +347,7 @@ class _Shape:
 
 def _order(f: Figure) -> tuple:
     """Modes first (stateful, stateless, windowed, bigram), then the curve by context, then the gain."""
-    names = (STATEFUL, STATELESS, WINDOWED, BIGRAM)
+    names = (STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT)
     if f.name in names:
         return (0, names.index(f.name))
     return (1, f.context) if f.name.startswith("curve ") else (2, 0)

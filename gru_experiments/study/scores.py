@@ -339,3 +339,13 @@ def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets:
     total = total.of(split.n_targets)
     positions = torch.arange(1, ids.numel(), device=ids.device)
     return total.with_targets([positions], nll) if targets and nll else total
+
+
+def score_subset(score: Score, keep: Tensor, split: Split) -> Score:
+    """The part of a Score that kept its targets (Score.positions) on the targets `keep` marks (a bool
+    mask over the split's tokens): e.g. one kind of target (target_classes.py). Its bpc_se is the
+    standard error of the subset's mean; its population, the split's targets that `keep` marks."""
+    chosen = keep.to(score.positions.device)[score.positions]
+    positions, nll = score.positions[chosen], score.target_nll[chosen]
+    subset = _score_nll(nll, split.ids[positions], split.char_lengths)
+    return replace(subset, positions=positions, target_nll=nll, population=int(keep[1:].sum()))

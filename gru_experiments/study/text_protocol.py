@@ -35,7 +35,7 @@ record's settings hold the forward tokens of each mode and in all.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -47,14 +47,17 @@ from gru_experiments.study.inference import (
     spellable_prompts,
     tokens_for_chars,
 )
+from gru_experiments.study.plan import Pass, TextDemand
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
 from gru_experiments.study.text_stats import (
     STATISTICS,
     floor_and_ceiling_texts,
+    mean_and_se,
     reference_slices,
     text_statistics,
+    word_validity,
 )
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int
 
@@ -96,17 +99,29 @@ class TextSettings:
 
 
 def text_rules(stretch_chars: int = STRETCH_CHARS) -> list[Rule]:
-    """The rules of the settings a user gives (sample.py's stats_samples, stats_chars, stats_drift_chars,
-    checked with prefix "stats_")."""
-    return [Rule("samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
-            Rule("chars", int_at_least(SPAN), f"an integer >= {SPAN} (copy_32's span)", may_be_absent=True),
-            Rule("drift_chars", lambda v: is_int(v) and (v == 0 or v >= stretch_chars),
+    """The rules of the evaluation group's text_samples (0: no text statistics), text_chars and
+    text_drift_chars (checked with prefix "evaluation.")."""
+    return [Rule("text_samples", lambda v: is_int(v) and v >= 0, "an integer >= 0 (0: no text statistics)",
+                 may_be_absent=True),
+            Rule("text_chars", int_at_least(SPAN), f"an integer >= {SPAN} (copy_32's span)", may_be_absent=True),
+            Rule("text_drift_chars", lambda v: is_int(v) and (v == 0 or v >= stretch_chars),
                  f"0 (no drift) or an integer >= {stretch_chars} (one stretch)", may_be_absent=True)]
 
 
-def validate_text_settings(settings, prefix: str = "") -> None:
-    """A one-line UserError for a bad samples, chars or drift_chars (validation.check_rules)."""
+def validate_text_settings(settings, prefix: str = "evaluation.") -> None:
+    """A one-line UserError for a bad text_samples, text_chars or text_drift_chars (validation.check_rules)."""
     check_rules(settings, text_rules(), prefix)
+
+
+def text_settings(evaluation, window: int, seed: int) -> TextSettings | None:
+    """The TextSettings of an `evaluation` config group (text_samples, text_chars, text_drift_chars;
+    conf/evaluation/default.yaml), the windowed mode at `window`; None when text_samples is 0."""
+    samples = evaluation.get("text_samples", TextSettings.samples)
+    if not samples:
+        return None
+    return TextSettings(window=window, samples=int(samples), seed=int(seed),
+                        chars=int(evaluation.get("text_chars", TextSettings.chars)),
+                        drift_chars=int(evaluation.get("text_drift_chars", TextSettings.drift_chars)))
 
 
 def share_samples(n: int, prompts) -> list[tuple[str, int]]:
@@ -170,6 +185,35 @@ def drift_stretches(texts: list[str], stretch: int, index: TrainingIndex, refere
     return out
 
 
+def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draws]:
+    """How the samples and the drift's generations are drawn (the same in measure_text and its cost)."""
+    prompts = spellable_prompts(tokenizer, s.prompts, val.ids)
+    window = min(s.window, model.context) if getattr(model, "context", None) else s.window
+    main = _Draws(model, tokenizer, share_samples(s.samples, prompts), tokens_for_chars(s.chars, val), window, s.seed)
+    drift = _Draws(model, tokenizer, share_samples(max(s.drift_samples, 1), prompts),
+                   tokens_for_chars(s.drift_chars, val) if s.drift_chars else 0, window, s.seed)
+    return main, drift
+
+
+def _drifts(s: TextSettings) -> int:
+    return s.drift_samples if s.drift_chars else 0
+
+
+def text_demand(model, tokenizer, val: Split, settings: TextSettings) -> TextDemand:
+    """What measure_text would draw and its forward tokens, for the evaluation's plan (plan.py): the
+    plan may cut the samples (every k-th) and drop the drift to fit the budget (`settings_for`)."""
+    def cost(samples: int, drift: int) -> int:
+        main, long = _draws(model, tokenizer, val, replace(settings, samples=samples, drift_samples=max(drift, 1)))
+        return (len(DECODERS) * sum(main.cost(mode) for mode in TEXT_MODES)
+                + (sum(long.cost(mode) for mode in DRIFT_MODES) if drift else 0))
+    return TextDemand(settings.samples, _drifts(settings), cost)
+
+
+def settings_for(settings: TextSettings, planned: Pass) -> TextSettings:
+    """The settings a plan's text pass gives: its samples, and the drift only when it kept it."""
+    return replace(settings, samples=planned.targets, drift_chars=settings.drift_chars if planned.drift else 0)
+
+
 def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings: TextSettings, *,
                  val_ids: torch.Tensor | None = None, progress=NO_PROGRESS) -> dict:
     """Every mode × decoder's statistics, the reference's, the floor's and the ceiling's, and the
@@ -180,18 +224,15 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
     val = Split.of((val_ids if val_ids is not None else torch.tensor(tokenizer.encode(val_text))).cpu(), tokenizer)
     reference = reference_slices(val_text, s.samples, s.chars, s.seed)  # first: a too-short split fails at once
     drift_reference = reference_slices(val_text, s.samples, s.stretch_chars, s.seed) if s.drift_chars else []
-    prompts = spellable_prompts(tokenizer, s.prompts, val.ids)
-    window = min(s.window, model.context) if getattr(model, "context", None) else s.window
-    main = _Draws(model, tokenizer, share_samples(s.samples, prompts), tokens_for_chars(s.chars, val), window, s.seed)
-    drift = _Draws(model, tokenizer, share_samples(s.drift_samples, prompts),
-                   tokens_for_chars(s.drift_chars, val) if s.drift_chars else 0, window, s.seed)
+    main, drift = _draws(model, tokenizer, val, s)
+    window = main.window
     texts, costs = {}, {}
     for mode in TEXT_MODES:
         costs[mode] = len(DECODERS) * main.cost(mode)
         with progress.phase(_phase(mode, window), costs[mode]) as tick:
             texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
     drift_texts = {}
-    for mode in DRIFT_MODES if s.drift_chars else ():
+    for mode in DRIFT_MODES if _drifts(s) else ():
         costs[f"drift {mode}"] = drift.cost(mode)
         with progress.phase(f"drift, {_phase(mode, window)}", costs[f"drift {mode}"]) as tick:
             drift_texts[mode] = drift.draw(mode, DECODERS[DRIFT_DECODER], tick)
@@ -213,6 +254,35 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
         "texts": {**texts, "reference": reference, "other_reference": other_reference, "floor": bounds["random"],
                   "ceiling": bounds["looped"], "drift": drift_texts, "drift_reference": drift_reference},
     }
+
+
+# --- over training: the word validity of a short sample -------------------------------------------------
+OVER_TRAINING_MODES = ("stateful", "stateless")
+OVER_TRAINING_DECODER = "temperature_0.8"  # the seed's
+
+
+def _short_draws(model, tokenizer, val: Split, chars: int, seed: int, samples: int) -> _Draws:
+    prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
+    return _Draws(model, tokenizer, share_samples(samples, prompts), tokens_for_chars(chars, val), 1, seed)
+
+
+def short_text_demand(model, tokenizer, val: Split, chars: int, seed: int) -> TextDemand:
+    """The modes over training's sample (one per study prompt, stateful and stateless) for their plan."""
+    def cost(samples: int, drift: int) -> int:
+        draws = _short_draws(model, tokenizer, val, chars, seed, samples)
+        return sum(draws.cost(mode) for mode in OVER_TRAINING_MODES)
+    return TextDemand(len(spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)), 0, cost)
+
+
+def word_validity_over_training(model, tokenizer, vocabulary, val: Split, chars: int, seed: int,
+                                planned: Pass) -> dict[str, float | None]:
+    """{mode: word_validity} of `planned.targets` short samples (`chars` characters, temperature 0.8,
+    the same prompts and seeds at every validation) in the stateful and the stateless mode: what
+    judges the seed's lesson 3 (stateful text early against stateless text late)."""
+    draws = _short_draws(model, tokenizer, val, chars, seed, planned.targets)
+    return {mode: mean_and_se(word_validity(text, vocabulary) for text in
+                              draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
+            for mode in OVER_TRAINING_MODES}
 
 
 # --- the table ----------------------------------------------------------------------------------------------

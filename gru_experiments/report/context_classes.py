@@ -1,0 +1,137 @@
+"""The context curve by class of target (summary.json's context_curve.by_class): report.md's *Context
+curve by class of target* tables and `context_by_class.png`.
+
+The classes word_start, word_inside, line_start and other partition the targets; long_copy overlays
+them: the characters of a word whose previous occurrence lies past the window but within the curve's
+longest point. Per class: its targets, its curve (bits per character at each context, and stateful)
+with standard errors, and its state gain (stateful - windowed, paired, as summary.json's
+state_gain_bpc) ± se.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gru_experiments.report.finding import finite
+from gru_experiments.report.plots import _figure, _save
+from gru_experiments.report.sweep_folder import MISSING, run_label
+
+CLASSES = ("word_start", "word_inside", "line_start", "other", "long_copy")  # long_copy: an overlay
+PLOT_CLASSES = "context_by_class.png"
+
+
+def class_record(job) -> dict | None:
+    """{class: {"targets", "curve", "se", "state_gain"}} of the job's context curve, None without."""
+    curve = job.values.get("context_curve")
+    by_class = curve.get("by_class") if isinstance(curve, dict) else None
+    return by_class if isinstance(by_class, dict) and by_class else None
+
+
+def class_jobs(jobs) -> list:
+    """The completed jobs whose context curve has classes, in launch order."""
+    return [job for job in jobs if getattr(job, "status", "completed") == "completed" and class_record(job)]
+
+
+def _gain(job, name: str, key: str) -> float | None:
+    entry = (class_record(job) or {}).get(name)
+    return finite(((entry or {}).get("state_gain") or {}).get(key)) if isinstance(entry, dict) else None
+
+
+CLASS_COLUMNS = {f"{name}_state_gain_{key}": (lambda job, name=name, key=key: _gain(job, name, key))
+                 for name in ("long_copy", "word_start") for key in ("bpc", "se")}  # results.csv's class columns
+
+
+def _classes(record: dict) -> list[str]:
+    return [name for name in CLASSES if name in record] + [name for name in record if name not in CLASSES]
+
+
+def class_points(entry: dict) -> tuple[list[tuple[int, float, float | None]], tuple[float, float | None] | None]:
+    """([(context, bpc, se), ...] in increasing context, (stateful bpc, se) or None) of one class."""
+    curve, se = entry.get("curve") or {}, entry.get("se") or {}
+    points = sorted((int(key), finite(bpc), finite(se.get(key))) for key, bpc in curve.items()
+                    if str(key).isdigit() and finite(bpc) is not None)
+    stateful = finite(curve.get("stateful"))
+    return points, None if stateful is None else (stateful, finite(se.get("stateful")))
+
+
+def _figure_cell(bpc: float | None, se: float | None) -> str:
+    if bpc is None:
+        return MISSING
+    return f"{bpc:.3f}" + (f" ± {se:.3f}" if se else "")  # se 0: an exact figure, every target scored
+
+
+def _row(name: str, entry: dict, contexts: list[int]) -> str:
+    points, stateful = class_points(entry)
+    by_context = {w: (bpc, se) for w, bpc, se in points}
+    gain = entry.get("state_gain") or {}
+    bpc, se = finite(gain.get("bpc")), finite(gain.get("se"))
+    cells = [_figure_cell(*by_context.get(w, (None, None))) for w in contexts]
+    cells.append(_figure_cell(*(stateful or (None, None))))
+    cells.append(MISSING if bpc is None else f"{bpc:+.4f}" + ("" if se is None else f" ± {se:.4f}"))
+    targets = finite(entry.get("targets"))
+    return f"| {name} | {MISSING if targets is None else f'{targets:,.0f}'} | " + " | ".join(cells) + " |"
+
+
+def class_section(jobs, plots: dict[str, Path]) -> list[str]:
+    """report.md's *Context curve by class of target* ([] when no job's curve has classes)."""
+    shown = class_jobs(jobs)
+    if not shown:
+        return []
+    lines = ["## Context curve by class of target", "",
+             "The context curve of each class of target: the first character of a word (word_start), the others "
+             "of a word (word_inside), the first of a line (line_start) and the rest (other), which partition "
+             "the targets; and, over them, long_copy: the characters of a word last seen further back than the "
+             "window but within the curve's longest point. Bits per character (± one standard error; none: "
+             "exact) at each context, stateful, and the state gain (stateful - windowed, paired; negative: the "
+             "carried state helps). Final weights.", ""]
+    for job in shown:
+        record = class_record(job)
+        names = _classes(record)
+        contexts = sorted({w for name in names for w, _, _ in class_points(record[name] or {})[0]})
+        lines += [f"### {run_label(job, jobs)}", "",
+                  "| class | targets | " + " | ".join(str(w) for w in contexts) + " | stateful | state gain |",
+                  "|---|--:|" + "--:|" * (len(contexts) + 2)]
+        lines += [_row(name, record[name] or {}, contexts) for name in names]
+        lines.append("")
+    lines += [f"![bits per character against context, by class of target]({PLOT_CLASSES})"
+              if PLOT_CLASSES in plots else f"{MISSING} no figure of the classes.", ""]
+    return lines
+
+
+def _class_panel(ax, job, label: str) -> None:
+    record = class_record(job)
+    longest = max((w for entry in record.values() for w, _, _ in class_points(entry or {})[0]), default=1)
+    stateful_x = longest * 4
+    for name in _classes(record):
+        points, stateful = class_points(record[name] or {})
+        if not points:
+            continue
+        (line,) = ax.plot([w for w, _, _ in points], [bpc for _, bpc, _ in points], marker="o", markersize=3,
+                          linestyle="--" if name == "long_copy" else "-", label=name)
+        if stateful is not None:
+            ax.plot([points[-1][0], stateful_x], [points[-1][1], stateful[0]], linestyle=":", color=line.get_color())
+            ax.plot([stateful_x], [stateful[0]], marker="*", markersize=9, color=line.get_color())
+    ticks = sorted({w for entry in record.values() for w, _, _ in class_points(entry or {})[0]})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"], fontsize=7)
+    ax.set(title=label, xlabel="tokens of context (from the initial state)", ylabel="bits per character")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+
+
+def plot_classes(jobs, path: Path) -> Path | None:
+    """A panel per run: bits per character against the context (log x), a line per class, its stateful
+    figure at the right end (long_copy dashed: an overlay of the others)."""
+    shown = class_jobs(jobs)
+    if not shown:
+        return None
+    plt = _figure()
+    columns = min(3, len(shown))
+    rows = -(-len(shown) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.0 * rows), squeeze=False)
+    for ax, job in zip(axes.flat, shown):
+        _class_panel(ax, job, run_label(job, jobs))
+    for ax in list(axes.flat)[len(shown):]:
+        ax.set_axis_off()
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,109 @@
+"""The recall figures of the planted-recall probe (data/recall_probe.py): how many bits a model spends
+on a recalled key, by the pair's distance, in each inference mode (docs/evaluation.md).
+
+    stateful   the plantings side by side as rows, run in chunks of seq_len with the state carried:
+               the key predicted from all the text before it
+    windowed   each recalled key from its own window of the `window` tokens before it, from the
+               initial state: a pair longer than the window has its first key outside
+    stateless  each recalled key from the closing marker alone: what no memory at all gives
+
+A model without memory can do no better than log2 K bits per key (K keys, drawn uniformly); one that
+remembers the first key approaches 0. Every figure is exact: every recall target of every planting,
+outside the evaluation's budget, like the stateless table (a control must hold its stated targets;
+it costs the plantings' tokens once, statefully, and a window per recall target).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
+from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.scores import stateless_log_probs
+
+RECALL_MODES = ("stateful", "windowed", "stateless")
+ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unplanted, so none of their targets is "
+                    "part of a pair; the recall figures on {plantings} independent plantings of it")
+
+
+def _targets(plantings) -> tuple[Tensor, Tensor, Tensor]:
+    """(row, position, distance) of every recall target, planting by planting."""
+    rows = torch.cat([torch.full_like(p.recall, r) for r, p in enumerate(plantings)])
+    return rows, torch.cat([p.recall for p in plantings]), torch.cat([p.distances for p in plantings])
+
+
+@torch.no_grad()
+def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int) -> tuple[Tensor, int]:
+    """log p of ids[row, position] with the state carried from each row's start; and the forward tokens."""
+    out, state, forward = torch.empty(rows.numel(), dtype=torch.float64), None, 0
+    with eval_mode(model):
+        for start in range(0, ids.shape[1] - 1, seq_len):
+            logits, state = model(ids[:, start:start + seq_len], state)
+            forward += ids.shape[0] * model.forward_cost(start, logits.shape[1])
+            here = (positions > start) & (positions <= start + logits.shape[1])
+            if here.any():
+                chosen = logits[rows[here], positions[here] - 1 - start].float().log_softmax(-1)
+                wanted = ids[rows[here], positions[here]].unsqueeze(1)
+                out[here] = chosen.gather(1, wanted).squeeze(1).double().cpu()
+    return out, forward
+
+
+@torch.no_grad()
+def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, window: int) -> tuple[Tensor, int]:
+    """log p of ids[row, position] from the `window` tokens before it (fewer at a row's start), from the
+    initial state; and the forward tokens."""
+    out, forward = torch.empty(rows.numel(), dtype=torch.float64), 0
+    lengths = positions.clamp(max=window)
+    with eval_mode(model):
+        for length in lengths.unique().tolist():
+            for chunk in torch.nonzero(lengths == length).squeeze(1).split(max(1, WINDOW_BATCH_TOKENS // length)):
+                starts = positions[chunk] - length
+                windows = ids[rows[chunk].unsqueeze(1), starts.unsqueeze(1) + torch.arange(length, device=ids.device)]
+                logits, _ = model(windows)
+                forward += chunk.numel() * model.forward_cost(0, length)
+                log_probs = logits[:, -1].float().log_softmax(-1)
+                wanted = ids[rows[chunk], positions[chunk]].unsqueeze(1)
+                out[chunk] = log_probs.gather(1, wanted).squeeze(1).double().cpu()
+    return out, forward
+
+
+def score_recall(model, plantings, *, seq_len: int, window: int, keys: int) -> dict:
+    """The recall record (summary.json's `recall`): for each distance, the bits per recalled key in each
+    mode with their standard errors (over the recall targets) and the number of targets."""
+    device = model.device
+    ids = torch.stack([p.ids for p in plantings]).to(device)
+    rows, positions, distances = (t.to(device) for t in _targets(plantings))
+    stateful, forward = stateful_log_probs(model, ids, rows, positions, seq_len)
+    windowed, windowed_forward = windowed_log_probs(model, ids, rows, positions, window)
+    table = stateless_log_probs(model)
+    stateless = table[ids[rows, positions - 1], ids[rows, positions]].double().cpu()
+    bits = {mode: -lp / math.log(2) for mode, lp in zip(RECALL_MODES, (stateful, windowed, stateless))}
+    distances = distances.cpu()
+    by_distance = {str(d): {mode: mean_and_se(bits[mode][distances == d]) for mode in RECALL_MODES}
+                   for d in sorted(set(distances.tolist()))}
+    return {"keys": keys, "chance_bits": math.log2(keys), "distances": sorted(set(distances.tolist())),
+            "plantings": len(plantings), "seq_len": seq_len, "window": window, "by_distance": by_distance,
+            "forward_tokens": forward + windowed_forward + model.vocab_size * model.forward_cost(0, 1),
+            "note": ORDINARY_FIGURES.format(plantings=len(plantings))}
+
+
+def mean_and_se(bits: Tensor) -> dict:
+    """{"bits": mean, "se": standard error of the mean, "targets": n}."""
+    n = bits.numel()
+    se = float(bits.std(unbiased=True) / math.sqrt(n)) if n > 1 else None
+    return {"bits": float(bits.mean()) if n else None, "se": se, "targets": n}
+
+
+def format_recall(record: dict) -> str:
+    """The recall record for the log: a row per distance, bits ± se in each mode."""
+    lines = [f"planted recall: bits per recalled key ({record['keys']} keys: {record['chance_bits']:.2f} bits without "
+             f"memory), {record['plantings']} plantings; windowed: the last {record['window']} tokens",
+             f"{'distance':>8} " + " ".join(f"{mode:>16}" for mode in RECALL_MODES) + f" {'targets':>8}"]
+    for d, figures in record["by_distance"].items():
+        cells = " ".join(f"{figures[m]['bits']:>8.3f} ±{figures[m]['se'] or 0:<6.3f}" for m in RECALL_MODES)
+        lines.append(f"{d:>8} {cells} {figures['stateful']['targets']:>8}")
+    return "\n".join(lines)
+
