@@ -34,6 +34,10 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
+from gru_experiments.study.target_classes import CLASSES
+from gru_experiments.study.text_index import TrainingIndex
+from gru_experiments.study.text_protocol import DECODERS
+from gru_experiments.study.text_stats import text_statistics
 
 V = 11
 
@@ -235,7 +239,8 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     cfg = compose_config(f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=16",
                          "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
                          "trainer.accelerator=cpu",
-                         "evaluation.budget=null", "evaluation.sample_chars=40")
+                         "evaluation.budget=null", "evaluation.sample_chars=40", "evaluation.text_samples=4",
+                         "evaluation.text_chars=60", "evaluation.text_drift_chars=500")
     summary = train(cfg)
     run_dir = Path(cfg.paths.output_dir)
     on_disk = json.loads((run_dir / "summary.json").read_text())
@@ -282,7 +287,21 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     assert on_disk["bigram_bpc"] == pytest.approx(nll / math.log(2) / (len(val_text) - 1), rel=1e-9)
 
     samples = json.loads((run_dir / "samples.json").read_text())
-    assert set(samples) == {"prompts", "stateful", "stateless", "settings"}
+    assert set(samples) == {"prompts", "stateful", "stateless", "settings", "text"}
+    # The text statistics recompute from the texts samples.json keeps (budget null: all of them, the drift too)
+    index, texts = TrainingIndex(train_text), samples["text"]
+    for mode, by_decoder in on_disk["text"]["modes"].items():
+        assert set(by_decoder) == set(DECODERS)
+        for decoder, figures in by_decoder.items():
+            assert len(texts[mode][decoder]) == 4 and all(len(text) >= 40 for text in texts[mode][decoder])
+            assert figures == text_statistics(texts[mode][decoder], index, texts["reference"]), (mode, decoder)
+    assert on_disk["text"]["reference"] == text_statistics(texts["reference"], index, texts["other_reference"])
+    assert [len(stretches) for stretches in on_disk["text"]["drift"].values()] == [1, 1]
+    assert [step for step, _ in history["val/stateful_word_validity"]] == [step for step, _ in history["val/loss"]]
+    assert 0 <= history["val/stateless_word_validity"][-1][1] <= 1
+    # The curve by kind of target: the four classes share the split's targets.
+    by_class = curve["by_class"]
+    assert sum(by_class[name]["targets"] for name in CLASSES) == len(val_text) - 1
     assert samples["prompts"] == ["ROMEO: ", "KING: ", "FIRST CITIZEN: "]
     assert samples["settings"]["seed"] == cfg.seed and samples["settings"]["max_new_tokens"] == 40
     for mode in ["stateful", "stateless"]:

@@ -360,8 +360,11 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     # ... and the same context curve, point by point.
     assert set(evaluation["context_curve"]) == set(summary["context_curve"])
     for key, value in summary["context_curve"].items():
-        if key != "settings":
+        if key not in ("settings", "by_class"):
             assert evaluation["context_curve"][key] == pytest.approx(value, rel=1e-5), key
+    by_class = evaluation["context_curve"]["by_class"]
+    assert {name: c["targets"] for name, c in by_class.items()} == {
+        name: c["targets"] for name, c in summary["context_curve"]["by_class"].items()}
     assert "context curve" in result.stdout
 
 

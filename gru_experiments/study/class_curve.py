@@ -44,8 +44,11 @@ def _kept(result: dict, context) -> Score | None:
     return score if score.positions is not None else None
 
 
-def _figures(score: Score) -> tuple[float, float] | tuple[None, None]:
-    return (score.bpc, score.bpc_se) if score.tokens else (None, None)
+def _figures(score: Score) -> tuple[float | None, float | None]:
+    """(bpc, its standard error); None for what a class too small for it lacks (no target; one target's se)."""
+    if not score.tokens:
+        return None, None
+    return score.bpc, score.bpc_se if math.isfinite(score.bpc_se) else None
 
 
 def _point(figure, plan: Plan, results, curve: dict, se: dict, mask, val: Split) -> tuple[float, float] | None:
@@ -58,6 +61,8 @@ def _point(figure, plan: Plan, results, curve: dict, se: dict, mask, val: Split)
         difference = paired_difference(score_subset(score, mask, val), reference, val)
         if not difference.tokens:
             return None
-        return curve[base] + difference.bpc, math.hypot(difference.bpc_se, se[base])
+        spread = None if se[base] is None or not math.isfinite(difference.bpc_se) else math.hypot(difference.bpc_se,
+                                                                                                   se[base])
+        return curve[base] + difference.bpc, spread
     score = _kept(results[figure.passes[0]], figure.context)
     return None if score is None else _figures(score_subset(score, mask, val))

@@ -246,7 +246,7 @@ def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, b
     shape = _Shape(model, n, seq_len, window, streams, windowed, curve,
                    *(curve_lengths(model.context, seq_len, curve_longest, n) if curve else ([], [])))
     units = shape.units(bigram)
-    if text is not None:
+    if text:
         at = next((i + 1 for i, u in enumerate(units) if u.make == shape.windowed_passes), len(units))
         units.insert(at, _Unit(text.make, lambda ps, i: [_figure(TEXT, None, 0, ps, None, i)] if ps else [],
                                False, max(1, text.samples // 2), optional=True))

@@ -1,0 +1,162 @@
+"""The recall figures (study/recall.py) against models whose answers are known, and the kinds of target
+(study/target_classes.py) against a hand-labelled string; the curve by class on a real evaluation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gru_experiments.data.recall_probe import Planting, ProbeSettings, SymbolIds, plant, planting_generator
+from gru_experiments.data.tokenizers import CharTokenizer
+from gru_experiments.models.protocol import LanguageModel
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.runs.training import train
+from gru_experiments.study.evaluation import evaluate
+from gru_experiments.study.plan import plan_evaluation
+from gru_experiments.study.recall import score_recall
+from gru_experiments.study.scores import Split
+from gru_experiments.study.target_classes import CLASSES, LONG_COPY, classify, split_classes
+
+V, K, OPEN, CLOSE = 24, 4, 20, 21  # ids 0..19: text; 20, 21: the markers; 22, 23 and 0, 1: keys (any ids)
+KEYS = torch.tensor([22, 23, 0, 1])
+
+
+class RecallOracle(LanguageModel):
+    """Remembers the key after the last opening marker it saw (its state) and, after a closing marker,
+    puts all its probability on that key (`knows`), or spreads it evenly over the K keys (a uniform
+    guesser, knows=False); elsewhere it is uniform over the vocabulary."""
+
+    def __init__(self, knows: bool = True):
+        super().__init__()
+        self.knows = knows
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # a device to report
+
+    @property
+    def vocab_size(self) -> int:
+        return V
+
+    def initial_state(self, batch_size: int, device=None):
+        return (torch.full((batch_size,), -1, dtype=torch.long), torch.zeros(batch_size, dtype=torch.bool))
+
+    def forward(self, tokens, state=None):
+        key, after_open = state if state is not None else self.initial_state(tokens.shape[0])
+        key, after_open = key.clone(), after_open.clone()
+        logits = torch.zeros(*tokens.shape, V)
+        for t in range(tokens.shape[1]):
+            token = tokens[:, t]
+            key = torch.where(after_open, token, key)  # the token after an opening marker is the key
+            after_open = token == OPEN
+            for row in torch.nonzero(token == CLOSE).squeeze(1).tolist():
+                logits[row, t] = -1e9
+                if self.knows and key[row] >= 0:
+                    logits[row, t, key[row]] = 0.0
+                else:
+                    logits[row, t, KEYS] = 0.0
+        return logits, (key, after_open)
+
+
+def plantings(n: int = 3, length: int = 3000) -> list[Planting]:
+    settings = ProbeSettings(keys=K, distances=(8, 40, 160), gap=16, min_targets=1)
+    text = torch.randint(20, (length,), generator=torch.Generator().manual_seed(0))
+    return [plant(text, settings, SymbolIds(OPEN, CLOSE, KEYS), planting_generator(0, "validation", p))
+            for p in range(n)]
+
+
+@pytest.mark.parametrize("seq_len", [7, 64])
+def test_an_oracle_recalls_in_0_bits_and_a_uniform_guesser_in_log2_k(seq_len):
+    planted = plantings()
+    oracle = score_recall(RecallOracle(knows=True), planted, seq_len=seq_len, window=50, keys=K)
+    guesser = score_recall(RecallOracle(knows=False), planted, seq_len=seq_len, window=50, keys=K)
+    assert oracle["distances"] == [8, 40, 160] and oracle["chance_bits"] == 2.0
+    for d, figures in oracle["by_distance"].items():
+        # stateful: the state carries the key across every chunk boundary, whatever the distance
+        assert figures["stateful"]["bits"] == pytest.approx(0.0, abs=1e-6) and figures["stateful"]["targets"] >= 10
+        # windowed at 50: the first key is inside the window at 8 and 40 (d + 2 back), outside at 160
+        expected = 0.0 if int(d) + 2 <= 50 else math.log2(K)
+        assert figures["windowed"]["bits"] == pytest.approx(expected, abs=1e-6)
+        # stateless: the closing marker alone
+        assert figures["stateless"]["bits"] == pytest.approx(math.log2(K), abs=1e-6)
+        for mode in ("stateful", "windowed", "stateless"):
+            assert guesser["by_distance"][d][mode]["bits"] == pytest.approx(math.log2(K), abs=1e-6)
+    assert sum(f["stateful"]["targets"] for f in oracle["by_distance"].values()) == sum(p.recall.numel()
+                                                                                      for p in planted)
+
+
+def test_a_trained_shape_model_gives_finite_recall_bits_with_standard_errors():
+    model = RecurrentLM(V, "gru", embedding_dim=4, hidden_size=8, num_layers=1)
+    record = score_recall(model, plantings(2), seq_len=32, window=32, keys=K)
+    for figures in record["by_distance"].values():
+        for mode in ("stateful", "windowed", "stateless"):
+            assert math.isfinite(figures[mode]["bits"]) and figures[mode]["se"] > 0
+    assert record["forward_tokens"] > 2 * 3000 and "unplanted" in record["note"]
+
+
+HAND = "KING:\nO'er the hill, 'tis the hill.\n\nNo"
+#       K    I   N    G    :    \n   O    '    e    r    ␣    t    h    e   ␣
+HAND_LABELS = ["line_start", "word_inside", "word_inside", "word_inside", "other", "other",
+               "line_start", "word_inside", "word_inside", "word_inside", "other",
+               "word_start", "word_inside", "word_inside", "other",
+               "word_start", "word_inside", "word_inside", "word_inside", "other", "other",  # hill,␣
+               "other", "word_start", "word_inside", "word_inside", "other",  # 'tis␣
+               "word_start", "word_inside", "word_inside", "other",  # the␣
+               "word_start", "word_inside", "word_inside", "word_inside", "other", "other",  # hill.\n
+               "line_start", "line_start", "word_inside"]  # \n (an empty line's first), N, o
+
+
+def test_the_classes_match_a_hand_labelled_string():
+    assert len(HAND_LABELS) == len(HAND)
+    classes = classify(list(HAND), window=5, longest=20)
+    assert [CLASSES[i] for i in classes.labels.tolist()] == HAND_LABELS
+    # "the" (at 11) recurs at 26: 15 back, past the window of 5 and within 20: long-range copy;
+    # "hill" (at 15) recurs at 30: 15 back, too; nothing else recurs
+    flagged = [i for i, on in enumerate(classes.long_copy.tolist()) if on]
+    assert flagged == [26, 27, 28, 30, 31, 32, 33]
+    assert classify(list(HAND), window=15, longest=20).long_copy.sum() == 0  # 15 back is not past 15
+    assert classify(list(HAND), window=5, longest=14).long_copy.sum() == 0  # nor within 14
+
+
+def test_subword_tokens_take_the_class_of_their_first_character():
+    classes = classify(["KI", "NG", ":\n", "O'er", " the", "\n", "No"], window=1, longest=None)
+    assert [CLASSES[i] for i in classes.labels.tolist()] == ["line_start", "word_inside", "other", "line_start",
+                                                              "other", "other", "line_start"]
+
+
+def test_the_curve_by_class_counts_every_target_once(small_text="to be or not to be, that is the question\n" * 40):
+    tokenizer = CharTokenizer.from_text(small_text)
+    split = Split.of(torch.tensor(tokenizer.encode(small_text)), tokenizer)
+    model = RecurrentLM(tokenizer.vocab_size, "gru", embedding_dim=4, hidden_size=8, num_layers=1)
+    plan = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, curve_longest=64)
+    classes = split_classes(split.ids, tokenizer, 16, 64)
+    evaluation = evaluate(model, split.ids, split, plan, classes=classes)
+    by_class = evaluation.curve["by_class"]
+    assert sum(by_class[name]["targets"] for name in CLASSES) == split.n_targets
+    assert 0 < by_class[LONG_COPY]["targets"] < split.n_targets
+    # the classes' figures, weighted by their characters, give back the whole curve's (one char per target)
+    for key in ("1", "16", "32", "64"):
+        whole = sum(by_class[name]["curve"][key] * by_class[name]["targets"] for name in CLASSES if
+                    by_class[name]["targets"]) / split.n_targets
+        assert whole == pytest.approx(evaluation.curve[key], rel=1e-9, abs=1e-6)
+    for name in CLASSES:
+        gain = by_class[name]["state_gain"]
+        assert gain["targets"] <= by_class[name]["targets"] and math.isfinite(gain["bpc"])
+
+
+def test_training_with_the_probe_writes_the_recall_figures(compose_config, small_shakespeare):
+    cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall", "probe.distances=[8,24,64]",
+                         "probe.min_targets=20", "probe.gap=16", "data.batch_size=4", "data.seq_len=16",
+                         "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
+                         "evaluation.text_samples=0", "evaluation.curve_longest=64")
+    train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    recall = summary["recall"]
+    assert summary["probe"] == "recall" and recall["keys"] == 16 and recall["distances"] == [8, 24, 64]
+    assert recall["window"] == 16 and recall["seq_len"] == 16 and recall["chance_bits"] == 4.0
+    for figures in recall["by_distance"].values():
+        assert figures["stateful"]["targets"] >= 20
+        assert all(math.isfinite(figures[mode]["bits"]) for mode in ("stateful", "windowed", "stateless"))
+    assert "unplanted" in recall["note"] and "by_class" in summary["context_curve"]
+    assert "text" not in summary  # evaluation.text_samples=0
