@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 
 from gru_experiments.errors import UserError
+from gru_experiments.study.text_protocol import validate_text_settings
 from gru_experiments.validation import (
     MISSING,
     Rule,
@@ -87,6 +88,7 @@ def validate(cfg) -> None:
     """Check a composed train config; raise UserError on the first invalid value."""
     check_rules(cfg, TRAIN_RULES)
     check_rules(cfg, EVALUATION_RULES)
+    validate_text_settings(cfg.evaluation)
     check_model(cfg)
     check_probe(cfg)
     if select(cfg, "tokenizer.kind") == "spm":

@@ -215,7 +215,9 @@ def allocate(units: list[_Unit], budget: int | None, n: int) -> None:
     for u in units:
         stride = 1
         if not u.fixed and left is not None and u.cost(1) > left:
-            share = left / (len(flexible) - flexible.index(u))
+            # its share: what is left divided among it and the figures' passes after it (an optional
+            # unit after it takes only what they leave)
+            share = left / (1 + sum(not v.optional for v in flexible[flexible.index(u) + 1:]))
             stride = _smallest_stride(u, share, n)
             if u.optional and u.cost(stride) > share:
                 u.passes = []
