@@ -13,7 +13,8 @@ outside it; so is the one pass of a model that sees no more than a window at a t
 a block per target for a transformer past its block), the windowed figure with every curve point its
 windows give (a window per target), the curve's own points, the points past the training window.
 Each is exact when its exact cost fits in what the budget has left; else it scores a systematic
-sample, the smallest within its share (what is left divided among it and the passes after it): every
+sample, the smallest within its share (what is left divided among it and the passes after it, the
+text statistics' aside: they take only what the others leave): every
 k-th target, or for a recurrent model's stateful figure every k-th stream, whole (its state needs
 the stream's history). budget None: everything exact. The text statistics' samples (a TextDemand)
 come after the windowed figure, before the curve's own passes: every k-th sample, two at the least,
