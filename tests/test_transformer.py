@@ -251,7 +251,7 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
                          "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.sample_chars=20")
     summary = train(cfg)
     curve = summary["context_curve"]
-    assert [key for key in curve if key not in ("settings", "stateful")] == ["1", "2", "4", "8"]
+    assert [key for key in curve if key not in ("settings", "stateful", "by_class")] == ["1", "2", "4", "8"]
     assert curve["settings"]["longest"] == 8
     n = summary["mode_evaluation"]["split_targets"]
     budget = float(cfg.evaluation.budget)

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 
 from gru_experiments.study.evaluation import evaluation_window, plan_for
 from gru_experiments.study.scores import Split
-from gru_experiments.study.text_protocol import text_demand, text_settings
+from gru_experiments.study.text_protocol import fitting, text_demand, text_settings
 
 # Forward tokens/s of the evaluation (windows in big batches) over the training tokens/s (forward,
 # backward, AdamW), measured side by side on the 2-core AMD EPYC, one thread: Astra-alpha 2.9x,
@@ -95,7 +95,8 @@ class CostEstimate(Callback):
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         model = self.model if self.model is not None else trainer.lightning_module.model
         window = evaluation_window(self.settings, self.seq_len)
-        text = self.tokenizer is not None and text_settings(self.settings, window, self.seed)
+        text = self.tokenizer is not None and fitting(text_settings(self.settings, window, self.seed),
+                                                      self.val.characters)
         evaluation = evaluation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
                                                int(total_steps) * tokens_per_step,
                                                text=text and text_demand(model, self.tokenizer, self.val, text))

@@ -38,6 +38,7 @@ from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import (
     TextSettings,
+    fitting,
     format_text_statistics,
     measure_text,
     text_demand,
@@ -203,7 +204,8 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
     val = Split.of(val_ids, tokenizer)
     started = time.perf_counter()
     # The run's plan, its text statistics' samples included (not drawn here: stats=true draws them all).
-    text = text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, int(data_cfg.seq_len)), int(cfg.seed))
+    text = fitting(text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, int(data_cfg.seq_len)),
+                                 int(cfg.seed)), val.characters)
     plan = plan_for(model, val.n_targets, int(data_cfg.seq_len), cfg.evaluation, summary.get("train_tokens"),
                     text=text and text_demand(model, tokenizer, val, text))
     evaluation = evaluate_modes(model, train_ids, val, plan, progress=Progress(),

@@ -29,6 +29,7 @@ from gru_experiments.study.target_classes import TargetClasses, split_classes
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import (
     TextSettings,
+    fitting,
     format_text_statistics,
     measure_text,
     settings_for,
@@ -43,7 +44,7 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     A bar per pass (trainer.enable_progress_bar)."""
     started = time.perf_counter()
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
-    text = run_text_settings(cfg)
+    text = run_text_settings(cfg, val)
     plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
                     text=text and text_demand(model, tokenizer, val, text))
     evaluation = evaluate(model, train_ids, val, plan, progress=progress, classes=classes_of(val, tokenizer, plan))
@@ -82,9 +83,15 @@ def classes_of(val: Split, tokenizer, plan) -> TargetClasses:
     return split_classes(val.ids.cpu(), tokenizer, plan.window, longest)
 
 
-def run_text_settings(cfg: DictConfig) -> TextSettings | None:
-    """The text statistics a run's evaluation asks for (None: evaluation.text_samples is 0)."""
-    return text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, cfg.data.seq_len), int(cfg.seed))
+def run_text_settings(cfg: DictConfig, val: Split) -> TextSettings | None:
+    """The text statistics a run's evaluation asks for and its validation split affords (None:
+    evaluation.text_samples is 0, or the split is shorter than a sample: it says so)."""
+    asked = text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, cfg.data.seq_len), int(cfg.seed))
+    settings = fitting(asked, val.characters)
+    if asked is not None and settings is None:
+        print(f"text statistics left out: the validation split has {val.characters:,} characters, fewer than "
+              f"a sample's evaluation.text_chars={asked.chars}")
+    return settings
 
 
 def measure_run_text(cfg: DictConfig, model, tokenizer, train_ids, val: Split, settings: TextSettings,

@@ -199,6 +199,14 @@ def _drifts(s: TextSettings) -> int:
     return s.drift_samples if s.drift_chars else 0
 
 
+def fitting(settings: TextSettings | None, characters: int) -> TextSettings | None:
+    """The settings a validation split of `characters` characters affords: the reference is slices of
+    it as long as the samples (None: too short for even one), and of the drift's stretches (no drift)."""
+    if settings is None or settings.chars > characters:
+        return None
+    return settings if settings.stretch_chars <= characters else replace(settings, drift_chars=0)
+
+
 def text_demand(model, tokenizer, val: Split, settings: TextSettings) -> TextDemand:
     """What measure_text would draw and its forward tokens, for the evaluation's plan (plan.py): the
     plan may cut the samples (every k-th) and drop the drift to fit the budget (`settings_for`)."""
