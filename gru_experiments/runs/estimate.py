@@ -16,7 +16,7 @@ import time
 
 from lightning.pytorch.callbacks import Callback
 
-from gru_experiments.study.evaluation import evaluation_window, plan_for
+from gru_experiments.study.evaluation import plan_for
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_protocol import fitting, text_demand, text_settings
 
@@ -94,12 +94,10 @@ class CostEstimate(Callback):
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         model = self.model if self.model is not None else trainer.lightning_module.model
-        window = evaluation_window(self.settings, self.seq_len)
-        text = self.tokenizer is not None and fitting(text_settings(self.settings, window, self.seed),
-                                                      self.val.characters)
+        text = None if self.tokenizer is None else text_demand(model, self.tokenizer, self.val, fitting(
+            text_settings(self.settings, self.seq_len, self.seed), self.val.characters))
         evaluation = evaluation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
-                                               int(total_steps) * tokens_per_step,
-                                               text=text and text_demand(model, self.tokenizer, self.val, text))
+                                               int(total_steps) * tokens_per_step, text=text)
         validation = validation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
                                                self.steps_per_epoch * tokens_per_step, self.modes)
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,

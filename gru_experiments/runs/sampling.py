@@ -204,10 +204,9 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
     val = Split.of(val_ids, tokenizer)
     started = time.perf_counter()
     # The run's plan, its text statistics' samples included (not drawn here: stats=true draws them all).
-    text = fitting(text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, int(data_cfg.seq_len)),
-                                 int(cfg.seed)), val.characters)
+    text = fitting(text_settings(cfg.evaluation, int(data_cfg.seq_len), cfg.seed), val.characters)
     plan = plan_for(model, val.n_targets, int(data_cfg.seq_len), cfg.evaluation, summary.get("train_tokens"),
-                    text=text and text_demand(model, tokenizer, val, text))
+                    text=text_demand(model, tokenizer, val, text))
     evaluation = evaluate_modes(model, train_ids, val, plan, progress=Progress(),
                                 classes=classes_of(val, tokenizer, plan))
     print(f"{display_path(source)}: {evaluation.describe()}")
@@ -230,7 +229,7 @@ def validate_stats(cfg: DictConfig) -> None:
 
 def stats_settings(cfg: DictConfig, seq_len: int) -> TextSettings:
     """The text statistics' settings: the evaluation group's, windowed at evaluation.window (null: seq_len)."""
-    return text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, seq_len), int(cfg.seed))
+    return text_settings(cfg.evaluation, seq_len, cfg.seed)
 
 
 def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:

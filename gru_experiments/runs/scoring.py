@@ -13,7 +13,7 @@ from gru_experiments.runs.checkpoints import read_checkpoint
 from gru_experiments.runs.loggers import is_wandb
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import Evaluation, evaluate, evaluation_window, plan_for
+from gru_experiments.study.evaluation import Evaluation, evaluate, plan_for
 from gru_experiments.study.inference import (
     MODES,
     STUDY_PROMPTS,
@@ -46,7 +46,7 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
     text = run_text_settings(cfg, val)
     plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
-                    text=text and text_demand(model, tokenizer, val, text))
+                    text=text_demand(model, tokenizer, val, text))
     evaluation = evaluate(model, train_ids, val, plan, progress=progress, classes=classes_of(val, tokenizer, plan))
     summary |= evaluation.metrics() | {"mode_evaluation": evaluation.settings, "context_curve": evaluation.curve,
                                        "eval_whole_split": plan.exact}
@@ -86,7 +86,7 @@ def classes_of(val: Split, tokenizer, plan) -> TargetClasses:
 def run_text_settings(cfg: DictConfig, val: Split) -> TextSettings | None:
     """The text statistics a run's evaluation asks for and its validation split affords (None:
     evaluation.text_samples is 0, or the split is shorter than a sample: it says so)."""
-    asked = text_settings(cfg.evaluation, evaluation_window(cfg.evaluation, cfg.data.seq_len), int(cfg.seed))
+    asked = text_settings(cfg.evaluation, cfg.data.seq_len, cfg.seed)
     settings = fitting(asked, val.characters)
     if asked is not None and settings is None:
         print(f"text statistics left out: the validation split has {val.characters:,} characters, fewer than "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from gru_experiments.study.plan import STATEFUL, WINDOWED, Plan
-from gru_experiments.study.scores import Score, Split, paired_difference, score_subset
+from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
 from gru_experiments.study.target_classes import TargetClasses
 
 
@@ -38,9 +38,8 @@ def curve_by_class(plan: Plan, results: list[dict], scores: dict[str, Score], cl
 
 
 def _kept(result: dict, context) -> Score | None:
-    """The pass's Score at `context` (its one figure, or its longest context: evaluation._score_at), when
-    it kept its targets."""
-    score = result[context] if context in result else result[None] if None in result else result[max(result)]
+    """The pass's Score at `context` (scores.score_at), when it kept its targets."""
+    score = score_at(result, context)
     return score if score.positions is not None else None
 
 

@@ -27,6 +27,7 @@ from gru_experiments.study.scores import (
     Score,
     Split,
     paired_difference,
+    score_at,
     score_bigram,
     score_contexts,
     score_in_one_pass,
@@ -117,7 +118,7 @@ def evaluate(model, train_ids: Tensor, val: Split, plan: Plan, progress=NO_PROGR
     for figure in plan.figures:
         first = results[figure.passes[0]] if figure.passes else {}
         if figure.name in FIGURES:
-            scores[figure.name] = _score_at(first, figure.context)
+            scores[figure.name] = score_at(first, figure.context)
         elif figure.name.startswith("curve "):
             curve_scores[figure.context] = _curve_point(figure, results, curve_scores, plan, val)
     curve = curve_record(plan, curve_scores, scores[STATEFUL]) if curve_scores else None
@@ -125,14 +126,6 @@ def evaluate(model, train_ids: Tensor, val: Split, plan: Plan, progress=NO_PROGR
     if classes is not None and curve is not None and gain is not None:
         curve["by_class"] = curve_by_class(plan, results, scores, classes, val)
     return Evaluation(plan, scores, curve, gain)
-
-
-def _score_at(result: dict, context):
-    """A pass's Score at `context`; a pass of one figure (None), or windows of a finite-context model
-    that hold all it sees: its longest."""
-    if context in result:
-        return result[context]
-    return result[None] if None in result else result[max(result)]
 
 
 def run_pass(model, train_ids: Tensor, val: Split, p: Pass, progress=NO_PROGRESS) -> dict:
@@ -167,5 +160,5 @@ def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> CurvePo
         difference = paired_difference(score, reference, val)
         return CurvePoint(base.bpc + difference.bpc, math.hypot(difference.sampling_se, base.se), score.tokens,
                           own.stride, figure.forward_tokens)
-    score = _score_at(results[figure.passes[0]], figure.context)
+    score = score_at(results[figure.passes[0]], figure.context)
     return CurvePoint(score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens)

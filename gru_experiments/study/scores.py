@@ -341,6 +341,14 @@ def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets:
     return total.with_targets([positions], nll) if targets and nll else total
 
 
+def score_at(result: dict, context) -> Score:
+    """A pass's Score at `context` ({context: Score}, as evaluation.run_pass gives them): a pass of one
+    figure (None), or windows of a finite-context model that hold all it sees: its longest."""
+    if context in result:
+        return result[context]
+    return result[None] if None in result else result[max(result)]
+
+
 def score_subset(score: Score, keep: Tensor, split: Split) -> Score:
     """The part of a Score that kept its targets (Score.positions) on the targets `keep` marks (a bool
     mask over the split's tokens): e.g. one kind of target (target_classes.py). Its bpc_se is the

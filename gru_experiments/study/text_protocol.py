@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.study.evaluation import evaluation_window
 from gru_experiments.study.inference import (
     STUDY_PROMPTS,
     Decoding,
@@ -113,13 +114,14 @@ def validate_text_settings(settings, prefix: str = "evaluation.") -> None:
     check_rules(settings, text_rules(), prefix)
 
 
-def text_settings(evaluation, window: int, seed: int) -> TextSettings | None:
+def text_settings(evaluation, seq_len: int, seed: int) -> TextSettings | None:
     """The TextSettings of an `evaluation` config group (text_samples, text_chars, text_drift_chars;
-    conf/evaluation/default.yaml), the windowed mode at `window`; None when text_samples is 0."""
+    conf/evaluation/default.yaml), the windowed mode at its window (evaluation.evaluation_window: null
+    is the training seq_len); None when text_samples is 0."""
     samples = evaluation.get("text_samples", TextSettings.samples)
     if not samples:
         return None
-    return TextSettings(window=window, samples=int(samples), seed=int(seed),
+    return TextSettings(window=evaluation_window(evaluation, seq_len), samples=int(samples), seed=int(seed),
                         chars=int(evaluation.get("text_chars", TextSettings.chars)),
                         drift_chars=int(evaluation.get("text_drift_chars", TextSettings.drift_chars)))
 
@@ -207,9 +209,12 @@ def fitting(settings: TextSettings | None, characters: int) -> TextSettings | No
     return settings if settings.stretch_chars <= characters else replace(settings, drift_chars=0)
 
 
-def text_demand(model, tokenizer, val: Split, settings: TextSettings) -> TextDemand:
+def text_demand(model, tokenizer, val: Split, settings: TextSettings | None) -> TextDemand | None:
     """What measure_text would draw and its forward tokens, for the evaluation's plan (plan.py): the
-    plan may cut the samples (every k-th) and drop the drift to fit the budget (`settings_for`)."""
+    plan may cut the samples (every k-th) and drop the drift to fit the budget (`settings_for`).
+    None for no settings (no text statistics asked, or none the split affords)."""
+    if settings is None:
+        return None
     def cost(samples: int, drift: int) -> int:
         main, long = _draws(model, tokenizer, val, replace(settings, samples=samples, drift_samples=max(drift, 1)))
         return (len(DECODERS) * sum(main.cost(mode) for mode in TEXT_MODES)
