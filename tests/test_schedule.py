@@ -9,7 +9,8 @@ import torch
 from conftest import MODELS
 from robustness_helpers import TINY
 
-from gru_experiments.runs.task import CosineSchedule, LanguageModelTask
+from gru_experiments.runs.recipe import Recipe
+from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
 
 ON_TRAIN_BATCH_END = LanguageModelTask.on_train_batch_end
@@ -41,7 +42,7 @@ def test_full_recipe_schedule_is_bit_identical_to_the_studys(compose_config, nam
     assert cfg.trainer.max_steps == -1 and cfg.trainer.max_epochs == cfg.model.epochs
     epochs, per_epoch = cfg.model.epochs, cfg.model.steps_per_epoch
     opt = optimizer(cfg.model.lr)
-    schedule = CosineSchedule.for_training(opt, fake_trainer(epochs * per_epoch, per_epoch))
+    schedule = Recipe.from_config(cfg.optim).schedule(opt, fake_trainer(epochs * per_epoch, per_epoch))
     assert schedule.interval == "epoch" and schedule.T_max == epochs
     reference_opt = optimizer(cfg.model.lr)
     reference = torch.optim.lr_scheduler.CosineAnnealingLR(reference_opt, T_max=epochs)
@@ -50,7 +51,7 @@ def test_full_recipe_schedule_is_bit_identical_to_the_studys(compose_config, nam
 
 def test_a_step_count_gets_a_schedule_in_steps():
     opt = optimizer(3e-3)
-    schedule = CosineSchedule.for_training(opt, fake_trainer(300, 200))  # max_steps=300: 1.5 epochs
+    schedule = Recipe("seed").schedule(opt, fake_trainer(300, 200))  # max_steps=300: 1.5 epochs
     assert schedule.interval == "step" and schedule.T_max == 300
     rates = learning_rates(opt, schedule, 300)
     assert rates[0] == 3e-3 and rates[150] == pytest.approx(1.5e-3) and rates[-1] == 0.0

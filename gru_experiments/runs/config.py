@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 
 from gru_experiments.errors import UserError
+from gru_experiments.runs.recipe import Recipe
 from gru_experiments.study.text_protocol import validate_text_settings
 from gru_experiments.validation import (
     MISSING,
@@ -36,7 +37,6 @@ TRAIN_RULES = [
     Rule("data.batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.eval_batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.train_fraction", open_fraction, "a number strictly between 0 and 1"),
-    Rule("weight_decay", non_negative_number, "a number >= 0"),
     Rule("trainer.max_steps", lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
     Rule("trainer.gradient_clip_val", non_negative_number, "a number >= 0", optional=True),
     Rule("low_precision_matmuls", lambda v: v in ("auto", "always", "never"), "auto, always or never",
@@ -133,6 +133,7 @@ def check_model(cfg) -> None:
     check_window(cfg, model)
     if model.trainable:
         check_rules(cfg, RECIPE_RULES)
+        Recipe.from_config(cfg.optim)  # the optimiser recipe's own checks (runs/recipe.py)
         return
     # epochs and steps_per_epoch mean nothing to it (preset=smoke sets them for every model);
     # a learning rate would suggest an optimizer that does not exist.

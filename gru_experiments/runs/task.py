@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import lightning as L
@@ -13,52 +12,26 @@ from gru_experiments.data.tokenizers import tokenizer_from_state
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.models.protocol import build_model
 from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
+from gru_experiments.runs.recipe import Recipe
 from gru_experiments.study.scores import Score, score_batch
-
-
-class CosineSchedule(torch.optim.lr_scheduler.CosineAnnealingLR):
-    """The learning rate falls from model.lr to 0 (the floor) along a half cosine that spans the
-    training actually configured: trainer.max_steps when it ends training, else the epochs.
-
-    Training that is a whole number of epochs (the study's recipe) steps the schedule once per
-    epoch, as torch's CosineAnnealingLR over the epochs; any other length (trainer.max_steps=300,
-    say) steps it after every training step. The length is the whole run's, also after a resume
-    (the schedule's position comes back from the checkpoint), so training always ends with the
-    learning rate at the floor.
-    """
-
-    def __init__(self, optimizer, length: int, interval: str):
-        if interval not in ("epoch", "step"):
-            raise ValueError(f"interval must be 'epoch' or 'step', not {interval!r}")
-        self.interval = interval
-        super().__init__(optimizer, T_max=max(int(length), 1))
-
-    @classmethod
-    def for_training(cls, optimizer, trainer) -> "CosineSchedule":
-        """Over `trainer`'s configured training: its total optimiser steps (max_steps if that
-        ends training first) in epochs when they are whole epochs, else in steps."""
-        steps = trainer.estimated_stepping_batches
-        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        if not math.isfinite(steps):
-            raise UserError("the learning-rate schedule needs a training length: set trainer.max_epochs "
-                            "or trainer.max_steps")
-        if per_epoch and steps % per_epoch == 0:
-            return cls(optimizer, steps // per_epoch, "epoch")
-        return cls(optimizer, steps, "step")
 
 
 class LanguageModelTask(L.LightningModule):
     """Wraps any LanguageModel (models/protocol.py). Checkpoints hold its architecture (hparams:
     `_target_` and the constructor arguments) and its tokenizer, so `load_checkpoint` rebuilds both
-    without any config file. lr, weight_decay and epochs are the recipe of a trained model (None for
-    a counted one); `epochs` is kept as a record, the learning-rate schedule follows the Trainer
-    (CosineSchedule)."""
+    without any config file. lr, optim (the optimiser recipe: runs/recipe.py) and epochs are the recipe
+    of a trained model (None for a counted one); `epochs` is kept as a record, the learning-rate schedule
+    follows the Trainer (Recipe.schedule). weight_decay: what a checkpoint written before conf/optim
+    holds (the seed's recipe at that decay)."""
 
-    def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None,
-                 weight_decay: float | None = None, epochs: int | None = None, model_name: str = "model",
-                 tokenizer=None, from_checkpoint: bool = False):
+    def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None, optim: dict | None = None,
+                 epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False,
+                 weight_decay: float | None = None):
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint"])
+        if optim is None and weight_decay is not None:
+            optim = Recipe("seed", weight_decay=weight_decay).to_dict()
+        self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint", "weight_decay"])
+        self.recipe = Recipe.from_config(optim) if optim is not None else None
         self.model = build_model(architecture, vocab_size, from_checkpoint=from_checkpoint)
         self.tokenizer = tokenizer
         lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
@@ -130,9 +103,8 @@ class LanguageModelTask(L.LightningModule):
         return self.train_tokens / self.train_seconds if self.train_seconds else float("nan")
 
     def configure_optimizers(self):
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        schedule = CosineSchedule.for_training(optimizer, self.trainer)
+        optimizer = self.recipe.optimizer(self, self.hparams.lr)
+        schedule = self.recipe.schedule(optimizer, self.trainer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": schedule.interval}}
 
     # --- validation: the whole split, accumulated over batches ------------------------

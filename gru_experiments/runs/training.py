@@ -31,6 +31,7 @@ from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import build_logger, is_wandb
 from gru_experiments.runs.modes import ModesOverTraining
+from gru_experiments.runs.recipe import Recipe
 from gru_experiments.runs.resume import resume_point
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
@@ -90,7 +91,7 @@ def prepare(cfg: DictConfig) -> Run:
     recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
     task = LanguageModelTask(
         architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
-        vocab_size=tokenizer.vocab_size, weight_decay=cfg.weight_decay if recipe["lr"] else None,
+        vocab_size=tokenizer.vocab_size, optim=Recipe.from_config(cfg.optim).to_dict() if recipe["lr"] else None,
         model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
     model = task.model

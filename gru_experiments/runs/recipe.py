@@ -1,0 +1,124 @@
+"""The optimiser recipe (conf/optim/): AdamW's settings, which weights decay, and the learning-rate schedule.
+
+Two recipes ship (docs/transformer.md says why each is what it is):
+
+    seed         the study's own: AdamW betas (0.9, 0.999), decay 0.01 on every weight, no warmup,
+                 a half cosine from model.lr to 0 stepped once per epoch
+    transformer  nanoGPT's: 100 steps of linear warmup, betas (0.9, 0.99), decay 0.1 on the matrices
+                 only, a half cosine from model.lr to lr/10 stepped after every step
+
+A model config names its recipe (`override /optim@_global_.optim: ...`); `optim=...` on the command
+line beats it. The learning rate itself is the model's (model.lr): the recipe is how it is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from gru_experiments.errors import UserError
+
+DECAYS = ("all", "matrices")
+INTERVALS = ("epoch", "step")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """decay: `all` (every parameter) or `matrices` (the weights a layer multiplies by: not biases,
+    LayerNorm gains, nor token or position embeddings, which are looked up, not multiplied; a weight
+    tied between the embedding and the head is the head's matrix, so it decays, as in nanoGPT).
+    interval: `epoch` steps the schedule once per epoch when training is whole epochs (else per step);
+    `step` always per step. floor: where the cosine ends, a fraction of model.lr."""
+    name: str
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    decay: str = "all"
+    warmup_steps: int = 0
+    floor: float = 0.0
+    interval: str = "epoch"
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        problems = [f"optim.{key}={value!r}: must be {allowed}" for key, value, ok, allowed in (
+            ("betas", list(self.betas), len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             "two numbers in [0, 1)"),
+            ("weight_decay", self.weight_decay, _number(self.weight_decay) and self.weight_decay >= 0, "a number >= 0"),
+            ("decay", self.decay, self.decay in DECAYS, " or ".join(DECAYS)),
+            ("warmup_steps", self.warmup_steps, isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+             "an integer >= 0"),
+            ("floor", self.floor, _number(self.floor) and 0 <= self.floor < 1, "a number in [0, 1)"),
+            ("interval", self.interval, self.interval in INTERVALS, " or ".join(INTERVALS)),
+        ) if not ok]
+        if problems:
+            raise UserError(f"invalid {problems[0]}")
+
+    @classmethod
+    def from_config(cls, optim) -> "Recipe":
+        """From the optim group (a DictConfig or dict; its `_target_` names this class)."""
+        settings = {key: value for key, value in dict(optim).items() if key != "_target_"}
+        try:
+            return cls(**settings)
+        except TypeError as error:
+            raise UserError(f"optim: {error}") from None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "betas": list(self.betas)}
+
+    def parameter_groups(self, model: nn.Module) -> list[dict]:
+        """AdamW's parameter groups, in the model's parameter order: one group (`all`), or the
+        decayed matrices and the rest (`matrices`)."""
+        parameters = list(model.parameters())
+        if self.decay == "all":
+            return [{"params": parameters, "weight_decay": self.weight_decay}]
+        matrices = {id(p) for m in model.modules() if not isinstance(m, nn.Embedding)
+                    for p in m.parameters(recurse=False) if p.ndim >= 2}
+        return [{"params": [p for p in parameters if id(p) in matrices], "weight_decay": self.weight_decay},
+                {"params": [p for p in parameters if id(p) not in matrices], "weight_decay": 0.0}]
+
+    def optimizer(self, model: nn.Module, lr: float) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self.parameter_groups(model), lr=lr, betas=self.betas)
+
+    def schedule(self, optimizer, trainer) -> "WarmupCosine":
+        """Over `trainer`'s configured training: its total optimiser steps (max_steps if that ends
+        training first); in epochs for an `epoch` recipe whose training is whole epochs."""
+        steps = trainer.estimated_stepping_batches
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        if not math.isfinite(steps):
+            raise UserError("the learning-rate schedule needs a training length: set trainer.max_epochs "
+                            "or trainer.max_steps")
+        if self.interval == "epoch" and per_epoch and steps % per_epoch == 0:
+            return WarmupCosine(optimizer, steps // per_epoch, "epoch", self.warmup_steps, self.floor)
+        return WarmupCosine(optimizer, steps, "step", self.warmup_steps, self.floor)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
+    """`warmup` intervals of linear warmup to model.lr (nanoGPT's: (t + 1) / (warmup + 1) of it), then a
+    half cosine down to floor × model.lr over the rest of `length` intervals, so training ends at the floor.
+    The length is the whole run's, also after a resume (the position comes back from the checkpoint).
+
+    Without warmup this is torch's CosineAnnealingLR itself, its recursive form included: the seed's
+    recipe gives the learning rates of every earlier run bit for bit (a closed form differs in the last
+    bit, and so would the figures)."""
+
+    def __init__(self, optimizer, length: int, interval: str, warmup: int = 0, floor: float = 0.0):
+        if interval not in INTERVALS:
+            raise ValueError(f"interval must be one of {INTERVALS}, not {interval!r}")
+        self.interval, self.warmup = interval, int(warmup)
+        peak = optimizer.param_groups[0]["lr"]
+        super().__init__(optimizer, T_max=max(int(length) - self.warmup, 1), eta_min=floor * peak)
+
+    def get_lr(self) -> list[float]:
+        if self.warmup == 0:
+            return super().get_lr()
+        if self.last_epoch < self.warmup:
+            return [base * (self.last_epoch + 1) / (self.warmup + 1) for base in self.base_lrs]
+        t = min(self.last_epoch - self.warmup, self.T_max)
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
+                for base in self.base_lrs]
