@@ -213,7 +213,7 @@ def test_the_seventh_finding_pairs_sizes_and_follows_the_numbers(tmp_path, alpha
     line = finding_lines(build_report(sweep).files["report.md"].read_text())[6]
     assert line.startswith(f"7. **GRUs remain competitive with transformers**: {verdict}.")
     se = (0.0050 ** 2 + 0.0060 ** 2) ** 0.5
-    assert (f"astra_alpha (86,913 parameters) 2.3078 in 3.5 min of training against transformer (84,880) "
-            f"{alpha_transformer:.4f} in 5.0 min: "
+    assert (f"astra_alpha (86,913 parameters; no recipe) 2.3078 in 3.5 min of training against transformer "
+            f"(84,880; no recipe) {alpha_transformer:.4f} in 5.0 min: "
             f"GRU - transformer {2.3078 - alpha_transformer:+.4f} ± {se:.4f}") in line
     assert "astra_gamma" not in line and "of 2 sizes" in line

@@ -111,12 +111,13 @@ def test_report_files_rows_and_what_is_missing(sweep):
 
     md = (sweep / "report.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| model | training | family | tokenizer | parameters | train loss | val loss | "
-                               "val bpc | stateful bpc")
-    assert "| astra_alpha | windows | gru | char | 86,913 | 1.4321 | 1.5000 | 2.1000 | 2.0500 | 3.3000 | 2.1000 " \
+    assert table[0].startswith("| model | training | family | tokenizer | parameters | recipe | lr | train loss | "
+                               "val loss | val bpc | stateful bpc")
+    assert "| astra_alpha | windows | gru | char | 86,913 | — | — | 1.4321 | 1.5000 | 2.1000 | 2.0500 | 3.3000 " \
+           "| 2.1000 " \
            "| 3.2000 | 12,346 | 1 min 15 s | completed |" in md
     scribe_row = next(line for line in table if line.startswith("| scribe_alpha"))
-    assert scribe_row.count(MISSING) == 4  # the four inference modes
+    assert scribe_row.count(MISSING) == 6  # the recipe and lr (an older run's config), the four inference modes
     assert "| leviathan | — | — | — |" in md and "| astra_beta | windows | gru | char |" in md
     missing = md.split("## What is missing")[1].split("##")[0]
     assert "**scribe_beta** failed (`2_scribe_beta`): RuntimeError: Vocabulary size too high (1000)" in missing

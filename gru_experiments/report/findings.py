@@ -37,6 +37,7 @@ import math
 from gru_experiments.report.finding import RECURRENT, Finding, numbered
 from gru_experiments.report.finding import cannot as _cannot
 from gru_experiments.report.finding import verdict as _verdict
+from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.recall_findings import recall_findings
 from gru_experiments.report.text_findings import text_findings
 
@@ -269,7 +270,10 @@ SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter 
 
 
 def size_pairs(jobs) -> list[tuple]:
-    """(GRU job, transformer job) of each size: the same tokenizer and parameters within SAME_SIZE."""
+    """(GRU job, transformer job) of each size: the same tokenizer and parameters within SAME_SIZE, each
+    family at its best where the sweep trained it at several learning rates or recipes (lr_sweep.at_best)."""
+    jobs = at_best(jobs)
+
     def of(family):
         return [job for job in jobs if job.values.get("family") == family and _number(job, "stateful_bpc") is not None
                 and _number(job, "parameters")]
@@ -286,6 +290,14 @@ def size_pairs(jobs) -> list[tuple]:
 def _minutes(job) -> str:
     seconds = _number(job, "train_seconds")
     return "?" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def _recipe(job, jobs) -> str:
+    """The recipe and learning rate it was trained with, and how many runs of its size it is the best of."""
+    lr = job.values.get("lr")
+    chosen = rivals(job, jobs)
+    return (f"recipe {job.recipe or '?'}, lr {lr:g}" if isinstance(lr, (int, float)) else "no recipe") + (
+        f", the best of {chosen} runs on the validation split" if chosen > 1 else "")
 
 
 def transformer_finding(jobs) -> Finding:
@@ -309,11 +321,13 @@ def transformer_finding(jobs) -> Finding:
             outcome = "the GRU is better"
         else:
             outcome = "a tie within two standard errors"
-        parts.append(f"{gru.model} ({_number(gru, 'parameters'):,.0f} parameters) {g:.4f} in {_minutes(gru)} of "
-                     f"training against {transformer.model} ({_number(transformer, 'parameters'):,.0f}) {t:.4f} in "
+        parts.append(f"{gru.name} ({_number(gru, 'parameters'):,.0f} parameters; {_recipe(gru, jobs)}) {g:.4f} in "
+                     f"{_minutes(gru)} of training against {transformer.name} "
+                     f"({_number(transformer, 'parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "
                      f"{_minutes(transformer)}: GRU - transformer {difference:+.4f} ± {se:.4f}, {outcome}")
     verdict = ("contradicted" if behind == len(pairs) else "supported" if behind == 0 else "partly supported")
-    evidence = ("Stateful bits per character of the final weights, GRU against the transformer of its size, "
+    evidence = ("Stateful bits per character of the final weights, GRU against the transformer of its size (each "
+                "family at its best where the sweep tuned it: learning rate and recipe chosen the same way for both), "
                 "± one standard error of the difference (the two figures' own, unpaired): " + "; ".join(parts)
                 + f". The GRU is better or tied at {len(pairs) - behind} of {len(pairs)} sizes.")
     return Finding(claim, verdict, evidence)

@@ -24,6 +24,7 @@ from pathlib import Path
 from gru_experiments.files import atomic_write
 from gru_experiments.report.context_classes import CLASS_COLUMNS, PLOT_CLASSES, class_section, plot_classes
 from gru_experiments.report.findings import findings_markdown
+from gru_experiments.report.lr_sweep import PLOT_LR, lr_section, plot_lr
 from gru_experiments.report.plots import (
     PLOT_BPC,
     PLOT_CONTEXT,
@@ -52,6 +53,7 @@ TABLE = [
     ("model", "model", str), ("training_mode", "training", str), ("family", "family", str),
     ("tokenizer", "tokenizer", str),
     ("parameters", "parameters", "{:,}".format),
+    ("optim", "recipe", str), ("lr", "lr", "{:g}".format),
     ("train_loss", "train loss", "{:.4f}".format), ("val_loss", "val loss", "{:.4f}".format),
     ("val_bpc", "val bpc", "{:.4f}".format),
     *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in FIGURES),
@@ -77,8 +79,8 @@ def format_duration(seconds: float) -> str:
 
 def _cell(job: JobResult, key: str, fmt) -> str:
     value = job.values.get(key)
-    if key in ("model", "training_mode", "family", "tokenizer", "status"):
-        value = {"status": job.status, "model": job.model}.get(key, value)
+    if key in ("model", "training_mode", "family", "tokenizer", "optim", "status"):
+        value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, value)
         if key == "training_mode" and job.status != "missing":
             value = job.training_mode  # summaries written before the choice existed: windows
         return _escape(str(value)) if value else MISSING
@@ -191,13 +193,14 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         "windows of data.seq_len, each from a zero state. Every figure of this table is of the final "
         "weights (the best checkpoint's are under *Best checkpoint and final weights*).", "",
         "| " + " | ".join(header for _, header, _ in TABLE) + " |",
-        "|" + "|".join("---" if key in ("model", "training_mode", "family", "tokenizer", "status") else "--:"
+        "|" + "|".join("---" if key in ("model", "training_mode", "family", "tokenizer", "optim", "status") else "--:"
                        for key, _, _ in TABLE) + "|",
     ]
     lines += ["| " + " | ".join(_cell(job, key, fmt) for key, _, fmt in TABLE) + " |" for job in jobs]
     missing = _missing_lines(jobs, plots)
     lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
     lines += ladder_section(jobs, plots)
+    lines += lr_section(jobs, plots)
     lines += grid_section(jobs, plots, format_duration)
     lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
     lines += _best_section(jobs) + _figure_sections(jobs, plots)
@@ -303,7 +306,8 @@ def build_report(sweep_dir) -> Report:
     for name, plot in ((PLOT_BPC, plot_bpc_by_mode), (PLOT_CURVES, plot_curves), (PLOT_LADDER, plot_ladder),
                        (PLOT_CONTEXT, plot_context_curve), (PLOT_MODES, plot_modes_over_training),
                        (PLOT_GRID, lambda jobs, path: plot_training_grid(jobs, path, _figure, _save)),
-                       (PLOT_CLASSES, plot_classes), (PLOT_RECALL, plot_recall), (PLOT_TEXT, plot_text)):
+                       (PLOT_CLASSES, plot_classes), (PLOT_RECALL, plot_recall), (PLOT_TEXT, plot_text),
+                       (PLOT_LR, plot_lr)):
         if (written := plot(jobs, sweep_dir / name)) is not None:
             plots[name] = written
         elif (sweep_dir / name).exists():
@@ -316,8 +320,8 @@ def build_report(sweep_dir) -> Report:
 
 def format_table(report: Report) -> str:
     """The results table as plain text, for the terminal."""
-    keys = ["model", "tokenizer", "parameters", "val_bpc", *(f"{m}_bpc" for m in FIGURES), "tokens_per_second",
-            "wall_seconds", "status"]
+    keys = ["model", "tokenizer", "parameters", "optim", "lr", "val_bpc", *(f"{m}_bpc" for m in FIGURES),
+            "tokens_per_second", "wall_seconds", "status"]
     spec = {key: (header, fmt) for key, header, fmt in TABLE}
     rows = [[spec[key][0] for key in keys]]
     rows += [[html.unescape(_cell(job, key, spec[key][1])) for key in keys] for job in report.jobs]

@@ -26,6 +26,7 @@ class JobResult:
     history: dict = field(default_factory=dict)  # {metric: [(step, value), ...]}
     samples: dict | None = None
     logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
+    variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
 
     @property
     def name(self) -> str:
@@ -33,13 +34,19 @@ class JobResult:
         return self.values.get("model") or self.job
 
     @property
+    def recipe(self) -> str | None:
+        """Its optimiser recipe's name (conf/optim/), None for a counted model or an older run."""
+        return self.values.get("optim") if self.values.get("lr") is not None else None
+
+    @property
     def training_mode(self) -> str:
         return self.values.get("training_mode") or "windows"
 
     @property
     def model(self) -> str:
-        """Its label in the report: the name, marked when trained with the state carried."""
-        return f"{self.name} (streams)" if self.training_mode == "streams" else self.name
+        """Its label in the report: the name, marked when trained with the state carried, and its variant."""
+        label = f"{self.name} (streams)" if self.training_mode == "streams" else self.name
+        return f"{label} ({self.variant})" if self.variant else label
 
     @property
     def training_window(self) -> int | None:
@@ -128,6 +135,9 @@ def read_job(job_dir: Path) -> JobResult:
         "model": _select(cfg, "model.name"),
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
+        "lr": _select(cfg, "model.lr"),
+        # a run from before conf/optim (its config has no optim) was trained with the seed's recipe
+        "optim": _select(cfg, "optim.name") or ("seed" if _select(cfg, "weight_decay") is not None else None),
         **read_summary(summary),
     }
     if values.get("family") is None and cfg is not None:  # not finished, or failed before the rename
@@ -159,6 +169,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
                        if p.parent.parent != sweep_dir),
                       key=_job_order)
     jobs = [read_job(job_dir) for job_dir in job_dirs]
+    name_variants(jobs)
     overrides = sweep_overrides(sweep_dir)
     started = {job.name for job in jobs}
     jobs += [JobResult(job="", status="missing", values={"model": name})
@@ -168,6 +179,25 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
         raise NoResultsError(f"no results in {sweep_dir}: {found}. Give the folder of a sweep "
                              f"(python sweep.py ..., or python train.py -m ...) whose jobs have finished.")
     return jobs, overrides
+
+
+def name_variants(jobs: list[JobResult]) -> None:
+    """Each job's variant: the learning rate and the recipe, where the sweep trained its model (and
+    training mode) at more than one of them (python sweep.py models=lr_alpha 'model.lr=...')."""
+    groups: dict[tuple, list[JobResult]] = {}
+    for job in jobs:
+        groups.setdefault((job.name, job.training_mode), []).append(job)
+    for group in groups.values():
+        varies = [key for key in ("lr", "optim") if len({str(job.values.get(key)) for job in group}) > 1]
+        for job in group:
+            job.variant = ", ".join(_variant(job, key) for key in varies)
+
+
+def _variant(job: JobResult, key: str) -> str:
+    value = job.values.get(key)
+    if key == "lr":
+        return f"lr {value:g}" if isinstance(value, (int, float)) else f"lr {value}"
+    return f"recipe {value}"
 
 
 def run_label(job: JobResult, jobs: list[JobResult]) -> str:

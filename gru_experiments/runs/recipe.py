@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gru_experiments.errors import UserError
@@ -30,8 +31,8 @@ class Recipe:
     """decay: `all` (every parameter) or `matrices` (the weights a layer multiplies by: not biases,
     LayerNorm gains, nor token or position embeddings, which are looked up, not multiplied; a weight
     tied between the embedding and the head is the head's matrix, so it decays, as in nanoGPT).
-    interval: `epoch` steps the schedule once per epoch when training is whole epochs (else per step);
-    `step` always per step. floor: where the cosine ends, a fraction of model.lr."""
+    interval: `epoch` steps the schedule once per epoch when training is whole epochs and there is no
+    warmup (else per step); `step` always per step. floor: where the cosine ends, a fraction of model.lr."""
     name: str
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.01
@@ -41,24 +42,27 @@ class Recipe:
     interval: str = "epoch"
 
     def __post_init__(self):
-        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        betas = list(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
         problems = [f"optim.{key}={value!r}: must be {allowed}" for key, value, ok, allowed in (
-            ("betas", list(self.betas), len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            ("betas", betas, isinstance(betas, list) and len(betas) == 2 and all(_number(b) and 0 <= b < 1
+                                                                                    for b in betas),
              "two numbers in [0, 1)"),
             ("weight_decay", self.weight_decay, _number(self.weight_decay) and self.weight_decay >= 0, "a number >= 0"),
             ("decay", self.decay, self.decay in DECAYS, " or ".join(DECAYS)),
-            ("warmup_steps", self.warmup_steps, isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
-             "an integer >= 0"),
+            ("warmup_steps", self.warmup_steps, isinstance(self.warmup_steps, int)
+             and not isinstance(self.warmup_steps, bool) and self.warmup_steps >= 0, "an integer >= 0"),
             ("floor", self.floor, _number(self.floor) and 0 <= self.floor < 1, "a number in [0, 1)"),
             ("interval", self.interval, self.interval in INTERVALS, " or ".join(INTERVALS)),
         ) if not ok]
         if problems:
             raise UserError(f"invalid {problems[0]}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in betas))
 
     @classmethod
     def from_config(cls, optim) -> "Recipe":
         """From the optim group (a DictConfig or dict; its `_target_` names this class)."""
-        settings = {key: value for key, value in dict(optim).items() if key != "_target_"}
+        settings = OmegaConf.to_container(optim) if isinstance(optim, DictConfig) else dict(optim)
+        settings.pop("_target_", None)
         try:
             return cls(**settings)
         except TypeError as error:
@@ -83,13 +87,14 @@ class Recipe:
 
     def schedule(self, optimizer, trainer) -> "WarmupCosine":
         """Over `trainer`'s configured training: its total optimiser steps (max_steps if that ends
-        training first); in epochs for an `epoch` recipe whose training is whole epochs."""
+        training first); in epochs for an `epoch` recipe without warmup (a warmup counts steps) whose
+        training is whole epochs."""
         steps = trainer.estimated_stepping_batches
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         if not math.isfinite(steps):
             raise UserError("the learning-rate schedule needs a training length: set trainer.max_epochs "
                             "or trainer.max_steps")
-        if self.interval == "epoch" and per_epoch and steps % per_epoch == 0:
+        if self.interval == "epoch" and not self.warmup_steps and per_epoch and steps % per_epoch == 0:
             return WarmupCosine(optimizer, steps // per_epoch, "epoch", self.warmup_steps, self.floor)
         return WarmupCosine(optimizer, steps, "step", self.warmup_steps, self.floor)
 
@@ -100,8 +105,9 @@ def _number(value) -> bool:
 
 class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
     """`warmup` intervals of linear warmup to model.lr (nanoGPT's: (t + 1) / (warmup + 1) of it), then a
-    half cosine down to floor × model.lr over the rest of `length` intervals, so training ends at the floor.
-    The length is the whole run's, also after a resume (the position comes back from the checkpoint).
+    half cosine down to floor × model.lr over the rest of `length` intervals, so training ends at the floor
+    (a run no longer than its warmup ends within the warmup). The length is the whole run's, also after a
+    resume (the position comes back from the checkpoint).
 
     Without warmup this is torch's CosineAnnealingLR itself, its recursive form included: the seed's
     recipe gives the learning rates of every earlier run bit for bit (a closed form differs in the last

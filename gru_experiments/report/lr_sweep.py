@@ -1,0 +1,118 @@
+"""The learning-rate sweep of a sweep folder (report.md's *Learning rate and recipe*, `lr_sweep.png`):
+each model and recipe at every learning rate it was trained with, e.g.
+
+    python sweep.py models=lr_alpha 'model.lr=1e-3,2e-3,3e-3,5e-3,1e-2' evaluation.text_samples=0
+
+Each cell is the final weights' stateful bits per character ± one standard error; the best of each family
+at each size is the lowest of them. Learning rate and recipe are chosen on the validation split, the same
+split every figure is scored on, the same way for every family (docs/results.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gru_experiments.report.sweep_folder import MISSING, JobResult
+
+PLOT_LR = "lr_sweep.png"
+SCORE = "stateful_bpc"  # what a learning rate is chosen by: the study's headline figure
+
+
+def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
+    """{(model, training mode, recipe): {lr: job}} for the trained jobs (completed or failed), when the
+    sweep trained some arm at two learning rates or more; {} otherwise (no learning-rate sweep here)."""
+    found: dict[tuple, dict[float, JobResult]] = {}
+    for job in jobs:
+        lr = job.values.get("lr")
+        if job.status in ("completed", "failed") and isinstance(lr, (int, float)) and job.recipe:
+            found.setdefault((job.name, job.training_mode, job.recipe), {})[float(lr)] = job
+    return found if any(len(by_lr) > 1 for by_lr in found.values()) else {}
+
+
+def at_best(jobs: list[JobResult]) -> list[JobResult]:
+    """The completed jobs, each model family at each size (tokenizer and parameter count) and training
+    mode reduced to its best job (the lowest stateful bits per character), in launch order."""
+    best: dict[tuple, JobResult] = {}
+    for job in jobs:
+        if job.status != "completed" or job.number(SCORE) is None:
+            continue
+        key = (job.values.get("family"), job.values.get("tokenizer"), job.number("parameters"), job.training_mode)
+        if key not in best or job.number(SCORE) < best[key].number(SCORE):
+            best[key] = job
+    chosen = {id(job) for job in best.values()}
+    return [job for job in jobs if id(job) in chosen]
+
+
+def rivals(job: JobResult, jobs: list[JobResult]) -> int:
+    """How many completed jobs of its family, size and training mode `at_best` chose it among."""
+    key = lambda j: (j.values.get("family"), j.values.get("tokenizer"), j.number("parameters"), j.training_mode)  # noqa: E731
+    return sum(other.status == "completed" and other.number(SCORE) is not None and key(other) == key(job)
+               for other in jobs)
+
+
+def _cell(job: JobResult, best: bool) -> str:
+    if job.status == "failed":
+        error = str(job.values.get("error") or "")
+        return "diverged" if "diverged" in error else "failed"
+    value, se = job.number(SCORE), job.number(f"{SCORE}_se")
+    if value is None:
+        return MISSING
+    text = f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+    return f"**{text}**" if best else text
+
+
+def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
+    found = arms(jobs)
+    if not found:
+        return []
+    rates = sorted({lr for by_lr in found.values() for lr in by_lr})
+    lines = ["", "## Learning rate and recipe", "",
+             "Stateful bits per character of the final weights ± one standard error, for each model and optimiser "
+             "recipe (conf/optim/) at each learning rate, every run the full recipe's length; the best of each row "
+             "in bold. Chosen on the validation split (the split every figure here is scored on), the same way for "
+             "every family. Training time: the row's mean.", "",
+             "| model | training | recipe | " + " | ".join(f"lr {lr:g}" for lr in rates)
+             + " | best lr | training time |",
+             "|---|---|---|" + "--:|" * (len(rates) + 2)]
+    for (name, mode, recipe), by_lr in found.items():
+        done = {lr: job for lr, job in by_lr.items() if job.status == "completed" and job.number(SCORE) is not None}
+        best = min(done, key=lambda lr: done[lr].number(SCORE)) if done else None
+        seconds = [job.number("train_seconds") for job in done.values() if job.number("train_seconds")]
+        minutes = f"{sum(seconds) / len(seconds) / 60:.1f} min" if seconds else MISSING
+        cells = [_cell(by_lr[lr], lr == best) if lr in by_lr else "" for lr in rates]
+        lines.append(f"| {name} | {mode} | {recipe} | " + " | ".join(cells)
+                     + f" | {MISSING if best is None else f'{best:g}'} | {minutes} |")
+    chosen = [job for job in at_best(jobs) if rivals(job, jobs) > 1]
+    if chosen:
+        lines += ["", "Each family at its best (the lowest stateful figure of its size): "
+                  + "; ".join(f"{job.name}, recipe {job.recipe}, lr {job.values.get('lr'):g}: {job.number(SCORE):.4f}"
+                              f" (best of {rivals(job, jobs)})" for job in chosen) + "."]
+    lines += ["", f"![stateful bits per character against the learning rate]({PLOT_LR})" if PLOT_LR in plots
+              else f"{MISSING} no learning-rate plot."]
+    return lines
+
+
+def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
+    """Stateful bits per character against the learning rate (log scale), a line per model and recipe."""
+    from gru_experiments.report.plots import _figure, _save
+
+    found = arms(jobs)
+    lines = {arm: sorted((lr, job.number(SCORE), job.number(f"{SCORE}_se") or 0.0) for lr, job in by_lr.items()
+                         if job.status == "completed" and job.number(SCORE) is not None)
+             for arm, by_lr in found.items()}
+    lines = {arm: points for arm, points in lines.items() if points}
+    if not lines:
+        return None
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (name, mode, recipe), points in lines.items():
+        lrs, values, errors = zip(*points)
+        label = f"{name}{' (streams)' if mode == 'streams' else ''}, {recipe}"
+        ax.errorbar(lrs, values, yerr=errors, marker="o", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate (model.lr, the schedule's peak)")
+    ax.set_ylabel("stateful bits per character (lower is better)")
+    ax.set_title("Learning rate and recipe: the final weights on the validation split")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
