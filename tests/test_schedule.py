@@ -73,12 +73,13 @@ def test_a_300_step_run_ends_with_the_learning_rate_at_the_floor(compose_config,
 
     monkeypatch.setattr(LanguageModelTask, "training_step", training_step)
     monkeypatch.setattr(LanguageModelTask, "on_train_end", on_train_end)
-    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "data.batch_size=2", "data.seq_len=8",
-                                   "model.architecture.hidden_size=16", "model.architecture.embedding_dim=8",
-                                   "trainer.max_steps=300", "model.epochs=10", "model.steps_per_epoch=200",
-                                   "checkpoint.every_n_steps=0"))
+    cfg = compose_config(*TINY, f"data.path={tiny_corpus}", "data.batch_size=2", "data.seq_len=8",
+                         "model.architecture.hidden_size=16", "model.architecture.embedding_dim=8",
+                         "trainer.max_steps=300", "model.epochs=10", "model.steps_per_epoch=200",
+                         "checkpoint.every_n_steps=0")
+    summary = train(cfg)
     assert summary["train_steps"] == 300 and len(used) == 300
-    assert used[0] == 3e-3 and final["lr"] == 0.0  # the floor
+    assert used[0] == cfg.model.lr and final["lr"] == 0.0  # the floor
     assert used[-1] < 1e-6  # the last steps already train at almost nothing
     assert all(a >= b for a, b in zip(used, used[1:]))
 
