@@ -313,7 +313,7 @@ def test_lightning_fit_resume_path_refuses_malicious_checkpoint(tmp_path, tiny_c
     from gru_experiments.data.batches import CorpusDataModule
 
     task = LanguageModelTask({"cell": "gru", "embedding_dim": 8, "hidden_size": 8}, corpus.tokenizer.vocab_size,
-                             1e-3, 0.0, 1, tokenizer=corpus.tokenizer)
+                             lr=1e-3, weight_decay=0.0, epochs=1, tokenizer=corpus.tokenizer)
     data = CorpusDataModule(corpus.train_ids, corpus.val_ids, 4, 16, 2)
     for weights_only in [None, False]:  # the plugin decides, whatever Lightning is told
         trainer = Trainer(plugins=[AtomicCheckpointIO()], max_steps=1, logger=False, enable_progress_bar=False,
