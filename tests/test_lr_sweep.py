@@ -20,7 +20,8 @@ SEED_TRANSFORMER = ("transformer_seed", "transformer", 87_480)
 
 
 def make_lr_sweep(root: Path, runs) -> Path:
-    """runs: [((model, family, parameters), recipe, lr, stateful bpc or None for a diverged run)]."""
+    """runs: [((model, family, parameters), recipe, lr, stateful bpc, None for a diverged run or "running"
+    for one with no summary yet)]."""
     sweep = root / "lr"
     sweep.mkdir(parents=True)
     for num, ((model, family, parameters), recipe, lr, stateful) in enumerate(runs):
@@ -30,6 +31,8 @@ def make_lr_sweep(root: Path, runs) -> Path:
                         "optim": {"name": recipe}, "tokenizer": {"kind": "char"}, "logger": {}},
                        job / ".hydra" / "config.yaml")
         OmegaConf.save({"hydra": {"job": {"num": num}}}, job / ".hydra" / "hydra.yaml")
+        if stateful == "running":
+            continue
         if stateful is None:
             values = {"status": "failed", "model": model, "family": family,
                       "error": "training diverged: the loss is nan at training step 7 (epoch 0)"}
@@ -91,3 +94,11 @@ def test_a_model_under_two_recipes_is_labelled_by_its_recipe(tmp_path):
     sweep = make_lr_sweep(tmp_path, [(TRANSFORMER, "transformer", 3e-3, 2.45), (TRANSFORMER, "seed", 3e-3, 2.52)])
     jobs, _ = collect(sweep)
     assert [job.model for job in jobs] == ["transformer (recipe transformer)", "transformer (recipe seed)"]
+
+
+def test_a_run_still_going_is_marked_and_never_the_best(tmp_path):
+    sweep = make_lr_sweep(tmp_path, [(GRU, "seed", 3e-3, 2.31), (GRU, "seed", 1e-2, "running"),
+                                     (TRANSFORMER, "transformer", 3e-3, 2.45)])
+    section = build_report(sweep).files["report.md"].read_text().split("## Learning rate and recipe", 1)[1]
+    row = next(line for line in section.splitlines() if line.startswith("| astra_alpha |"))
+    assert row.startswith("| astra_alpha | windows | seed | **2.3100 ± 0.0040** | incomplete | 0.003 |")

@@ -239,8 +239,8 @@ def test_validate_refuses_a_bad_recipe(compose_config, tiny_corpus):
 
 @pytest.mark.parametrize("model", TRAINED_MODELS)
 def test_every_trained_model_config_names_its_recipe(compose_config, model):
-    """The transformers at the ladder's scales and nanoGPT's get the transformer recipe; transformer_seed
-    and every other model the seed's, as conf/optim/<name>.yaml writes it."""
+    """The transformers at the ladder's scales and nanoGPT's get the transformer recipe; transformer_seed,
+    transformer_beta_seed and every other model the seed's, as conf/optim/<name>.yaml writes it."""
     expected = "transformer" if model in TRANSFORMER_RECIPE else "seed"
     cfg = compose_config(f"model={model}")
     assert cfg.optim.name == expected
@@ -249,8 +249,8 @@ def test_every_trained_model_config_names_its_recipe(compose_config, model):
 
 def test_the_recipes_list_is_the_study_ladder():
     """The parametrisation above covers the transformer configs and the recurrent ones."""
-    assert {*TRANSFORMER_RECIPE, "transformer_seed", "astra_alpha", "scribe_alpha", "leviathan", "mlp"} \
-        <= set(TRAINED_MODELS)
+    assert {*TRANSFORMER_RECIPE, "transformer_seed", "transformer_beta_seed", "astra_alpha", "scribe_alpha",
+            "leviathan", "mlp"} <= set(TRAINED_MODELS)
 
 
 @pytest.mark.parametrize("model, optim", [("transformer", "seed"), ("astra_alpha", "transformer"),

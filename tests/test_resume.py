@@ -126,6 +126,12 @@ def test_resume_errors(compose_config, tiny_corpus, tmp_path, monkeypatch):
         train(compose_config(*base, "resume=last", "tokenizer=spm", "tokenizer.vocab_size=60"))
     with pytest.raises(UserError, match="holds a model with architecture"):
         train(compose_config(*base, "resume=last", "model.architecture.hidden_size=64"))
+    with pytest.raises(UserError, match=r"trained with lr 0.01 under optim=seed, but this config asks for lr 0.003 "
+                                        r"under optim=seed; a run resumes with its own: model.lr=0.01 optim=seed"):
+        train(compose_config(*base, "resume=last", "model.lr=3e-3"))
+    with pytest.raises(UserError, match="lr 0.01 under optim=seed, but this config asks for lr 0.01 under "
+                                        "optim=transformer"):
+        train(compose_config(*base, "resume=last", "optim=transformer"))
     with pytest.raises(UserError, match="resume takes a run folder"):
         train(compose_config(*base, f"resume={run / 'checkpoints' / 'last.ckpt'}"))
     assert fingerprint(run) == before
@@ -280,3 +286,23 @@ def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_p
     assert all(after.get(path) == digest for path, digest in before.items())
     added = after.keys() - before.keys()
     assert all("/.hydra/resumed_" in path or path.endswith("/train.log") for path in added), added
+
+
+@pytest.mark.parametrize("hyper_parameters", [
+    {"lr": 0.02, "optim": {"name": "transformer", "betas": [0.9, 0.99], "weight_decay": 0.1, "decay": "matrices",
+                           "warmup_steps": 100, "floor": 0.1, "interval": "step"}},
+    {"lr": 0.003, "weight_decay": 0.05},  # a checkpoint from before the recipes were a config group
+])
+def test_a_resume_pins_the_runs_own_learning_rate_and_recipe(compose_config, hyper_parameters):
+    """train.py's resume adds these overrides (resume.rewrite_argv), so a run resumes with its own lr and
+    recipe after its model config changed them (astra_alpha's lr, transformer's recipe)."""
+    from gru_experiments.runs.recipe import Recipe
+    from gru_experiments.runs.resume import ResumePoint, _recipe_of
+
+    point = ResumePoint(run=None, checkpoint=Path("last.ckpt"), step=1, hyper_parameters=hyper_parameters,
+                        tokenizer={}, wandb_run_id=None)
+    cfg = compose_config(*TINY, "model=astra_alpha", *point.optimiser_overrides())
+    assert cfg.model.lr == hyper_parameters["lr"]
+    assert Recipe.from_config(cfg.optim) == _recipe_of(hyper_parameters)
+    assert Recipe.from_config(cfg.optim) != Recipe.from_config(compose_config(*TINY, "model=astra_alpha").optim) \
+        or cfg.model.lr != compose_config(*TINY, "model=astra_alpha").model.lr

@@ -19,12 +19,13 @@ SCORE = "stateful_bpc"  # what a learning rate is chosen by: the study's headlin
 
 
 def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
-    """{(model, training mode, recipe): {lr: job}} for the trained jobs (completed or failed), when the
-    sweep trained some arm at two learning rates or more; {} otherwise (no learning-rate sweep here)."""
+    """{(model, training mode, recipe): {lr: job}} for the jobs that started (completed, failed or, stopped
+    or still running, incomplete), when the sweep trained some arm at two learning rates or more; {} otherwise
+    (no learning-rate sweep here)."""
     found: dict[tuple, dict[float, JobResult]] = {}
     for job in jobs:
         lr = job.values.get("lr")
-        if job.status in ("completed", "failed") and isinstance(lr, (int, float)) and job.recipe:
+        if job.status in ("completed", "failed", "incomplete") and isinstance(lr, (int, float)) and job.recipe:
             found.setdefault((job.name, job.training_mode, job.recipe), {})[float(lr)] = job
     return found if any(len(by_lr) > 1 for by_lr in found.values()) else {}
 
@@ -54,6 +55,8 @@ def _cell(job: JobResult, best: bool) -> str:
     if job.status == "failed":
         error = str(job.values.get("error") or "")
         return "diverged" if "diverged" in error else "failed"
+    if job.status == "incomplete":
+        return "incomplete"
     value, se = job.number(SCORE), job.number(f"{SCORE}_se")
     if value is None:
         return MISSING
@@ -82,10 +85,10 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
         cells = [_cell(by_lr[lr], lr == best) if lr in by_lr else "" for lr in rates]
         lines.append(f"| {name} | {mode} | {recipe} | " + " | ".join(cells)
                      + f" | {MISSING if best is None else f'{best:g}'} | {minutes} |")
-    chosen = [job for job in at_best(jobs) if rivals(job, jobs) > 1]
+    chosen = [job for job in at_best(jobs) if rivals(job, jobs) > 1 and job.number("lr") is not None]
     if chosen:
         lines += ["", "Each family at its best (the lowest stateful figure of its size): "
-                  + "; ".join(f"{job.name}, recipe {job.recipe}, lr {job.values.get('lr'):g}: {job.number(SCORE):.4f}"
+                  + "; ".join(f"{job.name}, recipe {job.recipe}, lr {job.number('lr'):g}: {job.number(SCORE):.4f}"
                               f" (best of {rivals(job, jobs)})" for job in chosen) + "."]
     lines += ["", f"![stateful bits per character against the learning rate]({PLOT_LR})" if PLOT_LR in plots
               else f"{MISSING} no learning-rate plot."]

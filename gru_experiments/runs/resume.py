@@ -32,6 +32,7 @@ LAST = "last"
 REMOVED_KEYS = ("evaluation.windowed_stride", "evaluation.max_tokens", "evaluation.curve_point_tokens",
                 "evaluation.long_point_tokens", "evaluation.validation_tokens", "evaluation.batch_tokens",
                 "model.eval_max_tokens", "model.eval_long_point_tokens")
+RENAMED_KEYS = {"weight_decay": "optim.weight_decay"}  # since the optimiser recipe became a group (conf/optim/)
 
 
 def find_run(resume: str, log_dir, model_name: str) -> RunDir:
@@ -102,6 +103,35 @@ class ResumePoint:
                 raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
                                 f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
                                 "resume with the run's own model settings")
+        # The optimiser's state and schedule in the checkpoint belong to its recipe and learning rate: another
+        # recipe would not even load (its parameter groups differ), another rate would silently train on.
+        saved_recipe, wanted_recipe = _recipe_of(self.hyper_parameters), _recipe_of(hyper_parameters)
+        if (saved_recipe, self.hyper_parameters.get("lr")) != (wanted_recipe, hyper_parameters.get("lr")):
+            raise UserError(f"checkpoint {self.checkpoint} was trained with lr {self.hyper_parameters.get('lr')} "
+                            f"under optim={saved_recipe.name if saved_recipe else None}, but this config asks for lr "
+                            f"{hyper_parameters.get('lr')} under optim={wanted_recipe.name if wanted_recipe else None}"
+                            f"; a run resumes with its own: model.lr={self.hyper_parameters.get('lr')}"
+                            + (f" optim={saved_recipe.name}" if saved_recipe else ""))
+
+    def optimiser_overrides(self) -> list[str]:
+        """model.lr and every optim key as the checkpoint was trained ([] for a counted model): a resumed run
+        keeps its own, also where a model config has changed since (a new learning rate, a new recipe)."""
+        lr, recipe = self.hyper_parameters.get("lr"), _recipe_of(self.hyper_parameters)
+        if lr is None or recipe is None:
+            return []
+        as_override = lambda value: "[" + ",".join(map(repr, value)) + "]" if isinstance(value, list) else value  # noqa: E731
+        return [f"model.lr={lr!r}"] + [f"optim.{key}={as_override(value)}" for key, value in recipe.to_dict().items()]
+
+
+def _recipe_of(hyper_parameters: dict):
+    """The optimiser recipe a checkpoint's hyper-parameters name; a checkpoint from before the recipes were
+    a config group records only its weight decay, under the seed's recipe. None for a counted model."""
+    from gru_experiments.runs.recipe import Recipe
+
+    optim = hyper_parameters.get("optim")
+    if optim is None and hyper_parameters.get("weight_decay") is not None:
+        return Recipe("seed", weight_decay=hyper_parameters["weight_decay"])
+    return Recipe.from_config(optim) if optim is not None else None
 
 
 def resume_point(cfg) -> ResumePoint | None:
@@ -149,15 +179,24 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     else:
         run = find_run(value, None, "")
     # Refuse an unreadable or unsafe checkpoint now, before Hydra writes into the run folder.
-    ResumePoint.read(run)
+    point = ResumePoint.read(run)
 
     recorded = _recorded_overrides(run)
     dropped = [o for o in recorded if _key(parser, o).lstrip("+~") in REMOVED_KEYS]
     if dropped:
         print(f"resuming without {', '.join(dropped)}: gone since, the evaluation's cost is evaluation.budget")
         recorded = [o for o in recorded if o not in dropped]
+    recorded = [RENAMED_KEYS[_key(parser, o)] + "=" + o.partition("=")[2] if _key(parser, o) in RENAMED_KEYS else o
+                for o in recorded]
     user = [o for o in args.overrides if _key(parser, o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
     user_keys = {_key(parser, o) for o in user}
+    # The run's own learning rate and recipe, whatever its model file says now; one the user names instead
+    # is checked against the checkpoint (ResumePoint.check).
+    pinned = [o for o in point.optimiser_overrides()
+              if not any(_key(parser, o).startswith(key) for key in user_keys if key in ("model.lr", "optim")
+                         or key.startswith("optim."))]
+    pinned_keys = {_key(parser, o) for o in pinned}
+    recorded = [o for o in recorded if _key(parser, o) not in pinned_keys] + pinned
     merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
     merged += [f"resume={quote(str(run.path))}", f"hydra.run.dir={quote(str(run.path))}",
