@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import CONF
 from omegaconf import OmegaConf
 from robustness_helpers import TINY
+from test_schedule import fake_trainer, learning_rates, optimizer
 
 from gru_experiments.errors import UserError
 from gru_experiments.models.recurrent import RecurrentLM
@@ -30,25 +30,6 @@ TRAINED_MODELS = sorted(path.stem for path in (CONF / "model").glob("*.yaml") if
 def shipped(name: str) -> Recipe:
     """A recipe as conf/optim/<name>.yaml writes it."""
     return Recipe.from_config(OmegaConf.load(CONF / "optim" / f"{name}.yaml"))
-
-
-def fake_trainer(total_steps: int, per_epoch: int) -> SimpleNamespace:
-    return SimpleNamespace(estimated_stepping_batches=total_steps, num_training_batches=per_epoch,
-                           accumulate_grad_batches=1)
-
-
-def optimizer(lr: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-
-
-def learning_rates(opt, schedule, updates: int) -> list[float]:
-    """The learning rate before each of `updates` steps, and after the last."""
-    rates = []
-    for _ in range(updates + 1):
-        rates.append(opt.param_groups[0]["lr"])
-        opt.step()
-        schedule.step()
-    return rates
 
 
 def nanogpt_lr(it: int, lr: float, warmup: int, length: int, min_lr: float) -> float:

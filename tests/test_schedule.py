@@ -26,6 +26,7 @@ def optimizer(lr: float) -> torch.optim.Optimizer:
 
 
 def learning_rates(opt, schedule, updates: int) -> list[float]:
+    """The learning rate before each of `updates` steps, and after the last."""
     rates = []
     for _ in range(updates + 1):
         rates.append(opt.param_groups[0]["lr"])
