@@ -301,8 +301,7 @@ def test_a_resume_pins_the_runs_own_learning_rate_and_recipe(compose_config, hyp
 
     point = ResumePoint(run=None, checkpoint=Path("last.ckpt"), step=1, hyper_parameters=hyper_parameters,
                         tokenizer={}, wandb_run_id=None)
-    cfg = compose_config(*TINY, "model=astra_alpha", *point.optimiser_overrides())
-    assert cfg.model.lr == hyper_parameters["lr"]
-    assert Recipe.from_config(cfg.optim) == _recipe_of(hyper_parameters)
-    assert Recipe.from_config(cfg.optim) != Recipe.from_config(compose_config(*TINY, "model=astra_alpha").optim) \
-        or cfg.model.lr != compose_config(*TINY, "model=astra_alpha").model.lr
+    pinned, today = (compose_config(*TINY, "model=astra_alpha", *overrides)
+                     for overrides in (point.optimiser_overrides(), []))
+    assert (pinned.model.lr, Recipe.from_config(pinned.optim)) == (hyper_parameters["lr"], _recipe_of(hyper_parameters))
+    assert (today.model.lr, Recipe.from_config(today.optim)) != (pinned.model.lr, Recipe.from_config(pinned.optim))

@@ -68,6 +68,14 @@ class Recipe:
         except TypeError as error:
             raise UserError(f"optim: {error}") from None
 
+    @classmethod
+    def recorded(cls, optim, weight_decay: float | None = None) -> "Recipe | None":
+        """The recipe a run recorded (a checkpoint's hyper-parameters): its optim settings, or, from before
+        conf/optim, its weight decay alone, under the seed's recipe. None for a counted model."""
+        if optim is None and weight_decay is not None:
+            return cls("seed", weight_decay=weight_decay)
+        return cls.from_config(optim) if optim is not None else None
+
     def to_dict(self) -> dict:
         return {**asdict(self), "betas": list(self.betas)}
 

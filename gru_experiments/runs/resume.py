@@ -124,14 +124,9 @@ class ResumePoint:
 
 
 def _recipe_of(hyper_parameters: dict):
-    """The optimiser recipe a checkpoint's hyper-parameters name; a checkpoint from before the recipes were
-    a config group records only its weight decay, under the seed's recipe. None for a counted model."""
     from gru_experiments.runs.recipe import Recipe
 
-    optim = hyper_parameters.get("optim")
-    if optim is None and hyper_parameters.get("weight_decay") is not None:
-        return Recipe("seed", weight_decay=hyper_parameters["weight_decay"])
-    return Recipe.from_config(optim) if optim is not None else None
+    return Recipe.recorded(hyper_parameters.get("optim"), hyper_parameters.get("weight_decay"))
 
 
 def resume_point(cfg) -> ResumePoint | None:
@@ -192,9 +187,9 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     user_keys = {_key(parser, o) for o in user}
     # The run's own learning rate and recipe, whatever its model file says now; one the user names instead
     # is checked against the checkpoint (ResumePoint.check).
+    named = {key for key in user_keys if key in ("model.lr", "optim") or key.startswith("optim.")}
     pinned = [o for o in point.optimiser_overrides()
-              if not any(_key(parser, o).startswith(key) for key in user_keys if key in ("model.lr", "optim")
-                         or key.startswith("optim."))]
+              if not any(_key(parser, o) == key or _key(parser, o).startswith(key + ".") for key in named)]
     pinned_keys = {_key(parser, o) for o in pinned}
     recorded = [o for o in recorded if _key(parser, o) not in pinned_keys] + pinned
     merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user

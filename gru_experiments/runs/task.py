@@ -28,10 +28,10 @@ class LanguageModelTask(L.LightningModule):
                  epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False,
                  weight_decay: float | None = None):
         super().__init__()
-        if optim is None and weight_decay is not None:
-            optim = Recipe("seed", weight_decay=weight_decay).to_dict()
+        self.recipe = Recipe.recorded(optim, weight_decay)
+        if optim is None and self.recipe is not None:  # a checkpoint from before conf/optim: record its recipe
+            optim = self.recipe.to_dict()
         self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint", "weight_decay"])
-        self.recipe = Recipe.from_config(optim) if optim is not None else None
         self.model = build_model(architecture, vocab_size, from_checkpoint=from_checkpoint)
         self.tokenizer = tokenizer
         lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
