@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from robustness_helpers import TINY, TRAIN_PY, error_line, fingerprint, run_killed_after_checkpoint, run_script
+from robustness_helpers import (
+    TINY,
+    TRAIN_PY,
+    assert_untouched,
+    error_line,
+    fingerprint,
+    run_killed_after_checkpoint,
+    run_script,
+)
 from wandb_records import offline_runs
 
 from gru_experiments.errors import UserError
@@ -75,6 +84,16 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(compose_config, tin
     assert not (run / "summary.json").exists()
     monkeypatch.undo()
 
+    # A step limit at or below the checkpoint's step would train nothing and mark the run finished: refused,
+    # naming both steps, the run untouched (and resumable below).
+    before = fingerprint(run)
+    for limit in (SAVED_AT - 4, SAVED_AT):
+        with pytest.raises(UserError, match=f"is at step {SAVED_AT}, but this resume would stop training at step "
+                                            f"{limit} .* its own limit is step {TOTAL_STEPS}; resume with a step "
+                                            f"limit above {SAVED_AT}, or without one"):
+            train(compose_config(*base, f"resume={run}", f"trainer.max_steps={limit}"))
+    assert fingerprint(run) == before
+
     steps = []  # a resume that silently started over would also end with the same numbers
     original = LanguageModelTask.training_step
     monkeypatch.setattr(LanguageModelTask, "training_step",
@@ -126,19 +145,25 @@ def test_resume_errors(compose_config, tiny_corpus, tmp_path, monkeypatch):
         train(compose_config(*base, "resume=last", "tokenizer=spm", "tokenizer.vocab_size=60"))
     with pytest.raises(UserError, match="holds a model with architecture"):
         train(compose_config(*base, "resume=last", "model.architecture.hidden_size=64"))
-    with pytest.raises(UserError, match=r"trained with lr 0.01 under optim=seed, but this config asks for lr 0.003 "
-                                        r"under optim=seed; a run resumes with its own: model.lr=0.01 optim=seed"):
-        train(compose_config(*base, "resume=last", "model.lr=3e-3"))
-    with pytest.raises(UserError, match="lr 0.01 under optim=seed, but this config asks for lr 0.01 under "
-                                        "optim=transformer"):
-        train(compose_config(*base, "resume=last", "optim=transformer"))
+    # Each pinned key named with its two values; the first that differs.
+    for override, saved, asked in (("model.lr=3e-3", "model.lr=0.01", "model.lr=0.003"),
+                                   ("optim=transformer", "optim.name='seed'", "optim.name='transformer'"),
+                                   ("optim.warmup_steps=10", "optim.warmup_steps=0", "optim.warmup_steps=10"),
+                                   ("optim.betas=[0.9,0.99]", "optim.betas=[0.9, 0.999]", "optim.betas=[0.9, 0.99]")):
+        differs = f"{saved}, but this config asks for {asked}"
+        with pytest.raises(UserError, match=re.escape(f"was trained with {differs}; a run resumes with its own "
+                                                      "learning rate and recipe: leave model.lr and optim out")):
+            train(compose_config(*base, "resume=last", override))
     with pytest.raises(UserError, match="resume takes a run folder"):
         train(compose_config(*base, f"resume={run / 'checkpoints' / 'last.ckpt'}"))
     assert fingerprint(run) == before
 
     (run / "checkpoints" / "last.ckpt").unlink()
-    with pytest.raises(UserError, match="stopped before its first checkpoint"):
+    with pytest.raises(UserError, match="has no checkpoints/last.ckpt: it stopped before its first checkpoint"):
         train(compose_config(*base, f"resume={run}"))
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(UserError, match=r"is not a run folder \(it has neither checkpoints/ nor .hydra/\)"):
+        train(compose_config(*base, f"resume={tmp_path / 'notes'}"))
 
 
 def test_resume_of_a_finished_run_is_refused(compose_config, tiny_corpus, tmp_path):
@@ -265,8 +290,8 @@ def test_figure_differences():
 
 
 def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
-    """An error after Hydra started in an existing run folder must not remove or change it
-    (only this attempt's config record is added)."""
+    """A refused resume changes nothing in the run folder: what needs no corpus is refused before Hydra starts,
+    the rest before this attempt's config record is written (resume.record_resume)."""
     root = tmp_path / "root"
     run = root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000"
     base = [*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=4", "model.epochs=1",
@@ -278,14 +303,15 @@ def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_p
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in base))
     before = fingerprint(run)
-    result = run_script(root, f"resume={run}", "tokenizer=spm", "tokenizer.vocab_size=60")
-    assert result.returncode == 2
-    assert "was trained with a char tokenizer (54 characters), but this config builds an spm tokenizer" in \
-        error_line(result.stderr)
-    after = fingerprint(run)
-    assert all(after.get(path) == digest for path, digest in before.items())
-    added = after.keys() - before.keys()
-    assert all("/.hydra/resumed_" in path or path.endswith("/train.log") for path in added), added
+    for overrides, refused in (
+            (["tokenizer=spm", "tokenizer.vocab_size=60"],
+             "was trained with a char tokenizer (54 characters), but this config builds an spm tokenizer"),
+            (["model.lr=0.5"], "was trained with model.lr=0.01, but this config asks for model.lr=0.5"),
+            (["optim.warmup_steps=10"], "optim.warmup_steps=0, but this config asks for optim.warmup_steps=10"),
+            (["trainer.max_steps=2"], "is at step 2, but this resume would stop training at step 2")):
+        result = run_script(root, f"resume={run}", *overrides)
+        assert result.returncode == 2 and refused in error_line(result.stderr)
+        assert_untouched(before, fingerprint(run))  # not even this attempt's .hydra/resumed_<time>/
 
 
 @pytest.mark.parametrize("hyper_parameters", [

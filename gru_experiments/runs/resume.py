@@ -6,8 +6,11 @@
 A resumed run continues in its own folder from checkpoints/last.ckpt, with the config it
 was started with: `rewrite_argv` (called by train.py before Hydra starts) replaces the
 command line with the run's recorded overrides plus any new ones, points hydra.run.dir at
-the run folder, and records this session's config in .hydra/resumed_<time>/ so the
-original .hydra/ stays as it was.
+the run folder, and refuses what a resume may not change (`ResumePoint.check_config`: the
+learning rate, the recipe, a step limit that would train nothing) before Hydra writes
+anything. `record_resume` records this session's config in .hydra/resumed_<time>/ once
+training has checked the rest, so the original .hydra/ stays as it was and a refused
+resume writes nothing.
 
 The run and its checkpoint are resolved once (`find_run`, through run_dir.RunDir) and checked
 cheaply: `ResumePoint` reads the checkpoint memory-mapped, for its hyper-parameters, tokenizer
@@ -24,7 +27,8 @@ from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RunDir, newest_run
+from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, newest_run
+from gru_experiments.validation import MISSING, is_int, select
 
 LAST = "last"
 # Keys that runs written before issue 25 may have recorded, gone since: the evaluation's cost is now the
@@ -55,6 +59,9 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
             raise UserError(f"resume={resume}: no such run folder")
         run = RunDir(path)
     run = RunDir(run.path.resolve())
+    if not run.checkpoint_dir.is_dir() and not (run.path / HYDRA).is_dir():
+        raise UserError(f"{which} is not a run folder (it has neither {CHECKPOINTS}/ nor {HYDRA}/); resume takes "
+                        "the folder of a run that train.py started, e.g. outputs/runs/<model>/<time>")
     if not run.checkpoint.is_file():
         raise UserError(f"{which} has no {LAST_CHECKPOINT}: it stopped before its first checkpoint "
                         "(written every checkpoint.every_n_steps steps and at epoch ends); start it afresh")
@@ -78,6 +85,7 @@ class ResumePoint:
     hyper_parameters: dict
     tokenizer: dict  # the tokenizer's state
     wandb_run_id: str | None
+    planned_steps: int | None = None  # the step the run was to stop at when it wrote the checkpoint (task.py)
 
     @classmethod
     def read(cls, run: RunDir) -> ResumePoint:
@@ -87,10 +95,12 @@ class ResumePoint:
         saved = read_checkpoint(run.checkpoint, require=TRAINING_KEYS, mmap=True)
         return cls(run=run, checkpoint=run.checkpoint, step=int(saved["global_step"]),
                    hyper_parameters=dict(saved["hyper_parameters"]), tokenizer=saved["tokenizer"],
-                   wandb_run_id=wandb_run_id(saved))
+                   wandb_run_id=wandb_run_id(saved),
+                   planned_steps=(saved.get("train_statistics") or {}).get("planned_steps"))
 
     def check(self, hyper_parameters: dict, tokenizer) -> None:
-        """The checkpoint must hold the model this config builds: same tokenizer and architecture."""
+        """The checkpoint must hold the model this config builds: same tokenizer and architecture (its learning
+        rate and recipe: check_config)."""
         from gru_experiments.models.protocol import current_architecture
         from gru_experiments.runs.checkpoints import check_tokenizer
 
@@ -103,15 +113,31 @@ class ResumePoint:
                 raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
                                 f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
                                 "resume with the run's own model settings")
-        # The optimiser's state and schedule in the checkpoint belong to its recipe and learning rate: another
-        # recipe would not even load (its parameter groups differ), another rate would silently train on.
-        saved_recipe, wanted_recipe = _recipe_of(self.hyper_parameters), _recipe_of(hyper_parameters)
-        if (saved_recipe, self.hyper_parameters.get("lr")) != (wanted_recipe, hyper_parameters.get("lr")):
-            raise UserError(f"checkpoint {self.checkpoint} was trained with lr {self.hyper_parameters.get('lr')} "
-                            f"under optim={saved_recipe.name if saved_recipe else None}, but this config asks for lr "
-                            f"{hyper_parameters.get('lr')} under optim={wanted_recipe.name if wanted_recipe else None}"
-                            f"; a run resumes with its own: model.lr={self.hyper_parameters.get('lr')}"
-                            + (f" optim={saved_recipe.name}" if saved_recipe else ""))
+
+    def check_config(self, cfg) -> None:
+        """What a resume may not change, read from the composed config alone, so that train.py refuses it before
+        anything is written: the learning rate and every recipe key (the optimiser's state and schedule in the
+        checkpoint belong to them: another recipe would not even load, another rate would silently train on),
+        and a step limit that would train nothing and mark the run finished."""
+        saved, asked = _pinned(self.hyper_parameters), _pinned({"lr": cfg.model.get("lr"), "optim": cfg.get("optim")})
+        for key, value in saved.items():
+            if asked.get(key) != value:
+                raise UserError(f"checkpoint {self.checkpoint} was trained with {key}={_shown(value)}, but this config "
+                                f"asks for {key}={_shown(asked.get(key))}; a run resumes with its own learning rate "
+                                "and recipe: leave model.lr and optim out of the command")
+        self.check_length(step_limit(cfg))
+
+    def check_length(self, limit: int | None) -> None:
+        """A resume trains on from its checkpoint: a step limit at or below the checkpoint's step is refused (the
+        run would train nothing and then count as finished, its remaining steps lost), but for a run whose
+        training was complete (killed in its evaluation: the resume finishes that)."""
+        if limit is None or limit > self.step or (limit == self.step and self.planned_steps in (None, self.step)):
+            return
+        own = f"; its own limit is step {self.planned_steps:,}" if self.planned_steps else ""
+        raise UserError(f"checkpoint {self.checkpoint} is at step {self.step:,}, but this resume would stop training "
+                        f"at step {limit:,} (trainer.max_steps, or trainer.max_epochs x data.steps_per_epoch): it "
+                        f"would train nothing and the run would count as finished{own}; resume with a step limit "
+                        f"above {self.step:,}, or without one")
 
     def optimiser_overrides(self) -> list[str]:
         """model.lr and every optim key as the checkpoint was trained ([] for a counted model): a resumed run
@@ -123,6 +149,30 @@ class ResumePoint:
         return [f"model.lr={lr!r}"] + [f"optim.{key}={as_override(value)}" for key, value in recipe.to_dict().items()]
 
 
+def _pinned(hyper_parameters: dict) -> dict:
+    """A run's learning rate and recipe as the keys a command line names: {"model.lr": ..., "optim.name": ...}."""
+    recipe = _recipe_of(hyper_parameters)
+    return {"model.lr": hyper_parameters.get("lr"),
+            **{f"optim.{key}": value for key, value in (recipe.to_dict() if recipe else {}).items()}}
+
+
+def _shown(value) -> str:
+    return "[" + ", ".join(map(repr, value)) + "]" if isinstance(value, (list, tuple)) else repr(value)
+
+
+def step_limit(cfg) -> int | None:
+    """The training step a config stops at: trainer.max_steps or trainer.max_epochs x data.steps_per_epoch,
+    whichever comes first; None when neither bounds it, and for a fast_dev_run (a smoke run of its own)."""
+    if select(cfg, "trainer.fast_dev_run") not in (MISSING, None, False, 0):
+        return None
+    max_steps, epochs, per_epoch = (select(cfg, key) for key in ("trainer.max_steps", "trainer.max_epochs",
+                                                                  "data.steps_per_epoch"))
+    limits = [max_steps] if is_int(max_steps) and max_steps >= 0 else []
+    if is_int(epochs) and epochs >= 0 and is_int(per_epoch):
+        limits.append(epochs * per_epoch)
+    return min(limits, default=None)
+
+
 def _recipe_of(hyper_parameters: dict):
     from gru_experiments.runs.recipe import Recipe
 
@@ -130,8 +180,9 @@ def _recipe_of(hyper_parameters: dict):
 
 
 def resume_point(cfg) -> ResumePoint | None:
-    """For resume=last|RUN_DIR in cfg: the run and its checkpoint, resolved and read cheaply; None
-    without resume. Temporary files of a save cut short by the interruption are removed."""
+    """For resume=last|RUN_DIR in cfg: the run and its checkpoint, resolved, read cheaply and checked against
+    cfg (`ResumePoint.check_config`); None without resume. Temporary files of a save cut short by the
+    interruption are removed."""
     resume = cfg.get("resume")
     if resume is None:
         return None
@@ -139,6 +190,7 @@ def resume_point(cfg) -> ResumePoint | None:
 
     run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
     point = ResumePoint.read(run)
+    point.check_config(cfg)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
     return point
@@ -193,12 +245,29 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     pinned_keys = {_key(parser, o) for o in pinned}
     recorded = [o for o in recorded if _key(parser, o) not in pinned_keys] + pinned
     merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
-    merged += [f"resume={quote(str(run.path))}", f"hydra.run.dir={quote(str(run.path))}",
-               f"hydra.output_subdir={quote(f'.hydra/resumed_{stamp}')}"]
+    merged.append(f"resume={quote(str(run.path))}")
+    cfg = _compose_without_hydra(config_dir, args.config_name or config_name, merged)
+    if cfg is not None:  # else Hydra says why it does not compose
+        point.check_config(cfg)
+    # Hydra records nothing: record_resume does, once training has checked the rest, so a refused resume
+    # leaves the run folder as it was.
+    merged += [f"hydra.run.dir={quote(str(run.path))}", "hydra.output_subdir=null"]
     flags = _without(argv[1:], args.overrides)
     print(f"resuming {run.path} from {run.checkpoint}")
     return [argv[0], *flags, *merged]
+
+
+def record_resume(run: RunDir, cfg) -> None:
+    """This resume's config in .hydra/resumed_<time>/ (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes
+    them), once every check has passed; the first part's .hydra/ stays as it was. Nothing without Hydra
+    (train(cfg) called directly)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.instance().cfg
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
+    run.write_config_record(cfg, hydra, hydra.hydra.overrides.task, subdir=f"{HYDRA}/resumed_{stamp}")
 
 
 def _recorded_overrides(run: RunDir) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -133,9 +134,16 @@ class LanguageModelTask(L.LightningModule):
         checkpoint["train_statistics"] = {
             "epoch_loss_sum": float(self._epoch_loss[0]), "epoch_loss_count": self._epoch_loss[1],
             "train_tokens": self.train_tokens, "train_seconds": self.train_seconds,
+            "planned_steps": self._planned_steps(),  # where this part stops: a resume must go beyond the step
         }
         if self.carried_state is not None:  # streams: every rank's carried state (ranks read their own streams)
             checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
+
+    def _planned_steps(self) -> int | None:
+        """The step training stops at (trainer.max_steps, or the epochs' steps), None when unbounded."""
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"  # a counted model saves unfitted
+        steps = self.trainer.estimated_stepping_batches if fitting else float("inf")
+        return int(steps) if math.isfinite(steps) else None
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         stats = checkpoint.get("train_statistics")

@@ -32,7 +32,7 @@ from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import build_logger, is_wandb
 from gru_experiments.runs.modes import ModesOverTraining
 from gru_experiments.runs.recipe import Recipe
-from gru_experiments.runs.resume import resume_point
+from gru_experiments.runs.resume import record_resume, resume_point
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
 from gru_experiments.runs.smoke import is_smoke, smoke_split
@@ -133,6 +133,8 @@ def fit_or_count(run: Run, current) -> None:
     """The run folder, loggers, checkpoints and callbacks; then training (or counting)."""
     cfg, task, resume = run.cfg, run.task, run.resume
     run.folder.path.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
+    if resume is not None:
+        record_resume(run.folder, cfg)
     run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir,
                                            OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
     checkpoint_io = AtomicCheckpointIO()
