@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gru_experiments.data.recall_probe import Planting, ProbeSettings, SymbolIds, plant, planting_generator
+from gru_experiments.data.recall_probe import Pairs, Planting, SymbolIds, plant, planting_generator
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import evaluate
 from gru_experiments.study.plan import plan_evaluation
-from gru_experiments.study.recall import score_recall
+from gru_experiments.study.recall import horizon, score_recall
 from gru_experiments.study.scores import Split
 from gru_experiments.study.target_classes import CLASSES, LONG_COPY, classify, split_classes
 
@@ -60,7 +60,7 @@ class RecallOracle(LanguageModel):
 
 
 def plantings(n: int = 3, length: int = 3000) -> list[Planting]:
-    settings = ProbeSettings(keys=K, distances=(8, 40, 160), gap=16, min_targets=1)
+    settings = Pairs((8, 40, 160), gap=16)
     text = torch.randint(20, (length,), generator=torch.Generator().manual_seed(0))
     return [plant(text, settings, SymbolIds(OPEN, CLOSE, KEYS), planting_generator(0, "validation", p))
             for p in range(n)]
@@ -146,8 +146,8 @@ def test_the_curve_by_class_counts_every_target_once(small_text="to be or not to
 
 
 def test_training_with_the_probe_writes_the_recall_figures(compose_config, small_shakespeare):
-    cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall", "probe.distances=[8,24,64]",
-                         "probe.min_targets=20", "probe.gap=16", "data.batch_size=4", "data.seq_len=16",
+    cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall", "probe.validation.distances=[8,24,64]",
+                         "probe.validation.min_targets=20", "probe.validation.gap=16", "data.batch_size=4", "data.seq_len=16",
                          "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
                          "evaluation.text_samples=0", "evaluation.curve_longest=64")
     train(cfg)
@@ -158,5 +158,25 @@ def test_training_with_the_probe_writes_the_recall_figures(compose_config, small
     for figures in recall["by_distance"].values():
         assert figures["stateful"]["targets"] >= 20
         assert all(math.isfinite(figures[mode]["bits"]) for mode in ("stateful", "windowed", "stateless"))
+    assert set(recall["horizon"]) == {"stateful", "windowed", "stateless"}
     assert "unplanted" in recall["note"] and "by_class" in summary["context_curve"]
     assert "text" not in summary  # evaluation.text_samples=0
+
+
+def curve(*points) -> dict:
+    return {str(d): {"stateful": {"bits": bits}} for d, bits in points}
+
+
+def test_the_horizon_of_a_hand_made_recall_curve():
+    # under 1 bit up to 64 (128 is 1.5), 2 bits crossed between 128 (1.5) and 256 (3.5): a quarter of the way
+    # in log2 distance, 2 ** (7 + 0.25)
+    made = curve((8, 0.1), (16, 0.2), (32, 0.4), (64, 0.9), (128, 1.5), (256, 3.5), (512, 4.0), (1024, 0.5))
+    assert horizon(made, "stateful") == {"remembered": 64, "crosses_2_bits": pytest.approx(2 ** 7.25),
+                                         "crossing": "interpolated in log2 distance"}
+    # the later dip under 1 bit at 1024 does not extend the horizon: every distance up to it must be under
+    assert horizon(curve((8, 1.2), (16, 0.1)), "stateful") == {
+        "remembered": None, "crosses_2_bits": None, "crossing": "below 2 bits at every distance"}
+    assert horizon(curve((8, 2.5), (16, 4.0)), "stateful")["crossing"] == "2 bits or more at the shortest distance"
+    assert horizon(curve((16, 0.0), (8, 0.0)), "stateful")["remembered"] == 16  # read in order of distance
+    exactly = horizon(curve((8, 1.0), (16, 2.0)), "stateful")
+    assert exactly["remembered"] is None and exactly["crosses_2_bits"] == pytest.approx(16.0)

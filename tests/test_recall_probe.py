@@ -4,13 +4,22 @@ targets, the symbols the corpus lacks, the batches reading each pass's ids, and 
 
 from __future__ import annotations
 
+import itertools
+import signal
 import time
 
 import pytest
 import torch
 from conftest import make_text
 from omegaconf import OmegaConf
-from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
+from robustness_helpers import (
+    TINY,
+    assert_untouched,
+    error_line,
+    fingerprint,
+    run_killed_after_checkpoint,
+    run_script,
+)
 
 from gru_experiments.data.batches import CorpusDataModule, RandomWindowBatches, StreamBatches
 from gru_experiments.data.corpus import prepare_corpus, split_text
@@ -18,8 +27,14 @@ from gru_experiments.data.recall_probe import (
     KEY_CHARS,
     MARKERS,
     NEEDS_CHAR,
+    MAX_VALIDATION_PLANTINGS,
+    Pairs,
+    Phase,
     PlantedSplit,
     ProbeSettings,
+    ValidationPairs,
+    describe_validation,
+    fitting_pairs,
     SymbolIds,
     plant,
     planting_generator,
@@ -31,7 +46,9 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.runs.config import validate
 
-SETTINGS = ProbeSettings(keys=5, distances=(3, 10, 40), gap=8, min_targets=30)
+SETTINGS = ProbeSettings.single((3, 10, 40), gap=8, min_targets=30, keys=5)
+PAIRS = SETTINGS.validation  # distances 3, 10, 40, gap 8, 30 targets each
+OLD_DEFAULT = Pairs((16, 48, 96, 192, 384, 768, 1536), 64)  # the probe's first (sparse) schedule
 
 
 def tokenized(text: str, keys: int = 5):
@@ -56,7 +73,7 @@ def scan_pairs(ids: list[int], opening: int, closing: int) -> list[tuple[int, in
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_pairs_are_where_the_record_says_and_the_text_around_them_is_untouched(seed):
     ids, symbols = tokenized(make_text(6000, seed))
-    planting = plant(ids, SETTINGS, symbols, planting_generator(seed, "train", 0))
+    planting = plant(ids, PAIRS, symbols, planting_generator(seed, "train", 0))
     planted = planting.ids.tolist()
     assert len(planted) == ids.numel()  # cut to the plain split's length
     pairs = scan_pairs(planted, symbols.opening, symbols.closing)
@@ -65,7 +82,7 @@ def test_pairs_are_where_the_record_says_and_the_text_around_them_is_untouched(s
     assert [p[1] for p in pairs] == planting.recall.tolist()
     assert [p[2] for p in pairs] == planting.distances.tolist()
     assert [p[3] for p in pairs] == planting.keys.tolist()
-    assert set(planting.distances.tolist()) <= set(SETTINGS.distances)
+    assert set(planting.distances.tolist()) <= set(PAIRS.distances)
     assert set(planting.keys.tolist()) <= set(symbols.keys.tolist())
     # Probe symbols appear only in the pairs (4 a pair) ...
     probe_ids = {symbols.opening, symbols.closing, *symbols.keys.tolist()}
@@ -77,11 +94,11 @@ def test_pairs_are_where_the_record_says_and_the_text_around_them_is_untouched(s
     # Sparse and never overlapping: [gap, 2 gap] plain tokens before every pair.
     ends = [-1] + [recall for _, recall, _, _ in pairs]
     gaps = [first - 1 - (end + 1) for (first, _, _, _), end in zip(pairs, ends)]
-    assert all(SETTINGS.gap <= g <= 2 * SETTINGS.gap for g in gaps), gaps
+    assert all(PAIRS.gap <= g <= 2 * PAIRS.gap for g in gaps), gaps
 
 
 def test_distances_are_balanced_and_keys_spread():
-    settings = ProbeSettings(keys=16, gap=64)
+    settings = OLD_DEFAULT
     ids, symbols = tokenized(make_text(200_000), keys=16)
     planting = plant(ids, settings, symbols, planting_generator(0, "train", 0))
     counts = targets_per_distance([planting], settings.distances)
@@ -98,7 +115,7 @@ def test_a_million_tokens_are_planted_in_well_under_a_second():
     took = []
     for p in range(3):
         start = time.perf_counter()
-        planting = plant(ids, ProbeSettings(), symbols, planting_generator(0, "train", p))
+        planting = plant(ids, OLD_DEFAULT, symbols, planting_generator(0, "train", p))
         took.append(time.perf_counter() - start)
     assert planting.ids.numel() == ids.numel() and min(took) < 0.5, took
 
@@ -106,21 +123,21 @@ def test_a_million_tokens_are_planted_in_well_under_a_second():
 # --- the training split: a fresh planting every pass ---------------------------------------------
 def test_the_training_split_is_planted_afresh_every_pass_and_the_same_for_the_same_seed():
     ids, symbols = tokenized(make_text(20_000))
-    split = PlantedSplit(ids, SETTINGS, symbols, seed=3)
+    split = PlantedSplit(ids, SETTINGS.phases, symbols, seed=3)
     first, second = split.planting(0), split.planting(1)
     assert not torch.equal(first.ids, second.ids)
     assert first.first_key.tolist() != second.first_key.tolist()[: first.first_key.numel()]
     assert first.keys.tolist() != second.keys.tolist()[: first.keys.numel()]
-    again = PlantedSplit(ids, SETTINGS, symbols, seed=3)
+    again = PlantedSplit(ids, SETTINGS.phases, symbols, seed=3)
     assert torch.equal(again.ids_for_pass(1), second.ids) and torch.equal(again(0), first.ids)
-    assert not torch.equal(PlantedSplit(ids, SETTINGS, symbols, seed=4)(0), first.ids)
+    assert not torch.equal(PlantedSplit(ids, SETTINGS.phases, symbols, seed=4)(0), first.ids)
     # Planting p of a split: the validation split's planting 0 is another draw than the training split's.
     assert planting_generator(3, "train", 0).initial_seed() != planting_generator(3, "validation", 0).initial_seed()
 
 
 def test_window_batches_read_each_epochs_planting_and_resume_in_the_same_epoch():
     ids = torch.arange(400)
-    source = lambda p: ids + 1000 * p  # noqa: E731 - pass p's ids say which pass they are
+    source = lambda p, step: ids + 1000 * p  # noqa: E731 - pass p's ids say which pass they are
     batches = RandomWindowBatches(ids, 4, 8, steps=3, generator=torch.Generator().manual_seed(0), pass_ids=source)
     for epoch in range(3):
         assert all(int(x.min()) // 1000 == int(x.max()) // 1000 == epoch for x, _ in batches)
@@ -144,7 +161,7 @@ def test_window_batches_read_each_epochs_planting_and_resume_in_the_same_epoch()
 
 def test_streams_read_each_passes_planting():
     ids = torch.arange(1000)
-    reader = StreamBatches(ids, 4, 10, steps=10_000, seed=0, pass_ids=lambda p: ids + 10_000 * p)
+    reader = StreamBatches(ids, 4, 10, steps=10_000, seed=0, pass_ids=lambda p, step: ids + 10_000 * p)
     for inputs, targets, starts_pass in reader:
         if reader.pass_index == 3:
             break
@@ -170,19 +187,35 @@ def test_the_data_module_trains_on_the_probes_planting_and_validates_on_the_plai
 # --- the validation split --------------------------------------------------------------------------
 def test_validation_plantings_give_every_distance_its_targets_with_as_few_plantings_as_will_do():
     ids, symbols = tokenized(make_text(3000))
-    plantings = validation_plantings(ids, SETTINGS, symbols, seed=0)
+    plantings = validation_plantings(ids, PAIRS, symbols, seed=0)
     assert len(plantings) > 1
-    assert min(targets_per_distance(plantings, SETTINGS.distances)) >= SETTINGS.min_targets
-    assert min(targets_per_distance(plantings[:-1], SETTINGS.distances)) < SETTINGS.min_targets
+    assert min(targets_per_distance(plantings, PAIRS.distances)) >= PAIRS.min_targets
+    assert min(targets_per_distance(plantings[:-1], PAIRS.distances)) < PAIRS.min_targets
     assert all(p.ids.numel() == ids.numel() for p in plantings)
     assert len({tuple(p.first_key.tolist()) for p in plantings}) == len(plantings)  # independent plantings
 
 
-def test_a_validation_split_too_short_for_the_longest_pair_is_refused_in_one_line():
+def test_validation_distances_a_short_split_cannot_hold_are_left_out_and_said():
+    pairs = ValidationPairs((8, 64, 1536), gap=64, min_targets=5)
+    kept, left_out = fitting_pairs(pairs, 1600)
+    assert kept.distances == (8, 64) and left_out == [1536]  # 2 x 64 + 1536 + 4 > 1600
     ids, symbols = tokenized(make_text(2000))
-    with pytest.raises(UserError, match="too few for one pair at distance 1536") as err:
-        validation_plantings(ids[:1600], ProbeSettings(), symbols, seed=0)
+    plantings = validation_plantings(ids[:1600], kept, symbols, seed=0)
+    assert describe_validation(kept, plantings, left_out) == [
+        "probe=recall: validation distances 1536 left out: a pair does not fit the validation split (1,600 tokens)"]
+    with pytest.raises(UserError, match="too few for one pair at distance 8") as err:
+        fitting_pairs(pairs, 100)
     assert "\n" not in str(err.value)
+
+
+def test_targets_the_split_cannot_give_within_the_plantings_bound_are_said_not_waited_for():
+    ids, symbols = tokenized(make_text(2000))
+    pairs = ValidationPairs((8, 64), gap=16, min_targets=100_000)
+    plantings = validation_plantings(ids, pairs, symbols, seed=0)
+    assert len(plantings) == MAX_VALIDATION_PLANTINGS
+    [line] = describe_validation(pairs, plantings, [])
+    assert line.startswith(f"probe=recall: {MAX_VALIDATION_PLANTINGS} plantings of the validation split (the most "
+                           "it takes) give fewer than probe.validation.min_targets=100000 recall targets at d = 8 (")
 
 
 # --- the symbols -----------------------------------------------------------------------------------
@@ -227,15 +260,41 @@ def test_probe_none_changes_nothing(compose_config, tmp_path, tiny_corpus):
 def test_probe_recall_composes_to_its_settings(compose_config):
     cfg = compose_config("probe=recall")
     validate(cfg)
-    assert ProbeSettings.from_config(cfg.probe) == ProbeSettings()  # the yaml and the defaults agree
+    settings = ProbeSettings.from_config(cfg.probe)
+    assert settings.keys == 16 and [p.start for p in settings.phases] == [0.0, 0.2]
+    assert settings.phases[0] == Phase((4, 8), 2) and max(settings.phases[1].distances) <= 128  # inside the window
+    assert settings.validation.distances[0] == 8 and max(settings.validation.distances) >= 4096
+    assert settings.validation.min_targets >= 200
+
+
+def test_probe_recall_sparse_is_the_first_schedule_validated_like_the_default(compose_config):
+    sparse = ProbeSettings.from_config(compose_config("probe=recall_sparse").probe)
+    default = ProbeSettings.from_config(compose_config("probe=recall").probe)
+    assert sparse.phases == (Phase(OLD_DEFAULT.distances, OLD_DEFAULT.gap),)
+    assert sparse.validation == default.validation and sparse.keys == default.keys
+
+
+def test_a_probe_group_from_before_the_phases_reads_as_one_phase():
+    old = {"name": "recall", "keys": 16, "distances": [4, 8, 16], "gap": 8, "min_targets": 100}  # recall_dense's kind
+    settings = ProbeSettings.from_config(OmegaConf.create(old))
+    assert settings == ProbeSettings.single((4, 8, 16), 8, 100, 16)
+    assert settings.phases == (Phase((4, 8, 16), 8, 0.0),) and settings.validation.distances == (4, 8, 16)
 
 
 @pytest.mark.parametrize("override, message", [
     ("probe.keys=1", "invalid probe.keys=1: must be an integer from 2 to 1024"),
-    ("probe.distances=[16,0]", "invalid probe.distances=[16, 0]: must be a non-empty list of distinct integers"),
-    ("probe.distances=[]", "invalid probe.distances=[]"),
-    ("probe.gap=0", "invalid probe.gap=0: must be an integer >= 1"),
-    ("probe.min_targets=2.5", "invalid probe.min_targets=2.5"),
+    ("probe.validation.distances=[16,0]",
+     "invalid probe.validation.distances=[16, 0]: must be a non-empty list of distinct integers"),
+    ("probe.validation.distances=[]", "invalid probe.validation.distances=[]"),
+    ("probe.validation.gap=0", "invalid probe.validation.gap=0: must be an integer >= 1"),
+    ("probe.validation.min_targets=2.5", "invalid probe.validation.min_targets=2.5"),
+    ("probe.validation.min_targets=1000000000", "invalid probe.validation.min_targets=1000000000: must be an integer"),
+    ("+probe.validation.stride=3", "unknown key probe.validation.stride: probe.validation takes distances, gap"),
+    ("probe.phases.1.gap=0", "invalid probe.phases[1].gap=0: must be an integer >= 1"),
+    ("probe.phases.1.start=1.5", "invalid probe.phases[1].start=1.5: must be a number in [0, 1)"),
+    ("probe.phases.0.start=0.5", "invalid probe.phases starts [0.5, 0.2]: the first must be 0"),
+    ("probe.phases=[]", "invalid probe.phases=[]: must be a non-empty list"),
+    ("+probe.distances=[4]", "probe: give probe.phases and probe.validation, or the older"),
     ("tokenizer=spm", NEEDS_CHAR),
 ])
 def test_bad_probe_settings_are_refused_in_one_line(compose_config, override, message):
@@ -247,7 +306,7 @@ def test_bad_probe_settings_are_refused_in_one_line(compose_config, override, me
 def test_prepare_corpus_refuses_spm_before_any_work(tmp_path):
     with pytest.raises(UserError, match="probe=recall needs tokenizer=char"):
         prepare_corpus(data_cfg(tmp_path / "missing.txt"), OmegaConf.create({"kind": "spm"}), tmp_path,
-                       ProbeSettings())
+                       SETTINGS)
 
 
 def test_train_py_refuses_the_probe_with_spm_in_one_line(tmp_path, tiny_corpus):
@@ -255,3 +314,91 @@ def test_train_py_refuses_the_probe_with_spm_in_one_line(tmp_path, tiny_corpus):
     result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "probe=recall", "tokenizer=spm")
     assert result.returncode == 2 and error_line(result.stderr) == f"error: {NEEDS_CHAR}"
     assert_untouched(before, fingerprint(tmp_path))
+
+
+# --- the training schedule: phases -------------------------------------------------------------------
+PHASES = (Phase((3,), 4, 0.0), Phase((40,), 8, 0.5))  # d = 3 for the first half of the run, 40 after
+
+
+def test_a_phase_switches_at_its_step_and_plants_afresh_there():
+    ids, symbols = tokenized(make_text(20_000))
+    split = PlantedSplit(ids, PHASES, symbols, seed=3)
+    split.steps = 10  # the run's steps: phase 1 from step round(0.5 x 10) = 5
+    assert [split.phase_at(s) for s in range(10)] == [0] * 5 + [1] * 5
+    before, after = split.planting(0, 4), split.planting(0, 5)
+    assert set(before.distances.tolist()) == {3} and set(after.distances.tolist()) == {40}
+    assert split.planting(0, 9) is after and split.planting(1, 9) is not after  # a new pass: a new planting
+    # Phase 0 plants exactly what the probe before phases planted (its runs resume to their figures).
+    assert torch.equal(before.ids, plant(ids, PHASES[0], symbols, planting_generator(3, "train", 0)).ids)
+
+
+@pytest.mark.parametrize("batching", ["windows", "streams"])
+def test_the_readers_ask_for_each_batchs_own_step_also_after_a_mid_pass_resume(batching):
+    """The step a reader hands its source is the optimiser step of the batch: the phase switch lands on
+    its step, and a reader restored from its state asks for what the uninterrupted one asked for."""
+    ids = torch.arange(2000)
+
+    def reader(asked):
+        source = lambda p, step: asked.append((p, step)) or ids  # noqa: E731
+        if batching == "windows":
+            return RandomWindowBatches(ids, 2, 8, steps=4, generator=torch.Generator().manual_seed(0),
+                                       pass_ids=source)
+        return StreamBatches(ids, 2, 8, steps=4, seed=0, pass_ids=source)
+
+    asked = []
+    uninterrupted = reader(asked)
+    for _ in range(3):  # three epochs of 4 steps
+        list(uninterrupted)
+    assert [step for _, step in asked] == list(range(12))
+    if batching == "windows":
+        assert [p for p, _ in asked] == [0] * 4 + [1] * 4 + [2] * 4
+    else:  # a pass of the streams holds (2000 - 8) // (2 x 8) = 124 chunks
+        assert {p for p, _ in asked} == {0}
+    resumed_asked, first = [], reader([])
+    list(first)
+    iterator = iter(first)
+    next(iterator)  # step 4, then the run is killed
+    resumed = reader(resumed_asked)
+    resumed.load_state_dict(first.state_dict())
+    taken = list(itertools.islice(resumed, 3))  # Lightning ends the resumed epoch after 3 batches
+    assert len(taken) == 3 and resumed_asked == asked[5:8]
+
+
+def test_the_data_module_sets_the_runs_steps_on_the_probe(tmp_path, tiny_corpus):
+    phased = ProbeSettings(5, PHASES, PAIRS)
+    corpus = prepare_corpus(data_cfg(tiny_corpus), OmegaConf.create({"kind": "char"}), tmp_path, phased, seed=1)
+    data = CorpusDataModule(corpus.train_ids, corpus.val_ids, 4, 16, 5, seed=1, probe=corpus.probe)
+
+    class Trainer:  # what the data module reads of Lightning's
+        max_epochs, max_steps, global_rank, world_size = 3, -1, 0, 1
+        strategy = type("Strategy", (), {"root_device": torch.device("cpu")})()
+
+    data.trainer = Trainer()
+    data.setup("fit")
+    assert corpus.probe.train.steps == 15 and corpus.probe.train.phase_at(7) == 0 and corpus.probe.train.phase_at(8) == 1
+    Trainer.max_steps = 6  # max_steps ends training first
+    data.setup("fit")
+    assert corpus.probe.train.steps == 6 and corpus.probe.train.phase_at(3) == 1
+
+
+@pytest.mark.parametrize("mode", ["windows", "streams"])
+def test_a_probe_run_killed_in_its_second_phase_resumes_to_every_figure(tmp_path, tiny_corpus, mode):
+    """Killed at step 6 of 8 (phase 1 from step 4, mid-epoch), resumed: the resumed run plants what the
+    uninterrupted one planted, so its summary, the recall figures included, is the uninterrupted one's."""
+    from test_resume import figure_differences, summary_in_run_terms
+
+    base = [*TINY, f"data.path={tiny_corpus}", f"training={mode}", "data.seq_len=16", "model.steps_per_epoch=4",
+            "model.epochs=2", "checkpoint.every_n_steps=2", "evaluation.text_samples=0", "probe=recall",
+            "probe.phases=[{start: 0.0, distances: [4], gap: 2}, {start: 0.5, distances: [4, 12], gap: 4}]",
+            "probe.validation.distances=[4,12,40]", "probe.validation.min_targets=10"]
+    assert run_script(tmp_path / "reference", *base).returncode == 0
+    (uninterrupted,) = (tmp_path / "reference" / "outputs" / "runs" / "astra_alpha").iterdir()
+    root = tmp_path / "root"
+    killed = run_killed_after_checkpoint(root, 6, *base)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (run,) = (root / "outputs" / "runs" / "astra_alpha").iterdir()
+    resumed = run_script(root, f"resume={run}")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = summary_in_run_terms(run)
+    assert summary["resumed_from_step"] == 6 and summary["recall"]["distances"] == [4, 12, 40]
+    assert figure_differences(summary, summary_in_run_terms(uninterrupted)) == []

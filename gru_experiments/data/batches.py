@@ -11,8 +11,9 @@ Two ways to batch the training split (`training=windows|streams`, BATCHINGS):
               the state after one chunk (detached) starting the next (StreamBatches)
 
 Either may read different ids in every pass over the split (an epoch of windows, a pass of the
-streams): given a per-pass source (`PassIds`), as the recall probe plants the training split afresh
-every pass (data/recall_probe.py); without one, every pass reads the one split.
+streams) and from a given step on: given a per-pass source (`PassIds`), as the recall probe plants the
+training split afresh every pass and at every phase of its schedule (data/recall_probe.py); without one,
+every pass reads the one split.
 """
 
 from __future__ import annotations
@@ -45,25 +46,25 @@ def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
     return inputs.view(n_windows, seq_len), targets.view(n_windows, seq_len)
 
 
-PassSource = Callable[[int], Tensor]  # pass index -> that pass's ids, as long as the split
+PassSource = Callable[[int, int], Tensor]  # (pass index, step) -> the ids read then, as long as the split
 
 
 class PassIds:
-    """The ids of pass p: the split `ids` itself, or with a `source` the source's ids of pass p moved to
-    the split's device (the last pass's kept, so a pass is fetched once)."""
+    """The ids read in pass p at step s: the split `ids` itself, or with a `source` the source's ids moved
+    to the split's device (moved once: the source gives the same tensor until its ids change)."""
 
     def __init__(self, ids: Tensor, source: PassSource | None = None):
         self.ids, self.source = ids, source
-        self._last: tuple[int, Tensor] | None = None
+        self._last: tuple[Tensor, Tensor] | None = None  # (the source's tensor, on the split's device)
 
-    def __call__(self, pass_index: int) -> Tensor:
+    def __call__(self, pass_index: int, step: int) -> Tensor:
         if self.source is None:
             return self.ids
-        if self._last is None or self._last[0] != pass_index:
-            ids = self.source(pass_index).to(self.ids.device)
+        ids = self.source(pass_index, step)
+        if self._last is None or self._last[0] is not ids:
             if ids.shape != self.ids.shape:
                 raise ValueError(f"pass {pass_index} has {ids.numel()} ids, the split {self.ids.numel()}")
-            self._last = (pass_index, ids)
+            self._last = (ids, ids.to(self.ids.device))
         return self._last[1]
 
 
@@ -71,7 +72,7 @@ class RandomWindowBatches:
     """An epoch of `steps` batches of random windows, drawn on the data's device.
 
     Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one. With a
-    per-pass source (pass_ids), epoch e draws its windows from pass_ids(e).
+    per-pass source (pass_ids), the batch at step s of epoch e draws its windows from pass_ids(e, s).
     """
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator,
@@ -88,9 +89,9 @@ class RandomWindowBatches:
     def __iter__(self):
         if self.read >= self.steps:  # the last epoch was read through; a resumed one was not
             self.epoch, self.read = self.epoch + 1, 0
-        ids = self.pass_ids(self.epoch)
-        n_starts = ids.numel() - self.seq_len  # last start leaves room for the shifted target
+        n_starts = self.ids.numel() - self.seq_len  # last start leaves room for the shifted target
         for _ in range(self.steps):
+            ids = self.pass_ids(self.epoch, self.epoch * self.steps + self.read)
             starts = torch.randint(n_starts, (self.batch_size, 1), device=ids.device, generator=self.generator)
             windows = ids[starts + self.offsets]  # one gather: (B, T + 1)
             self.read += 1
@@ -173,21 +174,20 @@ class StreamBatches:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + pass_index)
         return int(torch.randint(self.seq_len, (1,), generator=generator))
 
-    def pass_streams(self, pass_index: int) -> tuple[Tensor, Tensor]:
-        """This rank's (inputs, targets) of a pass: (batch_size, chunks_per_pass * seq_len) views."""
+    def pass_streams(self, pass_index: int, step: int = 0) -> tuple[Tensor, Tensor]:
+        """This rank's (inputs, targets) of a pass, as read at `step`: (batch_size, chunks_per_pass * seq_len)
+        views."""
         start, length = self.offset(pass_index), self.chunks_per_pass * self.seq_len
         streams = self.batch_size * self.world_size
         mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        ids = self.pass_ids(pass_index)
+        ids = self.pass_ids(pass_index, step)
         inputs = ids[start:start + streams * length].view(streams, length)[mine]
         targets = ids[start + 1:start + 1 + streams * length].view(streams, length)[mine]
         return inputs, targets
 
     def __iter__(self):
-        streams = None
         for _ in range(self.steps):
-            if streams is None or self.chunk == 0:
-                streams = self.pass_streams(self.pass_index)
+            streams = self.pass_streams(self.pass_index, self.pass_index * self.chunks_per_pass + self.chunk)
             columns = slice(self.chunk * self.seq_len, (self.chunk + 1) * self.seq_len)
             starts_pass = self.chunk == 0
             self.chunk += 1
@@ -202,6 +202,14 @@ class StreamBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.pass_index, self.chunk = int(state["pass_index"]), int(state["chunk"])
+
+
+def run_steps(trainer, steps_per_epoch: int) -> int:
+    """The optimiser steps `trainer` is set to take: max_steps, or its epochs of `steps_per_epoch`
+    batches if those end first (the learning-rate schedule's length, without a trainer's estimate)."""
+    epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
+    limits = [n for n in (trainer.max_steps, epochs and epochs * steps_per_epoch) if n and n > 0]
+    return max(1, min(limits, default=1))
 
 
 class CorpusDataModule(L.LightningDataModule):
@@ -257,6 +265,8 @@ class CorpusDataModule(L.LightningDataModule):
                                          self.seed, rank, world, pass_ids=self.train_pass_ids)
             if self._pending_stream_state is not None:
                 self.streams.load_state_dict(self._pending_stream_state)
+        if self.probe is not None and self.trainer is not None:  # the probe's phases are fractions of these
+            self.probe.train.steps = run_steps(self.trainer, self.steps_per_epoch)
 
     def train_dataloader(self):
         if self.batching == "streams":

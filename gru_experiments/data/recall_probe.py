@@ -7,31 +7,36 @@ A pair, token by token:
 
     ⟪ ⟫   the opening and closing markers: characters the corpus does not contain
     k     a key: one of K symbols the corpus does not contain (probe.keys), drawn uniformly, the same twice
-    t_i   d tokens of the text, untouched (d: the pair's distance, from probe.distances)
+    t_i   d tokens of the text, untouched (d: the pair's distance)
 
 The recall target is the second k, d + 2 positions after the first. A model that remembers the first k
 names it; one without memory can do no better than log2 K bits.
 
-A planting (`plant`) follows these rules:
+A planting (`plant`) of a split places pairs by a `Pairs` (distances and gap):
 - balanced: the pairs take the distances in a freshly shuffled order, cycle after cycle, so every
   distance gets (nearly) the same count;
-- sparse and never overlapping: before each pair, a gap of plain text drawn uniformly from
-  [gap, 2 gap] tokens (probe.gap);
+- never overlapping: before each pair, a gap of plain text drawn uniformly from [gap, 2 gap] tokens;
 - inserted, then cut: the markers and keys are inserted (4 tokens a pair, the text around them
   untouched) and the result is cut to the split's length, so a planted split has exactly the length
   of the plain one; a pair that would not end inside the cut is not planted;
-- seeded: planting p of a split uses a generator seeded from (seed, split name, p) (`planting_generator`).
+- seeded: `planting_generator(seed, split, planting, phase)`.
 
-The training split is planted afresh at every pass, with new keys in new places (`PlantedSplit`), so a
-key can only be recalled, never memorised. The validation split stays plain for the ordinary figures;
-the recall figures are scored on R plantings of it, R the fewest that give every distance
-probe.min_targets recall targets (`validation_plantings`).
+Training and validation plant differently (docs/evaluation.md, "The planted-recall control"):
+- training follows a schedule of phases (probe.phases), each from a fraction of the run's steps: recall
+  is learned in a sudden phase change whose onset depends on how often the task is seen, so the default
+  starts dense and short and then widens to distances inside the training window. The training split is
+  planted afresh at every pass and at every phase switch (`PlantedSplit`), so a key can only be
+  recalled, never memorised;
+- validation has distances of its own (probe.validation), on both sides of the training window and far
+  past it; the recall figures are scored on R plantings of the plain validation split, R the fewest that
+  give every distance probe.validation.min_targets recall targets (`validation_plantings`). The ordinary
+  figures stay on the plain split.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -41,7 +46,7 @@ from torch import Tensor
 
 from gru_experiments.data.tokenizers import _private_use_chars
 from gru_experiments.errors import UserError
-from gru_experiments.validation import Rule, check_rules, int_at_least, is_int
+from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number
 
 NEEDS_CHAR = "probe=recall needs tokenizer=char: the pairs are planted character by character"
 MARKERS = ("\u27ea", "\u27eb")  # ⟪ ⟫
@@ -49,6 +54,8 @@ MARKERS = ("\u27ea", "\u27eb")  # ⟪ ⟫
 KEY_CHARS = tuple(chr(c) for c in range(0x24B6, 0x24B6 + 26)) + tuple(chr(c) for c in range(0x24D0, 0x24D0 + 26))
 MAX_KEYS = 1024
 MAX_VALIDATION_PLANTINGS = 256  # the recall figures' cost stays bounded on a short validation split
+LEGACY_KEYS = ("distances", "gap", "min_targets")  # a run folder from before the phases: one phase, same validation
+PROBE_KEYS = ("name", "keys", "phases", "validation", *LEGACY_KEYS)  # every key the probe group may hold
 
 
 def distinct_positive_ints(value) -> bool:
@@ -56,38 +63,103 @@ def distinct_positive_ints(value) -> bool:
             and all(is_int(d) and d >= 1 for d in value) and len(set(value)) == len(value))
 
 
-PROBE_RULES = [
-    Rule("probe.keys", lambda v: is_int(v) and 2 <= v <= MAX_KEYS, f"an integer from 2 to {MAX_KEYS}"),
-    Rule("probe.distances", distinct_positive_ints,
+PAIRS_RULES = [
+    Rule("distances", distinct_positive_ints,
          "a non-empty list of distinct integers >= 1 (the text tokens between a key and the closing marker)"),
-    Rule("probe.gap", int_at_least(1), "an integer >= 1 (plain text before each pair: [gap, 2 gap] tokens)"),
-    Rule("probe.min_targets", int_at_least(1), "an integer >= 1 (validation recall targets per distance)"),
+    Rule("gap", int_at_least(1), "an integer >= 1 (plain text before each pair: [gap, 2 gap] tokens)"),
 ]
+PHASE_RULES = [*PAIRS_RULES, Rule("start", lambda v: is_number(v) and 0 <= v < 1,
+                                  "a number in [0, 1): the fraction of the run's steps where the phase starts")]
+KEYS_RULE = Rule("keys", lambda v: is_int(v) and 2 <= v <= MAX_KEYS, f"an integer from 2 to {MAX_KEYS}")
+VALIDATION_RULES = [*PAIRS_RULES, Rule("min_targets", lambda v: is_int(v) and 1 <= v <= 100_000,
+                                       "an integer from 1 to 100000 (validation recall targets per distance)")]
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """How one planting places its pairs: the distances, balanced, and [gap, 2 gap] tokens before each."""
+
+    distances: tuple[int, ...]
+    gap: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "distances", tuple(self.distances))
+
+
+@dataclass(frozen=True)
+class Phase(Pairs):
+    """A training phase: its pairs, planted from `start` (a fraction of the run's steps) on."""
+
+    start: float = 0.0
+
+
+@dataclass(frozen=True)
+class ValidationPairs(Pairs):
+    """The validation split's pairs, planted until every distance has `min_targets` recall targets."""
+
+    min_targets: int = 200
+
+
+def _checked(cls, values, key: str):
+    if not isinstance(values, Mapping):
+        raise UserError(f"invalid {key}={values!r}: must be a mapping of {', '.join(f.name for f in fields(cls))}")
+    unknown = sorted(set(values) - {f.name for f in fields(cls)})
+    if unknown:
+        raise UserError(f"unknown key {key}.{unknown[0]}: {key} takes {', '.join(f.name for f in fields(cls))}")
+    check_rules(dict(values), {Phase: PHASE_RULES, ValidationPairs: VALIDATION_RULES}[cls], prefix=f"{key}.")
+    return cls(**values)
+
+
+def _checked_phases(phases) -> tuple[Phase, ...]:
+    if not isinstance(phases, Sequence) or isinstance(phases, str) or not phases:
+        raise UserError(f"invalid probe.phases={phases!r}: must be a non-empty list of "
+                        "{start, distances, gap} (the training schedule)")
+    checked = tuple(_checked(Phase, phase, f"probe.phases[{i}]") for i, phase in enumerate(phases))
+    starts = [phase.start for phase in checked]
+    if starts[0] != 0 or any(a >= b for a, b in zip(starts, starts[1:])):
+        raise UserError(f"invalid probe.phases starts {starts}: the first must be 0 and each later one larger")
+    return checked
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """What conf/probe/recall.yaml sets (checked with PROBE_RULES)."""
+    """What conf/probe/recall.yaml sets: the keys, the training phases and the validation pairs."""
 
-    keys: int = 16
-    distances: tuple[int, ...] = (16, 48, 96, 192, 384, 768, 1536)
-    gap: int = 64
-    min_targets: int = 100
+    keys: int
+    phases: tuple[Phase, ...]
+    validation: ValidationPairs
 
     def __post_init__(self):
-        check_rules({"probe": {f.name: getattr(self, f.name) for f in fields(self)}}, PROBE_RULES)
-        object.__setattr__(self, "distances", tuple(self.distances))
+        check_rules({"keys": self.keys}, [KEYS_RULE], prefix="probe.")
+        object.__setattr__(self, "phases", tuple(self.phases))
+
+    @classmethod
+    def single(cls, distances, gap: int, min_targets: int = 200, keys: int = 16) -> ProbeSettings:
+        """One phase for the whole run, validated at the same distances and gap (the probe before phases)."""
+        return cls(keys, (Phase(distances, gap),), ValidationPairs(distances, gap, min_targets))
 
     @classmethod
     def from_config(cls, probe_cfg) -> ProbeSettings | None:
-        """The settings of a `probe` config group; None for probe=none or no group at all."""
+        """The settings of a `probe` config group (checked: one-line UserError naming the key); None for
+        probe=none or no group at all. A group from before the phases (distances, gap, min_targets) reads
+        as one phase validated at its own distances."""
         if probe_cfg is None:
             return None
         values = OmegaConf.to_container(probe_cfg) if OmegaConf.is_config(probe_cfg) else dict(probe_cfg)
         if values.pop("name", "recall") == "none":
             return None
-        check_rules({"probe": values}, PROBE_RULES)
-        return cls(**values)
+        unknown = sorted(set(values) - set(PROBE_KEYS))
+        if unknown:
+            raise UserError(f"unknown key probe.{unknown[0]}: probe=recall takes {', '.join(PROBE_KEYS[1:4])}")
+        check_rules(values, [KEYS_RULE], prefix="probe.")
+        if any(key in values for key in LEGACY_KEYS):
+            if "phases" in values or "validation" in values:
+                raise UserError("probe: give probe.phases and probe.validation, or the older distances, gap and "
+                                "min_targets, not both")
+            check_rules(values, VALIDATION_RULES, prefix="probe.")
+            return cls.single(values["distances"], values["gap"], values["min_targets"], values["keys"])
+        return cls(values["keys"], _checked_phases(values.get("phases")),
+                   _checked(ValidationPairs, values.get("validation"), "probe.validation"))
 
 
 class ProbeSymbols(NamedTuple):
@@ -140,22 +212,24 @@ class Planting:
         return Planting(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
-def planting_generator(seed: int, split: str, planting: int) -> torch.Generator:
-    """The generator of planting `planting` of split `split` in a run seeded `seed`."""
-    digest = hashlib.sha256(f"{seed}/{split}/{planting}".encode()).digest()
+def planting_generator(seed: int, split: str, planting: int, phase: int = 0) -> torch.Generator:
+    """The generator of planting `planting` of split `split` in training phase `phase` of a run seeded
+    `seed` (phase 0 keeps the seeding of the probe before phases: its runs plant what they planted)."""
+    name = f"{seed}/{split}/{planting}" + (f"/{phase}" if phase else "")
+    digest = hashlib.sha256(name.encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def plant(ids: Tensor, settings: ProbeSettings, symbols: SymbolIds, generator: torch.Generator) -> Planting:
+def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Generator) -> Planting:
     """Plant pairs in `ids` (on CPU; see the module docstring for the rules): vectorised, no loop over tokens."""
     ids, n = ids.cpu(), ids.numel()
-    distances = torch.tensor(settings.distances)
+    distances = torch.tensor(pairs.distances)
     # No pair takes fewer than gap + min(d) + 4 tokens: this many pairs always fill the split.
-    m = n // (settings.gap + int(distances.min()) + 4) + 1
+    m = n // (pairs.gap + int(distances.min()) + 4) + 1
     cycles = -(-m // len(distances))
     order = torch.rand(cycles, len(distances), generator=generator).argsort(dim=1)  # a shuffle per cycle
     d = distances[order.flatten()[:m]]
-    gaps = torch.randint(settings.gap, 2 * settings.gap + 1, (m,), generator=generator)
+    gaps = torch.randint(pairs.gap, 2 * pairs.gap + 1, (m,), generator=generator)
     keys = symbols.keys[torch.randint(len(symbols.keys), (m,), generator=generator)]
     ends = torch.cumsum(gaps + d + 4, 0)  # just past each pair, in the planted split
     kept = int((ends <= n).sum())  # ends increase: the pairs that fit are a prefix
@@ -174,21 +248,29 @@ def plant(ids: Tensor, settings: ProbeSettings, symbols: SymbolIds, generator: t
 
 
 class PlantedSplit:
-    """A split planted afresh at every pass: pass p reads planting p of (seed, name). Called with a
-    pass, it gives that pass's ids (on CPU; the batches move them); the last planting is kept."""
+    """The training split planted afresh at every pass and every phase switch. Called with a pass and
+    the step the reader is at, it gives the ids of that pass in the phase in force at that step (on CPU;
+    the batches move them); the last planting is kept. A phase starts at step round(start x steps), the
+    run's steps set by the reader's trainer (`steps`; until then, one step: the first phase)."""
 
-    def __init__(self, ids: Tensor, settings: ProbeSettings, symbols: SymbolIds, seed: int, name: str = "train"):
-        self.ids, self.settings, self.symbols, self.seed, self.name = ids.cpu(), settings, symbols, seed, name
-        self._last: tuple[int, Planting] | None = None
+    def __init__(self, ids: Tensor, phases: Sequence[Phase], symbols: SymbolIds, seed: int, name: str = "train"):
+        self.ids, self.phases, self.symbols, self.seed, self.name = ids.cpu(), tuple(phases), symbols, seed, name
+        self.steps = 1
+        self._last: tuple[tuple[int, int], Planting] | None = None
 
-    def planting(self, pass_index: int) -> Planting:
-        if self._last is None or self._last[0] != pass_index:
-            generator = planting_generator(self.seed, self.name, pass_index)
-            self._last = (pass_index, plant(self.ids, self.settings, self.symbols, generator))
+    def phase_at(self, step: int) -> int:
+        """The index of the phase in force at `step`."""
+        return max(i for i, phase in enumerate(self.phases) if round(phase.start * self.steps) <= step)
+
+    def planting(self, pass_index: int, step: int = 0) -> Planting:
+        key = (pass_index, self.phase_at(step))
+        if self._last is None or self._last[0] != key:
+            generator = planting_generator(self.seed, self.name, *key)
+            self._last = (key, plant(self.ids, self.phases[key[1]], self.symbols, generator))
         return self._last[1]
 
-    def ids_for_pass(self, pass_index: int) -> Tensor:
-        return self.planting(pass_index).ids
+    def ids_for_pass(self, pass_index: int, step: int = 0) -> Tensor:
+        return self.planting(pass_index, step).ids
 
     __call__ = ids_for_pass
 
@@ -199,29 +281,50 @@ def targets_per_distance(plantings: list[Planting], distances: Sequence[int]) ->
     return [int((d == distance).sum()) for distance in distances]
 
 
-def validation_plantings(val_ids: Tensor, settings: ProbeSettings, symbols: SymbolIds, seed: int,
+def fitting_pairs(pairs: ValidationPairs, tokens: int) -> tuple[ValidationPairs, list[int]]:
+    """The validation pairs whose distances fit a split of `tokens` tokens (a pair with its largest
+    gap: 2 gap + d + 4 tokens), and the distances left out. UserError when none fits."""
+    fits = [d for d in pairs.distances if 2 * pairs.gap + d + 4 <= tokens]
+    if not fits:
+        raise UserError(f"probe=recall: the validation split has {tokens} tokens, too few for one pair at distance "
+                        f"{min(pairs.distances)} (2 x probe.validation.gap + {min(pairs.distances)} + 4); use a longer "
+                        "corpus, a smaller data.train_fraction, a smaller probe.validation.gap or shorter distances")
+    kept = ValidationPairs(tuple(fits), pairs.gap, pairs.min_targets)
+    return kept, [d for d in pairs.distances if d not in fits]
+
+
+def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: SymbolIds, seed: int,
                          name: str = "validation") -> list[Planting]:
-    """Plantings 0, 1, ... of the validation split until every distance has settings.min_targets
-    recall targets (at most MAX_VALIDATION_PLANTINGS of them). UserError if the split has no room
-    for one pair of the longest distance whatever its gap."""
-    longest, n = max(settings.distances), val_ids.numel()
-    if n < 2 * settings.gap + longest + 4:
-        raise UserError(f"probe=recall: the validation split has {n} tokens, too few for one pair at distance "
-                        f"{longest} (2 x probe.gap + {longest} + 4 = {2 * settings.gap + longest + 4}); use a longer "
-                        "corpus, a smaller data.train_fraction, a smaller probe.gap or shorter probe.distances")
+    """Plantings 0, 1, ... of the validation split until every distance has pairs.min_targets recall
+    targets, at most MAX_VALIDATION_PLANTINGS of them (the distances must fit: `fitting_pairs`)."""
     plantings: list[Planting] = []
-    counts = torch.zeros(len(settings.distances), dtype=torch.long)
-    distances = torch.tensor(settings.distances)
-    while int(counts.min()) < settings.min_targets and len(plantings) < MAX_VALIDATION_PLANTINGS:
-        plantings.append(plant(val_ids, settings, symbols, planting_generator(seed, name, len(plantings))))
+    counts = torch.zeros(len(pairs.distances), dtype=torch.long)
+    distances = torch.tensor(pairs.distances)
+    while int(counts.min()) < pairs.min_targets and len(plantings) < MAX_VALIDATION_PLANTINGS:
+        plantings.append(plant(val_ids, pairs, symbols, planting_generator(seed, name, len(plantings))))
         counts += (plantings[-1].distances[:, None] == distances).sum(0)
     return plantings
+
+
+def describe_validation(pairs: ValidationPairs, plantings: list[Planting], left_out: list[int]) -> list[str]:
+    """What the validation plantings could not give, one line each ([] when they gave everything)."""
+    lines = []
+    if left_out:
+        lines.append(f"probe=recall: validation distances {', '.join(map(str, left_out))} left out: a pair does not fit "
+                     f"the validation split ({plantings[0].ids.numel():,} tokens)")
+    short = [(d, n) for d, n in zip(pairs.distances, targets_per_distance(plantings, pairs.distances))
+             if n < pairs.min_targets]
+    if short:
+        lines.append(f"probe=recall: {MAX_VALIDATION_PLANTINGS} plantings of the validation split (the most it takes) "
+                     f"give fewer than probe.validation.min_targets={pairs.min_targets} recall targets at "
+                     + ", ".join(f"d = {d} ({n})" for d, n in short))
+    return lines
 
 
 @dataclass
 class Probe:
     """The probe of a run (Corpus.probe): its settings, characters, the training split planted per pass
-    and the validation split's plantings for the recall figures."""
+    and phase, and the validation split's plantings for the recall figures."""
 
     settings: ProbeSettings
     symbols: ProbeSymbols
@@ -232,6 +335,10 @@ class Probe:
     @classmethod
     def build(cls, settings: ProbeSettings, symbols: ProbeSymbols, tokenizer, train_ids: Tensor, val_ids: Tensor,
               seed: int) -> Probe:
+        """The probe; says in a line each what the validation split could not give."""
         ids = SymbolIds.of(symbols, tokenizer)
-        return cls(settings, symbols, ids, PlantedSplit(train_ids, settings, ids, seed),
-                   validation_plantings(val_ids, settings, ids, seed))
+        pairs, left_out = fitting_pairs(settings.validation, val_ids.numel())
+        validation = validation_plantings(val_ids, pairs, ids, seed)
+        for line in describe_validation(pairs, validation, left_out):
+            print(line)
+        return cls(settings, symbols, ids, PlantedSplit(train_ids, settings.phases, ids, seed), validation)

@@ -107,17 +107,17 @@ def validate(cfg) -> None:
 
 def check_probe(cfg) -> None:
     """The probe group: none (or absent: a config from before it), or recall with valid settings
-    (data/recall_probe.PROBE_RULES) and the char tokenizer it plants in."""
+    (data/recall_probe.ProbeSettings checks them) and the char tokenizer it plants in."""
     name = select(cfg, "probe.name")
     if name is MISSING or name == "none":
         return
     if name != "recall":
         raise UserError(f"invalid probe.name={name!r}: must be none or recall")
-    from gru_experiments.data.recall_probe import NEEDS_CHAR, PROBE_RULES  # imports torch: only for a probe
+    from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings  # imports torch: only for a probe
 
     if select(cfg, "tokenizer.kind") != "char":
         raise UserError(NEEDS_CHAR)
-    check_rules(cfg, PROBE_RULES)
+    ProbeSettings.from_config(select(cfg, "probe"))
 
 
 def check_model(cfg) -> None:

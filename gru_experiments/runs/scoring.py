@@ -54,7 +54,7 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
                                               Progress(progress.enabled, "text statistics"))
     if probe is not None:  # the planted-recall control (data/recall_probe.py)
         summary["recall"] = score_recall(model, probe.validation, seq_len=cfg.data.seq_len, window=plan.window,
-                                         keys=probe.settings.keys)
+                                         keys=probe.settings.keys, progress=progress)
     summary["best"] = score_best(cfg, summary, train_ids, val, model.device,
                                  Progress(progress.enabled, "evaluation, best checkpoint"))
     prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)

@@ -8,7 +8,8 @@ on a recalled key, by the pair's distance, in each inference mode (docs/evaluati
     stateless  each recalled key from the closing marker alone: what no memory at all gives
 
 A model without memory can do no better than log2 K bits per key (K keys, drawn uniformly); one that
-remembers the first key approaches 0. Every figure is exact: every recall target of every planting,
+remembers the first key approaches 0. Its memory horizon in each mode (`horizon`): the longest distance
+up to which every recall is under 1 bit, and the distance where the curve crosses 2 bits. Every figure is exact: every recall target of every planting,
 outside the evaluation's budget, like the stateless table (a control must hold its stated targets;
 it costs the plantings' tokens once, statefully, and a window per recall target).
 """
@@ -22,6 +23,7 @@ from torch import Tensor
 
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import stateless_log_probs
 
 RECALL_MODES = ("stateful", "windowed", "stateless")
@@ -36,13 +38,15 @@ def _targets(plantings) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @torch.no_grad()
-def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int) -> tuple[Tensor, int]:
+def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int,
+                       tick=lambda _: None) -> tuple[Tensor, int]:
     """log p of ids[row, position] with the state carried from each row's start; and the forward tokens."""
     out, state, forward = torch.empty(rows.numel(), dtype=torch.float64), None, 0
     with eval_mode(model):
         for start in range(0, ids.shape[1] - 1, seq_len):
             logits, state = model(ids[:, start:start + seq_len], state)
             forward += ids.shape[0] * model.forward_cost(start, logits.shape[1])
+            tick(ids.shape[0] * logits.shape[1])
             here = (positions > start) & (positions <= start + logits.shape[1])
             if here.any():
                 chosen = logits[rows[here], positions[here] - 1 - start].float().log_softmax(-1)
@@ -52,7 +56,8 @@ def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_
 
 
 @torch.no_grad()
-def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, window: int) -> tuple[Tensor, int]:
+def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, window: int,
+                       tick=lambda _: None) -> tuple[Tensor, int]:
     """log p of ids[row, position] from the `window` tokens before it (fewer at a row's start), from the
     initial state; and the forward tokens."""
     out, forward = torch.empty(rows.numel(), dtype=torch.float64), 0
@@ -64,20 +69,25 @@ def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, wind
                 windows = ids[rows[chunk].unsqueeze(1), starts.unsqueeze(1) + torch.arange(length, device=ids.device)]
                 logits, _ = model(windows)
                 forward += chunk.numel() * model.forward_cost(0, length)
+                tick(chunk.numel() * length)
                 log_probs = logits[:, -1].float().log_softmax(-1)
                 wanted = ids[rows[chunk], positions[chunk]].unsqueeze(1)
                 out[chunk] = log_probs.gather(1, wanted).squeeze(1).double().cpu()
     return out, forward
 
 
-def score_recall(model, plantings, *, seq_len: int, window: int, keys: int) -> dict:
+def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, progress: Progress = NO_PROGRESS) -> dict:
     """The recall record (summary.json's `recall`): for each distance, the bits per recalled key in each
-    mode with their standard errors (over the recall targets) and the number of targets."""
+    mode with their standard errors (over the recall targets) and the number of targets; the horizon of
+    each mode. A bar per mode (`progress`), in tokens run."""
     device = model.device
     ids = torch.stack([p.ids for p in plantings]).to(device)
     rows, positions, distances = (t.to(device) for t in _targets(plantings))
-    stateful, forward = stateful_log_probs(model, ids, rows, positions, seq_len)
-    windowed, windowed_forward = windowed_log_probs(model, ids, rows, positions, window)
+    with progress.phase(f"recall, stateful ({len(plantings)} plantings)", ids.numel()) as tick:
+        stateful, forward = stateful_log_probs(model, ids, rows, positions, seq_len, tick)
+    with progress.phase(f"recall, windowed ({rows.numel():,} targets)",
+                        int(positions.clamp(max=window).sum())) as tick:
+        windowed, windowed_forward = windowed_log_probs(model, ids, rows, positions, window, tick)
     table = stateless_log_probs(model)
     stateless = table[ids[rows, positions - 1], ids[rows, positions]].double().cpu()
     bits = {mode: -lp / math.log(2) for mode, lp in zip(RECALL_MODES, (stateful, windowed, stateless))}
@@ -86,8 +96,40 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int) -> d
                    for d in sorted(set(distances.tolist()))}
     return {"keys": keys, "chance_bits": math.log2(keys), "distances": sorted(set(distances.tolist())),
             "plantings": len(plantings), "seq_len": seq_len, "window": window, "by_distance": by_distance,
+            "horizon": {mode: horizon(by_distance, mode) for mode in RECALL_MODES},
             "forward_tokens": forward + windowed_forward + model.vocab_size * model.forward_cost(0, 1),
             "note": ORDINARY_FIGURES.format(plantings=len(plantings))}
+
+
+REMEMBERED_BITS = 1.0  # the horizon: every distance up to it recalled in under this many bits
+CROSSING_BITS = 2.0  # and where the curve crosses this many (log2 K = 4 for the default 16 keys)
+
+
+def horizon(by_distance: dict, mode: str) -> dict:
+    """A mode's memory horizon from its recall curve (by_distance: distance -> mode -> {"bits", ...}):
+        remembered   the longest distance d such that recall at every distance up to d is under
+                     REMEMBERED_BITS; None when the shortest distance already is not
+        crosses_2    the distance where the curve first rises through CROSSING_BITS, interpolated
+                     linearly in log2 distance between the two distances around it; None when it never
+                     does (`crossing` then says whether it stays below, or starts at or above)
+    """
+    curve = sorted((int(d), figures[mode]["bits"]) for d, figures in by_distance.items()
+                   if figures[mode]["bits"] is not None)
+    remembered = None
+    for d, bits in curve:
+        if bits >= REMEMBERED_BITS:
+            break
+        remembered = d
+    crossed, crossing = None, "below 2 bits at every distance"
+    if curve and curve[0][1] >= CROSSING_BITS:
+        crossing = "2 bits or more at the shortest distance"
+    else:
+        for (d0, b0), (d1, b1) in zip(curve, curve[1:]):
+            if b0 < CROSSING_BITS <= b1:
+                x = math.log2(d0) + (CROSSING_BITS - b0) / (b1 - b0) * (math.log2(d1) - math.log2(d0))
+                crossed, crossing = 2 ** x, "interpolated in log2 distance"
+                break
+    return {"remembered": remembered, "crosses_2_bits": crossed, "crossing": crossing}
 
 
 def mean_and_se(bits: Tensor) -> dict:
@@ -105,5 +147,9 @@ def format_recall(record: dict) -> str:
     for d, figures in record["by_distance"].items():
         cells = " ".join(f"{figures[m]['bits']:>8.3f} ±{figures[m]['se'] or 0:<6.3f}" for m in RECALL_MODES)
         lines.append(f"{d:>8} {cells} {figures['stateful']['targets']:>8}")
+    for mode, h in (record.get("horizon") or {}).items():
+        crossed = h["crosses_2_bits"]
+        lines.append(f"{mode} horizon: under 1 bit up to d = {h['remembered'] or 'none'}; 2 bits crossed at "
+                     + (f"d = {crossed:,.0f} ({h['crossing']})" if crossed else h["crossing"]))
     return "\n".join(lines)
 
