@@ -146,8 +146,9 @@ def test_the_curve_by_class_counts_every_target_once(small_text="to be or not to
 
 
 def test_training_with_the_probe_writes_the_recall_figures(compose_config, small_shakespeare):
-    cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall", "probe.validation.distances=[8,24,64]",
-                         "probe.validation.min_targets=20", "probe.validation.gap=16", "data.batch_size=4", "data.seq_len=16",
+    cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall",
+                         "probe.validation.distances=[8,24,64]", "probe.validation.min_targets=20",
+                         "probe.validation.gap=16", "data.batch_size=4", "data.seq_len=16",
                          "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
                          "evaluation.text_samples=0", "evaluation.curve_longest=64")
     train(cfg)

@@ -26,16 +26,16 @@ from gru_experiments.data.corpus import prepare_corpus, split_text
 from gru_experiments.data.recall_probe import (
     KEY_CHARS,
     MARKERS,
-    NEEDS_CHAR,
     MAX_VALIDATION_PLANTINGS,
+    NEEDS_CHAR,
     Pairs,
     Phase,
     PlantedSplit,
     ProbeSettings,
+    SymbolIds,
     ValidationPairs,
     describe_validation,
     fitting_pairs,
-    SymbolIds,
     plant,
     planting_generator,
     probe_symbols,
@@ -375,7 +375,8 @@ def test_the_data_module_sets_the_runs_steps_on_the_probe(tmp_path, tiny_corpus)
 
     data.trainer = Trainer()
     data.setup("fit")
-    assert corpus.probe.train.steps == 15 and corpus.probe.train.phase_at(7) == 0 and corpus.probe.train.phase_at(8) == 1
+    split = corpus.probe.train
+    assert split.steps == 15 and split.phase_at(7) == 0 and split.phase_at(8) == 1
     Trainer.max_steps = 6  # max_steps ends training first
     data.setup("fit")
     assert corpus.probe.train.steps == 6 and corpus.probe.train.phase_at(3) == 1

@@ -310,8 +310,8 @@ def describe_validation(pairs: ValidationPairs, plantings: list[Planting], left_
     """What the validation plantings could not give, one line each ([] when they gave everything)."""
     lines = []
     if left_out:
-        lines.append(f"probe=recall: validation distances {', '.join(map(str, left_out))} left out: a pair does not fit "
-                     f"the validation split ({plantings[0].ids.numel():,} tokens)")
+        lines.append(f"probe=recall: validation distances {', '.join(map(str, left_out))} left out: a pair does not "
+                     f"fit the validation split ({plantings[0].ids.numel():,} tokens)")
     short = [(d, n) for d, n in zip(pairs.distances, targets_per_distance(plantings, pairs.distances))
              if n < pairs.min_targets]
     if short:
