@@ -10,8 +10,9 @@ on a recalled key, by the pair's distance, in each inference mode (docs/evaluati
 A model without memory can do no better than log2 K bits per key (K keys, drawn uniformly); one that
 remembers the first key approaches 0. Its memory horizon in each mode (`horizon`): the longest distance
 up to which every recall is under 1 bit, and the distance where the curve crosses 2 bits. Every figure
-is exact: every recall target of every planting, outside the evaluation's budget, like the stateless table (a control must hold its stated targets;
-it costs the plantings' tokens once, statefully, and a window per recall target).
+is exact: every recall target of every planting, outside the evaluation's budget, like the stateless
+table (a control must hold its stated targets; it costs the plantings' tokens once, statefully, and a
+window per recall target).
 """
 
 from __future__ import annotations
