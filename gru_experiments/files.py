@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import secrets
 from contextlib import contextmanager
@@ -89,8 +90,22 @@ def atomic_write(path, content: str | bytes) -> Path:
 
 
 def write_json(path, payload) -> Path:
-    """`payload` as indented JSON, atomically."""
-    return atomic_write(path, json.dumps(payload, indent=2) + "\n")
+    """`payload` as indented strict JSON (RFC 8259), atomically: every file the project writes goes through
+    here. A number that is not finite (a statistic that could not be computed: a standard error of one
+    target, a rate of no time) is written as null, since NaN and Infinity are not JSON and jq, a browser's
+    JSON.parse and most readers refuse the whole file for one; the writer of such a figure says why beside it."""
+    return atomic_write(path, json.dumps(finite_or_null(payload), indent=2, allow_nan=False) + "\n")
+
+
+def finite_or_null(value):
+    """`value` with every float that is not finite replaced by None, through dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 def read_json(path):

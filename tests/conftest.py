@@ -6,6 +6,7 @@ Tests never use the network: the real corpus is the copy shipped in the package
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -81,3 +82,37 @@ def small_shakespeare(tmp_path_factory, shakespeare) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "richard.txt"
     path.write_text(shakespeare.read_text(encoding="utf-8")[170_000:230_000], encoding="utf-8")
     return path
+
+
+def strict_json(text: str):
+    """JSON as RFC 8259 has it: NaN, Infinity and -Infinity are refused (Python's json takes them)."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def json_with_non_finite_numbers(folder: Path) -> list[str]:
+    """Every .json file under `folder` that holds NaN or Infinity (a file that is not JSON at all, which some
+    tests write on purpose, is left alone)."""
+    found = []
+    for path in sorted(Path(folder).rglob("*.json")):
+        try:
+            text = path.read_text(encoding="utf-8")
+            json.loads(text)
+        except (OSError, ValueError):
+            continue
+        try:
+            strict_json(text)
+        except ValueError as error:
+            found.append(f"{path}: {error}")
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_json_file_is_strict(tmp_path_factory):
+    """No JSON file that the session's runs, sweeps and sampling runs wrote (all under its temporary folders)
+    holds NaN or Infinity (issue 36)."""
+    yield
+    found = json_with_non_finite_numbers(tmp_path_factory.getbasetemp())
+    assert not found, "JSON files with NaN or Infinity: " + "; ".join(found[:5])

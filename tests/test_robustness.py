@@ -4,6 +4,7 @@ runs started together share the SentencePiece cache safely."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -454,7 +455,8 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(compo
     checkpoint = read_checkpoint(last)
     assert checkpoint["global_step"] == 3
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
-    assert not (tmp_path / "run" / "summary.json").exists()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())  # the run says it diverged
+    assert summary["status"] == "failed" and summary["error"] == "TrainingDiverged: " + line.removeprefix("error: ")
 
 
 # --- the scripts themselves -------------------------------------------------------------------

@@ -106,18 +106,31 @@ def validate(cfg) -> None:
 
 
 def check_probe(cfg) -> None:
-    """The probe group: none (or absent: a config from before it), or recall with valid settings
-    (data/recall_probe.ProbeSettings checks them) and the char tokenizer it plants in."""
+    """The probe group: none (or absent: a config from before it) with no key of the probe's, or recall with
+    valid settings (data/recall_probe.ProbeSettings.from_config, which names any key it does not take) and
+    the char tokenizer it plants in. A probe key without the probe, or probe.name=recall without the group's
+    keys (the probe is chosen with the group, probe=recall), would do nothing: refused."""
     name = select(cfg, "probe.name")
-    if name is MISSING or name == "none":
+    if name is MISSING:
+        return
+    given = [key for key in cfg.probe if key != "name"]
+    if name == "none":
+        if given:
+            keys = ", ".join(f"probe.{key}" for key in given)
+            raise UserError(f"probe.{given[0]} is a setting of probe=recall, but the probe is off (probe=none); "
+                            f"add probe=recall to plant the pairs, or leave out {keys}")
         return
     if name != "recall":
-        raise UserError(f"invalid probe.name={name!r}: must be none or recall")
+        raise UserError(f"invalid probe.name={name!r}: must be none or recall (the probe is chosen with the group: "
+                        "probe=recall)")
     from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings  # imports torch: only for a probe
 
+    if not given:
+        raise UserError("probe.name=recall names the probe but sets none of its keys: the probe is chosen with "
+                        "its config group, probe=recall (probe.name is that group's record of itself)")
     if select(cfg, "tokenizer.kind") != "char":
         raise UserError(NEEDS_CHAR)
-    ProbeSettings.from_config(select(cfg, "probe"))
+    ProbeSettings.from_config(cfg.probe)
 
 
 def check_model(cfg) -> None:

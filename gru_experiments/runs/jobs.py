@@ -15,7 +15,8 @@ On failure the wrapper, in this order:
    with status "failed", the error and the end of the traceback, into the job's run folder,
    and marks the job's W&B run failed (starting one if the failure came before the logger), so
    the sweep report lists the job as failed while the other jobs go on. A single run that
-   fails writes no record: its checkpoints stay, ready for resume=;
+   fails writes no record (its checkpoints stay, ready for resume=), but for one that diverged
+   (TrainingDiverged: its summary.json says so, beside the last good checkpoint);
 2. closes the logger (the W&B run ends with exit code 1, so the next multirun job starts its
    own); on success it closes it with exit code 0;
 3. report=True: a `UserError` (bad input: the message says what to do) becomes
@@ -48,7 +49,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.errors import UserError
+from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import disk_error
 
 EXIT_USER_ERROR = 2
@@ -79,7 +80,8 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
     try:
         yield current
     except BaseException as error:
-        if record and isinstance(error, Exception) and multirun_job() and _is_global_zero():
+        if record and (multirun_job() or isinstance(error, TrainingDiverged)) and isinstance(error, Exception) \
+                and _is_global_zero():
             # Bookkeeping must never hide the error it reports.
             with suppress(Exception):
                 current.logger = record_failure(cfg, current.logger, error, current.seconds)

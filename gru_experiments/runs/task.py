@@ -16,6 +16,8 @@ from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.runs.recipe import Recipe
 from gru_experiments.study.scores import Score, score_batch
 
+DIVERGENCE_FACTOR = 4  # a training loss above 4 x ln(vocabulary) nats stops the run (divergence_limit)
+
 
 class LanguageModelTask(L.LightningModule):
     """Wraps any LanguageModel (models/protocol.py). Checkpoints hold its architecture (hparams:
@@ -66,16 +68,25 @@ class LanguageModelTask(L.LightningModule):
         if streams:
             self.carried_state = detach_state(state)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        if not torch.isfinite(loss):
-            # Stop before the update, so the weights (and any checkpoint) stay those of the
-            # last good step.
-            raise TrainingDiverged(f"training diverged: the loss is {loss.item()} at training step "
-                                   f"{self.global_step + 1} (epoch {self.current_epoch})")
+        if not loss <= self.divergence_limit:  # nan and inf fail it too; one device sync, as isfinite's
+            # Stop before the update, so the weights (and any checkpoint) stay those of the last good step.
+            above = (f", above {DIVERGENCE_FACTOR} x ln {self.model.vocab_size} = {self.divergence_limit:.1f} nats "
+                     f"({DIVERGENCE_FACTOR} times a uniform guess's, where training starts)"
+                     if torch.isfinite(loss) else "")
+            raise TrainingDiverged(f"training diverged: the loss is {loss.item():.4g} at training step "
+                                   f"{self.global_step + 1} (epoch {self.current_epoch}){above}")
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         self._epoch_loss[0] += loss.detach()
         self._epoch_loss[1] += 1
         return loss
+
+    @property
+    def divergence_limit(self) -> float:
+        """The training loss that counts as diverged: DIVERGENCE_FACTOR times a uniform guess's, ln V nats. Every
+        run starts near ln V and falls below it; a learning rate far too large sends it up by orders of magnitude
+        within a few steps (model.lr=1e6: 5e10), and a run there learns nothing more."""
+        return DIVERGENCE_FACTOR * math.log(self.model.vocab_size)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         # Measured after the optimiser step, so tokens/s covers forward, backward and update.

@@ -56,8 +56,19 @@ class Evaluation:
         for mode, score in self.scores.items():
             metrics |= {f"{mode}_nll": score.nll, f"{mode}_bpc": score.bpc, f"{mode}_bpc_se": score.bpc_se}
         if self.gain is not None:
-            metrics["state_gain_bpc"], metrics["state_gain_se"] = self.gain.bpc, self.gain.bpc_se
+            n = self.gain.tokens
+            metrics["state_gain_bpc"], metrics["state_gain_se"] = (self.gain.bpc if n else None), self.gain.bpc_se
+            if n < 2:
+                metrics["state_gain_note"] = self.gain_note
         return metrics
+
+    @property
+    def gain_note(self) -> str:
+        """Why stateful - windowed has no figure, or no standard error: too few targets in common."""
+        return (f"stateful - windowed ({self.plan.window} tokens) not measured: paired on {self.gain.tokens} "
+                "target(s), fewer than the 2 a standard error needs; the modes scored too few targets in common "
+                f"(a windowed target needs {self.plan.window} tokens before it, a sampled plan scores only some): a "
+                "longer validation split, a shorter evaluation.window or a larger evaluation.budget")
 
     @property
     def settings(self) -> dict:
@@ -83,7 +94,7 @@ class Evaluation:
         lines += [f"{mode:<10} {s.nll:>10.4f} {s.bpc:>10.4f} {s.tokens:>9,}" for mode, s in self.scores.items()]
         if gain is not None:
             lines.append(f"stateful - windowed ({plan.window} tokens), paired on {gain.tokens:,} targets: "
-                         f"{gain.bpc:+.4f} ± {gain.bpc_se:.4f} bits/char")
+                         f"{gain.bpc:+.4f} ± {gain.bpc_se:.4f} bits/char" if gain.tokens > 1 else self.gain_note)
         if self.curve is not None:
             lines.append("context curve (bits per character against the tokens of context):\n"
                          + format_curve(self.curve))

@@ -1,0 +1,68 @@
+"""Every input answered (issue 36): strict JSON whatever a statistic could not be, a diverging run that says
+so, sizes checked before the work, keys that would do nothing refused. The resume cases are in
+tests/test_resume.py; docs/robustness.md has the table of inputs and answers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import strict_json
+from robustness_helpers import TINY
+from test_robustness import fail_in_process
+
+from gru_experiments.errors import UserError
+from gru_experiments.files import write_json
+from gru_experiments.runs.config import validate
+from gru_experiments.runs.training import train
+
+
+def test_json_is_strict_a_number_that_is_not_finite_is_null(tmp_path):
+    path = write_json(tmp_path / "x.json", {"se": math.nan, "curve": [1.5, math.inf, (-math.inf, 2)],
+                                            "nested": {"rate": math.nan}, "n": 3, "text": "NaN"})
+    assert strict_json(path.read_text()) == {"se": None, "curve": [1.5, None, [None, 2]], "nested": {"rate": None},
+                                             "n": 3, "text": "NaN"}
+
+
+def test_a_smoke_run_writes_strict_json_and_says_why_a_figure_is_missing(compose_config, tiny_corpus, tmp_path):
+    """fast_dev_run scores a small slice: stateful - windowed may share too few targets for a standard error,
+    which summary.json gave as NaN; now null, with the reason beside it."""
+    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.fast_dev_run=true",
+                                   "evaluation.text_samples=0"))
+    assert math.isnan(summary["state_gain_se"])  # in memory: no pair of targets to take it from
+    run = tmp_path / "run"
+    written = {name: strict_json((run / name).read_text()) for name in ("summary.json", "samples.json")}
+    assert written["summary.json"]["state_gain_se"] is None and written["summary.json"]["status"] == "completed"
+    assert written["summary.json"]["state_gain_note"].startswith("stateful - windowed (32 tokens) not measured: "
+                                                                 "paired on 0 target(s)")
+
+
+def test_a_diverging_run_stops_with_one_line_and_says_so_in_summary_json(compose_config, tiny_corpus, tmp_path,
+                                                                         capsys):
+    cfg = compose_config(*TINY, f"data.path={tiny_corpus}", "model.lr=1e6", "trainer.max_steps=30",
+                         "checkpoint.every_n_steps=1")
+    line = fail_in_process(capsys, cfg)
+    assert line.startswith("error: training diverged: the loss is ")
+    assert "above 4 x ln 54 = 16.0 nats" in line and line.endswith("try a lower model.lr")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("TrainingDiverged: training diverged")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+probe.keys=8"], "probe.keys is a setting of probe=recall, but the probe is off (probe=none); add "
+                        "probe=recall to plant the pairs, or leave out probe.keys"),
+    (["probe=recall", "probe.name=bogus"], "invalid probe.name='bogus': must be none or recall"),
+    (["probe.name=recall"], "probe.name=recall names the probe but sets none of its keys: the probe is chosen "
+                            "with its config group, probe=recall"),
+    (["probe=recall", "+probe.colour=red"], "unknown key probe.colour"),
+])
+def test_probe_keys_that_would_do_nothing_are_refused(compose_config, overrides, message):
+    with pytest.raises(UserError) as error:
+        validate(compose_config(*overrides))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_probe_groups_pass(compose_config):
+    for probe in ("none", "recall", "recall_sparse"):
+        validate(compose_config(f"probe={probe}"))
