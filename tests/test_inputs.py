@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from conftest import strict_json
@@ -66,3 +67,28 @@ def test_probe_keys_that_would_do_nothing_are_refused(compose_config, overrides,
 def test_the_probe_groups_pass(compose_config):
     for probe in ("none", "recall", "recall_sparse"):
         validate(compose_config(f"probe={probe}"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("evaluation.window=5000", "evaluation.window=5,000 is not shorter than the validation split (1,999 targets): "
+                               "no target has that much context before it"),
+    ("data.batch_size=1000", "data.batch_size=1000 x data.seq_len=32 is 32,000 tokens a batch, more than the "
+                             "training split's 18,000: set data.batch_size to at most 562"),
+])
+def test_a_size_larger_than_its_split_is_refused_before_any_work(compose_config, tiny_corpus, tmp_path, capsys,
+                                                                 override, message):
+    line = fail_in_process(capsys, compose_config(*TINY, f"data.path={tiny_corpus}", override))
+    assert line.startswith(f"error: {message}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(compose_config, tiny_corpus, capsys):
+    train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=2", "optim.warmup_steps=50",
+                         "evaluation.budget=null", "evaluation.text_samples=0", "evaluation.curve_longest=null"))
+    out = capsys.readouterr().out
+    assert ("optim.warmup_steps=50 is not shorter than this run's 2 steps: the learning rate never leaves its warmup "
+            "(it ends at 3.9% of model.lr)") in out
+    exact = next(line for line in out.splitlines() if line.startswith("evaluation: every figure exact"))
+    assert out.index(exact) < out.index("evaluation of the final weights")  # before the work, not after
+    assert re.fullmatch(r"evaluation: every figure exact \(evaluation.budget=null\), [\d,]+ forward tokens "
+                        r"\([\d,.]+ per token trained\), a bar per pass", exact)

@@ -187,11 +187,16 @@ def test_cost_and_sharing():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"text_samples": -1}, "invalid evaluation.text_samples=-1: must be an integer >= 0 (0: no text statistics)"),
-    ({"text_chars": 31}, "invalid evaluation.text_chars=31: must be an integer >= 32 (copy_32's span)"),
+    ({"text_samples": -1}, "invalid evaluation.text_samples=-1: must be an integer from 0 (no text statistics) to "
+                           "1,000"),
+    ({"text_chars": 31}, "invalid evaluation.text_chars=31: must be an integer from 32 (copy_32's span) to 100,000"),
     ({"text_drift_chars": 499},
-     "invalid evaluation.text_drift_chars=499: must be 0 (no drift) or an integer >= 500 (one stretch)"),
+     "invalid evaluation.text_drift_chars=499: must be 0 (no drift) or an integer from 500 (one stretch) to 100,000"),
     ({"text_drift_chars": True}, "invalid evaluation.text_drift_chars=True"),
+    # Past a sane bound the command would only seem to hang (issue 36): refused before any work.
+    ({"text_samples": 1_000_000_000}, "invalid evaluation.text_samples=1000000000: must be an integer from 0"),
+    ({"text_chars": 100_001}, "invalid evaluation.text_chars=100001"),
+    ({"text_drift_chars": 1_000_000_000}, "invalid evaluation.text_drift_chars=1000000000: must be 0 (no drift) or"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(UserError) as error:

@@ -168,6 +168,24 @@ def check_window(cfg, model) -> None:
                     f"tokens (model.architecture.{setting}); set data.seq_len <= {context} or a larger {setting}")
 
 
+def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
+    """Sizes against the splits, once the corpus is read and before any training: a context of the model and a
+    training batch against the training split, the windowed mode's window against the validation split."""
+    name, seq_len, batch_size = select(cfg, "model.name"), cfg.data.seq_len, cfg.data.batch_size
+    if model.context is not None and train_tokens < model.context + 1:
+        raise UserError(f"the training split has {train_tokens} tokens, fewer than one context of {name} "
+                        f"({model.context} tokens and the one they predict); use a longer corpus or a smaller context")
+    if model.trainable and batch_size * seq_len > train_tokens:
+        raise UserError(f"data.batch_size={batch_size} x data.seq_len={seq_len} is {batch_size * seq_len:,} tokens a "
+                        f"batch, more than the training split's {train_tokens:,}: set data.batch_size to at most "
+                        f"{max(train_tokens // seq_len, 1):,}")
+    window = select(cfg, "evaluation.window")
+    if is_int(window) and window >= val_tokens - 1:
+        raise UserError(f"evaluation.window={window:,} is not shorter than the validation split ({val_tokens - 1:,} "
+                        "targets): no target has that much context before it, so the windowed figures would measure "
+                        f"nothing; set evaluation.window below {val_tokens - 1:,}, or null (the training data.seq_len)")
+
+
 def model_family(architecture) -> str | None:
     """The family an architecture config builds (gru, lstm, rnn, mlp, ngram, transformer: summary.json's
     "family"), or None when it does not build: for records that must be written whatever went wrong."""

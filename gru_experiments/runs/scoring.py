@@ -47,6 +47,9 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     text = run_text_settings(cfg, val)
     plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
                     text=text_demand(model, tokenizer, val, text))
+    if plan.budget is None:  # no budget bounds it: say what it asks for before it starts
+        print(f"evaluation: every figure exact (evaluation.budget=null), {plan.forward_tokens:,} forward tokens "
+              f"({plan.forward_tokens / max(summary['train_tokens'], 1):,.1f} per token trained), a bar per pass")
     evaluation = evaluate(model, train_ids, val, plan, progress=progress, classes=classes_of(val, tokenizer, plan))
     summary |= evaluation.metrics() | {"mode_evaluation": evaluation.settings, "context_curve": evaluation.curve,
                                        "eval_whole_split": plan.exact}

@@ -21,11 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.data.recall_probe import ProbeSettings
-from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.errors import TrainingDiverged
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
-from gru_experiments.runs.config import validate
+from gru_experiments.runs.config import check_sizes, validate
 from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
@@ -101,10 +101,7 @@ def prepare(cfg: DictConfig) -> Run:
                             eval_batch_size=cfg.data.eval_batch_size,
                             batching=batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
-    if model.context is not None and data.train_ids.numel() < model.context + 1:
-        raise UserError(f"the training split has {data.train_ids.numel()} tokens, fewer than one context "
-                        f"of {cfg.model.name} ({model.context} tokens and the one they predict); use a longer "
-                        "corpus or a smaller context")
+    check_sizes(cfg, model, data.train_ids.numel(), data.val_ids.numel())
     if resume is not None:
         resume.check(task.hparams, tokenizer)
     run = Run(cfg, resume, RunDir(cfg.paths.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
