@@ -10,7 +10,7 @@ import re
 
 import pytest
 from conftest import strict_json
-from robustness_helpers import TINY
+from robustness_helpers import TINY, run_script
 from test_robustness import fail_in_process
 
 from gru_experiments.errors import UserError
@@ -92,3 +92,15 @@ def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(co
     assert out.index(exact) < out.index("evaluation of the final weights")  # before the work, not after
     assert re.fullmatch(r"evaluation: every figure exact \(evaluation.budget=null\), [\d,]+ forward tokens "
                         r"\([\d,.]+ per token trained\), a bar per pass", exact)
+
+
+def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path, tiny_corpus):
+    """Lightning's lines came twice (Hydra's console handler and Lightning's own), with a tip advertising another
+    logger, a deprecation inside Lightning, and W&B's "anonymous setting has no effect" (issue 36)."""
+    result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "logger=wandb", "trainer.max_steps=2",
+                        "evaluation.text_samples=0", "evaluation.curve_longest=null", WANDB_SILENT="false")
+    assert result.returncode == 0, result.stderr
+    console = result.stdout + result.stderr
+    assert console.count("GPU available") == 1 and console.count("`Trainer.fit` stopped") == 1
+    for noise in ("Tip:", "LeafSpec", "anonymous setting", "TPU available", "Loading `train_dataloader`"):
+        assert noise not in console, noise

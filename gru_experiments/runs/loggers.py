@@ -42,6 +42,39 @@ def wandb_mode() -> str:
     return "offline"
 
 
+# Lightning's lines and warnings that say nothing a user of this project can act on: a tip advertising
+# another logger, hardware it does not have, its own bookkeeping, a deprecation inside Lightning itself, the
+# best checkpoint's metric before the first validation (a run shorter than an epoch), a resume's folder.
+QUIET_LINES = ("💡 Tip:", "TPU available", "HPU available", "Loading `train_dataloader` to estimate")
+QUIET_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"`ModelCheckpoint\(monitor=.*could not find",
+                  r"Checkpoint directory .* exists and is not empty")
+
+
+def quiet_console() -> None:
+    """Each thing said once, and nothing a user cannot act on. Lightning gives its `lightning` logger a console
+    handler of its own and lets it propagate too, so under Hydra, whose console handler is on the root logger,
+    every Lightning line came twice: its own handler goes while the root logger has a console to print to
+    (Hydra's file handler, train.log, has the same lines). QUIET_LINES and QUIET_WARNINGS are left out, from
+    both. Idempotent."""
+    import logging
+    import warnings
+
+    lightning = logging.getLogger("lightning")
+    if any(type(handler) is logging.StreamHandler for handler in logging.getLogger().handlers):
+        for handler in [h for h in lightning.handlers if type(h) is logging.StreamHandler]:
+            lightning.removeHandler(handler)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        emitter = logging.getLogger(name)
+        if _quiet_line not in emitter.filters:
+            emitter.addFilter(_quiet_line)
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
+def _quiet_line(record) -> bool:
+    return not any(line in record.getMessage() for line in QUIET_LINES)
+
+
 def is_wandb(logger) -> bool:
     return type(logger).__name__ == "WandbLogger"
 
@@ -84,6 +117,8 @@ def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: st
     if logger_cfg._target_.endswith("CSVLogger") and csv_version:
         kwargs["version"] = csv_version
     logger = instantiate(logger_cfg, **kwargs)
+    if is_wandb(logger) and logger._wandb_init.get("anonymous") is None:
+        del logger._wandb_init["anonymous"]  # Lightning passes anonymous=None, which wandb warns has no effect
     logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
     return logger
 

@@ -29,7 +29,7 @@ from gru_experiments.runs.config import check_sizes, validate
 from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
-from gru_experiments.runs.loggers import build_logger, is_wandb
+from gru_experiments.runs.loggers import build_logger, is_wandb, quiet_console
 from gru_experiments.runs.modes import ModesOverTraining
 from gru_experiments.runs.recipe import Recipe
 from gru_experiments.runs.resume import record_resume, resume_point
@@ -69,6 +69,7 @@ def train(cfg: DictConfig) -> dict:
     the sweep report lists this one as failed. A single run that fails just raises; its
     checkpoints stay, ready for resume=."""
     with job(cfg, record=True) as current:
+        quiet_console()
         run = prepare(cfg)
         fit_or_count(run, current)
         summary = summarize(run, current)
