@@ -6,9 +6,11 @@
     python sweep.py models=[astra_alpha,scribe_alpha] data.path=my.txt logger=csv
     python sweep.py models=ladder                     # the language-model ladder (conf/sweep.yaml model_sets)
     python sweep.py models=grid training=windows,streams  # each model trained both ways: the training x inference grid
+    python sweep.py experiments=recall_horizon probe=recall,none  # conf/experiment/ configs as the jobs
     python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
 
-sweep.py's own keys are in conf/sweep.yaml (models, model_sets, leviathan, report). Every other argument is
+sweep.py's own keys are in conf/sweep.yaml (models, model_sets, experiments, experiment_sets, leviathan,
+report). Every other argument is
 a train.py override and applies to every job: preset=..., data.path=..., trainer=ddp, logger=...,
 hydra/launcher=parallel|slurm, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
 The report (report.md, results.csv, plots) goes into the sweep folder; with W&B it also goes to a
@@ -33,6 +35,29 @@ CONF = ROOT / "conf"
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 
+def named_list(value, sets, kind: str, known: list[str]) -> list[str]:
+    """A list of config names from `name` (a set in `sets`), `a,b` or `[a,b]`, each one of `known`."""
+    if isinstance(value, str) and value in sets:
+        value = list(sets[value])
+    elif isinstance(value, str):
+        value = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in value if name not in known]
+    if unknown or not value:
+        raise UserError(f"unknown {kind}(s) {unknown or 'none given'}; available: {', '.join(known)}")
+    return list(value)
+
+
+def config_names(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+
+
+def job_choices(settings: DictConfig) -> list[str]:
+    """The override that picks each job's config: model=NAME, or +experiment=NAME with experiments=."""
+    if settings.experiments is None:
+        return [f"model={name}" for name in settings.models]
+    return [f"+experiment={name}" for name in settings.experiments]
+
+
 def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     """sweep.py's settings (conf/sweep.yaml + its keys from argv) and the train.py overrides."""
     settings = OmegaConf.load(CONF / "sweep.yaml")
@@ -46,14 +71,11 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         else:
             overrides.append(arg)
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
-    if isinstance(settings.models, str) and settings.models in settings.model_sets:  # models=ladder
-        settings.models = list(settings.model_sets[settings.models])
-    elif isinstance(settings.models, str):  # models=a,b as well as models=[a,b]
-        settings.models = [name.strip() for name in settings.models.split(",") if name.strip()]
-    known = sorted(path.stem for path in (CONF / "model").glob("*.yaml"))
-    unknown = [name for name in settings.models if name not in known]
-    if unknown or not settings.models:
-        raise UserError(f"unknown model(s) {unknown or 'none given'}; available: {', '.join(known)}")
+    if settings.experiments is not None:
+        settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
+                                          config_names("experiment"))
+        return settings, overrides
+    settings.models = named_list(settings.models, settings.model_sets, "model", config_names("model"))
     if settings.leviathan and "leviathan" not in settings.models:
         settings.models.append("leviathan")
     return settings, overrides
@@ -69,7 +91,7 @@ def first_values(overrides: list[str]) -> list[str]:
             for o in parsed]
 
 
-def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
+def resolve_sweep_dir(jobs: list[str], overrides: list[str]) -> Path:
     """The sweep folder exactly as train.py would compose it (hydra.sweep.dir, paths.* and all),
     fixed now so that sweep.py knows where the report goes. Composing also checks every override
     before anything is trained."""
@@ -79,18 +101,20 @@ def resolve_sweep_dir(models: list[str], overrides: list[str]) -> Path:
 
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"model={models[0]}", *first_values(overrides)],
+            cfg = compose(config_name="train", overrides=[jobs[0], *first_values(overrides)],
                           return_hydra_config=True)
             return Path(str(cfg.hydra.sweep.dir)).resolve()
     except (HydraException, OmegaConfBaseException) as error:
         raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None
 
 
-def run_sweep(models: list[str], overrides: list[str]) -> tuple[Path, int]:
-    sweep_dir = resolve_sweep_dir(models, overrides)
-    command = [sys.executable, str(ROOT / "train.py"), "-m", "model=" + ",".join(models),
+def run_sweep(jobs: list[str], overrides: list[str]) -> tuple[Path, int]:
+    """Train.py's multirun over `jobs` (each model=NAME or +experiment=NAME) with `overrides`."""
+    sweep_dir = resolve_sweep_dir(jobs, overrides)
+    key = jobs[0].split("=", 1)[0]
+    command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(j.split("=", 1)[1] for j in jobs),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
-    print(f"sweep.py: {len(models)} models into {sweep_dir}\n  {' '.join(command)}", flush=True)
+    print(f"sweep.py: {len(jobs)} configs into {sweep_dir}\n  {' '.join(command)}", flush=True)
     # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
     # others; train.py then exits non-zero, and the report says which job failed.
     returncode = subprocess.run(command, check=False).returncode
@@ -122,7 +146,7 @@ def main(argv: list[str]) -> int:
         write_report(Path(settings.report))  # the report itself says what failed or is missing
         return 0
     started = time.perf_counter()
-    sweep_dir, returncode = run_sweep(list(settings.models), overrides)
+    sweep_dir, returncode = run_sweep(job_choices(settings), overrides)
     report = write_report(sweep_dir)
     print(f"sweep.py: {len(report.jobs)} jobs in {time.perf_counter() - started:.0f} s")
     if report.problems or returncode != 0:

@@ -181,3 +181,22 @@ def test_the_horizon_of_a_hand_made_recall_curve():
     assert horizon(curve((16, 0.0), (8, 0.0)), "stateful")["remembered"] == 16  # read in order of distance
     exactly = horizon(curve((8, 1.0), (16, 2.0)), "stateful")
     assert exactly["remembered"] is None and exactly["crosses_2_bits"] == pytest.approx(16.0)
+
+
+def test_a_finite_context_models_stateful_recall_is_its_last_context_tokens_scored_per_target():
+    """The transformer's stateful recall is scored per target from its last block_size tokens (cheap: no
+    pass per position of every planting); it equals carrying the state through the plantings."""
+    from gru_experiments.models.transformer import TransformerLM
+    from gru_experiments.study.recall import stateful_log_probs, windowed_log_probs
+
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=24, block_size=12, embedding_dim=16, num_layers=1, num_heads=2, dropout=0.0)
+    planted = plantings(n=2, length=400)
+    ids = torch.stack([p.ids for p in planted])
+    rows = torch.cat([torch.full_like(p.recall, r) for r, p in enumerate(planted)])
+    positions = torch.cat([p.recall for p in planted])
+    carried, _ = stateful_log_probs(model, ids, rows, positions, seq_len=7)
+    per_target, _ = windowed_log_probs(model, ids, rows, positions, model.context)
+    assert torch.allclose(carried, per_target, atol=1e-5)
+    record = score_recall(model, planted, seq_len=7, window=5, keys=K)
+    assert record["forward_tokens"] < ids.numel() * model.context  # not a pass over a block per position

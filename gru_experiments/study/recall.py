@@ -2,7 +2,8 @@
 on a recalled key, by the pair's distance, in each inference mode (docs/evaluation.md).
 
     stateful   the plantings side by side as rows, run in chunks of seq_len with the state carried:
-               the key predicted from all the text before it
+               the key predicted from all the text before it (a model of its last `context` tokens,
+               as the transformer: from those tokens, per target, which is what carrying them gives)
     windowed   each recalled key from its own window of the `window` tokens before it, from the
                initial state: a pair longer than the window has its first key outside
     stateless  each recalled key from the closing marker alone: what no memory at all gives
@@ -84,8 +85,13 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, prog
     device = model.device
     ids = torch.stack([p.ids for p in plantings]).to(device)
     rows, positions, distances = (t.to(device) for t in _targets(plantings))
-    with progress.phase(f"recall, stateful ({len(plantings)} plantings)", ids.numel()) as tick:
-        stateful, forward = stateful_log_probs(model, ids, rows, positions, seq_len, tick)
+    if model.context is None:
+        with progress.phase(f"recall, stateful ({len(plantings)} plantings)", ids.numel()) as tick:
+            stateful, forward = stateful_log_probs(model, ids, rows, positions, seq_len, tick)
+    else:  # a function of its last `context` tokens: stateful is that window, scored per target (exactly)
+        with progress.phase(f"recall, stateful (the last {model.context} tokens)",
+                            int(positions.clamp(max=model.context).sum())) as tick:
+            stateful, forward = windowed_log_probs(model, ids, rows, positions, model.context, tick)
     with progress.phase(f"recall, windowed ({rows.numel():,} targets)",
                         int(positions.clamp(max=window).sum())) as tick:
         windowed, windowed_forward = windowed_log_probs(model, ids, rows, positions, window, tick)
