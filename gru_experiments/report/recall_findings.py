@@ -4,6 +4,7 @@ numbers of one sweep (report.md's *Findings on the planted-recall control*):
     the instrument detects a dependency the model has learned
     training with the state carried makes the state worth carrying, judged again on the planted
     corpus (the study's finding 6 is judged on real text by findings.carried_state_finding)
+    a carried state keeps what the model learned past its training window
 
 Bits per recalled key ± one standard error; a difference of two figures has the standard error
 hypot(se1, se2); log2 K is the bits a model pays that kept nothing of the key.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 
 from gru_experiments.report.finding import Finding, cannot, plus_minus
+from gru_experiments.report.recall_horizon import run_horizon
 from gru_experiments.report.recall_report import (
     distances,
     inference_window,
@@ -30,6 +32,7 @@ from gru_experiments.report.recall_report import (
 RECALL_CLAIMS = (
     "The planted-recall instrument detects a dependency the model has learned",
     "Training with the state carried makes the state worth carrying, on the planted-recall corpus",
+    "A carried state keeps what the model learned past its training window",
 )
 
 
@@ -145,6 +148,44 @@ def recall_carried_state_finding(jobs) -> Finding:
     return Finding(claim, verdict, evidence)
 
 
+def _kept_part(job) -> tuple[bool, str]:
+    """(stateful beats windowed at the first distance past the training window, the evidence) of one run."""
+    window = training_window(job)
+    past = [(d, s, w) for d in distances(job) if where(d, window) == "past"
+            and (s := recall_point(job, d, "stateful")) is not None and (w := recall_point(job, d, "windowed"))]
+    kept = [d for d, s, w in past if w[0] - s[0] > 2 * math.hypot(s[1], w[1])]
+    h = run_horizon(job, "stateful")
+    crossing = ("nowhere (under 2 bits at every distance)" if h["crossing"].startswith("below") else
+                "already at the shortest distance" if h["crosses_2_bits"] is None else
+                f"at d ≈ {h['crosses_2_bits']:,.0f} ({h['crosses_2_bits'] / window:.1f}× the window)")
+    text = (f"{model_name(job)} trained on {training_label(job)}: stateful below windowed by more than two standard "
+            f"errors of the difference at {len(kept)} of {len(past)} distances past the window"
+            + (f" (d = {past[0][0]}: stateful {plus_minus(*past[0][1][:2])}, windowed {plus_minus(*past[0][2][:2])})"
+               if past else "")
+            + f"; stateful under 1 bit up to d = {h['remembered'] or 'none'}, crossing 2 bits {crossing}")
+    return bool(past) and past[0][0] in kept, text
+
+
+def kept_past_window_finding(jobs) -> Finding:
+    """Past its training window, where the windowed mode cannot see the key, does the carried state still
+    recall it? Judged on the recurrent runs; a finite-context model (the transformer) is the control."""
+    claim = RECALL_CLAIMS[2]
+    runs = [job for job in recall_jobs(jobs) if training_window(job) and distances(job)]
+    recurrent = [job for job in runs if job.values.get("context") is None]
+    if not recurrent:
+        return cannot(claim, "a recurrent run of the planted-recall corpus with distances past its training window")
+    parts = [_kept_part(job) for job in recurrent]
+    controls = [_kept_part(job)[1] for job in runs if job.values.get("context") is not None]
+    kept = sum(k for k, _ in parts)
+    evidence = ("Bits per recalled key ± one standard error: " + "; ".join(text for _, text in parts)
+                + (". Control, a model of its last tokens only: " + "; ".join(controls) if controls else "")
+                + ". Rule: a run keeps the key past its window when, at the first validation distance past it, "
+                "stateful recall is below windowed by more than two standard errors of the difference (hypot of "
+                f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
+    return Finding(claim, "supported" if kept == len(parts) else "partly supported" if kept else
+                   "not shown by this sweep", evidence)
+
+
 def recall_findings(jobs) -> list[Finding]:
     """The findings of the planted-recall control, in RECALL_CLAIMS' order."""
-    return [instrument_finding(jobs), recall_carried_state_finding(jobs)]
+    return [instrument_finding(jobs), recall_carried_state_finding(jobs), kept_past_window_finding(jobs)]

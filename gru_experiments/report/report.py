@@ -39,6 +39,7 @@ from gru_experiments.report.plots import (
     plot_ladder,
     plot_modes_over_training,
 )
+from gru_experiments.report.recall_horizon import cost_section, horizon_section
 from gru_experiments.report.recall_report import PLOT_RECALL, plot_recall, recall_section
 from gru_experiments.report.sweep_folder import MISSING, JobResult, Report, collect, ladder_jobs
 from gru_experiments.report.text_report import PLOT_TEXT, TEXT_COLUMNS, plot_text, text_section
@@ -204,7 +205,8 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += grid_section(jobs, plots, format_duration)
     lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
     lines += _best_section(jobs) + _figure_sections(jobs, plots)
-    lines += ["", *recall_section(jobs, plots), *text_section(jobs, plots), *_samples_section(jobs)]
+    lines += ["", *recall_section(jobs, plots), *horizon_section(jobs), *cost_section(jobs),
+              *text_section(jobs, plots), *_samples_section(jobs)]
     lines += ["Files: `results.csv` (every number above, full precision), the PNGs beside this report, "
               "and each job's folder (summary.json, history.csv, samples.json, checkpoints)."]
     return "\n".join(lines) + "\n"

@@ -182,13 +182,14 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 def name_variants(jobs: list[JobResult]) -> None:
-    """Each job's variant: the learning rate and the recipe, where the sweep trained its model (and
-    training mode) at more than one of them (python sweep.py models=lr_alpha 'model.lr=...')."""
+    """Each job's variant: the learning rate, the recipe and the probe, where the sweep trained its model (and
+    training mode) with more than one of them (python sweep.py models=lr_alpha 'model.lr=...'; the
+    planted-recall experiment's twins, probe=recall,none)."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
     for group in groups.values():
-        varies = [key for key in ("lr", "optim") if len({str(job.values.get(key)) for job in group}) > 1]
+        varies = [key for key in ("lr", "optim", "probe") if len({str(job.values.get(key)) for job in group}) > 1]
         for job in group:
             job.variant = ", ".join(_variant(job, key) for key in varies)
 
@@ -197,6 +198,8 @@ def _variant(job: JobResult, key: str) -> str:
     value = job.values.get(key)
     if key == "lr":
         return f"lr {value:g}" if isinstance(value, (int, float)) else f"lr {value}"
+    if key == "probe":
+        return f"probe {value}" if value not in (None, "none") else "no probe"
     return f"recipe {value}"
 
 

@@ -1,0 +1,126 @@
+"""The planted-recall experiment's two tables (report.md, after *Planted recall*):
+
+    Memory horizon       per run with the probe, per inference mode: the longest distance up to which
+                         every recall is under 1 bit, and where the curve crosses 2 bits (summary.json's
+                         recall.horizon; computed from the curve for a record from before it)
+    What the recall costs  each run with the probe beside its twin without (the same model, training mode
+                         and window): the ordinary figures on the plain validation split, so what
+                         learning the recall costs the language model, and whether a model that keeps a
+                         key takes anything more from the state on the real text (stateful - windowed,
+                         negative where the state helps, and the kind of target where it helps most, from
+                         the context curve by class)
+"""
+
+from __future__ import annotations
+
+import math
+
+from gru_experiments.report.finding import finite, plus_minus
+from gru_experiments.report.recall_report import model_name, recall_jobs, recall_record, training_label, training_window
+from gru_experiments.report.sweep_folder import MISSING
+from gru_experiments.study.recall import horizon
+
+MODES = ("stateful", "windowed")  # stateless never remembers: its horizon is always none
+
+
+def run_horizon(job, mode: str) -> dict:
+    """The job's horizon in `mode` ({"remembered", "crosses_2_bits", "crossing"})."""
+    record = recall_record(job) or {}
+    return (record.get("horizon") or {}).get(mode) or horizon(record.get("by_distance", {}), mode)
+
+
+def _remembered(h: dict) -> str:
+    return MISSING if h["remembered"] is None else f"{h['remembered']:,}"
+
+
+def _crossing(h: dict) -> str:
+    if h["crosses_2_bits"] is not None:
+        return f"{h['crosses_2_bits']:,.0f}"
+    return "never" if h["crossing"].startswith("below") else "at once"
+
+
+def _times_window(job, h: dict) -> str:
+    window = training_window(job)
+    return MISSING if h["crosses_2_bits"] is None or not window else f"{h['crosses_2_bits'] / window:.1f}×"
+
+
+def horizon_section(jobs) -> list[str]:
+    """report.md's *Memory horizon* table ([] without a run with the probe)."""
+    shown = recall_jobs(jobs)
+    if not shown:
+        return []
+    lines = ["## Memory horizon", "",
+             "How far each run keeps a key, in tokens: \"under 1 bit up to\", the longest distance up to which every "
+             "recall costs under 1 bit; \"2 bits at\", where the recall curve first rises through 2 bits "
+             "(interpolated linearly in log2 distance between the two validation distances around it; \"never\": "
+             "under 2 bits at every distance, \"at once\": 2 bits or more at the shortest), and that distance over "
+             "the training window. Past its window, the windowed mode cannot see the key.", "",
+             "| run | training window | stateful: under 1 bit up to | stateful: 2 bits at | × training window | "
+             "windowed: under 1 bit up to | windowed: 2 bits at |", "|---|--:|--:|--:|--:|--:|--:|"]
+    for job in shown:
+        stateful, windowed = (run_horizon(job, mode) for mode in MODES)
+        lines.append(f"| {model_name(job)}, {training_label(job)} | {training_window(job) or MISSING} | "
+                     f"{_remembered(stateful)} | {_crossing(stateful)} | {_times_window(job, stateful)} | "
+                     f"{_remembered(windowed)} | {_crossing(windowed)} |")
+    return lines + [""]
+
+
+# --- what learning the recall costs the language model ------------------------------------------------
+def twin(job, jobs):
+    """The completed job of the same model, training mode and window without the probe, None if none."""
+    return next((other for other in jobs if other.status == "completed" and not recall_record(other)
+                 and other.values.get("probe") in (None, "none") and model_name(other) == model_name(job)
+                 and other.training_mode == job.training_mode and training_window(other) == training_window(job)),
+                None)
+
+
+def _bpc(job, key: str) -> tuple[float | None, float | None]:
+    return finite(job.values.get(f"{key}_bpc")), finite(job.values.get(f"{key}_bpc_se") or job.values.get(
+        f"{key}_se"))
+
+
+def _figure(job, key: str) -> str:
+    value, se = _bpc(job, key)
+    return MISSING if value is None else plus_minus(value, se, 4)
+
+
+def _cost(job, plain) -> str:
+    (a, sa), (b, sb) = _bpc(job, "stateful"), _bpc(plain, "stateful")
+    if a is None or b is None:
+        return MISSING
+    return f"{a - b:+.4f} ± {math.hypot(sa or 0.0, sb or 0.0):.4f}"
+
+
+def most_helped_class(job) -> str:
+    """The kind of target where the state helps most (the lowest stateful - windowed of
+    context_curve.by_class), with that figure."""
+    by_class = ((job.values.get("context_curve") or {}).get("by_class") or {})
+    gains = [(name, finite(gain.get("bpc")), finite(gain.get("se"))) for name, entry in by_class.items()
+             if isinstance(entry, dict) and isinstance(gain := entry.get("state_gain"), dict)]
+    gains = [g for g in gains if g[1] is not None]
+    if not gains:
+        return MISSING
+    name, gain, se = min(gains, key=lambda g: g[1])
+    return f"{name}: {gain:+.4f}" + ("" if se is None else f" ± {se:.4f}")
+
+
+def cost_section(jobs) -> list[str]:
+    """report.md's *What the recall costs* table ([] without a run with the probe)."""
+    shown = recall_jobs(jobs)
+    if not shown:
+        return []
+    lines = ["## What the recall costs the language model", "",
+             "Each run with the probe beside its twin without it (same model, training mode and window), on the plain "
+             "validation split: stateful bits per character ± se, the cost (with - without ± the two se's hypot), "
+             "stateful - windowed ± its paired se (negative: carrying the state helps) and the kind of target where it "
+             "helps most (the context curve by class: stateful - windowed on those targets).", "",
+             "| run | stateful, with the probe | without | cost | stateful - windowed, with | without | "
+             "where the state helps most, with | without |", "|---|--:|--:|--:|--:|--:|---|---|"]
+    for job in shown:
+        plain = twin(job, jobs)
+        cells = ([_figure(plain, "stateful"), _cost(job, plain), _figure(job, "state_gain"),
+                  _figure(plain, "state_gain"), most_helped_class(job), most_helped_class(plain)] if plain else
+                 [MISSING, MISSING, _figure(job, "state_gain"), MISSING, most_helped_class(job), MISSING])
+        lines.append(f"| {model_name(job)}, {training_label(job)} | {_figure(job, 'stateful')} | " + " | ".join(cells)
+                     + " |")
+    return lines + [""]
