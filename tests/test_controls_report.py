@@ -258,7 +258,8 @@ def _with(figures: dict, mode: str, index: int, point: tuple) -> dict:
 
 @pytest.mark.parametrize("runs, verdicts", [
     # the windowed mode below chance past its window: the instrument sees a key it should not
-    ((("windows", 128, _with(WINDOWS_128, "windowed", 3, (2.0, 0.1))),), ("partly supported", "cannot be judged", "not shown by this sweep")),
+    ((("windows", 128, _with(WINDOWS_128, "windowed", 3, (2.0, 0.1))),),
+     ("partly supported", "cannot be judged", "not shown by this sweep")),
     # nothing learned: stateful at chance everywhere
     ((("windows", 128, {"stateful": [(3.0, 0.05)] * 6, "windowed": WINDOWS_128["windowed"]}),
       ("streams", 128, {"stateful": [(3.0, 0.05)] * 6, "windowed": WINDOWS_128["windowed"]})),
