@@ -440,7 +440,7 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
                                                      ">= 1"),
     (["stats=true", "evaluation.text_samples=0"], "error: stats=true measures evaluation.text_samples samples per "
                                                 "setting, which is 0: give an integer >= 1"),
-    (["evaluation.text_chars=31"], "error: invalid evaluation.text_chars=31: must be an integer >= 32"),
+    (["evaluation.text_chars=31"], "error: invalid evaluation.text_chars=31: must be an integer from 32"),
     (["max_new_tokens=100000000", "num_samples=100000"],
      "error: num_samples=100000 x (prompt 15 + max_new_tokens=100000000) tokens would need 72.8 TiB for the token "
      "buffer alone; this machine has "),

@@ -10,12 +10,12 @@ import re
 
 import pytest
 from conftest import strict_json
-from robustness_helpers import TINY, run_script
+from robustness_helpers import TINY, error_line, run_script
 from test_robustness import fail_in_process
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import write_json
-from gru_experiments.runs.config import validate
+from gru_experiments.runs.config import check_added_keys, validate
 from gru_experiments.runs.training import train
 
 
@@ -104,3 +104,17 @@ def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path
     assert console.count("GPU available") == 1 and console.count("`Trainer.fit` stopped") == 1
     for noise in ("Tip:", "LeafSpec", "anonymous setting", "TPU available", "Loading `train_dataloader`"):
         assert noise not in console, noise
+
+
+def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_path):
+    check_added_keys(["+trainer.limit_val_batches=0.5", "+model.architecture.extra=1", "data.seq_len=64",
+                      "++evaluation.window=64"])  # handed on to Lightning or the model; or an override
+    for key in ("+tokenizer.vocab_size", "+evaluation.colour", "+data.shuffle", "+optim.momentum"):
+        group = key[1:].split(".")[0]
+        with pytest.raises(UserError, match=re.escape(f"{key[1:]} is not a key of the chosen {group} option, so "
+                                                      f"nothing would read it: leave out {key}")):
+            check_added_keys([f"{key}=1"])
+    result = run_script(tmp_path, "tokenizer=char", "+tokenizer.vocab_size=100", *TINY)  # as train.py gets it
+    assert result.returncode == 2 and "tokenizer.vocab_size is not a key of the chosen tokenizer option" in \
+        error_line(result.stderr)
+    assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left

@@ -84,8 +84,29 @@ def valid_precisions() -> tuple:
         lp._PRECISION_INPUT_STR_ALIAS)
 
 
+# Groups whose keys this project reads as the chosen option's file names them: a key added to one on the command
+# line (+group.key=value; Hydra refuses a new key without the +) is read by nothing. trainer, model and logger
+# hand their keys on to Lightning, the model's class and the logger, which say what they take; probe: check_probe.
+OWN_GROUPS = ("data", "evaluation", "training", "tokenizer", "optim", "checkpoint", "paths")
+
+
+def check_added_keys(overrides) -> None:
+    """A `+group.key=value` for one of OWN_GROUPS is refused in one line: the key would do nothing
+    (tokenizer=char with +tokenizer.vocab_size, say)."""
+    for override in overrides:
+        key = str(override).partition("=")[0]
+        group, _, name = key.removeprefix("+").partition(".")
+        if key.startswith("+") and not key.startswith("++") and group in OWN_GROUPS and name:
+            raise UserError(f"{key[1:]} is not a key of the chosen {group} option, so nothing would read it: leave "
+                            f"out {key}, or choose the {group} option that has it (conf/{group}/)")
+
+
 def validate(cfg) -> None:
     """Check a composed train config; raise UserError on the first invalid value."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
+        check_added_keys(HydraConfig.get().overrides.task)
     check_rules(cfg, TRAIN_RULES)
     check_rules(cfg, EVALUATION_RULES)
     validate_text_settings(cfg.evaluation)
