@@ -267,11 +267,14 @@ def test_probe_recall_composes_to_its_settings(compose_config):
     assert settings.validation.min_targets >= 200
 
 
-def test_probe_recall_sparse_is_the_first_schedule_validated_like_the_default(compose_config):
-    sparse = ProbeSettings.from_config(compose_config("probe=recall_sparse").probe)
+def test_the_earlier_schedules_are_variants_validated_like_the_default(compose_config):
     default = ProbeSettings.from_config(compose_config("probe=recall").probe)
+    sparse = ProbeSettings.from_config(compose_config("probe=recall_sparse").probe)
+    dense = ProbeSettings.from_config(compose_config("probe=recall_dense").probe)
     assert sparse.phases == (Phase(OLD_DEFAULT.distances, OLD_DEFAULT.gap),)
-    assert sparse.validation == default.validation and sparse.keys == default.keys
+    assert dense.phases == (Phase((4, 8, 16, 32, 64, 128, 256), 8),)  # as recall_dense planted its training split
+    for variant in (sparse, dense):
+        assert variant.validation == default.validation and variant.keys == default.keys
 
 
 def test_a_probe_group_from_before_the_phases_reads_as_one_phase():
