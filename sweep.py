@@ -109,7 +109,7 @@ def resolve_sweep_dir(jobs: list[str], overrides: list[str]) -> Path:
 
 
 def run_sweep(jobs: list[str], overrides: list[str]) -> tuple[Path, int]:
-    """Train.py's multirun over `jobs` (each model=NAME or +experiment=NAME) with `overrides`."""
+    """The multirun of train.py over `jobs` (each model=NAME or +experiment=NAME) with `overrides`."""
     sweep_dir = resolve_sweep_dir(jobs, overrides)
     key = jobs[0].split("=", 1)[0]
     command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(j.split("=", 1)[1] for j in jobs),

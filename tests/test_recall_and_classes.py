@@ -215,8 +215,8 @@ def test_a_small_gru_learns_to_recall_at_short_distance_when_the_schedule_is_den
     cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall", f"probe.phases={schedule}",
                          "probe.validation.distances=[8]", "probe.validation.min_targets=200", "data.batch_size=32",
                          "data.seq_len=64", "model.steps_per_epoch=100", "model.epochs=3",
-                         "trainer.enable_progress_bar=false", "evaluation.text_samples=0", "evaluation.curve_longest=64",
-                         "evaluation.budget=0.2")
+                         "trainer.enable_progress_bar=false", "evaluation.text_samples=0",
+                         "evaluation.curve_longest=64", "evaluation.budget=0.2")
     figures = train(cfg)["recall"]["by_distance"]["8"]
     assert figures["stateless"]["bits"] > 3.5  # the closing marker alone says nothing of the key
     for mode in ("stateful", "windowed"):

@@ -236,9 +236,31 @@ def test_sweep_arguments():
 
 
 def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
-    assert sweep_script.resolve_sweep_dir(["astra_alpha"], [f"hydra.sweep.dir={tmp_path}/s"]) == tmp_path / "s"
-    default = sweep_script.resolve_sweep_dir(["astra_alpha"], [f"paths.log_dir={tmp_path}"])
+    assert sweep_script.resolve_sweep_dir(["model=astra_alpha"], [f"hydra.sweep.dir={tmp_path}/s"]) == tmp_path / "s"
+    default = sweep_script.resolve_sweep_dir(["+experiment=recall_beta_streams"], [f"paths.log_dir={tmp_path}"])
     assert default.parent == tmp_path / "multiruns"
+
+
+def test_experiments_are_the_jobs_instead_of_models(compose_config):
+    settings, overrides = sweep_script.parse_arguments(["experiments=recall_horizon", "probe=recall,none"])
+    assert sweep_script.job_choices(settings) == [
+        "+experiment=recall_alpha_windows", "+experiment=recall_alpha_streams", "+experiment=recall_alpha_long_windows",
+        "+experiment=recall_beta_windows", "+experiment=recall_beta_streams", "+experiment=recall_transformer_windows"]
+    assert overrides == ["probe=recall,none"]
+    settings, _ = sweep_script.parse_arguments(["experiments=[recall_alpha_streams]"])
+    assert sweep_script.job_choices(settings) == ["+experiment=recall_alpha_streams"]
+    with pytest.raises(UserError, match="unknown experiment"):
+        sweep_script.parse_arguments(["experiments=[recall_gamma]"])
+    assert sweep_script.job_choices(sweep_script.parse_arguments(["models=grid"])[0]) == [
+        "model=astra_alpha", "model=astra_beta"]
+    # each experiment is its model and training: the long windows are 512 at batch 16
+    cfg = compose_config("+experiment=recall_alpha_long_windows", "probe=recall")
+    assert (cfg.model.name, cfg.training.batching, cfg.data.seq_len, cfg.data.batch_size) == (
+        "astra_alpha", "windows", 512, 16)
+    cfg = compose_config("+experiment=recall_beta_streams")
+    assert (cfg.model.name, cfg.training.batching, cfg.probe.name, cfg.optim.name) == (
+        "astra_beta", "streams", "none", "seed")
+    assert compose_config("+experiment=recall_transformer_windows").optim.name == "transformer"
 
 
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
