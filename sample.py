@@ -20,6 +20,11 @@ def main(cfg: DictConfig) -> None:
     with job(cfg, report=True):
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
+        if cfg.get("explore"):
+            from gru_experiments.runs.explore_run import explore_run
+
+            explore_run(cfg, checkpoint)
+            return
         from gru_experiments.runs.sampling import sample
 
         sample(cfg, checkpoint)

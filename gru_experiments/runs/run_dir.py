@@ -4,6 +4,7 @@ A training run's folder (outputs/runs/<model>/<time>/, or <sweep>/<num>_<model>/
 
     summary.json            the results (status "completed"), or status "failed" and the error
     samples.json            stateful and stateless samples side by side
+    explore.html            the run's page, when sample.py explore=true wrote it
     history.csv             the learning curves (gru_experiments/runs/history.py)
     checkpoints/last.ckpt   the last checkpoint (also best-*.ckpt, the best by val/loss)
     .hydra/config.yaml      the composed config; overrides.yaml the command line it came from
@@ -25,6 +26,7 @@ from gru_experiments.errors import UserError
 from gru_experiments.files import read_json, write_json
 
 SUMMARY, SAMPLES, HISTORY = "summary.json", "samples.json", "history.csv"
+EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/explore_run.py)
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = Path(CHECKPOINTS) / "last.ckpt"
 HYDRA = ".hydra"
@@ -57,6 +59,10 @@ class RunDir:
     @property
     def history_file(self) -> Path:
         return self.path / HISTORY
+
+    @property
+    def explore_file(self) -> Path:
+        return self.path / EXPLORE
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -231,15 +231,15 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
     return score_table(stateless_log_probs(bigram), split)
 
 
-def score_windowed(model, split: Split, window: int) -> Score:
+def score_windowed(model, split: Split, window: int, targets: bool = False) -> Score:
     """Windowed, exact: every target predicted from the `window` tokens before it (fewer at the start
     of the split), run from a zero state. A model that sees at most `window` tokens predicts the same
-    from one pass with the state carried (score_in_one_pass)."""
+    from one pass with the state carried (score_in_one_pass). targets=True keeps every target's NLL."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if model.context is not None and model.context <= window:
-        return score_in_one_pass(model, split)
-    return score_contexts(model, split, window, [window])[window]
+        return score_in_one_pass(model, split, targets=targets)
+    return score_contexts(model, split, window, [window], targets=targets)[window]
 
 
 def paired_difference(a: Score, b: Score, split: Split) -> Score:

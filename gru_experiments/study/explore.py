@@ -1,0 +1,279 @@
+"""What one run's page shows (sample.py explore=true; the page itself: explore_page.py; docs/explore.md).
+
+    surprisal        the bits each token costs in every inference mode, and each mode's bits per
+                     character, scored by the evaluation's own functions (scores.py), so the page's
+                     figures are the evaluation's for the same text
+    unit_pass        one stateful pass that keeps the logits (the top predictions) and, for a
+                     recurrent model, every layer's hidden state at every step (Karpathy's view)
+    text_features    what a unit might follow, computed from the text alone: inside a quotation or
+                     brackets, the position in the line, inside a word
+    correlation_ranking   the units ranked by |Pearson r| with a feature
+    key_spread       the planted-recall probe's key, tested directly: the same text run once per key
+                     symbol at a first key's place; how far apart the K runs put a unit, lag by lag
+                     after the key, is what that unit carries of it (its standard deviation over K)
+    let_go           the lag after which a unit's key spread stays under a quarter of its peak
+
+Every function takes a model and token ids (or activations), never a run: the run's side is
+runs/explore_run.py's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.scores import Score, Split, score_stateful, score_table, score_windowed, stateless_log_probs
+
+EXPLORE_MODES = ("stateful", "windowed", "stateless")  # the page's order: most context first
+TOP_K = 5  # predictions shown per token and mode
+LET_GO_FRACTION = 0.25  # a unit lets go of a key when its spread stays under this share of its peak
+OPENING_BRACKETS, CLOSING_BRACKETS, QUOTE = "([{", ")]}", '"'
+
+
+@dataclass
+class Surprisal:
+    """Each mode's Score over the text (its `.bpc` is the evaluation's figure) and the bits of every
+    token ((N,) float64; the first token, which nothing predicts, is nan)."""
+
+    scores: dict[str, Score]
+    bits: dict[str, Tensor]
+
+
+def surprisal(model, split: Split, seq_len: int, window: int, table: Tensor | None = None) -> Surprisal:
+    """Every token's bits in every mode, from the scoring functions the evaluation runs: stateful
+    (one stream, the state carried, in chunks of seq_len), windowed (the last `window` tokens) and
+    stateless (the model's V x V table; `table`: already computed)."""
+    table = stateless_log_probs(model) if table is None else table
+    scores = {"stateful": score_stateful(model, split, seq_len, streams=1, targets_after=0),
+              "windowed": score_windowed(model, split, window, targets=True)}
+    bits = {}
+    for mode, score in scores.items():
+        bits[mode] = torch.full((split.ids.numel(),), math.nan, dtype=torch.float64)
+        bits[mode][score.positions.cpu()] = score.target_nll.cpu() / math.log(2)
+    scores["stateless"] = score_table(table, split)
+    previous, targets = split.ids[:-1], split.ids[1:]
+    bits["stateless"] = torch.cat([torch.tensor([math.nan], dtype=torch.float64),
+                                   -table.to(split.ids.device)[previous, targets].cpu() / math.log(2)])
+    return Surprisal(scores, bits)
+
+
+# --- the hidden units ---------------------------------------------------------------------------
+
+def has_units(model) -> bool:
+    """The recurrent families have units whose state carries from step to step."""
+    return isinstance(model, RecurrentLM)
+
+
+def layer_sizes(model) -> list[int]:
+    return [layer.hidden_size for layer in model.layers] if has_units(model) else []
+
+
+def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
+    """Run ids (B, T) statefully in chunks of seq_len (from `state`), yielding each chunk's logits
+    (B, t, V) and, for a recurrent model, every layer's output at every step of it, concatenated
+    (B, t, sum of hidden sizes; an LSTM layer's output is its h; None for other families), captured by
+    forward hooks so that the model's own forward runs."""
+    captured: list[Tensor] = []
+    hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+             for layer in model.layers] if has_units(model) else []
+    try:
+        with torch.no_grad(), eval_mode(model):
+            for start in range(0, ids.shape[1], seq_len):
+                logits, state = model(ids[:, start:start + seq_len], state)
+                units = torch.cat(captured, dim=2).float() if captured else None
+                captured.clear()
+                yield logits.float(), units
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def unit_pass(model, ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor | None]:
+    """unit_chunks over the whole of ids (B, T), from the initial state: logits (B, T, V) and units
+    (B, T, U) or None."""
+    logits, units = zip(*unit_chunks(model, ids, seq_len))
+    return torch.cat(logits, dim=1), None if units[0] is None else torch.cat(units, dim=1)
+
+
+def text_features(tokens: list[str]) -> dict[str, Tensor]:
+    """Per token (the features at its first character), from the text alone:
+        quote          1 inside a double quotation or brackets ((), [], {}, nested), the marks included
+        line_position  characters since the last newline (0 at a line's first character)
+        in_word        1 on a letter, or an apostrophe between two letters (o'er)"""
+    text = "".join(tokens)
+    quote, column, word = [], [], []
+    depth, quoted, col = 0, False, 0
+    for i, c in enumerate(text):
+        if c == QUOTE:
+            quoted = not quoted
+        depth += c in OPENING_BRACKETS
+        quote.append(float(depth > 0 or quoted or c == QUOTE or c in CLOSING_BRACKETS))
+        depth = max(depth - (c in CLOSING_BRACKETS), 0)
+        column.append(float(col))
+        col = 0 if c == "\n" else col + 1
+        inner = c in "'’" and 0 < i < len(text) - 1 and text[i - 1].isalpha() and text[i + 1].isalpha()
+        word.append(float(c.isalpha() or inner))
+    starts = torch.tensor([0] + [len(t) for t in tokens[:-1]]).cumsum(0)
+    return {name: torch.tensor(values)[starts]
+            for name, values in (("quote", quote), ("line_position", column), ("in_word", word))}
+
+
+def correlation_ranking(units: Tensor, feature: Tensor) -> Tensor:
+    """|Pearson r| of every unit (units: (T, U)) with the feature (T,) over the T tokens: 0 for a unit
+    or a feature that does not vary."""
+    x = units.double() - units.double().mean(0)
+    y = feature.double() - feature.double().mean()
+    norm = x.norm(dim=0) * y.norm()
+    r = (x * y.unsqueeze(1)).sum(0) / norm
+    return torch.where(norm > 0, r.abs(), torch.zeros_like(r)).float()
+
+
+# --- the probe's key ------------------------------------------------------------------------------
+
+def _repeat_state(state, k: int):
+    """A batch-1 recurrent state (a list per layer of h, or (h, c)) as k identical rows."""
+    if isinstance(state, Tensor):
+        return state.expand(k, *state.shape[1:]).contiguous()
+    return type(state)(_repeat_state(s, k) for s in state)
+
+
+@torch.no_grad()
+def key_spread(model, ids: Tensor, first_key: int, keys: Tensor, length: int, seq_len: int) -> Tensor:
+    """What every unit carries of the key at `first_key` in ids (N,): the text run once per key symbol in
+    `keys` (K,) put there, from the same state before it, for `length` tokens from the key on; the
+    standard deviation over the K runs of every unit at every lag: (length, U). A unit that ignores the
+    key has 0 at every lag; one that holds it stays apart until it lets go."""
+    state = None  # the initial state: a key at the text's start
+    if first_key:
+        with eval_mode(model):
+            _, state = model(ids[None, :first_key])
+        state = _repeat_state(state, keys.numel())
+    variants = ids[first_key:first_key + length].repeat(keys.numel(), 1)
+    variants[:, 0] = keys
+    # Reduced chunk by chunk: K runs of a long text at every unit would not fit a big model's memory.
+    return torch.cat([units.std(dim=0, unbiased=False).cpu()
+                      for _, units in unit_chunks(model, variants, seq_len, state)])
+
+
+def let_go(spread: Tensor) -> list[int | None]:
+    """Per unit (spread: (L, U), lag 0 the key itself): the first lag from which its spread stays under
+    LET_GO_FRACTION of its peak (0 for a unit the key never moves); None when it does not drop there
+    before the end (it still holds at L)."""
+    above = (spread >= LET_GO_FRACTION * spread.max(dim=0).values) & (spread > 0)  # a unit blind to it: 0
+    lags = torch.arange(spread.shape[0]).unsqueeze(1).expand_as(above)
+    last = torch.where(above, lags, torch.full_like(lags, -1)).max(dim=0).values + 1
+    return [None if int(v) >= spread.shape[0] else int(v) for v in last]
+
+
+def key_ranking(spreads: list[Tensor], spans: list[int], scale: Tensor) -> Tensor:
+    """The latched-key ranking: each unit's key spread over the lags where the key is latched (from the
+    token after the first key through the closing marker: lags 1..span), averaged over the pairs and
+    divided by the unit's own standard deviation over the text (`scale`, (U,)): the share of its usual
+    swing that the key alone moves it by."""
+    held = torch.stack([s[1:span + 1].mean(0) for s, span in zip(spreads, spans)]).mean(0)
+    return torch.where(scale > 0, held / scale.clamp(min=1e-12), torch.zeros_like(held))
+
+
+# --- everything the page shows ----------------------------------------------------------------------
+
+@dataclass
+class PlantedText:
+    """The planted pairs of the text (a data.recall_probe.Planting of it), the K key symbols' ids, and
+    `hold_ids`: ⟪ k followed by plain text and never closed, for how long a unit holds a key unasked."""
+
+    planting: object
+    keys: Tensor
+    hold_ids: Tensor
+
+
+def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: PlantedText | None = None,
+            ranked: int = 12) -> dict:
+    """The page's content for the text `ids` (N,): tokens, every mode's bits per character and bits per
+    token, the top predictions; for a recurrent model `activations` (N, U) with `layers` (their sizes)
+    and the unit rankings; with a probe, the pairs and the units that hold the key (`recall`)."""
+    split = Split.of(ids, tokenizer)
+    table = stateless_log_probs(model)
+    scored = surprisal(model, split, seq_len, window, table)
+    logits, units = unit_pass(model, ids[None], seq_len)
+    pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    data = {"tokens": [pieces[i] for i in ids.tolist()], "family": model.family, "window": window,
+            "seq_len": seq_len, "modes": list(EXPLORE_MODES),
+            "bpc": {mode: scored.scores[mode].bpc for mode in EXPLORE_MODES},
+            "bits": {mode: [None if math.isnan(b) else round(b, 3) for b in scored.bits[mode].tolist()]
+                     for mode in EXPLORE_MODES},
+            "top": {"stateful": top_predictions(logits[0, :-1].log_softmax(-1), pieces),
+                    "stateless": top_predictions(table[ids[:-1]].float(), pieces)},
+            "layers": layer_sizes(model), "rankings": {}, "recall": None}
+    if units is not None:
+        units = units[0].cpu()
+        features = text_features(data["tokens"])
+        # A feature constant over the text ranks nothing (Tiny Shakespeare has no quotes or brackets).
+        data["constant"] = [name for name, f in features.items() if bool((f == f[0]).all())]
+        rankings = {name: correlation_ranking(units, f) for name, f in features.items() if name not in data["constant"]}
+        if probe is not None:
+            data["recall"], rankings["key"] = recall_units(model, ids, probe, units.std(0), seq_len, ranked)
+        data["activations"] = units
+        data["rankings"] = {name: top_units(score, data["layers"], ranked) for name, score in rankings.items()}
+    if probe is not None:
+        recall = data["recall"] or {}
+        carriers = recall.pop("carriers", None)
+        data["recall"] = {**recall, "pairs": pair_rows(probe, data["tokens"], scored.bits, carriers)}
+    return data
+
+
+def top_predictions(log_probs: Tensor, pieces: list[str]) -> list:
+    """Per token (the first: None), its TOP_K most probable tokens [[piece, p], ...] from the log-probs
+    (N - 1, V) of the tokens before it."""
+    values, indices = log_probs.topk(min(TOP_K, log_probs.shape[-1]), dim=-1)
+    rows = [[[pieces[i], round(math.exp(v), 3)] for v, i in zip(vs, ix)]
+            for vs, ix in zip(values.tolist(), indices.tolist())]
+    return [None, *rows]
+
+
+def top_units(score: Tensor, sizes: list[int], count: int) -> list:
+    """The `count` best units by score: [[layer, unit, score], ...] (indices from 0)."""
+    order = score.argsort(descending=True)[:count].tolist()
+    return [[*unit_address(u, sizes), round(float(score[u]), 4)] for u in order]
+
+
+def unit_address(u: int, sizes: list[int]) -> tuple[int, int]:
+    """Layer and unit within it of the u-th unit of the layers concatenated."""
+    for layer, size in enumerate(sizes):
+        if u < size:
+            return layer, u
+        u -= size
+    raise IndexError(u)
+
+
+def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len: int,
+                 ranked: int) -> tuple[dict, Tensor]:
+    """The units that hold the key: the latched-key ranking over the text's pairs (key_ranking), each
+    pair's carriers (the units furthest apart over the K keys at the closing marker, in their own
+    swings), and where the best `ranked` units let go of a key that is never asked for (probe.hold_ids)."""
+    planting, sizes = probe.planting, layer_sizes(model)
+    spans = [int(d) + 1 for d in planting.distances]
+    spreads = [key_spread(model, ids, int(f), probe.keys, span + 1, seq_len)
+               for f, span in zip(planting.first_key, spans)]
+    ranking = key_ranking(spreads, spans, scale)
+    held = key_spread(model, probe.hold_ids, 1, probe.keys, probe.hold_ids.numel() - 1, seq_len)
+    released = let_go(held)
+    best = ranking.argsort(descending=True)[:ranked].tolist()
+    carriers = [top_units(s[span] / scale.clamp(min=1e-12), sizes, 3) for s, span in zip(spreads, spans)]
+    return {"holders": [[*unit_address(u, sizes), round(float(ranking[u]), 4), released[u]] for u in best],
+            "hold_length": probe.hold_ids.numel() - 1, "keys": probe.keys.numel(),
+            "chance_bits": math.log2(probe.keys.numel()), "carriers": carriers}, ranking
+
+
+def pair_rows(probe: PlantedText, tokens: list[str], bits: dict[str, Tensor], carriers: list | None) -> list[dict]:
+    """One row per planted pair: where it is, its distance, its key, the bits of its recall in every mode,
+    and (a recurrent model) the units that carry its key at the closing marker."""
+    planting = probe.planting
+    return [{"first": int(f), "recall": int(r), "distance": int(d), "key": tokens[int(f)],
+             "bits": {mode: round(float(bits[mode][int(r)]), 3) for mode in EXPLORE_MODES},
+             "carriers": carriers[i] if carriers else []}
+            for i, (f, r, d) in enumerate(zip(planting.first_key, planting.recall, planting.distances))]

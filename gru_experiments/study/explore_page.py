@@ -1,0 +1,59 @@
+"""The run's page (explore.html) from study/explore.py's content: one self-contained file, its data and
+script inline, no network, no font, no server (docs/explore.md says how to read it).
+
+The activations travel as int8 (each unit scaled by its largest |value| to ±127: 1/254 of its range is
+finer than any colour step), base64, a layer's units stored at most MAX_UNITS each: those ranking
+highest on any feature first. The page's state (mode, minus, view, layer, unit) is in its URL's hash,
+so a link, or a headless browser, opens it in a given view (`#mode=stateless&minus=stateful`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import torch
+
+TEMPLATE = Path(__file__).with_name("explore_page.html")  # the page's HTML, style and script
+MAX_UNITS = 512  # per layer: a Leviathan layer (1,024 units) would double the page for units no ranking names
+
+
+def stored_units(sizes: list[int], rankings: dict) -> list[list[int]]:
+    """The units kept per layer: all of a layer up to MAX_UNITS, else those the rankings name, then the
+    first ones, up to MAX_UNITS (sorted)."""
+    kept = []
+    for layer, size in enumerate(sizes):
+        if size <= MAX_UNITS:
+            kept.append(list(range(size)))
+            continue
+        named = {unit for rows in rankings.values() for lay, unit, *_ in rows if lay == layer}
+        rest = (u for u in range(size) if u not in named)
+        named = sorted(named)[:MAX_UNITS]
+        kept.append(sorted(named + [next(rest) for _ in range(MAX_UNITS - len(named))]))
+    return kept
+
+
+def encode_layers(activations: torch.Tensor, sizes: list[int], rankings: dict) -> list[dict]:
+    """Per layer: its size, the stored units, each one's scale and the int8 activations (tokens x stored
+    units, row-major), base64."""
+    layers, offset = [], 0
+    for size, units in zip(sizes, stored_units(sizes, rankings)):
+        block = activations[:, offset + torch.tensor(units)]
+        scale = block.abs().max(0).values.clamp(min=1e-8)
+        q = (block / scale * 127).round().clamp(-127, 127).to(torch.int8)
+        layers.append({"size": size, "units": units, "scale": [round(float(s), 5) for s in scale],
+                       "data": base64.b64encode(q.contiguous().numpy().tobytes()).decode()})
+        offset += size
+    return layers
+
+
+def render_page(data: dict) -> str:
+    """The page's HTML."""
+    data = dict(data)
+    activations = data.pop("activations", None)
+    data["units"] = encode_layers(activations, data["layers"], data["rankings"]) if activations is not None else []
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    title = html.escape(f"{data['title']['model']}: explore")
+    return TEMPLATE.read_text(encoding="utf-8").replace("__TITLE__", title).replace("__DATA__", payload)
