@@ -44,6 +44,7 @@ from gru_experiments.report.recall_report import PLOT_RECALL, plot_recall, recal
 from gru_experiments.report.sweep_folder import MISSING, JobResult, Report, collect, ladder_jobs
 from gru_experiments.report.text_report import PLOT_TEXT, TEXT_COLUMNS, plot_text, text_section
 from gru_experiments.report.training_grid import PLOT_GRID, grid_section, plot_training_grid
+from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.inference import MODES
 
@@ -206,10 +207,20 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
     lines += ["", *findings_markdown([job for job in jobs if job.status == "completed"])]
     lines += _best_section(jobs) + _figure_sections(jobs, plots)
     lines += ["", *recall_section(jobs, plots), *horizon_section(jobs), *cost_section(jobs),
-              *text_section(jobs, plots), *_samples_section(jobs)]
+              *text_section(jobs, plots), *_samples_section(jobs), *explore_section(jobs)]
     lines += ["Files: `results.csv` (every number above, full precision), the PNGs beside this report, "
               "and each job's folder (summary.json, history.csv, samples.json, checkpoints)."]
     return "\n".join(lines) + "\n"
+
+
+def explore_section(jobs: list[JobResult]) -> list[str]:
+    """A link to each job's page (explore.html, written by sample.py run=JOB explore=true) that exists."""
+    pages = [(job, RunDir(job.run_dir).explore_file) for job in jobs if job.run_dir is not None]
+    links = [f"- [{job.model}]({job.job}/{page.name})" for job, page in pages if page.exists()]
+    if not links:
+        return []
+    return ["## The runs' pages", "", "Each character shaded by its bits in every mode, and the hidden units "
+            "(docs/explore.md):", "", *links, ""]
 
 
 def _figure_sections(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
