@@ -138,7 +138,7 @@ def test_the_latched_key_ranking_finds_the_unit_that_holds_the_key():
     holder = data["recall"]["holders"][0]
     assert holder[:2] == [0, 2] and holder[3] is None  # it never lets go
     for pair in data["recall"]["pairs"]:
-        assert pair["carriers"][0][:2] == [0, 2] and pair["key"] in SYMBOLS.keys
+        assert pair["carriers"][0][:2] == [0, 2] and SYMBOLS.keys[pair["key_index"]] == pair["key"]
         assert set(pair["bits"]) == {"stateful", "windowed", "stateless"}
     # The spread, directly: unit 2 apart over the keys from the first key through the closing marker, then
     # the recalled key (the same in every run) overwrites it; the other units never apart.
@@ -159,31 +159,62 @@ def test_let_go_is_where_the_spread_stays_under_a_quarter_of_its_peak():
 
 # --- the page: self-contained, and right in a real browser ----------------------------------------------
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, small_shakespeare):
-    """A two-step Astra-alpha run and its page, by the commands a user types."""
-    root = tmp_path_factory.mktemp("explore")
+def train_and_explore(root, corpus, *overrides: str):
+    """A two-step Astra-alpha run and its page, by the commands a user types: the run folder."""
     run_dir = root / "outputs" / "runs" / "astra_alpha" / "run1"
     common = [f"paths.data_dir={root / 'data'}", f"paths.log_dir={root / 'outputs'}"]
     subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *common, "logger=none",
-                    f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=32", "trainer.max_steps=2",
+                    f"data.path={corpus}", "data.batch_size=4", "data.seq_len=32", "trainer.max_steps=2",
                     "model.steps_per_epoch=2", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-                    "evaluation.text_samples=0", "evaluation.sample_chars=20"], cwd=REPO, check=True,
+                    "evaluation.text_samples=0", "evaluation.sample_chars=20", *overrides], cwd=REPO, check=True,
                    capture_output=True)
     done = subprocess.run([sys.executable, "sample.py", f"run={run_dir}", "explore=true", "explore_chars=600",
-                           "explore_start=100", *common], cwd=REPO, check=True, capture_output=True, text=True)
+                           "explore_start=100", "explore_hold=300", *common], cwd=REPO, check=True,
+                          capture_output=True, text=True)
     assert "explore.html" in done.stdout
-    return run_dir, small_shakespeare
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, small_shakespeare):
+    return train_and_explore(tmp_path_factory.mktemp("explore"), small_shakespeare), small_shakespeare
+
+
+def test_a_probe_runs_page_plants_the_probes_pairs(tmp_path, small_shakespeare):
+    run_dir = train_and_explore(tmp_path, small_shakespeare, "probe=recall", "probe.validation.distances=[8,16]",
+                                "probe.validation.min_targets=2")
+    data = page_data((run_dir / "explore.html").read_text(encoding="utf-8"))
+    pairs, recall = data["recall"]["pairs"], data["recall"]
+    # Validation distances up to a quarter of the 600 tokens, the run's own markers and keys.
+    assert pairs and {p["distance"] for p in pairs} <= {8, 16} and recall["keys"] == 16
+    assert all(data["tokens"][p["first"] - 1] == "\u27ea" and data["tokens"][p["recall"] - 1] == "\u27eb"
+               and data["tokens"][p["recall"]] == p["key"] and len(p["carriers"]) == 3 for p in pairs)
+    assert recall["hold_length"] == 300 and len(recall["holders"]) == 12 and "key" in data["rankings"]
+    assert data["title"]["planted"] and len(data["tokens"]) == 600
 
 
 def test_sample_explore_writes_a_self_contained_page(trained_run):
     run_dir, _ = trained_run
     page = (run_dir / "explore.html").read_text(encoding="utf-8")
     assert "<script src" not in page and "<link" not in page and "http" not in page and "@import" not in page
+    assert page.count('id="data"') == 1 and len(page.encode()) < 400_000  # the data once: 600 tokens x 128 units
     data = page_data(page)
     assert len(data["tokens"]) == 600 and data["layers"] == [128] and set(data["rankings"]) == {"line_position",
                                                                                              "in_word"}
     assert data["constant"] == ["quote"]  # Tiny Shakespeare has no quotation marks or brackets
+
+
+def test_a_checkpoint_without_its_run_folder_gets_its_page_in_the_sampling_folder(trained_run, tmp_path):
+    run_dir, corpus = trained_run
+    loose = tmp_path / "loose.ckpt"
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", loose)
+    out = tmp_path / "sampling"
+    subprocess.run([sys.executable, "sample.py", f"ckpt={loose}", "explore=true", f"hydra.run.dir={out}",
+                    f"data.path={corpus}", "data.seq_len=32", "explore_text=ROMEO:\\nO Romeo",
+                    f"paths.data_dir={tmp_path}"],
+                   cwd=REPO, check=True, capture_output=True)
+    data = page_data((out / "explore.html").read_text(encoding="utf-8"))
+    assert "".join(data["tokens"]) == "ROMEO:\nO Romeo" and data["title"]["text"] == "explore_text"
 
 
 def evaluation_bpc(run_dir, corpus) -> dict:
@@ -230,13 +261,17 @@ def test_the_page_renders_in_a_headless_browser(trained_run):
     assert len(units) == 600 and units != colours(stateful)
 
 
-def test_a_page_without_units_says_so():
-    tokenizer = CharTokenizer.from_text(TEXT)
-    ids = torch.tensor(tokenizer.encode(TEXT))
-    data = explore(NGramLM(tokenizer.vocab_size, order=2).fit(ids), tokenizer, ids, seq_len=32, window=8)
-    data["title"] = {"model": "ngram2", "checkpoint": "x", "text": "TEXT", "planted": False}
+def test_a_page_without_units_says_so_and_still_shows_the_recall():
+    tokenizer = CharTokenizer.from_text(TEXT + "".join([SYMBOLS.opening, SYMBOLS.closing, *SYMBOLS.keys]))
+    probe = planted_text(tokenizer, TEXT)
+    ids = probe.planting.ids
+    data = explore(NGramLM(tokenizer.vocab_size, order=2).fit(ids), tokenizer, ids, seq_len=32, window=8, probe=probe)
+    data["title"] = {"model": "ngram2", "checkpoint": "x", "text": "TEXT", "planted": True}
     page = render_page(data)
-    assert page_data(page)["units"] == [] and "surprisal view only" in page
+    assert page_data(page)["units"] == [] and "surprisal view only" in page and not data["rankings"]
+    pair = data["recall"]["pairs"][0]
+    assert pair["carriers"] == [] and pair["bits"]["stateful"] == data["bits"]["stateful"][pair["recall"]]
+    assert data["recall"]["chance_bits"] == 2.0 and "holders" not in data["recall"]
 
 
 def test_the_sweep_report_links_each_page(tmp_path):

@@ -222,7 +222,8 @@ def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: 
     if probe is not None:
         recall = data["recall"] or {}
         carriers = recall.pop("carriers", None)
-        data["recall"] = {**recall, "pairs": pair_rows(probe, data["tokens"], scored.bits, carriers)}
+        data["recall"] = {**recall, "keys": probe.keys.numel(), "chance_bits": math.log2(probe.keys.numel()),
+                          "pairs": pair_rows(probe, data["tokens"], scored.bits, carriers)}
     return data
 
 
@@ -265,15 +266,16 @@ def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len:
     best = ranking.argsort(descending=True)[:ranked].tolist()
     carriers = [top_units(s[span] / scale.clamp(min=1e-12), sizes, 3) for s, span in zip(spreads, spans)]
     return {"holders": [[*unit_address(u, sizes), round(float(ranking[u]), 4), released[u]] for u in best],
-            "hold_length": probe.hold_ids.numel() - 1, "keys": probe.keys.numel(),
-            "chance_bits": math.log2(probe.keys.numel()), "carriers": carriers}, ranking
+            "hold_length": probe.hold_ids.numel() - 2, "carriers": carriers}, ranking  # the tokens after ⟪ k
 
 
 def pair_rows(probe: PlantedText, tokens: list[str], bits: dict[str, Tensor], carriers: list | None) -> list[dict]:
     """One row per planted pair: where it is, its distance, its key, the bits of its recall in every mode,
     and (a recurrent model) the units that carry its key at the closing marker."""
-    planting = probe.planting
+    planting, keys = probe.planting, probe.keys.tolist()
+    # key_index: the key's number among the K, for a browser without a font for the key symbols.
     return [{"first": int(f), "recall": int(r), "distance": int(d), "key": tokens[int(f)],
+             "key_index": keys.index(int(planting.keys[i])),
              "bits": {mode: round(float(bits[mode][int(r)]), 3) for mode in EXPLORE_MODES},
              "carriers": carriers[i] if carriers else []}
             for i, (f, r, d) in enumerate(zip(planting.first_key, planting.recall, planting.distances))]
