@@ -256,12 +256,11 @@ def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len:
     """The units that hold the key: the latched-key ranking over the text's pairs (key_ranking), each
     pair's carriers (the units furthest apart over the K keys at the closing marker, in their own
     swings), and where the best `ranked` units let go of a key that is never asked for (probe.hold_ids)."""
-    planting, sizes = probe.planting, layer_sizes(model)
+    planting, sizes, keys = probe.planting, layer_sizes(model), probe.keys.to(ids.device)
     spans = [int(d) + 1 for d in planting.distances]
-    spreads = [key_spread(model, ids, int(f), probe.keys, span + 1, seq_len)
-               for f, span in zip(planting.first_key, spans)]
+    spreads = [key_spread(model, ids, int(f), keys, span + 1, seq_len) for f, span in zip(planting.first_key, spans)]
     ranking = key_ranking(spreads, spans, scale)
-    held = key_spread(model, probe.hold_ids, 1, probe.keys, probe.hold_ids.numel() - 1, seq_len)
+    held = key_spread(model, probe.hold_ids.to(ids.device), 1, keys, probe.hold_ids.numel() - 1, seq_len)
     released = let_go(held)
     best = ranking.argsort(descending=True)[:ranked].tolist()
     carriers = [top_units(s[span] / scale.clamp(min=1e-12), sizes, 3) for s, span in zip(spreads, spans)]
