@@ -1,5 +1,6 @@
 """Sample from a trained model: python sample.py [model=astra_alpha] [inference=stateful|stateless|windowed]
-[ckpt=PATH | run=RUN_DIR] [prompt="ROMEO: " | prompt_file=FILE] [key=value ...]; see conf/sample.yaml."""
+[ckpt=PATH | run=RUN_DIR] [prompt="ROMEO: " | prompt_file=FILE] [key=value ...]; see conf/sample.yaml.
+python sample.py run=RUN_DIR explore=true writes the run's page instead, explore.html (docs/explore.md)."""
 
 import os
 from pathlib import Path
