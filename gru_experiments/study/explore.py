@@ -73,6 +73,7 @@ def layer_sizes(model) -> list[int]:
     return [layer.hidden_size for layer in model.layers] if has_units(model) else []
 
 
+@torch.no_grad()  # on a generator, torch turns gradients off around each step only, not while suspended
 def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
     """Run ids (B, T) statefully in chunks of seq_len (from `state`), yielding each chunk's logits
     (B, t, V) and, for a recurrent model, every layer's output at every step of it, concatenated
@@ -82,7 +83,7 @@ def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
     hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
              for layer in model.layers] if has_units(model) else []
     try:
-        with torch.no_grad(), eval_mode(model):
+        with eval_mode(model):
             for start in range(0, ids.shape[1], seq_len):
                 logits, state = model(ids[:, start:start + seq_len], state)
                 units = torch.cat(captured, dim=2).float() if captured else None
