@@ -118,7 +118,7 @@ def test_the_text_table_columns_and_figure(tmp_path):
 def test_the_text_findings_state_their_figures_and_rules(tmp_path):
     text = build_report(make_text_sweep(tmp_path)).files["report.md"].read_text()
     lines = numbered_lines(text, "Findings on the generated text")
-    assert [line.split(". **", 1)[0] for line in lines] == ["10", "11", "12", "13", "14"]
+    assert [line.split(". **", 1)[0] for line in lines] == ["11", "12", "13", "14", "15"]
     assert all(f"**{claim}**" in line for claim, line in zip(TEXT_CLAIMS, lines))
     greedy, noise, shape, early, copying = lines
     assert "**: supported." in greedy and "stateful 1.000 ± 0.100, windowed 0.900 ± 0.100, stateless 0.750 ± 0.100" \
