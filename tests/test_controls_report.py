@@ -324,7 +324,7 @@ def test_a_sweep_without_the_new_records_still_reports(tmp_path):
     assert not {PLOT_TEXT, PLOT_RECALL, PLOT_CLASSES} & set(report.files)
     controls = numbered_lines(text, "Findings on the planted-recall control")
     words = numbered_lines(text, "Findings on the generated text")
-    assert [line.split(".", 1)[0] for line in controls + words] == [str(n) for n in range(8, 15)]
+    assert [line.split(".", 1)[0] for line in controls + words] == [str(n) for n in range(8, 16)]
     assert all("**: cannot be judged. Missing: " in line for line in controls + words)
     assert len(numbered_lines(text, "Findings")) == 7
     row = next(iter(read_rows(report.files["results.csv"]).values()))
