@@ -51,11 +51,11 @@ def config_names(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
 
 
-def job_choices(settings: DictConfig) -> list[str]:
-    """The override that picks each job's config: model=NAME, or +experiment=NAME with experiments=."""
+def job_choices(settings: DictConfig) -> tuple[str, list[str]]:
+    """The key that picks each job's config and the jobs' names: model, or +experiment with experiments=."""
     if settings.experiments is None:
-        return [f"model={name}" for name in settings.models]
-    return [f"+experiment={name}" for name in settings.experiments]
+        return "model", list(settings.models)
+    return "+experiment", list(settings.experiments)
 
 
 def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
@@ -91,7 +91,7 @@ def first_values(overrides: list[str]) -> list[str]:
             for o in parsed]
 
 
-def resolve_sweep_dir(jobs: list[str], overrides: list[str]) -> Path:
+def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
     """The sweep folder exactly as train.py would compose it (hydra.sweep.dir, paths.* and all),
     fixed now so that sweep.py knows where the report goes. Composing also checks every override
     before anything is trained."""
@@ -101,18 +101,17 @@ def resolve_sweep_dir(jobs: list[str], overrides: list[str]) -> Path:
 
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[jobs[0], *first_values(overrides)],
+            cfg = compose(config_name="train", overrides=[first_job, *first_values(overrides)],
                           return_hydra_config=True)
             return Path(str(cfg.hydra.sweep.dir)).resolve()
     except (HydraException, OmegaConfBaseException) as error:
         raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None
 
 
-def run_sweep(jobs: list[str], overrides: list[str]) -> tuple[Path, int]:
-    """The multirun of train.py over `jobs` (each model=NAME or +experiment=NAME) with `overrides`."""
-    sweep_dir = resolve_sweep_dir(jobs, overrides)
-    key = jobs[0].split("=", 1)[0]
-    command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(j.split("=", 1)[1] for j in jobs),
+def run_sweep(key: str, jobs: list[str], overrides: list[str]) -> tuple[Path, int]:
+    """The multirun of train.py over the `jobs` picked by `key` (model or +experiment) with `overrides`."""
+    sweep_dir = resolve_sweep_dir(f"{key}={jobs[0]}", overrides)
+    command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(jobs),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
     print(f"sweep.py: {len(jobs)} configs into {sweep_dir}\n  {' '.join(command)}", flush=True)
     # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
@@ -146,7 +145,7 @@ def main(argv: list[str]) -> int:
         write_report(Path(settings.report))  # the report itself says what failed or is missing
         return 0
     started = time.perf_counter()
-    sweep_dir, returncode = run_sweep(job_choices(settings), overrides)
+    sweep_dir, returncode = run_sweep(*job_choices(settings), overrides)
     report = write_report(sweep_dir)
     print(f"sweep.py: {len(report.jobs)} jobs in {time.perf_counter() - started:.0f} s")
     if report.problems or returncode != 0:

@@ -236,23 +236,23 @@ def test_sweep_arguments():
 
 
 def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
-    assert sweep_script.resolve_sweep_dir(["model=astra_alpha"], [f"hydra.sweep.dir={tmp_path}/s"]) == tmp_path / "s"
-    default = sweep_script.resolve_sweep_dir(["+experiment=recall_beta_streams"], [f"paths.log_dir={tmp_path}"])
+    assert sweep_script.resolve_sweep_dir("model=astra_alpha", [f"hydra.sweep.dir={tmp_path}/s"]) == tmp_path / "s"
+    default = sweep_script.resolve_sweep_dir("+experiment=recall_beta_streams", [f"paths.log_dir={tmp_path}"])
     assert default.parent == tmp_path / "multiruns"
 
 
 def test_experiments_are_the_jobs_instead_of_models(compose_config):
     settings, overrides = sweep_script.parse_arguments(["experiments=recall_horizon", "probe=recall,none"])
-    assert sweep_script.job_choices(settings) == [
-        "+experiment=recall_alpha_windows", "+experiment=recall_alpha_streams", "+experiment=recall_alpha_long_windows",
-        "+experiment=recall_beta_windows", "+experiment=recall_beta_streams", "+experiment=recall_transformer_windows"]
+    assert sweep_script.job_choices(settings) == ("+experiment", [
+        "recall_alpha_windows", "recall_alpha_streams", "recall_alpha_long_windows", "recall_beta_windows",
+        "recall_beta_streams", "recall_transformer_windows"])
     assert overrides == ["probe=recall,none"]
     settings, _ = sweep_script.parse_arguments(["experiments=[recall_alpha_streams]"])
-    assert sweep_script.job_choices(settings) == ["+experiment=recall_alpha_streams"]
+    assert sweep_script.job_choices(settings) == ("+experiment", ["recall_alpha_streams"])
     with pytest.raises(UserError, match="unknown experiment"):
         sweep_script.parse_arguments(["experiments=[recall_gamma]"])
-    assert sweep_script.job_choices(sweep_script.parse_arguments(["models=grid"])[0]) == [
-        "model=astra_alpha", "model=astra_beta"]
+    assert sweep_script.job_choices(sweep_script.parse_arguments(["models=grid"])[0]) == (
+        "model", ["astra_alpha", "astra_beta"])
     # each experiment is its model and training: the long windows are 512 at batch 16
     cfg = compose_config("+experiment=recall_alpha_long_windows", "probe=recall")
     assert (cfg.model.name, cfg.training.batching, cfg.data.seq_len, cfg.data.batch_size) == (

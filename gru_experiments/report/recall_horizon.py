@@ -75,8 +75,9 @@ def twin(job, jobs):
 
 
 def _bpc(job, key: str) -> tuple[float | None, float | None]:
-    return finite(job.values.get(f"{key}_bpc")), finite(job.values.get(f"{key}_bpc_se") or job.values.get(
-        f"{key}_se"))
+    """A figure of the summary in bits per character and its standard error (state_gain's is state_gain_se)."""
+    se_key = "state_gain_se" if key == "state_gain" else f"{key}_bpc_se"
+    return finite(job.values.get(f"{key}_bpc")), finite(job.values.get(se_key))
 
 
 def _figure(job, key: str) -> str:
