@@ -16,7 +16,7 @@ from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
 
 GRU, TRANSFORMER = ("astra_alpha", "gru", 86_913), ("transformer", "transformer", 87_480)
-SEED_TRANSFORMER = ("transformer_seed", "transformer", 87_480)
+ORIGINAL_TRANSFORMER = ("transformer_original", "transformer", 87_480)
 
 
 def make_lr_sweep(root: Path, runs) -> Path:
@@ -43,10 +43,10 @@ def make_lr_sweep(root: Path, runs) -> Path:
     return sweep
 
 
-RUNS = [(GRU, "seed", 1e-3, 2.40), (GRU, "seed", 3e-3, 2.31), (GRU, "seed", 1e-2, None),
+RUNS = [(GRU, "original", 1e-3, 2.40), (GRU, "original", 3e-3, 2.31), (GRU, "original", 1e-2, None),
         (TRANSFORMER, "transformer", 1e-3, 2.60), (TRANSFORMER, "transformer", 3e-3, 2.45),
         (TRANSFORMER, "transformer", 1e-2, 2.38),
-        (SEED_TRANSFORMER, "seed", 1e-3, 2.70), (SEED_TRANSFORMER, "seed", 3e-3, 2.52)]
+        (ORIGINAL_TRANSFORMER, "original", 1e-3, 2.70), (ORIGINAL_TRANSFORMER, "original", 3e-3, 2.52)]
 
 
 def test_the_table_has_a_row_per_model_and_recipe_and_a_column_per_learning_rate(tmp_path):
@@ -56,24 +56,24 @@ def test_the_table_has_a_row_per_model_and_recipe_and_a_column_per_learning_rate
     section = text.split("## Learning rate and recipe", 1)[1].split("\n## ", 1)[0]
     rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines() if line.startswith("| ")}
     assert "| lr 0.001 | lr 0.003 | lr 0.01 | best lr |" in rows["model"]
-    assert rows["astra_alpha"].startswith("| astra_alpha | windows | seed | 2.4000 ± 0.0040 | **2.3100 ± 0.0040** | "
-                                          "diverged | 0.003 |")
+    assert rows["astra_alpha"].startswith("| astra_alpha | windows | original | 2.4000 ± 0.0040 | "
+                                          "**2.3100 ± 0.0040** | diverged | 0.003 |")
     assert "| 2.6000 ± 0.0040 | 2.4500 ± 0.0040 | **2.3800 ± 0.0040** | 0.01 |" in rows["transformer"]
-    assert "| **2.5200 ± 0.0040** |  | 0.003 |" in rows["transformer_seed"]  # not run at 1e-2: an empty cell
-    assert ("Each family at its best (the lowest stateful figure of its size): astra_alpha, recipe seed, lr 0.003: "
+    assert "| **2.5200 ± 0.0040** |  | 0.003 |" in rows["transformer_original"]  # not run at 1e-2: an empty cell
+    assert ("Each family at its best (the lowest stateful figure of its size): astra_alpha, recipe original, lr 0.003: "
             "2.3100 (best of 2); transformer, recipe transformer, lr 0.01: 2.3800 (best of 5).") in section
     assert_valid_png(report.files[PLOT_LR])
     with open(report.files["results.csv"], newline="") as f:
         table = list(csv.DictReader(f))
     assert [(row["model"], row["optim"], row["lr"]) for row in table][:2] == [
-        ("astra_alpha", "seed", "0.001"), ("astra_alpha", "seed", "0.003")]  # its own columns
+        ("astra_alpha", "original", "0.001"), ("astra_alpha", "original", "0.003")]  # its own columns
 
 
 def test_finding_seven_compares_each_family_at_its_best_and_names_its_recipe(tmp_path):
     sweep = make_lr_sweep(tmp_path, RUNS)
     line = finding_lines(build_report(sweep).files["report.md"].read_text())[6]
     assert "supported" in line and "GRU - transformer -0.0700" in line
-    assert ("astra_alpha (86,913 parameters; recipe seed, lr 0.003, the best of 2 runs on the validation split) "
+    assert ("astra_alpha (86,913 parameters; recipe original, lr 0.003, the best of 2 runs on the validation split) "
             "2.3100") in line
     assert ("transformer (87,480; recipe transformer, lr 0.01, the best of 5 runs on the validation split) "
             "2.3800") in line
@@ -82,7 +82,7 @@ def test_finding_seven_compares_each_family_at_its_best_and_names_its_recipe(tmp
 
 
 def test_a_sweep_of_one_learning_rate_per_model_has_no_table_and_plain_labels(tmp_path):
-    sweep = make_lr_sweep(tmp_path, [(GRU, "seed", 3e-3, 2.31), (TRANSFORMER, "transformer", 3e-3, 2.45)])
+    sweep = make_lr_sweep(tmp_path, [(GRU, "original", 3e-3, 2.31), (TRANSFORMER, "transformer", 3e-3, 2.45)])
     report = build_report(sweep)
     jobs, _ = collect(sweep)
     assert arms(jobs) == {} and [job.model for job in jobs] == ["astra_alpha", "transformer"]
@@ -91,14 +91,14 @@ def test_a_sweep_of_one_learning_rate_per_model_has_no_table_and_plain_labels(tm
 
 
 def test_a_model_under_two_recipes_is_labelled_by_its_recipe(tmp_path):
-    sweep = make_lr_sweep(tmp_path, [(TRANSFORMER, "transformer", 3e-3, 2.45), (TRANSFORMER, "seed", 3e-3, 2.52)])
+    sweep = make_lr_sweep(tmp_path, [(TRANSFORMER, "transformer", 3e-3, 2.45), (TRANSFORMER, "original", 3e-3, 2.52)])
     jobs, _ = collect(sweep)
-    assert [job.model for job in jobs] == ["transformer (recipe transformer)", "transformer (recipe seed)"]
+    assert [job.model for job in jobs] == ["transformer (recipe transformer)", "transformer (recipe original)"]
 
 
 def test_a_run_still_going_is_marked_and_never_the_best(tmp_path):
-    sweep = make_lr_sweep(tmp_path, [(GRU, "seed", 3e-3, 2.31), (GRU, "seed", 1e-2, "running"),
+    sweep = make_lr_sweep(tmp_path, [(GRU, "original", 3e-3, 2.31), (GRU, "original", 1e-2, "running"),
                                      (TRANSFORMER, "transformer", 3e-3, 2.45)])
     section = build_report(sweep).files["report.md"].read_text().split("## Learning rate and recipe", 1)[1]
     row = next(line for line in section.splitlines() if line.startswith("| astra_alpha |"))
-    assert row.startswith("| astra_alpha | windows | seed | **2.3100 ± 0.0040** | incomplete | 0.003 |")
+    assert row.startswith("| astra_alpha | windows | original | **2.3100 ± 0.0040** | incomplete | 0.003 |")

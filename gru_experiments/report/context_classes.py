@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.finding import finite
-from gru_experiments.report.plots import _figure, _save
-from gru_experiments.report.sweep_folder import MISSING, run_label
+from gru_experiments.report.common import MISSING, Section, figure, finite, image, save, table
+from gru_experiments.report.sweep_folder import run_label
 
 CLASSES = ("word_start", "word_inside", "line_start", "other", "long_copy")  # long_copy: an overlay
 PLOT_CLASSES = "context_by_class.png"
@@ -60,16 +59,16 @@ def _figure_cell(bpc: float | None, se: float | None) -> str:
     return f"{bpc:.3f}" + (f" ± {se:.3f}" if se else "")  # se 0: an exact figure, every target scored
 
 
-def _row(name: str, entry: dict, contexts: list[int]) -> str:
+def _row(name: str, entry: dict, contexts: list[int]) -> list[str]:
     points, stateful = class_points(entry)
     by_context = {w: (bpc, se) for w, bpc, se in points}
     gain = entry.get("state_gain") or {}
     bpc, se = finite(gain.get("bpc")), finite(gain.get("se"))
-    cells = [_figure_cell(*by_context.get(w, (None, None))) for w in contexts]
-    cells.append(_figure_cell(*(stateful or (None, None))))
-    cells.append(MISSING if bpc is None else f"{bpc:+.4f}" + ("" if se is None else f" ± {se:.4f}"))
     targets = finite(entry.get("targets"))
-    return f"| {name} | {MISSING if targets is None else f'{targets:,.0f}'} | " + " | ".join(cells) + " |"
+    return [name, MISSING if targets is None else f"{targets:,.0f}",
+            *(_figure_cell(*by_context.get(w, (None, None))) for w in contexts),
+            _figure_cell(*(stateful or (None, None))),
+            MISSING if bpc is None else f"{bpc:+.4f}" + ("" if se is None else f" ± {se:.4f}")]
 
 
 def class_section(jobs, plots: dict[str, Path]) -> list[str]:
@@ -88,13 +87,11 @@ def class_section(jobs, plots: dict[str, Path]) -> list[str]:
         record = class_record(job)
         names = _classes(record)
         contexts = sorted({w for name in names for w, _, _ in class_points(record[name] or {})[0]})
-        lines += [f"### {run_label(job, jobs)}", "",
-                  "| class | targets | " + " | ".join(str(w) for w in contexts) + " | stateful | state gain |",
-                  "|---|--:|" + "--:|" * (len(contexts) + 2)]
-        lines += [_row(name, record[name] or {}, contexts) for name in names]
-        lines.append("")
-    lines += [f"![bits per character against context, by class of target]({PLOT_CLASSES})"
-              if PLOT_CLASSES in plots else f"{MISSING} no figure of the classes.", ""]
+        lines += [f"### {run_label(job, jobs)}", ""]
+        lines += table(["class", "targets", *(str(w) for w in contexts), "stateful", "state gain"],
+                       [_row(name, record[name] or {}, contexts) for name in names], "lr") + [""]
+    lines += [image("bits per character against context, by class of target", PLOT_CLASSES, plots,
+                    "no figure of the classes."), ""]
     return lines
 
 
@@ -125,7 +122,7 @@ def plot_classes(jobs, path: Path) -> Path | None:
     shown = class_jobs(jobs)
     if not shown:
         return None
-    plt = _figure()
+    plt = figure()
     columns = min(3, len(shown))
     rows = -(-len(shown) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.0 * rows), squeeze=False)
@@ -134,4 +131,9 @@ def plot_classes(jobs, path: Path) -> Path | None:
     for ax in list(axes.flat)[len(shown):]:
         ax.set_axis_off()
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
+
+
+# column_rank 1: results.csv has had these columns after the generated text's, whose section comes later
+SECTION = Section("context curve by class", class_section, columns=CLASS_COLUMNS, plots={PLOT_CLASSES: plot_classes},
+                  column_rank=1)

@@ -16,9 +16,9 @@ and one that the study's notebook ends on:
 
     7. GRUs remain competitive with transformers (at equal size and equal training)
 
-After them, report.md judges the planted-recall control's findings (recall_findings.py, finding 6
-again among them, on a corpus with a known answer) and the generated text's (text_findings.py),
-numbered on from 8.
+After them, report.md judges the findings its sections register (report.SECTIONS' order: the
+planted-recall control's, finding 6 again among them on a corpus with a known answer, then the
+generated text's), numbered on from 8.
 
 `findings(jobs)` writes one line per finding: the claim, a verdict (supported, partly supported,
 contradicted, or cannot be judged and what is missing) and the measured figures it rests on,
@@ -34,35 +34,14 @@ from __future__ import annotations
 
 import math
 
-from gru_experiments.report.finding import RECURRENT, Finding, numbered
-from gru_experiments.report.finding import cannot as _cannot
-from gru_experiments.report.finding import verdict as _verdict
+from gru_experiments.report.common import RECURRENT, Findings, cannot
+from gru_experiments.report.common import verdict as verdict_of
 from gru_experiments.report.lr_sweep import at_best, rivals
-from gru_experiments.report.recall_findings import recall_findings
-from gru_experiments.report.text_findings import text_findings
+from gru_experiments.report.sweep_folder import mode_pairs
 
-CLAIMS = (
-    "Training loss alone cannot validate a recurrent model",
-    "A GRU without carried state is functionally non-recurrent",
-    "Correct inference gains more than extra depth or epochs",
-    "Subword models amplify inference-time errors",
-    "Correctness precedes scale",
-    "Training with the state carried makes the state worth carrying",
-    "GRUs remain competitive with transformers",
-)
-
-
-def _number(job, key: str) -> float | None:
-    value = job.values.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _best(job, key: str) -> float | None:
-    best = job.values.get("best")
-    value = best.get(key) if isinstance(best, dict) else None
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+STUDY = Findings("Findings", "The original study's five findings, the project's sixth and the notebook's closing "
+                 "claim, each judged by this sweep's numbers (computed when the report is built; figures are of "
+                 "the final weights, \"best\" ones of the checkpoint with the lowest validation loss).")
 
 
 def _recurrent(jobs) -> list:
@@ -71,7 +50,7 @@ def _recurrent(jobs) -> list:
 
 def _reset_cost(job) -> float | None:
     """Bits per character lost by resetting the state at every step (stateless - stateful)."""
-    stateful, stateless = _number(job, "stateful_bpc"), _number(job, "stateless_bpc")
+    stateful, stateless = job.number("stateful_bpc"), job.number("stateless_bpc")
     return None if stateful is None or stateless is None else stateless - stateful
 
 
@@ -80,16 +59,16 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def training_loss_finding(jobs) -> Finding:
+@STUDY.claim("Training loss alone cannot validate a recurrent model")
+def training_loss_finding(jobs) -> tuple[str, str]:
     """(1) Did validation get worse after its best while the training loss kept falling?"""
-    claim = CLAIMS[0]
     judged = [job for job in _recurrent(jobs)
-              if _number(job, "val_bpc") is not None and _best(job, "val_bpc") is not None]
+              if job.number("val_bpc") is not None and job.best("val_bpc") is not None]
     if not judged:
-        return _cannot(claim, "no recurrent model has both final and best-checkpoint validation figures")
+        return cannot("no recurrent model has both final and best-checkpoint validation figures")
     parts, worse = [], 0
     for job in judged:
-        final, best, step = _number(job, "val_bpc"), _best(job, "val_bpc"), _best(job, "step")
+        final, best, step = job.number("val_bpc"), job.best("val_bpc"), job.best("step")
         train = [value for _, value in job.history.get("train/loss", [])]
         trend = f", training loss {train[0]:.3f} to {train[-1]:.3f}" if len(train) >= 2 else ""
         if final - best > 1e-9:
@@ -103,19 +82,19 @@ def training_loss_finding(jobs) -> Finding:
     if worse == 0:
         evidence += " In this sweep the training loss and the validation figure never disagreed."
     verdict = "supported" if worse else "not shown by this sweep"
-    return Finding(claim, verdict, evidence)
+    return (verdict, evidence)
 
 
-def stateless_finding(jobs) -> Finding:
+@STUDY.claim("A GRU without carried state is functionally non-recurrent")
+def stateless_finding(jobs) -> tuple[str, str]:
     """(2) Reset at every step, the model is a first-order table: is it any better than counting?"""
-    claim = CLAIMS[1]
     judged = [job for job in _recurrent(jobs)
-              if _reset_cost(job) is not None and _number(job, "bigram_bpc") is not None]
+              if _reset_cost(job) is not None and job.number("bigram_bpc") is not None]
     if not judged:
-        return _cannot(claim, "no recurrent model with stateful, stateless and bigram figures")
-    worse = [job for job in judged if _number(job, "stateless_bpc") >= _number(job, "bigram_bpc")]
+        return cannot("no recurrent model with stateful, stateless and bigram figures")
+    worse = [job for job in judged if job.number("stateless_bpc") >= job.number("bigram_bpc")]
     costs = [_reset_cost(job) for job in judged]
-    gap = ", ".join(f"{job.model} {_number(job, 'stateless_bpc'):.4f} vs {_number(job, 'bigram_bpc'):.4f}"
+    gap = ", ".join(f"{job.model} {job.number('stateless_bpc'):.4f} vs {job.number('bigram_bpc'):.4f}"
                     for job in judged)
     evidence = (f"Stateless (every target from its previous token alone, the context curve's 1-token point) is "
                 f"worse than the count bigram for {len(worse)} of {len(judged)} recurrent models (stateless vs "
@@ -124,7 +103,7 @@ def stateless_finding(jobs) -> Finding:
     if len(worse) < len(judged):
         evidence += (" Where stateless beats the bigram counts, the network is still a first-order model, "
                      "only a better-smoothed one.")
-    return Finding(claim, _verdict(len(worse), len(judged)), evidence)
+    return (verdict_of(len(worse), len(judged)), evidence)
 
 
 def _first_and_last(job, metric: str) -> tuple[tuple[int, float], tuple[int, float]] | None:
@@ -132,12 +111,12 @@ def _first_and_last(job, metric: str) -> tuple[tuple[int, float], tuple[int, flo
     return (points[0], points[-1]) if points else None
 
 
-def inference_vs_scale_finding(jobs) -> Finding:
+@STUDY.claim("Correct inference gains more than extra depth or epochs")
+def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     """(3) The state's gain against the gain of more training (epochs) and of a bigger model."""
-    claim = CLAIMS[2]
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
     if not judged:
-        return _cannot(claim, "no recurrent model with stateful and stateless figures")
+        return cannot("no recurrent model with stateful and stateless figures")
     state_gain = _mean(_reset_cost(job) for job in judged)
     parts = [f"Carrying the state gains {state_gain:.3f} bits per character on average ({len(judged)} models)"]
     checks, missing = [], []
@@ -161,15 +140,15 @@ def inference_vs_scale_finding(jobs) -> Finding:
     scale_gains = []
     for tokenizer in sorted({job.values.get("tokenizer") or "?" for job in judged}):
         same = [job for job in judged if (job.values.get("tokenizer") or "?") == tokenizer
-                and _number(job, "parameters") is not None]
-        if len({_number(job, "parameters") for job in same}) < 2:
+                and job.number("parameters") is not None]
+        if len({job.number("parameters") for job in same}) < 2:
             continue
-        small = min(same, key=lambda job: _number(job, "parameters"))
-        large = max(same, key=lambda job: _number(job, "parameters"))
-        gain = _number(small, "stateful_bpc") - _number(large, "stateful_bpc")
+        small = min(same, key=lambda job: job.number("parameters"))
+        large = max(same, key=lambda job: job.number("parameters"))
+        gain = small.number("stateful_bpc") - large.number("stateful_bpc")
         scale_gains.append(gain)
         parts.append(f"{large.model} over {small.model} "
-                     f"({_number(large, 'parameters') / _number(small, 'parameters'):.0f}x "
+                     f"({large.number('parameters') / small.number('parameters'):.0f}x "
                      f"the parameters) gains {gain:.3f} stateful")
     if scale_gains:
         checks.append(state_gain > max(scale_gains))
@@ -179,42 +158,42 @@ def inference_vs_scale_finding(jobs) -> Finding:
     if missing:
         evidence += " Missing: " + ", ".join(missing) + "."
     if not checks:
-        return Finding(claim, "cannot be judged", evidence)
-    return Finding(claim, _verdict(sum(checks), len(checks)), evidence)
+        return ("cannot be judged", evidence)
+    return (verdict_of(sum(checks), len(checks)), evidence)
 
 
-def subword_finding(jobs) -> Finding:
+@STUDY.claim("Subword models amplify inference-time errors")
+def subword_finding(jobs) -> tuple[str, str]:
     """(4) Does resetting the state cost subword models more than character models?"""
-    claim = CLAIMS[3]
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
     groups = {kind: [job for job in judged if job.values.get("tokenizer") == kind] for kind in ("char", "spm")}
     absent = [kind for kind, group in groups.items() if not group]
     if absent:
         names = {"char": "character", "spm": "subword (spm)"}
-        return _cannot(claim, f"no {' and no '.join(names[k] for k in absent)} model with stateful and stateless "
+        return cannot(f"no {' and no '.join(names[k] for k in absent)} model with stateful and stateless "
                               f"figures, so the two cannot be compared")
     char, spm = (_mean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
     evidence = (f"Resetting the state costs subword models {spm:.3f} and character models {char:.3f} bits per "
                 f"character on average ({len(groups['spm'])} and {len(groups['char'])} models).")
     if spm <= char:
         evidence += " The subword models lose less than the character models."
-    return Finding(claim, "supported" if spm > char else "contradicted", evidence)
+    return ("supported" if spm > char else "contradicted", evidence)
 
 
-def correctness_finding(jobs) -> Finding:
+@STUDY.claim("Correctness precedes scale")
+def correctness_finding(jobs) -> tuple[str, str]:
     """(5) Does the smallest model used correctly (stateful) beat every larger one used statelessly?"""
-    claim = CLAIMS[4]
-    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None and _number(job, "parameters")]
-    if len({_number(job, "parameters") for job in judged}) < 2:
-        return _cannot(claim, "recurrent models of at least two sizes with stateful and stateless figures")
-    small = min(judged, key=lambda job: _number(job, "parameters"))
-    larger = [job for job in judged if _number(job, "parameters") > _number(small, "parameters")]
-    beaten = [job for job in larger if _number(small, "stateful_bpc") < _number(job, "stateless_bpc")]
-    evidence = (f"The smallest model, {small.model} ({_number(small, 'parameters'):,.0f} parameters), stateful at "
-                f"{_number(small, 'stateful_bpc'):.4f} bits per character, beats {len(beaten)} of {len(larger)} "
+    judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None and job.number("parameters")]
+    if len({job.number("parameters") for job in judged}) < 2:
+        return cannot("recurrent models of at least two sizes with stateful and stateless figures")
+    small = min(judged, key=lambda job: job.number("parameters"))
+    larger = [job for job in judged if job.number("parameters") > small.number("parameters")]
+    beaten = [job for job in larger if small.number("stateful_bpc") < job.number("stateless_bpc")]
+    evidence = (f"The smallest model, {small.model} ({small.number('parameters'):,.0f} parameters), stateful at "
+                f"{small.number('stateful_bpc'):.4f} bits per character, beats {len(beaten)} of {len(larger)} "
                 f"larger models used statelessly ("
-                + ", ".join(f"{job.model} {_number(job, 'stateless_bpc'):.4f}" for job in larger) + ").")
-    return Finding(claim, _verdict(len(beaten), len(larger)), evidence)
+                + ", ".join(f"{job.model} {job.number('stateless_bpc'):.4f}" for job in larger) + ").")
+    return (verdict_of(len(beaten), len(larger)), evidence)
 
 
 WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (finding 6)
@@ -222,29 +201,24 @@ WORTH = 0.005  # bits per character: the least gain that makes the state worth c
 
 def _gain(job) -> tuple[float, float] | None:
     """Stateful - windowed bits per character, paired target by target, and its standard error."""
-    gain, se = _number(job, "state_gain_bpc"), _number(job, "state_gain_se")
+    gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
     return None if gain is None or se is None else (gain, se)
 
 
 def training_mode_pairs(jobs) -> list[tuple]:
-    """(windows job, streams job) of every model trained both ways at one training window (summary.json's
-    mode_evaluation.seq_len: a run on windows of another length is no pair), with both state gains."""
-    by_mode = {}
-    for job in _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]:
-        if _gain(job) is not None:
-            key = (job.values.get("model"), (job.values.get("mode_evaluation") or {}).get("seq_len"))
-            by_mode.setdefault(key, {})[job.values.get("training_mode") or "windows"] = job
-    return [(modes["windows"], modes["streams"]) for modes in by_mode.values()
-            if {"windows", "streams"} <= modes.keys()]
+    """(windows job, streams job) of every model trained both ways at one training window, with both
+    state gains."""
+    judged = _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]
+    return mode_pairs([job for job in judged if _gain(job) is not None])
 
 
-def carried_state_finding(jobs) -> Finding:
+@STUDY.claim("Training with the state carried makes the state worth carrying")
+def carried_state_finding(jobs) -> tuple[str, str]:
     """(6) Does training with the state carried (truncated BPTT) make carrying it at inference pay?
     Judged per model from stateful - windowed under each training mode, with standard errors."""
-    claim = CLAIMS[5]
     pairs = training_mode_pairs(jobs)
     if not pairs:
-        return _cannot(claim, "no model trained both ways (python sweep.py models=grid training=windows,streams)")
+        return cannot("no model trained both ways (python sweep.py models=grid training=windows,streams)")
     parts, supported, contradicted = [], 0, 0
     for windows, streams in pairs:
         (gw, sw), (gs, ss) = _gain(windows), _gain(streams)
@@ -263,7 +237,7 @@ def carried_state_finding(jobs) -> Finding:
                 "(paired by target): " + "; ".join(parts) + f". Supported for {supported} of {len(pairs)} models "
                 "(trained on streams, stateful - windowed below zero and below the windows-trained figure, each by "
                 f"two standard errors and by at least {WORTH} bits per character: a gain worth the state).")
-    return Finding(claim, verdict, evidence)
+    return (verdict, evidence)
 
 
 SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter counts differ by at most this factor
@@ -275,20 +249,20 @@ def size_pairs(jobs) -> list[tuple]:
     jobs = at_best(jobs)
 
     def of(family):
-        return [job for job in jobs if job.values.get("family") == family and _number(job, "stateful_bpc") is not None
-                and _number(job, "parameters")]
+        return [job for job in jobs if job.values.get("family") == family and job.number("stateful_bpc") is not None
+                and job.number("parameters")]
     pairs = []
     for gru in of("gru"):
         rivals = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")
-                  and max(_number(t, "parameters"), _number(gru, "parameters"))
-                  <= SAME_SIZE * min(_number(t, "parameters"), _number(gru, "parameters"))]
+                  and max(t.number("parameters"), gru.number("parameters"))
+                  <= SAME_SIZE * min(t.number("parameters"), gru.number("parameters"))]
         if rivals:
-            pairs.append((gru, min(rivals, key=lambda t: abs(_number(t, "parameters") - _number(gru, "parameters")))))
-    return sorted(pairs, key=lambda pair: _number(pair[0], "parameters"))
+            pairs.append((gru, min(rivals, key=lambda t: abs(t.number("parameters") - gru.number("parameters")))))
+    return sorted(pairs, key=lambda pair: pair[0].number("parameters"))
 
 
 def _minutes(job) -> str:
-    seconds = _number(job, "train_seconds")
+    seconds = job.number("train_seconds")
     return "?" if seconds is None else f"{seconds / 60:.1f} min"
 
 
@@ -300,18 +274,18 @@ def _recipe(job, jobs) -> str:
         f", the best of {chosen} runs on the validation split" if chosen > 1 else "")
 
 
-def transformer_finding(jobs) -> Finding:
+@STUDY.claim("GRUs remain competitive with transformers")
+def transformer_finding(jobs) -> tuple[str, str]:
     """(7) At each size, the GRU's stateful bits per character against the transformer's, with their
     standard errors (<mode>_bpc_se), and the training time of each beside them."""
-    claim = CLAIMS[6]
     pairs = size_pairs(jobs)
     if not pairs:
-        return _cannot(claim, "no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "
+        return cannot("no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "
                               "models=beta)")
     parts, ahead, behind = [], 0, 0
     for gru, transformer in pairs:
-        g, t = _number(gru, "stateful_bpc"), _number(transformer, "stateful_bpc")
-        se = math.hypot(_number(gru, "stateful_bpc_se") or 0.0, _number(transformer, "stateful_bpc_se") or 0.0)
+        g, t = gru.number("stateful_bpc"), transformer.number("stateful_bpc")
+        se = math.hypot(gru.number("stateful_bpc_se") or 0.0, transformer.number("stateful_bpc_se") or 0.0)
         difference = g - t
         if difference > 2 * se:
             behind += 1
@@ -321,40 +295,32 @@ def transformer_finding(jobs) -> Finding:
             outcome = "the GRU is better"
         else:
             outcome = "a tie within two standard errors"
-        parts.append(f"{gru.name} ({_number(gru, 'parameters'):,.0f} parameters; {_recipe(gru, jobs)}) {g:.4f} in "
+        parts.append(f"{gru.name} ({gru.number('parameters'):,.0f} parameters; {_recipe(gru, jobs)}) {g:.4f} in "
                      f"{_minutes(gru)} of training against {transformer.name} "
-                     f"({_number(transformer, 'parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "
+                     f"({transformer.number('parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "
                      f"{_minutes(transformer)}: GRU - transformer {difference:+.4f} ± {se:.4f}, {outcome}")
     verdict = ("contradicted" if behind == len(pairs) else "supported" if behind == 0 else "partly supported")
     evidence = ("Stateful bits per character of the final weights, GRU against the transformer of its size (each "
                 "family at its best where the sweep tuned it: learning rate and recipe chosen the same way for both), "
                 "± one standard error of the difference (the two figures' own, unpaired): " + "; ".join(parts)
                 + f". The GRU is better or tied at {len(pairs) - behind} of {len(pairs)} sizes.")
-    return Finding(claim, verdict, evidence)
+    return (verdict, evidence)
 
 
-def findings(jobs) -> list[Finding]:
-    """The findings judged by the completed jobs of a sweep."""
-    return [rule(jobs) for rule in (training_loss_finding, stateless_finding, inference_vs_scale_finding,
-                                    subword_finding, correctness_finding, carried_state_finding,
-                                    transformer_finding)]
+def findings(jobs) -> list:
+    """The study's findings judged by the completed jobs of a sweep, in STUDY's order."""
+    return STUDY.judge(jobs)
 
 
-def findings_markdown(jobs) -> list[str]:
-    """report.md's *Findings* sections: the study's, then the planted-recall control's and the generated
-    text's (recall_findings.py, text_findings.py), numbered on."""
-    lines = ["## Findings", "",
-             "The original study's five findings, the project's sixth and the notebook's closing claim, each judged "
-             "by this sweep's numbers "
-             "(computed when the report "
-             "is built; figures are of the final weights, \"best\" ones of the checkpoint with the lowest "
-             "validation loss).", ""]
+CLAIMS = STUDY.claims
+
+
+def findings_markdown(jobs, groups: list[Findings]) -> list[str]:
+    """report.md's *Findings* sections: each group's (the study's first, then the sections'), numbered on."""
     if not jobs:
-        return lines + ["No completed job: nothing to judge.", ""]
-    study, recall = findings(jobs), recall_findings(jobs)
-    lines += numbered(study, 1) + ["", "## Findings on the planted-recall control", "",
-                                   "What a control with a known answer shows: keys planted in the text and recalled "
-                                   "at known distances (*Planted recall*).", ""]
-    lines += numbered(recall, len(study) + 1) + ["", "## Findings on the generated text", "",
-                                                  "What the text the models write shows (*Generated text*).", ""]
-    return lines + numbered(text_findings(jobs), len(study) + len(recall) + 1) + [""]
+        return [f"## {STUDY.heading}", "", STUDY.intro, "", "No completed job: nothing to judge.", ""]
+    lines, first = [], 1
+    for group in groups:
+        lines += ([""] if lines else []) + group.markdown(jobs, first)
+        first += len(group.rules)
+    return lines + [""]

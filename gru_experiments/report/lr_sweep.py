@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.sweep_folder import MISSING, JobResult
+from gru_experiments.report.common import MISSING, Section, figure, image, save, table
+from gru_experiments.report.sweep_folder import JobResult
 
 PLOT_LR = "lr_sweep.png"
 SCORE = "stateful_bpc"  # what a learning rate is chosen by: the study's headline figure
@@ -73,32 +74,29 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
              "Stateful bits per character of the final weights ± one standard error, for each model and optimiser "
              "recipe (conf/optim/) at each learning rate, every run the full recipe's length; the best of each row "
              "in bold. Chosen on the validation split (the split every figure here is scored on), the same way for "
-             "every family. Training time: the row's mean.", "",
-             "| model | training | recipe | " + " | ".join(f"lr {lr:g}" for lr in rates)
-             + " | best lr | training time |",
-             "|---|---|---|" + "--:|" * (len(rates) + 2)]
+             "every family. Training time: the row's mean.", ""]
+    rows = []
     for (name, mode, recipe), by_lr in found.items():
         done = {lr: job for lr, job in by_lr.items() if job.status == "completed" and job.number(SCORE) is not None}
         best = min(done, key=lambda lr: done[lr].number(SCORE)) if done else None
         seconds = [job.number("train_seconds") for job in done.values() if job.number("train_seconds")]
-        minutes = f"{sum(seconds) / len(seconds) / 60:.1f} min" if seconds else MISSING
-        cells = [_cell(by_lr[lr], lr == best) if lr in by_lr else "" for lr in rates]
-        lines.append(f"| {name} | {mode} | {recipe} | " + " | ".join(cells)
-                     + f" | {MISSING if best is None else f'{best:g}'} | {minutes} |")
+        rows.append([name, mode, recipe, *(_cell(by_lr[lr], lr == best) if lr in by_lr else "" for lr in rates),
+                     MISSING if best is None else f"{best:g}",
+                     f"{sum(seconds) / len(seconds) / 60:.1f} min" if seconds else MISSING])
+    lines += table(["model", "training", "recipe", *(f"lr {lr:g}" for lr in rates), "best lr", "training time"],
+                   rows, "lllr")
     chosen = [job for job in at_best(jobs) if rivals(job, jobs) > 1 and job.number("lr") is not None]
     if chosen:
         lines += ["", "Each family at its best (the lowest stateful figure of its size): "
                   + "; ".join(f"{job.name}, recipe {job.recipe}, lr {job.number('lr'):g}: {job.number(SCORE):.4f}"
                               f" (best of {rivals(job, jobs)})" for job in chosen) + "."]
-    lines += ["", f"![stateful bits per character against the learning rate]({PLOT_LR})" if PLOT_LR in plots
-              else f"{MISSING} no learning-rate plot."]
+    lines += ["", image("stateful bits per character against the learning rate", PLOT_LR, plots,
+                        "no learning-rate plot.")]
     return lines
 
 
 def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     """Stateful bits per character against the learning rate (log scale), a line per model and recipe."""
-    from gru_experiments.report.plots import _figure, _save
-
     found = arms(jobs)
     lines = {arm: sorted((lr, job.number(SCORE), job.number(f"{SCORE}_se") or 0.0) for lr, job in by_lr.items()
                          if job.status == "completed" and job.number(SCORE) is not None)
@@ -106,7 +104,7 @@ def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     lines = {arm: points for arm, points in lines.items() if points}
     if not lines:
         return None
-    plt = _figure()
+    plt = figure()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for (name, mode, recipe), points in lines.items():
         lrs, values, errors = zip(*points)
@@ -118,4 +116,7 @@ def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set_title("Learning rate and recipe: the final weights on the validation split")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
+
+
+SECTION = Section("learning rate and recipe", lr_section, plots={PLOT_LR: plot_lr})

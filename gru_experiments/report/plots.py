@@ -1,11 +1,13 @@
-"""The report's plots (PNG, written atomically, the same bytes for the same results)."""
+"""The report's sections of the study's own figures, each a plot and its lines of report.md: the ladder,
+the context curve, the modes over training, bits per character by mode and the learning curves (PNG,
+written atomically, the same bytes for the same results)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.files import atomic_file
-from gru_experiments.report.sweep_folder import MISSING, JobResult, ladder_jobs
+from gru_experiments.report.common import MISSING, Section, escape, figure, format_duration, image, save, table
+from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.evaluation import FIGURES
 
@@ -19,7 +21,7 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     rungs = [job for job in ladder_jobs(jobs) if job.number("stateful_bpc") is not None]
     if not rungs:
         return None
-    plt = _figure()
+    plt = figure()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
     for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
         _labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
@@ -34,27 +36,6 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
                           path)
 
 
-# --- plots ------------------------------------------------------------------------------
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed, safe in worker processes
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    """Write the figure as a PNG (atomically) and close it, also when writing fails."""
-    # No timestamp in the PNG metadata: the same results give the same bytes.
-    try:
-        with atomic_file(path) as f:  # a reader (or a second report builder) never sees half a file
-            fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-        return path
-    finally:
-        _figure().close(fig)
-
-
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     """Grouped bars: one group per model, one bar per inference mode (val bpc when no job has
     the evaluation's modes)."""
@@ -65,7 +46,7 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if any(job.number(key) is not None for key in keys)]
     if not shown:
         return None
-    plt = _figure()
+    plt = figure()
     width = 0.8 / len(keys)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
     for i, (key, label) in enumerate(zip(keys, labels)):
@@ -88,7 +69,7 @@ def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
@@ -96,7 +77,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if job.history]
     if not shown:
         return None
-    plt = _figure()
+    plt = figure()
     fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for job in shown:
         label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
@@ -112,7 +93,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
     for ax in (train_ax, val_ax):
         ax.grid(alpha=0.3)
     train_ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
@@ -149,7 +130,7 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
     series = context_curve_series(jobs)
     if not series:
         return None
-    plt = _figure()
+    plt = figure()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     longest = max(w for s in series.values() for w, _ in s["windows"])
     stateful_x = longest * 4
@@ -169,7 +150,7 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
            ylabel="bits per character (lower is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
@@ -195,7 +176,7 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
     series = modes_over_training_series(jobs)
     if not series:
         return None
-    plt = _figure()
+    plt = figure()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for model, curves in series.items():
         color = None
@@ -208,4 +189,68 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set(title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
+
+
+# --- their sections of report.md --------------------------------------------------------------------------
+def _context(job: JobResult) -> str:
+    if "context" not in job.values:
+        return MISSING
+    return "unbounded" if job.values["context"] is None else f"{job.values['context']:,}"
+
+
+LADDER_COLUMNS = ["model", "family", "context (tokens)", "parameters", "stateful bpc", "stateless bpc",
+                  "windowed bpc", "training time"]
+
+
+def ladder_rows(jobs: list[JobResult]) -> list[list[str]]:
+    number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
+    return [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
+             number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
+             number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
+             number(job, "train_seconds", format_duration)] for job in ladder_jobs(jobs)]
+
+
+def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
+    rows = ladder_rows(jobs)
+    if not rows:
+        return []
+    lines = ["", "## The ladder", "",
+             "Each model family side by side: validation bits per character with the state carried (stateful) "
+             "and reset at every step (stateless: only the last token is seen), and with the last "
+             "`evaluation.window` tokens (windowed). Parameters: trainable ones; for an n-gram, the counts it "
+             "stores. Training time: the training steps alone; for an n-gram, counting the training split.", "",
+             *table(LADDER_COLUMNS, rows, "llr")]
+    bigram = next((job.number("bigram_bpc") for job in ladder_jobs(jobs) if job.number("bigram_bpc")), None)
+    if bigram is not None:
+        lines += ["", f"Baseline: the add-one bigram table of the training split, {bigram:.4f} bits per character."]
+    return lines + ["", image("the ladder: stateful and stateless bits per character", PLOT_LADDER, plots,
+                              "no ladder plot.")]
+
+
+def context_section(jobs, plots: dict[str, Path]) -> list[str]:
+    return ["## Context curve", "",
+            "Bits per character with the model given only the last w tokens, from its initial state "
+            "(w = 1 is the stateless figure), and with the state carried through the whole split "
+            "(stateful, at the right); final weights. The points score the windowed figure's targets (all, "
+            "or its systematic sample; summary.json's context_curve.settings says which, with standard "
+            "errors; docs/evaluation.md).", "",
+            image("bits per character against context length", PLOT_CONTEXT, plots,
+                  "no completed job has a context curve."), ""]
+
+
+LADDER = Section("ladder", ladder_section, plots={PLOT_LADDER: plot_ladder})
+CONTEXT = Section("context curve", context_section, plots={PLOT_CONTEXT: plot_context_curve})
+MODES = Section("modes over training", lambda jobs, plots: [
+    "## Inference modes over training", "", "Stateful and stateless bits per character of the whole validation split "
+    "at every validation (history.csv), against the training tokens.", "",
+    image("stateful and stateless bits per character over training", PLOT_MODES, plots,
+          "no job recorded the modes over training.")], plots={PLOT_MODES: plot_modes_over_training})
+BPC = Section("bits per character by mode", lambda jobs, plots: [
+    "", "## Bits per character by inference mode", "",
+    image("bits per character by model and inference mode", PLOT_BPC, plots, "no completed job has a bpc to plot.")],
+    plots={PLOT_BPC: plot_bpc_by_mode})
+CURVES = Section("learning curves", lambda jobs, plots: [
+    "", "## Learning curves", "",
+    image("training loss and validation bpc against training steps", PLOT_CURVES, plots, "no job wrote history.csv."),
+    ""], plots={PLOT_CURVES: plot_curves})

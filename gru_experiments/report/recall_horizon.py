@@ -15,18 +15,10 @@ from __future__ import annotations
 
 import math
 
-from gru_experiments.report.finding import finite, plus_minus
-from gru_experiments.report.recall_report import model_name, recall_jobs, recall_record, training_label, training_window
-from gru_experiments.report.sweep_folder import MISSING
-from gru_experiments.study.recall import horizon
+from gru_experiments.report.common import MISSING, Section, finite, plus_minus, table
+from gru_experiments.report.recall_report import recall_jobs, recall_record, run_horizon
 
 MODES = ("stateful", "windowed")  # stateless never remembers: its horizon is always none
-
-
-def run_horizon(job, mode: str) -> dict:
-    """The job's horizon in `mode` ({"remembered", "crosses_2_bits", "crossing"})."""
-    record = recall_record(job) or {}
-    return (record.get("horizon") or {}).get(mode) or horizon(record.get("by_distance", {}), mode)
 
 
 def _remembered(h: dict) -> str:
@@ -40,7 +32,7 @@ def _crossing(h: dict) -> str:
 
 
 def _times_window(job, h: dict) -> str:
-    window = training_window(job)
+    window = job.training_window
     return MISSING if h["crosses_2_bits"] is None or not window else f"{h['crosses_2_bits'] / window:.1f}×"
 
 
@@ -54,23 +46,21 @@ def horizon_section(jobs) -> list[str]:
              "recall costs under 1 bit; \"2 bits at\", where the recall curve first rises through 2 bits "
              "(interpolated linearly in log2 distance between the two validation distances around it; \"never\": "
              "under 2 bits at every distance, \"at once\": 2 bits or more at the shortest), and that distance over "
-             "the training window. Past its window, the windowed mode cannot see the key.", "",
-             "| run | training window | stateful: under 1 bit up to | stateful: 2 bits at | × training window | "
-             "windowed: under 1 bit up to | windowed: 2 bits at |", "|---|--:|--:|--:|--:|--:|--:|"]
-    for job in shown:
-        stateful, windowed = (run_horizon(job, mode) for mode in MODES)
-        lines.append(f"| {model_name(job)}, {training_label(job)} | {training_window(job) or MISSING} | "
-                     f"{_remembered(stateful)} | {_crossing(stateful)} | {_times_window(job, stateful)} | "
-                     f"{_remembered(windowed)} | {_crossing(windowed)} |")
-    return lines + [""]
+             "the training window. Past its window, the windowed mode cannot see the key.", ""]
+    rows = [[f"{job.name}, {job.training}", str(job.training_window or MISSING), _remembered(stateful),
+             _crossing(stateful), _times_window(job, stateful), _remembered(windowed), _crossing(windowed)]
+            for job in shown for stateful, windowed in [[run_horizon(job, mode) for mode in MODES]]]
+    header = ["run", "training window", "stateful: under 1 bit up to", "stateful: 2 bits at", "× training window",
+              "windowed: under 1 bit up to", "windowed: 2 bits at"]
+    return lines + table(header, rows, "lr") + [""]
 
 
 # --- what learning the recall costs the language model ------------------------------------------------
 def twin(job, jobs):
     """The completed job of the same model, training mode and window without the probe, None if none."""
     return next((other for other in jobs if other.status == "completed" and not recall_record(other)
-                 and other.values.get("probe") in (None, "none") and model_name(other) == model_name(job)
-                 and other.training_mode == job.training_mode and training_window(other) == training_window(job)),
+                 and other.values.get("probe") in (None, "none") and other.name == job.name
+                 and other.training_mode == job.training_mode and other.training_window == job.training_window),
                 None)
 
 
@@ -114,14 +104,18 @@ def cost_section(jobs) -> list[str]:
              "Each run with the probe beside its twin without it (same model, training mode and window), on the plain "
              "validation split: stateful bits per character ± se, the cost (with - without ± the two se's hypot), "
              "stateful - windowed ± its paired se (negative: carrying the state helps) and the kind of target where it "
-             "helps most (the context curve by class: stateful - windowed on those targets).", "",
-             "| run | stateful, with the probe | without | cost | stateful - windowed, with | without | "
-             "where the state helps most, with | without |", "|---|--:|--:|--:|--:|--:|---|---|"]
+             "helps most (the context curve by class: stateful - windowed on those targets).", ""]
+    rows = []
     for job in shown:
         plain = twin(job, jobs)
         cells = ([_figure(plain, "stateful"), _cost(job, plain), _figure(job, "state_gain"),
                   _figure(plain, "state_gain"), most_helped_class(job), most_helped_class(plain)] if plain else
                  [MISSING, MISSING, _figure(job, "state_gain"), MISSING, most_helped_class(job), MISSING])
-        lines.append(f"| {model_name(job)}, {training_label(job)} | {_figure(job, 'stateful')} | " + " | ".join(cells)
-                     + " |")
-    return lines + [""]
+        rows.append([f"{job.name}, {job.training}", _figure(job, "stateful"), *cells])
+    header = ["run", "stateful, with the probe", "without", "cost", "stateful - windowed, with", "without",
+              "where the state helps most, with", "without"]
+    return lines + table(header, rows, "lrrrrrll") + [""]
+
+
+HORIZON = Section("memory horizon", lambda jobs, plots: horizon_section(jobs))
+COST = Section("what the recall costs", lambda jobs, plots: cost_section(jobs))

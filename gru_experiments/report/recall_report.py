@@ -1,10 +1,11 @@
-"""The planted-recall control (summary.json's "recall"): report.md's *Planted recall* table and `recall.png`.
+"""The planted-recall control (summary.json's "recall"): report.md's *Planted recall* table, `recall.png` and
+the findings on the control.
 
 A run's record: K keys, planted R times each at given distances before their recall in a corpus
 otherwise like the real one, and per distance, per inference mode (stateful, windowed, stateless),
 the bits per recalled key with their standard error and the targets scored. A model that kept nothing
 of the key pays log2 K bits (a uniform guess among the K): the no-memory line. A run is told apart by
-its training mode and training window (summary.json's training_mode and mode_evaluation.seq_len):
+its training mode and training window (summary.json's training_mode and seq_len):
 "windows (128)", "streams (128)", "windows (512)".
 """
 
@@ -13,9 +14,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.finding import finite, plus_minus
-from gru_experiments.report.plots import _figure, _save
-from gru_experiments.report.sweep_folder import MISSING
+from gru_experiments.report.common import (
+    MISSING,
+    Findings,
+    Section,
+    cannot,
+    figure,
+    finite,
+    image,
+    plus_minus,
+    save,
+    table,
+)
+from gru_experiments.report.sweep_folder import mode_pairs
+from gru_experiments.study.recall import horizon
 
 INFERENCE = ("stateful", "windowed", "stateless")
 PLOT_RECALL = "recall.png"
@@ -31,30 +43,6 @@ def recall_record(job) -> dict | None:
 def recall_jobs(jobs) -> list:
     """The completed jobs with a recall record, in launch order."""
     return [job for job in jobs if getattr(job, "status", "completed") == "completed" and recall_record(job)]
-
-
-def training_window(job) -> int | None:
-    """The tokens a training window held (mode_evaluation.seq_len; else the recall record's seq_len)."""
-    for source in (job.values.get("mode_evaluation"), recall_record(job)):
-        seq_len = finite((source or {}).get("seq_len"))
-        if seq_len is not None:
-            return int(seq_len)
-    return None
-
-
-def model_name(job) -> str:
-    """The model's config name (JobResult.model marks a streams run: here the training says it)."""
-    return job.values.get("model") or job.model
-
-
-def training_mode(job) -> str:
-    return job.values.get("training_mode") or "windows"  # summaries from before the choice: windows
-
-
-def training_label(job) -> str:
-    """"windows (128)": the training mode and its window."""
-    window = training_window(job)
-    return training_mode(job) if window is None else f"{training_mode(job)} ({window})"
 
 
 def no_memory(job) -> float | None:
@@ -83,6 +71,13 @@ def recall_point(job, distance: int, inference: str) -> tuple[float, float, int 
     return finite(entry["bits"]), finite(entry.get("se")) or 0.0, None if targets is None else int(targets)
 
 
+def run_horizon(job, mode: str) -> dict:
+    """The job's horizon in `mode` ({"remembered", "crosses_2_bits", "crossing"}; computed from the curve for a
+    record from before summary.json's recall.horizon)."""
+    record = recall_record(job) or {}
+    return (record.get("horizon") or {}).get(mode) or horizon(record.get("by_distance", {}), mode)
+
+
 def where(distance: int, window: int | None) -> str:
     """Where a distance lies against a window: inside (d < window), past it (d > window), at its edge."""
     if window is None:
@@ -101,7 +96,7 @@ def _targets(points) -> str:
 def _settings(job) -> str:
     record = recall_record(job)
     bits = no_memory(job)
-    line = (f"- {model_name(job)}, trained on {training_label(job)}: {record.get('keys', '?')} keys, "
+    line = (f"- {job.name}, trained on {job.training}: {record.get('keys', '?')} keys, "
             f"{record.get('plantings', '?')} plantings, windowed inference on the last {record.get('window', '?')} "
             f"tokens; no memory: log2 K = " + (MISSING if bits is None else f"{bits:.3f}") + " bits")
     note = str(record.get("note") or "").strip()
@@ -117,21 +112,21 @@ def recall_section(jobs, plots: dict[str, Path]) -> list[str]:
              "A control with a known answer: keys planted in the text and asked for again a given distance later. "
              "Bits per recalled key (± one standard error) in each inference mode; log2 K, a guess among the K keys, "
              "is what a model pays that kept nothing. \"Training window\": where the distance lies against the "
-             "window the run was trained on (inside: shorter than it).", "",
-             "| distance | training | training window | " + " | ".join(INFERENCE) + " | targets | log2 K |",
-             "|--:|---|---|" + "--:|" * (len(INFERENCE) + 2)]
-    rows = sorted(((d, i, job) for i, job in enumerate(shown) for d in distances(job)), key=lambda r: r[:2])
-    names = len({model_name(job) for job in shown}) > 1
-    for distance, _, job in rows:
+             "window the run was trained on (inside: shorter than it).", ""]
+    order = sorted(((d, i, job) for i, job in enumerate(shown) for d in distances(job)), key=lambda r: r[:2])
+    names = len({job.name for job in shown}) > 1
+    rows = []
+    for distance, _, job in order:
         points = [recall_point(job, distance, inference) for inference in INFERENCE]
-        label = f"{model_name(job)}, {training_label(job)}" if names else training_label(job)
         bits = no_memory(job)
-        lines.append(f"| {distance} | {label} | {where(distance, training_window(job))} | "
-                     + " | ".join(MISSING if p is None else plus_minus(p[0], p[1]) for p in points)
-                     + f" | {_targets(points)} | {MISSING if bits is None else f'{bits:.3f}'} |")
+        rows.append([str(distance), f"{job.name}, {job.training}" if names else job.training,
+                     where(distance, job.training_window),
+                     *(MISSING if p is None else plus_minus(p[0], p[1]) for p in points),
+                     _targets(points), MISSING if bits is None else f"{bits:.3f}"])
+    lines += table(["distance", "training", "training window", *INFERENCE, "targets", "log2 K"], rows, "rllr")
     lines += [""] + [_settings(job) for job in shown]
-    lines += ["", f"![recall bits against distance, by training and inference mode]({PLOT_RECALL})"
-              if PLOT_RECALL in plots else f"{MISSING} no recall figure.", ""]
+    lines += ["", image("recall bits against distance, by training and inference mode", PLOT_RECALL, plots,
+                        "no recall figure."), ""]
     return lines
 
 
@@ -141,11 +136,11 @@ def _panel(ax, shown, inference: str, names: bool) -> None:
         points = [(d, p) for d in distances(job) if (p := recall_point(job, d, inference)) is not None]
         if not points:
             continue
-        label = f"{model_name(job)}, {training_label(job)}" if names else f"trained on {training_label(job)}"
+        label = f"{job.name}, {job.training}" if names else f"trained on {job.training}"
         (line, *_) = ax.errorbar([d for d, _ in points], [p[0] for _, p in points], yerr=[p[1] for _, p in points],
                                  marker="o", markersize=3, capsize=2, label=label)
-        if training_window(job) is not None:
-            ax.axvline(training_window(job), color=line.get_color(), linestyle=":", linewidth=1)
+        if job.training_window is not None:
+            ax.axvline(job.training_window, color=line.get_color(), linestyle=":", linewidth=1)
     for bits in sorted({no_memory(job) for job in shown} - {None}):
         ax.axhline(bits, color="black", linestyle="--", linewidth=1, label=f"no memory: log2 K = {bits:.2f}")
     if inference == "windowed":
@@ -164,10 +159,160 @@ def plot_recall(jobs, path: Path) -> Path | None:
     shown = recall_jobs(jobs)
     if not shown or not any(distances(job) for job in shown):
         return None
-    plt = _figure()
+    plt = figure()
     fig, axes = plt.subplots(1, len(INFERENCE), figsize=(5.0 * len(INFERENCE), 4.0), sharey=True)
-    names = len({model_name(job) for job in shown}) > 1
+    names = len({job.name for job in shown}) > 1
     for ax, inference in zip(axes, INFERENCE):
         _panel(ax, shown, inference, names)
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
+
+
+# --- the findings -------------------------------------------------------------------------------------------
+RECALL = Findings("Findings on the planted-recall control", "What a control with a known answer shows: keys planted "
+                  "in the text and recalled at known distances (*Planted recall*).")
+# Each claim is judged by the numbers of one sweep; a difference of two figures has the standard error hypot(se1,
+# se2). The second is the study's finding 6 judged again on the planted corpus (findings.carried_state_finding).
+
+
+def _at(points) -> str:
+    return ", ".join(f"d = {d}: {plus_minus(bits, se)}" for d, (bits, se, _) in points)
+
+
+def _below_chance(job, inference: str, chosen) -> list[tuple[int, tuple]]:
+    """(distance, point) where `inference`'s bits lie below log2 K by more than two standard errors, among
+    the distances `chosen(d)` accepts."""
+    bits = no_memory(job)
+    return [(d, p) for d in distances(job) if chosen(d) and (p := recall_point(job, d, inference)) is not None
+            and bits - p[0] > 2 * p[1]]
+
+
+def _instrument_part(job) -> tuple[bool, bool, str]:
+    """(detected, the windowed control fails, the evidence) of one run."""
+    window, seen = job.training_window, inference_window(job)
+    detected = _below_chance(job, "stateful", lambda d: window is not None and where(d, window) == "inside")
+    part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
+            "log2 K by more than two standard errors "
+            + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
+    past = [(d, p) for d in distances(job) if seen is not None and d > seen
+            and (p := recall_point(job, d, "windowed")) is not None]
+    leaks = _below_chance(job, "windowed", lambda d: seen is not None and d > seen)
+    if past:
+        part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
+                 + (f"below log2 K at d = {', '.join(str(d) for d, _ in leaks)}" if leaks else "at chance"))
+    else:
+        part += "; no distance past the windowed mode's window to check it against"
+    return bool(detected), bool(leaks), part
+
+
+@RECALL.claim("The planted-recall instrument detects a dependency the model has learned")
+def instrument_finding(jobs) -> tuple[str, str]:
+    """Does a run's stateful recall inside its training window beat a guess among the keys, while the
+    windowed mode, past its window, cannot?"""
+    judged = [job for job in recall_jobs(jobs) if no_memory(job) is not None and distances(job)]
+    if not judged:
+        return cannot("a run of the planted-recall corpus (summary.json's recall, with its keys and distances)")
+    parts = [_instrument_part(job) for job in judged]
+    detected, leaking = sum(d for d, _, _ in parts), sum(leak for _, leak, _ in parts)
+    evidence = ("Bits per recalled key ± one standard error: " + "; ".join(part for _, _, part in parts)
+                + ". Rule: the instrument detects a learned dependency when, for some run, stateful recall at a "
+                "distance inside the training window (shorter than it) is below log2 K by more than two standard "
+                "errors; it distinguishes when the windowed mode, past its window (where the key is out of sight), "
+                f"is not. Detected in {detected} of {len(judged)} runs; windowed below log2 K past its window in "
+                f"{leaking}.")
+    if not detected:
+        return ("not shown by this sweep", evidence)
+    return ("partly supported" if leaking else "supported", evidence)
+
+
+def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
+    """(better, worse, distances judged, evidence) of one pair, past the training window."""
+    window, bits = streams.training_window, no_memory(streams)
+    judged, better, worse, parts = 0, 0, 0, []
+    for d in distances(streams):
+        w, s = recall_point(windows, d, "stateful"), recall_point(streams, d, "stateful")
+        if where(d, window) != "past" or w is None or s is None:
+            continue
+        change, se = s[0] - w[0], math.hypot(s[1], w[1])
+        judged, better, worse = judged + 1, better + (change < -2 * se), worse + (change > 2 * se)
+        parts.append(f"d = {d}: streams {plus_minus(s[0], s[1])}, windows {plus_minus(w[0], w[1])} "
+                     f"(change {change:+.3f} ± {se:.3f})")
+    text = (f"{streams.name}, training window {window}, log2 K = "
+            + ("?" if bits is None else f"{bits:.3f}") + ": " + ("; ".join(parts) or "no distance past it"))
+    for other in others:
+        points = [(d, p) for d in distances(other) if where(d, window) == "past"
+                  and (p := recall_point(other, d, "stateful")) is not None]
+        if points:
+            text += f" (trained on {other.training}: {_at(points)})"
+    return better, worse, judged, text
+
+
+@RECALL.claim("Training with the state carried makes the state worth carrying, on the planted-recall corpus")
+def recall_carried_state_finding(jobs) -> tuple[str, str]:
+    """(Finding 6 on the planted corpus.) Past the training window, is stateful recall better after training
+    on streams than after training on windows of the same length?"""
+    pairs = mode_pairs(recall_jobs(jobs))
+    if not pairs:
+        return cannot("planted-recall runs of one model trained on windows and on streams with the same "
+                             "training window")
+    used = {id(job) for pair in pairs for job in pair}
+    others = [job for job in recall_jobs(jobs) if id(job) not in used]
+    results = [_pair_part(windows, streams, [o for o in others if o.values.get("model") == streams.values.get("model")])
+               for windows, streams in pairs]
+    judged = sum(n for _, _, n, _ in results)
+    evidence = ("Stateful bits per recalled key past the training window (distance longer than it), ± one standard "
+                "error, the change streams - windows ± hypot of the two: " + "; ".join(t for *_, t in results)
+                + ". Rule: supported at a distance when streams is below windows by more than two standard errors "
+                "of the change; supported when it is at every distance past the window, partly at some, "
+                "contradicted when streams is above windows by two standard errors at every one.")
+    if not judged:
+        return ("cannot be judged", evidence + " Missing: distances past the training window.")
+    better, worse = sum(b for b, _, _, _ in results), sum(w for _, w, _, _ in results)
+    evidence += f" Streams better at {better} of {judged} distances, worse at {worse}."
+    verdict = ("supported" if better == judged else "partly supported" if better else
+               "contradicted" if worse == judged else "not shown by this sweep")
+    return (verdict, evidence)
+
+
+def _kept_part(job) -> tuple[bool, str]:
+    """(stateful beats windowed at the first distance past the training window, the evidence) of one run."""
+    window = job.training_window
+    past = [(d, s, w) for d in distances(job) if where(d, window) == "past"
+            and (s := recall_point(job, d, "stateful")) is not None and (w := recall_point(job, d, "windowed"))]
+    kept = [d for d, s, w in past if w[0] - s[0] > 2 * math.hypot(s[1], w[1])]
+    h = run_horizon(job, "stateful")
+    crossing = ("nowhere (under 2 bits at every distance)" if h["crossing"].startswith("below") else
+                "already at the shortest distance" if h["crosses_2_bits"] is None else
+                f"at d ≈ {h['crosses_2_bits']:,.0f} ({h['crosses_2_bits'] / window:.1f}× the window)")
+    text = (f"{job.name} trained on {job.training}: stateful below windowed by more than two standard "
+            f"errors of the difference at {len(kept)} of {len(past)} distances past the window"
+            + (f" (d = {past[0][0]}: stateful {plus_minus(*past[0][1][:2])}, windowed {plus_minus(*past[0][2][:2])})"
+               if past else "")
+            + f"; stateful under 1 bit up to d = {h['remembered'] or 'none'}, crossing 2 bits {crossing}")
+    return bool(past) and past[0][0] in kept, text
+
+
+@RECALL.claim("A carried state keeps what the model learned past its training window")
+def kept_past_window_finding(jobs) -> tuple[str, str]:
+    """Past its training window, where the windowed mode cannot see the key, does the carried state still
+    recall it? Judged on the recurrent runs; a finite-context model (the transformer) is the control."""
+    runs = [job for job in recall_jobs(jobs) if job.training_window and distances(job)]
+    recurrent = [job for job in runs if job.values.get("context") is None]
+    if not recurrent:
+        return cannot("a recurrent run of the planted-recall corpus with distances past its training window")
+    parts = [_kept_part(job) for job in recurrent]
+    controls = [_kept_part(job)[1] for job in runs if job.values.get("context") is not None]
+    kept = sum(k for k, _ in parts)
+    evidence = ("Bits per recalled key ± one standard error: " + "; ".join(text for _, text in parts)
+                + (". Control, a model of its last tokens only: " + "; ".join(controls) if controls else "")
+                + ". Rule: a run keeps the key past its window when, at the first validation distance past it, "
+                "stateful recall is below windowed by more than two standard errors of the difference (hypot of "
+                f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
+    return ("supported" if kept == len(parts) else "partly supported" if kept else
+                   "not shown by this sweep", evidence)
+
+
+RECALL_CLAIMS = RECALL.claims
+recall_findings = RECALL.judge
+
+SECTION = Section("planted recall", recall_section, plots={PLOT_RECALL: plot_recall}, findings=RECALL)

@@ -1,5 +1,6 @@
 """Reading a sweep folder: one JobResult per job (its summary.json, history.csv, samples.json and
-config), in launch order, with a "missing" entry for each planned model that never started."""
+config), in launch order, with a "missing" entry for each planned model that never started; and the
+groupings the sections share (the ladder, a model's training modes side by side)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
+from gru_experiments.legacy import MODELS, RECIPES
+from gru_experiments.report.common import finite
 from gru_experiments.runs.config import model_family
 from gru_experiments.runs.history import read_history
 from gru_experiments.runs.run_dir import RunDir
-
-MISSING = "—"
 
 
 @dataclass
@@ -28,6 +29,9 @@ class JobResult:
     logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
     variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
 
+    def __post_init__(self):
+        self.values = upgrade(self.values, started=self.status != "missing")
+
     @property
     def name(self) -> str:
         """The model's config name."""
@@ -39,8 +43,8 @@ class JobResult:
         return self.values.get("optim") if self.values.get("lr") is not None else None
 
     @property
-    def training_mode(self) -> str:
-        return self.values.get("training_mode") or "windows"
+    def training_mode(self) -> str | None:
+        return self.values.get("training_mode")
 
     @property
     def model(self) -> str:
@@ -50,9 +54,8 @@ class JobResult:
 
     @property
     def training_window(self) -> int | None:
-        """The tokens of a training window (summary.json's mode_evaluation.seq_len), None when unknown."""
-        seq_len = (self.values.get("mode_evaluation") or {}).get("seq_len")
-        return seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None
+        """The tokens of a training window (summary.json's seq_len), None when unknown."""
+        return self.values.get("seq_len")
 
     @property
     def training(self) -> str:
@@ -63,17 +66,30 @@ class JobResult:
     def best(self, key: str) -> float | None:
         """A finite number of the best checkpoint (summary["best"]; key "step" for its step), else None."""
         best = self.values.get("best")
-        value = best.get(key) if isinstance(best, dict) else None
+        return self.number(key, best if isinstance(best, dict) else {})
+
+    def number(self, key: str, values: dict | None = None) -> float | None:
+        """A finite number from the summary (or `values`), else None."""
+        value = (self.values if values is None else values).get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return None
         return value
 
-    def number(self, key: str) -> float | None:
-        """A finite number from the summary, else None."""
-        value = self.values.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        return value
+
+def upgrade(values: dict, started: bool = True) -> dict:
+    """A job's values as today's summary says them, whatever its age: the training mode of a run from before
+    the choice (windows), the training window of one from before summary.json's seq_len (its mode
+    evaluation's, else its recall record's), and the recipe and model names of before issue 35 (legacy.py)."""
+    values = dict(values)
+    if started and not values.get("training_mode"):
+        values["training_mode"] = "windows"
+    windows = [finite((source if isinstance(source, dict) else {}).get("seq_len"))
+               for source in (values, values.get("mode_evaluation"), values.get("recall"))]
+    values["seq_len"] = next((int(window) for window in windows if window is not None), None)
+    for key, names in (("optim", RECIPES), ("model", MODELS)):
+        if isinstance(values.get(key), str):
+            values[key] = names.get(values[key], values[key])
+    return values
 
 
 @dataclass
@@ -111,8 +127,10 @@ def planned_models(overrides: list[str]) -> list[str]:
 
     for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
         if override.is_sweep_override():
-            return list(override.sweep_string_iterator())
-        return [override.get_value_element_as_str()]
+            names = list(override.sweep_string_iterator())
+        else:
+            names = [override.get_value_element_as_str()]
+        return [MODELS.get(name, name) for name in names]  # an old sweep's names, as its jobs now read
     return []
 
 
@@ -136,8 +154,8 @@ def read_job(job_dir: Path) -> JobResult:
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
         "lr": _select(cfg, "model.lr"),
-        # a run from before conf/optim (its config has no optim) was trained with the seed's recipe
-        "optim": _select(cfg, "optim.name") or ("seed" if _select(cfg, "weight_decay") is not None else None),
+        # a run from before conf/optim (its config has no optim) was trained with the original study's recipe
+        "optim": _select(cfg, "optim.name") or ("original" if _select(cfg, "weight_decay") is not None else None),
         **read_summary(summary),
     }
     if values.get("family") is None and cfg is not None:  # not finished, or failed before the rename
@@ -217,3 +235,19 @@ def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
     summary's "family": gru, lstm, rnn, mlp, ngram, transformer); [] for a sweep of one family."""
     done = [job for job in jobs if job.status == "completed"]
     return done if len({job.values.get("family") for job in done}) > 1 else []
+
+
+def trainings(jobs) -> dict[str, dict[tuple, JobResult]]:
+    """{model name: {(training mode, training window): job}}, in the order the models first appear; of twins
+    of one training (a sweep's probe and no-probe runs), the later one."""
+    found: dict[str, dict[tuple, JobResult]] = {}
+    for job in jobs:
+        found.setdefault(job.name, {})[(job.training_mode, job.training_window)] = job
+    return found
+
+
+def mode_pairs(jobs) -> list[tuple[JobResult, JobResult]]:
+    """(windows job, streams job) of each model trained both ways at one training window (a run on windows
+    of another length is no pair)."""
+    return [(runs[("windows", window)], runs[("streams", window)]) for runs in trainings(jobs).values()
+            for mode, window in runs if mode == "windows" and ("streams", window) in runs]

@@ -1,5 +1,5 @@
 """The generated text measured (summary.json's "text", study/text_protocol.py): report.md's *Generated
-text* section, results.csv's text columns and `text_statistics.png`.
+text* section, results.csv's text columns, `text_statistics.png` and the findings on the generated text.
 
 A run's record holds, per inference mode × decoder, each statistic's value and standard error over
 the samples (text_stats.STATISTICS), the same statistics of held-out text (the reference), of random
@@ -10,15 +10,28 @@ section and the figure are then left out.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from gru_experiments.report.finding import finite, plus_minus
-from gru_experiments.report.plots import _figure, _save
-from gru_experiments.report.sweep_folder import MISSING, run_label
+from gru_experiments.report.common import (
+    MISSING,
+    RECURRENT,
+    Findings,
+    Section,
+    cannot,
+    figure,
+    finite,
+    image,
+    plus_minus,
+    save,
+    table,
+    verdict,
+)
+from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN, TEXT_MODES
 from gru_experiments.study.text_stats import STATISTICS
 
-SEED_DECODER = "temperature_0.8"  # the seed's decoder: the one the findings and results.csv read
+ORIGINAL_DECODER = "temperature_0.8"  # the original study's decoder: the one the findings and results.csv read
 BOUNDS = {"reference": "reference (validation)", "floor": "random (floor)", "ceiling": "looped (ceiling)"}
 PLOT_TEXT = "text_statistics.png"
 SHOWN = ("word_validity", "loop_rate")  # the figure's bar panels
@@ -81,14 +94,14 @@ def _cell(entry) -> str:
 
 # --- results.csv --------------------------------------------------------------------------------------------
 TEXT_COLUMNS = {
-    "text_stateful_word_validity": lambda job: value(job, "stateful", SEED_DECODER, "word_validity"),
-    "text_stateless_word_validity": lambda job: value(job, "stateless", SEED_DECODER, "word_validity"),
+    "text_stateful_word_validity": lambda job: value(job, "stateful", ORIGINAL_DECODER, "word_validity"),
+    "text_stateless_word_validity": lambda job: value(job, "stateless", ORIGINAL_DECODER, "word_validity"),
     "text_reference_word_validity": lambda job: (bound(job, "reference", "word_validity") or (None,))[0],
     "text_stateful_greedy_loop_rate": lambda job: value(job, "stateful", "greedy", "loop_rate"),
     "text_stateless_greedy_loop_rate": lambda job: value(job, "stateless", "greedy", "loop_rate"),
-    "text_stateful_line_shape": lambda job: value(job, "stateful", SEED_DECODER, "line_shape"),
-    "text_stateful_copy_32": lambda job: value(job, "stateful", SEED_DECODER, "copy_32"),
-}  # results.csv's text columns: the figures the findings read (the seed's decoder unless named)
+    "text_stateful_line_shape": lambda job: value(job, "stateful", ORIGINAL_DECODER, "line_shape"),
+    "text_stateful_copy_32": lambda job: value(job, "stateful", ORIGINAL_DECODER, "copy_32"),
+}  # results.csv's text columns: the figures the findings read (the original study's decoder unless named)
 
 
 # --- report.md ----------------------------------------------------------------------------------------------
@@ -106,15 +119,15 @@ def _drift_table(record: dict) -> list[str]:
         return []
     s = record.get("settings") or {}
     lines = ["", f"Drift: {s.get('drift_samples', '?')} generations of {s.get('drift_chars', '?')} characters, "
-             f"{s.get('drift_decoder', 'pure')} sampling; each stretch's statistics (all generations together).", "",
-             "| characters | " + " | ".join(f"{mode} {name}" for mode in drift for name in DRIFT_SHOWN) + " |",
-             "|---|" + "--:|" * (len(drift) * len(DRIFT_SHOWN))]
+             f"{s.get('drift_decoder', 'pure')} sampling; each stretch's statistics (all generations together).", ""]
+    rows = []
     for k in range(max(map(len, drift.values()))):
         first = next(stretches[k] for stretches in drift.values() if k < len(stretches))
-        cells = [_cell(((stretches[k] if k < len(stretches) else {}).get("statistics") or {}).get(name))
-                 for stretches in drift.values() for name in DRIFT_SHOWN]
-        lines.append(f"| {first.get('start', '?')}–{first.get('end', '?')} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([f"{first.get('start', '?')}–{first.get('end', '?')}"]
+                    + [_cell(((stretches[k] if k < len(stretches) else {}).get("statistics") or {}).get(name))
+                       for stretches in drift.values() for name in DRIFT_SHOWN])
+    header = ["characters", *(f"{mode} {name}" for mode in drift for name in DRIFT_SHOWN)]
+    return lines + table(header, rows, "lr")
 
 
 def text_section(jobs, plots: dict[str, Path]) -> list[str]:
@@ -131,13 +144,12 @@ def text_section(jobs, plots: dict[str, Path]) -> list[str]:
         record = text_record(job)
         rows = text_rows(record)
         statistics = _ordered([name for _, figures in rows for name in figures], STATISTICS)
-        lines += [f"### {run_label(job, jobs)}", "", _settings_line(record), "",
-                  "| setting | " + " | ".join(statistics) + " |", "|---|" + "--:|" * len(statistics)]
-        lines += [f"| {label} | " + " | ".join(_cell(figures.get(name)) for name in statistics) + " |"
-                  for label, figures in rows]
+        lines += [f"### {run_label(job, jobs)}", "", _settings_line(record), ""]
+        lines += table(["setting", *statistics], [[label, *(_cell(figures.get(name)) for name in statistics)]
+                                                  for label, figures in rows], "lr")
         lines += _drift_table(record) + [""]
-    lines += [f"![word validity and loop rate by mode and decoder, and the drift]({PLOT_TEXT})" if PLOT_TEXT in plots
-              else f"{MISSING} no text figure.", ""]
+    lines += [image("word validity and loop rate by mode and decoder, and the drift", PLOT_TEXT, plots,
+                    "no text figure."), ""]
     return lines
 
 
@@ -192,7 +204,7 @@ def plot_text(jobs, path: Path) -> Path | None:
     shown = text_jobs(jobs)
     if not shown:
         return None
-    plt = _figure()
+    plt = figure()
     columns = len(SHOWN) + any(_has_drift(job) for job in shown)
     fig, axes = plt.subplots(len(shown), columns, figsize=(5.2 * columns, 3.6 * len(shown)), squeeze=False)
     for row, job in zip(axes, shown):
@@ -204,4 +216,157 @@ def plot_text(jobs, path: Path) -> Path | None:
             else:
                 row[-1].set_axis_off()
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
+
+
+# --- the findings -------------------------------------------------------------------------------------------
+TEXT = Findings("Findings on the generated text", "What the text the models write shows (*Generated text*).")
+# Each claim below is judged by the numbers of one sweep. Every figure is a mean over the samples of a setting ±
+# one standard error (study/text_stats.py); a difference of two figures has the standard error hypot(se1, se2).
+LOOPING = 0.5  # greedy "loops" when at least this share of its samples end in a repeated phrase
+LINE_SLACK = 0.05  # KS distance: how far above the reference's own line_shape still counts as the corpus's shape
+LARGE = 1_000_000  # parameters: the least for "a large model"
+NO_TEXT = "no completed job with the text statistics (summary.json's text)"
+
+
+def _se(*figures) -> float:
+    """The standard error of a difference of figures (value, se): hypot of theirs (a missing one: 0)."""
+    return math.hypot(*((figure[1] or 0.0) for figure in figures))
+
+
+def _fig(figure) -> str:
+    return plus_minus(*figure)
+
+
+@TEXT.claim("Greedy decoding loops whatever the mode")
+def greedy_loop_finding(jobs) -> tuple[str, str]:
+    """Does greedy decoding end in a loop in every inference mode (loop_rate >= LOOPING)?"""
+    parts, looping, judged = [], 0, 0
+    for job in text_jobs(jobs):
+        rates = {mode: figure for mode in ("stateful", "windowed", "stateless")
+                 if (figure := setting(job, mode, "greedy", "loop_rate")) is not None}
+        if not rates:
+            continue
+        judged += len(rates)
+        looping += sum(figure[0] >= LOOPING for figure in rates.values())
+        reference = bound(job, "reference", "loop_rate")
+        parts.append(f"{job.model}: " + ", ".join(f"{mode} {_fig(figure)}" for mode, figure in rates.items())
+                     + (f" (reference {_fig(reference)})" if reference else ""))
+    if not judged:
+        return cannot(NO_TEXT + " and greedy samples")
+    evidence = ("Greedy decoding's loop_rate (the share of samples ending in a repeated phrase): " + "; ".join(parts)
+                + f". Rule: greedy loops in a mode when its loop_rate is at least {LOOPING}; supported when it does in "
+                f"every mode of every model. It does in {looping} of {judged} (model, mode) settings.")
+    return (verdict(looping, judged), evidence)
+
+
+@TEXT.claim("Stateless text is noise")
+def stateless_noise_finding(jobs) -> tuple[str, str]:
+    """Are stateless samples' words far rarer in the corpus than stateful samples' and the reference's?"""
+    parts, noise, judged = [], 0, 0
+    for job in text_jobs(jobs):
+        stateless, stateful = (setting(job, mode, ORIGINAL_DECODER, "word_validity")
+                               for mode in ("stateless", "stateful"))
+        reference = bound(job, "reference", "word_validity")
+        if stateless is None or stateful is None or reference is None:
+            continue
+        judged += 1
+        gaps = [(other[0] - stateless[0], _se(other, stateless)) for other in (stateful, reference)]
+        noise += all(gap > 2 * se for gap, se in gaps)
+        floor = bound(job, "floor", "word_validity")
+        parts.append(f"{job.model}: stateless {_fig(stateless)}, stateful {_fig(stateful)} (gap {gaps[0][0]:+.3f} ± "
+                     f"{gaps[0][1]:.3f}), reference {_fig(reference)} (gap {gaps[1][0]:+.3f} ± {gaps[1][1]:.3f})"
+                     + (f", random floor {floor[0]:.3f}" if floor else ""))
+    if not judged:
+        return cannot(NO_TEXT + " and the stateless, stateful and reference word_validity")
+    evidence = (f"word_validity (the share of a sample's words found in the training split), decoder "
+                f"{ORIGINAL_DECODER}: " + "; ".join(parts) + ". Rule: supported for a model when stateless is below "
+                "both stateful and the reference by more than two standard errors of the difference (hypot of the "
+                f"two). It is for {noise} of {judged} models.")
+    return (verdict(noise, judged), evidence)
+
+
+@TEXT.claim("Stateful text keeps the corpus's line shape")
+def line_shape_finding(jobs) -> tuple[str, str]:
+    """Is stateful text's line-length distribution as close to the corpus's as held-out text is?"""
+    parts, kept, judged = [], 0, 0
+    for job in text_jobs(jobs):
+        stateful, reference = setting(job, "stateful", ORIGINAL_DECODER, "line_shape"), bound(job, "reference",
+                                                                                           "line_shape")
+        if stateful is None or reference is None:
+            continue
+        judged += 1
+        limit = reference[0] + LINE_SLACK + 2 * _se(stateful, reference)
+        kept += stateful[0] <= limit
+        part = (f"{job.model}: stateful {_fig(stateful)} against the reference's {_fig(reference)} (limit "
+                f"{limit:.3f}: {'within' if stateful[0] <= limit else 'beyond'})")
+        stateless = setting(job, "stateless", ORIGINAL_DECODER, "line_shape")
+        if stateless is not None:
+            part += f", stateless {_fig(stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
+        parts.append(part)
+    if not judged:
+        return cannot(NO_TEXT + " and the stateful and reference line_shape")
+    evidence = (f"line_shape (the Kolmogorov–Smirnov distance of the samples' line lengths from the reference's; the "
+                f"reference's own: against other validation slices), decoder {ORIGINAL_DECODER}: " + "; ".join(parts)
+                + f". Rule: supported for a model when stateful's is at most the reference's + {LINE_SLACK} + two "
+                f"standard errors of the difference. It is for {kept} of {judged} models.")
+    return (verdict(kept, judged), evidence)
+
+
+def _first_last(job) -> tuple | None:
+    stateful = job.history.get("val/stateful_word_validity") or []
+    stateless = job.history.get("val/stateless_word_validity") or []
+    if not stateful or not stateless or finite(stateful[0][1]) is None or finite(stateless[-1][1]) is None:
+        return None
+    return stateful[0], stateless[-1]
+
+
+@TEXT.claim("Stateful text at the first validation beats stateless text at the last")
+def early_stateful_finding(jobs) -> tuple[str, str]:
+    """(The original study's lesson 3, in words.) Does the stateful text of the first validation have more valid words
+    than the stateless text of the last?"""
+    judged = [(job, pair) for job in jobs if (job.values.get("family") or "gru") in RECURRENT
+              and getattr(job, "history", None) and (pair := _first_last(job)) is not None]
+    if not judged:
+        return cannot("history.csv's val/stateful_word_validity and val/stateless_word_validity for a "
+                             "recurrent model")
+    early = sum(first[1] > last[1] for _, (first, last) in judged)
+    parts = [f"{job.model} {first[1]:.3f} at step {first[0]} vs {last[1]:.3f} at step {last[0]}"
+             for job, (first, last) in judged]
+    evidence = ("word_validity of a short sample at every validation (history.csv), stateful at the first against "
+                "stateless at the last: " + "; ".join(parts) + f". Rule: supported for a model when the first "
+                f"stateful figure is the higher (one sample each: no standard error). It is for {early} of "
+                f"{len(judged)} recurrent models.")
+    return (verdict(early, len(judged)), evidence)
+
+
+@TEXT.claim("A large model copies its training text")
+def copying_finding(jobs) -> tuple[str, str]:
+    """Does the sweep's largest model (at least LARGE parameters) reproduce 32-character spans of its training
+    text more often than held-out text happens to?"""
+    judged = [job for job in text_jobs(jobs) if (finite(job.values.get("parameters")) or 0) >= LARGE
+              and setting(job, "stateful", ORIGINAL_DECODER, "copy_32") and bound(job, "reference", "copy_32")]
+    if not judged:
+        return cannot(f"a model of at least {LARGE:,} parameters with the text statistics' copy_32 "
+                             f"(e.g. leviathan)")
+    large = max(judged, key=lambda job: finite(job.values.get("parameters")))
+    copied, reference = setting(large, "stateful", ORIGINAL_DECODER, "copy_32"), bound(large, "reference", "copy_32")
+    excess, se = copied[0] - reference[0], _se(copied, reference)
+    evidence = (f"copy_32 (the share of a sample's 32-character spans found verbatim in the training split), stateful, "
+                f"decoder {ORIGINAL_DECODER}: the largest model, {large.model} "
+                f"({finite(large.values.get('parameters')):,.0f} parameters), {_fig(copied)} against the reference's "
+                f"{_fig(reference)} (held-out text: chance overlaps), excess {excess:+.3f} ± {se:.3f}")
+    others = [job for job in text_jobs(jobs)
+              if job is not large and setting(job, "stateful", ORIGINAL_DECODER, "copy_32")]
+    if others:
+        evidence += "; the others: " + ", ".join(
+            f"{job.model} {setting(job, 'stateful', ORIGINAL_DECODER, 'copy_32')[0]:.3f}" for job in others)
+    evidence += (". Rule: supported when the largest model's copy_32 exceeds the reference's by more than two "
+                 "standard errors of the difference.")
+    return ("supported" if excess > 2 * se else "not shown by this sweep", evidence)
+
+
+TEXT_CLAIMS = TEXT.claims
+text_findings = TEXT.judge
+
+SECTION = Section("generated text", text_section, columns=TEXT_COLUMNS, plots={PLOT_TEXT: plot_text}, findings=TEXT)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gru_experiments.report.common import MISSING, Section, figure, format_duration, image, save, table
+from gru_experiments.report.sweep_folder import trainings
+
 GRID_MODES = ("stateful", "windowed", "stateless")
 TRAINING_MODES = ("windows", "streams")
 PLOT_GRID = "training_grid.png"
@@ -19,17 +22,13 @@ def grid_models(jobs) -> dict[str, dict]:
     """{model name: {training: job}} for the completed models trained in more than one mode. The training
     is the mode ("windows", "streams"), with its window ("windows (512)") where the model was trained in one
     mode at two windows."""
-    by_model: dict[str, list] = {}
-    for job in jobs:
-        if job.status == "completed":
-            by_model.setdefault(job.name, []).append(job)
     grid = {}
-    for name, runs in by_model.items():
-        modes = [job.training_mode for job in runs]
+    for name, runs in trainings([job for job in jobs if job.status == "completed"]).items():
+        modes = [mode for mode, _ in runs]
         if len(set(modes)) < 2:
             continue
         windowed = len(set(modes)) < len(modes)  # a mode twice: tell its runs apart by their windows
-        ordered = sorted(runs, key=lambda job: (_rank(job.training_mode), job.training_window or 0))
+        ordered = sorted(runs.values(), key=lambda job: (_rank(job.training_mode), job.training_window or 0))
         grid[name] = {job.training if windowed else job.training_mode: job for job in ordered}
     return grid
 
@@ -44,7 +43,7 @@ def _settings(job) -> str:
     return f"windowed: the last {window or '?'} tokens; the context curve's longest point: {longest or '?'} tokens"
 
 
-def grid_section(jobs, plots: dict[str, Path], format_duration) -> list[str]:
+def grid_section(jobs, plots: dict[str, Path]) -> list[str]:
     grid = grid_models(jobs)
     if not grid:
         return []
@@ -52,25 +51,24 @@ def grid_section(jobs, plots: dict[str, Path], format_duration) -> list[str]:
              "Each model trained on random windows from a zero state (`training=windows`) and with the state "
              "carried across contiguous chunks (`training=streams`, truncated BPTT), then scored in every "
              "inference mode; validation bits per character, final weights. Stateful - windowed is paired "
-             "target by target (± one standard error); negative where the carried state beats the window.", "",
-             "| model | training | stateful | windowed | stateless | stateful - windowed | training time |",
-             "|---|---|--:|--:|--:|--:|--:|"]
+             "target by target (± one standard error); negative where the carried state beats the window.", ""]
+    rows = []
     for name, modes in grid.items():
         for mode, job in modes.items():
-            cells = [f"{job.number(f'{m}_bpc'):.4f}" if job.number(f"{m}_bpc") is not None else "—"
-                     for m in GRID_MODES]
             gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
-            cells.append("—" if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}")
             seconds = job.number("train_seconds")
-            cells.append("—" if seconds is None else format_duration(seconds))
-            lines.append(f"| {name} | {mode} | " + " | ".join(cells) + " |")
+            rows.append([name, mode, *(MISSING if job.number(f"{m}_bpc") is None else f"{job.number(f'{m}_bpc'):.4f}"
+                                       for m in GRID_MODES),
+                         MISSING if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}",
+                         MISSING if seconds is None else format_duration(seconds)])
+    lines += table(["model", "training", *GRID_MODES, "stateful - windowed", "training time"], rows, "llr")
     lines += [""] + [f"- {name}: {_settings(next(iter(modes.values())))}" for name, modes in grid.items()]
-    lines += ["", f"![bits per character by training mode and inference mode]({PLOT_GRID})" if PLOT_GRID in plots
-              else "— no grid figure.", ""]
+    lines += ["", image("bits per character by training mode and inference mode", PLOT_GRID, plots, "no grid figure."),
+              ""]
     return lines
 
 
-def plot_training_grid(jobs, path: Path, figure, save) -> Path | None:
+def plot_training_grid(jobs, path: Path) -> Path | None:
     """One panel per model: the inference modes on the x axis, one bar per training mode."""
     grid = grid_models(jobs)
     if not grid:
@@ -93,3 +91,6 @@ def plot_training_grid(jobs, path: Path, figure, save) -> Path | None:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
     return save(fig, path)
+
+
+SECTION = Section("training grid", grid_section, plots={PLOT_GRID: plot_training_grid})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from gru_experiments.report.report import COLUMNS, DERIVED
+from gru_experiments.report.report import columns, derived
 from gru_experiments.report.sweep_folder import JobResult, Report
 from gru_experiments.study.evaluation import FIGURES
 
@@ -31,13 +31,13 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
                      resume="allow", dir=str(report.sweep_dir), mode=mode,
                      config={"sweep_dir": str(report.sweep_dir), "overrides": report.overrides})
     try:
-        columns = [key for key in COLUMNS if key not in ("error", "run_dir")]
+        keys, sections = [key for key in columns() if key not in ("error", "run_dir")], derived()
         data = [[job.status if key == "status" else job.job if key == "job" else
-                 DERIVED[key](job) if key in DERIVED else
+                 sections[key](job) if key in sections else
                  (job.number(key) if key not in ("model", "training_mode", "family", "tokenizer")
                   else job.values.get(key))
-                 for key in columns] for job in report.jobs]
-        payload = {"results": wandb.Table(columns=columns, data=data)}
+                 for key in keys] for job in report.jobs]
+        payload = {"results": wandb.Table(columns=keys, data=data)}
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
                         if name.endswith(".png")})
         run.log(payload)
