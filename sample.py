@@ -3,6 +3,7 @@
 python sample.py run=RUN_DIR explore=true writes the run's page instead, explore.html (docs/explore.md)."""
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -32,4 +33,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from gru_experiments.legacy import upgrade_overrides
+
+    sys.argv = [sys.argv[0], *upgrade_overrides(sys.argv[1:])]  # names from before issue 35: today's, said in a line
     main()

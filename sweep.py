@@ -5,6 +5,7 @@
     python sweep.py leviathan=true                    # ... and the Leviathan LSTM
     python sweep.py models=[astra_alpha,scribe_alpha] data.path=my.txt logger=csv
     python sweep.py models=ladder                     # the language-model ladder (conf/sweep.yaml model_sets)
+    python sweep.py models=[astra_beta,transformer_beta_original]  # a model beside an experiment (conf/experiment/)
     python sweep.py models=grid training=windows,streams  # each model trained both ways: the training x inference grid
     python sweep.py experiments=recall_horizon probe=recall,none  # conf/experiment/ configs as the jobs
     python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
@@ -28,7 +29,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
+from gru_experiments.legacy import upgrade_overrides
 from gru_experiments.runs.jobs import job
+from gru_experiments.runs.resume import register_model_experiments
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -41,6 +44,8 @@ def named_list(value, sets, kind: str, known: list[str]) -> list[str]:
         value = list(sets[value])
     elif isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
+    # A name from before issue 35 (astra_alpha_seed): today's, with a line saying so.
+    value = [upgrade_overrides([f"model={name}"])[0].partition("=")[2] for name in value]
     unknown = [name for name in value if name not in known]
     if unknown or not value:
         raise UserError(f"unknown {kind}(s) {unknown or 'none given'}; available: {', '.join(known)}")
@@ -52,10 +57,11 @@ def config_names(group: str) -> list[str]:
 
 
 def job_choices(settings: DictConfig) -> tuple[str, list[str]]:
-    """The key that picks each job's config and the jobs' names: model, or +experiment with experiments=."""
-    if settings.experiments is None:
-        return "model", list(settings.models)
-    return "+experiment", list(settings.experiments)
+    """The key that picks each job's config and the jobs' names: model for models alone; experiment with
+    experiments=, or models= naming an experiment (a model is an experiment of its own there:
+    resume.register_model_experiments), so that one multirun keeps the list's order."""
+    jobs = list(settings.models if settings.experiments is None else settings.experiments)
+    return ("model" if set(jobs) <= set(config_names("model")) else "experiment"), jobs
 
 
 def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
@@ -71,11 +77,13 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         else:
             overrides.append(arg)
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
+    overrides = upgrade_overrides(overrides)  # names from before issue 35 (evaluation.text_samples=0), today's
     if settings.experiments is not None:
         settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
                                           config_names("experiment"))
         return settings, overrides
-    settings.models = named_list(settings.models, settings.model_sets, "model", config_names("model"))
+    settings.models = named_list(settings.models, settings.model_sets, "model or experiment",
+                                 config_names("model") + config_names("experiment"))
     if settings.leviathan and "leviathan" not in settings.models:
         settings.models.append("leviathan")
     return settings, overrides
@@ -99,6 +107,7 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    register_model_experiments(CONF)
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[first_job, *first_values(overrides)],
@@ -109,7 +118,7 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
 
 
 def run_sweep(key: str, jobs: list[str], overrides: list[str]) -> tuple[Path, int]:
-    """The multirun of train.py over the `jobs` picked by `key` (model or +experiment) with `overrides`."""
+    """The multirun of train.py over the `jobs` picked by `key` (model or experiment) with `overrides`."""
     sweep_dir = resolve_sweep_dir(f"{key}={jobs[0]}", overrides)
     command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(jobs),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']

@@ -1,5 +1,5 @@
 """The optimiser recipe (runs/recipe.py, conf/optim/): the warmup and cosine against nanoGPT's get_lr,
-the seed's schedule torch's CosineAnnealingLR bit for bit, which weights decay, AdamW's settings, the
+the original recipe's schedule torch's CosineAnnealingLR bit for bit, which weights decay, AdamW's settings, the
 refused values, every model config's recipe, checkpoints from before conf/optim, and a tiny run."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from gru_experiments.runs.training import train
 V = 11
 TRANSFORMER_RECIPE = ("transformer", "transformer_beta", "nanogpt_shakespeare")
 TRAINED_MODELS = sorted(path.stem for path in (CONF / "model").glob("*.yaml") if not path.stem.startswith("ngram"))
+# The variants trained under another recipe than their model's (conf/experiment/), and that recipe.
+VARIANTS = {"transformer_original": "original", "transformer_beta_original": "original",
+            "astra_alpha_original": "original", "recall_transformer_windows": "transformer"}
 
 
 def shipped(name: str) -> Recipe:
@@ -89,11 +92,11 @@ def test_the_transformer_recipe_steps_per_step_even_over_whole_epochs():
     assert rates == pytest.approx([nanogpt_lr(it, lr, 100, 300, 0.1 * lr) for it in range(301)], rel=1e-12)
 
 
-def test_the_seed_recipe_over_steps_is_torchs_cosine_bit_for_bit():
-    """Recipe("seed") over 250 steps of 100-step epochs (not whole epochs): per step, and exactly
+def test_the_original_recipe_over_steps_is_torchs_cosine_bit_for_bit():
+    """Recipe("original") over 250 steps of 100-step epochs (not whole epochs): per step, and exactly
     torch's CosineAnnealingLR(T_max=250), its recursive form's last bits included."""
     opt = optimizer(3e-3)
-    schedule = Recipe("seed").schedule(opt, fake_trainer(250, 100))
+    schedule = Recipe("original").schedule(opt, fake_trainer(250, 100))
     assert schedule.interval == "step" and schedule.T_max == 250
     reference_opt = optimizer(3e-3)
     reference = torch.optim.lr_scheduler.CosineAnnealingLR(reference_opt, T_max=250)
@@ -133,7 +136,7 @@ def test_matrices_decay_the_recurrent_cells_weights_not_the_embedding(cell, laye
     torch.manual_seed(0)
     model = RecurrentLM(V, cell=cell, embedding_dim=4, hidden_size=6, num_layers=2, dropout=0.0,
                         layer_norm=layer_norm)
-    groups = Recipe("seed", decay="matrices").parameter_groups(model)
+    groups = Recipe("original", decay="matrices").parameter_groups(model)
     assert [group["weight_decay"] for group in groups] == [0.01, 0.0]
     assert_partition_in_order(model, groups)
     name = names_by_id(model)
@@ -150,7 +153,7 @@ def test_matrices_decay_the_recurrent_cells_weights_not_the_embedding(cell, laye
 def test_decay_all_is_one_group_of_every_parameter():
     """decay=all: one group, every parameter in model order (the embeddings included), the recipe's decay."""
     model = transformer(tie_head=True)
-    groups = Recipe("seed", weight_decay=0.03).parameter_groups(model)
+    groups = Recipe("original", weight_decay=0.03).parameter_groups(model)
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.03
     params = groups[0]["params"]
     assert len(params) == len(list(model.parameters()))
@@ -176,8 +179,8 @@ def test_the_optimizer_is_adamw_with_the_recipes_betas_and_decays():
         torch.testing.assert_close(p.detach(), expected, rtol=1e-6, atol=0)
     assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
 
-    seed = shipped("seed").optimizer(model, 3e-3)
-    assert [(g["betas"], g["weight_decay"]) for g in seed.param_groups] == [((0.9, 0.999), 0.01)]
+    original = shipped("original").optimizer(model, 3e-3)
+    assert [(g["betas"], g["weight_decay"]) for g in original.param_groups] == [((0.9, 0.999), 0.01)]
 
 
 # --- refused values ----------------------------------------------------------------------
@@ -205,7 +208,7 @@ def test_the_edges_of_the_allowed_values_are_accepted():
 def test_an_unknown_key_is_refused_naming_it():
     """optim.momentum (SGD's, not a recipe's setting): a UserError of one line naming it."""
     with pytest.raises(UserError, match="momentum") as caught:
-        Recipe.from_config({**shipped("seed").to_dict(), "momentum": 0.9})
+        Recipe.from_config({**shipped("original").to_dict(), "momentum": 0.9})
     assert "\n" not in str(caught.value)
 
 
@@ -220,21 +223,26 @@ def test_validate_refuses_a_bad_recipe(compose_config, tiny_corpus):
 
 @pytest.mark.parametrize("model", TRAINED_MODELS)
 def test_every_trained_model_config_names_its_recipe(compose_config, model):
-    """The transformers at the ladder's scales and nanoGPT's get the transformer recipe; transformer_seed,
-    transformer_beta_seed and every other model the seed's, as conf/optim/<name>.yaml writes it."""
-    expected = "transformer" if model in TRANSFORMER_RECIPE else "seed"
+    """The transformers at the ladder's scales and nanoGPT's get the transformer recipe; every other model the
+    original study's, as conf/optim/<name>.yaml writes it."""
+    expected = "transformer" if model in TRANSFORMER_RECIPE else "original"
     cfg = compose_config(f"model={model}")
     assert cfg.optim.name == expected
     assert Recipe.from_config(cfg.optim) == shipped(expected)
 
 
+@pytest.mark.parametrize("experiment, expected", VARIANTS.items())
+def test_every_variant_experiment_names_its_recipe(compose_config, experiment, expected):
+    """transformer_original and transformer_beta_original: the transformers under the original recipe."""
+    assert Recipe.from_config(compose_config(f"experiment={experiment}").optim) == shipped(expected)
+
+
 def test_the_recipes_list_is_the_study_ladder():
     """The parametrisation above covers the transformer configs and the recurrent ones."""
-    assert {*TRANSFORMER_RECIPE, "transformer_seed", "transformer_beta_seed", "astra_alpha", "scribe_alpha",
-            "leviathan", "mlp"} <= set(TRAINED_MODELS)
+    assert {*TRANSFORMER_RECIPE, "astra_alpha", "scribe_alpha", "leviathan", "mlp"} <= set(TRAINED_MODELS)
 
 
-@pytest.mark.parametrize("model, optim", [("transformer", "seed"), ("astra_alpha", "transformer"),
+@pytest.mark.parametrize("model, optim", [("transformer", "original"), ("astra_alpha", "transformer"),
                                           ("scribe_alpha", "transformer")])
 def test_optim_on_the_command_line_beats_the_models_choice(compose_config, model, optim):
     """optim=... beats the model config's own recipe, and an optim.<key> beats the chosen file."""
@@ -246,13 +254,13 @@ def test_optim_on_the_command_line_beats_the_models_choice(compose_config, model
 # --- checkpoints from before conf/optim ---------------------------------------------------
 
 @pytest.mark.parametrize("weight_decay", [0.01, 0.05])
-def test_a_checkpoint_from_before_conf_optim_gets_the_seed_recipe(weight_decay):
-    """hyper-parameters with weight_decay and no optim: the seed's recipe at that decay, saved as optim
+def test_a_checkpoint_from_before_conf_optim_gets_the_original_recipe(weight_decay):
+    """hyper-parameters with weight_decay and no optim: the original recipe at that decay, saved as optim
     (no weight_decay), so the task's hparams rebuild the same recipe."""
     architecture = {"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru", "embedding_dim": 4,
                     "hidden_size": 6, "num_layers": 1, "dropout": 0.0}
     task = LanguageModelTask(architecture=architecture, vocab_size=V, lr=3e-3, weight_decay=weight_decay, epochs=1)
-    assert task.recipe == dataclasses.replace(shipped("seed"), weight_decay=weight_decay)
+    assert task.recipe == dataclasses.replace(shipped("original"), weight_decay=weight_decay)
     assert "optim" in task.hparams and "weight_decay" not in task.hparams
     assert Recipe.from_config(task.hparams["optim"]) == task.recipe
     assert LanguageModelTask(**task.hparams).recipe == task.recipe
@@ -280,7 +288,7 @@ def test_a_transformer_run_warms_up_then_ends_at_the_floor(compose_config, tiny_
     cfg = compose_config(*TINY, f"data.path={tiny_corpus}", "model=transformer", "model.architecture.block_size=8",
                          "model.architecture.embedding_dim=8", "model.architecture.num_layers=1", "data.batch_size=4",
                          "data.seq_len=8", "trainer.max_steps=4", "optim.warmup_steps=2",
-                         "checkpoint.every_n_steps=0", "evaluation.sample_chars=20")
+                         "checkpoint.every_n_steps=0", "evaluation.samples.chars=20")
     summary = train(cfg)
     lr, floor = cfg.model.lr, cfg.optim.floor
     assert summary["train_steps"] == 4 and len(used) == 4

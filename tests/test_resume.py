@@ -147,7 +147,7 @@ def test_resume_errors(compose_config, tiny_corpus, tmp_path, monkeypatch):
         train(compose_config(*base, "resume=last", "model.architecture.hidden_size=64"))
     # Each pinned key named with its two values; the first that differs.
     for override, saved, asked in (("model.lr=3e-3", "model.lr=0.01", "model.lr=0.003"),
-                                   ("optim=transformer", "optim.name='seed'", "optim.name='transformer'"),
+                                   ("optim=transformer", "optim.name='original'", "optim.name='transformer'"),
                                    ("optim.warmup_steps=10", "optim.warmup_steps=0", "optim.warmup_steps=10"),
                                    ("optim.betas=[0.9,0.99]", "optim.betas=[0.9, 0.999]", "optim.betas=[0.9, 0.99]")):
         differs = f"{saved}, but this config asks for {asked}"

@@ -21,6 +21,7 @@ from test_reporting import assert_valid_png
 from wandb_records import offline_runs
 
 import sweep as sweep_script
+from gru_experiments import legacy
 from gru_experiments.errors import UserError
 from gru_experiments.report.findings import CLAIMS
 from gru_experiments.runs import distributed
@@ -54,17 +55,17 @@ def test_the_ladder_in_one_command(tiny_corpus, data_dir, tmp_path):
     result = run_script("sweep.py", "models=ladder", "logger=none", *tiny_overrides(tiny_corpus, data_dir),
                         f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha_seed", "lstm",
-              "transformer_seed"]
+    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha_original", "lstm",
+              "transformer_original"]
     rows = read_rows(sweep)
     assert [row["model"] for row in rows] == ladder and {row["status"] for row in rows} == {"completed"}
     assert [row["family"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm", "transformer"]
     report = (sweep / "report.md").read_text()
     assert "## The ladder" in report and all(f"| {name} | " in report for name in ladder)
-    # Astra-α and the transformer, both at the seed's recipe, face each other in finding 7 (a smoke run's
+    # Astra-α and the transformer, both at the original recipe, face each other in finding 7 (a smoke run's
     # figures: any verdict).
     seventh = report.split("7. **GRUs remain competitive with transformers**", 1)[1].split("\n")[0]
-    assert "astra_alpha_seed (" in seventh and "against transformer_seed (" in seventh
+    assert "astra_alpha_original (" in seventh and "against transformer_original (" in seventh
     assert_valid_png(sweep / "ladder.png")
 
 
@@ -237,30 +238,44 @@ def test_sweep_arguments():
 
 def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
     assert sweep_script.resolve_sweep_dir("model=astra_alpha", [f"hydra.sweep.dir={tmp_path}/s"]) == tmp_path / "s"
-    default = sweep_script.resolve_sweep_dir("+experiment=recall_beta_streams", [f"paths.log_dir={tmp_path}"])
+    default = sweep_script.resolve_sweep_dir("experiment=recall_beta_streams", [f"paths.log_dir={tmp_path}"])
     assert default.parent == tmp_path / "multiruns"
 
 
 def test_experiments_are_the_jobs_instead_of_models(compose_config):
     settings, overrides = sweep_script.parse_arguments(["experiments=recall_horizon", "probe=recall,none"])
-    assert sweep_script.job_choices(settings) == ("+experiment", [
+    assert sweep_script.job_choices(settings) == ("experiment", [
         "recall_alpha_windows", "recall_alpha_streams", "recall_alpha_long_windows", "recall_beta_windows",
         "recall_beta_streams", "recall_transformer_windows"])
     assert overrides == ["probe=recall,none"]
     settings, _ = sweep_script.parse_arguments(["experiments=[recall_alpha_streams]"])
-    assert sweep_script.job_choices(settings) == ("+experiment", ["recall_alpha_streams"])
+    assert sweep_script.job_choices(settings) == ("experiment", ["recall_alpha_streams"])
     with pytest.raises(UserError, match="unknown experiment"):
         sweep_script.parse_arguments(["experiments=[recall_gamma]"])
     assert sweep_script.job_choices(sweep_script.parse_arguments(["models=grid"])[0]) == (
         "model", ["astra_alpha", "astra_beta"])
     # each experiment is its model and training: the long windows are 512 at batch 16
-    cfg = compose_config("+experiment=recall_alpha_long_windows", "probe=recall")
+    cfg = compose_config("experiment=recall_alpha_long_windows", "probe=recall")
     assert (cfg.model.name, cfg.training.batching, cfg.data.seq_len, cfg.data.batch_size) == (
         "astra_alpha", "windows", 512, 16)
-    cfg = compose_config("+experiment=recall_beta_streams")
+    cfg = compose_config("experiment=recall_beta_streams")
     assert (cfg.model.name, cfg.training.batching, cfg.probe.name, cfg.optim.name) == (
-        "astra_beta", "streams", "none", "seed")
-    assert compose_config("+experiment=recall_transformer_windows").optim.name == "transformer"
+        "astra_beta", "streams", "none", "original")
+    assert compose_config("experiment=recall_transformer_windows").optim.name == "transformer"
+
+
+def test_a_list_of_models_and_experiments_is_one_multirun_in_its_order(compose_config, capsys, monkeypatch):
+    """models=ladder names two experiments (astra_alpha_original, transformer_original): the multirun is over
+    experiment=, each model an experiment of its own, composing as model= does; old names are today's."""
+    monkeypatch.setattr(legacy, "_said", set())  # each change is said once per process
+    settings, _ = sweep_script.parse_arguments(["models=ladder"])
+    key, jobs = sweep_script.job_choices(settings)
+    assert key == "experiment" and jobs[8] == "astra_alpha_original" and jobs[-1] == "transformer_original"
+    sweep_script.resolve_sweep_dir("experiment=ngram2", [])  # registers the models as experiments
+    assert compose_config("experiment=lstm") == compose_config("model=lstm")
+    assert sweep_script.job_choices(sweep_script.parse_arguments(["models=[astra_beta,transformer_beta_seed]"])[0]) \
+        == ("experiment", ["astra_beta", "transformer_beta_original"])
+    assert "model=transformer_beta_seed is now experiment=transformer_beta_original" in capsys.readouterr().out
 
 
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):

@@ -2,7 +2,8 @@
 
 - `read_checkpoint` is the only way the project reads a checkpoint: torch.load with
   weights_only=True, so a file crafted to run code when unpickled is refused before any of
-  it runs; missing, truncated and foreign files become UserErrors saying so.
+  it runs; missing, truncated and foreign files become UserErrors saying so. Its hyper-parameters
+  come back in today's names (legacy.upgrade_config: optim.name seed is original).
 - `AtomicCheckpointIO` is the Trainer's checkpoint plugin: it writes to a temporary file in
   the same folder and renames it over the target, so a kill during a save leaves the previous
   file intact; it refuses to save non-finite weights over a good checkpoint; and Lightning's
@@ -28,6 +29,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import atomic_file
+from gru_experiments.legacy import upgrade_config
 from gru_experiments.runs.loggers import is_wandb
 
 
@@ -71,6 +73,8 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
     if missing:
         raise UserError(f"{path} is not a gru-experiments {'training ' if 'loops' in require else ''}checkpoint "
                         f"(it lacks {', '.join(missing)})")
+    if isinstance(checkpoint.get("hyper_parameters"), dict):  # an old checkpoint's names, today's (legacy.py)
+        upgrade_config(checkpoint["hyper_parameters"])
     return checkpoint
 
 

@@ -2,8 +2,8 @@
 
 Two recipes ship (docs/transformer.md says why each is what it is):
 
-    seed         the study's own: AdamW betas (0.9, 0.999), decay 0.01 on every weight, no warmup,
-                 a half cosine from model.lr to 0 stepped once per epoch
+    original     the original study's: AdamW betas (0.9, 0.999), decay 0.01 on every weight, no warmup,
+                 a half cosine from model.lr to 0 stepped once per epoch ("seed" before issue 35)
     transformer  nanoGPT's: 100 steps of linear warmup, betas (0.9, 0.99), decay 0.1 on the matrices
                  only, a half cosine from model.lr to lr/10 stepped after every step
 
@@ -71,9 +71,9 @@ class Recipe:
     @classmethod
     def recorded(cls, optim, weight_decay: float | None = None) -> "Recipe | None":
         """The recipe a run recorded (a checkpoint's hyper-parameters): its optim settings, or, from before
-        conf/optim, its weight decay alone, under the seed's recipe. None for a counted model."""
+        conf/optim, its weight decay alone, under the original recipe. None for a counted model."""
         if optim is None and weight_decay is not None:
-            return cls("seed", weight_decay=weight_decay)
+            return cls("original", weight_decay=weight_decay)
         return cls.from_config(optim) if optim is not None else None
 
     def to_dict(self) -> dict:
@@ -127,7 +127,7 @@ class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
     (a run no longer than its warmup ends within the warmup). The length is the whole run's, also after a
     resume (the position comes back from the checkpoint).
 
-    Without warmup this is torch's CosineAnnealingLR itself, its recursive form included: the seed's
+    Without warmup this is torch's CosineAnnealingLR itself, its recursive form included: the original
     recipe gives the learning rates of every earlier run bit for bit (a closed form differs in the last
     bit, and so would the figures)."""
 

@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
+from gru_experiments.legacy import upgrade_overrides
 from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, newest_run
 from gru_experiments.validation import MISSING, is_int, select
 
@@ -200,13 +201,18 @@ def resume_point(cfg) -> ResumePoint | None:
 
 def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> list[str]:
     """If the command line asks to resume, return the command line that resumes that run with
-    its own config; otherwise return argv unchanged. Raises UserError when it cannot resume."""
+    its own config; otherwise return argv in today's names (legacy.upgrade_overrides: model=astra_alpha_seed
+    is experiment=astra_alpha_original). Raises UserError when it cannot resume."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    register_model_experiments(config_dir)
     # ckpt_path=last|RUN_DIR is Lightning's spelling of the same request.
     argv = [f"resume={arg.partition('=')[2]}" if arg.startswith("ckpt_path=") else arg for arg in argv]
     args = get_args_parser().parse_args(argv[1:])
+    if (upgraded := upgrade_overrides(args.overrides)) != args.overrides:
+        argv = [argv[0], *_without(argv[1:], args.overrides), *upgraded]
+        args = get_args_parser().parse_args(argv[1:])
     parser = OverridesParser.create()
     try:
         given = parser.parse_overrides(args.overrides)
@@ -228,7 +234,7 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     # Refuse an unreadable or unsafe checkpoint now, before Hydra writes into the run folder.
     point = ResumePoint.read(run)
 
-    recorded = _recorded_overrides(run)
+    recorded = upgrade_overrides(_recorded_overrides(run))
     dropped = [o for o in recorded if _key(parser, o).lstrip("+~") in REMOVED_KEYS]
     if dropped:
         print(f"resuming without {', '.join(dropped)}: gone since, the evaluation's cost is evaluation.budget")
@@ -255,6 +261,19 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     flags = _without(argv[1:], args.overrides)
     print(f"resuming {run.path} from {run.checkpoint}")
     return [argv[0], *flags, *merged]
+
+
+def register_model_experiments(config_dir) -> None:
+    """Every model is also an experiment of its own: experiment=ngram2 is model=ngram2. So one multirun over
+    `experiment` can train models and experiments side by side (sweep.py, conf/sweep.yaml's ladder). Held in
+    Hydra's ConfigStore, which its launchers hand on to their workers (joblib, SLURM)."""
+    from hydra.core.config_store import ConfigStore
+
+    conf, store = Path(config_dir), ConfigStore.instance()
+    for path in sorted((conf / "model").glob("*.yaml")):
+        if not (conf / "experiment" / path.name).is_file():
+            store.store(group="experiment", name=path.stem, package="_global_",
+                        node={"defaults": [{"override /model": path.stem}]})
 
 
 def record_resume(run: RunDir, cfg) -> None:

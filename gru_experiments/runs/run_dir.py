@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import read_json, write_json
+from gru_experiments.legacy import upgrade_config
 
 SUMMARY, SAMPLES, HISTORY = "summary.json", "samples.json", "history.csv"
 EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/explore_run.py)
@@ -93,8 +94,9 @@ class RunDir:
         return samples if isinstance(samples, dict) else None
 
     def config(self):
-        """The composed training config (.hydra/config.yaml, unresolved), or None."""
-        return OmegaConf.load(self.config_file) if self.config_file.is_file() else None
+        """The composed training config (.hydra/config.yaml, unresolved) in today's names
+        (legacy.upgrade_config: a run from before a rename says so in a line), or None."""
+        return upgrade_config(OmegaConf.load(self.config_file)) if self.config_file.is_file() else None
 
     @property
     def finished(self) -> bool:
@@ -102,15 +104,19 @@ class RunDir:
         summary = self.summary()
         return summary is not None and summary.get("status") != "failed"
 
+    def recorded_model_name(self) -> str | None:
+        """The model its summary, else its config, names (in today's names: legacy.upgrade_config), or None."""
+        summary = self.summary()
+        name = summary.get("model") if summary else None
+        if not name and (config := self.config()) is not None:
+            name = OmegaConf.select(config, "model.name", throw_on_resolution_failure=False)
+        return upgrade_config({"model_name": name})["model_name"] if name else None
+
     def model_name(self) -> str | None:
         """The model it trains: its summary's, else its config's, else the folder layout's
         (runs/<model>/<time> or <num>_<model> in a sweep)."""
-        summary = self.summary()
-        if summary and summary.get("model"):
-            return summary["model"]
-        config = self.config() if self.config_file.is_file() else None
-        if config is not None and OmegaConf.select(config, "model.name", throw_on_resolution_failure=False):
-            return OmegaConf.select(config, "model.name")
+        if name := self.recorded_model_name():
+            return name
         if self.path.parent.parent.name == "runs":
             return self.path.parent.name
         number, _, name = self.path.name.partition("_")
@@ -201,17 +207,13 @@ def model_name_for(default: str, run: str | None = None, ckpt: str | None = None
     try:
         run_dir = RunDir(Path(run).expanduser()) if run else (RunDir.of_checkpoint(ckpt) if ckpt else None)
         if run_dir is not None:
-            summary = run_dir.summary()
-            if summary and summary.get("model"):
-                return summary["model"]
-            config = run_dir.config()
-            if config is not None and OmegaConf.select(config, "model.name"):
-                return OmegaConf.select(config, "model.name")
+            if name := run_dir.recorded_model_name():
+                return name
         if ckpt:
             import torch  # only here: the checkpoint is memory-mapped, its hyperparameters read
 
             checkpoint = torch.load(Path(ckpt).expanduser(), map_location="cpu", weights_only=True, mmap=True)
-            return checkpoint["hyper_parameters"].get("model_name") or default
+            return upgrade_config(checkpoint["hyper_parameters"]).get("model_name") or default
     except Exception:  # a bad path is reported by the sampler itself, with a clear message
         pass
     return default
