@@ -1,14 +1,11 @@
-"""What every part of the report shares: the `Section` a part of report.md is (its markdown, its
-results.csv columns, its plots, its findings), a `Finding` and the `Findings` a section registers by
-claim, and the helpers the sections write with (markdown tables, "value ± se", durations, figures)."""
+"""The helpers every section of the report writes with: numbers and text ("value ± se", durations, table
+cells), markdown tables, and figures (bars with their values, a PNG saved the same way every time)."""
 
 from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from gru_experiments.files import atomic_file
 
@@ -65,6 +62,14 @@ def figure():
     return plt
 
 
+def labelled_bars(ax, xs, values, width, label, digits: int = 2) -> None:
+    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
+    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+    for bar, value in zip(bars, values):
+        ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (bar.get_x() + bar.get_width() / 2,
+                    bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+
+
 def save(fig, path: Path) -> Path:
     """Write the figure as a PNG (atomically) and close it, also when writing fails."""
     # No timestamp in the PNG metadata: the same results give the same bytes.
@@ -74,68 +79,3 @@ def save(fig, path: Path) -> Path:
         return path
     finally:
         figure().close(fig)
-
-
-# --- findings -----------------------------------------------------------------------------------------------
-@dataclass
-class Finding:
-    """One claim judged by a sweep's numbers; `evidence` states the figures and the rule applied."""
-
-    claim: str
-    verdict: str  # supported | partly supported | contradicted | not shown by this sweep | cannot be judged
-    evidence: str
-
-    def line(self, number: int) -> str:
-        return f"{number}. **{self.claim}**: {self.verdict}. {self.evidence}"
-
-
-def cannot(missing: str) -> tuple[str, str]:
-    """The judgement of a claim that the sweep lacks the figures to judge: what is missing."""
-    return "cannot be judged", f"Missing: {missing}."
-
-
-def verdict(k: int, n: int) -> str:
-    """Supported when the claim holds in all n cases, contradicted in none, partly otherwise."""
-    return "supported" if k == n else "contradicted" if k == 0 else "partly supported"
-
-
-@dataclass
-class Findings:
-    """A heading of report.md's findings and its rules, each registered by its claim (`@group.claim(...)`)
-    and returning (verdict, evidence); numbered on from the groups before it."""
-
-    heading: str
-    intro: str
-    rules: dict[str, Callable] = field(default_factory=dict)  # claim -> rule(jobs), in the report's order
-
-    def claim(self, text: str):
-        def register(rule):
-            self.rules[text] = rule
-            return rule
-        return register
-
-    @property
-    def claims(self) -> tuple[str, ...]:
-        return tuple(self.rules)
-
-    def judge(self, jobs) -> list[Finding]:
-        return [Finding(claim, *rule(jobs)) for claim, rule in self.rules.items()]
-
-    def markdown(self, jobs, first: int) -> list[str]:
-        lines = [finding.line(i) for i, finding in enumerate(self.judge(jobs), first)]
-        return [f"## {self.heading}", "", self.intro, "", *lines]
-
-
-# --- a section ----------------------------------------------------------------------------------------------
-@dataclass
-class Section:
-    """One part of the report: its lines of report.md (`markdown(jobs, plots)`, [] to leave it out), its
-    columns of results.csv ({column: value(job)}), its plots ({file name: plot(jobs, path) -> path or None})
-    and its findings. report.py walks the list of them (report.SECTIONS; `register_section`)."""
-
-    name: str
-    markdown: Callable[[list, dict], list[str]]
-    columns: dict[str, Callable] = field(default_factory=dict)
-    plots: dict[str, Callable] = field(default_factory=dict)
-    findings: Findings | None = None
-    column_rank: int = 0  # results.csv orders the sections' columns by it, then by the sections' order

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, Section, figure, finite, image, save, table
+from gru_experiments.report.common import MISSING, figure, finite, image, plus_minus, save, table
+from gru_experiments.report.section import Section, read_record, with_record
 from gru_experiments.report.sweep_folder import run_label
 
 CLASSES = ("word_start", "word_inside", "line_start", "other", "long_copy")  # long_copy: an overlay
@@ -21,14 +22,11 @@ PLOT_CLASSES = "context_by_class.png"
 
 def class_record(job) -> dict | None:
     """{class: {"targets", "curve", "se", "state_gain"}} of the job's context curve, None without."""
-    curve = job.values.get("context_curve")
-    by_class = curve.get("by_class") if isinstance(curve, dict) else None
-    return by_class if isinstance(by_class, dict) and by_class else None
+    return read_record(job, "context_curve", "by_class")
 
 
 def class_jobs(jobs) -> list:
-    """The completed jobs whose context curve has classes, in launch order."""
-    return [job for job in jobs if getattr(job, "status", "completed") == "completed" and class_record(job)]
+    return with_record(jobs, class_record)
 
 
 def _gain(job, name: str, key: str) -> float | None:
@@ -54,9 +52,7 @@ def class_points(entry: dict) -> tuple[list[tuple[int, float, float | None]], tu
 
 
 def _figure_cell(bpc: float | None, se: float | None) -> str:
-    if bpc is None:
-        return MISSING
-    return f"{bpc:.3f}" + (f" ± {se:.3f}" if se else "")  # se 0: an exact figure, every target scored
+    return MISSING if bpc is None else plus_minus(bpc, se or None)  # se 0: an exact figure, every target scored
 
 
 def _row(name: str, entry: dict, contexts: list[int]) -> list[str]:

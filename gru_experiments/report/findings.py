@@ -1,42 +1,22 @@
-"""The study's findings, each judged by the numbers of one sweep (report.md's *Findings*).
+"""The study's findings, each judged by the numbers of one sweep (report.md's *Findings*): the original
+study's five (1-5), the project's (6: training with the state carried, training=streams) and the one its
+notebook ends on (7: GRUs against transformers), each rule registered below by its claim. The sections'
+findings (the planted-recall control's, the generated text's) are numbered on from 8.
 
-The original study states five findings:
-
-    1. training loss alone cannot validate a recurrent model
-    2. a GRU without carried state is functionally non-recurrent
-    3. correct inference gains more than extra depth or epochs
-    4. subword models amplify inference-time errors
-    5. correctness precedes scale
-
-and the project adds what the study needs to answer its own question:
-
-    6. training with the state carried makes the state worth carrying (training=streams)
-
-and one that the study's notebook ends on:
-
-    7. GRUs remain competitive with transformers (at equal size and equal training)
-
-After them, report.md judges the findings its sections register (report.SECTIONS' order: the
-planted-recall control's, finding 6 again among them on a corpus with a known answer, then the
-generated text's), numbered on from 8.
-
-`findings(jobs)` writes one line per finding: the claim, a verdict (supported, partly supported,
-contradicted, or cannot be judged and what is missing) and the measured figures it rests on,
-all computed here from the jobs' summaries and histories. Nothing is written in advance: a
-sweep on another corpus, or other numbers, give other lines. Figures are of the final weights
-unless a line says "best" (the checkpoint with the lowest validation loss).
-
-A job is anything with `.model` (its name), `.values` (its summary.json) and `.history`
-({metric: [(step, value), ...]}, history.csv), as sweep_folder.JobResult.
+A rule returns a verdict (supported, partly supported, contradicted, not shown by this sweep, or cannot be
+judged and what is missing) and the measured figures it rests on, all computed from the jobs' summaries and
+histories (sweep_folder.JobResult): a sweep on another corpus, or other numbers, give other lines. Figures
+are of the final weights unless a line says "best" (the checkpoint with the lowest validation loss).
 """
 
 from __future__ import annotations
 
 import math
 
-from gru_experiments.report.common import RECURRENT, Findings, cannot
-from gru_experiments.report.common import verdict as verdict_of
+from gru_experiments.report.common import RECURRENT
 from gru_experiments.report.lr_sweep import at_best, rivals
+from gru_experiments.report.section import Findings, cannot
+from gru_experiments.report.section import verdict as verdict_of
 from gru_experiments.report.sweep_folder import mode_pairs
 
 STUDY = Findings("Findings", "The original study's five findings, the project's sixth and the notebook's closing "
@@ -307,12 +287,7 @@ def transformer_finding(jobs) -> tuple[str, str]:
     return (verdict, evidence)
 
 
-def findings(jobs) -> list:
-    """The study's findings judged by the completed jobs of a sweep, in STUDY's order."""
-    return STUDY.judge(jobs)
-
-
-CLAIMS = STUDY.claims
+findings, CLAIMS = STUDY.judge, STUDY.claims  # the study's findings of a sweep's completed jobs; their claims
 
 
 def findings_markdown(jobs, groups: list[Findings]) -> list[str]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, Section, figure, image, save, table
+from gru_experiments.report.common import MISSING, figure, image, save, table
+from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult
 
 PLOT_LR = "lr_sweep.png"
@@ -38,7 +39,7 @@ def at_best(jobs: list[JobResult]) -> list[JobResult]:
     for job in jobs:
         if job.status != "completed" or job.number(SCORE) is None:
             continue
-        key = (job.values.get("family"), job.values.get("tokenizer"), job.number("parameters"), job.training_mode)
+        key = _size(job)
         if key not in best or job.number(SCORE) < best[key].number(SCORE):
             best[key] = job
     chosen = {id(job) for job in best.values()}
@@ -47,9 +48,12 @@ def at_best(jobs: list[JobResult]) -> list[JobResult]:
 
 def rivals(job: JobResult, jobs: list[JobResult]) -> int:
     """How many completed jobs of its family, size and training mode `at_best` chose it among."""
-    key = lambda j: (j.values.get("family"), j.values.get("tokenizer"), j.number("parameters"), j.training_mode)  # noqa: E731
-    return sum(other.status == "completed" and other.number(SCORE) is not None and key(other) == key(job)
+    return sum(other.status == "completed" and other.number(SCORE) is not None and _size(other) == _size(job)
                for other in jobs)
+
+
+def _size(job: JobResult) -> tuple:
+    return job.values.get("family"), job.values.get("tokenizer"), job.number("parameters"), job.training_mode
 
 
 def _cell(job: JobResult, best: bool) -> str:

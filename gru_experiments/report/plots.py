@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, Section, escape, figure, format_duration, image, save, table
+from gru_experiments.report.common import MISSING, escape, figure, format_duration, image, labelled_bars, save, table
+from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.evaluation import FIGURES
@@ -24,7 +25,7 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     plt = figure()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
     for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
-        _labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
+        labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
     if bigram is not None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
@@ -51,17 +52,9 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
     for i, (key, label) in enumerate(zip(keys, labels)):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
-        _labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
+        labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
     return _save_bpc_bars(plt, fig, ax, "Validation bits per character by inference mode", path)
-
-
-def _labelled_bars(ax, xs, values, width, label) -> None:
-    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
-    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
-    for bar, value in zip(bars, values):
-        ax.annotate(MISSING if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
 
 
 def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 
-from gru_experiments.report.common import MISSING, Section, finite, plus_minus, table
+from gru_experiments.report.common import MISSING, finite, plus_minus, table
 from gru_experiments.report.recall_report import recall_jobs, recall_record, run_horizon
+from gru_experiments.report.section import Section
 
 MODES = ("stateful", "windowed")  # stateless never remembers: its horizon is always none
 
@@ -36,7 +37,7 @@ def _times_window(job, h: dict) -> str:
     return MISSING if h["crosses_2_bits"] is None or not window else f"{h['crosses_2_bits'] / window:.1f}×"
 
 
-def horizon_section(jobs) -> list[str]:
+def horizon_section(jobs, plots: dict) -> list[str]:
     """report.md's *Memory horizon* table ([] without a run with the probe)."""
     shown = recall_jobs(jobs)
     if not shown:
@@ -95,7 +96,7 @@ def most_helped_class(job) -> str:
     return f"{name}: {gain:+.4f}" + ("" if se is None else f" ± {se:.4f}")
 
 
-def cost_section(jobs) -> list[str]:
+def cost_section(jobs, plots: dict) -> list[str]:
     """report.md's *What the recall costs* table ([] without a run with the probe)."""
     shown = recall_jobs(jobs)
     if not shown:
@@ -117,5 +118,4 @@ def cost_section(jobs) -> list[str]:
     return lines + table(header, rows, "lrrrrrll") + [""]
 
 
-HORIZON = Section("memory horizon", lambda jobs, plots: horizon_section(jobs))
-COST = Section("what the recall costs", lambda jobs, plots: cost_section(jobs))
+HORIZON, COST = Section("memory horizon", horizon_section), Section("what the recall costs", cost_section)

@@ -14,18 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import (
-    MISSING,
-    Findings,
-    Section,
-    cannot,
-    figure,
-    finite,
-    image,
-    plus_minus,
-    save,
-    table,
-)
+from gru_experiments.report.common import MISSING, figure, finite, image, plus_minus, save, table
+from gru_experiments.report.section import Findings, Section, cannot, read_record, with_record
 from gru_experiments.report.sweep_folder import mode_pairs
 from gru_experiments.study.recall import horizon
 
@@ -36,13 +26,11 @@ PLOT_RECALL = "recall.png"
 # --- reading the record -------------------------------------------------------------------------------------
 def recall_record(job) -> dict | None:
     """The job's recall record (summary.json's "recall"), None when it has none."""
-    record = job.values.get("recall")
-    return record if isinstance(record, dict) and isinstance(record.get("by_distance"), dict) else None
+    return read_record(job, "recall", holding="by_distance")
 
 
 def recall_jobs(jobs) -> list:
-    """The completed jobs with a recall record, in launch order."""
-    return [job for job in jobs if getattr(job, "status", "completed") == "completed" and recall_record(job)]
+    return with_record(jobs, recall_record)
 
 
 def no_memory(job) -> float | None:
@@ -171,8 +159,8 @@ def plot_recall(jobs, path: Path) -> Path | None:
 # --- the findings -------------------------------------------------------------------------------------------
 RECALL = Findings("Findings on the planted-recall control", "What a control with a known answer shows: keys planted "
                   "in the text and recalled at known distances (*Planted recall*).")
-# Each claim is judged by the numbers of one sweep; a difference of two figures has the standard error hypot(se1,
-# se2). The second is the study's finding 6 judged again on the planted corpus (findings.carried_state_finding).
+# A difference of two figures has the standard error hypot(se1, se2). The second claim is the study's finding 6
+# judged again on a corpus with a known answer.
 
 
 def _at(points) -> str:
@@ -312,7 +300,6 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
                    "not shown by this sweep", evidence)
 
 
-RECALL_CLAIMS = RECALL.claims
-recall_findings = RECALL.judge
+recall_findings, RECALL_CLAIMS = RECALL.judge, RECALL.claims
 
 SECTION = Section("planted recall", recall_section, plots={PLOT_RECALL: plot_recall}, findings=RECALL)

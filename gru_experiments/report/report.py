@@ -25,8 +25,9 @@ from gru_experiments.files import atomic_write
 from gru_experiments.report import context_classes, lr_sweep, recall_horizon, recall_report, text_report
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
-from gru_experiments.report.common import MISSING, Section, escape, format_duration, table
+from gru_experiments.report.common import MISSING, escape, format_duration, table
 from gru_experiments.report.findings import STUDY, findings_markdown
+from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.evaluation import FIGURES
@@ -34,7 +35,7 @@ from gru_experiments.study.inference import MODES
 
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 
-# (column, header in report.md, format); results.csv has every column of COLUMNS.
+# (column, header in report.md, format); results.csv has every column of them (columns()).
 TABLE = [
     ("model", "model", str), ("training_mode", "training", str), ("family", "family", str),
     ("tokenizer", "tokenizer", str),

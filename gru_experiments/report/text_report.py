@@ -13,20 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import (
-    MISSING,
-    RECURRENT,
-    Findings,
-    Section,
-    cannot,
-    figure,
-    finite,
-    image,
-    plus_minus,
-    save,
-    table,
-    verdict,
-)
+from gru_experiments.report.common import MISSING, RECURRENT, figure, finite, image, plus_minus, save, table
+from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
 from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN, TEXT_MODES
 from gru_experiments.study.text_stats import STATISTICS
@@ -40,13 +28,11 @@ SHOWN = ("word_validity", "loop_rate")  # the figure's bar panels
 # --- reading the record -------------------------------------------------------------------------------------
 def text_record(job) -> dict | None:
     """The job's text record (summary.json's "text"), None when it has none."""
-    record = job.values.get("text")
-    return record if isinstance(record, dict) and isinstance(record.get("modes"), dict) else None
+    return read_record(job, "text", holding="modes")
 
 
 def text_jobs(jobs) -> list:
-    """The completed jobs with a text record, in launch order."""
-    return [job for job in jobs if getattr(job, "status", "completed") == "completed" and text_record(job)]
+    return with_record(jobs, text_record)
 
 
 def _pair(entry) -> tuple[float, float | None] | None:
@@ -221,21 +207,21 @@ def plot_text(jobs, path: Path) -> Path | None:
 
 # --- the findings -------------------------------------------------------------------------------------------
 TEXT = Findings("Findings on the generated text", "What the text the models write shows (*Generated text*).")
-# Each claim below is judged by the numbers of one sweep. Every figure is a mean over the samples of a setting ±
-# one standard error (study/text_stats.py); a difference of two figures has the standard error hypot(se1, se2).
+# Every figure is a mean over the samples of a setting ± one standard error (study/text_stats.py); a difference
+# of two figures has the standard error hypot(se1, se2).
 LOOPING = 0.5  # greedy "loops" when at least this share of its samples end in a repeated phrase
 LINE_SLACK = 0.05  # KS distance: how far above the reference's own line_shape still counts as the corpus's shape
 LARGE = 1_000_000  # parameters: the least for "a large model"
 NO_TEXT = "no completed job with the text statistics (summary.json's text)"
 
 
+def _fig(figure) -> str:
+    return plus_minus(*figure)
+
+
 def _se(*figures) -> float:
     """The standard error of a difference of figures (value, se): hypot of theirs (a missing one: 0)."""
     return math.hypot(*((figure[1] or 0.0) for figure in figures))
-
-
-def _fig(figure) -> str:
-    return plus_minus(*figure)
 
 
 @TEXT.claim("Greedy decoding loops whatever the mode")
@@ -366,7 +352,6 @@ def copying_finding(jobs) -> tuple[str, str]:
     return ("supported" if excess > 2 * se else "not shown by this sweep", evidence)
 
 
-TEXT_CLAIMS = TEXT.claims
-text_findings = TEXT.judge
+text_findings, TEXT_CLAIMS = TEXT.judge, TEXT.claims
 
 SECTION = Section("generated text", text_section, columns=TEXT_COLUMNS, plots={PLOT_TEXT: plot_text}, findings=TEXT)

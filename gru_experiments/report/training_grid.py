@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, Section, figure, format_duration, image, save, table
+from gru_experiments.report.common import MISSING, figure, format_duration, image, labelled_bars, save, table
+from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 
 GRID_MODES = ("stateful", "windowed", "stateless")
@@ -81,10 +82,7 @@ def plot_training_grid(jobs, path: Path) -> Path | None:
         for i, mode in enumerate(order):
             values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in GRID_MODES]
             xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(GRID_MODES))]
-            bars = ax.bar(xs, values, width, label=f"trained on {mode}")
-            for bar, value in zip(bars, values):
-                ax.annotate(f"{value:.3f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                            va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+            labelled_bars(ax, xs, values, width, f"trained on {mode}", digits=3)
         ax.set_xticks(range(len(GRID_MODES)), [f"{m}\n(inference)" for m in GRID_MODES])
         ax.set_title(name)
         ax.set_ylabel("validation bits per character")

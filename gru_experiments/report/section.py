@@ -1,0 +1,90 @@
+"""The shape every part of the report has: a `Section` (its lines of report.md, its columns of results.csv,
+its plots, its findings), the `Findings` it registers by claim, each judged into a `Finding`, and the
+record it reads from a summary with the jobs that have it. report.py walks the list of sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+# --- findings -----------------------------------------------------------------------------------------------
+@dataclass
+class Finding:
+    """One claim judged by a sweep's numbers; `evidence` states the figures and the rule applied."""
+
+    claim: str
+    verdict: str  # supported | partly supported | contradicted | not shown by this sweep | cannot be judged
+    evidence: str
+
+    def line(self, number: int) -> str:
+        return f"{number}. **{self.claim}**: {self.verdict}. {self.evidence}"
+
+
+def cannot(missing: str) -> tuple[str, str]:
+    """The judgement of a claim that the sweep lacks the figures to judge: what is missing."""
+    return "cannot be judged", f"Missing: {missing}."
+
+
+def verdict(k: int, n: int) -> str:
+    """Supported when the claim holds in all n cases, contradicted in none, partly otherwise."""
+    return "supported" if k == n else "contradicted" if k == 0 else "partly supported"
+
+
+@dataclass
+class Findings:
+    """A heading of report.md's findings and its rules, each registered by its claim (`@group.claim(...)`)
+    and returning (verdict, evidence); numbered on from the groups before it."""
+
+    heading: str
+    intro: str
+    rules: dict[str, Callable] = field(default_factory=dict)  # claim -> rule(jobs), in the report's order
+
+    def claim(self, text: str):
+        def register(rule):
+            self.rules[text] = rule
+            return rule
+        return register
+
+    @property
+    def claims(self) -> tuple[str, ...]:
+        return tuple(self.rules)
+
+    def judge(self, jobs) -> list[Finding]:
+        return [Finding(claim, *rule(jobs)) for claim, rule in self.rules.items()]
+
+    def markdown(self, jobs, first: int) -> list[str]:
+        lines = [finding.line(i) for i, finding in enumerate(self.judge(jobs), first)]
+        return [f"## {self.heading}", "", self.intro, "", *lines]
+
+
+# --- a section ----------------------------------------------------------------------------------------------
+@dataclass
+class Section:
+    """One part of the report: its lines of report.md (`markdown(jobs, plots)`, [] to leave it out), its
+    columns of results.csv ({column: value(job)}), its plots ({file name: plot(jobs, path) -> path or None})
+    and its findings. report.py walks the list of them (report.SECTIONS; `register_section`)."""
+
+    name: str
+    markdown: Callable[[list, dict], list[str]]
+    columns: dict[str, Callable] = field(default_factory=dict)
+    plots: dict[str, Callable] = field(default_factory=dict)
+    findings: Findings | None = None
+    column_rank: int = 0  # results.csv orders the sections' columns by it, then by the sections' order
+
+
+# --- the record a section reads ---------------------------------------------------------------------------
+def read_record(job, *path: str, holding: str | None = None) -> dict | None:
+    """The summary's non-empty dict at `path` ("recall"; "context_curve", "by_class"), holding a dict under
+    `holding` where given; None otherwise (an older summary, or a run without that measure)."""
+    found = job.values
+    for key in path:
+        found = found.get(key) if isinstance(found, dict) else None
+    if not isinstance(found, dict) or not found or (holding and not isinstance(found.get(holding), dict)):
+        return None
+    return found
+
+
+def with_record(jobs, reader) -> list:
+    """The completed jobs that have the record `reader` reads, in launch order."""
+    return [job for job in jobs if getattr(job, "status", "completed") == "completed" and reader(job)]
