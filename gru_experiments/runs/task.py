@@ -25,7 +25,7 @@ class LanguageModelTask(L.LightningModule):
     without any config file. lr, optim (the optimiser recipe: runs/recipe.py) and epochs are the recipe
     of a trained model (None for a counted one); `epochs` is kept as a record, the learning-rate schedule
     follows the Trainer (Recipe.schedule). weight_decay: what a checkpoint written before conf/optim
-    holds (the seed's recipe at that decay)."""
+    holds (the original recipe at that decay)."""
 
     def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None, optim: dict | None = None,
                  epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False,
