@@ -203,16 +203,10 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     """If the command line asks to resume, return the command line that resumes that run with
     its own config; otherwise return argv in today's names (legacy.upgrade_overrides: model=astra_alpha_seed
     is experiment=astra_alpha_original). Raises UserError when it cannot resume."""
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     register_model_experiments(config_dir)
-    # ckpt_path=last|RUN_DIR is Lightning's spelling of the same request.
-    argv = [f"resume={arg.partition('=')[2]}" if arg.startswith("ckpt_path=") else arg for arg in argv]
-    args = get_args_parser().parse_args(argv[1:])
-    if (upgraded := upgrade_overrides(args.overrides)) != args.overrides:
-        argv = [argv[0], *_without(argv[1:], args.overrides), *upgraded]
-        args = get_args_parser().parse_args(argv[1:])
+    argv, args = _in_todays_names(argv)
     parser = OverridesParser.create()
     try:
         given = parser.parse_overrides(args.overrides)
@@ -261,6 +255,20 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
     flags = _without(argv[1:], args.overrides)
     print(f"resuming {run.path} from {run.checkpoint}")
     return [argv[0], *flags, *merged]
+
+
+def _in_todays_names(argv: list[str]):
+    """argv with ckpt_path= as resume= and every name from before issue 35 today's (legacy.upgrade_overrides,
+    a line each), and Hydra's parse of it."""
+    from hydra._internal.utils import get_args_parser
+
+    # ckpt_path=last|RUN_DIR is Lightning's spelling of the same request.
+    argv = [f"resume={arg.partition('=')[2]}" if arg.startswith("ckpt_path=") else arg for arg in argv]
+    args = get_args_parser().parse_args(argv[1:])
+    if (upgraded := upgrade_overrides(args.overrides)) != args.overrides:
+        argv = [argv[0], *_without(argv[1:], args.overrides), *upgraded]
+        args = get_args_parser().parse_args(argv[1:])
+    return argv, args
 
 
 def register_model_experiments(config_dir) -> None:
