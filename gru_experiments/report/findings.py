@@ -151,7 +151,7 @@ def subword_finding(jobs) -> tuple[str, str]:
     if absent:
         names = {"char": "character", "spm": "subword (spm)"}
         return cannot(f"no {' and no '.join(names[k] for k in absent)} model with stateful and stateless "
-                              f"figures, so the two cannot be compared")
+                      f"figures, so the two cannot be compared")
     char, spm = (_mean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
     evidence = (f"Resetting the state costs subword models {spm:.3f} and character models {char:.3f} bits per "
                 f"character on average ({len(groups['spm'])} and {len(groups['char'])} models).")
@@ -208,7 +208,7 @@ def carried_state_finding(jobs) -> tuple[str, str]:
         elif change > max(2 * change_se, WORTH):
             contradicted += 1
         window = (windows.values.get("mode_evaluation") or {}).get("window", "?")
-        parts.append(f"{windows.values.get('model')}: stateful - windowed ({window} tokens) {gw:+.5f} ± {sw:.5f} "
+        parts.append(f"{windows.name}: stateful - windowed ({window} tokens) {gw:+.5f} ± {sw:.5f} "
                      f"trained on windows, {gs:+.5f} ± {ss:.5f} trained on streams (change {change:+.5f} ± "
                      f"{change_se:.5f})")
     verdict = ("supported" if supported == len(pairs) else "partly supported" if supported else
@@ -261,7 +261,7 @@ def transformer_finding(jobs) -> tuple[str, str]:
     pairs = size_pairs(jobs)
     if not pairs:
         return cannot("no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "
-                              "models=beta)")
+                      "models=beta)")
     parts, ahead, behind = [], 0, 0
     for gru, transformer in pairs:
         g, t = gru.number("stateful_bpc"), transformer.number("stateful_bpc")

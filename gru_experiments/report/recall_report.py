@@ -242,10 +242,10 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
     pairs = mode_pairs(recall_jobs(jobs))
     if not pairs:
         return cannot("planted-recall runs of one model trained on windows and on streams with the same "
-                             "training window")
+                      "training window")
     used = {id(job) for pair in pairs for job in pair}
     others = [job for job in recall_jobs(jobs) if id(job) not in used]
-    results = [_pair_part(windows, streams, [o for o in others if o.values.get("model") == streams.values.get("model")])
+    results = [_pair_part(windows, streams, [o for o in others if o.name == streams.name])
                for windows, streams in pairs]
     judged = sum(n for _, _, n, _ in results)
     evidence = ("Stateful bits per recalled key past the training window (distance longer than it), ± one standard "
@@ -297,7 +297,7 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
                 "stateful recall is below windowed by more than two standard errors of the difference (hypot of "
                 f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
     return ("supported" if kept == len(parts) else "partly supported" if kept else
-                   "not shown by this sweep", evidence)
+            "not shown by this sweep", evidence)
 
 
 recall_findings, RECALL_CLAIMS = RECALL.judge, RECALL.claims

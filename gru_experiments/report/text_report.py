@@ -315,7 +315,7 @@ def early_stateful_finding(jobs) -> tuple[str, str]:
               and getattr(job, "history", None) and (pair := _first_last(job)) is not None]
     if not judged:
         return cannot("history.csv's val/stateful_word_validity and val/stateless_word_validity for a "
-                             "recurrent model")
+                      "recurrent model")
     early = sum(first[1] > last[1] for _, (first, last) in judged)
     parts = [f"{job.model} {first[1]:.3f} at step {first[0]} vs {last[1]:.3f} at step {last[0]}"
              for job, (first, last) in judged]
@@ -334,7 +334,7 @@ def copying_finding(jobs) -> tuple[str, str]:
               and setting(job, "stateful", ORIGINAL_DECODER, "copy_32") and bound(job, "reference", "copy_32")]
     if not judged:
         return cannot(f"a model of at least {LARGE:,} parameters with the text statistics' copy_32 "
-                             f"(e.g. leviathan)")
+                      f"(e.g. leviathan)")
     large = max(judged, key=lambda job: finite(job.values.get("parameters")))
     copied, reference = setting(large, "stateful", ORIGINAL_DECODER, "copy_32"), bound(large, "reference", "copy_32")
     excess, se = copied[0] - reference[0], _se(copied, reference)
