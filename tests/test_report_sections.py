@@ -71,6 +71,9 @@ def test_a_section_goes_where_it_is_registered_and_leaves_no_trace(tmp_path):
         unregister_section(NAME)
     assert build_report(sweep).files["report.md"].read_text() == plain
     assert NAME not in [section.name for section in report.SECTIONS]
+    for taken in (Section("samples", lambda jobs, plots: []), Section(NAME, list, columns={"val_bpc": float})):
+        with pytest.raises(ValueError, match="is taken"):  # a name to unregister by, a column, once each
+            register_section(taken)
 
 
 def test_an_old_summary_is_upgraded_once_on_reading():

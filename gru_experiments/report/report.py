@@ -65,7 +65,6 @@ def columns() -> list[str]:
 
 
 # --- writing ----------------------------------------------------------------------------
-
 def _cell(job: JobResult, key: str, fmt) -> str:
     value = job.values.get(key)
     if key in TEXT_KEYS:
@@ -240,6 +239,8 @@ def register_section(section: Section, before: str | None = None) -> Section:
     """Add a section to the report: at the end (before the closing line of files), or before the section
     named `before`. Its columns, plots and findings come with it."""
     names = [known.name for known in SECTIONS]
+    if section.name in names or set(section.columns) & set(columns()):  # unregister_section goes by the name
+        raise ValueError(f"report section {section.name!r}: its name, or one of its columns, is taken")
     SECTIONS.insert(names.index(before) if before is not None else len(SECTIONS), section)
     return section
 
