@@ -77,7 +77,7 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         else:
             overrides.append(arg)
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
-    overrides = upgrade_overrides(overrides)  # names from before issue 35 (evaluation.text_samples=0), today's
+    overrides = upgrade_overrides(overrides)  # names from before issue 35 (the flat evaluation keys), today's
     if settings.experiments is not None:
         settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
                                           config_names("experiment"))
