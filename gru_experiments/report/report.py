@@ -78,24 +78,11 @@ def results_csv(jobs: list[JobResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(keys := columns())
-    sections = derived()
+    read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
+            **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
     for job in jobs:
-        row = []
-        for key in keys:
-            if key == "job":
-                value = job.job
-            elif key == "status":
-                value = job.status
-            elif key == "run_dir":
-                value = job.run_dir or ""
-            elif key.startswith("best_"):
-                value = job.best(key.removeprefix("best_"))
-            elif key in sections:
-                value = sections[key](job)
-            else:
-                value = job.values.get(key)
-            row.append("" if value is None else repr(value) if isinstance(value, float) else value)
-        writer.writerow(row)
+        values = [read[key](job) if key in read else job.values.get(key) for key in keys]
+        writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in values])
     return out.getvalue()
 
 
