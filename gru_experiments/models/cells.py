@@ -1,21 +1,9 @@
 """Hand-written recurrent layers: the study's GRU, an LSTM and the Elman RNN.
 
-Every layer shares one interface, so the language model, the samplers and the
-evaluators never care which cell they drive:
-
-    layer.initial_state(batch_size, device)   -> zero state
-    layer(x, state=None)                       -> (outputs, final_state)   x: (B, T, input)
-    layer.step(x_t, state)                     -> (output_t, next_state)   x_t: (B, input)
-
-The GRU and RNN state is a tensor h of shape (B, H); the LSTM state is a tuple (h, c).
-
-`step` is the readable reference: the formulas exactly as the study writes them.
-`forward` runs the sequence with `implementation="reference"` (a loop over `step`)
-or `"fast"`: the layer's `fast_sequence` (see `models/fast_recurrence/`), which computes the
-same function faster; tests hold the two to 1e-5 in outputs and gradients. A layer
-without a fast path (`fast_sequence = None`) runs its readable loop either way. A layer's
-`matmul_precision` (None, or a `precision.MatmulPrecision`) lets the fast path take bf16
-matmul inputs; the readable loop never does.
+Every layer has `initial_state`, `forward` (a sequence) and `step` (one time step, the readable
+reference: the formulas exactly as the study writes them); `forward` runs `step` in a loop or the
+layer's `fast_sequence` (`models/fast_recurrence/`), the same function faster. The interface and the
+two implementations: docs/internals.md, *The recurrent layers*.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Bengio et al. (2003), "A Neural Probabilistic Language Model": the ladder's feed-forward rung.
 
-The previous k tokens' embeddings, concatenated (oldest first), feed a tanh hidden layer and a
-softmax over the vocabulary:
-
-    x = [C(w_{t−k+1}); …; C(w_t)]          (k · embedding_dim)
-    y = b + U·tanh(d + H·x)  [+ W·x]       logits over the V tokens; W: the paper's optional
-                                           direct input-to-output connections (direct=true)
-
-Before the first token of a sequence the missing positions read a learned "no token" embedding
-(row V of C). The model follows the protocol of models/protocol.py: context k, and its state is its
-last k tokens (`ContextWindow`); it is trained like the recurrent models (Lightning, AdamW, the
-config's recipe), on the same windows: position t of a window sees the k tokens up to t, the
-missing ones (at the window's start) as "no token".
+The previous k tokens' embeddings, concatenated, feed a tanh hidden layer and a softmax over the
+vocabulary; positions before the first token read a learned "no token" embedding. Its state is its
+last k tokens (`ContextWindow`). The formula: docs/internals.md, *The MLP*.
 """
 
 from __future__ import annotations

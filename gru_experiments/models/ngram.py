@@ -1,37 +1,10 @@
 """The count-based n-gram language model: the ladder's first rungs, and the study's bigram baseline.
 
-An order-N model predicts a token from the N - 1 tokens before it. Its "training" is counting the
-training split (`fit`): seconds, no optimizer, no epochs. Two smoothings:
-
-- `kneser_ney` (default): interpolated modified Kneser-Ney (Chen & Goodman 1998, eqs. 26 and 17).
-  With c(h, w) the count of context h followed by w,
-
-      P_k(w | h) = max(c_k(h, w) − D_k(c_k(h, w)), 0) / c_k(h)  +  γ_k(h) · P_{k−1}(w | h minus its first token)
-      γ_k(h)     = (D_k(1)·N_1(h•) + D_k(2)·N_2(h•) + D_k(3+)·N_3+(h•)) / c_k(h)
-      P_0(w)     = 1 / V                                     (every token of the vocabulary, seen or not)
-
-  where c_k is the raw count at the highest order N and the continuation count N_1+(•h w) (the
-  number of distinct tokens seen before h w) at every lower order, c_k(h) = Σ_w c_k(h, w), and
-  N_r(h•) counts the w with c_k(h, w) = r (3+: three or more). A context never seen at order k
-  (c_k(h) = 0, or a context reaching back before the first token) passes P_{k−1} through
-  unchanged. The discounts come from each order's counts of counts n_r:
-  Y = n_1 / (n_1 + 2 n_2),  D(1) = 1 − 2Y n_2/n_1,  D(2) = 2 − 3Y n_3/n_2,  D(3+) = 3 − 4Y n_4/n_3.
-  Variant (documented and tested): each D(r) is clipped to [0.05, r], and where a formula would
-  divide by a zero count of counts (small corpora), Y = 1/2 and D(r) = r/2 — so every token keeps
-  a probability above zero and a count never loses more than itself; and n-grams whose only
-  occurrence starts the corpus have continuation count 0 (nothing precedes them), as in Chen &
-  Goodman without a sentence-start symbol.
-- `add_one`: (c(h, w) + 1) / (c(h) + V) at order N only. Order 2 with add-one smoothing is the
-  study's bigram baseline (`scores.score_bigram`).
-
-Storage: for each order k, the sorted keys of the k-grams seen, key = id(first k − 1 tokens) · V +
-last token, where id() is a (k − 1)-gram's index in the previous order's sorted keys (the root, the
-empty context, has id 0); and one count per k-gram (continuation counts below order N for
-Kneser-Ney). So the k-grams continuing one context are one contiguous run of keys, and looking a
-context up is one binary search per order (torch.searchsorted), vectorised over all positions.
-
-The model follows the protocol of models/protocol.py: its state is its last N − 1 tokens
-(`ContextWindow`), its logits are log-probabilities (float64, as they are computed).
+An order-N model predicts a token from the N - 1 tokens before it; `fit` counts the training split
+(no optimizer, no epochs). Smoothing: interpolated modified Kneser-Ney (the default) or add-one (the
+bigram baseline, `scores.score_bigram`). Its state is its last N − 1 tokens (`ContextWindow`), its
+logits log-probabilities in float64. The formulas, the variant and the storage:
+docs/internals.md, *The n-gram model*.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Which dtype the model's matmuls take their inputs in: bfloat16 or the model's own (float32).
 
-With bf16 matmuls, the weights are cast once per forward, each matmul's inputs are bf16 and
-its products are accumulated in fp32 by the kernel (oneDNN/MKL on CPU, cuBLAS on CUDA); the
-parameters, the optimiser, the hidden state, the gate pre-activations, all pointwise math
-and the loss stay float32. See docs/performance.md for the design and the measurements.
-
-Configuration (conf/train.yaml):
-
-    low_precision_matmuls: auto | always | never
-        auto    bf16 where the hardware multiplies bf16 natively (CPU: avx512_bf16 or amx_bf16
-                in /proc/cpuinfo; CUDA: a bf16-capable GPU), and there only for weights of at
-                least AUTO_MIN_WEIGHT_ELEMENTS elements (smaller bf16 matmuls measured no
-                faster); on an AVX2-only CPU, float32 throughout;
-        always  bf16 for every weight, whatever the hardware (emulated, and slower than
-                float32, on a CPU without those flags: logged once);
-        never   float32.
-    trainer.precision: null (default: Lightning's 32-true, matmuls as above) | 32-true (pure
-        float32, whatever low_precision_matmuls says) | any other Lightning precision (then
-        Lightning's autocast or true-precision decides, and the fast recurrence follows it).
+With bf16 matmuls only the matmul inputs are bf16 (weights cast once per forward, products
+accumulated in fp32); everything else stays float32. `low_precision_matmuls` (auto | always | never)
+and `trainer.precision` choose: docs/performance.md, *bf16 matmuls* and its *Settings*.
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """The model protocol: what every language-model family implements, and how a family is built.
 
-Every family (the recurrent models in `recurrent.py`, the MLP in `mlp.py`, the n-gram in `ngram.py`,
-the transformer in `transformer.py`) is a `LanguageModel`, and the samplers, evaluators, training loop,
-sweep and report use only this:
-
-    logits, state = model(tokens, state=None)   tokens (B, T) -> logits (B, T, V) and the state after them
-    model.initial_state(batch, device=None)      the state before any token; state=None means this state
-    model.vocab_size                             V
-    model.context                                tokens of context the model can see: None (unbounded) for
-                                                 the recurrent models, k for the MLP, N - 1 for an order-N n-gram
-    model.forward_cost(seen, new)                forward tokens a call runs for `new` tokens per row after a
-                                                 state that has seen `seen`: `new`, but the transformer past
-                                                 its block re-runs all of it for every prediction (block_size each)
-    model.tokens_per_prediction                  forward tokens one stateful step runs per prediction
-                                                 (from forward_cost)
-    model.family                                 its label in summaries and reports: gru, lstm, rnn, mlp, ngram
-    model.trainable                              False when the weights are counted, not learned: then
-                                                 model.fit(train_ids) counts them (no optimizer, no epochs)
-
-Feeding the returned state back in continues the sequence exactly. A finite-context model's state
-is its last `context` tokens (`ContextWindow`), left-padded with NO_TOKEN while fewer have been
-seen; so the three inference modes mean the same for every family: stateful carries the state,
-stateless starts every step from the initial state and sees only the last token, windowed re-runs
-the last `window` tokens.
-
-Which class a config builds is named by Hydra's `_target_` key in its `architecture`
-(conf/model/*.yaml); every other key of `architecture` is a constructor argument, and
-`build_model` adds `vocab_size`. A checkpoint stores the same dict, so it rebuilds its model
-without any config file. Constructors check their own arguments with gru_experiments/validation.py
-(`check_setting`, `check_int`, `check_dropout`), which raise `InvalidSetting`.
+Every family is a `LanguageModel`: `logits, state = model(tokens, state)`, an `initial_state`, its
+`context` and its `forward_cost`, so the samplers, evaluators, training loop, sweep and report drive
+every family alike. A config's `architecture._target_` names the class (`build_model`). The protocol
+in full: docs/internals.md, *The model protocol*.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The stacked recurrent language model used by every Astra, Scribe and Leviathan config, the
-ladder's Elman RNN and LSTM: a `LanguageModel` (models/protocol.py) of unbounded context.
+"""The stacked recurrent language model of every Astra, Scribe and Leviathan config and of the ladder's
+Elman RNN and LSTM: a `LanguageModel` (models/protocol.py) of unbounded context.
 
-    tokens -> embedding -> N recurrent layers (dropout after each) -> [LayerNorm] -> linear head
-
-`state` is a list with one entry per layer (h for a GRU or RNN layer, (h, c) for an LSTM
-layer); None means zeros. Feeding the returned state back in continues the
-sequence exactly, which is what stateful sampling and streaming evaluation rely on.
+Its state is one entry per layer (None: zeros); feeding it back in continues the sequence exactly,
+which stateful sampling and streaming evaluation rely on (docs/internals.md, *The recurrent layers*).
 """
 
 from __future__ import annotations

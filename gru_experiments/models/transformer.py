@@ -1,22 +1,8 @@
 """A decoder-only transformer in nanoGPT's form: the GRU's rival, under the same protocol.
 
-    x = wte(token) + wpe(position)                        learned token and position embeddings
-    x = x + attention(ln_1(x))                           pre-LayerNorm blocks: causal self-attention
-    x = x + mlp(ln_2(x))                                 (scaled_dot_product_attention) and a GELU MLP
-    logits = head(ln_f(x))                               head weights tied to wte, as nanoGPT's (or not: tie_head)
-
-It sees at most `block_size` tokens (its `context`), and, like nanoGPT at generation, it sees them
-cropped: the oldest of the tokens in view at position 0. So its prediction at every step is a
-function of its last `block_size` tokens, and its state under the protocol (models/protocol.py)
-is those tokens (`ContextWindow`), as the MLP's: stateful carries them, stateless starts every
-step with none (only the last token is seen), windowed re-runs the last `window`.
-
-Computing that exactly: while every position sees all the tokens before it (training windows,
-validation chunks from the initial state, a prompt shorter than the block), one causal pass does it.
-Past the block, each position has its own window, whose tokens all sit at other positions than in
-its neighbour's window, so nothing is shared: each window is one pass (`block_size` tokens per
-prediction, what nanoGPT's sampling costs per token). A KV cache cannot help with learned absolute
-positions that shift at every step.
+It sees at most `block_size` tokens, cropped as nanoGPT crops them, so its state is its last
+`block_size` tokens (`ContextWindow`); past the block each prediction is one pass of its own, which
+`forward_cost` says. The architecture and what the protocol means for it: docs/transformer.md.
 """
 
 from __future__ import annotations
