@@ -1,19 +1,9 @@
 """How batches are drawn from the encoded splits.
 
-Batches never touch the host during training: the encoded training split lives
-on the training device as one tensor, and each batch is one vectorised gather
-(random windows) or one slice (contiguous streams) there: no Python loop over the
-batch, no host-to-device copy.
-
-Two ways to batch the training split (`training=windows|streams`, BATCHINGS):
-    windows   random windows of seq_len tokens, each trained from the initial state
-    streams   truncated BPTT: the split as batch_size contiguous streams read chunk by chunk,
-              the state after one chunk (detached) starting the next (StreamBatches)
-
-Either may read different ids in every pass over the split (an epoch of windows, a pass of the
-streams) and from a given step on: given a per-pass source (`PassIds`), as the recall probe plants the
-training split afresh every pass and at every phase of its schedule (data/recall_probe.py); without one,
-every pass reads the one split.
+The training split lives on the training device as one tensor, and each batch is one gather (random
+windows) or one slice (contiguous streams) there, so batches never touch the host. Two ways to batch
+it (`training=windows|streams`, BATCHINGS), either reading fresh ids every pass from a per-pass source
+(`PassIds`, the recall probe's plantings): docs/internals.md, *Batches*.
 """
 
 from __future__ import annotations
@@ -97,12 +87,8 @@ class RandomWindowBatches:
             self.read += 1
             yield windows[:, :-1], windows[:, 1:]
 
-    # Lightning checkpoints a loader that has state_dict/load_state_dict and restores it on a
-    # mid-epoch resume. The generator is the state of the draws: the resumed epoch draws its
-    # remaining batches from it (Lightning stops the epoch after steps_per_epoch batches in
-    # all), which are exactly the batches the uninterrupted run drew. The data module saves
-    # the same generator; restoring it twice sets the same state. The epoch (and its batches
-    # taken) says which pass a per-pass source gives the resumed epoch.
+    # Lightning restores this on a mid-epoch resume: the generator then draws the rest of the epoch's
+    # batches exactly as the uninterrupted run did (docs/internals.md, *Batches*).
     def state_dict(self) -> dict:
         return {"generator_state": self.generator.get_state(), **self.position()}
 
@@ -136,20 +122,10 @@ class StreamBatches:
     """Truncated BPTT (as char-rnn and AWD-LSTM train): the training split cut into contiguous
     streams, read in consecutive chunks of seq_len tokens, one chunk of every stream per batch.
 
-    A pass over the split starts at a seeded random offset in [0, seq_len) (so chunk boundaries
-    move from pass to pass) and cuts ids[offset:] into batch_size x world_size streams of the same
-    whole number of chunks, the same in every pass (as many as the largest offset allows); the tail
-    after them, less than one chunk of every stream and one chunk more, is not read. Rank r
-    reads streams r*batch_size ... (r+1)*batch_size - 1, so no two DDP ranks share a stream.
-
     Each batch is (inputs, targets, starts_pass): starts_pass is True for the first chunk of a pass,
-    where training starts from the initial state; every other chunk continues the state of the
-    previous one (LanguageModelTask.training_step). A Trainer epoch of `steps` batches continues
-    where the last one stopped and wraps into a new pass when a pass ends, so the recipe's steps and
-    tokens are those of windows mode. The position (pass, chunk) is the whole state of the reader:
-    the offset of a pass is a function of the seed and the pass number (and so are its ids, with a
-    per-pass source: pass_ids(pass_index)).
-    """
+    where training starts from the initial state. Every pass starts at a seeded offset; DDP ranks read
+    disjoint streams; the position (pass, chunk) is the reader's whole state. The layout in full:
+    docs/internals.md, *Batches*."""
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, seed: int,
                  rank: int = 0, world_size: int = 1, pass_ids: PassSource | None = None):

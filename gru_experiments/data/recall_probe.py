@@ -1,36 +1,11 @@
 """The planted-recall probe (probe=recall): pairs planted in a split's token ids (char tokenizer only)
 to measure how far back a model recalls a symbol it saw once.
 
-A pair, token by token:
-
-    ⟪  k  t_1 ... t_d  ⟫  k
-
-    ⟪ ⟫   the opening and closing markers: characters the corpus does not contain
-    k     a key: one of K symbols the corpus does not contain (probe.keys), drawn uniformly, the same twice
-    t_i   d tokens of the text, untouched (d: the pair's distance)
-
-The recall target is the second k, d + 2 positions after the first. A model that remembers the first k
-names it; one without memory can do no better than log2 K bits.
-
-A planting (`plant`) of a split places pairs by a `Pairs` (distances and gap):
-- balanced: the pairs take the distances in a freshly shuffled order, cycle after cycle, so every
-  distance gets (nearly) the same count;
-- never overlapping: before each pair, a gap of plain text drawn uniformly from [gap, 2 gap] tokens;
-- inserted, then cut: the markers and keys are inserted (4 tokens a pair, the text around them
-  untouched) and the result is cut to the split's length, so a planted split has exactly the length
-  of the plain one; a pair that would not end inside the cut is not planted;
-- seeded: `planting_generator(seed, split, planting, phase)`.
-
-Training and validation plant differently (docs/evaluation.md, "The planted-recall control"):
-- training follows a schedule of phases (probe.phases), each from a fraction of the run's steps: recall
-  is learned in a sudden phase change whose onset depends on how often the task is seen, so the default
-  starts dense and short and then widens to distances inside the training window. The training split is
-  planted afresh at every pass and at every phase switch (`PlantedSplit`), so a key can only be
-  recalled, never memorised;
-- validation has distances of its own (probe.validation), on both sides of the training window and far
-  past it; the recall figures are scored on R plantings of the plain validation split, R the fewest that
-  give every distance probe.validation.min_targets recall targets (`validation_plantings`). The ordinary
-  figures stay on the plain split.
+A pair is `⟪ k t_1 ... t_d ⟫ k`: markers and a key the corpus does not contain around d tokens of
+text; the target is the second k. `plant` places balanced, non-overlapping, seeded pairs; training
+replants every pass and phase (`PlantedSplit`), validation scores R plantings of its own distances
+(`validation_plantings`). The rules in full: docs/internals.md, *The planted-recall probe*; the
+experiment: docs/evaluation.md, *The planted-recall control*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Checkpoint files: read without running code, written atomically, never with broken weights.
 
-- `read_checkpoint` is the only way the project reads a checkpoint: torch.load with
-  weights_only=True, so a file crafted to run code when unpickled is refused before any of
-  it runs; missing, truncated and foreign files become UserErrors saying so. Its hyper-parameters
-  come back in today's names (legacy.upgrade_config: optim.name seed is original).
-- `AtomicCheckpointIO` is the Trainer's checkpoint plugin: it writes to a temporary file in
-  the same folder and renames it over the target, so a kill during a save leaves the previous
-  file intact; it refuses to save non-finite weights over a good checkpoint; and Lightning's
-  own resume path (trainer.fit(ckpt_path=...)) reads through `read_checkpoint` too.
-- `StepCheckpoint` writes last.ckpt every N training steps, but not at an epoch's last batch,
-  where a resume would skip the epoch's end (the epoch-end checkpoint comes instead).
-- `TrainingState` carries what Lightning does not save itself: the random-number states
-  (dropout) and the W&B run id, so a resumed run continues the same random stream and the
-  same W&B run.
+`read_checkpoint` (weights_only, the one reader), `AtomicCheckpointIO` (the Trainer's writer),
+`StepCheckpoint` (last.ckpt every N steps) and `TrainingState` (the random states and the W&B run id):
+what each guards against, docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
 """
 
 from __future__ import annotations
@@ -176,15 +166,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class StepCheckpoint(ModelCheckpoint):
     """ModelCheckpoint(every_n_train_steps=N) that leaves out the last batch of an epoch.
 
-    A checkpoint written there (after the batch, before the epoch's validation and its
-    on_train_epoch_end) does not resume as the uninterrupted run goes on (Lightning 2.6): Lightning
-    counts the epoch as finished without ending it, so the resumed run skips that epoch's
-    validation (its history rows, its best checkpoint) and end-of-epoch hooks, calls no
-    on_train_epoch_start for the next epoch, and a later resume can misplace that epoch's end (a
-    run of 2 epochs of 4 steps, killed at steps 4, 6 and 8, trained 11 steps). The epoch-end
-    checkpoint, written moments later once the epoch has ended, takes its place; a kill in
-    between resumes from the checkpoint before, which is exact.
-    """
+    A checkpoint written there does not resume as the uninterrupted run goes on (Lightning 2.6 counts
+    the epoch finished without ending it); the epoch-end checkpoint, moments later, takes its place.
+    The failure it avoids: docs/internals.md, *Checkpoints*."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if batch_idx + 1 == trainer.num_training_batches:

@@ -1,17 +1,8 @@
 """Each run keeps its own learning curves in its history.csv (run_dir.RunDir.history_file).
 
-Why a file of our own: the sweep report draws every model's curves whatever the logger
-(wandb, csv or none), and W&B keeps offline runs in a binary log that it offers no local
-reader for. One row per measurement, long format, appended as training goes:
-
-    step,epoch,metric,value
-    10,0,train/loss,3.1821     (mean training loss over the steps since the previous row)
-    10,0,val/loss,3.2056       (the whole validation split, at the end of each epoch)
-    10,0,val/bpc,4.6246
-    10,0,val/stateful_bpc,4.6001   (the inference modes at every validation: the whole split,
-    10,0,val/stateless_bpc,4.7712   the state carried, and each target from its previous token)
-    10,0,val/stateful_word_validity,0.41   (the share of the words of a short stateful and a short
-    10,0,val/stateless_word_validity,0.18   stateless sample found in the training split: runs/modes.py)
+A file of our own, so that the sweep report draws every model's curves whatever the logger (W&B's
+offline log has no local reader). One row per measurement, long format (step,epoch,metric,value),
+appended as training goes; the rows: docs/internals.md, *The learning curves*, and docs/outputs.md.
 """
 
 from __future__ import annotations

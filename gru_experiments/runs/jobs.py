@@ -1,35 +1,9 @@
 """What happens when a job fails, in one place (after lightning-hydra-template's `task_wrapper`).
 
-Every job (train.py, sample.py, sweep.py, train(cfg) itself, the DDP child process of a
-multirun job) runs its work inside `job(...)`:
-
-    with job(cfg, record=True) as current:     # train(cfg): record the failure, close the logger
-        current.logger = build_logger(...)
-        ...
-    with job(cfg, report=True):                # a script: also the one-line message and exit status
-        ...
-
-On failure the wrapper, in this order:
-
-1. record=True, in a multirun job, on global rank zero: writes the failure record, summary.json
-   with status "failed", the error and the end of the traceback, into the job's run folder,
-   and marks the job's W&B run failed (starting one if the failure came before the logger), so
-   the sweep report lists the job as failed while the other jobs go on. A single run that
-   fails writes no record (its checkpoints stay, ready for resume=), but for one that diverged
-   (TrainingDiverged: its summary.json says so, beside the last good checkpoint);
-2. closes the logger (the W&B run ends with exit code 1, so the next multirun job starts its
-   own); on success it closes it with exit code 0;
-3. report=True: a `UserError` (bad input: the message says what to do) becomes
-   `error: <message>` on one line on stderr and exit status 2, without a traceback, and a run
-   folder that Hydra created but nothing used is removed. Inside a Hydra multirun the other
-   jobs must still run, so the job fails the Hydra way instead: Hydra finishes the batch, then
-   prints the one-line message and exits 1. `debug=true` on the command line or
-   HYDRA_FULL_ERROR=1 re-raises instead, so the full traceback is shown. A full disk
-   ("No space left on device" anywhere in the exception's chain) is not a bug either: one line
-   with the file that could not be written, the run's last good checkpoint and the resume=
-   command (`disk_full_message`), exit status 3. Any other exception is a bug and keeps its
-   traceback.
-
+Every job (train.py, sample.py, sweep.py, train(cfg), a multirun job's DDP child) runs inside
+`job(cfg, record=..., report=...)`: on failure it records the failed run (multirun, rank zero),
+closes the logger, and turns a `UserError` or a full disk into one line and an exit status, keeping
+the traceback for bugs. The steps and exit statuses: docs/internals.md, *When a job fails*.
 Imports nothing heavy (Hydra and OmegaConf only), so scripts can use it before their imports.
 """
 

@@ -1,19 +1,9 @@
-"""The run folder: the one place that knows its layout.
+"""The run folder: the one place that knows its layout (summary.json, samples.json, history.csv,
+checkpoints/, .hydra/: docs/internals.md, *The run folder*, and docs/outputs.md).
 
-A training run's folder (outputs/runs/<model>/<time>/, or <sweep>/<num>_<model>/ in a multirun):
-
-    summary.json            the results (status "completed"), or status "failed" and the error
-    samples.json            stateful and stateless samples side by side
-    explore.html            the run's page, when sample.py explore=true wrote it
-    history.csv             the learning curves (gru_experiments/runs/history.py)
-    checkpoints/last.ckpt   the last checkpoint (also best-*.ckpt, the best by val/loss)
-    .hydra/config.yaml      the composed config; overrides.yaml the command line it came from
-    .hydra/resumed_<time>/  the same for each resume
-
-`RunDir` knows these files, reads the summary and the config, and finds the run a checkpoint
-belongs to; `model_runs` and `newest_run` find a model's runs under the outputs folder.
-Everything else asks it. Kept free of heavy imports: sample.py resolves its output folder's
-name through `model_name_for` before anything else is loaded.
+`RunDir` reads the summary and the config and finds the run a checkpoint belongs to; `model_runs`
+and `newest_run` find a model's runs. Kept free of heavy imports: sample.py resolves its output
+folder's name through `model_name_for` before anything else is loaded.
 """
 
 from __future__ import annotations

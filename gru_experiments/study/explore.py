@@ -1,20 +1,9 @@
 """What one run's page shows (sample.py explore=true; the page itself: explore_page.py; docs/explore.md).
 
-    surprisal        the bits each token costs in every inference mode, and each mode's bits per
-                     character, scored by the evaluation's own functions (scores.py), so the page's
-                     figures are the evaluation's for the same text
-    unit_pass        one stateful pass that keeps the logits (the top predictions) and, for a
-                     recurrent model, every layer's hidden state at every step (Karpathy's view)
-    text_features    what a unit might follow, computed from the text alone: inside a quotation or
-                     brackets, the position in the line, inside a word
-    correlation_ranking   the units ranked by |Pearson r| with a feature
-    key_spread       the planted-recall probe's key, tested directly: the same text run once per key
-                     symbol at a first key's place; how far apart the K runs put a unit, lag by lag
-                     after the key, is what that unit carries of it (its standard deviation over K)
-    let_go           the lag after which a unit's key spread stays under a quarter of its peak
-
-Every function takes a model and token ids (or activations), never a run: the run's side is
-runs/explore_run.py's.
+Surprisal by mode (`surprisal`), the hidden units and what they follow (`unit_pass`, `text_features`,
+`correlation_ranking`) and the probe's key held or let go (`key_spread`, `let_go`), each described
+in docs/internals.md, *The run's page*. Every function takes a model and token ids (or activations),
+never a run: the run's side is runs/explore_run.py's.
 """
 
 from __future__ import annotations

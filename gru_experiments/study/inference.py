@@ -1,18 +1,9 @@
-"""Generating text with a trained RecurrentLM, in the study's three inference modes.
+"""Generating text with a trained model, in the study's three inference modes (stateful, stateless,
+windowed: docs/internals.md, *Generating text*).
 
-    stateful   the prompt runs through the model once; then the state (h per layer, (h, c) for an
-               LSTM) is carried forward and one token is fed per step. Constant cost per token.
-               This is how a model trained with BPTT is meant to be used.
-    stateless  at every step only the last token is fed, from a fresh zero state: the original
-               study's behaviour. The model can condition on nothing but the previous token, so it
-               is a first-order (bigram-like) model, however it was trained.
-    windowed   at every step the last `window` tokens are re-run from a zero state
-               (transformer-style). Cost per token grows with the window.
-
-The samplers are functions of (model, prompt token ids, number of tokens, a `choose` function);
-`choose` turns next-token logits (B, V) into token ids (B,) and is where decoding happens
-(greedy, temperature, top-k, top-p; see `make_chooser`). They never look at the cell type: the
-model's own state interface (`logits, state = model(tokens, state)`) is all they use.
+The samplers are functions of (model, prompt token ids, number of tokens, a `choose` function that
+turns next-token logits (B, V) into token ids (B,): the decoding, see `make_chooser`); they use only
+the model's state interface (`logits, state = model(tokens, state)`), never its cell type.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The kinds of target, defined from the text itself, for the context curve by class (docs/evaluation.md).
 
-Every target falls in exactly one of four classes, by its first character and the character before it:
-
-    line_start   the first character of a line (after a newline, or the split's first): it counts as
-                 that, not as a word's first
-    word_start   a letter that begins a word
-    word_inside  a letter inside a word, or an apostrophe between two letters ("o'er")
-    other        everything else: spaces, punctuation, digits, newlines
-
-Words are those of the text statistics (text_index.words): maximal runs of letters joined by inner
-apostrophes. And an overlay, `long_copy`: the targets inside a word whose previous occurrence (the
-same word, lower-cased) starts more than `window` tokens back but no more than `longest`: the
-long-range copies that Khandelwal et al. 2018 found distant context to help with.
+Every target falls in exactly one of `line_start`, `word_start`, `word_inside` and `other`, by its
+character and the one before it, with the overlay `long_copy` (a word last seen far back); the rules:
+docs/internals.md, *The kinds of target*.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The training split's index for the text statistics (study/text_stats.py): what they need from one
 corpus's training split, counted once per corpus.
 
-    words           the words of a text: maximal runs of letters joined by inner apostrophes, lower-cased
-    SpanSet         every 32-character span of a text, as sorted fingerprints (copy_32)
-    KneserNeyJudge  a Kneser-Ney 7-gram of the training split's characters (reference_bpc)
-    TrainingIndex   the three together: `vocabulary` (the training split's words), `spans`, `judge`
-
-Counting a TrainingIndex takes 1 to 3 s for 1M characters on one CPU core; `state_dict` /
-`from_state_dict` save and load it (torch.save / torch.load, weights only), and `TrainingIndex.cached`
-keeps it in a folder, keyed by the training split's sha256, so that a corpus is counted once.
-
-Words (`words`): maximal runs of letters (str.isalpha, any script) joined by inner apostrophes
-(' or ’): "o'er" and "ne'er" are one word each; a leading or trailing apostrophe is not part of a
-word ("'tis" -> "tis"); digits, underscores and every other character separate words. Words are
-lower-cased (str.lower) everywhere: in the training vocabulary, for validity and for n-grams.
+`words`, `SpanSet` (copy_32), `KneserNeyJudge` (reference_bpc) and `TrainingIndex` (the three, saved
+and cached by the split's sha256). What counts as a word, the judge's unseen symbol and the cost:
+docs/internals.md, *The training split's index*.
 """
 
 from __future__ import annotations
@@ -92,17 +82,9 @@ class SpanSet:
 # --- the judge --------------------------------------------------------------------------------------------
 class KneserNeyJudge:
     """A character-level judge of text, sharing nothing with the model that sampled it: NGramLM
-    (models/ngram.py, interpolated modified Kneser-Ney) of order 7 counted on the training split,
-    over the training split's characters (CharTokenizer.from_text), whatever the sampler's tokenizer.
-
-    Unseen characters: the judge's vocabulary is the V training characters plus one "unseen"
-    symbol (id V), to which every other character maps. The symbol never occurs in the counts, so
-    Kneser-Ney gives it only its share of the uniform floor (P_0 = 1/(V + 1), times the back-off
-    weights): about 12 to 16 bits on Tiny Shakespeare, the judge's own price of a character it has
-    never seen; a context containing it has never been seen either, so the next characters back off.
-
-    A text's bits are those of its characters 2..n, each given every character before it (the
-    first is context only, as in the study's scores); bpc = bits / (n − 1)."""
+    (models/ngram.py) of order 7 counted on the training split's characters, plus one "unseen" symbol
+    for every other character. A text's bits are those of its characters 2..n; bpc = bits / (n − 1).
+    Why and what an unseen character costs: docs/internals.md, *The training split's index*."""
 
     def __init__(self, alphabet: str, order: int = JUDGE_ORDER):
         """An uncounted judge over the characters of `alphabet` (`counted` counts one)."""
