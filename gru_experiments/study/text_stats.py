@@ -1,53 +1,12 @@
 """Text statistics: the generated text measured, model-free, against the training and validation splits.
 
-Seven statistics of a setting's samples (one mode × one decoder: N texts of L characters), for any
-corpus: nothing here knows Tiny Shakespeare's vocabulary, alphabet or layout.
-
-    word_validity  the share of a sample's words that occur in the training split
-    seq_rep_4      1 − distinct word 4-grams / word 4-grams, within a sample (Welleck et al. 2020)
-    loop_rate      the share of samples that end in a repeated phrase (after Holtzman et al. 2020)
-    distinct_2     distinct word bigrams / word bigrams, over all samples of a setting
-    copy_32        the share of a sample's 32-character spans found verbatim in the training split
-    line_shape     the Kolmogorov–Smirnov distance between the line lengths of the samples and the reference
-    reference_bpc  bits per character of a sample under a Kneser-Ney 7-gram counted on the training split
-
-The reference is the same statistics on held-out human text: slices of the validation split as long
-as the samples (`reference_slices`). The floor and ceiling are the same statistics on uniform random
-strings over the training alphabet and on a looped phrase (`floor_and_ceiling`): which of the two
-is a statistic's floor and which its ceiling depends on the statistic (random text has the most
-distinct bigrams, the loop the most valid words). Neither copies the training text: copy_32's ceiling, 1, is the
-training text itself. On Tiny Shakespeare (90/10 split), 20 samples of 500 characters:
-
-    statistic       reference (val)   uniform random    looped "the "
-    word_validity   0.937 ± 0.009     0.081 ± 0.007     1
-    seq_rep_4       0.001 ± 0.001     0                 0.992
-    loop_rate       0                 0                 1
-    distinct_2      0.919 ± 0.011     0.999 ± 0.001     0.0004
-    copy_32         0                 0                 0
-    line_shape      0.046 ± 0.032     0.408 ± 0.024     1
-    reference_bpc   2.19 ± 0.06       7.76 ± 0.01       2.76
-
-(line_shape of the reference against 20 other validation slices, of the others against the
-reference.) A loop is cheap under the judge: reference_bpc alone does not tell a loop from good text.
-
-Words are text_index.words: maximal runs of letters (any script) joined by inner apostrophes,
-lower-cased everywhere.
-
-Per sample and per setting. word_validity, seq_rep_4, copy_32 and reference_bpc have a value per
-sample; a sample where one is undefined (no word; fewer than four words; fewer than 32 characters;
-fewer than two characters) gives None and is left out of the setting's figure. loop_rate's value
-per sample is 1 or 0. A setting's figure for these is the mean of its per-sample values (every
-sample weighs the same), with standard error sd / sqrt(n) (sd: the sample standard deviation,
-n − 1 in its denominator; n: the samples that define it). distinct_2 and line_shape are properties
-of the whole setting: their standard error is a jackknife over samples (leave one sample out) for
-distinct_2, and a bootstrap over samples for line_shape (BOOTSTRAP_RESAMPLES resamples of the
-samples and, independently, of the reference, seed BOOTSTRAP_SEED); the jackknife suits a smooth
-ratio of counts and resampling with replacement would repeat a sample's bigrams; the bootstrap
-suits the KS statistic, a maximum, where the jackknife is unreliable. A figure that cannot be
-computed is None (a standard error needs two samples).
-
-What the statistics need from the training split (its words, its 32-character spans, its
-Kneser-Ney judge) is counted once per corpus in a `TrainingIndex` (study/text_index.py).
+Seven statistics of a setting's samples (one mode × one decoder), for any corpus: word_validity,
+seq_rep_4, loop_rate, distinct_2, copy_32, line_shape and reference_bpc, each beside the same
+statistics of held-out text (`reference_slices`) and of random and looped text (`floor_and_ceiling`).
+A setting's figure is the mean over samples with sd / sqrt(n), or for distinct_2 and line_shape a
+jackknife and a bootstrap. Definitions, the reference values on Tiny Shakespeare and why each error
+estimate: docs/internals.md, *The text statistics*. The training split's side: `TrainingIndex`
+(study/text_index.py).
 """
 
 from __future__ import annotations
@@ -94,16 +53,9 @@ def seq_rep_4(sample: str) -> float | None:
 def loop_period(sample: str, repeats: int = LOOP_REPEATS, min_chars: int = LOOP_MIN_CHARS) -> int | None:
     """The shortest period p of a loop the sample ends in, or None.
 
-    The rule (character-based, so that it holds for any corpus and for character-level garbage):
-    the sample ends in a loop when, for some p >= 1, its last m characters are periodic with period p
-    (each equals the character p before it: one phrase of p characters, repeated, the last
-    repetition possibly cut short) with m >= repeats · p (the phrase at least `repeats` = 3 times,
-    as Holtzman et al. 2020 count a generation ending in a repeated phrase) and m >= min_chars = 32
-    (so that prose ending in "ha, ha, ha" or "..." is not a loop). "the son, the son, the son, ..."
-    over 32 characters or more is a loop of period 9; "the the the ..." of period 4. Human text
-    rarely ends in one: of the 500-character windows of Tiny Shakespeare ending at every 7th
-    character, 2 of the validation split's 15,920 do (a real "here, sir! here, sir! here, sir! he")
-    and none of the training split's 143,394."""
+    The sample ends in a loop when its last m characters repeat a phrase of p characters, with
+    m >= repeats · p (3 times, after Holtzman et al. 2020) and m >= min_chars (32, so that "ha, ha, ha"
+    is not a loop). The rule and how rarely human text meets it: docs/internals.md, *The text statistics*."""
     n = len(sample)
     for p in range(1, n // repeats + 1):
         i = n - 1
