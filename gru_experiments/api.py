@@ -1,17 +1,10 @@
 """The Python API: train a model, load it, generate and score text in the study's inference modes.
 
-    import gru_experiments
-
-    summary = gru_experiments.train(["model=astra_alpha", "trainer.max_steps=300"])
-    lm = gru_experiments.load(summary["run_dir"])          # a run folder, a checkpoint, or the summary
-    lm.generate("ROMEO: ", mode="stateful", seed=1)         # prompt + continuation
-    lm.score("KING RICHARD III:\\nNow is the winter", mode="stateless")   # nats per token, bits per char
-
 Nothing here is a second implementation: `train` composes the same config as train.py (Hydra's
 compose API over conf/, config "train") and runs training.train; `load` is
 runs.task.load_checkpoint (weights only) on the checkpoint runs.run_dir.find_checkpoint picks;
 `generate` is inference.generate; `score` is study/scores.py's per-mode scorers on an
-scores.Split. Bad input raises a one-line errors.UserError. docs/python.md describes it all.
+scores.Split. Bad input raises a one-line errors.UserError. Examples and every argument: docs/python.md.
 """
 
 from __future__ import annotations

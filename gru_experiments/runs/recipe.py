@@ -1,14 +1,8 @@
 """The optimiser recipe (conf/optim/): AdamW's settings, which weights decay, and the learning-rate schedule.
 
-Two recipes ship (docs/transformer.md says why each is what it is):
-
-    original     the original study's: AdamW betas (0.9, 0.999), decay 0.01 on every weight, no warmup,
-                 a half cosine from model.lr to 0 stepped once per epoch ("seed" before issue 35)
-    transformer  nanoGPT's: 100 steps of linear warmup, betas (0.9, 0.99), decay 0.1 on the matrices
-                 only, a half cosine from model.lr to lr/10 stepped after every step
-
-A model config names its recipe (`override /optim@_global_.optim: ...`); `optim=...` on the command
-line beats it. The learning rate itself is the model's (model.lr): the recipe is how it is used.
+Two recipes ship, `original` (the original study's) and `transformer` (nanoGPT's); what each sets
+and why: docs/transformer.md, *The recipe*. The learning rate itself is the model's (model.lr): the
+recipe is how it is used.
 """
 
 from __future__ import annotations
