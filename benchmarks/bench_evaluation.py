@@ -29,7 +29,9 @@ from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.models.precision import resolve
 from gru_experiments.models.protocol import build_model
 from gru_experiments.study.evaluation import evaluate, plan_for
+from gru_experiments.study.plan import BEST, FINAL, Request
 from gru_experiments.study.scores import Split
+from gru_experiments.study.settings import EvaluationSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,10 +68,12 @@ def measure(name: str, args) -> dict:
     val = Split.of(corpus.val_ids, corpus.tokenizer)
     training_tokens = recipe_steps * batch * seq_len
     seconds, forward = [], 0
-    for curve in (True, False):  # the final weights, then the best checkpoint (no curve)
-        plan = plan_for(model, val.n_targets, seq_len, cfg.evaluation, training_tokens, curve=curve)
+    settings = EvaluationSettings.of(cfg.evaluation, seq_len)
+    for purpose in (FINAL, BEST):  # the final weights (without the text statistics), then the best checkpoint
+        request = Request(model, val, settings, training_tokens, purpose, train_ids=corpus.train_ids)
+        plan = plan_for(request)
         started = time.perf_counter()
-        evaluate(model, corpus.train_ids, val, plan)
+        evaluate(request, plan)
         seconds.append(time.perf_counter() - started)
         forward += plan.forward_tokens
     return {"model": name, "precision": args.precision, "step": step, "tokens_per_second": batch * seq_len / step,

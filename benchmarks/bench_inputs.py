@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHORT = ["logger=csv", "evaluation.text_samples=0", "trainer.enable_progress_bar=false"]
+SHORT = ["logger=csv", "evaluation.text.samples=0", "trainer.enable_progress_bar=false"]
 RUN = ["data.batch_size=8", "data.seq_len=32", "model.steps_per_epoch=4", "model.epochs=2", "trainer.max_steps=4",
        "checkpoint.every_n_steps=2", "evaluation.budget=0.1", "evaluation.curve_longest=null", *SHORT]
 INPUTS = [
@@ -32,8 +32,8 @@ INPUTS = [
     ["train.py", "+probe.keys=8", *SHORT],
     ["train.py", "probe=recall", "probe.name=bogus", *SHORT],
     ["train.py", "probe.name=recall", *SHORT],
-    ["sample.py", "run={run}", "stats=true", "evaluation.text_samples=1000000000"],
-    ["sample.py", "run={run}", "stats=true", "evaluation.text_drift_chars=1000000000"],
+    ["sample.py", "run={run}", "stats=true", "evaluation.text.samples=1000000000"],
+    ["sample.py", "run={run}", "stats=true", "evaluation.text.drift_chars=1000000000"],
 ]
 
 

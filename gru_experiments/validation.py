@@ -55,7 +55,7 @@ def open_fraction(v) -> bool:  # (0, 1)
 def temperature_rule(key: str = "temperature") -> Rule:
     """The one rule for a sampling temperature, wherever it is set: sample.py and the Python API
     (study/inference.validate_sampling), the end-of-run samples (runs/config.py:
-    evaluation.sample_temperature) and `inference.Decoding`. 0 means greedy: the argmax."""
+    evaluation.samples.temperature) and `inference.Decoding`. 0 means greedy: the argmax."""
     return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)
 
 

@@ -48,7 +48,7 @@ def finite(value) -> bool:
 @pytest.mark.parametrize("model", ["astra_alpha", "ngram3"])
 def test_a_corpus_whose_validation_split_has_new_characters_trains_end_to_end(tmp_path, new_chars_corpus, model):
     result = run_script(tmp_path, f"model={model}", f"data.path={new_chars_corpus}", "data.train_fraction=0.9",
-                        "preset=smoke", "logger=none", "trainer.accelerator=cpu", "evaluation.sample_chars=20")
+                        "preset=smoke", "logger=none", "trainer.accelerator=cpu", "evaluation.samples.chars=20")
     assert result.returncode == 0, result.stderr[-3000:]
     [summary_file] = (tmp_path / "outputs").rglob("summary.json")
     summary = json.loads(summary_file.read_text())

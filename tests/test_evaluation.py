@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from evaluation_helpers import plan_of, run_plan
 from omegaconf import OmegaConf
 
 from gru_experiments.data.batches import RandomWindowBatches
@@ -20,7 +21,6 @@ from gru_experiments.runs.history import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.training import train
 from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import evaluate, plan_for
 from gru_experiments.study.inference import eval_mode
 from gru_experiments.study.plan import context_lengths, plan_evaluation
 from gru_experiments.study.scores import (
@@ -156,7 +156,7 @@ def test_context_curve_points_exact_or_on_a_systematic_sample(model, ids):
     windowed pass's stride, each the same targets as score_contexts at that stride, with its error."""
     assert context_lengths(128) == [1, 2, 4, 8, 16, 32, 64, 128] and context_lengths(12) == [1, 2, 4, 8, 12]
     settings = OmegaConf.create({"budget": None, "streams": 1, "curve_longest": None})
-    exact = evaluate(model, ids, split(ids), plan_for(model, 149, 6, settings, None)).curve
+    exact = run_plan(model, ids, split(ids), plan_of(model, 149, 6, settings, None)).curve
     for w in [1, 2, 4, 6]:
         assert exact[str(w)] == pytest.approx(score_windowed(model, split(ids), w).bpc, rel=1e-9)
         assert exact["settings"]["targets"][str(w)] == 149 and exact["settings"]["bpc_se"][str(w)] == 0
@@ -164,7 +164,7 @@ def test_context_curve_points_exact_or_on_a_systematic_sample(model, ids):
     assert exact["stateful"] == score_stateful(model, split(ids), 6, 1).bpc
     plan = plan_evaluation(model, 149, seq_len=6, window=6, streams=1, budget=200)
     stride = plan.passes[plan.figure("windowed").passes[0]].stride
-    sampled = evaluate(model, ids, split(ids), plan).curve
+    sampled = run_plan(model, ids, split(ids), plan).curve
     assert stride > 1 and set(sampled["settings"]["stride"].values()) == {stride, 1}
     for w in [1, 2, 4, 6]:
         assert sampled[str(w)] == pytest.approx(score_contexts(model, split(ids), 6, [w], stride)[w].bpc, rel=1e-9)
@@ -214,8 +214,8 @@ def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
     # 30 steps of 32 x 32 tokens; budget 2: 61,440 forward tokens, the stateful pass's 20,000 exact and
     # the rest for the windows of 32 and the curve (a sample of them).
     settings = OmegaConf.create({"streams": 16, "window": 32, "budget": 2.0, "curve_longest": None})
-    plan = plan_for(model, 19_999, 32, settings, training_tokens=30 * 32 * 32)
-    evaluation = evaluate(model, train_ids, Split.of(val_ids, tokenizer), plan)
+    plan = plan_of(model, 19_999, 32, settings, training_tokens=30 * 32 * 32)
+    evaluation = run_plan(model, train_ids, Split.of(val_ids, tokenizer), plan)
     bpc = {mode: score.bpc for mode, score in evaluation.scores.items()}
     assert bpc["stateful"] < bpc["stateless"] - 0.3, bpc
     assert bpc["windowed"] < bpc["stateless"] - 0.3, bpc
@@ -239,8 +239,8 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     cfg = compose_config(f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=16",
                          "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
                          "trainer.accelerator=cpu",
-                         "evaluation.budget=null", "evaluation.sample_chars=40", "evaluation.text_samples=4",
-                         "evaluation.text_chars=60", "evaluation.text_drift_chars=500")
+                         "evaluation.budget=null", "evaluation.samples.chars=40", "evaluation.text.samples=4",
+                         "evaluation.text.chars=60", "evaluation.text.drift_chars=500")
     summary = train(cfg)
     run_dir = Path(cfg.paths.output_dir)
     on_disk = json.loads((run_dir / "summary.json").read_text())
@@ -321,11 +321,11 @@ def test_a_budget_scores_a_systematic_sample_with_its_standard_error(model):
     null scores everything, exactly."""
     ids = torch.randint(V, (400,), generator=torch.Generator().manual_seed(3))
     val, train_ids = Split(ids, lengths()), ids.flip(0)
-    whole = evaluate(model, train_ids, val, plan_for(model, 399, 8, _settings(), training_tokens=1000))
+    whole = run_plan(model, train_ids, val, plan_of(model, 399, 8, _settings(), training_tokens=1000))
     assert whole.settings["windowed_targets"] == 399 and whole.settings["windowed_bpc_se"] == 0.0
     assert whole.plan.exact and "whole validation split" in whole.describe()
 
-    sampled = evaluate(model, train_ids, val, plan_for(model, 399, 8, _settings(budget=0.4), training_tokens=1000))
+    sampled = run_plan(model, train_ids, val, plan_of(model, 399, 8, _settings(budget=0.4), training_tokens=1000))
     k = sampled.settings["windowed_stride"]
     assert k > 1 and sampled.settings["windowed_targets"] == len(range(1, 400, k))
     assert sampled.scores["windowed"].nll == pytest.approx(score_contexts(model, val, 8, [8], k)[8].nll, rel=1e-12)
@@ -345,11 +345,11 @@ def test_the_evaluation_shows_a_bar_per_pass(model, capsys):
     from gru_experiments.study.progress import Progress
 
     ids = torch.randint(V, (300,), generator=torch.Generator().manual_seed(4))
-    plan = plan_for(model, 299, 8, _settings(), None)
-    evaluate(model, ids, Split(ids, lengths()), plan, progress=Progress(enabled=True))
+    plan = plan_of(model, 299, 8, _settings(), None)
+    run_plan(model, ids, Split(ids, lengths()), plan, progress=Progress(enabled=True))
     bars = capsys.readouterr().err
     assert "evaluation: stateful" in bars and "evaluation: windows of 8" in bars and "100%" in bars
-    evaluate(model, ids, Split(ids, lengths()), plan, progress=Progress(enabled=False))
+    run_plan(model, ids, Split(ids, lengths()), plan, progress=Progress(enabled=False))
     assert capsys.readouterr().err == ""
 
 

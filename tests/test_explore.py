@@ -166,7 +166,7 @@ def train_and_explore(root, corpus, *overrides: str):
     subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *common, "logger=none",
                     f"data.path={corpus}", "data.batch_size=4", "data.seq_len=32", "trainer.max_steps=2",
                     "model.steps_per_epoch=2", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-                    "evaluation.text_samples=0", "evaluation.sample_chars=20", *overrides], cwd=REPO, check=True,
+                    "evaluation.text.samples=0", "evaluation.samples.chars=20", *overrides], cwd=REPO, check=True,
                    capture_output=True)
     done = subprocess.run([sys.executable, "sample.py", f"run={run_dir}", "explore=true", "explore_chars=600",
                            "explore_start=100", "explore_hold=300", *common], cwd=REPO, check=True,

@@ -85,7 +85,7 @@ def run_sample(root: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 
 TINY_RECIPE = ["data.batch_size=4", "data.seq_len=32", "trainer.max_steps=2", "model.steps_per_epoch=2",
-               "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.sample_chars=20"]
+               "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.samples.chars=20"]
 
 
 @pytest.mark.parametrize("model,modes", [("ngram", ["stateful", "stateless", "windowed"]), ("mlp", ["stateless"]),

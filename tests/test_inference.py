@@ -293,7 +293,7 @@ def trained_run(tmp_path_factory, small_shakespeare):
             f"paths.output_dir={run_dir}", f"paths.data_dir={root / 'data'}", f"paths.log_dir={root / 'outputs'}",
             "logger=none", f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=32",
             "trainer.max_steps=2", "model.steps_per_epoch=2", "trainer.enable_progress_bar=false",
-            "trainer.accelerator=cpu", "evaluation.sample_chars=20"])
+            "trainer.accelerator=cpu", "evaluation.samples.chars=20"])
     train(cfg)
     return root, run_dir
 
@@ -378,7 +378,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
 
     root, run_dir = trained_run
     result = run_sample(root, f"run={run_dir}", "prompt=KING: ", "max_new_tokens=5", "stats=true",
-                        "evaluation.text_samples=4", "evaluation.text_chars=60", "evaluation.text_drift_chars=500",
+                        "evaluation.text.samples=4", "evaluation.text.chars=60", "evaluation.text.drift_chars=500",
                         f"data.path={small_shakespeare}", "data.seq_len=32")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -402,11 +402,11 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
 
     # samples longer than the validation split cannot have a reference: refused in one line, before sampling
     before = sampling_dirs(root)
-    result = run_sample(root, f"run={run_dir}", "stats=true", "evaluation.text_chars=10000",
+    result = run_sample(root, f"run={run_dir}", "stats=true", "evaluation.text.chars=10000",
                         f"data.path={small_shakespeare}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert error_line(result.stderr).startswith(
-        "error: invalid evaluation.text_chars=10000: the reference is slices of the validation split as long as the "
+        "error: invalid evaluation.text.chars=10000: the reference is slices of the validation split as long as the "
         "samples, and the validation split of ")
     assert error_line(result.stderr).endswith("has 6,000 characters") and sampling_dirs(root) == before
 
@@ -438,9 +438,9 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
     (["num_samples=0"], "error: invalid num_samples=0: must be an integer >= 1"),
     (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null or an integer "
                                                      ">= 1"),
-    (["stats=true", "evaluation.text_samples=0"], "error: stats=true measures evaluation.text_samples samples per "
+    (["stats=true", "evaluation.text.samples=0"], "error: stats=true measures evaluation.text.samples samples per "
                                                 "setting, which is 0: give an integer >= 1"),
-    (["evaluation.text_chars=31"], "error: invalid evaluation.text_chars=31: must be an integer from 32"),
+    (["evaluation.text.chars=31"], "error: invalid evaluation.text.chars=31: must be an integer from 32"),
     (["max_new_tokens=100000000", "num_samples=100000"],
      "error: num_samples=100000 x (prompt 15 + max_new_tokens=100000000) tokens would need 72.8 TiB for the token "
      "buffer alone; this machine has "),
@@ -457,7 +457,7 @@ def test_sample_py_refuses_bad_settings_before_sampling(trained_run, overrides, 
 
 
 def test_sample_py_temperature_0_is_greedy(trained_run):
-    """temperature=0 means the argmax, in sample.py as in Decoding and evaluation.sample_temperature
+    """temperature=0 means the argmax, in sample.py as in Decoding and evaluation.samples.temperature
     (one rule: validation.temperature_rule); its text is greedy=true's, whatever the seed."""
     from gru_experiments.api import load
 
@@ -476,8 +476,8 @@ def test_one_temperature_rule_for_sample_py_and_the_run_config():
     from gru_experiments.validation import temperature_rule
 
     inference.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
-    [rule] = [r for r in EVALUATION_RULES if r.key == "evaluation.sample_temperature"]
-    assert rule == temperature_rule("evaluation.sample_temperature")
+    [rule] = [r for r in EVALUATION_RULES if r.key == "evaluation.samples.temperature"]
+    assert rule == temperature_rule("evaluation.samples.temperature")
     assert Decoding(temperature=0).is_greedy
     with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0: greedy, the argmax\), got -1"):
         Decoding(temperature=-1)

@@ -30,7 +30,7 @@ def test_a_smoke_run_writes_strict_json_and_says_why_a_figure_is_missing(compose
     """fast_dev_run scores a small slice: stateful - windowed may share too few targets for a standard error,
     which summary.json gave as NaN; now null, with the reason beside it."""
     summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.fast_dev_run=true",
-                                   "evaluation.text_samples=0"))
+                                   "evaluation.text.samples=0"))
     assert math.isnan(summary["state_gain_se"])  # in memory: no pair of targets to take it from
     run = tmp_path / "run"
     written = {name: strict_json((run / name).read_text()) for name in ("summary.json", "samples.json")}
@@ -84,7 +84,7 @@ def test_a_size_larger_than_its_split_is_refused_before_any_work(compose_config,
 
 def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(compose_config, tiny_corpus, capsys):
     train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=2", "optim.warmup_steps=50",
-                         "evaluation.budget=null", "evaluation.text_samples=0", "evaluation.curve_longest=null"))
+                         "evaluation.budget=null", "evaluation.text.samples=0", "evaluation.curve_longest=null"))
     out = capsys.readouterr().out
     assert ("optim.warmup_steps=50 is not shorter than this run's 2 steps: the learning rate never leaves its warmup "
             "(it ends at 3.9% of model.lr)") in out
@@ -98,7 +98,7 @@ def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path
     """Lightning's lines came twice (Hydra's console handler and Lightning's own), with a tip advertising another
     logger, a deprecation inside Lightning, and W&B's "anonymous setting has no effect" (issue 36)."""
     result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "logger=wandb", "trainer.max_steps=2",
-                        "evaluation.text_samples=0", "evaluation.curve_longest=null", WANDB_SILENT="false")
+                        "evaluation.text.samples=0", "evaluation.curve_longest=null", WANDB_SILENT="false")
     assert result.returncode == 0, result.stderr
     console = result.stdout + result.stderr
     assert console.count("GPU available") == 1 and console.count("`Trainer.fit` stopped") == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from evaluation_helpers import plan_of, run_plan
 from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
@@ -16,10 +17,11 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.study.evaluation import evaluate, plan_for
-from gru_experiments.study.plan import TextDemand, congruent, plan_evaluation, windows_pass
+from gru_experiments.study.passes import WindowsPass
+from gru_experiments.study.plan import PRIORITY, TEXT, Figure, Kind, Unit, plan_evaluation
+from gru_experiments.study.positions import congruent
 from gru_experiments.study.scores import Split, score_contexts, score_stateful, score_windowed
-from gru_experiments.study.text_protocol import text_demand, text_settings
+from gru_experiments.study.text_protocol import TextPass
 
 V = 11
 CONF = Path(__file__).parents[1] / "conf"
@@ -47,7 +49,7 @@ def val(n_tokens=700, seed=1):
 
 def test_congruent_counts_by_hand():
     for low, high, residue, stride in [(1, 10, 1, 3), (5, 40, -7, 4), (3, 2, 0, 1), (1, 100, 0, 7), (-5, 9, 2, 5)]:
-        assert congruent(low, high, residue, stride) == sum(1 for u in range(low, high + 1)
+        assert len(congruent(low, high, residue, stride)) == sum(1 for u in range(low, high + 1)
                                                             if (u - residue) % stride == 0)
 
 
@@ -61,8 +63,8 @@ def test_the_forward_tokens_scored_are_the_plans_exactly(make, budget, window):
     ids, split = val()
     settings = OmegaConf.create({"budget": None if budget is None else budget / 10_000, "window": window,
                                  "streams": 4, "curve_longest": 64})
-    plan = plan_for(model, split.n_targets, 8, settings, training_tokens=10_000)
-    evaluation = evaluate(model, ids.flip(0), split, plan)
+    plan = plan_of(model, split.n_targets, 8, settings, training_tokens=10_000)
+    evaluation = run_plan(model, ids.flip(0), split, plan)
     counted = sum(score.forward_tokens for score in evaluation.scores.values())
     counted += sum(tokens for tokens in evaluation.curve["settings"]["forward_tokens"].values())
     # Figures that share a pass count it once, in the plan and in the scores alike.
@@ -109,7 +111,7 @@ def test_a_windows_pass_scores_the_targets_the_plan_names():
     model = gru()
     ids, split = val(300)
     for stride in (1, 4, 7):
-        planned = windows_pass(model, split.n_targets, 16, [1, 5, 16], stride)
+        planned = WindowsPass.plan(model, split.n_targets, 16, [1, 5, 16], stride)
         scores = score_contexts(model, split, 16, [1, 5, 16], stride)
         assert tuple(scores[w].tokens for w in (1, 5, 16)) == planned.targets_by_context
         assert sum(s.forward_tokens for s in scores.values()) == planned.forward_tokens
@@ -132,7 +134,7 @@ def test_the_budget_samples_in_the_studys_order():
     k = long[0].stride  # the smallest stride within the 1,000,000 tokens left
 
     def long_cost(stride):
-        return sum(windows_pass(model, n, w, [w], stride, keep=True).forward_tokens for w in (128, 256, 512, 1024))
+        return sum(WindowsPass.plan(model, n, w, [w], stride, keep=True).forward_tokens for w in (128, 256, 512, 1024))
 
     assert long_cost(k) == sum(p.forward_tokens for p in long) <= 1_000_000 < long_cost(k - 1)
     # Too little for it: windowed and the long points share the budget half and half.
@@ -159,10 +161,10 @@ def test_the_default_budget_keeps_astra_alpha_at_the_studys_figures(compose_conf
     tokenizer = CharTokenizer.from_text(text)
     val = Split.of(torch.tensor(tokenizer.encode(split_text(text, 0.9)[1])), tokenizer)
     model = RecurrentLM(65, "gru", embedding_dim=64, hidden_size=128, num_layers=1)
-    demand = text_demand(model, tokenizer, val, text_settings(cfg.evaluation, 128, cfg.seed))
     for budget in (cfg.evaluation.budget, 1.557, 1.576):
         settings = OmegaConf.merge(cfg.evaluation, {"budget": budget})
-        plan = plan_for(model, val.n_targets, 128, settings, training_tokens=2000 * 64 * 128, text=demand)
+        plan = plan_of(model, val, 128, settings, training_tokens=2000 * 64 * 128, tokenizer=tokenizer,
+                       seed=cfg.seed)
         strides = {f.name: plan.passes[f.passes[-1]].stride for f in plan.figures if f.passes}
         assert all(strides[f"curve {w}"] == 1 for w in (1, 2, 4, 8, 16, 32, 64, 128)) and strides["windowed"] == 1
         assert all(strides[f"curve {w}"] == 26 for w in (256, 512, 1024))
@@ -173,16 +175,21 @@ def test_text_samples_are_cut_then_dropped_as_the_budget_shrinks():
     """The text pass: whole when it fits; every k-th sample (two at the least) and no drift when it does
     not; left out when even two samples do not fit its share; never counted as a split figure."""
     model, (_, split) = gru(), val(700)
-    demand = TextDemand(12, 2, lambda samples, drift: 1000 * samples + 5000 * drift)
-    whole = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, text=demand)
+    def demand():  # 12 samples and 2 drift generations, at 1,000 and 5,000 forward tokens each
+        def make(stride):
+            samples, drift = -(-12 // stride), 2 if stride == 1 else 0
+            return [TextPass(samples, 1000 * samples + 5000 * drift, stride, drift=drift)]
+        return [Unit(make, lambda ps, i: [Figure(TEXT, None, 0, ps[0].targets, 0, (i,), Kind.OTHER)] if ps else [],
+                     False, 6, optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
+    whole = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, extra=demand())
     assert (whole.text.targets, whole.text.drift, whole.text.forward_tokens) == (12, 2, 22_000) and whole.exact
     assert whole.figure("text").targets == 12
     stateful = whole.figure("stateful").forward_tokens
     cut = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=stateful + 8000,
-                          windowed=False, curve=False, text=demand)
+                          windowed=False, curve=False, extra=demand())
     assert (cut.text.targets, cut.text.drift) == (6, 0) and cut.forward_tokens <= stateful + 8000 + 700
     none = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=stateful + 1000,
-                           windowed=False, curve=False, text=demand)
+                           windowed=False, curve=False, extra=demand())
     assert none.text is None and none.figure("text") is None
 
 
@@ -207,10 +214,10 @@ def test_a_costly_stateful_figure_is_sampled_within_the_budget():
                            bigram=False, curve=False)
     stateful_pass = plan.passes[plan.figure("stateful").passes[0]]
     assert stateful_pass.kind == "windows" and stateful_pass.stride == math.ceil(299 * 8 / 600)
-    sample = evaluate(model, None, split, plan).scores["stateful"]
+    sample = run_plan(model, None, split, plan).scores["stateful"]
     exact_there = score_contexts(model, split, 8, [8], stateful_pass.stride)[8]
     assert sample.nll == pytest.approx(exact_there.nll, rel=1e-9) and sample.sampling_se > 0
-    exact = evaluate(model, None, split, plan_evaluation(model, split.n_targets, seq_len=8, window=8, streams=4,
+    exact = run_plan(model, None, split, plan_evaluation(model, split.n_targets, seq_len=8, window=8, streams=4,
                                                          budget=None, windowed=False, bigram=False, curve=False))
     assert exact.scores["stateful"].tokens == 299 and exact.scores["stateful"].sampling_se == 0
     # A recurrent model's is a sample of its streams, each whole (its state needs the stream's history);
@@ -220,7 +227,7 @@ def test_a_costly_stateful_figure_is_sampled_within_the_budget():
                            curve=False)
     streams = plan.passes[plan.figure("stateful").passes[0]]
     assert (streams.kind, streams.stride, plan.figure("stateful").targets) == ("stateful", 2, 150)  # streams 0, 2
-    sample = evaluate(model, None, split, plan).scores["stateful"]
+    sample = run_plan(model, None, split, plan).scores["stateful"]
     assert sample.tokens == 150 and sample.forward_tokens == 150 and sample.sampling_se > 0
     ids = split.ids
     by_hand = [score_stateful(model, Split(ids[s:s + 76], split.char_lengths), 8, 1) for s in (0, 150)]

@@ -207,7 +207,7 @@ def test_trainer_precision_32_true_is_pure_float32(compose_config, tiny_corpus, 
     monkeypatch.setattr(precision, "has_fast_bf16", lambda device: True)
     common = (f"data.path={tiny_corpus}", "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=2",
               "model.steps_per_epoch=2", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-              "model=astra_beta", "evaluation.sample_chars=10")
+              "model=astra_beta", "evaluation.samples.chars=10")
     summary = train(compose_config(*common, "trainer.precision=32-true"))
     assert (summary["precision"], summary["matmul_dtype"], summary["bf16_weights"]) == ("32-true", "float32", [])
     cfg = compose_config(*common)  # the default: auto

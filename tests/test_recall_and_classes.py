@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from evaluation_helpers import run_plan
 
 from gru_experiments.data.recall_probe import Pairs, Planting, SymbolIds, plant, planting_generator
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.training import train
-from gru_experiments.study.evaluation import evaluate
 from gru_experiments.study.plan import plan_evaluation
-from gru_experiments.study.recall import horizon, score_recall
+from gru_experiments.study.recall import horizon, recall_forward_tokens, score_recall
 from gru_experiments.study.scores import Split
 from gru_experiments.study.target_classes import CLASSES, LONG_COPY, classify, split_classes
 
@@ -93,6 +93,8 @@ def test_a_trained_shape_model_gives_finite_recall_bits_with_standard_errors():
         for mode in ("stateful", "windowed", "stateless"):
             assert math.isfinite(figures[mode]["bits"]) and figures[mode]["se"] > 0
     assert record["forward_tokens"] > 2 * 3000 and "unplanted" in record["note"]
+    # The plan counts them before anything runs (recall.RecallPass: the recall figures are part of it).
+    assert record["forward_tokens"] == recall_forward_tokens(model, plantings(2), 32, 32)
 
 
 HAND = "KING:\nO'er the hill, 'tis the hill.\n\nNo"
@@ -131,7 +133,7 @@ def test_the_curve_by_class_counts_every_target_once(small_text="to be or not to
     model = RecurrentLM(tokenizer.vocab_size, "gru", embedding_dim=4, hidden_size=8, num_layers=1)
     plan = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, curve_longest=64)
     classes = split_classes(split.ids, tokenizer, 16, 64)
-    evaluation = evaluate(model, split.ids, split, plan, classes=classes)
+    evaluation = run_plan(model, split.ids, split, plan, classes=classes)
     by_class = evaluation.curve["by_class"]
     assert sum(by_class[name]["targets"] for name in CLASSES) == split.n_targets
     assert 0 < by_class[LONG_COPY]["targets"] < split.n_targets
@@ -150,7 +152,7 @@ def test_training_with_the_probe_writes_the_recall_figures(compose_config, small
                          "probe.validation.distances=[8,24,64]", "probe.validation.min_targets=20",
                          "probe.validation.gap=16", "data.batch_size=4", "data.seq_len=16",
                          "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",
-                         "evaluation.text_samples=0", "evaluation.curve_longest=64")
+                         "evaluation.text.samples=0", "evaluation.curve_longest=64")
     train(cfg)
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     recall = summary["recall"]
@@ -161,7 +163,10 @@ def test_training_with_the_probe_writes_the_recall_figures(compose_config, small
         assert all(math.isfinite(figures[mode]["bits"]) for mode in ("stateful", "windowed", "stateless"))
     assert set(recall["horizon"]) == {"stateful", "windowed", "stateless"}
     assert "unplanted" in recall["note"] and "by_class" in summary["context_curve"]
-    assert "text" not in summary  # evaluation.text_samples=0
+    assert "text" not in summary  # evaluation.text.samples=0
+    # The recall figures are part of the run's plan: the forward tokens scored are those it planned.
+    [planned] = [row for row in summary["mode_evaluation"]["plan"] if row["name"] == "recall"]
+    assert planned["forward_tokens"] == recall["forward_tokens"] > 0
 
 
 def curve(*points) -> dict:
@@ -200,6 +205,7 @@ def test_a_finite_context_models_stateful_recall_is_its_last_context_tokens_scor
     assert torch.allclose(carried, per_target, atol=1e-5)
     record = score_recall(model, planted, seq_len=7, window=5, keys=K)
     assert record["forward_tokens"] < ids.numel() * model.context  # not a pass over a block per position
+    assert record["forward_tokens"] == recall_forward_tokens(model, planted, 7, 5)
 
 
 # --- learning to recall: the schedule decides --------------------------------------------------------------
@@ -215,7 +221,7 @@ def test_a_small_gru_learns_to_recall_at_short_distance_when_the_schedule_is_den
     cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall", f"probe.phases={schedule}",
                          "probe.validation.distances=[8]", "probe.validation.min_targets=200", "data.batch_size=32",
                          "data.seq_len=64", "model.steps_per_epoch=100", "model.epochs=3",
-                         "trainer.enable_progress_bar=false", "evaluation.text_samples=0",
+                         "trainer.enable_progress_bar=false", "evaluation.text.samples=0",
                          "evaluation.curve_longest=64", "evaluation.budget=0.2")
     figures = train(cfg)["recall"]["by_distance"]["8"]
     assert figures["stateless"]["bits"] > 3.5  # the closing marker alone says nothing of the key

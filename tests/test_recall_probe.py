@@ -392,7 +392,7 @@ def test_a_probe_run_killed_in_its_second_phase_resumes_to_every_figure(tmp_path
     from test_resume import figure_differences, summary_in_run_terms
 
     base = [*TINY, f"data.path={tiny_corpus}", f"training={mode}", "data.seq_len=16", "model.steps_per_epoch=4",
-            "model.epochs=2", "checkpoint.every_n_steps=2", "evaluation.text_samples=0", "probe=recall",
+            "model.epochs=2", "checkpoint.every_n_steps=2", "evaluation.text.samples=0", "probe=recall",
             "probe.phases=[{start: 0.0, distances: [4], gap: 2}, {start: 0.5, distances: [4, 12], gap: 4}]",
             "probe.validation.distances=[4,12,40]", "probe.validation.min_targets=10"]
     assert run_script(tmp_path / "reference", *base).returncode == 0

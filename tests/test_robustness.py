@@ -94,8 +94,8 @@ BAD_VALUES = {
     "evaluation.budget=0": "invalid evaluation.budget=0: must be null (every figure exact) or a number > 0",
     "evaluation.budget=sometimes": "invalid evaluation.budget='sometimes'",
     "evaluation.curve_longest=-1": "invalid evaluation.curve_longest=-1",
-    "evaluation.sample_chars=0": "invalid evaluation.sample_chars=0: must be an integer >= 1",
-    "evaluation.sample_temperature=-1": "invalid evaluation.sample_temperature=-1: must be a number >= 0",
+    "evaluation.samples.chars=0": "invalid evaluation.samples.chars=0: must be an integer >= 1",
+    "evaluation.samples.temperature=-1": "invalid evaluation.samples.temperature=-1: must be a number >= 0",
 }
 
 

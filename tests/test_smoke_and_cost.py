@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from evaluation_helpers import plan_of
 from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.estimate import CostEstimate, evaluation_forward_tokens
+from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.smoke import SMOKE_VAL_TOKENS
 from gru_experiments.runs.training import train
-from gru_experiments.study.evaluation import FIGURES, plan_for
+from gru_experiments.study.evaluation import FIGURES
+from gru_experiments.study.plan import BEST
 from gru_experiments.study.scores import Split
 
 
@@ -42,7 +44,7 @@ def test_fast_dev_run_runs_the_whole_pipeline_on_a_small_slice(compose_config, s
 def test_a_run_that_is_not_a_smoke_run_says_so(compose_config, tiny_corpus, capsys):
     cfg = compose_config(f"data.path={tiny_corpus}", "trainer.max_steps=12", "model.steps_per_epoch=12",
                          "data.batch_size=4", "data.seq_len=16", "trainer.enable_progress_bar=false",
-                         "trainer.accelerator=cpu", "evaluation.sample_chars=10")
+                         "trainer.accelerator=cpu", "evaluation.samples.chars=10")
     summary = train(cfg)
     assert summary["smoke"] is False and summary["eval_seconds"] > 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time left")]
@@ -59,9 +61,8 @@ def test_the_estimate_adds_training_validation_and_evaluation():
     estimate = CostEstimate(_val(), cfg, model=model).compute(Trainer(), step_seconds=0.5)
     assert estimate["steps_left"] == 900 and estimate["train_seconds"] == 450
     # The estimate sums the very plans the run executes: the final weights' and the best checkpoint's.
-    final = plan_for(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16)
-    best = plan_for(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16, curve=False)
-    assert estimate["eval_forward_tokens"] == evaluation_forward_tokens(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16)
+    final = plan_of(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16)
+    best = plan_of(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16, purpose=BEST)
     assert estimate["eval_forward_tokens"] == final.forward_tokens + best.forward_tokens
     assert estimate["total_seconds"] == pytest.approx(
         estimate["train_seconds"] + estimate["validation_seconds"] + estimate["eval_seconds"])

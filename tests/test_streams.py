@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from evaluation_helpers import run_plan
 from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
 from test_resume import Interrupted, interrupt_at, weights_of
 
@@ -20,7 +21,6 @@ from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
-from gru_experiments.study.evaluation import evaluate
 from gru_experiments.study.plan import curve_lengths, plan_evaluation
 from gru_experiments.study.scores import Split, paired_difference, score_contexts, score_stateful, score_windowed
 
@@ -321,7 +321,7 @@ def test_long_points_are_difference_estimates_exact_without_a_budget():
     budget = exact_plan.figure("windowed").forward_tokens + 3_000  # the windowed figure exact, 3,000 for the rest
     sampled_plan = plan(budget)
     assert sampled_plan.passes[sampled_plan.figure("windowed").passes[0]].stride == 1
-    exact, sampled = (evaluate(model, None, split, p).curve for p in (exact_plan, sampled_plan))
+    exact, sampled = (run_plan(model, None, split, p).curve for p in (exact_plan, sampled_plan))
     assert exact["8"] == sampled["8"] == pytest.approx(score_windowed(model, split, 8).bpc, abs=1e-9)
     for w in (16, 32, 64):
         assert exact[str(w)] == pytest.approx(score_windowed(model, split, w).bpc, abs=1e-9)

@@ -16,6 +16,7 @@ from gru_experiments.errors import UserError
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study.inference import STUDY_PROMPTS
+from gru_experiments.study.settings import TextConfig
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import (
     DECODERS,
@@ -26,7 +27,6 @@ from gru_experiments.study.text_protocol import (
     measure_text,
     sampling_cost,
     share_samples,
-    validate_text_settings,
 )
 from gru_experiments.study.text_stats import STATISTICS, text_statistics
 
@@ -187,22 +187,22 @@ def test_cost_and_sharing():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"text_samples": -1}, "invalid evaluation.text_samples=-1: must be an integer from 0 (no text statistics) to "
-                           "1,000"),
-    ({"text_chars": 31}, "invalid evaluation.text_chars=31: must be an integer from 32 (copy_32's span) to 100,000"),
-    ({"text_drift_chars": 499},
-     "invalid evaluation.text_drift_chars=499: must be 0 (no drift) or an integer from 500 (one stretch) to 100,000"),
-    ({"text_drift_chars": True}, "invalid evaluation.text_drift_chars=True"),
+    ({"samples": -1}, "invalid evaluation.text.samples=-1: must be an integer from 0 (no text statistics) to "
+                      "1,000"),
+    ({"chars": 31}, "invalid evaluation.text.chars=31: must be an integer from 32 (copy_32's span) to 100,000"),
+    ({"drift_chars": 499},
+     "invalid evaluation.text.drift_chars=499: must be 0 (no drift) or an integer from 500 (one stretch) to 100,000"),
+    ({"drift_chars": True}, "invalid evaluation.text.drift_chars=True"),
     # Past a sane bound the command would only seem to hang (issue 36): refused before any work.
-    ({"text_samples": 1_000_000_000}, "invalid evaluation.text_samples=1000000000: must be an integer from 0"),
-    ({"text_chars": 100_001}, "invalid evaluation.text_chars=100001"),
-    ({"text_drift_chars": 1_000_000_000}, "invalid evaluation.text_drift_chars=1000000000: must be 0 (no drift) or"),
+    ({"samples": 1_000_000_000}, "invalid evaluation.text.samples=1000000000: must be an integer from 0"),
+    ({"chars": 100_001}, "invalid evaluation.text.chars=100001"),
+    ({"drift_chars": 1_000_000_000}, "invalid evaluation.text.drift_chars=1000000000: must be 0 (no drift) or"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(UserError) as error:
-        validate_text_settings(settings)
+        TextConfig.of(settings)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
-    validate_text_settings({"text_samples": 0, "text_chars": 32, "text_drift_chars": 0})
+    assert TextConfig.of({"samples": 0, "chars": 32, "drift_chars": 0}) == TextConfig(0, 32, 0)
     with pytest.raises(ValueError, match="samples must be an integer >= 1"):
         TextSettings(window=8, samples=0)
 

@@ -23,11 +23,11 @@ from gru_experiments.study.text_stats import (
     loop_period,
     loop_rate,
     looped_text,
-    mean_and_se,
     reference_slices,
     seq_rep_4,
     text_statistics,
     uniform_random_text,
+    value_and_se,
     word_validity,
 )
 
@@ -140,12 +140,12 @@ def test_the_judge_scores_in_chunks_as_in_one_pass():
 
 
 def test_standard_errors_by_hand():
-    assert mean_and_se([1.0, None, 3.0]) == {"value": 2.0, "se": pytest.approx(1.0)}  # sd sqrt(2), n 2
-    assert mean_and_se([0.5]) == {"value": 0.5, "se": None}
-    assert mean_and_se([None]) == {"value": None, "se": None}
+    assert value_and_se([1.0, None, 3.0]) == {"value": 2.0, "se": pytest.approx(1.0)}  # sd sqrt(2), n 2
+    assert value_and_se([0.5]) == {"value": 0.5, "se": None}
+    assert value_and_se([None]) == {"value": None, "se": None}
     # jackknife of the mean is the usual sd / sqrt(n)
     values = [1.0, 2.0, 4.0, 7.0]
-    assert jackknife_se(lambda v: sum(v) / len(v), values) == pytest.approx(mean_and_se(values)["se"])
+    assert jackknife_se(lambda v: sum(v) / len(v), values) == pytest.approx(value_and_se(values)["se"])
 
 
 def test_helpers():
@@ -211,8 +211,8 @@ def test_floor_and_ceiling(index, reference):
 
 
 def test_the_judge_prefers_held_out_text_and_survives_unseen_characters(index, reference):
-    held_out = mean_and_se(index.judge.bpc(r) for r in reference)["value"]
-    noise = mean_and_se(index.judge.bpc(uniform_random_text(index.alphabet, 500, seed=s)) for s in range(5))["value"]
+    held_out = value_and_se(index.judge.bpc(r) for r in reference)["value"]
+    noise = value_and_se(index.judge.bpc(uniform_random_text(index.alphabet, 500, seed=s)) for s in range(5))["value"]
     assert held_out < noise - 3
     strange = reference[0][:200] + "☃ü€" + reference[0][200:]
     bpc = index.judge.bpc(strange)

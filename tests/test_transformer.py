@@ -159,7 +159,7 @@ def test_nanogpt_shakespeare_fast_dev_run_through_train_py(tmp_path, shakespeare
          "trainer.fast_dev_run=true", "data.batch_size=2",
          "data.train_fraction=0.99995",  # 56 validation characters, fewer than a block: every evaluation one pass
          "trainer.accelerator=cpu", "logger=none",
-         "trainer.enable_progress_bar=false", "evaluation.sample_chars=10",
+         "trainer.enable_progress_bar=false", "evaluation.samples.chars=10",
          "evaluation.budget=null",  # every figure exact: on 55 targets, a few thousand forward tokens
          f"paths.log_dir={tmp_path / 'outputs'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -195,8 +195,8 @@ def test_a_stateful_figure_past_the_block_is_sampled_from_each_targets_own_block
     figure is the stateful pass itself. (tests/test_plan.py: the stride's rule, and that a recurrent
     model's stateful figure is exact whatever the budget.)"""
     import torch.nn.functional as F
+    from evaluation_helpers import run_plan
 
-    from gru_experiments.study.evaluation import evaluate
     from gru_experiments.study.plan import plan_evaluation
     from gru_experiments.study.scores import Split, score_stateful
 
@@ -213,13 +213,13 @@ def test_a_stateful_figure_past_the_block_is_sampled_from_each_targets_own_block
     stateful = sampled.passes[sampled.figure("stateful").passes[0]]
     assert (stateful.kind, stateful.window, stateful.contexts) == ("windows", 8, (8,)) and stateful.stride > 1
     assert stateful.forward_tokens <= 600
-    sample = evaluate(model, None, split, sampled).scores["stateful"]
+    sample = run_plan(model, None, split, sampled).scores["stateful"]
     targets = list(range(1, 300, stateful.stride))
     with torch.no_grad():  # each target from the block before it, as the model sees it statefully
         nll = [F.cross_entropy(model(ids[max(0, u - 8):u].unsqueeze(0))[0][0, -1:], ids[u:u + 1]) for u in targets]
     assert sample.tokens == len(targets) == sampled.figure("stateful").targets and sample.sampling_se > 0
     assert sample.nll == pytest.approx(torch.stack(nll).mean().item(), abs=1e-5)
-    whole = evaluate(model, None, split, plan(None)).scores["stateful"]
+    whole = run_plan(model, None, split, plan(None)).scores["stateful"]
     assert whole.tokens == 299 and whole.sampling_se == 0
     assert whole.nll == pytest.approx(score_stateful(model, split, 16, 4).nll, abs=1e-6)
 
@@ -232,11 +232,12 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
     plan names; and sample.py runs in all three modes from the checkpoint."""
     import json
 
+    from evaluation_helpers import plan_of
+
     import gru_experiments
     from gru_experiments.data.corpus import prepare_corpus
     from gru_experiments.runs import modes
     from gru_experiments.runs.training import train
-    from gru_experiments.study.evaluation import plan_for
     from gru_experiments.study.scores import Split, score_contexts
 
     validations, evaluate = [], modes.evaluate
@@ -248,7 +249,7 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
     monkeypatch.setattr(modes, "evaluate", recorded)
     cfg = compose_config("model=transformer", f"data.path={tiny_corpus}", "model.architecture.block_size=8",
                          "data.batch_size=4", "data.seq_len=8", "trainer.max_steps=3", "model.steps_per_epoch=3",
-                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.sample_chars=20")
+                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.samples.chars=20")
     summary = train(cfg)
     curve = summary["context_curve"]
     assert [key for key in curve if key not in ("settings", "stateful", "by_class")] == ["1", "2", "4", "8"]
@@ -266,7 +267,7 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
     # At the end of the run: the plan of the run's tokens, as recorded, and the stateful figure it names.
     on_disk = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     model = gru_experiments.load(on_disk["checkpoint"]).model
-    plan = plan_for(model, n, 8, cfg.evaluation, summary["train_tokens"])
+    plan = plan_of(model, n, 8, cfg.evaluation, summary["train_tokens"])
     assert plan.budget == math.floor(budget * summary["train_tokens"]) and on_disk["mode_evaluation"]["plan"] == \
         plan.record()
     figure = plan.figure("stateful")

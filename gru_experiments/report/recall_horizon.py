@@ -1,14 +1,6 @@
-"""The planted-recall experiment's two tables (report.md, after *Planted recall*):
-
-    Memory horizon       per run with the probe, per inference mode: the longest distance up to which
-                         every recall is under 1 bit, and where the curve crosses 2 bits (summary.json's
-                         recall.horizon; computed from the curve for a record from before it)
-    What the recall costs  each run with the probe beside its twin without (the same model, training mode
-                         and window): the ordinary figures on the plain validation split, so what
-                         learning the recall costs the language model, and whether a model that keeps a
-                         key takes anything more from the state on the real text (stateful - windowed,
-                         negative where the state helps, and the kind of target where it helps most, from
-                         the context curve by class)
+"""The planted-recall experiment's two tables (report.md, after *Planted recall*): each probe run's
+memory horizon per inference mode, and what the recall costs the language model (each probe run beside
+its twin without the probe). docs/evaluation.md#the-planted-recall-control.
 """
 
 from __future__ import annotations

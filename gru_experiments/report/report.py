@@ -1,17 +1,7 @@
-"""The study's report over a sweep folder: results.csv, report.md and PNG plots, and a W&B
-summary run that carries the same table and plots.
-
-A sweep folder holds one folder per job (Hydra's multirun layout); everything is read from
-what the jobs wrote there:
-
-    <job>/.hydra/config.yaml   what the job was asked to train (model, architecture, tokenizer, logger)
-    <job>/summary.json         its results, or status "failed" and the error
-    <job>/history.csv          its learning curves (gru_experiments/runs/history.py)
-    <job>/samples.json         stateful and stateless samples for the study's prompts
-    multirun.yaml              the sweep's overrides, hence the models it was meant to train
-
-Nothing is recomputed, so building the report is cheap, can run while jobs are still going,
-and gives the same files every time it runs over the same folder.
+"""The study's report over a sweep folder: results.csv, report.md and PNG plots (and a W&B summary run
+with the same), read from what the jobs wrote there (docs/outputs.md#sweep-folders), nothing
+recomputed: cheap, possible while jobs still run, the same files every time. `SECTIONS` is the one
+list of its parts (section.py); `register_section` adds one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""What a valid value is, checked before any work starts.
-
-Hydra catches unknown group options (model=..., tokenizer=..., inference=...) and unknown
-keys; this module catches known keys with values that would fail later, after minutes of
-corpus preparation or training, or that would silently do something else: a negative
-learning rate, dropout of 1, a sequence length of 1, an unknown precision.
-
-`validate(cfg)` checks a composed train config (the `evaluation` group and, with logger=wandb,
-the WANDB_MODE environment variable included) and raises a UserError naming the key, the value
-and what is allowed. The rule engine is gru_experiments/validation.py; the sampling settings'
-rules are study/inference.validate_sampling.
+"""What a valid value is, checked before any work starts: a known key with a value that would fail
+later (after minutes of corpus preparation or training) or silently do something else. `validate(cfg)`
+raises a UserError naming the key, the value and what is allowed (the engine: validation.py).
 """
 
 from __future__ import annotations
@@ -17,7 +9,7 @@ import inspect
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe
-from gru_experiments.study.text_protocol import validate_text_settings
+from gru_experiments.study.settings import check_nested
 from gru_experiments.validation import (
     MISSING,
     Rule,
@@ -29,7 +21,6 @@ from gru_experiments.validation import (
     open_fraction,
     positive_number,
     select,
-    temperature_rule,
 )
 
 TRAIN_RULES = [
@@ -62,8 +53,6 @@ EVALUATION_RULES = [
          "null (every figure exact) or a number > 0 (forward tokens per token trained)", optional=True),
     Rule("evaluation.curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
          optional=True),
-    Rule("evaluation.sample_chars", int_at_least(1), "an integer >= 1", may_be_absent=True),
-    temperature_rule("evaluation.sample_temperature"),  # sample.py's rule: 0 is greedy
 ]
 
 SPM_RULES = [
@@ -109,7 +98,7 @@ def validate(cfg) -> None:
         check_added_keys(HydraConfig.get().overrides.task)
     check_rules(cfg, TRAIN_RULES)
     check_rules(cfg, EVALUATION_RULES)
-    validate_text_settings(cfg.evaluation)
+    check_nested(cfg.evaluation)  # evaluation.text.* and evaluation.samples.*
     check_model(cfg)
     check_probe(cfg)
     if select(cfg, "tokenizer.kind") == "spm":

@@ -1,50 +1,25 @@
 """The cost of a run, known before it is paid: after its first training steps a run prints its
-estimated total time, training plus validation plus the end-of-run evaluation (docs/sweeps.md).
-
-The training time is the measured seconds per step times the steps left. The evaluation's is its
-plans' forward tokens (study/plan.py: the same plans the run executes, summed here) at the measured
-training rate times EVAL_FORWARD_SPEEDUP: a forward pass without backward or update, in big batches,
-runs that many times as many tokens per second as a training step (measured, benchmarks/RESULTS.md).
-An estimate: the machine's load moves it, and so does a best checkpoint that is not the final one
-(the evaluation scores it too; counted here as if it were).
+estimated total time: the steps left at the measured seconds per step, plus the forward tokens of
+the plans it will run (validation, the end-of-run evaluation: every entry's passes) at the training
+rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 from lightning.pytorch.callbacks import Callback
 
+from gru_experiments.runs.scoring import run_request
 from gru_experiments.study.evaluation import plan_for
+from gru_experiments.study.plan import BEST, OVER_TRAINING
 from gru_experiments.study.scores import Split
-from gru_experiments.study.text_protocol import fitting, text_demand, text_settings
 
 # Forward tokens/s of the evaluation (windows in big batches) over the training tokens/s (forward,
-# backward, AdamW), measured side by side on the 2-core AMD EPYC, one thread: Astra-alpha 2.9x,
-# Astra-gamma 3.3x, Scribe-beta 1.5x (its 1,000-token head makes scoring big batches relatively
-# dear). The lowest, so that the estimate errs long.
+# backward, AdamW), measured side by side (benchmarks/RESULTS.md). The lowest, so that the estimate errs long.
 EVAL_FORWARD_SPEEDUP = 1.5
-
-
-def evaluation_forward_tokens(model, n_targets: int, seq_len: int, settings, training_tokens: int,
-                              best: bool = True, text=None) -> int:
-    """Forward tokens of the end-of-run evaluation: the final weights' plan (with the text statistics'
-    samples when `text`, a plan.TextDemand, asks for them) and (best) the best checkpoint's (without the
-    curve)."""
-    tokens = plan_for(model, n_targets, seq_len, settings, training_tokens, text=text).forward_tokens
-    if best:
-        tokens += plan_for(model, n_targets, seq_len, settings, training_tokens, curve=False).forward_tokens
-    return tokens
-
-
-def validation_forward_tokens(model, n_targets: int, seq_len: int, settings, epoch_tokens: int, modes=None) -> int:
-    """Forward tokens of one validation: the chunked pass (val_loss) and the modes' plan (runs/modes.py:
-    `modes`'s own when given)."""
-    if modes is not None:
-        return n_targets + modes.plan(model).forward_tokens
-    modes = plan_for(model, n_targets, seq_len, settings, epoch_tokens, windowed=False, bigram=False, curve=False)
-    return n_targets + modes.forward_tokens
 
 
 def format_estimate(seconds: float) -> str:
@@ -60,10 +35,10 @@ class CostEstimate(Callback):
     """Prints the run's estimated time once, after its first training steps: when `min_steps`
     steps after the first (which warms up) are timed, or a step or more took `min_seconds`."""
 
-    def __init__(self, val: Split, cfg, *, model=None, tokenizer=None, modes=None, min_steps: int = 10,
-                 min_seconds: float = 20.0):
-        self.val, self.val_targets, self.settings = val, val.n_targets, cfg.evaluation
-        self.tokenizer, self.modes, self.seed = tokenizer, modes, int(cfg.get("seed", 0))
+    def __init__(self, val: Split, cfg, *, model=None, tokenizer=None, modes=None, train_ids=None, probe=None,
+                 min_steps: int = 10, min_seconds: float = 20.0):
+        self.val, self.cfg, self.tokenizer, self.modes = val, cfg, tokenizer, modes
+        self.train_ids, self.probe = train_ids, probe
         self.seq_len, self.batch_size, self.steps_per_epoch = (cfg.data.seq_len, cfg.data.batch_size,
                                                                cfg.data.steps_per_epoch)
         self.model, self.min_steps, self.min_seconds = model, min_steps, min_seconds
@@ -94,12 +69,10 @@ class CostEstimate(Callback):
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         model = self.model if self.model is not None else trainer.lightning_module.model
-        text = None if self.tokenizer is None else text_demand(model, self.tokenizer, self.val, fitting(
-            text_settings(self.settings, self.seq_len, self.seed), self.val.characters))
-        evaluation = evaluation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
-                                               int(total_steps) * tokens_per_step, text=text)
-        validation = validation_forward_tokens(model, self.val_targets, self.seq_len, self.settings,
-                                               self.steps_per_epoch * tokens_per_step, self.modes)
+        evaluation = self.evaluation_forward_tokens(model, int(total_steps) * tokens_per_step)
+        modes = self.modes.plan(model) if self.modes is not None else plan_for(
+            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, OVER_TRAINING))
+        validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
                     "validation_seconds": epochs * validation * forward_seconds,
@@ -107,6 +80,14 @@ class CostEstimate(Callback):
         estimate["total_seconds"] = (estimate["train_seconds"] + estimate["validation_seconds"]
                                      + estimate["eval_seconds"])
         return estimate
+
+    def evaluation_forward_tokens(self, model, training_tokens: int) -> int:
+        """The end-of-run evaluation's: the final weights' plan, every entry's passes in it (the text
+        statistics' samples, the recall figures), and the best checkpoint's (counted as if it were not the
+        final one)."""
+        final = run_request(self.cfg, model, self.val, training_tokens, tokenizer=self.tokenizer,
+                            train_ids=self.train_ids, probe=self.probe)
+        return plan_for(final).forward_tokens + plan_for(replace(final, purpose=BEST)).forward_tokens
 
     @staticmethod
     def describe(e: dict) -> str:

@@ -29,9 +29,9 @@ from gru_experiments.files import atomic_write
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.sampling import read_splits, resolve_device, training_data_settings, unescape
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.study.evaluation import evaluation_window
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
+from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int
 
 EXPLORE_RULES = [
@@ -107,7 +107,7 @@ def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, da
     ids = probe.planting.ids if probe else ids
     seq_len = int(data_cfg.seq_len)
     data = explore(model, tokenizer, ids.to(model.device), seq_len=seq_len,
-                   window=evaluation_window(cfg.evaluation, seq_len), probe=probe)
+                   window=EvaluationSettings.of(cfg.evaluation, seq_len).window, probe=probe)
     data["title"] = {"model": task_name(checkpoint, run), "checkpoint": display_path(checkpoint),
                      "text": "explore_text" if cfg.get("explore_text") is not None else
                      (cfg.explore_file or f"validation split, characters {cfg.explore_start:,} to "

@@ -1,22 +1,7 @@
-"""Continuing an interrupted run: which run, and with which config.
-
-    python train.py resume=last model=astra_beta     # the newest astra_beta run
-    python train.py resume=outputs/runs/astra_beta/2026-01-02_03-04-05_123456
-
-A resumed run continues in its own folder from checkpoints/last.ckpt, with the config it
-was started with: `rewrite_argv` (called by train.py before Hydra starts) replaces the
-command line with the run's recorded overrides plus any new ones, points hydra.run.dir at
-the run folder, and refuses what a resume may not change (`ResumePoint.check_config`: the
-learning rate, the recipe, a step limit that would train nothing) before Hydra writes
-anything. `record_resume` records this session's config in .hydra/resumed_<time>/ once
-training has checked the rest, so the original .hydra/ stays as it was and a refused
-resume writes nothing.
-
-The run and its checkpoint are resolved once (`find_run`, through run_dir.RunDir) and checked
-cheaply: `ResumePoint` reads the checkpoint memory-mapped, for its hyper-parameters, tokenizer
-and step; Lightning then does the one full load. `resume_point` is what train() uses, so
-`resume=` also works when train(cfg) is called directly. This module imports nothing heavy
-at import time, so train.py stays quick to start.
+"""Continuing an interrupted run in its own folder, from checkpoints/last.ckpt, with the config it was
+started with (python train.py resume=last | resume=RUN_DIR): `rewrite_argv` before Hydra starts,
+`resume_point` and `record_resume` inside train(). How, and what a resume may not change:
+docs/internals.md, *Resuming a run*.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""python sample.py: load a trained checkpoint, generate in one inference mode, save what came out,
-and (evaluate=true) score the whole validation split in every mode.
-
-Everything is written to the sampling run's own folder (outputs/samples/<model>/<timestamp>/):
-samples.txt (the texts), sampling.json (checkpoint, settings, seed, texts, speed), with
-evaluate=true evaluation.json, and with stats=true stats.json: the text statistics of every inference
-mode × decoder beside the reference, the floor and the ceiling (study/text_protocol.py), also printed.
+"""python sample.py: load a trained checkpoint, generate in one inference mode and save it in the sampling
+run's folder (samples.txt, sampling.json); evaluate=true scores the validation split by the run's own
+plan (evaluation.json), stats=true measures the generated text (stats.json). docs/outputs.md.
 """
 
 from __future__ import annotations
@@ -22,10 +18,9 @@ from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write, write_json
 from gru_experiments.runs.run_dir import RunDir, display_path
-from gru_experiments.runs.scoring import classes_of
+from gru_experiments.runs.scoring import run_request
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.study.evaluation import evaluate as evaluate_modes
-from gru_experiments.study.evaluation import evaluation_window, plan_for
+from gru_experiments.study.evaluation import evaluate
 from gru_experiments.study.inference import (
     STUDY_PROMPTS,
     Decoding,
@@ -33,18 +28,12 @@ from gru_experiments.study.inference import (
     sample_texts,
     validate_sampling,
 )
+from gru_experiments.study.plan import TEXT
 from gru_experiments.study.progress import Progress
 from gru_experiments.study.scores import Split
+from gru_experiments.study.settings import EvaluationSettings, TextConfig
 from gru_experiments.study.text_index import TrainingIndex
-from gru_experiments.study.text_protocol import (
-    TextSettings,
-    fitting,
-    format_text_statistics,
-    measure_text,
-    text_demand,
-    text_settings,
-    validate_text_settings,
-)
+from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text
 from gru_experiments.validation import Rule, check_rules
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -113,7 +102,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     encoded = [encode_prompt(tokenizer, prompt, drop_unknown=cfg.drop_unknown) for prompt in raw_prompts]
     prompts = [tokenizer.decode(ids) for ids in encoded]
     decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
-    window = evaluation_window(cfg.evaluation, int(data_cfg.seq_len)) if mode == "windowed" else None
+    window = EvaluationSettings.of(cfg.evaluation, int(data_cfg.seq_len)).window if mode == "windowed" else None
     # A request too large for memory is refused before the first prompt's samples, not after them
     # (inference.generate checks each prompt again).
     check_generation_fits(model, max(map(len, encoded)), cfg.max_new_tokens, cfg.num_samples, mode, window)
@@ -146,9 +135,9 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
 
     if cfg.evaluate:
-        record["evaluation"] = evaluate(cfg, model, tokenizer, run, data_cfg, checkpoint, splits)
+        record["evaluation"] = score_checkpoint(cfg, model, tokenizer, run, data_cfg, checkpoint, splits)
     if cfg.get("stats"):
-        record["text"] = measure_run_text(cfg, model, tokenizer, splits, int(data_cfg.seq_len), checkpoint)
+        record["text"] = measure_checkpoint_text(cfg, model, tokenizer, splits, int(data_cfg.seq_len), checkpoint)
     return record
 
 
@@ -193,25 +182,23 @@ def read_splits(data_cfg, tokenizer, device) -> Splits:
     return Splits(source, train_text, val_text, train_ids, val_ids)
 
 
-def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path,
-             splits: Splits | None = None) -> dict:
+def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path,
+                     splits: Splits | None = None) -> dict:
     """Every inference mode and the context curve on the validation split of the data the model
-    trained on (`splits`: read here when not given)."""
+    trained on (`splits`: read here when not given), as the run's own plan: evaluation.budget is a multiple
+    of its recorded training tokens (a checkpoint without its run folder: every figure exact), its text
+    statistics' samples planned but not drawn (stats=true draws them all)."""
     source, _, _, train_ids, val_ids = splits or read_splits(data_cfg, tokenizer, model.device)
-    # The run's recorded training length: evaluation.budget is a multiple of it, so the plan is the run's own
-    # (a checkpoint without its run folder: every figure exact).
     summary = (run.summary() if run else None) or {}
-    val = Split.of(val_ids, tokenizer)
     started = time.perf_counter()
-    # The run's plan, its text statistics' samples included (not drawn here: stats=true draws them all).
-    text = fitting(text_settings(cfg.evaluation, int(data_cfg.seq_len), cfg.seed), val.characters)
-    plan = plan_for(model, val.n_targets, int(data_cfg.seq_len), cfg.evaluation, summary.get("train_tokens"),
-                    text=text_demand(model, tokenizer, val, text))
-    evaluation = evaluate_modes(model, train_ids, val, plan, progress=Progress(),
-                                classes=classes_of(val, tokenizer, plan))
-    print(f"{display_path(source)}: {evaluation.describe()}")
-    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": evaluation.settings,
-              **evaluation.metrics(), "context_curve": evaluation.curve, "seconds": time.perf_counter() - started}
+    request = run_request(cfg, model, Split.of(val_ids, tokenizer), summary.get("train_tokens"), tokenizer=tokenizer,
+                          train_ids=train_ids, seq_len=int(data_cfg.seq_len))
+    evaluation = evaluate(request, progress=Progress(), skip=(TEXT,))
+    print(f"{display_path(source)}: {evaluation.modes.describe()}")
+    modes = evaluation.summary()
+    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": modes["mode_evaluation"],
+              **evaluation.modes.metrics(), "context_curve": modes["context_curve"],
+              "seconds": time.perf_counter() - started}
     write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
     print(f"saved: {display_path(Path(cfg.paths.output_dir) / 'evaluation.json')}")
     return result
@@ -219,17 +206,17 @@ def evaluate(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, ch
 
 # --- stats=true: the text statistics --------------------------------------------------------------------
 def validate_stats(cfg: DictConfig) -> None:
-    """A one-line UserError for a bad stats, evaluation.text_samples, text_chars or text_drift_chars."""
+    """A one-line UserError for a bad stats or evaluation.text.* (settings.TextConfig)."""
     check_rules(cfg, [Rule("stats", lambda v: isinstance(v, bool), "true or false", may_be_absent=True)])
-    validate_text_settings(cfg.evaluation)
-    if cfg.get("stats") and not cfg.evaluation.get("text_samples", TextSettings.samples):
-        raise UserError("stats=true measures evaluation.text_samples samples per setting, which is 0: "
+    if cfg.get("stats") and not TextConfig.of(cfg.evaluation.get("text")).samples:
+        raise UserError("stats=true measures evaluation.text.samples samples per setting, which is 0: "
                         "give an integer >= 1")
 
 
 def stats_settings(cfg: DictConfig, seq_len: int) -> TextSettings:
-    """The text statistics' settings: the evaluation group's, windowed at evaluation.window (null: seq_len)."""
-    return text_settings(cfg.evaluation, seq_len, cfg.seed)
+    """The text statistics' settings: evaluation.text's, windowed at evaluation.window (null: seq_len)."""
+    settings = EvaluationSettings.of(cfg.evaluation, seq_len)
+    return TextSettings.of(settings.text, settings.window, cfg.seed)
 
 
 def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:
@@ -237,14 +224,14 @@ def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:
     settings, n = stats_settings(cfg, 1), len(splits.val_text)
     where = f"the validation split of {display_path(splits.source)} has {n:,} characters"
     if settings.chars > n:
-        raise UserError(f"invalid evaluation.text_chars={settings.chars}: the reference is slices of the validation "
+        raise UserError(f"invalid evaluation.text.chars={settings.chars}: the reference is slices of the validation "
                         f"split as long as the samples, and {where}")
     if settings.drift_chars and settings.stretch_chars > n:
         raise UserError(f"the drift's reference is slices of {settings.stretch_chars} characters, and {where}; "
-                        "turn the drift off with evaluation.text_drift_chars=0")
+                        "turn the drift off with evaluation.text.drift_chars=0")
 
 
-def measure_run_text(cfg: DictConfig, model, tokenizer, splits: Splits, seq_len: int, checkpoint: Path) -> dict:
+def measure_checkpoint_text(cfg: DictConfig, model, tokenizer, splits: Splits, seq_len: int, checkpoint: Path) -> dict:
     """The text statistics of the model's samples in every mode × decoder (study/text_protocol.py),
     windowed at evaluation.window (null: the training seq_len): printed, and written to stats.json
     with the texts they were computed on. The training split's index is counted once per corpus and

@@ -22,57 +22,48 @@ from gru_experiments.study.inference import (
     spellable_prompts,
     tokens_for_chars,
 )
+from gru_experiments.study.plan import BEST, FINAL, Request
 from gru_experiments.study.progress import NO_PROGRESS, Progress
-from gru_experiments.study.recall import format_recall, score_recall
 from gru_experiments.study.scores import Split, score_chunks
-from gru_experiments.study.target_classes import TargetClasses, split_classes
+from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
-from gru_experiments.study.text_protocol import (
-    TextSettings,
-    fitting,
-    format_text_statistics,
-    measure_text,
-    settings_for,
-    text_demand,
-    text_settings,
-)
+
+
+def run_request(cfg: DictConfig, model, val: Split, training_tokens, purpose: str = FINAL, *, tokenizer=None,
+                train_ids=None, probe=None, text_index=None, seq_len: int | None = None) -> Request:
+    """The evaluation Request of a run's config (study/plan.py): its settings, its seed and its training
+    split's index for the text statistics (counted once per corpus: TrainingIndex.cached)."""
+    def index():
+        return TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
+    settings = EvaluationSettings.of(cfg.evaluation, seq_len or cfg.data.seq_len)
+    return Request(model, val, settings, training_tokens, purpose,
+                   tokenizer, train_ids, probe, int(cfg.get("seed", 0)), text_index or index)
 
 
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None) -> dict:
-    """Adds every figure of the final weights and of the best checkpoint to `summary` (with
-    `eval_seconds`), logs them, and returns the samples (with the texts the text statistics measured).
-    A bar per pass (trainer.enable_progress_bar)."""
+    """Adds every figure of the final weights (every entry of study/evaluation.py) and of the best
+    checkpoint to `summary` (with `eval_seconds`), logs them, and returns the samples (with the texts
+    the text statistics measured). A bar per pass (trainer.enable_progress_bar)."""
     started = time.perf_counter()
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
-    text = run_text_settings(cfg, val)
-    plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"],
-                    text=text_demand(model, tokenizer, val, text))
+    request = run_request(cfg, model, val, summary["train_tokens"], tokenizer=tokenizer, train_ids=train_ids,
+                          probe=probe)
+    plan = plan_for(request)
     if plan.budget is None:  # no budget bounds it: say what it asks for before it starts
         print(f"evaluation: every figure exact (evaluation.budget=null), {plan.forward_tokens:,} forward tokens "
               f"({plan.forward_tokens / max(summary['train_tokens'], 1):,.1f} per token trained), a bar per pass")
-    evaluation = evaluate(model, train_ids, val, plan, progress=progress, classes=classes_of(val, tokenizer, plan))
-    summary |= evaluation.metrics() | {"mode_evaluation": evaluation.settings, "context_curve": evaluation.curve,
-                                       "eval_whole_split": plan.exact}
-    measured = plan.text and measure_run_text(cfg, model, tokenizer, train_ids, val, settings_for(text, plan.text),
-                                              Progress(progress.enabled, "text statistics"))
-    if probe is not None:  # the planted-recall control (data/recall_probe.py)
-        summary["recall"] = score_recall(model, probe.validation, seq_len=cfg.data.seq_len, window=plan.window,
-                                         keys=probe.settings.keys, progress=progress)
+    evaluation = evaluate(request, plan, progress)
+    summary |= evaluation.summary()
     summary["best"] = score_best(cfg, summary, train_ids, val, model.device,
                                  Progress(progress.enabled, "evaluation, best checkpoint"))
     prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
-    samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(
-        cfg.evaluation.sample_chars, val), decoding=Decoding(temperature=cfg.evaluation.sample_temperature),
-        seed=cfg.seed)
-    if measured:
-        summary["text"] = {key: value for key, value in measured.items() if key != "texts"}
-        samples["text"] = measured["texts"]
+    settings = request.settings.samples
+    samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(settings.chars, val),
+                                   decoding=Decoding(temperature=settings.temperature), seed=cfg.seed)
+    if evaluation.results.get("text"):
+        samples["text"] = evaluation.results["text"]["texts"]
     summary["eval_seconds"] = time.perf_counter() - started
     print(describe(evaluation, summary))
-    if measured:
-        print(format_text_statistics(measured))
-    if probe is not None:
-        print(format_recall(summary["recall"]))
     for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
         print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
     if logger:
@@ -80,38 +71,11 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     return samples
 
 
-def classes_of(val: Split, tokenizer, plan) -> TargetClasses:
-    """The kinds of target of the validation split, for the curve by class (study/target_classes.py)."""
-    longest = max((f.context for f in plan.figures if f.name.startswith("curve ")), default=None)
-    return split_classes(val.ids.cpu(), tokenizer, plan.window, longest)
-
-
-def run_text_settings(cfg: DictConfig, val: Split) -> TextSettings | None:
-    """The text statistics a run's evaluation asks for and its validation split affords (None:
-    evaluation.text_samples is 0, or the split is shorter than a sample: it says so)."""
-    asked = text_settings(cfg.evaluation, cfg.data.seq_len, cfg.seed)
-    settings = fitting(asked, val.characters)
-    if asked is not None and settings is None:
-        print(f"text statistics left out: the validation split has {val.characters:,} characters, fewer than "
-              f"a sample's evaluation.text_chars={asked.chars}")
-    return settings
-
-
-def measure_run_text(cfg: DictConfig, model, tokenizer, train_ids, val: Split, settings: TextSettings,
-                     progress) -> dict:
-    """The text statistics of the final weights (study/text_protocol.py), as the plan cut them, with
-    their seconds; the training split's index counted once per corpus (TrainingIndex.cached)."""
-    started = time.perf_counter()
-    index = TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
-    measured = measure_text(model, tokenizer, index, tokenizer.decode(val.ids.tolist()), settings,
-                            val_ids=val.ids, progress=progress)
-    return measured | {"seconds": time.perf_counter() - started}
-
-
 def describe(evaluation: Evaluation, summary: dict) -> str:
     """The final weights' evaluation for the log, with the best checkpoint's."""
+    modes, *others = evaluation.descriptions()
     return (f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
-            f"{evaluation.describe()}\n{format_best(summary['best'])}")
+            f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
 
 
 def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, progress=NO_PROGRESS) -> dict:
@@ -129,8 +93,8 @@ def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, pr
     model = load_checkpoint(path, map_location=device).model.to(device)
     val = val.to(device)
     chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
-    plan = plan_for(model, val.n_targets, cfg.data.seq_len, cfg.evaluation, summary["train_tokens"], curve=False)
-    metrics = evaluate(model, train_ids, val, plan, progress=progress).metrics()
+    metrics = evaluate(run_request(cfg, model, val, summary["train_tokens"], BEST, train_ids=train_ids),
+                       progress=progress).summary()
     return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
 
 
@@ -144,9 +108,9 @@ def format_best(best: dict) -> str:
 
 def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict) -> None:
     """The figures, the curve and the best checkpoint's figures to the loggers (W&B: a plot and tables)."""
-    step = summary["train_steps"]
-    logger.log_metrics({f"modes/{k}": v for k, v in evaluation.metrics().items()}, step=step)
-    logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(evaluation.curve)}, step=step)
+    step, modes = summary["train_steps"], evaluation.modes
+    logger.log_metrics({f"modes/{k}": v for k, v in modes.metrics().items()}, step=step)
+    logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(modes.curve)}, step=step)
     logger.log_metrics({f"best/{k}": v for k, v in summary["best"].items() if isinstance(v, (int, float))
                         and not isinstance(v, bool)}, step=step)
     text = summary.get("text") or {"modes": {}}
@@ -154,8 +118,8 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
                         for decoder, figures in by_decoder.items() for name, figure in figures.items()
                         if figure["value"] is not None}, step=step)
     if is_wandb(logger):
-        if evaluation.curve:
-            log_curve_to_wandb(logger, evaluation.curve, summary["model"])
+        if modes.curve:
+            log_curve_to_wandb(logger, modes.curve, summary["model"])
         logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
                          data=[list(row) for row in zip(samples["prompts"], samples["stateful"], samples["stateless"])])
     logger.save()

@@ -143,10 +143,10 @@ def fit_or_count(run: Run, current) -> None:
         run.logger.log_metrics({"parameters": run.parameters})
     epoch_tokens = cfg.data.steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
     tokenizer = run.corpus.tokenizer
-    modes = ModesOverTraining(run.val, cfg.data.seq_len, cfg.evaluation, epoch_tokens, tokenizer,
-                              tokenizer.decode(run.corpus.train_ids.tolist()), cfg.seed)
+    modes = ModesOverTraining(cfg, run.val, epoch_tokens, tokenizer, tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
-                 CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes)]
+                 CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes,
+                              train_ids=run.corpus.train_ids, probe=run.corpus.probe)]
     run.trainer = instantiate(cfg.trainer, logger=run.logger, plugins=[checkpoint_io], callbacks=callbacks)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
@@ -191,6 +191,7 @@ def summarize(run: Run, current) -> dict:
         "parameters": run.parameters,
         "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
         "training_mode": run.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
+        "seq_len": cfg.data.seq_len,  # the training window
         "probe": "recall" if run.corpus.probe is not None else None,  # probe=recall: pairs planted in training
         "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,

@@ -1,11 +1,6 @@
 """The context curve and stateful - windowed by kind of target (target_classes.py): each figure of the
-curve recomputed on the targets of one class, from the NLLs its passes kept (docs/evaluation.md).
-
-A point up to the training window is the class's mean over the targets the point scored; a point past
-it is the class's seq_len point plus the class's paired difference from the reference pass, as the
-whole curve's is (evaluation._curve_point); "stateful" is over the warm targets the stateful pass kept
-(those paired with the windowed figure). Each figure's "se" is the standard error of the class's mean
-(Score.bpc_se): what separates two classes' figures, not a sampling error.
+curve recomputed on one class's targets, from the NLLs its passes kept; each "se" the standard error of
+the class's mean (docs/evaluation.md#the-context-curve-by-kind-of-target).
 """
 
 from __future__ import annotations

@@ -1,57 +1,56 @@
-"""Running an evaluation's plan (plan.py) on the validation split: every inference mode, the bigram
-baseline, the context curve and stateful - windowed, each figure as the plan says (docs/evaluation.md).
-The `evaluation` config group's settings become a plan in `plan_for`; `evaluate` runs any plan."""
+"""The evaluation as a registry of entries, and its one entry point (docs/evaluation.md).
+
+An entry (plan.Entry) is one kind of figure: the inference modes with the bigram, the context curve
+and stateful - windowed (`ModesEntry`, the plan's own passes), the text statistics and the word
+validity over training (text_protocol.py), the recall figures (recall.py). `plan_for(request)` builds
+the plan of a Request (plan.py) from every entry in ENTRIES; `evaluate(request)` runs it and gives each
+entry its results. The end-of-run evaluation, the best checkpoint's, the modes over training,
+`sample.py evaluate=true` and the cost estimate all go through these two. A new figure is one entry
+appended to ENTRIES.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
-from torch import Tensor
+from dataclasses import dataclass, replace
 
 from gru_experiments.study.class_curve import curve_by_class
 from gru_experiments.study.context_curve import CurvePoint, curve_record, format_curve
 from gru_experiments.study.plan import (
     BIGRAM,
+    FINAL,
+    OVER_TRAINING,
     STATE_GAIN,
     STATEFUL,
     STATELESS,
-    TEXT,
     WINDOWED,
-    Pass,
+    Entry,
     Plan,
+    Request,
     plan_evaluation,
 )
 from gru_experiments.study.progress import NO_PROGRESS
-from gru_experiments.study.scores import (
-    Score,
-    Split,
-    paired_difference,
-    score_at,
-    score_bigram,
-    score_contexts,
-    score_in_one_pass,
-    score_stateful,
-    score_stateless,
-)
-from gru_experiments.study.target_classes import TargetClasses
+from gru_experiments.study.recall import RecallEntry
+from gru_experiments.study.scores import Score, Split, paired_difference, score_at
+from gru_experiments.study.settings import EvaluationSettings
+from gru_experiments.study.target_classes import split_classes
+from gru_experiments.study.text_protocol import TextEntry, WordValidityEntry
 
 # What an evaluation reports per mode: each inference mode, the bigram.
 FIGURES = (STATEFUL, STATELESS, WINDOWED, BIGRAM)
 
 
 @dataclass
-class Evaluation:
+class ModeEvaluation:
+    """The modes' entry's result: every mode's Score, the context curve, stateful - windowed."""
     plan: Plan
     scores: dict[str, Score]  # stateful, stateless, windowed, bigram (those planned)
     curve: dict | None = None  # {"1": bpc, ..., "stateful": bpc, "settings": {...}}
     gain: Score | None = None  # stateful - windowed, paired (paired_difference), warm targets only
 
     def metrics(self) -> dict:
-        """<mode>_nll, <mode>_bpc and <mode>_bpc_se: the standard error of the bpc as a mean over the
-        targets scored, taken as independent draws from text like the split's (Score.bpc_se). It is
-        what separates two models' figures (finding 7), not a sampling error: a whole-split figure has
-        it too. And state_gain_bpc, state_gain_se: stateful - windowed, paired."""
+        """<mode>_nll, <mode>_bpc and <mode>_bpc_se (Score.bpc_se: what separates two models' figures, which
+        a whole-split figure has too); state_gain_bpc, state_gain_se: stateful - windowed, paired."""
         metrics = {}
         for mode, score in self.scores.items():
             metrics |= {f"{mode}_nll": score.nll, f"{mode}_bpc": score.bpc, f"{mode}_bpc_se": score.bpc_se}
@@ -101,63 +100,99 @@ class Evaluation:
         return "\n".join(lines)
 
 
-def plan_for(model, n_targets: int, seq_len: int, settings, training_tokens: int | None, **figures) -> Plan:
-    """The plan an `evaluation` config group asks for (conf/evaluation/default.yaml): budget forward
-    tokens per training token (None: exact), the windowed mode's window (None: seq_len), the streams,
-    the curve's longest point. `figures`: plan_evaluation's windowed, bigram, curve."""
-    ratio = settings.get("budget")
-    budget = None if ratio is None or not training_tokens else math.floor(float(ratio) * training_tokens)
-    return plan_evaluation(model, n_targets, seq_len=seq_len, window=evaluation_window(settings, seq_len),
-                           streams=int(settings.get("streams", 64)), budget=budget,
-                           curve_longest=settings.get("curve_longest"), **figures)
+class ModesEntry(Entry):
+    """The inference modes, the bigram, the context curve and stateful - windowed: the plan's own passes
+    (plan_evaluation), which every evaluation has."""
+    name = "modes"
+
+    def run(self, request: Request, plan: Plan, results: list[dict]) -> ModeEvaluation:
+        classes = None
+        if request.purpose == FINAL and request.tokenizer is not None:  # the curve by kind of target
+            longest = max((f.context for f in plan.curve()), default=None)
+            classes = split_classes(request.val.ids.cpu(), request.tokenizer, plan.window, longest)
+        return score_modes(request.val, plan, results, classes)
+
+    def summary(self, result: ModeEvaluation) -> dict:
+        return result.metrics() | {"mode_evaluation": result.settings, "context_curve": result.curve,
+                                   "eval_whole_split": result.plan.exact}
+
+    def describe(self, result: ModeEvaluation) -> str:
+        return result.describe()
 
 
-def evaluation_window(settings, seq_len: int) -> int:
-    """The windowed mode's context: evaluation.window (the one key, for scoring and sampling),
-    null meaning the training window data.seq_len."""
-    return int(settings.get("window") or seq_len)
+ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
 
 
-def evaluate(model, train_ids: Tensor, val: Split, plan: Plan, progress=NO_PROGRESS,
-             classes: TargetClasses | None = None) -> Evaluation:
-    """Every pass of `plan`, then its figures. `progress`: a bar per pass (progress.py). With `classes`
-    (target_classes.py) and a curve, the curve and stateful - windowed by kind of target too
-    (curve["by_class"])."""
-    val = val.to(model.device)
-    results = [run_pass(model, train_ids, val, p, progress) for p in plan.passes]
+def plan_for(request: Request) -> Plan:
+    """The plan of `request`: the modes' figures its purpose asks for (FINAL: everything; BEST: no
+    curve; OVER_TRAINING: stateful and stateless), within its budget, with every entry's units."""
+    s: EvaluationSettings = request.settings
+    final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
+    tokens = request.training_tokens
+    budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
+    extra = [unit for entry in ENTRIES for unit in entry.units(request)]
+    return plan_evaluation(request.model, request.val.n_targets, seq_len=s.seq_len, window=s.window,
+                           streams=s.streams, budget=budget, windowed=not training, bigram=not training,
+                           curve=final, curve_longest=s.curve_longest, extra=extra)
+
+
+@dataclass
+class Evaluation:
+    """Every entry's result of one evaluation (`results`: entry name -> result)."""
+    plan: Plan
+    results: dict
+
+    @property
+    def modes(self) -> ModeEvaluation:
+        return self.results["modes"]
+
+    def summary(self) -> dict:
+        """Every entry's part of summary.json."""
+        out = {}
+        for entry in ENTRIES:
+            if self.results.get(entry.name) is not None:
+                out |= entry.summary(self.results[entry.name])
+        return out
+
+    def descriptions(self) -> list[str]:
+        """Every entry's lines for the log, an item per entry (the modes' first)."""
+        lines = (entry.describe(self.results[entry.name]) for entry in ENTRIES
+                 if self.results.get(entry.name) is not None)
+        return [line for line in lines if line]
+
+
+def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
+             skip: tuple[str, ...] = ()) -> Evaluation:
+    """Every pass of the plan (`plan_for(request)` unless given; the entries in `skip` planned but not
+    run: sample.py evaluate=true plans the run's text statistics without drawing them), then each
+    entry's result from its own passes' results. `progress`: a bar per pass (progress.py)."""
+    plan = plan or plan_for(request)
+    request = replace(request, val=request.val.to(request.model.device))
+    results = [{} if owner in skip else p.run(request, progress) for p, owner in zip(plan.passes, plan.owners)]
+    out = {}
+    for entry in ENTRIES:
+        own = [r for r, owner in zip(results, plan.owners) if owner == entry.name]
+        if entry.name == ModesEntry.name:  # the modes' figures index every pass of the plan
+            out[entry.name] = entry.run(request, plan, results)
+        elif own and entry.name not in skip:
+            out[entry.name] = entry.run(request, plan, own)
+    return Evaluation(plan, out)
+
+
+def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:
+    """The modes' figures from the results of the plan's passes. With `classes` (target_classes.py) and
+    a curve, the curve and stateful - windowed by kind of target too (curve["by_class"])."""
     scores, curve_scores = {}, {}
     for figure in plan.figures:
-        first = results[figure.passes[0]] if figure.passes else {}
         if figure.name in FIGURES:
-            scores[figure.name] = score_at(first, figure.context)
-        elif figure.name.startswith("curve "):
-            curve_scores[figure.context] = _curve_point(figure, results, curve_scores, plan, val)
+            scores[figure.name] = score_at(results[figure.passes[0]], figure.context)
+    for figure in plan.curve():
+        curve_scores[figure.context] = _curve_point(figure, results, curve_scores, plan, val)
     curve = curve_record(plan, curve_scores, scores[STATEFUL]) if curve_scores else None
     gain = paired_difference(scores[STATEFUL], scores[WINDOWED], val) if plan.figure(STATE_GAIN) else None
     if classes is not None and curve is not None and gain is not None:
         curve["by_class"] = curve_by_class(plan, results, scores, classes, val)
-    return Evaluation(plan, scores, curve, gain)
-
-
-def run_pass(model, train_ids: Tensor, val: Split, p: Pass, progress=NO_PROGRESS) -> dict:
-    """{context: Score} of one pass (context None: the pass's one figure)."""
-    n, keep = val.n_targets, p.keep_after is not None
-    if p.kind == TEXT:  # the text statistics' samples: drawn by the caller (runs/scoring.py), as the plan cut them
-        return {}
-    if p.kind == "vocabulary":
-        return {None: score_stateless(model, val)}
-    if p.kind == "count":
-        return {None: score_bigram(train_ids, val)}
-    if p.kind == "stateful":
-        with progress.phase("stateful" + ("" if p.stride == 1 else f", one stream in {p.stride}"), p.targets) as tick:
-            return {None: score_stateful(model, val, p.window, p.streams, targets_after=p.keep_after, tick=tick,
-                                         stride=p.stride)}
-    if p.kind == "one_pass":
-        with progress.phase("whole context, one pass", n) as tick:
-            return {None: score_in_one_pass(model, val, targets=keep, tick=tick)}
-    label = f"windows of {p.window}" + ("" if p.stride == 1 else f", one target in {p.stride}")
-    with progress.phase(label, len(range(1, n + 1, p.stride)) * p.window) as tick:
-        return score_contexts(model, val, p.window, p.contexts, p.stride, targets=keep, tick=tick)
+    return ModeEvaluation(plan, scores, curve, gain)
 
 
 def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> CurvePoint:

@@ -1,30 +1,21 @@
-"""The recall figures of the planted-recall probe (data/recall_probe.py): how many bits a model spends
-on a recalled key, by the pair's distance, in each inference mode (docs/evaluation.md).
-
-    stateful   the plantings side by side as rows, run in chunks of seq_len with the state carried:
-               the key predicted from all the text before it (a model of its last `context` tokens,
-               as the transformer: from those tokens, per target, which is what carrying them gives)
-    windowed   each recalled key from its own window of the `window` tokens before it, from the
-               initial state: a pair longer than the window has its first key outside
-    stateless  each recalled key from the closing marker alone: what no memory at all gives
-
-A model without memory can do no better than log2 K bits per key (K keys, drawn uniformly); one that
-remembers the first key approaches 0. Its memory horizon in each mode (`horizon`): the longest distance
-up to which every recall is under 1 bit, and the distance where the curve crosses 2 bits. Every figure
-is exact: every recall target of every planting, outside the evaluation's budget, like the stateless
-table (a control must hold its stated targets; it costs the plantings' tokens once, statefully, and a
-window per recall target).
+"""The recall figures of the planted-recall probe (data/recall_probe.py): the bits a model spends on a
+recalled key, by the pair's distance, in each inference mode, and each mode's memory horizon; exact and
+outside the budget, an entry of the evaluation (docs/evaluation.md#the-planted-recall-control).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.passes import Pass
+from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import stateless_log_probs
 
@@ -99,13 +90,65 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, prog
     stateless = table[ids[rows, positions - 1], ids[rows, positions]].double().cpu()
     bits = {mode: -lp / math.log(2) for mode, lp in zip(RECALL_MODES, (stateful, windowed, stateless))}
     distances = distances.cpu()
-    by_distance = {str(d): {mode: mean_and_se(bits[mode][distances == d]) for mode in RECALL_MODES}
+    by_distance = {str(d): {mode: bits_and_se(bits[mode][distances == d]) for mode in RECALL_MODES}
                    for d in sorted(set(distances.tolist()))}
     return {"keys": keys, "chance_bits": math.log2(keys), "distances": sorted(set(distances.tolist())),
             "plantings": len(plantings), "seq_len": seq_len, "window": window, "by_distance": by_distance,
             "horizon": {mode: horizon(by_distance, mode) for mode in RECALL_MODES},
             "forward_tokens": forward + windowed_forward + model.vocab_size * model.forward_cost(0, 1),
             "note": ORDINARY_FIGURES.format(plantings=len(plantings))}
+
+
+def recall_forward_tokens(model, plantings, seq_len: int, window: int) -> int:
+    """The forward tokens score_recall runs, counted without running it: the plantings as rows in chunks
+    (or, a finite-context model, each target from its last `context` tokens), each target from its
+    window, and the stateless table."""
+    positions = torch.cat([p.recall for p in plantings])
+    def per_target(w: int) -> int:
+        lengths, counts = positions.clamp(max=w).unique(return_counts=True)
+        return sum(int(c) * model.forward_cost(0, int(n)) for n, c in zip(lengths, counts))
+    length = plantings[0].ids.numel()
+    stateful = (len(plantings) * sum(model.forward_cost(start, min(seq_len, length - start))
+                                     for start in range(0, length - 1, seq_len))
+                if model.context is None else per_target(model.context))
+    return stateful + per_target(window) + model.vocab_size * model.forward_cost(0, 1)
+
+
+@dataclass(frozen=True)
+class RecallPass(Pass):
+    """Every recall target of every planting, in the three modes (score_recall): exact, outside the budget."""
+    kind: ClassVar[str] = "recall"
+    plantings: tuple = field(default=(), compare=False, repr=False)
+    seq_len: int = 0
+    window: int = 0
+    keys: int = 0
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        return {None: score_recall(request.model, list(self.plantings), seq_len=self.seq_len, window=self.window,
+                                   keys=self.keys, progress=progress)}
+
+
+class RecallEntry(Entry):
+    """The planted-recall figures of a probe run (summary.json's `recall`), at the end of the run."""
+    name = "recall"
+
+    def units(self, request: Request) -> list[Unit]:
+        probe, s = request.probe, request.settings
+        if probe is None or request.purpose != FINAL:
+            return []
+        plantings = tuple(probe.validation)
+        recall = RecallPass(sum(p.recall.numel() for p in plantings),
+                            recall_forward_tokens(request.model, plantings, s.seq_len, s.window),
+                            plantings=plantings, seq_len=s.seq_len, window=s.window, keys=probe.settings.keys)
+        return [Unit(lambda stride: [recall], lambda ps, i: [Figure("recall", None, 0, ps[0].targets,
+                                                                    ps[0].forward_tokens, (i,), Kind.OTHER)],
+                     True, priority=90, owner=self.name)]
+
+    def summary(self, result: dict) -> dict:
+        return {"recall": result}
+
+    def describe(self, result: dict) -> str:
+        return format_recall(result)
 
 
 REMEMBERED_BITS = 1.0  # the horizon: every distance up to it recalled in under this many bits
@@ -139,7 +182,7 @@ def horizon(by_distance: dict, mode: str) -> dict:
     return {"remembered": remembered, "crosses_2_bits": crossed, "crossing": crossing}
 
 
-def mean_and_se(bits: Tensor) -> dict:
+def bits_and_se(bits: Tensor) -> dict:
     """{"bits": mean, "se": standard error of the mean, "targets": n}."""
     n = bits.numel()
     se = float(bits.std(unbiased=True) / math.sqrt(n)) if n > 1 else None

@@ -1,24 +1,7 @@
-"""Scoring a model on a split: NLL per token and bits per character, in every inference mode.
-
-Bits per character makes char and subword models comparable: the split's total NLL (in bits)
-divided by the number of characters its scored tokens decode to.
-
-    score_chunks       the training-time validation pass: the split cut into chunks of seq_len, each
-                       chunk from a zero state (val_loss, val_bpc)
-    score_stateful     the inference mode "stateful": the state carried through the whole split
-    score_stateless    the mode "stateless": every target from its previous token alone
-    score_windowed     the mode "windowed": every target from its own window of the `window` tokens
-                       before it, from a zero state (exact; the evaluation samples it through score_contexts)
-    score_contexts     windows of a length for every stride-th target, which give every shorter context
-                       too (the windowed figure's and the context curve's engine)
-    score_in_one_pass  one stream, the state carried: a finite-context model's whole context
-    score_bigram       the count-based bigram baseline of the training split
-    paired_difference  one figure minus another, target by target, with its standard error: e.g.
-                       stateful - windowed, what carrying the state buys beyond the window
-
-Every Score knows the targets it was drawn from (`population`) and the forward tokens it ran
-(`model.forward_cost` per call), which the evaluation's plan (plan.py) predicts exactly. What to
-score with which stride is the plan's; running it all is evaluation.py's.
+"""Scoring a model on a split, in every inference mode: NLL per token and bits per character (the
+split's NLL in bits over the characters its scored tokens decode to, which makes char and subword
+models comparable). Every Score knows the targets it was drawn from (`population`) and the forward
+tokens it ran, which the plan (plan.py) predicts exactly; which targets, positions.py says.
 """
 
 from __future__ import annotations
@@ -34,7 +17,9 @@ from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.inference import eval_mode
-from gru_experiments.study.plan import ONE_PASS_CHUNK
+from gru_experiments.study.positions import stream_layout, window_targets
+
+ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this many tokens
 
 
 @dataclass(frozen=True)
@@ -172,8 +157,7 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     stride-th stream only (streams 0, stride, ...), whole: a sample of the figure."""
     ids, keep = split.ids, targets_after is not None
     n_targets = split.n_targets
-    streams = max(1, min(streams, n_targets))
-    length = -(-n_targets // streams)
+    streams, length = stream_layout(n_targets, streams)
     inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
     targets = torch.full((streams * length,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
     inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
@@ -265,11 +249,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
     it. So the windows of every target (one forward pass each) give every shorter context too, at
     no extra forward cost. targets=True keeps every target's NLL (Score.positions).
 
-    Context w scores the targets u = w + 1 - window + stride * i (every stride-th target, the same
-    sample as the full window's, shifted): those with u <= w from the prefix pass (all their
-    history), the others from the window starting at u - w, and the last window - w of them (whose
-    windows would run past the split) from their own window of w tokens. plan.windows_pass counts
-    the same without running it.
+    Which targets each context scores is positions.window_targets's, which the plan counts.
     """
     if stride < 1 or any(not 1 <= w <= window for w in contexts):
         raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
@@ -288,13 +268,11 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
         logits, _ = model(ids[:window].unsqueeze(0))
         forward += model.forward_cost(0, logits.shape[1])
         for w in contexts:
-            head = torch.arange(1, min(w, n) + 1, device=device)
-            head = head[(head - (w + 1 - window)) % stride == 0]
+            head = _positions(window_targets(n, window, w, stride)[0], device)
             if head.numel():
                 add(w, logits[0, head - 1], head)
         # The windows ids[s : s + window] of the full window's targets t = s + window in (window, n].
-        starts = torch.arange(1, max(n - window + 1, 1), device=device)
-        starts = starts[(starts + window - 1) % stride == 0]
+        starts = _positions(window_targets(n, window, window, stride)[1], device)
         offsets = torch.arange(window, device=device)
         for chunk in starts.split(max(1, WINDOW_BATCH_TOKENS // window)) if starts.numel() else ():
             logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
@@ -305,8 +283,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
                 tick(chunk.numel() * window)
         # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
         for w in contexts:
-            tail = torch.arange(min(max(n - window + w, w), n) + 1, n + 1, device=device)
-            tail = tail[(tail - (w + 1 - window)) % stride == 0]
+            tail = _positions(window_targets(n, window, w, stride)[2], device)
             if tail.numel():
                 logits, _ = model(ids[tail.unsqueeze(1) + torch.arange(-w, 0, device=device)])
                 forward += tail.numel() * model.forward_cost(0, w)
@@ -316,6 +293,12 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
     if targets:
         return {w: totals[w].with_targets(*kept[w]) if kept[w][0] else totals[w] for w in contexts}
     return totals
+
+
+def _positions(targets: range, device) -> Tensor:
+    if not len(targets):
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.arange(targets.start, targets.stop, targets.step, device=device, dtype=torch.long)
 
 
 @torch.no_grad()
@@ -342,7 +325,7 @@ def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets:
 
 
 def score_at(result: dict, context) -> Score:
-    """A pass's Score at `context` ({context: Score}, as evaluation.run_pass gives them): a pass of one
+    """A pass's Score at `context` ({context: Score}, as a pass's run gives them): a pass of one
     figure (None), or windows of a finite-context model that hold all it sees: its longest."""
     if context in result:
         return result[context]

@@ -1,46 +1,19 @@
-"""The sampling protocol of the text statistics (study/text_stats.py): every inference mode × every
-decoder, measured beside held-out text, a floor and a ceiling, and the drift along long generations.
-
-    DECODERS                 greedy, temperature_0.8 (the seed's), top_k_30 (the seed's, at
-                             temperature 1), top_p_0.9 (temperature 1), pure (temperature 1)
-    TextSettings             N samples of L characters, the window, the seed, the drift's length
-    measure_text             draws every setting's samples and measures them: a JSON-able record
-    format_text_statistics   the record as a table, and the drift, for the log
-
-The settings. For each mode (stateful; windowed at `window` tokens; stateless) and each decoder, N
-samples of L characters continue the study's prompts that the vocabulary spells
-(inference.spellable_prompts): the N samples are shared among the prompts as evenly as they go
-(the first prompts take one more), each prompt's drawn as one batch with the generator of
-inference.prompt_seed(seed, prompt) (inference.sample_texts), so every setting continues the same
-prompts with the same seeds. A subword model draws inference.tokens_for_chars(L) tokens, about L
-characters at the validation split's mean token length. The statistics are those of the
-continuations alone: the prompt is not the model's text.
-
-Beside them: the reference, N slices of L characters of the validation split
-(text_stats.reference_slices, seeded with `seed`; its own line_shape against N other slices, seed
-+ 1); the floor and the ceiling, N uniform random strings and N copies of a looped phrase of L
-characters (text_stats.floor_and_ceiling_texts). Each setting's line_shape is measured against the
-reference.
-
-Drift. For stateful and windowed, `drift_samples` generations of `drift_chars` characters, pure
-sampling, from the same prompts and seeds: the statistics of each consecutive stretch of
-`stretch_chars` characters (stretch k of every generation together, line_shape against N reference
-slices of that length); a tail shorter than a stretch is left out. Carrying the state either keeps a
-long text together or lets it drift; a window restarts from scratch at every step.
-
-Cost, in forward tokens (the progress bars' unit; `sampling_cost`): a token per generated token in
-stateful and stateless, the context so far up to the window per generated token in windowed. The
-record's settings hold the forward tokens of each mode and in all.
+"""The sampling protocol of the text statistics (text_stats.py): every inference mode x every decoder,
+each continuing the study's prompts with the same seeds (inference.prompt_seed), measured beside
+held-out text, a floor and a ceiling, and the drift along long generations; and the two evaluation
+entries that draw them (at the end of a run, and the short samples over training). The protocol,
+its settings and its cost: docs/evaluation.md#the-generated-text-measured.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from gru_experiments.data.tokenizers import encode_prompt
-from gru_experiments.study.evaluation import evaluation_window
 from gru_experiments.study.inference import (
     STUDY_PROMPTS,
     Decoding,
@@ -48,23 +21,25 @@ from gru_experiments.study.inference import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.plan import Pass, TextDemand
-from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.passes import Pass
+from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Kind, Request, Unit
+from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
-from gru_experiments.study.text_index import SPAN, TrainingIndex
+from gru_experiments.study.settings import STRETCH_CHARS, TextConfig
+from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_stats import (
     STATISTICS,
     floor_and_ceiling_texts,
-    mean_and_se,
     reference_slices,
     text_statistics,
+    value_and_se,
     word_validity,
 )
-from gru_experiments.validation import Rule, check_rules, int_at_least, is_int
+from gru_experiments.validation import int_at_least, is_int
 
 DECODERS = {
     "greedy": Decoding(greedy=True),
-    "temperature_0.8": Decoding(temperature=0.8),
+    "temperature_0.8": Decoding(temperature=0.8),  # the original study's, as top_k_30
     "top_k_30": Decoding(top_k=30),
     "top_p_0.9": Decoding(top_p=0.9),
     "pure": Decoding(),
@@ -73,7 +48,6 @@ TEXT_MODES = ("stateful", "windowed", "stateless")  # the table's order
 DRIFT_MODES = ("stateful", "windowed")
 DRIFT_DECODER = "pure"
 DRIFT_SHOWN = ("word_validity", "reference_bpc", "seq_rep_4")  # the drift's columns in the log
-STRETCH_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -83,11 +57,11 @@ class TextSettings:
     drift) cut into stretches of `stretch_chars`; the prompts to continue (those the vocabulary spells)."""
 
     window: int
-    samples: int = 12
-    chars: int = 300
+    samples: int = TextConfig.samples
+    chars: int = TextConfig.chars
     seed: int = 0
     drift_samples: int = 2
-    drift_chars: int = 4000
+    drift_chars: int = TextConfig.drift_chars
     stretch_chars: int = STRETCH_CHARS
     prompts: tuple[str, ...] = STUDY_PROMPTS
 
@@ -98,41 +72,12 @@ class TextSettings:
         if not (is_int(self.drift_chars) and self.drift_chars >= 0):
             raise ValueError(f"drift_chars must be an integer >= 0, got {self.drift_chars!r}")
 
-
-# Bounds on the text statistics' size, checked before any work: every sample per mode x decoder is drawn and
-# measured (about a second each for Astra-alpha on a CPU at the defaults, 12 of 300 characters), so these
-# stay within hours, with a bar per mode; past them the command would only seem to hang.
-MAX_TEXT_SAMPLES = 1_000
-MAX_TEXT_CHARS = 100_000  # a sample's characters, and the drift's
-
-
-def text_rules(stretch_chars: int = STRETCH_CHARS) -> list[Rule]:
-    """The rules of the evaluation group's text_samples (0: no text statistics), text_chars and
-    text_drift_chars (checked with prefix "evaluation.")."""
-    return [Rule("text_samples", lambda v: is_int(v) and 0 <= v <= MAX_TEXT_SAMPLES,
-                 f"an integer from 0 (no text statistics) to {MAX_TEXT_SAMPLES:,}", may_be_absent=True),
-            Rule("text_chars", lambda v: is_int(v) and SPAN <= v <= MAX_TEXT_CHARS,
-                 f"an integer from {SPAN} (copy_32's span) to {MAX_TEXT_CHARS:,}", may_be_absent=True),
-            Rule("text_drift_chars", lambda v: is_int(v) and (v == 0 or stretch_chars <= v <= MAX_TEXT_CHARS),
-                 f"0 (no drift) or an integer from {stretch_chars} (one stretch) to {MAX_TEXT_CHARS:,}",
-                 may_be_absent=True)]
-
-
-def validate_text_settings(settings, prefix: str = "evaluation.") -> None:
-    """A one-line UserError for a bad text_samples, text_chars or text_drift_chars (validation.check_rules)."""
-    check_rules(settings, text_rules(), prefix)
-
-
-def text_settings(evaluation, seq_len: int, seed: int) -> TextSettings | None:
-    """The TextSettings of an `evaluation` config group (text_samples, text_chars, text_drift_chars;
-    conf/evaluation/default.yaml), the windowed mode at its window (evaluation.evaluation_window: null
-    is the training seq_len); None when text_samples is 0."""
-    samples = evaluation.get("text_samples", TextSettings.samples)
-    if not samples:
-        return None
-    return TextSettings(window=evaluation_window(evaluation, seq_len), samples=int(samples), seed=int(seed),
-                        chars=int(evaluation.get("text_chars", TextSettings.chars)),
-                        drift_chars=int(evaluation.get("text_drift_chars", TextSettings.drift_chars)))
+    @classmethod
+    def of(cls, text: TextConfig, window: int, seed: int) -> "TextSettings | None":
+        """The settings of evaluation.text (settings.TextConfig), windowed at `window`; None for 0 samples."""
+        if not text.samples:
+            return None
+        return cls(window=window, samples=text.samples, chars=text.chars, seed=int(seed), drift_chars=text.drift_chars)
 
 
 def share_samples(n: int, prompts) -> list[tuple[str, int]]:
@@ -218,22 +163,61 @@ def fitting(settings: TextSettings | None, characters: int) -> TextSettings | No
     return settings if settings.stretch_chars <= characters else replace(settings, drift_chars=0)
 
 
-def text_demand(model, tokenizer, val: Split, settings: TextSettings | None) -> TextDemand | None:
-    """What measure_text would draw and its forward tokens, for the evaluation's plan (plan.py): the
-    plan may cut the samples (every k-th) and drop the drift to fit the budget (`settings_for`).
-    None for no settings (no text statistics asked, or none the split affords)."""
-    if settings is None:
-        return None
-    def cost(samples: int, drift: int) -> int:
-        main, long = _draws(model, tokenizer, val, replace(settings, samples=samples, drift_samples=max(drift, 1)))
-        return (len(DECODERS) * sum(main.cost(mode) for mode in TEXT_MODES)
+@dataclass(frozen=True)
+class TextPass(Pass):
+    """The text statistics' samples as the plan cut them: `targets` samples per mode x decoder, and the
+    drift's generations only when `drift` (exact); its cost is that of drawing them (`_draws`)."""
+    kind: ClassVar[str] = TEXT
+    drift: int = 0
+    settings: TextSettings | None = None
+
+    @classmethod
+    def plan(cls, model, tokenizer, val: Split, settings: TextSettings, stride: int) -> "TextPass":
+        """Every stride-th sample (one at the least); the drift only when exact."""
+        samples, drift = -(-settings.samples // stride), _drifts(settings) if stride == 1 else 0
+        cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
+        main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
+        cost = (len(DECODERS) * sum(main.cost(mode) for mode in TEXT_MODES)
                 + (sum(long.cost(mode) for mode in DRIFT_MODES) if drift else 0))
-    return TextDemand(settings.samples, _drifts(settings), cost)
+        return cls(samples, cost, stride, drift=drift, settings=cut)
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        started = time.perf_counter()
+        val = request.val
+        measured = measure_text(request.model, request.tokenizer, request.text_index(),
+                                request.tokenizer.decode(val.ids.tolist()), self.settings, val_ids=val.ids,
+                                progress=Progress(progress.enabled, "text statistics"))
+        return {None: measured | {"seconds": time.perf_counter() - started}}
 
 
-def settings_for(settings: TextSettings, planned: Pass) -> TextSettings:
-    """The settings a plan's text pass gives: its samples, and the drift only when it kept it."""
-    return replace(settings, samples=planned.targets, drift_chars=settings.drift_chars if planned.drift else 0)
+class TextEntry(Entry):
+    """The generated text measured, at the end of a run: every k-th sample within the budget, the drift only
+    when exact; left out when even two samples do not fit, or the split is shorter than a sample (a line)."""
+    name = TEXT
+
+    def units(self, request: Request) -> list[Unit]:
+        s = request.settings
+        asked = TextSettings.of(s.text, s.window, request.seed)
+        if request.purpose != FINAL or request.tokenizer is None or asked is None:
+            return []
+        settings = fitting(asked, request.val.characters)
+        if settings is None:
+            print(f"text statistics left out: the validation split has {request.val.characters:,} characters, "
+                  f"fewer than a sample's evaluation.text.chars={asked.chars}")
+            return []
+        return [Unit(lambda stride: [TextPass.plan(request.model, request.tokenizer, request.val, settings, stride)],
+                     _text_figure, False, max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT],
+                     owner=TEXT)]
+
+    def summary(self, result: dict) -> dict:
+        return {"text": {key: value for key, value in result.items() if key != "texts"}}
+
+    def describe(self, result: dict) -> str:
+        return format_text_statistics(result)
+
+
+def _text_figure(passes, index: int) -> list[Figure]:
+    return [Figure(TEXT, None, 0, passes[0].targets, passes[0].forward_tokens, (index,), Kind.OTHER)] if passes else []
 
 
 def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings: TextSettings, *,
@@ -280,7 +264,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
 
 # --- over training: the word validity of a short sample -------------------------------------------------
 OVER_TRAINING_MODES = ("stateful", "stateless")
-OVER_TRAINING_DECODER = "temperature_0.8"  # the seed's
+OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
 def _short_draws(model, tokenizer, val: Split, chars: int, seed: int, samples: int) -> _Draws:
@@ -288,23 +272,44 @@ def _short_draws(model, tokenizer, val: Split, chars: int, seed: int, samples: i
     return _Draws(model, tokenizer, share_samples(samples, prompts), tokens_for_chars(chars, val), 1, seed)
 
 
-def short_text_demand(model, tokenizer, val: Split, chars: int, seed: int) -> TextDemand:
-    """The modes over training's sample (one per study prompt, stateful and stateless) for their plan."""
-    def cost(samples: int, drift: int) -> int:
-        draws = _short_draws(model, tokenizer, val, chars, seed, samples)
-        return sum(draws.cost(mode) for mode in OVER_TRAINING_MODES)
-    return TextDemand(len(spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)), 0, cost)
+@dataclass(frozen=True)
+class ShortTextPass(Pass):
+    """One short sample per study prompt (`chars` characters, temperature 0.8, the same prompts and seeds
+    at every validation) in the stateful and the stateless mode: {mode: word_validity}."""
+    kind: ClassVar[str] = "short_text"
+    chars: int = 0
+    seed: int = 0
+
+    @classmethod
+    def plan(cls, request: Request, stride: int) -> "ShortTextPass":
+        chars, val = request.settings.text.chars, request.val
+        samples = -(-len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, val.ids)) // stride)
+        draws = _short_draws(request.model, request.tokenizer, val, chars, request.seed, samples)
+        return cls(samples, sum(draws.cost(mode) for mode in OVER_TRAINING_MODES), stride, chars=chars,
+                   seed=request.seed)
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        draws = _short_draws(request.model, request.tokenizer, request.val, self.chars, self.seed, self.targets)
+        vocabulary = request.text_index().vocabulary
+        return {None: {mode: value_and_se(word_validity(text, vocabulary) for text in
+                                          draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
+                       for mode in OVER_TRAINING_MODES}}
 
 
-def word_validity_over_training(model, tokenizer, vocabulary, val: Split, chars: int, seed: int,
-                                planned: Pass) -> dict[str, float | None]:
-    """{mode: word_validity} of `planned.targets` short samples (`chars` characters, temperature 0.8,
-    the same prompts and seeds at every validation) in the stateful and the stateless mode: what
-    judges the seed's lesson 3 (stateful text early against stateless text late)."""
-    draws = _short_draws(model, tokenizer, val, chars, seed, planned.targets)
-    return {mode: mean_and_se(word_validity(text, vocabulary) for text in
-                              draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
-            for mode in OVER_TRAINING_MODES}
+class WordValidityEntry(Entry):
+    """The modes over training's word validity (what judges the original study's lesson 3: stateful text
+    early against stateless text late), within the budget after the two modes' figures."""
+    name = "word_validity"
+
+    def units(self, request: Request) -> list[Unit]:
+        if request.purpose != OVER_TRAINING or request.tokenizer is None or not request.settings.text.samples:
+            return []
+        n = len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids))
+        return [Unit(lambda stride: [ShortTextPass.plan(request, stride)], lambda ps, i: [], False, max(1, n // 2),
+                     optional=True, priority=PRIORITY[TEXT], owner=self.name)]
+
+    def summary(self, result: dict) -> dict:
+        return {f"{mode}_word_validity": value for mode, value in result.items()}
 
 
 # --- the table ----------------------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def standard_deviation(values: Sequence[float]) -> float | None:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 
 
-def mean_and_se(values: Iterable[float | None]) -> dict:
+def value_and_se(values: Iterable[float | None]) -> dict:
     """{"value": mean, "se": sd / sqrt(n)} of the values that are not None; value None without
     values, se None with fewer than two."""
     defined = [v for v in values if v is not None]
@@ -179,13 +179,13 @@ def text_statistics(samples: Sequence[str], index: TrainingIndex, reference: Seq
     the validation split); without one its value and se are None."""
     samples = list(samples)
     figures = {
-        "word_validity": mean_and_se(word_validity(s, index.vocabulary) for s in samples),
-        "seq_rep_4": mean_and_se(seq_rep_4(s) for s in samples),
-        "loop_rate": mean_and_se(float(ends_in_loop(s)) for s in samples),
+        "word_validity": value_and_se(word_validity(s, index.vocabulary) for s in samples),
+        "seq_rep_4": value_and_se(seq_rep_4(s) for s in samples),
+        "loop_rate": value_and_se(float(ends_in_loop(s)) for s in samples),
         "distinct_2": {"value": distinct_2(samples), "se": jackknife_se(distinct_2, samples)},
-        "copy_32": mean_and_se(copy_32(s, index) for s in samples),
+        "copy_32": value_and_se(copy_32(s, index) for s in samples),
         "line_shape": {"value": None, "se": None},
-        "reference_bpc": mean_and_se(reference_bpc(s, index) for s in samples),
+        "reference_bpc": value_and_se(reference_bpc(s, index) for s in samples),
     }
     if reference is not None:
         figures["line_shape"] = {"value": line_shape(samples, reference), "se": line_shape_se(samples, reference)}

@@ -1,0 +1,139 @@
+"""The kinds of pass over the validation split, each one class with its cost and its run side by side:
+`plan` counts what a pass will run (its targets and forward tokens, from positions.py's arithmetic and
+the model's `forward_cost`) before anything runs, and `run` runs it (scores.py), returning
+{context: Score} (context None: the pass's one figure). The plan (plan.py) chooses which passes, at
+which stride; docs/evaluation.md says why each exists."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gru_experiments.study.positions import congruent, stream_layout, warm_targets, window_targets
+from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.scores import (
+    ONE_PASS_CHUNK,
+    score_bigram,
+    score_contexts,
+    score_in_one_pass,
+    score_stateful,
+    score_stateless,
+)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A pass: the targets it scores, the forward tokens it runs, its stride (every stride-th target or
+    stream) and keep_after (keep each target's NLL for a paired difference: None keeps none)."""
+    kind: ClassVar[str] = "pass"
+    targets: int = 0
+    forward_tokens: int = 0
+    stride: int = 1
+    keep_after: int | None = None
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        """{context: result} on request.val (plan.Request) with request.model."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StatefulPass(Pass):
+    """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th
+    stream, whole (its state needs the stream's history). keep_after: keep the targets with at least
+    this many tokens of their stream before them."""
+    kind: ClassVar[str] = "stateful"
+    chunk: int = 0
+    streams: int = 1
+
+    @classmethod
+    def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
+        streams, length = stream_layout(n, streams)
+        rows = range(0, streams, stride)
+        forward = len(rows) * sum(model.forward_cost(start, min(chunk, length - start))
+                                  for start in range(0, length, chunk))
+        targets = sum(max(0, min(length, n - s * length)) for s in rows)
+        return cls(targets, forward, stride, keep_after, chunk, streams)
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        label = "stateful" + ("" if self.stride == 1 else f", one stream in {self.stride}")
+        with progress.phase(label, self.targets) as tick:
+            return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
+                                         targets_after=self.keep_after, tick=tick, stride=self.stride)}
+
+
+@dataclass(frozen=True)
+class WindowsPass(Pass):
+    """Every stride-th target from its own window of `window` tokens, from the initial state; the same
+    windows give every shorter context in `contexts` (`targets_by_context`: each one's targets)."""
+    kind: ClassVar[str] = "windows"
+    window: int = 0
+    contexts: tuple[int, ...] = ()
+    targets_by_context: tuple[int, ...] = ()
+
+    @classmethod
+    def plan(cls, model, n: int, window: int, contexts, stride: int, keep: bool = False) -> "WindowsPass":
+        windows = len(window_targets(n, window, window, stride)[1])
+        forward = model.forward_cost(0, min(window, n + 1)) + windows * model.forward_cost(0, window)
+        targets = []
+        for w in contexts:
+            head, _, tail = window_targets(n, window, w, stride)
+            forward += len(tail) * model.forward_cost(0, w)
+            targets.append(len(head) + windows + len(tail))
+        contexts = tuple(contexts)  # `targets`: those of the longest context
+        return cls(targets[contexts.index(max(contexts))], forward, stride, 0 if keep else None, window, contexts,
+                   tuple(targets))
+
+    def targets_at(self, context: int | None) -> int:
+        return dict(zip(self.contexts, self.targets_by_context)).get(context, self.targets)
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        n = request.val.n_targets
+        label = f"windows of {self.window}" + ("" if self.stride == 1 else f", one target in {self.stride}")
+        with progress.phase(label, len(range(1, n + 1, self.stride)) * self.window) as tick:
+            return score_contexts(request.model, request.val, self.window, self.contexts, self.stride,
+                                  targets=self.keep_after is not None, tick=tick)
+
+
+@dataclass(frozen=True)
+class OnePass(Pass):
+    """One stream in chunks, the state carried: every target from all before it (a finite-context
+    model's whole context)."""
+    kind: ClassVar[str] = "one_pass"
+
+    @classmethod
+    def plan(cls, model, n: int, keep: bool) -> "OnePass":
+        chunks = range(0, n, ONE_PASS_CHUNK)
+        forward = sum(model.forward_cost(start, min(ONE_PASS_CHUNK, n - start)) for start in chunks)
+        return cls(n, forward, keep_after=0 if keep else None)
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        with progress.phase("whole context, one pass", request.val.n_targets) as tick:
+            return {None: score_in_one_pass(request.model, request.val, targets=self.keep_after is not None, tick=tick)}
+
+
+@dataclass(frozen=True)
+class VocabularyPass(Pass):
+    """The stateless table: one forward pass over the vocabulary gives every target from its previous token."""
+    kind: ClassVar[str] = "vocabulary"
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        return {None: score_stateless(request.model, request.val)}
+
+
+@dataclass(frozen=True)
+class CountPass(Pass):
+    """The bigram's counting of the training split: nothing runs through the model."""
+    kind: ClassVar[str] = "count"
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        return {None: score_bigram(request.train_ids, request.val)}
+
+
+def paired_targets(a: Pass, b: Pass, n: int) -> int:
+    """How many targets a stateful figure's pass `a` (its warm targets) and a windowed figure's pass `b`
+    both scored: strided windows score the targets u = 1 (mod stride) (windows at their own window)."""
+    stride = math.lcm(*(p.stride if isinstance(p, WindowsPass) else 1 for p in (a, b)))
+    if isinstance(a, StatefulPass):  # every a.stride-th stream
+        return warm_targets(n, a.streams, a.stride, a.keep_after, stride)
+    return len(congruent(1, n, 1, stride))

@@ -1,0 +1,31 @@
+"""Helpers for the tests of the evaluation: a Request from loose parts, and a plan's passes run and its
+modes' figures scored without a Request (study/evaluation.py's own steps)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gru_experiments.study.evaluation import plan_for, score_modes
+from gru_experiments.study.plan import FINAL, Request
+from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.settings import EvaluationSettings
+
+
+def request_of(model, val, seq_len: int, settings=None, training_tokens=None, purpose: str = FINAL, **parts):
+    """A Request on `val` (a Split, or a number of targets for a plan alone)."""
+    if isinstance(val, int):
+        val = SimpleNamespace(n_targets=val)
+    if not isinstance(settings, EvaluationSettings):
+        settings = EvaluationSettings.of(settings or {}, seq_len)
+    return Request(model, val, settings, training_tokens, purpose, **parts)
+
+
+def plan_of(model, val, seq_len: int, settings=None, training_tokens=None, purpose: str = FINAL, **parts):
+    return plan_for(request_of(model, val, seq_len, settings, training_tokens, purpose, **parts))
+
+
+def run_plan(model, train_ids, split, plan, progress=NO_PROGRESS, classes=None):
+    """The modes' figures (evaluation.ModeEvaluation) of `plan` on `split`."""
+    split = split.to(model.device)
+    results = [p.run(SimpleNamespace(model=model, val=split, train_ids=train_ids), progress) for p in plan.passes]
+    return score_modes(split, plan, results, classes)
