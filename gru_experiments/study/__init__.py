@@ -1,14 +1,15 @@
 """The study layer: what a trained model is measured by.
 
-Owns: the evaluation's plan (`plan.py`), scoring a split in every inference mode (`scores.py`),
-the context curve (`context_curve.py`) and the curve by kind of target (the classes:
-`target_classes.py`; the figures: `class_curve.py`), the end-of-run evaluation (`evaluation.py`),
-the planted-recall figures (`recall.py`), the inference modes and decoders for generation
-(`inference.py`), the evaluation's progress bars (`progress.py`), and the generated text measured:
-the statistics (`text_stats.py`), the training split's index they need (`text_index.py`) and the
-sampling protocol (`text_protocol.py`).
+Owns: the evaluation as a registry of entries and its one entry point (`evaluation.py`), its plan
+and budget (`plan.py`), the kinds of pass with their costs (`passes.py`), which targets a pass
+scores (`positions.py`), the evaluation's settings (`settings.py`), scoring a split in every
+inference mode (`scores.py`), the context curve (`context_curve.py`) and the curve by kind of target
+(`target_classes.py`, `class_curve.py`), the planted-recall figures (`recall.py`), generation in
+every inference mode (`inference.py`), the progress bars (`progress.py`), the generated text measured
+(`text_stats.py`, `text_index.py`, `text_protocol.py`) and the run's page (`explore.py`,
+`explore_page.py`).
 
 May import: the models, the data and the ground floor; never runs/ or report/ (it takes a model
-and a split, not a run). A new figure of the evaluation goes here; its line in the report goes
-in report/.
+and a split, not a run). A new figure is one entry here (docs/evaluation.md#how-to-add-a-figure);
+its line in the report one section in report/.
 """
