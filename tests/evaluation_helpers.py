@@ -3,7 +3,10 @@ modes' figures scored without a Request (study/evaluation.py's own steps)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+
+from omegaconf import OmegaConf
 
 from gru_experiments.study.evaluation import plan_for, score_modes
 from gru_experiments.study.plan import FINAL, Request
@@ -16,8 +19,14 @@ def request_of(model, val, seq_len: int, settings=None, training_tokens=None, pu
     if isinstance(val, int):
         val = SimpleNamespace(n_targets=val)
     if not isinstance(settings, EvaluationSettings):
-        settings = EvaluationSettings.of(settings or {}, seq_len)
+        settings = EvaluationSettings.of(defaults() | dict(settings or {}), seq_len)
     return Request(model, val, settings, training_tokens, purpose, **parts)
+
+
+def defaults() -> dict:
+    """conf/evaluation/default.yaml's values (the budget: None, exact), for a test that gives only some."""
+    group = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "evaluation" / "default.yaml")
+    return {**OmegaConf.to_container(group, resolve=False), "budget": None}
 
 
 def plan_of(model, val, seq_len: int, settings=None, training_tokens=None, purpose: str = FINAL, **parts):

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from evaluation_helpers import defaults
 from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import split_text
@@ -85,7 +86,8 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
     # The cost estimate counts its forward tokens (the final weights' evaluation only).
     val = Split(torch.zeros(1001, dtype=torch.long), torch.ones(11, dtype=torch.long))
     estimate_cfg = OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8, "steps_per_epoch": 400},
-                                     "evaluation": {"streams": 4, "budget": 0.01, "curve_longest": 64}, "seed": 0})
+                                     "evaluation": defaults() | {"streams": 4, "budget": 0.01,
+                                                                    "curve_longest": 64}, "seed": 0})
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
     with_entry = CostEstimate(val, estimate_cfg, model=model).evaluation_forward_tokens(model, 1000)
     ENTRIES.remove(ENTRIES[-1])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from evaluation_helpers import plan_of
+from evaluation_helpers import defaults, plan_of
 from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
@@ -87,4 +87,4 @@ def _val():
 
 def _cfg():
     return OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8, "steps_per_epoch": 400},
-                             "evaluation": {"streams": 4, "budget": 0.01, "curve_longest": 64}})
+                             "evaluation": defaults() | {"streams": 4, "budget": 0.01, "curve_longest": 64}})

@@ -204,7 +204,7 @@ def test_bad_settings_are_refused_in_one_line(settings, message):
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
     assert TextConfig.of({"samples": 0, "chars": 32, "drift_chars": 0}) == TextConfig(0, 32, 0)
     with pytest.raises(ValueError, match="samples must be an integer >= 1"):
-        TextSettings(window=8, samples=0)
+        TextSettings(window=8, samples=0, chars=300, drift_chars=0)
 
 
 def test_the_index_is_counted_once_per_training_split_and_cached(tmp_path):

@@ -1,10 +1,10 @@
-"""The evaluation's settings (conf/evaluation/default.yaml), each part one frozen dataclass holding its
-defaults and its checks: the text statistics (`evaluation.text`), the side-by-side samples
-(`evaluation.samples`) and the plan's own keys. A bad value is one UserError naming the key."""
+"""The evaluation's settings, each part one frozen dataclass holding its checks: the text statistics
+(`evaluation.text`), the side-by-side samples (`evaluation.samples`) and the whole group. Their
+defaults are written once, in conf/evaluation/default.yaml. A bad value is one UserError naming the key."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from gru_experiments.study.text_index import SPAN
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, temperature_rule
@@ -17,19 +17,18 @@ MAX_TEXT_CHARS = 100_000  # a sample's characters, and the drift's
 
 
 def _from(cls, node, prefix: str):
-    """An instance of dataclass `cls` from a config node (absent keys: the defaults), checked."""
-    node = {} if node is None else node
+    """An instance of dataclass `cls` from a config node, checked."""
     check_rules(node, cls.RULES, prefix)
-    return cls(**{f.name: node[f.name] for f in fields(cls) if f.name in node})
+    return cls(**{f.name: node[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
 class TextConfig:
     """evaluation.text: `samples` per mode x decoder (0: no text statistics), of `chars` characters, and
     two generations of `drift_chars` measured stretch by stretch (0: no drift)."""
-    samples: int = 12
-    chars: int = 300
-    drift_chars: int = 4000
+    samples: int
+    chars: int
+    drift_chars: int
     RULES = [Rule("samples", lambda v: is_int(v) and 0 <= v <= MAX_TEXT_SAMPLES,
                   f"an integer from 0 (no text statistics) to {MAX_TEXT_SAMPLES:,}", may_be_absent=True),
              Rule("chars", lambda v: is_int(v) and SPAN <= v <= MAX_TEXT_CHARS,
@@ -47,8 +46,8 @@ class TextConfig:
 class SampleConfig:
     """evaluation.samples: the side-by-side samples, about `chars` characters per prompt at `temperature`
     (0: greedy)."""
-    chars: int = 200
-    temperature: float = 1.0
+    chars: int
+    temperature: float
     RULES = [Rule("chars", int_at_least(1), "an integer >= 1", may_be_absent=True), temperature_rule("temperature")]
 
     @classmethod
@@ -62,22 +61,22 @@ class EvaluationSettings:
     training token; None: exact), the windowed mode's window (None in the config: seq_len), the stateful
     streams, the curve's longest point, and its two nested parts."""
     seq_len: int
-    budget: float | None = None
-    window: int = 0
-    streams: int = 64
-    curve_longest: int | None = 1024
-    text: TextConfig = field(default_factory=TextConfig)
-    samples: SampleConfig = field(default_factory=SampleConfig)
+    budget: float | None
+    window: int
+    streams: int
+    curve_longest: int | None
+    text: TextConfig
+    samples: SampleConfig
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
         """From an `evaluation` config group (the plan's keys are checked by runs/config.py)."""
-        get = evaluation.get
-        return cls(int(seq_len), get("budget"), int(get("window") or seq_len), int(get("streams", 64)),
-                   get("curve_longest"), TextConfig.of(get("text")), SampleConfig.of(get("samples")))
+        e = evaluation
+        return cls(int(seq_len), e["budget"], int(e["window"] or seq_len), int(e["streams"]), e["curve_longest"],
+                   TextConfig.of(e["text"]), SampleConfig.of(e["samples"]))
 
 
 def check_nested(evaluation) -> None:
     """A one-line UserError for a bad evaluation.text.* or evaluation.samples.* value."""
-    TextConfig.of(evaluation.get("text"))
-    SampleConfig.of(evaluation.get("samples"))
+    TextConfig.of(evaluation["text"])
+    SampleConfig.of(evaluation["samples"])

@@ -57,11 +57,11 @@ class TextSettings:
     drift) cut into stretches of `stretch_chars`; the prompts to continue (those the vocabulary spells)."""
 
     window: int
-    samples: int = TextConfig.samples
-    chars: int = TextConfig.chars
+    samples: int
+    chars: int
+    drift_chars: int
     seed: int = 0
     drift_samples: int = 2
-    drift_chars: int = TextConfig.drift_chars
     stretch_chars: int = STRETCH_CHARS
     prompts: tuple[str, ...] = STUDY_PROMPTS
 
