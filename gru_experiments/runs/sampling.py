@@ -208,7 +208,8 @@ def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data
 def validate_stats(cfg: DictConfig) -> None:
     """A one-line UserError for a bad stats or evaluation.text.* (settings.TextConfig)."""
     check_rules(cfg, [Rule("stats", lambda v: isinstance(v, bool), "true or false", may_be_absent=True)])
-    if cfg.get("stats") and not TextConfig.of(cfg.evaluation.get("text")).samples:
+    text = TextConfig.of(cfg.evaluation.text)  # checked even without stats=true: a bad value is refused at once
+    if cfg.get("stats") and not text.samples:
         raise UserError("stats=true measures evaluation.text.samples samples per setting, which is 0: "
                         "give an integer >= 1")
 
