@@ -472,12 +472,12 @@ def test_sample_py_temperature_0_is_greedy(trained_run):
 
 
 def test_one_temperature_rule_for_sample_py_and_the_run_config():
-    from gru_experiments.runs.config import EVALUATION_RULES
+    from gru_experiments.study.settings import SampleConfig
     from gru_experiments.validation import temperature_rule
 
     inference.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
-    [rule] = [r for r in EVALUATION_RULES if r.key == "evaluation.samples.temperature"]
-    assert rule == temperature_rule("evaluation.samples.temperature")
+    [rule] = [r for r in SampleConfig.RULES if r.key == "temperature"]  # evaluation.samples.temperature
+    assert rule == temperature_rule("temperature")
     assert Decoding(temperature=0).is_greedy
     with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0: greedy, the argmax\), got -1"):
         Decoding(temperature=-1)

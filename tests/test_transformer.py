@@ -258,8 +258,8 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
     budget = float(cfg.evaluation.budget)
     # At validation (one, at the end of the epoch of 3 steps x 4 x 8 tokens): stateful and stateless only,
     # the stateful figure sampled within the budget of an epoch's tokens.
-    assert len(validations) == 1 and set(validations[0].scores) == {"stateful", "stateless"}
-    plan, stateful = validations[0].plan, validations[0].scores["stateful"]
+    assert len(validations) == 1 and set(validations[0].modes.scores) == {"stateful", "stateless"}
+    plan, stateful = validations[0].plan, validations[0].modes.scores["stateful"]
     assert plan.budget == math.floor(budget * 3 * 4 * 8) < n * 8  # so validation sampled its stateful figure
     assert stateful.tokens == plan.figure("stateful").targets < n and stateful.sampling_se > 0
     assert stateful.forward_tokens == plan.figure("stateful").forward_tokens <= plan.budget

@@ -50,7 +50,7 @@ class Figure:
 @dataclass(frozen=True)
 class Request:
     """What an evaluation is asked (evaluation.plan_for builds its plan from it): the model, the
-    validation split and the settings (evaluation.EvaluationSettings), the training tokens the budget is
+    validation split and the settings (settings.EvaluationSettings), the training tokens the budget is
     a multiple of (None: exact), which evaluation (`purpose`: FINAL, BEST or OVER_TRAINING), and what
     some entries need: the tokenizer, the training ids (the bigram), the probe's validation plantings
     (recall), the seed and the training split's index (text statistics; a callable, built when needed)."""
