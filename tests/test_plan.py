@@ -42,6 +42,11 @@ def mlp():
     return BengioMLP(V, context=4, embedding_dim=3, hidden_size=8).eval()
 
 
+def text_pass(plan):
+    """The plan's text statistics' pass, when planned."""
+    return next((p for p, owner in zip(plan.passes, plan.owners) if owner == TEXT), None)
+
+
 def val(n_tokens=700, seed=1):
     ids = torch.randint(V, (n_tokens,), generator=torch.Generator().manual_seed(seed))
     return ids, Split(ids, torch.arange(V) % 3 + 1)  # uneven characters per token, as subwords have
@@ -168,7 +173,7 @@ def test_the_default_budget_keeps_astra_alpha_at_the_studys_figures(compose_conf
         strides = {f.name: plan.passes[f.passes[-1]].stride for f in plan.figures if f.passes}
         assert all(strides[f"curve {w}"] == 1 for w in (1, 2, 4, 8, 16, 32, 64, 128)) and strides["windowed"] == 1
         assert all(strides[f"curve {w}"] == 26 for w in (256, 512, 1024))
-        assert plan.text.targets == 12 and plan.text.drift == 2 and val.n_targets == 111_539
+        assert text_pass(plan).targets == 12 and text_pass(plan).drift == 2 and val.n_targets == 111_539
 
 
 def test_text_samples_are_cut_then_dropped_as_the_budget_shrinks():
@@ -182,15 +187,16 @@ def test_text_samples_are_cut_then_dropped_as_the_budget_shrinks():
         return [Unit(make, lambda ps, i: [Figure(TEXT, None, 0, ps[0].targets, 0, (i,), Kind.OTHER)] if ps else [],
                      False, 6, optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
     whole = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, extra=demand())
-    assert (whole.text.targets, whole.text.drift, whole.text.forward_tokens) == (12, 2, 22_000) and whole.exact
+    text = text_pass(whole)
+    assert (text.targets, text.drift, text.forward_tokens) == (12, 2, 22_000) and whole.exact
     assert whole.figure("text").targets == 12
     stateful = whole.figure("stateful").forward_tokens
     cut = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=stateful + 8000,
                           windowed=False, curve=False, extra=demand())
-    assert (cut.text.targets, cut.text.drift) == (6, 0) and cut.forward_tokens <= stateful + 8000 + 700
+    assert (text_pass(cut).targets, text_pass(cut).drift) == (6, 0) and cut.forward_tokens <= stateful + 8000 + 700
     none = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=stateful + 1000,
                            windowed=False, curve=False, extra=demand())
-    assert none.text is None and none.figure("text") is None
+    assert text_pass(none) is None and none.figure("text") is None
 
 
 def test_the_evaluation_config_has_one_budget_and_models_one_key_at_most(compose_config):

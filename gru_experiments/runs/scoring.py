@@ -22,7 +22,7 @@ from gru_experiments.study.inference import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.plan import BEST, FINAL, Request
+from gru_experiments.study.plan import BEST, FINAL, TEXT, Request
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split, score_chunks
 from gru_experiments.study.settings import EvaluationSettings
@@ -60,8 +60,8 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     settings = request.settings.samples
     samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(settings.chars, val),
                                    decoding=Decoding(temperature=settings.temperature), seed=cfg.seed)
-    if evaluation.results.get("text"):
-        samples["text"] = evaluation.results["text"]["texts"]
+    if evaluation.results.get(TEXT):
+        samples["text"] = evaluation.results[TEXT]["texts"]
     summary["eval_seconds"] = time.perf_counter() - started
     print(describe(evaluation, summary))
     for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):

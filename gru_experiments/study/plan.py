@@ -106,14 +106,6 @@ class Plan:
         """Every figure of the modes and the curve scores every target of the split."""
         return all(f.targets == self.split_targets for f in self.figures if f.kind in (Kind.MODE, Kind.CURVE))
 
-    def passes_of(self, owner: str) -> list[Pass]:
-        return [p for p, o in zip(self.passes, self.owners) if o == owner]
-
-    @property
-    def text(self) -> Pass | None:
-        """The text statistics' pass, when planned."""
-        return next(iter(self.passes_of(TEXT)), None)
-
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
 
