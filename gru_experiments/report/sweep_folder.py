@@ -154,6 +154,7 @@ def read_job(job_dir: Path) -> JobResult:
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
         "lr": _select(cfg, "model.lr"),
+        "recipe_steps": _recipe_steps(cfg),
         # a run from before conf/optim (its config has no optim) was trained with the original study's recipe
         "optim": _select(cfg, "optim.name") or ("original" if _select(cfg, "weight_decay") is not None else None),
         **read_summary(summary),
@@ -169,6 +170,12 @@ def read_job(job_dir: Path) -> JobResult:
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger)
+
+
+def _recipe_steps(cfg) -> int | None:
+    """The steps of the model's own recipe (epochs x steps per epoch), None for a counted model."""
+    epochs, per_epoch = _select(cfg, "model.epochs"), _select(cfg, "model.steps_per_epoch")
+    return epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None
 
 
 def _job_order(job_dir: Path) -> tuple:
@@ -209,7 +216,13 @@ def name_variants(jobs: list[JobResult]) -> None:
     for group in groups.values():
         varies = [key for key in ("lr", "optim", "probe") if len({str(job.values.get(key)) for job in group}) > 1]
         for job in group:
-            job.variant = ", ".join(_variant(job, key) for key in varies)
+            job.variant = ", ".join([*(_variant(job, key) for key in varies), *_cut(job)])
+
+
+def _cut(job: JobResult) -> list[str]:
+    """["2,000 of 8,000 steps"] for a run stopped before its recipe's end (trainer.max_steps), else []."""
+    trained, recipe = job.number("train_steps"), job.number("recipe_steps")
+    return [f"{trained:,.0f} of {recipe:,.0f} steps"] if trained and recipe and trained < recipe else []
 
 
 def _variant(job: JobResult, key: str) -> str:

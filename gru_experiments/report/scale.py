@@ -1,0 +1,154 @@
+"""The study at scale (report.md's *Scale*, `scale_context_curve.png`, finding 16): the recurrent models of a
+sweep at two sizes or more (`python sweep.py experiments=scale`: Astra-α/β/γ and Scribe-α/β, each cut to the
+same 2,000 steps), by parameter count: every inference mode with its standard error, what the carried state
+buys past the training window, and the context curves on one axis of characters.
+
+The state's gain is windowed - stateful (summary.json's `state_gain_bpc`, negated: positive where carrying the
+state beats the last `seq_len` tokens from a zero state), paired target by target with its standard error.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gru_experiments.report.common import MISSING, RECURRENT, escape, figure, format_duration, image, plus_minus
+from gru_experiments.report.common import save, table
+from gru_experiments.report.section import Findings, Section, cannot
+from gru_experiments.report.section import verdict as verdict_of
+from gru_experiments.study.context_curve import curve_points
+
+PLOT_SCALE = "scale_context_curve.png"
+WORTH = 0.005  # bits per character: the least gain of the state worth carrying (as finding 6's)
+MODES = ("stateful", "windowed", "stateless", "bigram")
+
+
+def scale_jobs(jobs) -> list:
+    """The completed recurrent models trained on windows without a probe, ordered by tokenizer and size, when
+    one tokenizer has them at two sizes or more; [] otherwise."""
+    judged = [job for job in jobs if job.status == "completed" and (job.values.get("family") or "") in RECURRENT
+              and job.training_mode == "windows" and job.values.get("probe") in (None, "none")
+              and job.number("parameters") and job.number("stateful_bpc") is not None]
+    sizes = {}
+    for job in judged:
+        sizes.setdefault(job.values.get("tokenizer") or "?", set()).add(job.number("parameters"))
+    if not any(len(counts) > 1 for counts in sizes.values()):
+        return []
+    return sorted(judged, key=lambda job: (job.values.get("tokenizer") or "?", job.number("parameters")))
+
+
+def state_gain(job) -> tuple[float, float] | None:
+    """What the carried state buys over the training window: windowed - stateful bits per character, ± se."""
+    gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
+    return None if gain is None or se is None else (-gain, se)
+
+
+def chars_per_token(job) -> float:
+    """Characters per token of the validation text, from the stateful figure in nats/token and bits/char."""
+    nll, bpc = job.number("stateful_nll"), job.number("stateful_bpc")
+    return 1.0 if not nll or not bpc else nll / math.log(2) / bpc
+
+
+def steps(job) -> str:
+    """"2,000 of 8,000": the steps trained and the recipe's, where known."""
+    trained, recipe = job.number("train_steps"), job.number("recipe_steps")
+    return MISSING if trained is None else f"{trained:,.0f}" + ("" if recipe is None else f" of {recipe:,.0f}")
+
+
+def _mode(job, mode: str) -> str:
+    value = job.number(f"{mode}_bpc")
+    return MISSING if value is None else plus_minus(value, job.number(f"{mode}_bpc_se"), 4)
+
+
+def _best(job) -> str:
+    best, step = job.best("val_bpc"), job.best("step")
+    return MISSING if best is None else f"{best:.4f} at step {step:,.0f}, final {job.number('val_bpc'):.4f}"
+
+
+def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
+    chosen = scale_jobs(jobs)
+    if not chosen:
+        return []
+    rows = []
+    for job in chosen:
+        gain, seconds = state_gain(job), job.number("train_seconds")
+        window = job.training_window
+        rows.append([escape(job.model), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
+                     steps(job), *(_mode(job, mode) for mode in MODES),
+                     MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
+                     _best(job), MISSING if seconds is None else format_duration(seconds)])
+    header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
+              "state's gain over the window", "val bpc: best, final", "training time"]
+    return ["## Scale: the models by size", "",
+            "The recurrent models of this sweep by size, each trained for the steps shown (of its recipe's). Bits per "
+            "character of the final weights ± one standard error; the state's gain over the window is windowed - "
+            "stateful, paired target by target (positive where the carried state beats the last training window's "
+            "tokens from a zero state). The figure puts every context curve on one axis of characters (a subword "
+            "model's tokens times its characters per token).", "",
+            *table(header, rows, "llrl" + "r" * 7), "",
+            image("bits per character against the characters of context, every size", PLOT_SCALE, plots,
+                  "no context curve."), ""]
+
+
+def plot_scale_curves(jobs, path: Path) -> Path | None:
+    """One curve per model against the characters of context (log axis), its stateful figure at the right."""
+    chosen = [job for job in scale_jobs(jobs) if curve_points(job.values.get("context_curve"))]
+    if not chosen:
+        return None
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    series = {job.model: ([(int(key) * chars_per_token(job), value) for key, value
+                           in curve_points(job.values["context_curve"]) if key.isdigit()], job) for job in chosen}
+    stateful_x = 4 * max(x for points, _ in series.values() for x, _ in points)
+    for label, (points, job) in series.items():
+        xs, ys = zip(*points)
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3,
+                          label=f"{label} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
+        ax.plot([xs[-1], stateful_x], [ys[-1], job.number("stateful_bpc")], linestyle=":", color=line.get_color())
+        ax.plot([stateful_x], [job.number("stateful_bpc")], marker="*", markersize=9, color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set(title="Bits per character against the context given, by size (final weights)",
+           xlabel="characters of context (from the initial state); right: the state carried (stateful)",
+           ylabel="bits per character (lower is better)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+SCALE = Findings("Findings at scale", "What capacity changes, judged on this sweep's recurrent models of two sizes or more "
+                 "of one tokenizer (final weights).")
+
+
+@SCALE.claim("The carried state's gain grows with capacity")
+def state_gain_grows_finding(jobs) -> tuple[str, str]:
+    """Per tokenizer: does the largest model take more from a state older than its window than the smallest
+    does, by two standard errors of the difference and by at least WORTH?"""
+    chosen = [job for job in scale_jobs(jobs) if state_gain(job) is not None]
+    groups: dict[str, list] = {}
+    for job in chosen:
+        groups.setdefault(job.values.get("tokenizer") or "?", []).append(job)
+    groups = {kind: group for kind, group in groups.items() if len({j.number("parameters") for j in group}) > 1}
+    if not groups:
+        return cannot("recurrent models of one tokenizer at two sizes with the paired stateful - windowed figure "
+                      "(python sweep.py experiments=scale)")
+    parts, grows = [], 0
+    for kind, group in groups.items():
+        small, large = group[0], group[-1]
+        (g_small, se_small), (g_large, se_large) = state_gain(small), state_gain(large)
+        change, change_se = g_large - g_small, math.hypot(se_small, se_large)
+        grew = change > max(2 * change_se, WORTH)
+        grows += grew
+        sizes = ", ".join(f"{job.model} ({job.number('parameters'):,.0f} parameters, {steps(job)} steps) "
+                          f"{state_gain(job)[0]:+.5f} ± {state_gain(job)[1]:.5f}" for job in group)
+        significant = g_large > 2 * se_large and g_large >= WORTH
+        parts.append(f"{kind}: {sizes}; largest - smallest {change:+.5f} ± {change_se:.5f} "
+                     f"({'grows' if grew else 'does not grow'}; the largest "
+                     f"{'takes' if significant else 'takes nothing worth carrying'} from a state older than its "
+                     f"window)")
+    evidence = ("Windowed - stateful bits per character (what the state carried beyond the training window buys), "
+                "paired by target, ± one standard error: " + "; ".join(parts) + f". It grows, by two standard "
+                f"errors and at least {WORTH} bits per character, for {grows} of {len(groups)} tokenizers.")
+    return (verdict_of(grows, len(groups)), evidence)
+
+
+SECTION = Section("scale", scale_section, plots={PLOT_SCALE: plot_scale_curves}, findings=SCALE)
