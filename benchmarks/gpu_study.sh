@@ -10,8 +10,9 @@
 #                                                      #   python train.py model=M resume=RUN)
 #
 # Extra train.py overrides go in OVERRIDES (e.g. OVERRIDES="logger=wandb"); the default logger is csv so that
-# the script needs no W&B. The runs are ordinary run folders under outputs/runs/<model>/. Exit status: the
-# number of models that did not complete.
+# the script needs no W&B. The runs are ordinary run folders under $LOG_DIR/runs/<model>/ (LOG_DIR: outputs).
+# ACCELERATOR=cpu runs it without a GPU (the test does, at a tiny step count). Exit status: the number of models
+# that did not complete.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 models=("$@")
@@ -19,9 +20,11 @@ models=("$@")
 steps_override=()
 [[ -n "${STEPS:-}" ]] && steps_override=("trainer.max_steps=$STEPS")
 limit=()
+accelerator="${ACCELERATOR:-gpu}"
+log_dir="${LOG_DIR:-outputs}"
 [[ -n "${SECONDS_PER_MODEL:-}" ]] && limit=(timeout --signal=INT "$SECONDS_PER_MODEL")
 
-python - <<'EOF' || exit 1
+[[ "$accelerator" != gpu ]] || python - <<'EOF' || exit 1
 import torch
 if not torch.cuda.is_available():
     raise SystemExit("gpu_study.sh: no CUDA device (torch.cuda.is_available() is False): this script is for a GPU")
@@ -34,10 +37,10 @@ for model in "${models[@]}"; do
     echo "== $model ${STEPS:+(cut to $STEPS steps)}" >&2
     started=$SECONDS
     marker="$(mktemp)"
-    "${limit[@]}" python train.py "model=$model" trainer.accelerator=gpu logger=csv "${steps_override[@]}" \
+    "${limit[@]}" python train.py "model=$model" "trainer.accelerator=$accelerator" logger=csv "paths.log_dir=$log_dir" "${steps_override[@]}" \
         ${OVERRIDES:-} || echo "gpu_study.sh: $model exited with status $?" >&2
     # The run this command made: the newest summary.json of the model written after it started.
-    summary="$(find "outputs/runs/$model" -name summary.json -newer "$marker" 2>/dev/null | sort | tail -1)"
+    summary="$(find "$log_dir/runs/$model" -name summary.json -newer "$marker" 2>/dev/null | sort | tail -1)"
     rm -f "$marker"
     if [[ -z "$summary" ]]; then
         echo "gpu_study.sh: $model wrote no summary.json in $((SECONDS - started)) s" >&2

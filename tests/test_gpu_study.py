@@ -1,0 +1,56 @@
+"""benchmarks/gpu_study.sh end to end on the CPU at a tiny step count (ACCELERATOR=cpu): each model trained,
+its figures printed from its summary.json, the exit status the number of models that did not complete; and the
+scale study's experiments (python sweep.py experiments=scale), each its model's recipe cut to 2,000 steps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONF, REPO
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import sweep as sweep_script
+
+
+def test_gpu_study_runs_end_to_end_on_the_cpu(tiny_corpus, data_dir, tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "ACCELERATOR": "cpu",
+           "STEPS": "2", "LOG_DIR": str(tmp_path / "outputs"), "PROJECT_ROOT": str(REPO),
+           "OVERRIDES": f"preset=smoke data.path={tiny_corpus} paths.data_dir={data_dir} evaluation.text.samples=0"}
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_study.sh"), "astra_alpha", "astra_beta"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for model in ("astra_alpha", "astra_beta"):
+        assert f"gpu_study.sh: {model} completed in " in result.stdout
+        [summary] = (tmp_path / "outputs" / "runs" / model).glob("*/summary.json")
+        assert str(summary) in result.stdout
+    assert result.stdout.count("  train_steps: 2\n") == 2
+    assert result.stdout.count("  tokens_per_second: ") == 2 and result.stdout.count("  stateful_bpc: ") == 2
+
+
+def test_gpu_study_counts_a_model_that_fails(data_dir, tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "ACCELERATOR": "cpu",
+           "LOG_DIR": str(tmp_path / "outputs"), "PROJECT_ROOT": str(REPO)}
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_study.sh"), "no_such_model"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "gpu_study.sh: no_such_model wrote no summary.json" in result.stderr
+
+
+@pytest.mark.parametrize("experiment, recipe_steps", [("scale_astra_alpha", 2000), ("scale_astra_gamma", 8000),
+                                                      ("scale_scribe_beta", 3750)])
+def test_the_scale_study_cuts_each_recipe_to_2000_steps(experiment, recipe_steps):
+    settings, _ = sweep_script.parse_arguments(["experiments=scale"])
+    assert experiment in settings.experiments and len(settings.experiments) == 5
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={experiment}"])
+    base = experiment.removeprefix("scale_")
+    assert cfg.model.name == base and cfg.trainer.max_steps == 2000
+    assert cfg.model.epochs * cfg.model.steps_per_epoch == recipe_steps
+    assert cfg.tokenizer.kind == ("spm" if base.startswith("scribe") else "char")
+    own = OmegaConf.load(CONF / "model" / f"{base}.yaml")
+    assert cfg.model.lr == (own.model.lr if "model" in own else own.lr)  # its own learning rate
