@@ -22,6 +22,11 @@ EXPECTED = {
     "rnn": ("rnn", "char", 87_025),
     "lstm": ("lstm", "char", 87_174),
     "mlp": ("mlp", "char", 86_773),
+    "mingru": ("mingru", "char", 87_047),
+    "minlstm": ("minlstm", "char", 86_195),
+    # minGRU and minLSTM at Astra-β's scale
+    "mingru_beta": ("mingru", "char", 717_497),
+    "minlstm_beta": ("minlstm", "char", 716_027),
 }
 ALL_CONFIGS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
 

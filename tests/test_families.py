@@ -1,7 +1,7 @@
 """Every family under the one model protocol: the MLP's math against an independent loop, and for
-GRU, LSTM, RNN, MLP and n-gram alike: the state continues a sequence, stateless sampling sees only
-the last token, train.py writes the same outputs and sample.py generates in every mode; bad
-settings get one-line errors and leave nothing behind."""
+GRU, LSTM, RNN, minGRU, minLSTM, MLP and n-gram alike: the state continues a sequence, stateless
+sampling sees only the last token, train.py writes the same outputs and sample.py generates in
+every mode; bad settings get one-line errors and leave nothing behind."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gru_experiments.errors import UserError
+from gru_experiments.models.minrnn import MinRNNLM
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
@@ -29,12 +30,14 @@ def build(family: str):
     torch.manual_seed(0)
     if family in ("gru", "lstm", "rnn"):
         return RecurrentLM(V, family, embedding_dim=6, hidden_size=8, num_layers=2, dropout=0.0)
+    if family in ("mingru", "minlstm"):
+        return MinRNNLM(V, family, embedding_dim=6, hidden_size=8, num_layers=2, dropout=0.0)
     if family == "mlp":
         return BengioMLP(V, context=4, embedding_dim=3, hidden_size=7, dropout=0.0, direct=True)
     return NGramLM(V, order=4).fit(torch.randint(0, V - 1, (2000,)))
 
 
-FAMILIES = ["gru", "lstm", "rnn", "mlp", "ngram"]
+FAMILIES = ["gru", "lstm", "rnn", "mingru", "minlstm", "mlp", "ngram"]
 
 
 def test_mlp_matches_the_papers_formula_position_by_position():
@@ -89,7 +92,8 @@ TINY_RECIPE = ["data.batch_size=4", "data.seq_len=32", "trainer.max_steps=2", "m
 
 
 @pytest.mark.parametrize("model,modes", [("ngram", ["stateful", "stateless", "windowed"]), ("mlp", ["stateless"]),
-                                         ("rnn", ["windowed"])])
+                                         ("rnn", ["windowed"]), ("mingru", ["stateful"]),
+                                         ("minlstm", ["stateless"])])
 def test_train_writes_a_gru_runs_outputs_and_sample_py_loads_it(compose_config, tiny_corpus, tmp_path, model, modes):
     recipe = [o for o in TINY_RECIPE if model != "ngram" or "steps" not in o]
     cfg = compose_config(f"model={model}", f"data.path={tiny_corpus}", *recipe)

@@ -12,8 +12,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, RECURRENT, escape, figure, format_duration, image, plus_minus
-from gru_experiments.report.common import save, table
+from gru_experiments.report.common import (
+    MISSING,
+    RECURRENT,
+    escape,
+    figure,
+    format_duration,
+    image,
+    plus_minus,
+    save,
+    table,
+)
 from gru_experiments.report.section import Findings, Section, cannot
 from gru_experiments.report.section import verdict as verdict_of
 from gru_experiments.study.context_curve import curve_points
@@ -115,8 +124,8 @@ def plot_scale_curves(jobs, path: Path) -> Path | None:
     return save(fig, path)
 
 
-SCALE = Findings("Findings at scale", "What capacity changes, judged on this sweep's recurrent models of two sizes or more "
-                 "of one tokenizer (final weights).")
+SCALE = Findings("Findings at scale", "What capacity changes, judged on this sweep's recurrent models of two "
+                 "sizes or more of one tokenizer (final weights).")
 
 
 @SCALE.claim("The carried state's gain grows with capacity")
