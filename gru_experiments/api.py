@@ -101,8 +101,9 @@ class TrainedModel:
         come from a generator seeded with `seed` alone: the same seed gives the same text (on the
         same device). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
         that as `seed` to get its text. drop_unknown=True drops prompt characters the vocabulary
-        lacks (else they raise a UserError naming them)."""
-        from gru_experiments.data.tokenizers import encode_prompt
+        lacks (else they raise a UserError naming them). A model trained with the recall probe writes
+        plain text: never one of the probe's symbols."""
+        from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
         from gru_experiments.study.inference import Decoding, generate, validate_sampling
 
         _check_mode(mode)
@@ -120,7 +121,8 @@ class TrainedModel:
         decoding = Decoding(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
         generated = generate(self.model, encode_prompt(self.tokenizer, prompt), mode=mode,
                              max_new_tokens=max_new_tokens, num_samples=settings["num_samples"], decoding=decoding,
-                             seed=seed, window=window if mode == "windowed" else None)
+                             seed=seed, window=window if mode == "windowed" else None,
+                             plain=plain_tokens(self.tokenizer))
         texts = [prompt + self.tokenizer.decode(row) for row in generated.tolist()]
         return texts[0] if num_samples is None else texts
 

@@ -62,8 +62,8 @@ class RecallOracle(LanguageModel):
 def plantings(n: int = 3, length: int = 3000) -> list[Planting]:
     settings = Pairs((8, 40, 160), gap=16)
     text = torch.randint(20, (length,), generator=torch.Generator().manual_seed(0))
-    return [plant(text, settings, SymbolIds(OPEN, CLOSE, KEYS), planting_generator(0, "validation", p))
-            for p in range(n)]
+    return [plant(text, settings, SymbolIds(OPEN, CLOSE, KEYS), planting_generator(0, "validation", p), cut=True)
+            for p in range(n)]  # cut to the split's length, as validation_plantings plants
 
 
 @pytest.mark.parametrize("seq_len", [7, 64])

@@ -70,12 +70,14 @@ def scan_pairs(ids: list[int], opening: int, closing: int) -> list[tuple[int, in
 
 
 # --- a planting --------------------------------------------------------------------------------
+@pytest.mark.parametrize("cut", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pairs_are_where_the_record_says_and_the_text_around_them_is_untouched(seed):
+def test_pairs_are_where_the_record_says_and_the_text_around_them_is_untouched(seed, cut):
     ids, symbols = tokenized(make_text(6000, seed))
-    planting = plant(ids, PAIRS, symbols, planting_generator(seed, "train", 0))
+    planting = plant(ids, PAIRS, symbols, planting_generator(seed, "train", 0), cut=cut)
     planted = planting.ids.tolist()
-    assert len(planted) == ids.numel()  # cut to the plain split's length
+    # Inserted: the split and 4 tokens a pair; cut (the validation plantings): the plain split's length.
+    assert len(planted) == ids.numel() + (0 if cut else 4 * planting.recall.numel())
     pairs = scan_pairs(planted, symbols.opening, symbols.closing)
     assert len(pairs) == planting.recall.numel() > 50
     assert [p[0] for p in pairs] == planting.first_key.tolist()
@@ -87,10 +89,13 @@ def test_pairs_are_where_the_record_says_and_the_text_around_them_is_untouched(s
     # Probe symbols appear only in the pairs (4 a pair) ...
     probe_ids = {symbols.opening, symbols.closing, *symbols.keys.tolist()}
     assert sum(t in probe_ids for t in planted) == 4 * len(pairs)
-    # ... and without them the planted split is the plain text, cut.
+    # ... and without them the planted split is the plain text: all of it, or cut.
     dropped = {q for first, recall, _, _ in pairs for q in (first - 1, first, recall - 1, recall)}
     text = [t for q, t in enumerate(planted) if q not in dropped]
-    assert text == ids[: len(text)].tolist()
+    assert text == (ids[: len(text)].tolist() if cut else ids.tolist())
+    # The pairs fill the text: after the last pair, less than one more pair's text (or its cut length).
+    after = len(planted) - 1 - pairs[-1][1]
+    assert after < 2 * PAIRS.gap + max(PAIRS.distances) + (4 if cut else 0)
     # Sparse and never overlapping: [gap, 2 gap] plain tokens before every pair.
     ends = [-1] + [recall for _, recall, _, _ in pairs]
     gaps = [first - 1 - (end + 1) for (first, _, _, _), end in zip(pairs, ends)]
@@ -117,7 +122,7 @@ def test_a_million_tokens_are_planted_in_well_under_a_second():
         start = time.perf_counter()
         planting = plant(ids, OLD_DEFAULT, symbols, planting_generator(0, "train", p))
         took.append(time.perf_counter() - start)
-    assert planting.ids.numel() == ids.numel() and min(took) < 0.5, took
+    assert planting.ids.numel() == ids.numel() + 4 * planting.recall.numel() and min(took) < 0.5, took
 
 
 # --- the training split: a fresh planting every pass ---------------------------------------------
@@ -133,6 +138,70 @@ def test_the_training_split_is_planted_afresh_every_pass_and_the_same_for_the_sa
     assert not torch.equal(PlantedSplit(ids, SETTINGS.phases, symbols, seed=4)(0), first.ids)
     # Planting p of a split: the validation split's planting 0 is another draw than the training split's.
     assert planting_generator(3, "train", 0).initial_seed() != planting_generator(3, "validation", 0).initial_seed()
+
+
+# --- no training text lost: the pairs are inserted, never written over it ------------------------------
+def without_probe_tokens(ids: torch.Tensor, symbols: SymbolIds) -> torch.Tensor:
+    return ids[~torch.isin(ids, torch.cat([torch.tensor([symbols.opening, symbols.closing]), symbols.keys]))]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_planting_drops_no_training_text_in_any_phase(compose_config, seed):
+    """Every pass of the planted training split, in every phase (the default schedule's, a test
+    schedule's, the sparse one's), is the whole plain split in order once the probe's tokens are
+    taken out; it is longer than the split by the pairs' 4 tokens each."""
+    ids, symbols = tokenized(make_text(30_000, seed), keys=16)
+    default = ProbeSettings.from_config(compose_config("probe=recall").probe).phases
+    for phases in (default, PHASES, (Phase(OLD_DEFAULT.distances, OLD_DEFAULT.gap),)):
+        split = PlantedSplit(ids, phases, symbols, seed=seed)
+        split.steps = 100
+        for index, phase in enumerate(phases):
+            step = round(phase.start * split.steps)
+            assert split.phase_at(step) == index
+            for pass_index in (0, 1):
+                planting = split.planting(pass_index, step)
+                assert set(planting.distances.tolist()) <= set(phase.distances) and planting.recall.numel() > 5
+                assert torch.equal(without_probe_tokens(planting.ids, symbols), ids)
+                assert planting.ids.numel() == ids.numel() + 4 * planting.recall.numel()
+
+
+def test_the_readers_read_a_planted_pass_longer_than_the_split_whole():
+    ids = torch.arange(1000)
+    longer = lambda p, step: torch.arange(1500) + 10_000 * p  # noqa: E731 - a planted pass: 1.5 x the split
+    # Streams: a pass is laid out over its own ids, so it takes more chunks than the split's.
+    streams = StreamBatches(ids, 4, 10, steps=1, seed=0, pass_ids=longer)
+    assert streams.chunks_per_pass == 24 and streams.chunks_of(1500) == 37
+    streams.steps = 37
+    batches = list(streams)
+    assert (streams.pass_index, streams.chunk, streams.step) == (1, 0, 37)
+    assert [b[2] for b in batches] == [True] + [False] * 36
+    read = torch.cat([b[0] for b in batches], dim=1).reshape(-1)
+    offset = streams.offset(0)
+    assert torch.equal(read, torch.arange(offset, offset + 1480))  # every token once, but the cut tail
+    # Windows: an epoch of the recipe's steps, its windows drawn from anywhere in the longer pass.
+    windows = RandomWindowBatches(ids, 64, 8, steps=20, generator=torch.Generator().manual_seed(0), pass_ids=longer)
+    inputs = torch.cat([x for x, _ in windows])
+    assert len(windows) == 20 and int(inputs.max()) > 1200 and int(inputs.max()) < 1500
+
+
+def test_a_stream_pass_whose_ids_shrink_under_it_ends_there():
+    """A phase switch mid-pass gives the pass a shorter planting: read on while its chunks last, then a
+    new pass, from the initial state; every step asked for once, in order."""
+    ids, asked = torch.arange(1000), []
+
+    def source(p, step):
+        asked.append(step)
+        return torch.arange(1500 if step < 30 else 1000) + 10_000 * p
+
+    streams = StreamBatches(ids, 4, 10, steps=40, seed=0, pass_ids=source)
+    batches = list(streams)
+    assert [i for i, b in enumerate(batches) if b[2]] == [0, 30]  # chunk 30 is past the shorter pass's 24
+    assert int(batches[30][0].min()) // 10_000 == 1 and sorted(set(asked)) == list(range(40))
+    state = streams.state_dict()
+    assert state == {"pass_index": 1, "chunk": 10, "step": 40}
+    restored = StreamBatches(ids, 4, 10, steps=5, seed=0, pass_ids=source)
+    restored.load_state_dict(state)
+    assert torch.equal(next(iter(restored))[0], next(iter(streams))[0])
 
 
 def test_window_batches_read_each_epochs_planting_and_resume_in_the_same_epoch():
@@ -238,7 +307,9 @@ def test_the_char_vocabulary_holds_the_symbols_and_the_splits_still_decode_to_th
     assert corpus.tokenizer.chars == sorted(set(text) | {symbols.opening, symbols.closing, *symbols.keys})
     assert corpus.tokenizer.decode(corpus.train_ids.tolist()) == train_text
     assert corpus.tokenizer.decode(corpus.val_ids.tolist()) == val_text
-    assert corpus.probe.train(0).numel() == corpus.train_ids.numel()
+    planted = corpus.probe.train(0)  # the training split with the pairs inserted: 4 tokens a pair
+    assert planted.numel() == corpus.train_ids.numel() + 4 * corpus.probe.train.planting(0).recall.numel()
+    assert corpus.tokenizer.extra == (symbols.opening, symbols.closing, *symbols.keys)
 
 
 # --- the config ------------------------------------------------------------------------------------

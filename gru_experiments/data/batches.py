@@ -36,12 +36,13 @@ def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
     return inputs.view(n_windows, seq_len), targets.view(n_windows, seq_len)
 
 
-PassSource = Callable[[int, int], Tensor]  # (pass index, step) -> the ids read then, as long as the split
+PassSource = Callable[[int, int], Tensor]  # (pass index, step) -> the ids read then, at least as long as the split
 
 
 class PassIds:
     """The ids read in pass p at step s: the split `ids` itself, or with a `source` the source's ids moved
-    to the split's device (moved once: the source gives the same tensor until its ids change)."""
+    to the split's device (moved once: the source gives the same tensor until its ids change). A source's
+    ids may be longer than the split (the recall probe inserts its pairs into it), never shorter."""
 
     def __init__(self, ids: Tensor, source: PassSource | None = None):
         self.ids, self.source = ids, source
@@ -52,8 +53,8 @@ class PassIds:
             return self.ids
         ids = self.source(pass_index, step)
         if self._last is None or self._last[0] is not ids:
-            if ids.shape != self.ids.shape:
-                raise ValueError(f"pass {pass_index} has {ids.numel()} ids, the split {self.ids.numel()}")
+            if ids.dim() != 1 or ids.numel() < self.ids.numel():
+                raise ValueError(f"pass {pass_index} has {ids.numel()} ids, fewer than the split's {self.ids.numel()}")
             self._last = (ids, ids.to(self.ids.device))
         return self._last[1]
 
@@ -62,7 +63,8 @@ class RandomWindowBatches:
     """An epoch of `steps` batches of random windows, drawn on the data's device.
 
     Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one. With a
-    per-pass source (pass_ids), the batch at step s of epoch e draws its windows from pass_ids(e, s).
+    per-pass source (pass_ids), the batch at step s of epoch e draws its windows from pass_ids(e, s),
+    from anywhere in it (a planted pass longer than the split: an epoch still takes `steps` batches).
     """
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator,
@@ -79,9 +81,9 @@ class RandomWindowBatches:
     def __iter__(self):
         if self.read >= self.steps:  # the last epoch was read through; a resumed one was not
             self.epoch, self.read = self.epoch + 1, 0
-        n_starts = self.ids.numel() - self.seq_len  # last start leaves room for the shifted target
         for _ in range(self.steps):
             ids = self.pass_ids(self.epoch, self.epoch * self.steps + self.read)
+            n_starts = ids.numel() - self.seq_len  # last start leaves room for the shifted target
             starts = torch.randint(n_starts, (self.batch_size, 1), device=ids.device, generator=self.generator)
             windows = ids[starts + self.offsets]  # one gather: (B, T + 1)
             self.read += 1
@@ -124,8 +126,9 @@ class StreamBatches:
 
     Each batch is (inputs, targets, starts_pass): starts_pass is True for the first chunk of a pass,
     where training starts from the initial state. Every pass starts at a seeded offset; DDP ranks read
-    disjoint streams; the position (pass, chunk) is the reader's whole state. The layout in full:
-    docs/internals.md, *Batches*."""
+    disjoint streams; the position (pass, chunk, step) is the reader's whole state. A pass is laid out
+    over the ids it reads (a planted pass, longer than the split, takes more chunks: `chunks_of`). The
+    layout in full: docs/internals.md, *Batches*."""
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, seed: int,
                  rank: int = 0, world_size: int = 1, pass_ids: PassSource | None = None):
@@ -133,17 +136,22 @@ class StreamBatches:
         self.pass_ids = PassIds(ids, pass_ids)
         self.seed, self.rank, self.world_size = seed, rank, world_size
         streams = batch_size * world_size
-        self.chunks_per_pass = (ids.numel() - seq_len) // (streams * seq_len)  # the worst offset, seq_len - 1
+        self.chunks_per_pass = self.chunks_of(ids.numel())  # a pass over the split itself
         if self.chunks_per_pass < 1:
             raise UserError(
                 f"training=streams: the training split has {ids.numel()} tokens, too few for {streams} streams "
                 f"(data.batch_size {batch_size} x {world_size} processes) of at least one chunk of data.seq_len "
                 f"{seq_len} each (it needs {streams * seq_len + seq_len}); use a smaller data.batch_size, a shorter "
                 "data.seq_len or training=windows")
-        self.pass_index, self.chunk = 0, 0  # the next batch to read
+        self.pass_index, self.chunk, self.step = 0, 0, 0  # the next batch to read, and the batches read before it
 
     def __len__(self) -> int:
         return self.steps
+
+    def chunks_of(self, tokens: int) -> int:
+        """The chunks of every stream in a pass over `tokens` ids: the same whatever the offset (the worst,
+        seq_len - 1, leaves room for them)."""
+        return (tokens - self.seq_len) // (self.batch_size * self.world_size * self.seq_len)
 
     def offset(self, pass_index: int) -> int:
         """Where pass `pass_index` starts: seeded, the same on every rank."""
@@ -151,33 +159,38 @@ class StreamBatches:
         return int(torch.randint(self.seq_len, (1,), generator=generator))
 
     def pass_streams(self, pass_index: int, step: int = 0) -> tuple[Tensor, Tensor]:
-        """This rank's (inputs, targets) of a pass, as read at `step`: (batch_size, chunks_per_pass * seq_len)
-        views."""
-        start, length = self.offset(pass_index), self.chunks_per_pass * self.seq_len
+        """This rank's (inputs, targets) of a pass, as read at `step`: (batch_size, chunks * seq_len) views,
+        `chunks_of` the pass's ids."""
+        ids = self.pass_ids(pass_index, step)
+        start, length = self.offset(pass_index), self.chunks_of(ids.numel()) * self.seq_len
         streams = self.batch_size * self.world_size
         mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        ids = self.pass_ids(pass_index, step)
         inputs = ids[start:start + streams * length].view(streams, length)[mine]
         targets = ids[start + 1:start + 1 + streams * length].view(streams, length)[mine]
         return inputs, targets
 
     def __iter__(self):
         for _ in range(self.steps):
-            streams = self.pass_streams(self.pass_index, self.pass_index * self.chunks_per_pass + self.chunk)
+            streams = self.pass_streams(self.pass_index, self.step)
+            if self.chunk * self.seq_len >= streams[0].shape[1]:  # its ids shrank under it (a probe's new phase)
+                self.pass_index, self.chunk = self.pass_index + 1, 0
+                streams = self.pass_streams(self.pass_index, self.step)
             columns = slice(self.chunk * self.seq_len, (self.chunk + 1) * self.seq_len)
             starts_pass = self.chunk == 0
-            self.chunk += 1
-            if self.chunk == self.chunks_per_pass:
+            self.chunk, self.step = self.chunk + 1, self.step + 1
+            if self.chunk * self.seq_len == streams[0].shape[1]:
                 self.pass_index, self.chunk = self.pass_index + 1, 0
             yield streams[0][:, columns], streams[1][:, columns], starts_pass
 
     # The position travels in checkpoints (here for a mid-epoch resume, through the data module
     # for every resume); Lightning does not prefetch from a loader with a length.
     def state_dict(self) -> dict:
-        return {"pass_index": self.pass_index, "chunk": self.chunk}
+        return {"pass_index": self.pass_index, "chunk": self.chunk, "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
         self.pass_index, self.chunk = int(state["pass_index"]), int(state["chunk"])
+        # A checkpoint from before the step was kept: every pass had the split's chunks.
+        self.step = int(state.get("step", self.pass_index * self.chunks_per_pass + self.chunk))
 
 
 def run_steps(trainer, steps_per_epoch: int) -> int:

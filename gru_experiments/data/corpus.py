@@ -123,7 +123,8 @@ def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSet
     learns its pieces from the training split only (its pieces are statistics of the text).
 
     With a probe the char vocabulary also holds the probe's markers and keys (characters the corpus
-    lacks), so the splits encode the same text with ids that may shift."""
+    lacks: the tokenizer's `extra`, which plain text is never scored or sampled over), so the splits
+    encode the same text with ids that may shift."""
     if probe is not None and tokenizer_cfg.kind != "char":
         raise UserError(NEEDS_CHAR)
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
@@ -134,8 +135,8 @@ def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSet
     check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)
     symbols = probe_symbols(text, probe.keys) if probe is not None else None
     fit_text = text if tokenizer_cfg.kind == "char" else train_text
-    fit_text += "".join([symbols.opening, symbols.closing, *symbols.keys]) if symbols else ""
-    tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, **settings)
+    extra = [symbols.opening, symbols.closing, *symbols.keys] if symbols else []
+    tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, extra, **settings)
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
     corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source)
     check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)

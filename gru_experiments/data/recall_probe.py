@@ -2,10 +2,11 @@
 to measure how far back a model recalls a symbol it saw once.
 
 A pair is `⟪ k t_1 ... t_d ⟫ k`: markers and a key the corpus does not contain around d tokens of
-text; the target is the second k. `plant` places balanced, non-overlapping, seeded pairs; training
-replants every pass and phase (`PlantedSplit`), validation scores R plantings of its own distances
-(`validation_plantings`). The rules in full: docs/internals.md, *The planted-recall probe*; the
-experiment: docs/evaluation.md, *The planted-recall control*.
+text; the target is the second k. `plant` inserts balanced, non-overlapping, seeded pairs into the
+text; training replants every pass and phase (`PlantedSplit`: every token of the split in every
+planted pass, which is longer than the split), validation scores R plantings of its own distances,
+each cut to the split's length (`validation_plantings`). The rules in full: docs/internals.md, *The
+planted-recall probe*; the experiment: docs/evaluation.md, *The planted-recall control*.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ def probe_symbols(text: str, keys: int) -> ProbeSymbols:
 class Planting:
     """One planting of a split: the planted ids and where its P pairs are."""
 
-    ids: Tensor  # (N,) the planted split, as long as the plain one
+    ids: Tensor  # (N + 4P,) the split's N tokens in order with each pair's 4 inserted; cut: (N,)
     first_key: Tensor  # (P,) the position in ids of each pair's first key
     recall: Tensor  # (P,) the position of its recalled (second) key: first_key + distances + 2
     distances: Tensor  # (P,) d of each pair
@@ -195,30 +196,40 @@ def planting_generator(seed: int, split: str, planting: int, phase: int = 0) -> 
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Generator) -> Planting:
-    """Plant pairs in `ids` (on CPU; see the module docstring for the rules): vectorised, no loop over tokens."""
+def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Generator, cut: bool = False) -> Planting:
+    """Plant pairs in `ids` (on CPU; see the module docstring for the rules): vectorised, no loop over tokens.
+
+    The 4 tokens of each pair are inserted into the text: the planted ids are every token of `ids`, in
+    order, with the pairs among them (N + 4P tokens for P pairs), the pairs taking the text up to its
+    end (after the last one, less than one more pair's text: under 2 gap + max(d) tokens). cut=True
+    (the validation plantings, which stand side by side as rows of one tensor, and the run's page)
+    cuts the result to the split's length N instead: a pair that would not end inside the cut is not
+    planted, and the text past it is left out (the probe's planting before the insertion, drawn and
+    placed exactly as it was)."""
     ids, n = ids.cpu(), ids.numel()
     distances = torch.tensor(pairs.distances)
-    # No pair takes fewer than gap + min(d) + 4 tokens: this many pairs always fill the split.
-    m = n // (pairs.gap + int(distances.min()) + 4) + 1
+    taken = 4 if cut else 0  # of the n tokens, what a pair's markers and keys take besides its text
+    # No pair takes fewer than gap + min(d) + taken of them: this many pairs always fill the split.
+    m = n // (pairs.gap + int(distances.min()) + taken) + 1
     cycles = -(-m // len(distances))
     order = torch.rand(cycles, len(distances), generator=generator).argsort(dim=1)  # a shuffle per cycle
     d = distances[order.flatten()[:m]]
     gaps = torch.randint(pairs.gap, 2 * pairs.gap + 1, (m,), generator=generator)
     keys = symbols.keys[torch.randint(len(symbols.keys), (m,), generator=generator)]
     ends = torch.cumsum(gaps + d + 4, 0)  # just past each pair, in the planted split
-    kept = int((ends <= n).sum())  # ends increase: the pairs that fit are a prefix
+    kept = int((ends - (4 - taken) * torch.arange(1, m + 1) <= n).sum())  # increasing: the pairs that fit, a prefix
     d, keys = d[:kept], keys[:kept]
     first_key = ends[:kept] - d - 3
     recall = first_key + d + 2
-    planted = torch.empty(n, dtype=ids.dtype)
-    inserted = torch.zeros(n, dtype=torch.bool)
+    length = n if cut else n + 4 * kept
+    planted = torch.empty(length, dtype=ids.dtype)
+    inserted = torch.zeros(length, dtype=torch.bool)
     for positions, values in ((first_key - 1, symbols.opening), (first_key, keys),
                               (recall - 1, symbols.closing), (recall, keys)):
         planted[positions] = values
         inserted[positions] = True
     text = ~inserted
-    planted[text] = ids[: n - 4 * kept]  # the text, in order, around the inserted tokens
+    planted[text] = ids[: length - 4 * kept]  # the text, in order, around the inserted tokens (all of it uncut)
     return Planting(planted, first_key, recall, d, keys)
 
 
@@ -226,7 +237,14 @@ class PlantedSplit:
     """The training split planted afresh at every pass and every phase switch. Called with a pass and
     the step the reader is at, it gives the ids of that pass in the phase in force at that step (on CPU;
     the batches move them); the last planting is kept. A phase starts at step round(start x steps), the
-    run's steps set by the reader's trainer (`steps`; until then, one step: the first phase)."""
+    run's steps set by the reader's trainer (`steps`; until then, one step: the first phase).
+
+    The pairs are inserted (`plant`), so every token of the split is in every planted pass, which is
+    longer than the split by 4 tokens a pair (Tiny Shakespeare's 1,003,854 training tokens: about 1.44
+    times in the default's first phase, 1.08 times in its second). The run's steps stay the recipe's:
+    random windows draw from the whole planted pass, an epoch of them the recipe's steps_per_epoch
+    batches as without the probe; the streams lay out each planted pass whole, so a pass takes more
+    steps than a plain one and the run makes fewer passes (data/batches.py)."""
 
     def __init__(self, ids: Tensor, phases: Sequence[Phase], symbols: SymbolIds, seed: int, name: str = "train"):
         self.ids, self.phases, self.symbols, self.seed, self.name = ids.cpu(), tuple(phases), symbols, seed, name
@@ -271,12 +289,13 @@ def fitting_pairs(pairs: ValidationPairs, tokens: int) -> tuple[ValidationPairs,
 def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: SymbolIds, seed: int,
                          name: str = "validation") -> list[Planting]:
     """Plantings 0, 1, ... of the validation split until every distance has pairs.min_targets recall
-    targets, at most MAX_VALIDATION_PLANTINGS of them (the distances must fit: `fitting_pairs`)."""
+    targets, at most MAX_VALIDATION_PLANTINGS of them (the distances must fit: `fitting_pairs`); each
+    cut to the split's length (`plant`), so that they stand side by side as rows of one tensor."""
     plantings: list[Planting] = []
     counts = torch.zeros(len(pairs.distances), dtype=torch.long)
     distances = torch.tensor(pairs.distances)
     while int(counts.min()) < pairs.min_targets and len(plantings) < MAX_VALIDATION_PLANTINGS:
-        plantings.append(plant(val_ids, pairs, symbols, planting_generator(seed, name, len(plantings))))
+        plantings.append(plant(val_ids, pairs, symbols, planting_generator(seed, name, len(plantings)), cut=True))
         counts += (plantings[-1].distances[:, None] == distances).sum(0)
     return plantings
 

@@ -52,18 +52,27 @@ _TRAINER_OPTIONS = dict(
 
 
 class CharTokenizer:
+    """Every character of its text a token. `extra`: characters of the vocabulary that are not the
+    corpus's (the recall probe's markers and keys, data/recall_probe.py): plain text never holds them,
+    so it is scored and sampled over the other tokens alone (`plain_tokens`)."""
+
     kind = "char"
 
-    def __init__(self, chars: Iterable[str]):
+    def __init__(self, chars: Iterable[str], extra: Iterable[str] = ()):
         self.chars = list(chars)
         self._index = {c: i for i, c in enumerate(self.chars)}
         if len(self._index) != len(self.chars) or any(len(c) != 1 for c in self.chars):
             raise ValueError("chars must be distinct single characters")
+        self.extra = tuple(extra)
+        if any(c not in self._index for c in self.extra):
+            raise ValueError("extra characters must be in the vocabulary")
         self.token_char_lengths = torch.ones(len(self.chars), dtype=torch.long)
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
-        return cls(sorted(set(text)))
+    def from_text(cls, text: str, extra: Iterable[str] = ()) -> "CharTokenizer":
+        """The sorted characters of `text` and of `extra` (characters the corpus lacks: see the class)."""
+        extra = tuple(extra)
+        return cls(sorted(set(text) | set(extra)), extra)
 
     @property
     def vocab_size(self) -> int:
@@ -83,7 +92,7 @@ class CharTokenizer:
         return sorted(set(text) - self._index.keys())
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "chars": list(self.chars)}
+        return {"kind": self.kind, "chars": list(self.chars)} | ({"extra": list(self.extra)} if self.extra else {})
 
 
 def _private_use_chars(text: str, count: int) -> list[str]:
@@ -246,24 +255,38 @@ def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
 
 
 def build_tokenizer(
-    kind: str, text: str, cache_dir: str | Path, **settings
+    kind: str, text: str, cache_dir: str | Path, extra: Iterable[str] = (), **settings
 ) -> CharTokenizer | SentencePieceTokenizer:
     """The tokenizer of `kind` fitted on `text`: for "char", the sorted set of its characters
-    (corpus.prepare_corpus passes the whole corpus); for "spm", a SentencePiece model trained on it
-    (prepare_corpus passes the training split only)."""
+    (corpus.prepare_corpus passes the whole corpus) and of `extra` (the recall probe's symbols:
+    CharTokenizer); for "spm", a SentencePiece model trained on it (prepare_corpus passes the
+    training split only)."""
     if kind == "char":
         if settings:
             raise TypeError(f"char tokenizer takes no settings, got {sorted(settings)}")
-        return CharTokenizer.from_text(text)
+        return CharTokenizer.from_text(text, extra)
+    if extra:
+        raise ValueError("only the char tokenizer takes extra symbols")
     if kind == "spm":
         return SentencePieceTokenizer.train(text, cache_dir=cache_dir, **settings)
     raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
 
 
+def plain_tokens(tokenizer) -> torch.Tensor | None:
+    """(V,) bool: the token ids plain text can hold, every one but the tokenizer's `extra` symbols (the
+    recall probe's); None when that is every token (no extra symbols, a subword tokenizer)."""
+    extra = getattr(tokenizer, "extra", ())
+    if not extra:
+        return None
+    plain = torch.ones(tokenizer.vocab_size, dtype=torch.bool)
+    plain[tokenizer.encode("".join(extra))] = False
+    return plain
+
+
 def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer:
     kind = state.get("kind")
     if kind == "char":
-        return CharTokenizer(state["chars"])
+        return CharTokenizer(state["chars"], state.get("extra", ()))
     if kind == "spm":
         if state.get("format_version") != _FORMAT_VERSION:
             raise ValueError(f"unsupported spm tokenizer format {state.get('format_version')!r}")

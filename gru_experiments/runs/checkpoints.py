@@ -108,10 +108,16 @@ def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size:
             raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but this config builds "
                             f"{tokenizer_summary(tokenizer.state_dict())}; resume with the run's own tokenizer "
                             "and data settings")
-        if not _same_tokenizer(tokenizer.state_dict(), state):
+        if not _same_tokenizer(_vocabulary(tokenizer.state_dict()), _vocabulary(state)):
             raise UserError(f"checkpoint {path} was trained with a different {ckpt_kind} vocabulary of the same "
                             "size (another corpus or tokenizer settings?); resume with the run's own data.path "
                             "and tokenizer settings")
+
+
+def _vocabulary(state: dict) -> dict:
+    """A tokenizer's state without `extra` (which of its characters are the recall probe's, recorded since
+    the probe left them out of plain text): the same vocabulary either way, as a checkpoint from before."""
+    return {key: value for key, value in state.items() if key != "extra"}
 
 
 def _same_tokenizer(a: dict, b: dict) -> bool:

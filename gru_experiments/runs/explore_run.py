@@ -90,7 +90,7 @@ def planted_text(run: RunDir | None, corpus_text: str, ids: torch.Tensor, hold_i
     distances = [d for d in pairs.distances if 2 * pairs.gap + d + 4 <= ids.numel() // 4]
     if not distances:
         raise UserError(f"the text ({ids.numel()} tokens) is too short for a planted pair: give more explore_chars")
-    planting = plant(ids, Pairs(distances, pairs.gap), symbols, planting_generator(seed, "explore", 0))
+    planting = plant(ids, Pairs(distances, pairs.gap), symbols, planting_generator(seed, "explore", 0), cut=True)
     hold = torch.cat([torch.tensor([symbols.opening, int(symbols.keys[0])]), hold_ids])
     return PlantedText(planting, symbols.keys, hold)
 

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from gru_experiments.data.tokenizers import tokenizer_from_state
+from gru_experiments.data.tokenizers import plain_tokens, tokenizer_from_state
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.models.protocol import build_model
 from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
@@ -39,6 +39,8 @@ class LanguageModelTask(L.LightningModule):
         self.tokenizer = tokenizer
         lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
         self.register_buffer("token_char_lengths", lengths.clone(), persistent=False)
+        # The validation split is plain text: scored over the corpus's own symbols (a probe's are left out).
+        self.register_buffer("plain_tokens", plain_tokens(tokenizer), persistent=False)
         self._val_score = Score()
         self.last_val_score: Score | None = None  # the latest validation pass, and the step it ran at
         self.last_val_step = -1
@@ -126,7 +128,7 @@ class LanguageModelTask(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         inputs, targets = batch
         logits, _ = self.model(inputs)
-        self._val_score = self._val_score.add(score_batch(logits, targets, self.token_char_lengths))
+        self._val_score = self._val_score.add(score_batch(logits, targets, self.token_char_lengths, self.plain_tokens))
 
     def on_validation_epoch_end(self) -> None:
         score = self._val_score

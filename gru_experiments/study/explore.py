@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.inference import eval_mode, plain_logits
 from gru_experiments.study.scores import Score, Split, score_stateful, score_table, score_windowed, stateless_log_probs
 
 EXPLORE_MODES = ("stateful", "windowed", "stateless")  # the page's order: most context first
@@ -37,7 +37,7 @@ def surprisal(model, split: Split, seq_len: int, window: int, table: Tensor | No
     """Every token's bits in every mode, from the scoring functions the evaluation runs: stateful
     (one stream, the state carried, in chunks of seq_len), windowed (the last `window` tokens) and
     stateless (the model's V x V table; `table`: already computed)."""
-    table = stateless_log_probs(model) if table is None else table
+    table = stateless_log_probs(model, split.plain) if table is None else table
     scores = {"stateful": score_stateful(model, split, seq_len, streams=1, targets_after=0),
               "windowed": score_windowed(model, split, window, targets=True)}
     bits = {}
@@ -186,8 +186,8 @@ def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: 
     """The page's content for the text `ids` (N,): tokens, every mode's bits per character and bits per
     token, the top predictions; for a recurrent model `activations` (N, U) with `layers` (their sizes)
     and the unit rankings; with a probe, the pairs and the units that hold the key (`recall`)."""
-    split = Split.of(ids, tokenizer)
-    table = stateless_log_probs(model)
+    split = Split.of(ids, tokenizer)  # a planted text: over the whole vocabulary; plain text: its own symbols
+    table = stateless_log_probs(model, split.plain)
     scored = surprisal(model, split, seq_len, window, table)
     logits, units = unit_pass(model, ids[None], seq_len)
     pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
@@ -196,7 +196,7 @@ def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: 
             "bpc": {mode: scored.scores[mode].bpc for mode in EXPLORE_MODES},
             "bits": {mode: [None if math.isnan(b) else round(b, 3) for b in scored.bits[mode].tolist()]
                      for mode in EXPLORE_MODES},
-            "top": {"stateful": top_predictions(logits[0, :-1].log_softmax(-1), pieces),
+            "top": {"stateful": top_predictions(plain_logits(logits[0, :-1], split.plain).log_softmax(-1), pieces),
                     "stateless": top_predictions(table[ids[:-1]].float(), pieces)},
             "layers": layer_sizes(model), "rankings": {}, "recall": None}
     if units is not None:

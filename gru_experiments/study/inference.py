@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.errors import UserError
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
@@ -68,6 +68,15 @@ class Decoding:
         return asdict(self)
 
 
+def plain_logits(logits: Tensor, plain: Tensor | None) -> Tensor:
+    """logits (..., V) with every token outside `plain` (a (V,) bool mask: the corpus's own symbols,
+    data.tokenizers.plain_tokens; None: every token) at -inf, so that a softmax over them renormalises
+    over the corpus's symbols. The one place a probe-trained model's plain-text figures and samples
+    leave out the probe's symbols: the scoring (scores.target_nll, scores.stateless_log_probs) and
+    the sampling (make_chooser) both come through here; the recall figures do not."""
+    return logits if plain is None else logits.masked_fill(~plain.to(logits.device), float("-inf"))
+
+
 def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None) -> Tensor:
     """logits (..., V) scaled by 1/temperature, with every token outside the top-k and outside
@@ -90,15 +99,16 @@ def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = 
     return logits
 
 
-def make_chooser(decoding: Decoding, generator: torch.Generator | None = None) -> Chooser:
+def make_chooser(decoding: Decoding, generator: torch.Generator | None = None, plain: Tensor | None = None) -> Chooser:
     """The function (B, V) logits -> (B,) token ids that `decoding` describes; random draws
-    come from `generator` only, so a seeded generator makes the output reproducible."""
+    come from `generator` only, so a seeded generator makes the output reproducible. `plain`
+    (`plain_logits`): only those tokens are ever chosen (a probe-trained model writes plain text)."""
     if decoding.is_greedy:
-        return lambda logits: logits.argmax(dim=-1)
+        return lambda logits: plain_logits(logits, plain).argmax(dim=-1)
     temperature, top_k, top_p = decoding.temperature, decoding.top_k, decoding.top_p
 
     def choose(logits: Tensor) -> Tensor:
-        probs = filter_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+        probs = filter_logits(plain_logits(logits.float(), plain), temperature, top_k, top_p).softmax(dim=-1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     return choose
@@ -253,8 +263,10 @@ def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_sampl
 
 
 def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
-             decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None) -> Tensor:
-    """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N).
+             decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None,
+             plain: Tensor | None = None) -> Tensor:
+    """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N), of
+    the tokens `plain` allows only (`plain_logits`; None: any token).
 
     Every generation path comes through here: nonsense sizes (study.inference.validate_sampling) and
     a request too large for the device's memory (`check_generation_fits`) raise a UserError
@@ -269,7 +281,7 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
     device = model.device
     prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
     generator = torch.Generator(device=device).manual_seed(seed)
-    return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator),
+    return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator, plain),
                          window)
 
 
@@ -282,12 +294,13 @@ def prompt_seed(seed: int, prompt: str) -> int:
 def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new_tokens: int,
                  num_samples: int = 1, decoding: Decoding = Decoding(), seed: int = 0,
                  window: int | None = None) -> list[list[str]]:
-    """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`."""
-    texts = []
+    """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`: plain text,
+    never one of the tokenizer's extra symbols (the recall probe's: tokenizers.plain_tokens)."""
+    texts, plain = [], plain_tokens(tokenizer)
     for prompt in prompts:
         generated = generate(model, encode_prompt(tokenizer, prompt), mode=mode, max_new_tokens=max_new_tokens,
                              num_samples=num_samples, decoding=decoding, seed=prompt_seed(seed, prompt),
-                             window=window)
+                             window=window, plain=plain)
         texts.append([prompt + tokenizer.decode(row) for row in generated.tolist()])
     return texts
 

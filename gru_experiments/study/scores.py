@@ -1,7 +1,9 @@
 """Scoring a model on a split, in every inference mode: NLL per token and bits per character (the
 split's NLL in bits over the characters its scored tokens decode to, which makes char and subword
 models comparable). Every Score knows the targets it was drawn from (`population`) and the forward
-tokens it ran, which the plan (plan.py) predicts exactly; which targets, positions.py says.
+tokens it ran, which the plan (plan.py) predicts exactly; which targets, positions.py says. Plain text
+is scored over the corpus's own symbols (`Split.plain`): a model trained with the recall probe gives
+its symbols no probability there, as its twin without them.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
+from gru_experiments.data.tokenizers import plain_tokens
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
-from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.inference import eval_mode, plain_logits
 from gru_experiments.study.positions import stream_layout, window_targets
 
 ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this many tokens
@@ -25,16 +28,25 @@ ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this m
 @dataclass(frozen=True)
 class Split:
     """A split's token ids with the number of characters each token id decodes to (the
-    tokenizer's token_char_lengths, a (V,) tensor): everything bits per character needs."""
+    tokenizer's token_char_lengths, a (V,) tensor): everything bits per character needs; and
+    `plain`, the tokens its predictions are normalised over ((V,) bool, inference.plain_logits;
+    None: the whole vocabulary)."""
     ids: Tensor
     char_lengths: Tensor
+    plain: Tensor | None = None
 
     @classmethod
     def of(cls, ids: Tensor, tokenizer) -> "Split":
-        return cls(ids, tokenizer.token_char_lengths)
+        """Text holding none of the tokenizer's extra symbols (the recall probe's: plain text) is
+        scored over the corpus's own symbols, text holding them (a planting) over the whole vocabulary."""
+        plain = plain_tokens(tokenizer)
+        if plain is not None and not bool(plain.to(ids.device)[ids].all()):
+            plain = None
+        return cls(ids, tokenizer.token_char_lengths, plain)
 
     def to(self, device) -> "Split":
-        return Split(self.ids.to(device), self.char_lengths.to(device))
+        return Split(self.ids.to(device), self.char_lengths.to(device),
+                     None if self.plain is None else self.plain.to(device))
 
     @property
     def n_targets(self) -> int:
@@ -108,19 +120,20 @@ class Score:
         return math.sqrt(residual / (n * (n - 1))) / (self.characters / n) / math.log(2)
 
 
-def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
+def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor, plain: Tensor | None = None) -> Score:
     """Summed NLL of logits (..., V) against targets (...), IGNORE_INDEX positions skipped;
-    char_lengths: characters per token id."""
+    char_lengths: characters per token id; plain: see target_nll."""
     targets = targets.reshape(-1)
-    nll = target_nll(logits, targets)
+    nll = target_nll(logits, targets, plain)
     scored = targets != IGNORE_INDEX
     return _score_nll(nll[scored], targets[scored], char_lengths)
 
 
-def target_nll(logits: Tensor, targets: Tensor) -> Tensor:
-    """The NLL (nats) of every target: logits (..., V), targets (...) -> (N,) float32, 0 at IGNORE_INDEX."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="none")
+def target_nll(logits: Tensor, targets: Tensor, plain: Tensor | None = None) -> Tensor:
+    """The NLL (nats) of every target: logits (..., V), targets (...) -> (N,) float32, 0 at IGNORE_INDEX;
+    the softmax over the tokens `plain` marks (inference.plain_logits; None: all V)."""
+    logits = plain_logits(logits.reshape(-1, logits.shape[-1]).float(), plain)
+    return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
 
 
 def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
@@ -138,7 +151,7 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
     with eval_mode(model):
         for inputs, targets in EvalBatches(split.ids, batch_size, seq_len):
             logits, _ = model(inputs)
-            total = total.add(score_batch(logits, targets, split.char_lengths))
+            total = total.add(score_batch(logits, targets, split.char_lengths, split.plain))
     return total
 
 
@@ -168,12 +181,12 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     with eval_mode(model):
         for start in range(0, length, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
-            total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths))
+            total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths, split.plain))
             total.forward_tokens += rows.numel() * model.forward_cost(start, logits.shape[1])
             if tick is not None:  # a progress bar's (progress.py)
                 tick(logits.shape[0] * logits.shape[1])
             if keep:
-                nll.append(target_nll(logits, targets[:, start:start + seq_len]).view(rows.numel(), -1))
+                nll.append(target_nll(logits, targets[:, start:start + seq_len], split.plain).view(rows.numel(), -1))
     total = total.of(n_targets)
     if keep:  # row s, column j: the input at s * length + j, whose target is the next position
         positions = rows.unsqueeze(1) * length + torch.arange(length, device=ids.device) + 1
@@ -183,13 +196,15 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
 
 
 @torch.no_grad()
-def stateless_log_probs(model) -> Tensor:
+def stateless_log_probs(model, plain: Tensor | None = None) -> Tensor:
     """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
-    stateless model can ever predict. One forward pass over the whole vocabulary."""
+    stateless model can ever predict. One forward pass over the whole vocabulary. plain: the
+    tokens each row is normalised over (inference.plain_logits; None: all V)."""
     with eval_mode(model):
         vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
         logits, _ = model(vocab)
-    return F.log_softmax(logits[:, 0].double(), dim=-1)  # a small table: float64 keeps count models exact
+    # A small table: float64 keeps count models exact.
+    return F.log_softmax(plain_logits(logits[:, 0].double(), plain), dim=-1)
 
 
 def score_table(log_probs: Tensor, split: Split) -> Score:
@@ -202,7 +217,7 @@ def score_table(log_probs: Tensor, split: Split) -> Score:
 def score_stateless(model, split: Split) -> Score:
     """Stateless: every target predicted from its previous token alone, from a zero state
     (exact: the model's whole stateless behaviour is a V x V table, one forward pass)."""
-    score = score_table(stateless_log_probs(model), split)
+    score = score_table(stateless_log_probs(model, split.plain), split)
     return replace(score, forward_tokens=model.vocab_size * model.forward_cost(0, 1))
 
 
@@ -212,7 +227,7 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
     It runs nothing through the model (forward_tokens 0)."""
     device = split.ids.device
     bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
-    return score_table(stateless_log_probs(bigram), split)
+    return score_table(stateless_log_probs(bigram, split.plain), split)
 
 
 def score_windowed(model, split: Split, window: int, targets: bool = False) -> Score:
@@ -258,10 +273,10 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
     kept = {w: ([], []) for w in contexts}  # targets=True: positions and NLLs
 
     def add(w: int, logits: Tensor, positions: Tensor) -> None:
-        totals[w] = totals[w].add(score_batch(logits, ids[positions], split.char_lengths))
+        totals[w] = totals[w].add(score_batch(logits, ids[positions], split.char_lengths, split.plain))
         if targets:
             kept[w][0].append(positions)
-            kept[w][1].append(target_nll(logits, ids[positions]))
+            kept[w][1].append(target_nll(logits, ids[positions], split.plain))
 
     with eval_mode(model):
         # Targets 1..window: their contexts are prefixes of ids[:window] (one pass predicts all).
@@ -313,10 +328,10 @@ def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets:
         for start in range(0, inputs.numel(), chunk):
             logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
             wanted = torch.arange(start + 1, start + 1 + logits.shape[1], device=ids.device)
-            total = total.add(score_batch(logits[0], ids[wanted], split.char_lengths))
+            total = total.add(score_batch(logits[0], ids[wanted], split.char_lengths, split.plain))
             total.forward_tokens += model.forward_cost(start, logits.shape[1])
             if targets:
-                nll.append(target_nll(logits[0], ids[wanted]))
+                nll.append(target_nll(logits[0], ids[wanted], split.plain))
             if tick is not None:
                 tick(logits.shape[1])
     total = total.of(split.n_targets)
