@@ -1,0 +1,111 @@
+"""minGRU and minLSTM against Astra-α's GRU at the same size: training tokens/s by window, and the parallel
+scan against the same cell run step by step.
+
+    python benchmarks/bench_minrnn.py                     # windows 128 and 512, scan cost up to 2,048
+    python benchmarks/bench_minrnn.py --windows 128 --scan-lengths 32,128 --steps 2   # a smoke run
+
+Training: one step = forward, cross-entropy, backward and AdamW on a fixed random batch (64 windows, 65 symbols),
+the models built from conf/model/{astra_alpha,mingru,minlstm}.yaml; the GRU runs its fast path, the minimal
+cells their scan, and the minimal cells once more as a loop over their readable `step` (what training would cost
+without the scan). Interleaved repetitions, medians. Scan cost: one layer of the α size (109 wide), forward and
+backward, microseconds per token (batch 64), as the window grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from bench_recurrence import REPO, interleaved, machine_info
+from omegaconf import OmegaConf
+
+from gru_experiments.models.minrnn import MinRNNLayer
+from gru_experiments.models.protocol import build_model
+
+MODELS = ("astra_alpha", "mingru", "minlstm")
+
+
+class SequentialLayers(torch.nn.Module):
+    """A minimal model's layers run step by step (MinRNNLayer.sequential) instead of the scan: the baseline."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        for layer in model.layers:
+            layer.scan = layer.sequential
+
+    def forward(self, tokens):
+        return self.model(tokens)
+
+
+def built(name: str):
+    architecture = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml").architecture)
+    return build_model(architecture, 65)
+
+
+def train_step(model, tokens: torch.Tensor, optimizer):
+    def step() -> float:
+        started = time.perf_counter()
+        logits, _ = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 65), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return time.perf_counter() - started
+    return step
+
+
+def scan_microseconds(length: int, repeats: int) -> dict[str, float]:
+    """Forward + backward of one 109-wide minGRU layer over `length` steps, µs per token, scan and loop."""
+    layer = MinRNNLayer("mingru", 109, 109)
+    x = torch.randn(64, length, 109, requires_grad=True)
+    h0 = torch.zeros(64, 109)
+
+    def timed(run):
+        def once() -> float:
+            started = time.perf_counter()
+            run(x, h0)[0].sum().backward()
+            return time.perf_counter() - started
+        return once
+    seconds = interleaved({"scan": timed(layer.scan), "loop": timed(layer.sequential)}, repeats)
+    return {kind: value / (64 * length) * 1e6 for kind, value in seconds.items()}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--windows", default="128,512")
+    p.add_argument("--scan-lengths", default="32,128,512,2048")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print("## Machine\n")
+    print(machine_info(torch.device("cpu")))
+    print("\n## Training, batch 64 (tokens/s, medians of interleaved steps)\n")
+    print("| window | " + " | ".join(MODELS) + " | mingru, step loop | minlstm, step loop |")
+    print("|--:|" + "--:|" * (len(MODELS) + 2))
+    for window in (int(w) for w in args.windows.split(",")):
+        tokens = torch.randint(0, 65, (64, window + 1))
+        steps = {}
+        for name in MODELS:
+            model = built(name).train()
+            steps[name] = train_step(model, tokens, torch.optim.AdamW(model.parameters(), lr=1e-3))
+        for name in MODELS[1:]:
+            loop = SequentialLayers(built(name).train())
+            steps[f"{name} loop"] = train_step(loop, tokens, torch.optim.AdamW(loop.parameters(), lr=1e-3))
+        seconds = interleaved(steps, args.steps)
+        print(f"| {window} | " + " | ".join(f"{64 * window / seconds[name]:,.0f}" for name in steps) + " |",
+              flush=True)
+    print("\n## One minGRU layer (109 wide, batch 64), forward + backward: µs per token\n")
+    print("| steps | scan | step loop | loop / scan |\n|--:|--:|--:|--:|")
+    for length in (int(n) for n in args.scan_lengths.split(",")):
+        cost = scan_microseconds(length, args.steps)
+        print(f"| {length} | {cost['scan']:.2f} | {cost['loop']:.2f} | {cost['loop'] / cost['scan']:.1f}x |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
