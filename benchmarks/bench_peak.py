@@ -28,6 +28,15 @@ PEAK_SHAPES = [(8192, 512, 1536), (2048, 2048, 2048)]
 QUICK_SHAPES = [(1024, 256, 768)]
 
 
+def cpu_flags() -> str:
+    """The CPU's vector and matrix flags that decide matmul speed (avx*, amx*, fma), from /proc/cpuinfo."""
+    try:
+        line = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    return " ".join(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma")))
+
+
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
     """GFLOP/s of an (m x k) @ (k x n) product with `dtype` inputs: the median of `repeats` after a warm-up."""
     a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
@@ -67,6 +76,7 @@ def main(argv=None) -> None:
 
     print("## Machine\n")
     print(machine_info(device))
+    print(f"- CPU flags: {cpu_flags()}")
     print(f"- fast bf16 (avx512_bf16 or amx_bf16; what low_precision_matmuls=auto looks for): {has_fast_bf16(device)}")
     repeats = 3 if args.quick else 10
     peak = {}

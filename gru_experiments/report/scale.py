@@ -58,6 +58,11 @@ def chars_per_token(job) -> float:
     return 1.0 if not nll or not bpc else nll / math.log(2) / bpc
 
 
+def label(job) -> str:
+    """The model's name and variant, without its steps (the section says them beside it)."""
+    return f"{job.name} ({job.variant})" if job.variant else job.name
+
+
 def steps(job) -> str:
     """"2,000 of 8,000": the steps trained and the recipe's, where known."""
     trained, recipe = job.number("train_steps"), job.number("recipe_steps")
@@ -82,7 +87,7 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
     for job in chosen:
         gain, seconds = state_gain(job), job.number("train_seconds")
         window = job.training_window
-        rows.append([escape(job.model), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
+        rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
                      steps(job), *(_mode(job, mode) for mode in MODES),
                      MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
                      _best(job), MISSING if seconds is None else format_duration(seconds)])
@@ -106,13 +111,13 @@ def plot_scale_curves(jobs, path: Path) -> Path | None:
         return None
     plt = figure()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    series = {job.model: ([(int(key) * chars_per_token(job), value) for key, value
+    series = {label(job): ([(int(key) * chars_per_token(job), value) for key, value
                            in curve_points(job.values["context_curve"]) if key.isdigit()], job) for job in chosen}
     stateful_x = 4 * max(x for points, _ in series.values() for x, _ in points)
-    for label, (points, job) in series.items():
+    for name, (points, job) in series.items():
         xs, ys = zip(*points)
         (line,) = ax.plot(xs, ys, marker="o", markersize=3,
-                          label=f"{label} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
+                          label=f"{name} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
         ax.plot([xs[-1], stateful_x], [ys[-1], job.number("stateful_bpc")], linestyle=":", color=line.get_color())
         ax.plot([stateful_x], [job.number("stateful_bpc")], marker="*", markersize=9, color=line.get_color())
     ax.set_xscale("log", base=2)
@@ -147,7 +152,7 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
         change, change_se = g_large - g_small, math.hypot(se_small, se_large)
         grew = change > max(2 * change_se, WORTH)
         grows += grew
-        sizes = ", ".join(f"{job.model} ({job.number('parameters'):,.0f} parameters, {steps(job)} steps) "
+        sizes = ", ".join(f"{label(job)} ({job.number('parameters'):,.0f} parameters, {steps(job)} steps) "
                           f"{state_gain(job)[0]:+.5f} ± {state_gain(job)[1]:.5f}" for job in group)
         significant = g_large > 2 * se_large and g_large >= WORTH
         parts.append(f"{kind}: {sizes}; largest - smallest {change:+.5f} ± {change_se:.5f} "

@@ -48,9 +48,17 @@ class JobResult:
 
     @property
     def model(self) -> str:
-        """Its label in the report: the name, marked when trained with the state carried, and its variant."""
+        """Its label in the report: the name, marked when trained with the state carried, its variant and,
+        for a run stopped before its recipe's end, its steps ("astra_gamma (2,000 of 8,000 steps)")."""
         label = f"{self.name} (streams)" if self.training_mode == "streams" else self.name
-        return f"{label} ({self.variant})" if self.variant else label
+        notes = ", ".join(note for note in (self.variant, self.cut) if note)
+        return f"{label} ({notes})" if notes else label
+
+    @property
+    def cut(self) -> str:
+        """"2,000 of 8,000 steps" for a run stopped before its recipe's end (trainer.max_steps), else ""."""
+        trained, recipe = self.number("train_steps"), self.number("recipe_steps")
+        return f"{trained:,.0f} of {recipe:,.0f} steps" if trained and recipe and trained < recipe else ""
 
     @property
     def training_window(self) -> int | None:
@@ -216,13 +224,7 @@ def name_variants(jobs: list[JobResult]) -> None:
     for group in groups.values():
         varies = [key for key in ("lr", "optim", "probe") if len({str(job.values.get(key)) for job in group}) > 1]
         for job in group:
-            job.variant = ", ".join([*(_variant(job, key) for key in varies), *_cut(job)])
-
-
-def _cut(job: JobResult) -> list[str]:
-    """["2,000 of 8,000 steps"] for a run stopped before its recipe's end (trainer.max_steps), else []."""
-    trained, recipe = job.number("train_steps"), job.number("recipe_steps")
-    return [f"{trained:,.0f} of {recipe:,.0f} steps"] if trained and recipe and trained < recipe else []
+            job.variant = ", ".join(_variant(job, key) for key in varies)
 
 
 def _variant(job: JobResult, key: str) -> str:
