@@ -71,7 +71,7 @@ def repeats():
 
 def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_corpus, tmp_path, repeats, capsys):
     sweep = tmp_path / "sweep"
-    cfg = compose_config(f"data.path={tiny_corpus}", "trainer.max_steps=3", "model.steps_per_epoch=3",
+    cfg = compose_config(f"data.path={tiny_corpus}", "trainer.max_steps=3", "model.epochs=1", "model.steps_per_epoch=3",
                          "data.batch_size=4", "data.seq_len=16", "trainer.enable_progress_bar=false",
                          "trainer.accelerator=cpu", "evaluation.text.samples=0", "evaluation.samples.chars=10",
                          f"paths.output_dir={sweep / '0_astra_alpha'}")
