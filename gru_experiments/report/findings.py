@@ -179,8 +179,9 @@ def correctness_finding(jobs) -> tuple[str, str]:
 WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (finding 6)
 
 
-def _gain(job) -> tuple[float, float] | None:
-    """Stateful - windowed bits per character, paired target by target, and its standard error."""
+def state_gain(job) -> tuple[float, float] | None:
+    """Stateful - windowed bits per character, paired target by target, and its standard error (findings 6
+    and 16)."""
     gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
     return None if gain is None or se is None else (gain, se)
 
@@ -189,7 +190,7 @@ def training_mode_pairs(jobs) -> list[tuple]:
     """(windows job, streams job) of every model trained both ways at one training window, with both
     state gains."""
     judged = _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]
-    return mode_pairs([job for job in judged if _gain(job) is not None])
+    return mode_pairs([job for job in judged if state_gain(job) is not None])
 
 
 @STUDY.claim("Training with the state carried makes the state worth carrying")
@@ -201,7 +202,7 @@ def carried_state_finding(jobs) -> tuple[str, str]:
         return cannot("no model trained both ways (python sweep.py models=grid training=windows,streams)")
     parts, supported, contradicted = [], 0, 0
     for windows, streams in pairs:
-        (gw, sw), (gs, ss) = _gain(windows), _gain(streams)
+        (gw, sw), (gs, ss) = state_gain(windows), state_gain(streams)
         change, change_se = gs - gw, math.hypot(sw, ss)
         if gs < -max(2 * ss, WORTH) and change < -max(2 * change_se, WORTH):
             supported += 1

@@ -135,12 +135,19 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
             ax.plot([stateful_x], [s["stateful"]], marker="*", markersize=9, color=line.get_color())
     for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
         ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
-    ax.set_xscale("log", base=2)
     ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
-    ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"])
-    ax.set(title="Bits per character against the context given (final weights)",
-           xlabel="tokens of context (from the initial state); stateful: the state carried",
-           ylabel="bits per character (lower is better)")
+    return save_curve(fig, ax, path, "Bits per character against the context given (final weights)",
+                      "tokens of context (from the initial state); stateful: the state carried",
+                      ([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"]))
+
+
+def save_curve(fig, ax, path: Path, title: str, xlabel: str, ticks=None) -> Path:
+    """A context-curve figure finished and saved: log2 context axis (with `ticks`, (positions, labels)),
+    the labels, grid and legend every curve figure shares."""
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(*ticks)
+    ax.set(title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return save(fig, path)

@@ -12,23 +12,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import (
-    MISSING,
-    RECURRENT,
-    escape,
-    figure,
-    format_duration,
-    image,
-    plus_minus,
-    save,
-    table,
-)
+from gru_experiments.report import findings
+from gru_experiments.report.common import MISSING, RECURRENT, escape, figure, format_duration, image, plus_minus, table
+from gru_experiments.report.plots import save_curve
 from gru_experiments.report.section import Findings, Section, cannot
 from gru_experiments.report.section import verdict as verdict_of
 from gru_experiments.study.context_curve import curve_points
 
 PLOT_SCALE = "scale_context_curve.png"
-WORTH = 0.005  # bits per character: the least gain of the state worth carrying (as finding 6's)
 MODES = ("stateful", "windowed", "stateless", "bigram")
 
 
@@ -48,8 +39,8 @@ def scale_jobs(jobs) -> list:
 
 def state_gain(job) -> tuple[float, float] | None:
     """What the carried state buys over the training window: windowed - stateful bits per character, ± se."""
-    gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
-    return None if gain is None or se is None else (-gain, se)
+    found = findings.state_gain(job)
+    return None if found is None else (-found[0], found[1])
 
 
 def chars_per_token(job) -> float:
@@ -120,13 +111,8 @@ def plot_scale_curves(jobs, path: Path) -> Path | None:
                           label=f"{name} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
         ax.plot([xs[-1], stateful_x], [ys[-1], job.number("stateful_bpc")], linestyle=":", color=line.get_color())
         ax.plot([stateful_x], [job.number("stateful_bpc")], marker="*", markersize=9, color=line.get_color())
-    ax.set_xscale("log", base=2)
-    ax.set(title="Bits per character against the context given, by size (final weights)",
-           xlabel="characters of context (from the initial state); right: the state carried (stateful)",
-           ylabel="bits per character (lower is better)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return save(fig, path)
+    return save_curve(fig, ax, path, "Bits per character against the context given, by size (final weights)",
+                      "characters of context (from the initial state); right: the state carried (stateful)")
 
 
 SCALE = Findings("Findings at scale", "What capacity changes, judged on this sweep's recurrent models of two "
@@ -136,7 +122,7 @@ SCALE = Findings("Findings at scale", "What capacity changes, judged on this swe
 @SCALE.claim("The carried state's gain grows with capacity")
 def state_gain_grows_finding(jobs) -> tuple[str, str]:
     """Per tokenizer: does the largest model take more from a state older than its window than the smallest
-    does, by two standard errors of the difference and by at least WORTH?"""
+    does, by two standard errors of the difference and by at least findings.WORTH?"""
     chosen = [job for job in scale_jobs(jobs) if state_gain(job) is not None]
     groups: dict[str, list] = {}
     for job in chosen:
@@ -150,18 +136,18 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
         small, large = group[0], group[-1]
         (g_small, se_small), (g_large, se_large) = state_gain(small), state_gain(large)
         change, change_se = g_large - g_small, math.hypot(se_small, se_large)
-        grew = change > max(2 * change_se, WORTH)
+        grew = change > max(2 * change_se, findings.WORTH)
         grows += grew
         sizes = ", ".join(f"{label(job)} ({job.number('parameters'):,.0f} parameters, {steps(job)} steps) "
                           f"{state_gain(job)[0]:+.5f} ± {state_gain(job)[1]:.5f}" for job in group)
-        significant = g_large > 2 * se_large and g_large >= WORTH
+        significant = g_large > 2 * se_large and g_large >= findings.WORTH
         parts.append(f"{kind}: {sizes}; largest - smallest {change:+.5f} ± {change_se:.5f} "
                      f"({'grows' if grew else 'does not grow'}; the largest "
                      f"{'takes' if significant else 'takes nothing worth carrying'} from a state older than its "
                      f"window)")
     evidence = ("Windowed - stateful bits per character (what the state carried beyond the training window buys), "
                 "paired by target, ± one standard error: " + "; ".join(parts) + f". It grows, by two standard "
-                f"errors and at least {WORTH} bits per character, for {grows} of {len(groups)} tokenizers.")
+                f"errors and at least {findings.WORTH} bits per character, for {grows} of {len(groups)} tokenizers.")
     return (verdict_of(grows, len(groups)), evidence)
 
 
