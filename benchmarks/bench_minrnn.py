@@ -3,6 +3,7 @@ scan against the same cell run step by step.
 
     python benchmarks/bench_minrnn.py                     # windows 128 and 512, scan cost up to 2,048
     python benchmarks/bench_minrnn.py --windows 128 --scan-lengths 32,128 --steps 2   # a smoke run
+    python benchmarks/bench_minrnn.py --device cuda       # the same on a GPU (each step synchronised)
 
 Training: one step = forward, cross-entropy, backward and AdamW on a fixed random batch (64 windows, 65 symbols),
 the models built from conf/model/{astra_alpha,mingru,minlstm}.yaml; the GRU runs its fast path, the minimal
@@ -17,7 +18,7 @@ import argparse
 import time
 
 import torch
-from bench_recurrence import REPO, interleaved, machine_info
+from bench_recurrence import REPO, interleaved, machine_info, sync
 from omegaconf import OmegaConf
 
 from gru_experiments.models.minrnn import MinRNNLayer
@@ -39,33 +40,37 @@ class SequentialLayers(torch.nn.Module):
         return self.model(tokens)
 
 
-def built(name: str):
+def built(name: str, device):
     architecture = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml").architecture)
-    return build_model(architecture, 65)
+    return build_model(architecture, 65).to(device)
 
 
 def train_step(model, tokens: torch.Tensor, optimizer):
     def step() -> float:
+        sync(tokens.device)
         started = time.perf_counter()
         logits, _ = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 65), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        sync(tokens.device)
         return time.perf_counter() - started
     return step
 
 
-def scan_microseconds(length: int, repeats: int) -> dict[str, float]:
+def scan_microseconds(length: int, repeats: int, device) -> dict[str, float]:
     """Forward + backward of one 109-wide minGRU layer over `length` steps, µs per token, scan and loop."""
-    layer = MinRNNLayer("mingru", 109, 109)
-    x = torch.randn(64, length, 109, requires_grad=True)
-    h0 = torch.zeros(64, 109)
+    layer = MinRNNLayer("mingru", 109, 109).to(device)
+    x = torch.randn(64, length, 109, device=device, requires_grad=True)
+    h0 = torch.zeros(64, 109, device=device)
 
     def timed(run):
         def once() -> float:
+            sync(device)
             started = time.perf_counter()
             run(x, h0)[0].sum().backward()
+            sync(device)
             return time.perf_counter() - started
         return once
     seconds = interleaved({"scan": timed(layer.scan), "loop": timed(layer.sequential)}, repeats)
@@ -78,23 +83,25 @@ def main(argv=None) -> None:
     p.add_argument("--scan-lengths", default="32,128,512,2048")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     args = p.parse_args(argv)
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print("## Machine\n")
-    print(machine_info(torch.device("cpu")))
+    print(machine_info(device))
     print("\n## Training, batch 64 (tokens/s, medians of interleaved steps)\n")
     print("| window | " + " | ".join(MODELS) + " | mingru, step loop | minlstm, step loop |")
     print("|--:|" + "--:|" * (len(MODELS) + 2))
     for window in (int(w) for w in args.windows.split(",")):
-        tokens = torch.randint(0, 65, (64, window + 1))
+        tokens = torch.randint(0, 65, (64, window + 1), device=device)
         steps = {}
         for name in MODELS:
-            model = built(name).train()
+            model = built(name, device).train()
             steps[name] = train_step(model, tokens, torch.optim.AdamW(model.parameters(), lr=1e-3))
         for name in MODELS[1:]:
-            loop = SequentialLayers(built(name).train())
+            loop = SequentialLayers(built(name, device).train())
             steps[f"{name} loop"] = train_step(loop, tokens, torch.optim.AdamW(loop.parameters(), lr=1e-3))
         seconds = interleaved(steps, args.steps)
         print(f"| {window} | " + " | ".join(f"{64 * window / seconds[name]:,.0f}" for name in steps) + " |",
@@ -102,7 +109,7 @@ def main(argv=None) -> None:
     print("\n## One minGRU layer (109 wide, batch 64), forward + backward: µs per token\n")
     print("| steps | scan | step loop | loop / scan |\n|--:|--:|--:|--:|")
     for length in (int(n) for n in args.scan_lengths.split(",")):
-        cost = scan_microseconds(length, args.steps)
+        cost = scan_microseconds(length, args.steps, device)
         print(f"| {length} | {cost['scan']:.2f} | {cost['loop']:.2f} | {cost['loop'] / cost['scan']:.1f}x |",
               flush=True)
 

@@ -1,0 +1,175 @@
+"""Many small train.py runs side by side on one CUDA device, with a deadline: the device jobs of the
+minGRU/minLSTM rung and the planted-recall experiment (docs/results.md).
+
+    python benchmarks/gpu_jobs.py                          # everything below, 14 at a time, stopped at 570 s
+    python benchmarks/gpu_jobs.py --only lr --jobs 4       # one group
+    python benchmarks/gpu_jobs.py --accelerator cpu --steps 2 --jobs 2   # the plumbing on a CPU (a smoke run)
+
+The groups, each a folder under outputs/multiruns/ that `python sweep.py report=<folder>` reports:
+- lr_min: minGRU and minLSTM at Astra-α's size, every learning rate of the GRU's sweep at α (1e-3 to 2e-2),
+  the full recipe, evaluation.text.samples=0, as `python sweep.py models=[mingru,minlstm] 'model.lr=...'` runs it;
+- transformer_control: the transformer (block 128) with the probe, at other rates, a denser planting and 4x the
+  steps: which schedule makes it recall inside its block (issue 42);
+- recall_horizon: the experiment set `recall_horizon` with probe=recall and probe=none (each run beside its
+  twin); minGRU's and minLSTM's runs start once their family's learning-rate runs have ended, at its best rate
+  (stateful bits per character), so the rung is tuned the way the GRU was before it is compared.
+
+Small recurrent models are bound by kernel launches, not by the GPU's arithmetic, so a GPU is best used by many
+processes at once (one CPU thread each). A run still going at the deadline is stopped with SIGINT (it keeps its
+last.ckpt: `python train.py resume=RUN` continues it); a job not started by then is listed as not run.
+Exit status: the number of jobs that did not complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RATES = ("1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
+MINIMAL = ("mingru", "minlstm")
+GRU_RECALL = ("recall_beta_windows", "recall_beta_streams", "recall_alpha_windows", "recall_alpha_streams",
+              "recall_alpha_long_windows")
+# The transformer control's search (issue 42): its learning rate, a denser planting and a longer schedule.
+DENSE = "probe.phases=[{start:0,distances:[4,8],gap:2},{start:0.5,distances:[4,8,16,24,32,48,64,80,100],gap:2}]"
+CONTROL = {"lr3e-3": ["model.lr=3e-3"], "lr1e-3": ["model.lr=1e-3"], "lr3e-3_dense": ["model.lr=3e-3", DENSE],
+           "lr6e-3_dense": ["model.lr=6e-3", DENSE], "lr3e-3_x4": ["model.lr=3e-3", "model.epochs=40"],
+           "lr1e-2_x4": ["model.lr=1e-2", "model.epochs=40"], "lr3e-3_dense_x4": ["model.lr=3e-3", DENSE,
+                                                                                 "model.epochs=40"]}
+
+
+@dataclass
+class Job:
+    name: str
+    folder: Path
+    overrides: list[str]
+    family: str | None = None  # a learning-rate run of this minimal family
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    ended: float | None = None
+    status: str = "waiting"
+    log: Path = field(default=None)
+
+    def summary(self) -> dict:
+        path = self.folder / "summary.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def lr_jobs(root: Path) -> list[Job]:
+    return [Job(f"{model}_lr{rate}", root / "lr_min" / f"{i:02d}_{model}_lr{rate}",
+                [f"model={model}", f"model.lr={rate}", "evaluation.text.samples=0"], family=model)
+            for i, (model, rate) in enumerate((m, r) for m in MINIMAL for r in RATES)]
+
+
+def recall_jobs(root: Path, experiments, first: int, extra: list[str] = ()) -> list[Job]:
+    return [Job(f"{experiment}_{probe}", root / "recall_horizon" / f"{first + i:02d}_{experiment}_{probe}",
+                [f"experiment={experiment}", f"probe={probe}", *extra])
+            for i, (experiment, probe) in enumerate((e, p) for e in experiments for p in ("recall", "none"))]
+
+
+def control_jobs(root: Path) -> list[Job]:
+    return [Job(f"transformer_{name}", root / "transformer_control" / f"{i:02d}_transformer_{name}",
+                ["experiment=recall_transformer_windows", "probe=recall", *overrides])
+            for i, (name, overrides) in enumerate(CONTROL.items())]
+
+
+def best_rate(jobs: list[Job], family: str) -> str | None:
+    scored = [(job.summary().get("stateful_bpc"), job.overrides[1].split("=")[1])
+              for job in jobs if job.family == family and job.summary().get("status") == "completed"]
+    scored = [(bpc, rate) for bpc, rate in scored if isinstance(bpc, float)]
+    return min(scored)[1] if scored else None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=14, help="runs at once")
+    p.add_argument("--deadline", type=float, default=570, help="seconds from start: running jobs get SIGINT")
+    p.add_argument("--only", choices=("lr", "recall", "minimal", "control"), default=None,
+                   help="lr: the learning-rate runs; recall: the GRU pairs; minimal: lr, then the minimal "
+                        "families' recall pairs; control: the transformer control's search")
+    p.add_argument("--accelerator", default="gpu")
+    p.add_argument("--steps", type=int, default=None, help="trainer.max_steps for every run (a smoke run)")
+    p.add_argument("--root", type=Path, default=REPO / "outputs" / "multiruns")
+    args = p.parse_args(argv)
+
+    common = [f"trainer.accelerator={args.accelerator}", "logger=csv"]
+    if args.steps:
+        common.append(f"trainer.max_steps={args.steps}")
+    lr = lr_jobs(args.root) if args.only in (None, "lr", "minimal") else []
+    queue = recall_jobs(args.root, GRU_RECALL, 0) if args.only in (None, "recall") else []
+    # The longest runs (Astra-β's) first, then the learning-rate runs, the control's search, Astra-α's pairs.
+    control = control_jobs(args.root) if args.only in (None, "control") else []
+    queue = queue[:4] + lr + control + queue[4:]
+    pending = {family: args.only != "lr" for family in MINIMAL}
+    done: list[Job] = []
+    running: list[Job] = []
+    start = time.monotonic()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - start:6.0f} s] {text}", flush=True)
+
+    while queue or running:
+        for job in list(running):
+            if job.process.poll() is not None:
+                running.remove(job)
+                job.ended = time.monotonic()
+                job.status = job.summary().get("status", f"exit {job.process.returncode}")
+                done.append(job)
+                bpc = job.summary().get("stateful_bpc")
+                say(f"{job.name}: {job.status} in {job.ended - job.started:.0f} s"
+                    + (f", stateful {bpc:.4f}" if isinstance(bpc, float) else "") + f" ({job.log})")
+        for family, waiting in pending.items():
+            if waiting and not any(j.family == family for j in queue + running):
+                pending[family] = False
+                rate = best_rate(done, family)
+                if rate is None:
+                    say(f"{family}: no completed learning-rate run, so no recall runs")
+                    continue
+                say(f"{family}: best rate {rate}; its recall pairs start")
+                first = 20 + 4 * MINIMAL.index(family)
+                queue[:0] = recall_jobs(args.root, [f"recall_{family}_windows", f"recall_{family}_streams"], first,
+                                        [f"model.lr={rate}"])
+        if time.monotonic() - start > args.deadline:
+            break
+        while queue and len(running) < args.jobs:
+            job = queue.pop(0)
+            job.folder.mkdir(parents=True, exist_ok=True)
+            job.log = job.folder / "train.log"
+            command = [sys.executable, "train.py", *job.overrides, *common, f"hydra.run.dir={job.folder}"]
+            job.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=job.log.open("w"),
+                                           stderr=subprocess.STDOUT)
+            job.started, job.status = time.monotonic(), "running"
+            running.append(job)
+            say(f"{job.name}: started ({len(running)} running, {len(queue)} waiting)")
+        time.sleep(2)
+
+    for job in running:
+        job.process.send_signal(signal.SIGINT)
+        say(f"{job.name}: stopped at the deadline (SIGINT)")
+    for job in running:
+        try:
+            job.process.wait(timeout=25)
+        except subprocess.TimeoutExpired:
+            job.process.kill()
+        job.status = "stopped"
+    print("\n| job | status | stateful bpc | windowed | stateless | seconds |\n|---|---|--:|--:|--:|--:|")
+    for job in done + running:
+        s = job.summary()
+        cells = [f"{s[k]:.4f}" if isinstance(s.get(k), float) else "" for k in
+                 ("stateful_bpc", "windowed_bpc", "stateless_bpc")]
+        print(f"| {job.name} | {job.status} | " + " | ".join(cells) + f" | {(job.ended or time.monotonic()) - job.started:.0f} |")
+    for job in queue:
+        print(f"| {job.name} | not run | | | | |")
+    return sum(job.status != "completed" for job in done + running) + len(queue)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
