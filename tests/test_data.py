@@ -159,3 +159,21 @@ def test_tiny_shakespeare_char_vocabulary_is_its_65_characters(tmp_path):
 
     corpus = prepare_corpus(_data_cfg(None, 256), OmegaConf.create({"kind": "char"}), tmp_path)
     assert corpus.tokenizer.vocab_size == 65
+
+
+def test_a_window_sampler_state_from_another_device_type_reseeds_and_says_so(capsys):
+    """A GPU run resumed on a CPU: a CUDA generator's state does not load into a CPU generator, so the
+    sampler is reseeded from that state (the same on every such resume) and the run says so in a line."""
+    def resumed(state):
+        data = CorpusDataModule(torch.arange(2000) % 11, torch.arange(300) % 11, 4, 8, 5, seed=3)
+        data.setup("fit")
+        data.load_state_dict({"generator_state": state})
+        return data.generator.get_state()
+
+    foreign = torch.arange(16, dtype=torch.uint8)  # a CUDA generator's state is 16 bytes
+    first = resumed(foreign)
+    assert "ran on another device type than cpu" in capsys.readouterr().out
+    assert torch.equal(first, resumed(foreign)) and not torch.equal(first, resumed(foreign + 1))
+    capsys.readouterr()
+    own = torch.Generator().manual_seed(99).get_state()
+    assert torch.equal(resumed(own), own) and "another device" not in capsys.readouterr().out

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import make_text
 from omegaconf import OmegaConf
 from robustness_helpers import (
@@ -370,6 +371,7 @@ def test_a_probe_group_from_before_the_phases_reads_as_one_phase():
     ("probe.phases=[]", "invalid probe.phases=[]: must be a non-empty list"),
     ("+probe.distances=[4]", "probe: give probe.phases and probe.validation, or the older"),
     ("tokenizer=spm", NEEDS_CHAR),
+    ("training.recall_weight=0.5", "invalid training.recall_weight=0.5: must be a number >= 1"),
 ])
 def test_bad_probe_settings_are_refused_in_one_line(compose_config, override, message):
     with pytest.raises(UserError) as err:
@@ -477,3 +479,40 @@ def test_a_probe_run_killed_in_its_second_phase_resumes_to_every_figure(tmp_path
     summary = summary_in_run_terms(run)
     assert summary["resumed_from_step"] == 6 and summary["recall"]["distances"] == [4, 12, 40]
     assert figure_differences(summary, summary_in_run_terms(uninterrupted)) == []
+
+
+# --- the recall targets' weight in the training loss (training.recall_weight) ---------------------
+def test_the_recall_weight_weighs_the_targets_after_the_closing_marker_and_1_is_plain_cross_entropy():
+    from gru_experiments.runs.task import LanguageModelTask
+
+    torch.manual_seed(0)
+    task = LanguageModelTask({"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru",
+                              "embedding_dim": 8, "hidden_size": 8}, 7).eval()  # no dropout: one loss per input
+    task.log = lambda *args, **kwargs: None
+    task.optimizers = lambda: type("O", (), {"param_groups": [{"lr": 0.0}]})()
+    cue = 6
+    inputs = torch.tensor([[1, 6, 2, 3, 6, 4], [6, 0, 1, 2, 3, 4]])
+    targets = torch.tensor([[6, 2, 3, 6, 4, 5], [0, 1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        logits, _ = task.model(inputs)
+    losses = F.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1), reduction="none")
+    recalled = (inputs.reshape(-1) == cue)
+    assert recalled.sum() == 3
+    with torch.no_grad():
+        assert torch.allclose(task.training_step((inputs, targets), 0), losses.mean())
+        task.weigh_recall(cue, 1)
+        assert torch.allclose(task.training_step((inputs, targets), 0), losses.mean())
+        task.weigh_recall(cue, 5)
+        expected = (losses.sum() + 4 * losses[recalled].sum()) / (recalled.numel() + 4 * 3)
+        assert torch.allclose(task.training_step((inputs, targets), 0), expected)
+
+
+def test_a_probe_run_weighs_its_recall_targets_as_training_recall_weight_says(compose_config, tiny_corpus):
+    from gru_experiments.runs.training import prepare
+
+    cfg = compose_config("probe=recall", f"data.path={tiny_corpus}", "training.recall_weight=12",
+                         "probe.validation.distances=[4]", "probe.validation.min_targets=1")
+    task = prepare(cfg).task
+    closing = task.tokenizer.encode(MARKERS[1])[0]
+    assert (task.recall_cue, task.recall_weight) == (closing, 12.0)
+    assert prepare(compose_config(f"data.path={tiny_corpus}", "training.recall_weight=12")).task.recall_weight == 1

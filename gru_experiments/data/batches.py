@@ -246,7 +246,7 @@ class CorpusDataModule(L.LightningDataModule):
             rank = self.trainer.global_rank if self.trainer is not None else 0
             self.generator = torch.Generator(device=device).manual_seed(self.seed + rank)
             if self._pending_generator_state is not None:
-                self.generator.set_state(self._pending_generator_state)
+                self._restore_generator()
         if self.batching == "streams" and (self.streams is None or self.streams.ids.device != device):
             trainer = self.trainer
             rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -294,4 +294,16 @@ class CorpusDataModule(L.LightningDataModule):
         if "generator_state" in state:
             self._pending_generator_state = state["generator_state"]
             if self.generator is not None:
-                self.generator.set_state(self._pending_generator_state)
+                self._restore_generator()
+
+    def _restore_generator(self) -> None:
+        state = self._pending_generator_state
+        try:
+            self.generator.set_state(state)
+        except RuntimeError:
+            # A checkpoint written on another kind of device (a GPU run resumed on a CPU): a generator's state
+            # does not carry across device types, so the windows after the resume are drawn from a seed that
+            # state fixes, the same on every such resume, not the ones the uninterrupted run would have drawn.
+            self.generator.manual_seed(int(state.long().sum()) + self.seed)
+            print(f"resume: the checkpoint's window sampler ran on another device type than {self.generator.device}; "
+                  "the windows from here on differ from an uninterrupted run's", flush=True)

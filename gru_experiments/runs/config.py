@@ -35,6 +35,9 @@ TRAIN_RULES = [
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
     Rule("training.batching", lambda v: v in ("windows", "streams"), "windows or streams (data.BATCHINGS)",
          may_be_absent=True),
+    Rule("training.recall_weight", lambda v: is_number(v) and v >= 1,
+         "a number >= 1 (probe=recall: the loss's weight on a recall target; 1: every target the same)",
+         may_be_absent=True),
 ]
 
 # The recipe of a model trained with an optimizer (a counted model, e.g. the n-gram, has none).

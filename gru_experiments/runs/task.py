@@ -48,6 +48,13 @@ class LanguageModelTask(L.LightningModule):
         self.train_tokens = 0
         self.train_seconds = 0.0
         self.carried_state = None  # training=streams: the state after the last chunk, detached
+        self.recall_cue, self.recall_weight = None, 1.0  # weigh_recall
+
+    def weigh_recall(self, cue: int, weight: float) -> None:
+        """probe=recall: the training loss weighs each recall target (the token after `cue`, the closing marker)
+        `weight` times every other target. A control that the language modelling drowns (the transformer,
+        whose copying pattern forms only where recall is a large enough share of the loss) gets its own."""
+        self.recall_cue, self.recall_weight = cue, float(weight)
 
     def forward(self, tokens, state=None):
         return self.model(tokens, state)
@@ -69,7 +76,12 @@ class LanguageModelTask(L.LightningModule):
         logits, state = self.model(inputs, self.carried_state if carry else None)
         if streams:
             self.carried_state = detach_state(state)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if self.recall_weight == 1:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        else:
+            losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+            weights = 1 + (self.recall_weight - 1) * (inputs.reshape(-1) == self.recall_cue)
+            loss = (losses * weights).sum() / weights.sum()
         if not loss <= self.divergence_limit:  # nan and inf fail it too; one device sync, as isfinite's
             # Stop before the update, so the weights (and any checkpoint) stay those of the last good step.
             above = (f", above {DIVERGENCE_FACTOR} x ln {self.model.vocab_size} = {self.divergence_limit:.1f} nats "

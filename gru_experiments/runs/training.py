@@ -95,6 +95,8 @@ def prepare(cfg: DictConfig) -> Run:
         vocab_size=tokenizer.vocab_size, optim=Recipe.from_config(cfg.optim).to_dict() if recipe["lr"] else None,
         model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
+    if corpus.probe is not None:
+        task.weigh_recall(corpus.probe.symbol_ids.closing, OmegaConf.select(cfg, "training.recall_weight", default=1))
     model = task.model
     batching = training_batching(cfg)
     data = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
