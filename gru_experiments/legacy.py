@@ -24,6 +24,15 @@ MODELS = {"astra_alpha_seed": "astra_alpha_original", "transformer_seed": "trans
 EVALUATION_KEYS = {"text_samples": "text.samples", "text_chars": "text.chars",
                    "text_drift_chars": "text.drift_chars", "sample_chars": "samples.chars",
                    "sample_temperature": "samples.temperature"}
+# Where the families lived before the package was cut into subpackages (checkpoints written up to main
+# 9d1cd15), and the one family of the checkpoints that did not name their class at all.
+MOVED_CLASSES = {
+    "gru_experiments.model.RecurrentLM": "gru_experiments.models.recurrent.RecurrentLM",
+    "gru_experiments.mlp.BengioMLP": "gru_experiments.models.mlp.BengioMLP",
+    "gru_experiments.ngram.NGramLM": "gru_experiments.models.ngram.NGramLM",
+    "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
+}
+UNNAMED_CLASS = "gru_experiments.models.recurrent.RecurrentLM"
 
 _said: set[str] = set()  # each change is printed once per process, however often the same config is read
 
@@ -39,10 +48,18 @@ def _say(old: list[str], new: list[str]) -> None:
 def upgrade_config(cfg):
     """A run's config or a checkpoint's hyper-parameters (a DictConfig or dict, or None) in today's names, changed
     in place and returned: optim.name seed, model.name (or model_name) *_seed, the flat evaluation keys. One printed
-    line per changed name; a config already in today's names is returned as it is (idempotent)."""
+    line per changed name; a config already in today's names is returned as it is (idempotent). A model class
+    path that moved is today's, without a line."""
     if cfg is None:
         return cfg
     with open_dict(cfg) if isinstance(cfg, DictConfig) else nullcontext():
+        if isinstance(cfg.get("architecture"), dict):  # a checkpoint's hyper-parameters
+            cfg["architecture"].setdefault("_target_", UNNAMED_CLASS)
+        for architecture in (cfg.get("architecture"), OmegaConf.select(cfg, "model.architecture", default=None)
+                             if isinstance(cfg, DictConfig) else None):
+            target = architecture.get("_target_") if hasattr(architecture, "get") else None
+            if target in MOVED_CLASSES:
+                architecture["_target_"] = MOVED_CLASSES[target]
         for group, key, table in (("optim", "name", RECIPES), ("model", "name", MODELS), (None, "model_name", MODELS)):
             node = cfg.get(group) if group else cfg
             old = node.get(key) if hasattr(node, "get") else None

@@ -19,17 +19,8 @@ from gru_experiments.validation import InvalidSetting
 
 NO_TOKEN = -1  # a context position before the first token
 WINDOW_BATCH_TOKENS = 1 << 16  # windows run through a model in batches of about this many tokens (memory only)
-DEFAULT_TARGET = "gru_experiments.models.recurrent.RecurrentLM"  # checkpoints written before `_target_` existed
+DEFAULT_TARGET = "gru_experiments.models.recurrent.RecurrentLM"
 PACKAGE = "gru_experiments."  # checkpoints may only name classes in this package
-# Where the families lived before the package was cut into subpackages: checkpoints and run records
-# written by gru-experiments up to main 9d1cd15 (and the streams/transformer work before the move)
-# name these paths. Kept while such checkpoints may be around; tests/test_compat.py holds them.
-MOVED_CLASSES = {
-    "gru_experiments.model.RecurrentLM": "gru_experiments.models.recurrent.RecurrentLM",
-    "gru_experiments.mlp.BengioMLP": "gru_experiments.models.mlp.BengioMLP",
-    "gru_experiments.ngram.NGramLM": "gru_experiments.models.ngram.NGramLM",
-    "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
-}
 
 
 class LanguageModel(nn.Module):
@@ -128,17 +119,9 @@ def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageM
 
 
 def split_architecture(architecture) -> tuple[str, dict]:
-    """(target, constructor arguments) of an architecture dict (plain or DictConfig); a class path
-    from before the move into subpackages reads as today's (MOVED_CLASSES)."""
+    """(target, constructor arguments) of an architecture dict (plain or DictConfig)."""
     settings = dict(architecture)
-    target = settings.pop("_target_", DEFAULT_TARGET)
-    return MOVED_CLASSES.get(target, target), settings
-
-
-def current_architecture(architecture: dict) -> dict:
-    """The architecture dict with its class path as today's (for comparing a checkpoint with a config)."""
-    target, settings = split_architecture(architecture)
-    return {"_target_": target, **settings}
+    return settings.pop("_target_", None), settings
 
 
 def check_settings(cls: type, settings: dict, prefix: str = "model.architecture.") -> None:

@@ -87,15 +87,12 @@ class ResumePoint:
     def check(self, hyper_parameters: dict, tokenizer) -> None:
         """The checkpoint must hold the model this config builds: same tokenizer and architecture (its learning
         rate and recipe: check_config)."""
-        from gru_experiments.models.protocol import current_architecture
         from gru_experiments.runs.checkpoints import check_tokenizer
 
         check_tokenizer({"tokenizer": self.tokenizer, "hyper_parameters": self.hyper_parameters}, self.checkpoint,
                         tokenizer=tokenizer)
-        saved = dict(self.hyper_parameters, architecture=current_architecture(self.hyper_parameters["architecture"]))
-        wanted = dict(hyper_parameters, architecture=current_architecture(hyper_parameters["architecture"]))
         for key in ("architecture", "vocab_size"):
-            if saved.get(key) != wanted[key]:
+            if self.hyper_parameters.get(key) != hyper_parameters[key]:
                 raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
                                 f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
                                 "resume with the run's own model settings")
