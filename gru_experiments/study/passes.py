@@ -14,6 +14,7 @@ from gru_experiments.study.positions import congruent, stream_layout, warm_targe
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.scores import (
     ONE_PASS_CHUNK,
+    chunks_cost,
     score_bigram,
     score_contexts,
     score_in_one_pass,
@@ -50,8 +51,7 @@ class StatefulPass(Pass):
     def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
         streams, length = stream_layout(n, streams)
         rows = range(0, streams, stride)
-        forward = len(rows) * sum(model.forward_cost(start, min(chunk, length - start))
-                                  for start in range(0, length, chunk))
+        forward = len(rows) * chunks_cost(model, length, chunk)
         targets = sum(max(0, min(length, n - s * length)) for s in rows)
         return cls(targets, forward, stride, keep_after, chunk, streams)
 
@@ -103,9 +103,7 @@ class OnePass(Pass):
 
     @classmethod
     def plan(cls, model, n: int, keep: bool) -> "OnePass":
-        chunks = range(0, n, ONE_PASS_CHUNK)
-        forward = sum(model.forward_cost(start, min(ONE_PASS_CHUNK, n - start)) for start in chunks)
-        return cls(n, forward, keep_after=0 if keep else None)
+        return cls(n, chunks_cost(model, n, ONE_PASS_CHUNK), keep_after=0 if keep else None)
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         with progress.phase("whole context, one pass", request.val.n_targets) as tick:
