@@ -1,11 +1,11 @@
 """Scoring a model on a split, in every inference mode: NLL per token and bits per character (the
 split's NLL in bits over the characters its scored tokens decode to, which makes char and subword
 models comparable). Every Score knows the targets it was drawn from (`population`); which targets,
-positions.py says. Every mode runs one of two loops, `carried_chunks` (the state carried) and
-`window_batches` (each window from the initial state), as the recall figures and the run's page do;
-their forward tokens are counted by the plan alone, before they run (passes.py). Plain text is scored
-over the corpus's own symbols (`Split.plain`): a model trained with the recall probe gives its
-symbols no probability there, as its twin without them.
+positions.py says. The stateful and windowed modes run two loops, `carried_chunks` (the state
+carried) and `window_batches` (each window from the initial state), as the recall figures and the
+run's page do; their forward tokens are counted by the plan alone, before they run (passes.py). Plain
+text is scored over the corpus's own symbols (`Split.plain`): a model trained with the recall probe
+gives its symbols no probability there, as its twin without them.
 """
 
 from __future__ import annotations
