@@ -3,11 +3,13 @@ modes' figures scored without a Request (study/evaluation.py's own steps)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
+from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.study.evaluation import plan_for, score_modes
 from gru_experiments.study.plan import FINAL, Request
 from gru_experiments.study.progress import NO_PROGRESS
@@ -38,3 +40,18 @@ def run_plan(model, train_ids, split, plan, progress=NO_PROGRESS, classes=None):
     split = split.to(model.device)
     results = [p.run(SimpleNamespace(model=model, val=split, train_ids=train_ids), progress) for p in plan.passes]
     return score_modes(split, plan, results, classes)
+
+
+@contextmanager
+def forward_tokens_run(model):
+    """A list that collects the forward tokens `model` runs inside the block: the tokens through the
+    transformer's blocks (`hidden`, which test_plan holds to its forward_cost), the tokens of every call
+    of a family whose forward_cost is a token per token. The plan's counts are checked against it."""
+    counted = []
+    name = "hidden" if isinstance(model, TransformerLM) else "forward"
+    inner = getattr(model, name)
+    setattr(model, name, lambda tokens, *rest: (counted.append(tokens.numel()), inner(tokens, *rest))[1])
+    try:
+        yield counted
+    finally:
+        delattr(model, name)

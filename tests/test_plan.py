@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from evaluation_helpers import plan_of, run_plan
+from evaluation_helpers import forward_tokens_run, plan_of, run_plan
 from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
@@ -62,18 +62,16 @@ def test_congruent_counts_by_hand():
 @pytest.mark.parametrize("budget", [None, 40_000, 3_000, 10])
 @pytest.mark.parametrize("window", [None, 12])
 def test_the_forward_tokens_scored_are_the_plans_exactly(make, budget, window):
-    """Every pass's forward tokens, counted while scoring (each model call's model.forward_cost), and
-    every figure's targets, equal the plan's: the plan counts the scorers' own geometry."""
+    """The forward tokens the passes run (counted at the model), and every figure's targets, equal the
+    plan's: the plan counts the scorers' own geometry."""
     model = make()
     ids, split = val()
     settings = OmegaConf.create({"budget": None if budget is None else budget / 10_000, "window": window,
                                  "streams": 4, "curve_longest": 64})
     plan = plan_of(model, split.n_targets, 8, settings, training_tokens=10_000)
-    evaluation = run_plan(model, ids.flip(0), split, plan)
-    counted = sum(score.forward_tokens for score in evaluation.scores.values())
-    counted += sum(tokens for tokens in evaluation.curve["settings"]["forward_tokens"].values())
-    # Figures that share a pass count it once, in the plan and in the scores alike.
-    assert counted == plan.forward_tokens, [(f.name, f.forward_tokens) for f in plan.figures]
+    with forward_tokens_run(model) as counted:
+        evaluation = run_plan(model, ids.flip(0), split, plan)
+    assert sum(counted) == plan.forward_tokens, [(f.name, f.forward_tokens) for f in plan.figures]
     for figure in plan.figures:
         if figure.name in evaluation.scores:
             assert evaluation.scores[figure.name].tokens == figure.targets, figure
@@ -117,9 +115,10 @@ def test_a_windows_pass_scores_the_targets_the_plan_names():
     ids, split = val(300)
     for stride in (1, 4, 7):
         planned = WindowsPass.plan(model, split.n_targets, 16, [1, 5, 16], stride)
-        scores = score_contexts(model, split, 16, [1, 5, 16], stride)
+        with forward_tokens_run(model) as counted:
+            scores = score_contexts(model, split, 16, [1, 5, 16], stride)
         assert tuple(scores[w].tokens for w in (1, 5, 16)) == planned.targets_by_context
-        assert sum(s.forward_tokens for s in scores.values()) == planned.forward_tokens
+        assert sum(counted) == planned.forward_tokens
 
 
 def test_the_budget_samples_in_the_studys_order():
@@ -233,8 +232,9 @@ def test_a_costly_stateful_figure_is_sampled_within_the_budget():
                            curve=False)
     streams = plan.passes[plan.figure("stateful").passes[0]]
     assert (streams.kind, streams.stride, plan.figure("stateful").targets) == ("stateful", 2, 150)  # streams 0, 2
-    sample = run_plan(model, None, split, plan).scores["stateful"]
-    assert sample.tokens == 150 and sample.forward_tokens == 150 and sample.sampling_se > 0
+    with forward_tokens_run(model) as counted:
+        sample = run_plan(model, None, split, plan).scores["stateful"]
+    assert sample.tokens == 150 and sum(counted) == 150 + V and sample.sampling_se > 0  # and the stateless table
     ids = split.ids
     by_hand = [score_stateful(model, Split(ids[s:s + 76], split.char_lengths), 8, 1) for s in (0, 150)]
     assert sample.nll_sum == pytest.approx(sum(score.nll_sum for score in by_hand), rel=1e-6)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from evaluation_helpers import run_plan
+from evaluation_helpers import forward_tokens_run, run_plan
 
 from gru_experiments.data.recall_probe import Pairs, Planting, SymbolIds, plant, planting_generator
 from gru_experiments.data.tokenizers import CharTokenizer
@@ -88,13 +88,14 @@ def test_an_oracle_recalls_in_0_bits_and_a_uniform_guesser_in_log2_k(seq_len):
 
 def test_a_trained_shape_model_gives_finite_recall_bits_with_standard_errors():
     model = RecurrentLM(V, "gru", embedding_dim=4, hidden_size=8, num_layers=1)
-    record = score_recall(model, plantings(2), seq_len=32, window=32, keys=K)
+    with forward_tokens_run(model) as counted:
+        record = score_recall(model, plantings(2), seq_len=32, window=32, keys=K)
     for figures in record["by_distance"].values():
         for mode in ("stateful", "windowed", "stateless"):
             assert math.isfinite(figures[mode]["bits"]) and figures[mode]["se"] > 0
     assert record["forward_tokens"] > 2 * 3000 and "unplanted" in record["note"]
     # The plan counts them before anything runs (recall.RecallPass: the recall figures are part of it).
-    assert record["forward_tokens"] == recall_forward_tokens(model, plantings(2), 32, 32)
+    assert record["forward_tokens"] == recall_forward_tokens(model, plantings(2), 32, 32) == sum(counted)
 
 
 HAND = "KING:\nO'er the hill, 'tis the hill.\n\nNo"
@@ -200,12 +201,13 @@ def test_a_finite_context_models_stateful_recall_is_its_last_context_tokens_scor
     ids = torch.stack([p.ids for p in planted])
     rows = torch.cat([torch.full_like(p.recall, r) for r, p in enumerate(planted)])
     positions = torch.cat([p.recall for p in planted])
-    carried, _ = stateful_log_probs(model, ids, rows, positions, seq_len=7)
-    per_target, _ = windowed_log_probs(model, ids, rows, positions, model.context)
+    carried = stateful_log_probs(model, ids, rows, positions, seq_len=7)
+    per_target = windowed_log_probs(model, ids, rows, positions, model.context)
     assert torch.allclose(carried, per_target, atol=1e-5)
-    record = score_recall(model, planted, seq_len=7, window=5, keys=K)
+    with forward_tokens_run(model) as counted:
+        record = score_recall(model, planted, seq_len=7, window=5, keys=K)
     assert record["forward_tokens"] < ids.numel() * model.context  # not a pass over a block per position
-    assert record["forward_tokens"] == recall_forward_tokens(model, planted, 7, 5)
+    assert record["forward_tokens"] == recall_forward_tokens(model, planted, 7, 5) == sum(counted)
 
 
 # --- learning to recall: the schedule decides --------------------------------------------------------------

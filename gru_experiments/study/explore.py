@@ -16,7 +16,15 @@ from torch import Tensor
 
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study.inference import eval_mode, plain_logits
-from gru_experiments.study.scores import Score, Split, score_stateful, score_table, score_windowed, stateless_log_probs
+from gru_experiments.study.scores import (
+    Score,
+    Split,
+    carried_chunks,
+    score_stateful,
+    score_table,
+    score_windowed,
+    stateless_log_probs,
+)
 
 EXPLORE_MODES = ("stateful", "windowed", "stateless")  # the page's order: most context first
 TOP_K = 5  # predictions shown per token and mode
@@ -62,22 +70,19 @@ def layer_sizes(model) -> list[int]:
     return [layer.hidden_size for layer in model.layers] if has_units(model) else []
 
 
-@torch.no_grad()  # on a generator, torch turns gradients off around each step only, not while suspended
 def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
-    """Run ids (B, T) statefully in chunks of seq_len (from `state`), yielding each chunk's logits
-    (B, t, V) and, for a recurrent model, every layer's output at every step of it, concatenated
-    (B, t, sum of hidden sizes; an LSTM layer's output is its h; None for other families), captured by
-    forward hooks so that the model's own forward runs."""
+    """Run ids (B, T) statefully in chunks of seq_len (scores.carried_chunks, from `state`), yielding each
+    chunk's logits (B, t, V) and, for a recurrent model, every layer's output at every step of it,
+    concatenated (B, t, sum of hidden sizes; an LSTM layer's output is its h; None for other families),
+    captured by forward hooks so that the model's own forward runs."""
     captured: list[Tensor] = []
     hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
              for layer in model.layers] if has_units(model) else []
     try:
-        with eval_mode(model):
-            for start in range(0, ids.shape[1], seq_len):
-                logits, state = model(ids[:, start:start + seq_len], state)
-                units = torch.cat(captured, dim=2).float() if captured else None
-                captured.clear()
-                yield logits.float(), units
+        for _, logits in carried_chunks(model, ids, seq_len, state):
+            units = torch.cat(captured, dim=2).float() if captured else None
+            captured.clear()
+            yield logits.float(), units
     finally:
         for hook in hooks:
             hook.remove()

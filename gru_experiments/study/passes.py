@@ -14,9 +14,9 @@ from gru_experiments.study.positions import congruent, stream_layout, warm_targe
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.scores import (
     ONE_PASS_CHUNK,
+    chunks_cost,
     score_bigram,
     score_contexts,
-    score_in_one_pass,
     score_stateful,
     score_stateless,
 )
@@ -50,14 +50,16 @@ class StatefulPass(Pass):
     def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
         streams, length = stream_layout(n, streams)
         rows = range(0, streams, stride)
-        forward = len(rows) * sum(model.forward_cost(start, min(chunk, length - start))
-                                  for start in range(0, length, chunk))
+        forward = len(rows) * chunks_cost(model, length, chunk)
         targets = sum(max(0, min(length, n - s * length)) for s in rows)
         return cls(targets, forward, stride, keep_after, chunk, streams)
 
+    @property
+    def label(self) -> str:  # its progress bar's
+        return "stateful" + ("" if self.stride == 1 else f", one stream in {self.stride}")
+
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        label = "stateful" + ("" if self.stride == 1 else f", one stream in {self.stride}")
-        with progress.phase(label, self.targets) as tick:
+        with progress.phase(self.label, self.targets) as tick:
             return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
                                          targets_after=self.keep_after, tick=tick, stride=self.stride)}
 
@@ -96,20 +98,15 @@ class WindowsPass(Pass):
 
 
 @dataclass(frozen=True)
-class OnePass(Pass):
-    """One stream in chunks, the state carried: every target from all before it (a finite-context
-    model's whole context)."""
+class OnePass(StatefulPass):
+    """One stream in chunks of ONE_PASS_CHUNK, the state carried (scores.score_in_one_pass): every target
+    from all before it (a finite-context model's whole context)."""
     kind: ClassVar[str] = "one_pass"
+    label: ClassVar[str] = "whole context, one pass"
 
     @classmethod
     def plan(cls, model, n: int, keep: bool) -> "OnePass":
-        chunks = range(0, n, ONE_PASS_CHUNK)
-        forward = sum(model.forward_cost(start, min(ONE_PASS_CHUNK, n - start)) for start in chunks)
-        return cls(n, forward, keep_after=0 if keep else None)
-
-    def run(self, request, progress=NO_PROGRESS) -> dict:
-        with progress.phase("whole context, one pass", request.val.n_targets) as tick:
-            return {None: score_in_one_pass(request.model, request.val, targets=self.keep_after is not None, tick=tick)}
+        return super().plan(model, n, ONE_PASS_CHUNK, 1, 0 if keep else None)
 
 
 @dataclass(frozen=True)

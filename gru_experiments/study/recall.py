@@ -12,12 +12,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
-from gru_experiments.study.inference import eval_mode
 from gru_experiments.study.passes import Pass
 from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
-from gru_experiments.study.scores import stateless_log_probs
+from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
 RECALL_MODES = ("stateful", "windowed", "stateless")
 ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unplanted, so none of their targets is "
@@ -30,43 +28,28 @@ def _targets(plantings) -> tuple[Tensor, Tensor, Tensor]:
     return rows, torch.cat([p.recall for p in plantings]), torch.cat([p.distances for p in plantings])
 
 
-@torch.no_grad()
-def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int,
-                       tick=lambda _: None) -> tuple[Tensor, int]:
-    """log p of ids[row, position] with the state carried from each row's start; and the forward tokens."""
-    out, state, forward = torch.empty(rows.numel(), dtype=torch.float64), None, 0
-    with eval_mode(model):
-        for start in range(0, ids.shape[1] - 1, seq_len):
-            logits, state = model(ids[:, start:start + seq_len], state)
-            forward += ids.shape[0] * model.forward_cost(start, logits.shape[1])
-            tick(ids.shape[0] * logits.shape[1])
-            here = (positions > start) & (positions <= start + logits.shape[1])
-            if here.any():
-                chosen = logits[rows[here], positions[here] - 1 - start].float().log_softmax(-1)
-                wanted = ids[rows[here], positions[here]].unsqueeze(1)
-                out[here] = chosen.gather(1, wanted).squeeze(1).double().cpu()
-    return out, forward
+def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int, tick=None) -> Tensor:
+    """log p of ids[row, position] with the state carried from each row's start (the last chunk ends
+    at the row's last token, so a chunk of that token alone, which predicts nothing, is left out)."""
+    out = torch.empty(rows.numel(), dtype=torch.float64)
+    for start, logits in carried_chunks(model, ids, seq_len, end=ids.shape[1] - 1, tick=tick):
+        here = (positions > start) & (positions <= start + logits.shape[1])
+        if here.any():
+            row, position = rows[here], positions[here]
+            out[here] = -target_nll(logits[row, position - 1 - start], ids[row, position]).double().cpu()
+    return out
 
 
-@torch.no_grad()
-def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, window: int,
-                       tick=lambda _: None) -> tuple[Tensor, int]:
+def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, window: int, tick=None) -> Tensor:
     """log p of ids[row, position] from the `window` tokens before it (fewer at a row's start), from the
-    initial state; and the forward tokens."""
-    out, forward = torch.empty(rows.numel(), dtype=torch.float64), 0
-    lengths = positions.clamp(max=window)
-    with eval_mode(model):
-        for length in lengths.unique().tolist():
-            for chunk in torch.nonzero(lengths == length).squeeze(1).split(max(1, WINDOW_BATCH_TOKENS // length)):
-                starts = positions[chunk] - length
-                windows = ids[rows[chunk].unsqueeze(1), starts.unsqueeze(1) + torch.arange(length, device=ids.device)]
-                logits, _ = model(windows)
-                forward += chunk.numel() * model.forward_cost(0, length)
-                tick(chunk.numel() * length)
-                log_probs = logits[:, -1].float().log_softmax(-1)
-                wanted = ids[rows[chunk], positions[chunk]].unsqueeze(1)
-                out[chunk] = log_probs.gather(1, wanted).squeeze(1).double().cpu()
-    return out, forward
+    initial state."""
+    out, lengths = torch.empty(rows.numel(), dtype=torch.float64), positions.clamp(max=window)
+    for length in lengths.unique().tolist():
+        group = torch.nonzero(lengths == length).squeeze(1)
+        for batch, logits in window_batches(model, ids, positions[group], length, rows[group], tick):
+            chosen = group[batch]
+            out[chosen] = -target_nll(logits[:, -1], ids[rows[chosen], positions[chosen]]).double().cpu()
+    return out
 
 
 def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, progress: Progress = NO_PROGRESS) -> dict:
@@ -78,14 +61,14 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, prog
     rows, positions, distances = (t.to(device) for t in _targets(plantings))
     if model.context is None:
         with progress.phase(f"recall, stateful ({len(plantings)} plantings)", ids.numel()) as tick:
-            stateful, forward = stateful_log_probs(model, ids, rows, positions, seq_len, tick)
+            stateful = stateful_log_probs(model, ids, rows, positions, seq_len, tick)
     else:  # a function of its last `context` tokens: stateful is that window, scored per target (exactly)
         with progress.phase(f"recall, stateful (the last {model.context} tokens)",
                             int(positions.clamp(max=model.context).sum())) as tick:
-            stateful, forward = windowed_log_probs(model, ids, rows, positions, model.context, tick)
+            stateful = windowed_log_probs(model, ids, rows, positions, model.context, tick)
     with progress.phase(f"recall, windowed ({rows.numel():,} targets)",
                         int(positions.clamp(max=window).sum())) as tick:
-        windowed, windowed_forward = windowed_log_probs(model, ids, rows, positions, window, tick)
+        windowed = windowed_log_probs(model, ids, rows, positions, window, tick)
     table = stateless_log_probs(model)
     stateless = table[ids[rows, positions - 1], ids[rows, positions]].double().cpu()
     bits = {mode: -lp / math.log(2) for mode, lp in zip(RECALL_MODES, (stateful, windowed, stateless))}
@@ -95,7 +78,7 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, prog
     return {"keys": keys, "chance_bits": math.log2(keys), "distances": sorted(set(distances.tolist())),
             "plantings": len(plantings), "seq_len": seq_len, "window": window, "by_distance": by_distance,
             "horizon": {mode: horizon(by_distance, mode) for mode in RECALL_MODES},
-            "forward_tokens": forward + windowed_forward + model.vocab_size * model.forward_cost(0, 1),
+            "forward_tokens": recall_forward_tokens(model, plantings, seq_len, window),
             "note": ORDINARY_FIGURES.format(plantings=len(plantings))}
 
 
@@ -108,8 +91,7 @@ def recall_forward_tokens(model, plantings, seq_len: int, window: int) -> int:
         lengths, counts = positions.clamp(max=w).unique(return_counts=True)
         return sum(int(c) * model.forward_cost(0, int(n)) for n, c in zip(lengths, counts))
     length = plantings[0].ids.numel()
-    stateful = (len(plantings) * sum(model.forward_cost(start, min(seq_len, length - start))
-                                     for start in range(0, length - 1, seq_len))
+    stateful = (len(plantings) * chunks_cost(model, length, seq_len, end=length - 1)
                 if model.context is None else per_target(model.context))
     return stateful + per_target(window) + model.vocab_size * model.forward_cost(0, 1)
 

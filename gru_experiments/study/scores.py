@@ -1,9 +1,11 @@
 """Scoring a model on a split, in every inference mode: NLL per token and bits per character (the
 split's NLL in bits over the characters its scored tokens decode to, which makes char and subword
-models comparable). Every Score knows the targets it was drawn from (`population`) and the forward
-tokens it ran, which the plan (plan.py) predicts exactly; which targets, positions.py says. Plain text
-is scored over the corpus's own symbols (`Split.plain`): a model trained with the recall probe gives
-its symbols no probability there, as its twin without them.
+models comparable). Every Score knows the targets it was drawn from (`population`); which targets,
+positions.py says. The stateful and windowed modes run two loops, `carried_chunks` (the state
+carried) and `window_batches` (each window from the initial state), as the recall figures and the
+run's page do; their forward tokens are counted by the plan alone, before they run (passes.py). Plain
+text is scored over the corpus's own symbols (`Split.plain`): a model trained with the recall probe
+gives its symbols no probability there, as its twin without them.
 """
 
 from __future__ import annotations
@@ -72,12 +74,10 @@ class Score:
     positions: Tensor | None = None
     target_nll: Tensor | None = None
     population: int = 0  # the targets these were drawn from (the split's); tokens == population: exact
-    forward_tokens: int = 0  # tokens run through the model for it (model.forward_cost)
 
     def add(self, other: "Score") -> "Score":
         return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters,
-                     tuple(a + b for a, b in zip(self.moments, other.moments)),
-                     forward_tokens=self.forward_tokens + other.forward_tokens)
+                     tuple(a + b for a, b in zip(self.moments, other.moments)))
 
     def of(self, population: int) -> "Score":
         """This score, drawn from `population` targets."""
@@ -155,11 +155,47 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
     return total
 
 
+# --- The two loops every mode runs ----------------------------------------------------------
+
+@torch.no_grad()  # on a generator, torch turns gradients off around each step only, not while suspended
+def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | None = None, tick=None):
+    """The stateful loop: inputs (B, T) run in chunks of seq_len tokens from `state` (None: the initial
+    state), the state carried from chunk to chunk, the chunks that start before `end` (default T);
+    yields (start, logits (B, t, V)). Its forward tokens: B * chunks_cost."""
+    with eval_mode(model):
+        for start in range(0, inputs.shape[1] if end is None else end, seq_len):
+            logits, state = model(inputs[:, start:start + seq_len], state)
+            if tick is not None:  # a progress bar's (progress.py)
+                tick(logits.shape[0] * logits.shape[1])
+            yield start, logits
+
+
+def chunks_cost(model, length: int, seq_len: int, end: int | None = None) -> int:
+    """The forward tokens carried_chunks runs for one row of `length` tokens."""
+    return sum(model.forward_cost(start, min(seq_len, length - start))
+               for start in range(0, length if end is None else end, seq_len))
+
+
+@torch.no_grad()
+def window_batches(model, ids: Tensor, ends: Tensor, length: int, rows: Tensor | None = None, tick=None):
+    """The windowed loop: the windows ids[end - length : end] for every end in `ends` (ids (N,), or
+    (B, N) with the window's row in `rows`), each from the initial state, about WINDOW_BATCH_TOKENS
+    tokens at a time; yields (indices into ends, logits (b, length, V)). Its forward tokens:
+    len(ends) * model.forward_cost(0, length)."""
+    offsets, batches = torch.arange(-length, 0, device=ids.device), torch.arange(ends.numel(), device=ends.device)
+    with eval_mode(model):
+        for batch in batches.split(max(1, WINDOW_BATCH_TOKENS // length)) if ends.numel() else ():
+            at = ends[batch].unsqueeze(1) + offsets
+            logits, _ = model(ids[at] if rows is None else ids[rows[batch].unsqueeze(1), at])
+            if tick is not None:
+                tick(batch.numel() * length)
+            yield batch, logits
+
+
 # --- The inference modes on a whole split ---------------------------------------------------
 # Every function below scores the same targets, ids[1:], each exactly once (or every stride-th of
 # them), so their numbers compare directly, and with `score_chunks`.
 
-@torch.no_grad()
 def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
                    tick=None, stride: int = 1) -> Score:
     """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
@@ -177,18 +213,14 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     rows = torch.arange(0, streams, stride, device=ids.device)
     inputs, targets = inputs.view(streams, length)[rows], targets.view(streams, length)[rows]
 
-    total, state, nll = Score(), None, []
-    with eval_mode(model):
-        for start in range(0, length, seq_len):
-            logits, state = model(inputs[:, start:start + seq_len], state)
-            total = total.add(score_batch(logits, targets[:, start:start + seq_len], split.char_lengths, split.plain))
-            total.forward_tokens += rows.numel() * model.forward_cost(start, logits.shape[1])
-            if tick is not None:  # a progress bar's (progress.py)
-                tick(logits.shape[0] * logits.shape[1])
-            if keep:
-                nll.append(target_nll(logits, targets[:, start:start + seq_len], split.plain).view(rows.numel(), -1))
+    total, nll = Score(), []
+    for start, logits in carried_chunks(model, inputs, seq_len, tick=tick):
+        chunk = targets[:, start:start + seq_len]
+        total = total.add(score_batch(logits, chunk, split.char_lengths, split.plain))
+        if keep:
+            nll.append(target_nll(logits, chunk, split.plain).view(rows.numel(), -1))
     total = total.of(n_targets)
-    if keep:  # row s, column j: the input at s * length + j, whose target is the next position
+    if keep and nll:  # row s, column j: the input at s * length + j, whose target is the next position
         positions = rows.unsqueeze(1) * length + torch.arange(length, device=ids.device) + 1
         warm = (torch.arange(length, device=ids.device) >= targets_after) & (positions <= n_targets)
         return total.with_targets([positions[warm]], [torch.cat(nll, dim=1)[warm]])
@@ -217,14 +249,12 @@ def score_table(log_probs: Tensor, split: Split) -> Score:
 def score_stateless(model, split: Split) -> Score:
     """Stateless: every target predicted from its previous token alone, from a zero state
     (exact: the model's whole stateless behaviour is a V x V table, one forward pass)."""
-    score = score_table(stateless_log_probs(model, split.plain), split)
-    return replace(score, forward_tokens=model.vocab_size * model.forward_cost(0, 1))
+    return score_table(stateless_log_probs(model, split.plain), split)
 
 
 def score_bigram(train_ids: Tensor, split: Split) -> Score:
     """The baseline: the n-gram family at order 2, add-one smoothed, counted from the training
-    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token.
-    It runs nothing through the model (forward_tokens 0)."""
+    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token."""
     device = split.ids.device
     bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
     return score_table(stateless_log_probs(bigram, split.plain), split)
@@ -268,7 +298,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
     """
     if stride < 1 or any(not 1 <= w <= window for w in contexts):
         raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
-    ids, n, device, forward = split.ids, split.n_targets, split.ids.device, 0
+    ids, n, device = split.ids, split.n_targets, split.ids.device
     totals = {w: Score() for w in contexts}
     kept = {w: ([], []) for w in contexts}  # targets=True: positions and NLLs
 
@@ -281,30 +311,22 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
     with eval_mode(model):
         # Targets 1..window: their contexts are prefixes of ids[:window] (one pass predicts all).
         logits, _ = model(ids[:window].unsqueeze(0))
-        forward += model.forward_cost(0, logits.shape[1])
         for w in contexts:
             head = _positions(window_targets(n, window, w, stride)[0], device)
             if head.numel():
                 add(w, logits[0, head - 1], head)
         # The windows ids[s : s + window] of the full window's targets t = s + window in (window, n].
-        starts = _positions(window_targets(n, window, window, stride)[1], device)
-        offsets = torch.arange(window, device=device)
-        for chunk in starts.split(max(1, WINDOW_BATCH_TOKENS // window)) if starts.numel() else ():
-            logits, _ = model(ids[chunk.unsqueeze(1) + offsets])
-            forward += chunk.numel() * model.forward_cost(0, window)
+        ends = _positions(window_targets(n, window, window, stride)[1], device) + window
+        for batch, logits in window_batches(model, ids, ends, window, tick=tick):
             for w in contexts:
-                add(w, logits[:, w - 1], chunk + w)
-            if tick is not None:
-                tick(chunk.numel() * window)
+                add(w, logits[:, w - 1], ends[batch] - window + w)
         # The last targets of a shorter context: n - window + w < u <= n, from their own w tokens.
         for w in contexts:
             tail = _positions(window_targets(n, window, w, stride)[2], device)
             if tail.numel():
                 logits, _ = model(ids[tail.unsqueeze(1) + torch.arange(-w, 0, device=device)])
-                forward += tail.numel() * model.forward_cost(0, w)
                 add(w, logits[:, -1], tail)
-    # The pass's forward tokens go with its longest context (the others came with it at no cost).
-    totals = {w: replace(totals[w].of(n), forward_tokens=forward if w == max(contexts) else 0) for w in contexts}
+    totals = {w: totals[w].of(n) for w in contexts}
     if targets:
         return {w: totals[w].with_targets(*kept[w]) if kept[w][0] else totals[w] for w in contexts}
     return totals
@@ -316,27 +338,11 @@ def _positions(targets: range, device) -> Tensor:
     return torch.arange(targets.start, targets.stop, targets.step, device=device, dtype=torch.long)
 
 
-@torch.no_grad()
 def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets: bool = False, tick=None) -> Score:
     """Every target of the split, each from everything before it (one stream, the state carried from
     chunk to chunk): for a model that sees at most a window, its windowed figure, exactly.
     targets=True keeps every target's NLL (Score.positions)."""
-    ids = split.ids
-    inputs = ids[:-1]
-    total, state, nll = Score(), None, []
-    with eval_mode(model):
-        for start in range(0, inputs.numel(), chunk):
-            logits, state = model(inputs[start:start + chunk].unsqueeze(0), state)
-            wanted = torch.arange(start + 1, start + 1 + logits.shape[1], device=ids.device)
-            total = total.add(score_batch(logits[0], ids[wanted], split.char_lengths, split.plain))
-            total.forward_tokens += model.forward_cost(start, logits.shape[1])
-            if targets:
-                nll.append(target_nll(logits[0], ids[wanted], split.plain))
-            if tick is not None:
-                tick(logits.shape[1])
-    total = total.of(split.n_targets)
-    positions = torch.arange(1, ids.numel(), device=ids.device)
-    return total.with_targets([positions], nll) if targets and nll else total
+    return score_stateful(model, split, chunk, 1, targets_after=0 if targets else None, tick=tick)
 
 
 def score_at(result: dict, context) -> Score:
