@@ -118,11 +118,19 @@ def test_one_model_a_run_a_list_or_a_model_beside_an_experiment_is_refused(tmp_p
             check_choices([f"{group}=[a,b]"])
     result = run_script(tmp_path, "experiment=recall_alpha_windows", "model=astra_beta", *TINY)
     assert result.returncode == 2 and error_line(result.stderr) == (
-        "error: model=astra_beta: experiment=recall_alpha_windows picks its own model (conf/experiment/); give one of the two")
+        "error: model=astra_beta: experiment=recall_alpha_windows picks its own model (conf/experiment/); give one of "
+        "the two")
     result = run_script(tmp_path, "model=[astra_alpha_original,transformer_original]", *TINY)
     assert result.returncode == 2 and "model=[astra_alpha_original,transformer_original]: one model a run" in \
         error_line(result.stderr)
     assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left
+
+
+def test_the_epochs_have_one_knob_model_epochs(compose_config):
+    """The trainer takes its epochs from the model's recipe (runs/recipe.recipe_length): trainer.max_epochs is no
+    key of conf/trainer, and one added with + would be a second knob: refused in one line naming it."""
+    with pytest.raises(UserError, match=re.escape("trainer.max_epochs: a run's epochs are its model's, model.epochs")):
+        validate(compose_config("+trainer.max_epochs=3"))
 
 
 def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_path):

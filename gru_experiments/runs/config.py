@@ -118,6 +118,9 @@ def validate(cfg) -> None:
         check_added_keys(HydraConfig.get().overrides.task)
         check_choices(HydraConfig.get().overrides.task)
     check_rules(cfg, TRAIN_RULES)
+    if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
+        raise UserError("trainer.max_epochs: a run's epochs are its model's, model.epochs (trainer.max_steps cuts "
+                        "them short)")
     check_rules(cfg, EVALUATION_RULES)
     check_nested(cfg.evaluation)  # evaluation.text.* and evaluation.samples.*
     check_model(cfg)
