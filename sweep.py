@@ -5,7 +5,7 @@
     python sweep.py leviathan=true                    # ... and the Leviathan LSTM
     python sweep.py models=[astra_alpha,scribe_alpha] data.path=my.txt logger=csv
     python sweep.py models=ladder                     # the language-model ladder (conf/sweep.yaml model_sets)
-    python sweep.py models=[astra_beta,transformer_beta_original]  # a model beside an experiment (conf/experiment/)
+    python sweep.py models=[astra_beta,transformer_beta_original]  # a model beside its variant
     python sweep.py models=grid training=windows,streams  # each model trained both ways: the training x inference grid
     python sweep.py experiments=recall_horizon probe=recall,none  # conf/experiment/ configs as the jobs
     python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
@@ -31,7 +31,6 @@ from omegaconf import DictConfig, OmegaConf
 from gru_experiments.errors import UserError
 from gru_experiments.legacy import upgrade_overrides
 from gru_experiments.runs.jobs import job
-from gru_experiments.runs.resume import register_model_experiments
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -56,14 +55,6 @@ def config_names(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
 
 
-def job_choices(settings: DictConfig) -> tuple[str, list[str]]:
-    """The key that picks each job's config and the jobs' names: model for models alone; experiment with
-    experiments=, or models= naming an experiment (a model is an experiment of its own there:
-    resume.register_model_experiments), so that one multirun keeps the list's order."""
-    jobs = list(settings.models if settings.experiments is None else settings.experiments)
-    return ("model" if set(jobs) <= set(config_names("model")) else "experiment"), jobs
-
-
 def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     """sweep.py's settings (conf/sweep.yaml + its keys from argv) and the train.py overrides."""
     settings = OmegaConf.load(CONF / "sweep.yaml")
@@ -72,18 +63,21 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         key = arg.split("=", 1)[0]
         if key in settings:
             own.append(arg)
-        elif key in ("model", "+model", "-m", "--multirun"):
-            raise UserError(f"{arg!r}: sweep.py chooses the models with models=[a,b,...] (see conf/sweep.yaml)")
+        elif key in ("model", "+model", "experiment", "+experiment", "-m", "--multirun"):
+            raise UserError(f"{arg!r}: sweep.py chooses the models with models=[a,b,...], the experiments with "
+                            "experiments=[a,b,...] (see conf/sweep.yaml)")
         else:
             overrides.append(arg)
+    given = {arg.split("=", 1)[0] for arg in own}
+    if {"models", "experiments"} <= given:
+        raise UserError("models= and experiments= both pick the jobs (an experiment names its own model); give one")
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
     overrides = upgrade_overrides(overrides)  # names from before issue 35 (the flat evaluation keys), today's
     if settings.experiments is not None:
         settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
                                           config_names("experiment"))
         return settings, overrides
-    settings.models = named_list(settings.models, settings.model_sets, "model or experiment",
-                                 config_names("model") + config_names("experiment"))
+    settings.models = named_list(settings.models, settings.model_sets, "model", config_names("model"))
     if settings.leviathan and "leviathan" not in settings.models:
         settings.models.append("leviathan")
     return settings, overrides
@@ -107,7 +101,6 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    register_model_experiments(CONF)
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[first_job, *first_values(overrides)],
@@ -117,8 +110,9 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
         raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None
 
 
-def run_sweep(key: str, jobs: list[str], overrides: list[str]) -> tuple[Path, int]:
-    """The multirun of train.py over the `jobs` picked by `key` (model or experiment) with `overrides`."""
+def run_sweep(settings: DictConfig, overrides: list[str]) -> tuple[Path, int]:
+    """The multirun of train.py over the experiments, else the models, with `overrides`."""
+    key, jobs = ("model", settings.models) if settings.experiments is None else ("experiment", settings.experiments)
     sweep_dir = resolve_sweep_dir(f"{key}={jobs[0]}", overrides)
     command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(jobs),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
@@ -154,7 +148,7 @@ def main(argv: list[str]) -> int:
         write_report(Path(settings.report))  # the report itself says what failed or is missing
         return 0
     started = time.perf_counter()
-    sweep_dir, returncode = run_sweep(*job_choices(settings), overrides)
+    sweep_dir, returncode = run_sweep(settings, overrides)
     report = write_report(sweep_dir)
     print(f"sweep.py: {len(report.jobs)} jobs in {time.perf_counter() - started:.0f} s")
     if report.problems or returncode != 0:

@@ -411,13 +411,15 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     assert error_line(result.stderr).endswith("has 6,000 characters") and sampling_dirs(root) == before
 
 
-def test_sample_py_without_a_checkpoint_says_how_to_train_one(tmp_path):
-    result = run_sample(tmp_path, "model=astra_beta")
+@pytest.mark.parametrize("model", ["astra_beta", "astra_alpha_original"])  # a model; a variant (conf/model/)
+def test_sample_py_without_a_checkpoint_says_how_to_train_one(tmp_path, compose_config, model):
+    result = run_sample(tmp_path, f"model={model}")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: no trained astra_beta checkpoint under outputs/; "
-        "train one with: python train.py model=astra_beta")
+        f"error: no trained {model} checkpoint under outputs/; "
+        f"train one with: python train.py model={model}")
     assert not (tmp_path / "outputs" / "samples").exists()  # a failed start leaves no folder behind
+    assert compose_config(f"model={model}").model.name == model  # the command it suggests composes that model
 
 
 def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():

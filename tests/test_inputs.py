@@ -15,7 +15,7 @@ from test_robustness import fail_in_process
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import write_json
-from gru_experiments.runs.config import check_added_keys, validate
+from gru_experiments.runs.config import check_added_keys, check_choices, validate
 from gru_experiments.runs.training import train
 
 
@@ -104,6 +104,33 @@ def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path
     assert console.count("GPU available") == 1 and console.count("`Trainer.fit` stopped") == 1
     for noise in ("Tip:", "LeafSpec", "anonymous setting", "TPU available", "Loading `train_dataloader`"):
         assert noise not in console, noise
+
+
+def test_one_model_a_run_a_list_or_a_model_beside_an_experiment_is_refused(tmp_path):
+    """model=[a,b] and experiment=[a,b] merged two configs into one run (the last winning), and experiment=X
+    model=Y trained Y in X's place: each refused in one line naming the key."""
+    check_choices(["model=astra_beta", "experiment=null", "data.seq_len=64"])
+    check_choices(["experiment=recall_alpha_windows", "probe=recall"])
+    for group in ("model", "experiment"):
+        with pytest.raises(UserError, match=re.escape(f"{group}=[a,b]: one {group} a run (a list merges them into "
+                                                      f"one config, the last winning); each its own run: python "
+                                                      f"sweep.py {group}s=[a,b]")):
+            check_choices([f"{group}=[a,b]"])
+    result = run_script(tmp_path, "experiment=recall_alpha_windows", "model=astra_beta", *TINY)
+    assert result.returncode == 2 and error_line(result.stderr) == (
+        "error: model=astra_beta: experiment=recall_alpha_windows picks its own model (conf/experiment/); give one of "
+        "the two")
+    result = run_script(tmp_path, "model=[astra_alpha_original,transformer_original]", *TINY)
+    assert result.returncode == 2 and "model=[astra_alpha_original,transformer_original]: one model a run" in \
+        error_line(result.stderr)
+    assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left
+
+
+def test_the_epochs_have_one_knob_model_epochs(compose_config):
+    """The trainer takes its epochs from the model's recipe (runs/recipe.recipe_length): trainer.max_epochs is no
+    key of conf/trainer, and one added with + would be a second knob: refused in one line naming it."""
+    with pytest.raises(UserError, match=re.escape("trainer.max_epochs: a run's epochs are its model's, model.epochs")):
+        validate(compose_config("+trainer.max_epochs=3"))
 
 
 def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_path):

@@ -85,7 +85,7 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
             "forward_tokens": COST} in on_disk["mode_evaluation"]["plan"]
     # The cost estimate counts its forward tokens (the final weights' evaluation only).
     val = Split(torch.zeros(1001, dtype=torch.long), torch.ones(11, dtype=torch.long))
-    estimate_cfg = OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8, "steps_per_epoch": 400},
+    estimate_cfg = OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8}, "model": {"steps_per_epoch": 400},
                                      "evaluation": defaults() | {"streams": 4, "budget": 0.01,
                                                                     "curve_longest": 64}, "seed": 0})
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)

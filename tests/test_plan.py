@@ -198,15 +198,21 @@ def test_text_samples_are_cut_then_dropped_as_the_budget_shrinks():
     assert text_pass(none) is None and none.figure("text") is None
 
 
-def test_the_evaluation_config_has_one_budget_and_models_one_key_at_most(compose_config):
+def test_the_evaluation_config_has_one_budget_and_models_set_it_there(compose_config):
+    """One knob per limit: a model config sets evaluation.budget (and data.seq_len) itself, and no group reads
+    a model key (the trainer and the batches take the model's length from runs/recipe.recipe_length)."""
     assert len(OmegaConf.load(CONF / "evaluation" / "default.yaml")) <= 9
     for path in sorted((CONF / "model").glob("*.yaml")):
         keys = OmegaConf.load(path)
         keys = keys.get("model", keys)
-        assert [k for k in keys if k.startswith("eval")] in ([], ["eval_budget"]), path.name
+        assert not [k for k in keys if k.startswith("eval") or k == "seq_len"], path.name
+    for group in ("trainer", "data", "evaluation"):
+        for path in (CONF / group).glob("*.yaml"):
+            assert "model." not in path.read_text(), path
     leviathan = OmegaConf.load(CONF / "model" / "leviathan.yaml")
-    assert compose_config("model=leviathan").evaluation.budget == leviathan.eval_budget
-    assert compose_config("evaluation.budget=null").evaluation.budget is None
+    assert compose_config("model=leviathan").evaluation.budget == leviathan.evaluation.budget == 0.33
+    assert compose_config("model=leviathan", "evaluation.budget=null").evaluation.budget is None
+    assert compose_config("model=nanogpt_shakespeare").data.seq_len == 256
 
 
 def test_a_costly_stateful_figure_is_sampled_within_the_budget():

@@ -25,9 +25,9 @@ from gru_experiments.runs.training import train
 V = 11
 TRANSFORMER_RECIPE = ("transformer", "transformer_beta", "nanogpt_shakespeare")
 TRAINED_MODELS = sorted(path.stem for path in (CONF / "model").glob("*.yaml") if not path.stem.startswith("ngram"))
-# The variants trained under another recipe than their model's (conf/experiment/), and that recipe.
-VARIANTS = {"transformer_original": "original", "transformer_beta_original": "original",
-            "astra_alpha_original": "original", "recall_transformer_windows": "transformer"}
+# The variants (conf/model/) and experiments (conf/experiment/) trained under another recipe than their base model's.
+VARIANTS = {"model=transformer_original": "original", "model=transformer_beta_original": "original",
+            "model=astra_alpha_original": "original", "experiment=recall_transformer_windows": "transformer"}
 
 
 def shipped(name: str) -> Recipe:
@@ -231,10 +231,10 @@ def test_every_trained_model_config_names_its_recipe(compose_config, model):
     assert Recipe.from_config(cfg.optim) == shipped(expected)
 
 
-@pytest.mark.parametrize("experiment, expected", VARIANTS.items())
-def test_every_variant_experiment_names_its_recipe(compose_config, experiment, expected):
+@pytest.mark.parametrize("choice, expected", VARIANTS.items())
+def test_every_variant_and_experiment_names_its_recipe(compose_config, choice, expected):
     """transformer_original and transformer_beta_original: the transformers under the original recipe."""
-    assert Recipe.from_config(compose_config(f"experiment={experiment}").optim) == shipped(expected)
+    assert Recipe.from_config(compose_config(choice).optim) == shipped(expected)
 
 
 def test_the_recipes_list_is_the_study_ladder():

@@ -92,6 +92,8 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(compose_config, tin
                                             f"{limit} .* its own limit is step {TOTAL_STEPS}; resume with a step "
                                             f"limit above {SAVED_AT}, or without one"):
             train(compose_config(*base, f"resume={run}", f"trainer.max_steps={limit}"))
+    with pytest.raises(UserError, match=f"is at step {SAVED_AT}, but this resume would stop training at step 8 "):
+        train(compose_config(*base, f"resume={run}", "model.epochs=1"))  # the recipe's limit: 1 x 8 steps
     assert fingerprint(run) == before
 
     steps = []  # a resume that silently started over would also end with the same numbers

@@ -9,7 +9,7 @@ import torch
 from conftest import MODELS
 from robustness_helpers import TINY
 
-from gru_experiments.runs.recipe import Recipe
+from gru_experiments.runs.recipe import Recipe, recipe_length
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
 
@@ -40,7 +40,7 @@ def test_full_recipe_schedule_is_bit_identical_to_the_studys(compose_config, nam
     """A full run (the model's epochs, no max_steps) gets exactly the study's schedule: torch's
     CosineAnnealingLR over the epochs, stepped once per epoch."""
     cfg = compose_config(f"model={name}")
-    assert cfg.trainer.max_steps == -1 and cfg.trainer.max_epochs == cfg.model.epochs
+    assert cfg.trainer.max_steps == -1 and recipe_length(cfg) == (cfg.model.epochs, cfg.model.steps_per_epoch)
     epochs, per_epoch = cfg.model.epochs, cfg.model.steps_per_epoch
     opt = optimizer(cfg.model.lr)
     schedule = Recipe.from_config(cfg.optim).schedule(opt, fake_trainer(epochs * per_epoch, per_epoch))

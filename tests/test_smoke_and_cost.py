@@ -86,5 +86,5 @@ def _val():
 
 
 def _cfg():
-    return OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8, "steps_per_epoch": 400},
+    return OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8}, "model": {"steps_per_epoch": 400},
                              "evaluation": defaults() | {"streams": 4, "budget": 0.01, "curve_longest": 64}})

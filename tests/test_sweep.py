@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import CONF, REPO
@@ -245,16 +246,19 @@ def test_sweep_folder_is_fixed_before_the_jobs_start(tmp_path):
 
 def test_experiments_are_the_jobs_instead_of_models(compose_config):
     settings, overrides = sweep_script.parse_arguments(["experiments=recall_horizon", "probe=recall,none"])
-    assert sweep_script.job_choices(settings) == ("experiment", [
+    assert list(settings.experiments[:6]) == [
         "recall_alpha_windows", "recall_alpha_streams", "recall_alpha_long_windows", "recall_beta_windows",
-        "recall_beta_streams", "recall_transformer_windows"])
+        "recall_beta_streams", "recall_transformer_windows"]
     assert overrides == ["probe=recall,none"]
     settings, _ = sweep_script.parse_arguments(["experiments=[recall_alpha_streams]"])
-    assert sweep_script.job_choices(settings) == ("experiment", ["recall_alpha_streams"])
+    assert list(settings.experiments) == ["recall_alpha_streams"]
     with pytest.raises(UserError, match="unknown experiment"):
         sweep_script.parse_arguments(["experiments=[recall_gamma]"])
-    assert sweep_script.job_choices(sweep_script.parse_arguments(["models=grid"])[0]) == (
-        "model", ["astra_alpha", "astra_beta"])
+    # experiments= with models= would silently drop the models: refused, naming both keys
+    with pytest.raises(UserError, match="^models= and experiments= both pick the jobs"):
+        sweep_script.parse_arguments(["models=ladder", "experiments=recall_horizon"])
+    with pytest.raises(UserError, match="'experiment=recall_alpha_streams': sweep.py chooses"):
+        sweep_script.parse_arguments(["models=grid", "experiment=recall_alpha_streams"])
     # each experiment is its model and training: the long windows are 512 at batch 16
     cfg = compose_config("experiment=recall_alpha_long_windows", "probe=recall")
     assert (cfg.model.name, cfg.training.batching, cfg.data.seq_len, cfg.data.batch_size) == (
@@ -265,18 +269,22 @@ def test_experiments_are_the_jobs_instead_of_models(compose_config):
     assert compose_config("experiment=recall_transformer_windows").optim.name == "transformer"
 
 
-def test_a_list_of_models_and_experiments_is_one_multirun_in_its_order(compose_config, capsys, monkeypatch):
-    """models=ladder names two experiments (astra_alpha_original, transformer_original): the multirun is over
-    experiment=, each model an experiment of its own, composing as model= does; old names are today's."""
+def test_a_list_of_models_is_one_multirun_in_its_order(capsys, monkeypatch, tmp_path):
+    """models=ladder names two variants (astra_alpha_original, transformer_original), model configs of their
+    own: the multirun is over model= in the list's order; experiments= over experiment=; old names are today's."""
     monkeypatch.setattr(legacy, "_said", set())  # each change is said once per process
-    settings, _ = sweep_script.parse_arguments(["models=ladder"])
-    key, jobs = sweep_script.job_choices(settings)
-    assert key == "experiment" and jobs[8] == "astra_alpha_original" and jobs[-1] == "transformer_original"
-    sweep_script.resolve_sweep_dir("experiment=ngram2", [])  # registers the models as experiments
-    assert compose_config("experiment=lstm") == compose_config("model=lstm")
-    assert sweep_script.job_choices(sweep_script.parse_arguments(["models=[astra_beta,transformer_beta_seed]"])[0]) \
-        == ("experiment", ["astra_beta", "transformer_beta_original"])
-    assert "model=transformer_beta_seed is now experiment=transformer_beta_original" in capsys.readouterr().out
+    commands = []
+    monkeypatch.setattr(sweep_script.subprocess, "run", lambda command, check: commands.append(command) or
+                        SimpleNamespace(returncode=0))
+    for argv in (["models=ladder"], ["experiments=[recall_alpha_streams,recall_beta_windows]"]):
+        settings, _ = sweep_script.parse_arguments(argv)
+        sweep_script.run_sweep(settings, [f"hydra.sweep.dir={tmp_path}"])
+    ladder = ("model=ngram2,ngram3,ngram4,ngram5,ngram6,ngram7,mlp,rnn,astra_alpha_original,lstm,mingru,minlstm,"
+              "transformer_original")
+    assert commands[0][3] == ladder and commands[1][3] == "experiment=recall_alpha_streams,recall_beta_windows"
+    settings, _ = sweep_script.parse_arguments(["models=[astra_beta,transformer_beta_seed]"])
+    assert list(settings.models) == ["astra_beta", "transformer_beta_original"]
+    assert "model=transformer_beta_seed is now" in capsys.readouterr().out
 
 
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):

@@ -93,13 +93,34 @@ def check_added_keys(overrides) -> None:
                             f"out {key}, or choose the {group} option that has it (conf/{group}/)")
 
 
+def check_choices(overrides) -> None:
+    """One model a run: a list of models or experiments (Hydra merges them into one config, the last winning)
+    and a model beside an experiment (which picks its own) are refused in one line naming the key."""
+    chosen = {}
+    for override in overrides:
+        key, _, value = str(override).partition("=")
+        group = key.lstrip("+~")
+        if group in ("model", "experiment") and value != "null":
+            if value.startswith("["):
+                raise UserError(f"{override}: one {group} a run (a list merges them into one config, the last "
+                                f"winning); each its own run: python sweep.py {group}s={value}")
+            chosen[group] = value
+    if len(chosen) == 2:
+        raise UserError(f"model={chosen['model']}: experiment={chosen['experiment']} picks its own model "
+                        "(conf/experiment/); give one of the two")
+
+
 def validate(cfg) -> None:
     """Check a composed train config; raise UserError on the first invalid value."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
         check_added_keys(HydraConfig.get().overrides.task)
+        check_choices(HydraConfig.get().overrides.task)
     check_rules(cfg, TRAIN_RULES)
+    if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
+        raise UserError("trainer.max_epochs: a run's epochs are its model's, model.epochs (trainer.max_steps cuts "
+                        "them short)")
     check_rules(cfg, EVALUATION_RULES)
     check_nested(cfg.evaluation)  # evaluation.text.* and evaluation.samples.*
     check_model(cfg)

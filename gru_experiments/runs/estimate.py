@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from lightning.pytorch.callbacks import Callback
 
+from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.scoring import run_request
 from gru_experiments.study.evaluation import plan_for
 from gru_experiments.study.plan import BEST, OVER_TRAINING
@@ -39,8 +40,8 @@ class CostEstimate(Callback):
                  min_steps: int = 10, min_seconds: float = 20.0):
         self.val, self.cfg, self.tokenizer, self.modes = val, cfg, tokenizer, modes
         self.train_ids, self.probe = train_ids, probe
-        self.seq_len, self.batch_size, self.steps_per_epoch = (cfg.data.seq_len, cfg.data.batch_size,
-                                                               cfg.data.steps_per_epoch)
+        self.seq_len, self.batch_size, self.steps_per_epoch = cfg.data.seq_len, cfg.data.batch_size, \
+            recipe_length(cfg)[1]
         self.model, self.min_steps, self.min_seconds = model, min_steps, min_seconds
         self._first_step: int | None = None
         self._started = 0.0

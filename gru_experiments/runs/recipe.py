@@ -102,13 +102,20 @@ class Recipe:
         steps = trainer.estimated_stepping_batches
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         if not math.isfinite(steps):
-            raise UserError("the learning-rate schedule needs a training length: set trainer.max_epochs "
+            raise UserError("the learning-rate schedule needs a training length: set model.epochs "
                             "or trainer.max_steps")
         if note := self.warmup_note(int(steps)):
             print(note)
         if self.interval == "epoch" and not self.warmup_steps and per_epoch and steps % per_epoch == 0:
             return WarmupCosine(optimizer, steps // per_epoch, "epoch", self.warmup_steps, self.floor)
         return WarmupCosine(optimizer, steps, "step", self.warmup_steps, self.floor)
+
+
+def recipe_length(cfg) -> tuple[int, int]:
+    """The model's length, the one place the trainer (its epochs) and the batches (steps per epoch) take it
+    from: (model.epochs, model.steps_per_epoch); a counted model (n-gram) has neither: one epoch of one step."""
+    return (OmegaConf.select(cfg, "model.epochs", default=None) or 1,
+            OmegaConf.select(cfg, "model.steps_per_epoch", default=None) or 1)
 
 
 def _number(value) -> bool:

@@ -118,7 +118,7 @@ class ResumePoint:
             return
         own = f"; its own limit is step {self.planned_steps:,}" if self.planned_steps else ""
         raise UserError(f"checkpoint {self.checkpoint} is at step {self.step:,}, but this resume would stop training "
-                        f"at step {limit:,} (trainer.max_steps, or trainer.max_epochs x data.steps_per_epoch): it "
+                        f"at step {limit:,} (trainer.max_steps, or model.epochs x model.steps_per_epoch): it "
                         f"would train nothing and the run would count as finished{own}; resume with a step limit "
                         f"above {self.step:,}, or without one")
 
@@ -144,14 +144,16 @@ def _shown(value) -> str:
 
 
 def step_limit(cfg) -> int | None:
-    """The training step a config stops at: trainer.max_steps or trainer.max_epochs x data.steps_per_epoch,
-    whichever comes first; None when neither bounds it, and for a fast_dev_run (a smoke run of its own)."""
+    """The training step a config stops at: trainer.max_steps or the model's recipe (epochs x steps per
+    epoch), whichever comes first; None when neither bounds it, and for a fast_dev_run (a smoke run of its own)."""
+    from gru_experiments.runs.recipe import recipe_length
+
     if select(cfg, "trainer.fast_dev_run") not in (MISSING, None, False, 0):
         return None
-    max_steps, epochs, per_epoch = (select(cfg, key) for key in ("trainer.max_steps", "trainer.max_epochs",
-                                                                  "data.steps_per_epoch"))
+    max_steps = select(cfg, "trainer.max_steps")
     limits = [max_steps] if is_int(max_steps) and max_steps >= 0 else []
-    if is_int(epochs) and epochs >= 0 and is_int(per_epoch):
+    if is_int(select(cfg, "model.epochs")):
+        epochs, per_epoch = recipe_length(cfg)
         limits.append(epochs * per_epoch)
     return min(limits, default=None)
 

@@ -31,7 +31,7 @@ from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import build_logger, is_wandb, quiet_console
 from gru_experiments.runs.modes import ModesOverTraining
-from gru_experiments.runs.recipe import Recipe
+from gru_experiments.runs.recipe import Recipe, recipe_length
 from gru_experiments.runs.resume import record_resume, resume_point
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
@@ -100,7 +100,7 @@ def prepare(cfg: DictConfig) -> Run:
     model = task.model
     batching = training_batching(cfg)
     data = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
-                            cfg.data.seq_len, cfg.data.steps_per_epoch, seed=cfg.seed,
+                            cfg.data.seq_len, recipe_length(cfg)[1], seed=cfg.seed,
                             eval_batch_size=cfg.data.eval_batch_size,
                             batching=batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
@@ -143,13 +143,15 @@ def fit_or_count(run: Run, current) -> None:
         csv_version=None if resume is None else f"resumed_step{resume.step}")
     if run.logger and resume is None and run.parameters is not None:
         run.logger.log_metrics({"parameters": run.parameters})
-    epoch_tokens = cfg.data.steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
+    epochs, steps_per_epoch = recipe_length(cfg)
+    epoch_tokens = steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
     tokenizer = run.corpus.tokenizer
     modes = ModesOverTraining(cfg, run.val, epoch_tokens, tokenizer, tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
                  CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes,
                               train_ids=run.corpus.train_ids, probe=run.corpus.probe)]
-    run.trainer = instantiate(cfg.trainer, logger=run.logger, plugins=[checkpoint_io], callbacks=callbacks)
+    run.trainer = instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger, plugins=[checkpoint_io],
+                              callbacks=callbacks)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
                                            cfg.trainer.get("precision"), run.trainer)
