@@ -117,7 +117,8 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     for prompt in prompts:
         started = time.perf_counter()
         [texts] = sample_texts(model, tokenizer, [prompt], mode=mode, max_new_tokens=cfg.max_new_tokens,
-                               num_samples=cfg.num_samples, decoding=decoding, seed=cfg.seed, window=window)
+                               num_samples=cfg.num_samples, decoding=decoding, seed=cfg.seed, window=window,
+                               progress=Progress(prefix=f"sampling {prompt!r}"))
         seconds = time.perf_counter() - started
         results.append({"prompt": prompt, "samples": texts, "seconds": seconds,
                         "tokens_per_second": cfg.num_samples * cfg.max_new_tokens / max(seconds, 1e-9)})
