@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.runs.jobs import job
+from gru_experiments.runs.jobs import discard_untouched_run_dir, job
 from gru_experiments.runs.run_dir import find_checkpoint, model_name_for
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
@@ -22,14 +22,20 @@ def main(cfg: DictConfig) -> None:
     with job(cfg, report=True):
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
-        if cfg.get("explore"):
-            from gru_experiments.runs.explore_run import explore_run
+        from gru_experiments.runs.config import check_added_keys
 
-            explore_run(cfg, checkpoint)
-            return
-        from gru_experiments.runs.sampling import sample
+        check_added_keys()  # +num_chars=0: a key nothing reads
+        try:
+            if cfg.get("explore"):
+                from gru_experiments.runs.explore_run import explore_run
 
-        sample(cfg, checkpoint)
+                explore_run(cfg, checkpoint)
+            else:
+                from gru_experiments.runs.sampling import sample
+
+                sample(cfg, checkpoint)
+        finally:  # explore=true writes in the run's folder, a stopped sample nothing: no empty folder left
+            discard_untouched_run_dir(cfg.paths.log_dir)
 
 
 if __name__ == "__main__":

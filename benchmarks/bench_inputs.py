@@ -32,6 +32,9 @@ INPUTS = [
     ["train.py", "+probe.keys=8", *SHORT],
     ["train.py", "probe=recall", "probe.name=bogus", *SHORT],
     ["train.py", "probe.name=recall", *SHORT],
+    ["train.py", "+colour=red", *SHORT],
+    ["train.py", "probe=recall", "probe.phases=[{start:0,distances:[2000000],gap:2}]", *SHORT],
+    ["sample.py", "run={run}", "+num_chars=0"],
     ["sample.py", "run={run}", "stats=true", "evaluation.text.samples=1000000000"],
     ["sample.py", "run={run}", "stats=true", "evaluation.text.drift_chars=1000000000"],
 ]

@@ -1,6 +1,6 @@
-"""Every input answered (issue 36): strict JSON whatever a statistic could not be, a diverging run that says
-so, sizes checked before the work, keys that would do nothing refused. The resume cases are in
-tests/test_resume.py; docs/robustness.md has the table of inputs and answers."""
+"""Every input answered (issues 36, 43): strict JSON whatever a statistic could not be, a diverging run that says
+so, sizes checked before the work, keys that would do nothing refused, sample.py's corpus, bar and folder. The
+resume cases are in tests/test_resume.py; docs/robustness.md has the table of inputs and answers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import math
 import re
 
 import pytest
-from conftest import strict_json
-from robustness_helpers import TINY, error_line, run_script
+from conftest import CONF, strict_json
+from hydra import compose, initialize_config_dir
+from robustness_helpers import REPO, TINY, error_line, run_script
 from test_robustness import fail_in_process
 
 from gru_experiments.errors import UserError
@@ -69,15 +70,18 @@ def test_the_probe_groups_pass(compose_config):
         validate(compose_config(f"probe={probe}"))
 
 
-@pytest.mark.parametrize("override, message", [
+@pytest.mark.parametrize("overrides, message", [
     ("evaluation.window=5000", "evaluation.window=5,000 is not shorter than the validation split (1,999 targets): "
                                "no target has that much context before it"),
     ("data.batch_size=1000", "data.batch_size=1000 x data.seq_len=32 is 32,000 tokens a batch, more than the "
                              "training split's 18,000: set data.batch_size to at most 562"),
+    ("probe=recall probe.phases=[{start:0,distances:[2000000],gap:2}]",
+     "invalid probe.phases[0].distances: 2,000,000 does not fit the training split (18,000 tokens; a pair takes "
+     "2 x probe.phases[0].gap + its distance of them), so it would never be planted; use distances up to 17,996"),
 ])
 def test_a_size_larger_than_its_split_is_refused_before_any_work(compose_config, tiny_corpus, tmp_path, capsys,
-                                                                 override, message):
-    line = fail_in_process(capsys, compose_config(*TINY, f"data.path={tiny_corpus}", override))
+                                                                 overrides, message):
+    line = fail_in_process(capsys, compose_config(*TINY, f"data.path={tiny_corpus}", *overrides.split()))
     assert line.startswith(f"error: {message}")
     assert not (tmp_path / "run").exists()
 
@@ -135,7 +139,11 @@ def test_the_epochs_have_one_knob_model_epochs(compose_config):
 
 def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_path):
     check_added_keys(["+trainer.limit_val_batches=0.5", "+model.architecture.extra=1", "data.seq_len=64",
-                      "++evaluation.window=64"])  # handed on to Lightning or the model; or an override
+                      "++evaluation.window=64", "++colour=red", "+hydra/launcher=parallel"],
+                     groups={"hydra/launcher": "parallel"})  # handed on to Lightning or the model; an override; a group
+    with pytest.raises(UserError, match=re.escape("colour is not a key of this command's config, so nothing would "
+                                                  "read it: leave out +colour (--cfg job lists the keys)")):
+        check_added_keys(["+colour=red"], groups={"model": "astra_alpha"})
     for key in ("+tokenizer.vocab_size", "+evaluation.colour", "+data.shuffle", "+optim.momentum"):
         group = key[1:].split(".")[0]
         with pytest.raises(UserError, match=re.escape(f"{key[1:]} is not a key of the chosen {group} option, so "
@@ -145,3 +153,54 @@ def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_pat
     assert result.returncode == 2 and "tokenizer.vocab_size is not a key of the chosen tokenizer option" in \
         error_line(result.stderr)
     assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left
+
+
+@pytest.fixture(scope="module")
+def run_without_config(tmp_path_factory, tiny_corpus):
+    """A 2-step run trained in Python, under its own PROJECT_ROOT: its checkpoint, but no .hydra/config.yaml."""
+    root = tmp_path_factory.mktemp("no_config")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        train(compose("train", overrides=[f"paths.output_dir={root / 'run'}", f"paths.data_dir={root / 'data'}",
+                                          f"paths.log_dir={root / 'outputs'}", *TINY, f"data.path={tiny_corpus}",
+                                          "trainer.max_steps=2", "evaluation.text.samples=0",
+                                          "evaluation.curve_longest=null"]))
+    return root
+
+
+def sample_py(root, *overrides: str):
+    return run_script(root, f"run={root / 'run'}", *overrides, script=REPO / "sample.py")
+
+
+def test_unknown_top_level_keys_are_refused_by_train_py_and_sample_py(run_without_config):
+    root = run_without_config
+    for result, key in ((run_script(root, "+colour=red", *TINY), "colour"), (sample_py(root, "+num_chars=0"),
+                                                                            "num_chars")):
+        assert result.returncode == 2 and error_line(result.stderr) == (
+            f"error: {key} is not a key of this command's config, so nothing would read it: leave out +{key} "
+            "(--cfg job lists the keys)")
+    assert not list(root.glob("outputs/**/*"))  # neither a run folder nor a sampling folder left
+
+
+def test_a_run_without_its_config_is_explored_on_its_own_corpus_or_refused(run_without_config, tiny_corpus):
+    """explore=true (and evaluate=true) read the corpus the run's saved config names; without one they scored
+    Tiny Shakespeare in its place. Given data.path, the page goes to the run folder and no sampling folder stays."""
+    root = run_without_config
+    for extra in (["explore=true"], ["evaluate=true", "prompt=a"]):
+        result = sample_py(root, *extra)
+        assert result.returncode == 2 and error_line(result.stderr) == (
+            f"error: the corpus the model trained on is unknown ({root / 'run' / '.hydra' / 'config.yaml'} is missing, "
+            "and the checkpoint does not name it): give it with data.path=FILE (data.path=null: Tiny Shakespeare), "
+            "and data.seq_len if the run's was not the default")
+    result = sample_py(root, "explore=true", f"data.path={tiny_corpus}", "explore_chars=200")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (root / "run" / "explore.html").is_file() and not list(root.glob("outputs/**/*"))
+
+
+def test_long_generation_shows_a_bar_per_prompt(run_without_config):
+    result = sample_py(run_without_config, "prompt=[a,b]", "num_samples=2", "max_new_tokens=1500")
+    assert result.returncode == 0, result.stderr[-2000:]
+    bars = result.stderr.replace("\r", "\n")
+    for prompt in "ab":  # tokens generated: num_samples x max_new_tokens
+        assert re.search(rf"sampling '{prompt}': stateful: 100%.*3.00k/3.00k", bars), bars[-2000:]
+    [folder] = (run_without_config / "outputs" / "samples").glob("*/*/")
+    assert {p.name for p in folder.iterdir()} == {".hydra", "samples.txt", "sampling.json"}

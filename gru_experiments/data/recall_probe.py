@@ -329,7 +329,14 @@ class Probe:
     @classmethod
     def build(cls, settings: ProbeSettings, symbols: ProbeSymbols, tokenizer, train_ids: Tensor, val_ids: Tensor,
               seed: int) -> Probe:
-        """The probe; says in a line each what the validation split could not give."""
+        """The probe; says in a line each what the validation split could not give. A training distance that
+        cannot fit the training split is refused: `plant` stops at the first pair that does not fit."""
+        n = train_ids.numel()
+        for i, phase in enumerate(settings.phases):
+            if 2 * phase.gap + max(phase.distances) > n:
+                raise UserError(f"invalid probe.phases[{i}].distances: {max(phase.distances):,} does not fit the "
+                                f"training split ({n:,} tokens; a pair takes 2 x probe.phases[{i}].gap + its distance "
+                                f"of them), so it would never be planted; use distances up to {n - 2 * phase.gap:,}")
         ids = SymbolIds.of(symbols, tokenizer)
         pairs, left_out = fitting_pairs(settings.validation, val_ids.numel())
         validation = validation_plantings(val_ids, pairs, ids, seed)

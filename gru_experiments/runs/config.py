@@ -82,13 +82,25 @@ def valid_precisions() -> tuple:
 OWN_GROUPS = ("data", "evaluation", "training", "tokenizer", "optim", "checkpoint", "paths")
 
 
-def check_added_keys(overrides) -> None:
-    """A `+group.key=value` for one of OWN_GROUPS is refused in one line: the key would do nothing
-    (tokenizer=char with +tokenizer.vocab_size, say)."""
+def check_added_keys(overrides=None, groups=()) -> None:
+    """A key added on the command line that nothing reads is refused in one line: `+key=value` at the top
+    (train.py +colour=red: only a config group, `groups`, may be added there) or in one of OWN_GROUPS
+    (tokenizer=char with +tokenizer.vocab_size, say). By default the overrides and groups of Hydra's command line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if overrides is None:
+        if not HydraConfig.initialized():  # composed in Python (the API, a test): no command line
+            return
+        overrides, groups = HydraConfig.get().overrides.task, HydraConfig.get().runtime.choices
     for override in overrides:
         key = str(override).partition("=")[0]
         group, _, name = key.removeprefix("+").partition(".")
-        if key.startswith("+") and not key.startswith("++") and group in OWN_GROUPS and name:
+        if not key.startswith("+") or key.startswith("++"):  # ++ sets a key whether or not it exists: deliberate
+            continue
+        if not name and group not in groups:
+            raise UserError(f"{group} is not a key of this command's config, so nothing would read it: leave out "
+                            f"{key} (--cfg job lists the keys)")
+        if group in OWN_GROUPS and name:
             raise UserError(f"{key[1:]} is not a key of the chosen {group} option, so nothing would read it: leave "
                             f"out {key}, or choose the {group} option that has it (conf/{group}/)")
 
@@ -114,8 +126,8 @@ def validate(cfg) -> None:
     """Check a composed train config; raise UserError on the first invalid value."""
     from hydra.core.hydra_config import HydraConfig
 
+    check_added_keys()
     if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
-        check_added_keys(HydraConfig.get().overrides.task)
         check_choices(HydraConfig.get().overrides.task)
     check_rules(cfg, TRAIN_RULES)
     if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)

@@ -49,7 +49,7 @@ def explore_run(cfg: DictConfig, checkpoint: Path) -> Path:
         torch.set_num_threads(int(cfg.cpu_threads))
     task = load_checkpoint(checkpoint, map_location=device)
     run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
-    data_cfg = training_data_settings(run, cfg.data)
+    data_cfg = training_data_settings(run, cfg.data, reads_corpus=True)
     splits = read_splits(data_cfg, task.tokenizer, device)
     return write_explore_page(cfg, task.model.to(device).eval(), task.tokenizer, run, data_cfg, splits, checkpoint)
 

@@ -70,14 +70,24 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def training_data_settings(run: RunDir | None, fallback: DictConfig) -> DictConfig:
-    """The data settings the run trained with (its saved config), else this config's `data`."""
+def training_data_settings(run: RunDir | None, fallback: DictConfig, reads_corpus: bool = False) -> DictConfig:
+    """The data settings the run trained with (its saved config), else this config's `data`. reads_corpus: the
+    corpus is to be read, which a checkpoint does not name: without the saved config, only one the command line
+    names (data.path=...) is, never the default in the run's place."""
     config = run.config() if run is not None else None
     if config is not None and "data" in config:
         try:
             return OmegaConf.create(OmegaConf.to_container(config.data, resolve=True))
         except Exception:  # an interpolation that only resolves inside that run (e.g. ${hydra:...})
             pass
+    from hydra.core.hydra_config import HydraConfig
+
+    if reads_corpus and HydraConfig.initialized() and not any(
+            str(o).lstrip("+~").startswith("data.") for o in HydraConfig.get().overrides.task):
+        where = f"{display_path(run.config_file)} is missing" if run else "the checkpoint has no run folder"
+        raise UserError(f"the corpus the model trained on is unknown ({where}, and the checkpoint does not name it): "
+                        "give it with data.path=FILE (data.path=null: Tiny Shakespeare), and data.seq_len if the "
+                        "run's was not the default")
     return fallback
 
 
@@ -93,7 +103,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     task = load_checkpoint(checkpoint, map_location=device)
     model, tokenizer = task.model.to(device).eval(), task.tokenizer
     run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
-    data_cfg = training_data_settings(run, cfg.data)
+    data_cfg = training_data_settings(run, cfg.data, reads_corpus=cfg.evaluate or bool(cfg.get("stats")))
 
     validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
     splits = splits_needed(cfg, data_cfg, tokenizer, device)
@@ -117,7 +127,8 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     for prompt in prompts:
         started = time.perf_counter()
         [texts] = sample_texts(model, tokenizer, [prompt], mode=mode, max_new_tokens=cfg.max_new_tokens,
-                               num_samples=cfg.num_samples, decoding=decoding, seed=cfg.seed, window=window)
+                               num_samples=cfg.num_samples, decoding=decoding, seed=cfg.seed, window=window,
+                               progress=Progress(prefix=f"sampling {prompt!r}"))
         seconds = time.perf_counter() - started
         results.append({"prompt": prompt, "samples": texts, "seconds": seconds,
                         "tokens_per_second": cfg.num_samples * cfg.max_new_tokens / max(seconds, 1e-9)})

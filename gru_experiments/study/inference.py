@@ -19,6 +19,7 @@ from torch import Tensor
 
 from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.errors import UserError
+from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
 MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
@@ -264,7 +265,7 @@ def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_sampl
 
 def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
              decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None,
-             plain: Tensor | None = None) -> Tensor:
+             plain: Tensor | None = None, progress: Progress = NO_PROGRESS) -> Tensor:
     """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N), of
     the tokens `plain` allows only (`plain_logits`; None: any token).
 
@@ -273,16 +274,20 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
     before anything is allocated.
 
     The random draws come from a generator seeded with `seed` alone, so the same seed gives the
-    same text (on the same device), whatever was sampled before."""
+    same text (on the same device), whatever was sampled before. `progress`: a bar in tokens generated."""
     validate_sampling({"num_samples": num_samples, "max_new_tokens": max_new_tokens, "window": window},
                       model.vocab_size)
     prompt_ids = list(prompt_ids)
     check_generation_fits(model, len(prompt_ids), max_new_tokens, num_samples, mode, window)
     device = model.device
     prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, make_chooser(decoding, generator, plain),
-                         window)
+    choose = make_chooser(decoding, generator=torch.Generator(device=device).manual_seed(seed), plain=plain)
+    with progress.phase(mode, total=num_samples * max_new_tokens) as tick:
+        def counted(logits: Tensor) -> Tensor:  # every sampler chooses once per step: its bar moves there
+            tick(len(logits))
+            return choose(logits)
+
+        return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, counted, window)
 
 
 def prompt_seed(seed: int, prompt: str) -> int:
@@ -293,14 +298,14 @@ def prompt_seed(seed: int, prompt: str) -> int:
 
 def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new_tokens: int,
                  num_samples: int = 1, decoding: Decoding = Decoding(), seed: int = 0,
-                 window: int | None = None) -> list[list[str]]:
+                 window: int | None = None, progress: Progress = NO_PROGRESS) -> list[list[str]]:
     """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`: plain text,
-    never one of the tokenizer's extra symbols (the recall probe's: tokenizers.plain_tokens)."""
+    never one of the tokenizer's extra symbols (the recall probe's: tokenizers.plain_tokens); a bar each."""
     texts, plain = [], plain_tokens(tokenizer)
     for prompt in prompts:
         generated = generate(model, encode_prompt(tokenizer, prompt), mode=mode, max_new_tokens=max_new_tokens,
                              num_samples=num_samples, decoding=decoding, seed=prompt_seed(seed, prompt),
-                             window=window, plain=plain)
+                             window=window, plain=plain, progress=progress)
         texts.append([prompt + tokenizer.decode(row) for row in generated.tolist()])
     return texts
 
