@@ -8,8 +8,6 @@ minGRU/minLSTM rung and the planted-recall experiment (docs/results.md).
 The groups, each a folder under outputs/multiruns/ that `python sweep.py report=<folder>` reports:
 - lr_min: minGRU and minLSTM at Astra-α's size, every learning rate of the GRU's sweep at α (1e-3 to 2e-2),
   the full recipe, evaluation.text.samples=0, as `python sweep.py models=[mingru,minlstm] 'model.lr=...'` runs it;
-- transformer_control: the transformer (block 128) with the probe, at other rates, a denser planting and 4x the
-  steps: which schedule makes it recall inside its block (issue 42);
 - recall_horizon: the experiment set `recall_horizon` with probe=recall and probe=none (each run beside its
   twin); minGRU's and minLSTM's runs start once their family's learning-rate runs have ended, at its best rate
   (stateful bits per character), so the rung is tuned the way the GRU was before it is compared.
@@ -36,13 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 RATES = ("1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
 MINIMAL = ("mingru", "minlstm")
 GRU_RECALL = ("recall_beta_windows", "recall_beta_streams", "recall_alpha_windows", "recall_alpha_streams",
-              "recall_alpha_long_windows")
-# The transformer control's search (issue 42): its learning rate, a denser planting and a longer schedule.
-DENSE = "probe.phases=[{start:0,distances:[4,8],gap:2},{start:0.5,distances:[4,8,16,24,32,48,64,80,100],gap:2}]"
-CONTROL = {"lr3e-3": ["model.lr=3e-3"], "lr1e-3": ["model.lr=1e-3"], "lr3e-3_dense": ["model.lr=3e-3", DENSE],
-           "lr6e-3_dense": ["model.lr=6e-3", DENSE], "lr3e-3_x4": ["model.lr=3e-3", "model.epochs=40"],
-           "lr1e-2_x4": ["model.lr=1e-2", "model.epochs=40"], "lr3e-3_dense_x4": ["model.lr=3e-3", DENSE,
-                                                                                 "model.epochs=40"]}
+              "recall_alpha_long_windows", "recall_transformer_windows")
 
 
 @dataclass
@@ -74,12 +66,6 @@ def recall_jobs(root: Path, experiments, first: int, extra: list[str] = ()) -> l
             for i, (experiment, probe) in enumerate((e, p) for e in experiments for p in ("recall", "none"))]
 
 
-def control_jobs(root: Path) -> list[Job]:
-    return [Job(f"transformer_{name}", root / "transformer_control" / f"{i:02d}_transformer_{name}",
-                ["experiment=recall_transformer_windows", "probe=recall", *overrides])
-            for i, (name, overrides) in enumerate(CONTROL.items())]
-
-
 def best_rate(jobs: list[Job], family: str) -> str | None:
     scored = [(job.summary().get("stateful_bpc"), job.overrides[1].split("=")[1])
               for job in jobs if job.family == family and job.summary().get("status") == "completed"]
@@ -91,9 +77,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=14, help="runs at once")
     p.add_argument("--deadline", type=float, default=570, help="seconds from start: running jobs get SIGINT")
-    p.add_argument("--only", choices=("lr", "recall", "minimal", "control"), default=None,
-                   help="lr: the learning-rate runs; recall: the GRU pairs; minimal: lr, then the minimal "
-                        "families' recall pairs; control: the transformer control's search")
+    p.add_argument("--only", choices=("lr", "recall", "minimal"), default=None,
+                   help="lr: the learning-rate runs; recall: the GRU and transformer pairs; minimal: lr, then "
+                        "the minimal families' recall pairs")
     p.add_argument("--accelerator", default="gpu")
     p.add_argument("--steps", type=int, default=None, help="trainer.max_steps for every run (a smoke run)")
     p.add_argument("--root", type=Path, default=REPO / "outputs" / "multiruns")
@@ -104,9 +90,8 @@ def main(argv=None) -> int:
         common.append(f"trainer.max_steps={args.steps}")
     lr = lr_jobs(args.root) if args.only in (None, "lr", "minimal") else []
     queue = recall_jobs(args.root, GRU_RECALL, 0) if args.only in (None, "recall") else []
-    # The longest runs (Astra-β's) first, then the learning-rate runs, the control's search, Astra-α's pairs.
-    control = control_jobs(args.root) if args.only in (None, "control") else []
-    queue = queue[:4] + lr + control + queue[4:]
+    # The longest runs (Astra-β's) first, then the learning-rate runs, then Astra-α's and the transformer's pairs.
+    queue = queue[:4] + lr + queue[4:]
     pending = {family: args.only != "lr" for family in MINIMAL}
     done: list[Job] = []
     running: list[Job] = []
@@ -165,7 +150,8 @@ def main(argv=None) -> int:
         s = job.summary()
         cells = [f"{s[k]:.4f}" if isinstance(s.get(k), float) else "" for k in
                  ("stateful_bpc", "windowed_bpc", "stateless_bpc")]
-        print(f"| {job.name} | {job.status} | " + " | ".join(cells) + f" | {(job.ended or time.monotonic()) - job.started:.0f} |")
+        seconds = (job.ended or time.monotonic()) - job.started
+        print(f"| {job.name} | {job.status} | " + " | ".join(cells) + f" | {seconds:.0f} |")
     for job in queue:
         print(f"| {job.name} | not run | | | | |")
     return sum(job.status != "completed" for job in done + running) + len(queue)

@@ -54,3 +54,24 @@ def test_the_scale_study_cuts_each_recipe_to_2000_steps(experiment, recipe_steps
     assert cfg.tokenizer.kind == ("spm" if base.startswith("scribe") else "char")
     own = OmegaConf.load(CONF / "model" / f"{base}.yaml")
     assert cfg.model.lr == (own.model.lr if "model" in own else own.lr)  # its own learning rate
+
+
+def test_gpu_jobs_plans_the_rungs_sweep_and_picks_each_familys_best_rate(tmp_path):
+    """benchmarks/gpu_jobs.py: every minimal family at every rate, each recall experiment beside its twin, and
+    the recall runs of a family at the rate of its best completed run (stateful bits per character)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_jobs
+
+    lr = gpu_jobs.lr_jobs(tmp_path)
+    assert [(job.family, job.overrides[1]) for job in lr] == [
+        (m, f"model.lr={r}") for m in gpu_jobs.MINIMAL for r in gpu_jobs.RATES]
+    pairs = gpu_jobs.recall_jobs(tmp_path, gpu_jobs.GRU_RECALL, 0)
+    assert [job.overrides[:2] for job in pairs[:2]] == [["experiment=recall_beta_windows", "probe=recall"],
+                                                        ["experiment=recall_beta_windows", "probe=none"]]
+    assert set(gpu_jobs.GRU_RECALL) | {f"recall_{m}_{t}" for m in gpu_jobs.MINIMAL for t in ("windows", "streams")} \
+        == set(OmegaConf.load(CONF / "sweep.yaml").experiment_sets.recall_horizon)
+    for job, (bpc, status) in zip(lr, [(2.5, "completed"), (2.4, "completed"), (2.1, "failed")]):
+        job.folder.mkdir(parents=True)
+        (job.folder / "summary.json").write_text(f'{{"status": "{status}", "stateful_bpc": {bpc}}}')
+    assert gpu_jobs.best_rate(lr, "mingru") == gpu_jobs.RATES[1]  # the failed run's figure does not count
+    assert gpu_jobs.best_rate(lr, "minlstm") is None
