@@ -1,7 +1,7 @@
 """Checking config values against rules, before any work: the one rule engine. A Rule names a
 dotted key, what a valid value is (a predicate) and how to say it in words; `check_rules` raises a
 one-line UserError naming the key, the value and what is allowed. The rules themselves live with
-what they check: the run's in runs/config.py, the sampling settings' in study/inference.py, the
+what they check: the run's in runs/checks.py, the sampling settings' in study/inference.py, the
 text statistics' in study/text_protocol.py. A model's constructor checks its own arguments with
 `check_setting` (and `check_int`, `check_dropout`), which raise `InvalidSetting`: the key is the
 argument's name, and models/protocol.py adds the `model.architecture.` prefix."""
@@ -54,7 +54,7 @@ def open_fraction(v) -> bool:  # (0, 1)
 
 def temperature_rule(key: str = "temperature") -> Rule:
     """The one rule for a sampling temperature, wherever it is set: sample.py and the Python API
-    (study/inference.validate_sampling), the end-of-run samples (runs/config.py:
+    (study/inference.validate_sampling), the end-of-run samples (runs/checks.py:
     evaluation.samples.temperature) and `inference.Decoding`. 0 means greedy: the argmax."""
     return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)
 

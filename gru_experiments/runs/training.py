@@ -25,7 +25,7 @@ from gru_experiments.errors import TrainingDiverged
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
-from gru_experiments.runs.config import check_sizes, validate
+from gru_experiments.runs.checks import check_sizes, validate
 from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job

@@ -70,7 +70,7 @@ class EvaluationSettings:
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
-        """From an `evaluation` config group (the plan's keys are checked by runs/config.py)."""
+        """From an `evaluation` config group (the plan's keys are checked by runs/checks.py)."""
         e = evaluation
         return cls(int(seq_len), e["budget"], int(e["window"] or seq_len), int(e["streams"]), e["curve_longest"],
                    TextConfig.of(e["text"]), SampleConfig.of(e["samples"]))
