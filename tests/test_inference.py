@@ -206,7 +206,7 @@ def test_greedy_is_the_argmax():
 
 def test_decoding_rejects_nonsense():
     for bad in [dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)]:
-        with pytest.raises(ValueError):
+        with pytest.raises(UserError, match=f"invalid {next(iter(bad))}="):
             Decoding(**bad)
 
 
@@ -481,7 +481,7 @@ def test_one_temperature_rule_for_sample_py_and_the_run_config():
     [rule] = [r for r in SampleConfig.RULES if r.key == "temperature"]  # evaluation.samples.temperature
     assert rule == temperature_rule("temperature")
     assert Decoding(temperature=0).is_greedy
-    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0: greedy, the argmax\), got -1"):
+    with pytest.raises(UserError, match=r"invalid temperature=-1: must be a number >= 0 \(0: greedy, the argmax\)"):
         Decoding(temperature=-1)
 
 

@@ -524,7 +524,7 @@ def test_debug_re_raises_instead_of_exiting(monkeypatch):
 def test_train_py_debug_shows_the_traceback(workspace):
     result = run_script(workspace, "model.lr=-1", "debug=true")
     assert result.returncode != 0
-    assert "Traceback" in result.stderr and "UserError: invalid model.lr=-1" in result.stderr
+    assert "Traceback" in result.stderr and "InvalidSetting: invalid model.lr=-1" in result.stderr
 
 
 def test_train_py_refuses_malicious_checkpoint_on_resume(workspace, tmp_path):
