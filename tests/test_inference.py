@@ -438,8 +438,8 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
                            "remove them, or drop them with drop_unknown=true"),
     (["max_new_tokens=-5"], "error: invalid max_new_tokens=-5: must be an integer >= 1"),
     (["num_samples=0"], "error: invalid num_samples=0: must be an integer >= 1"),
-    (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null or an integer "
-                                                     ">= 1"),
+    (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null (the training "
+                                                     "data.seq_len) or an integer >= 1"),
     (["stats=true", "evaluation.text.samples=0"], "error: stats=true measures evaluation.text.samples samples per "
                                                 "setting, which is 0: give an integer >= 1"),
     (["evaluation.text.chars=31"], "error: invalid evaluation.text.chars=31: must be an integer from 32"),
