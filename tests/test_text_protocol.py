@@ -1,6 +1,6 @@
 """The sampling protocol of the text statistics (study/text_protocol.py): every mode × decoder ×
 statistic, the same prompts and seeds everywhere, greedy's identical samples, the numbers recomputed
-from the texts it keeps, and the table. sample.py stats=true end to end: tests/test_inference.py."""
+from the texts it keeps, and the table. sample.py stats=true end to end: tests/test_generation.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.inference import STUDY_PROMPTS
+from gru_experiments.study.generation import STUDY_PROMPTS
 from gru_experiments.study.settings import TextConfig
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import (

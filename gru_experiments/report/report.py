@@ -21,7 +21,7 @@ from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.evaluation import FIGURES
-from gru_experiments.study.inference import MODES
+from gru_experiments.study.generation import MODES
 
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 

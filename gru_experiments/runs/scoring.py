@@ -14,7 +14,7 @@ from gru_experiments.runs.loggers import is_wandb
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.evaluation import Evaluation, evaluate, plan_for
-from gru_experiments.study.inference import (
+from gru_experiments.study.generation import (
     MODES,
     STUDY_PROMPTS,
     Decoding,

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.inference import eval_mode, plain_logits
+from gru_experiments.study.generation import eval_mode, plain_logits
 from gru_experiments.study.scores import (
     Score,
     Split,

@@ -1,5 +1,5 @@
 """The sampling protocol of the text statistics (text_stats.py): every inference mode x every decoder,
-each continuing the study's prompts with the same seeds (inference.prompt_seed), measured beside
+each continuing the study's prompts with the same seeds (generation.prompt_seed), measured beside
 held-out text, a floor and a ceiling, and the drift along long generations; and the two evaluation
 entries that draw them (at the end of a run, and the short samples over training). The protocol,
 its settings and its cost: docs/evaluation.md#the-generated-text-measured.
@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from gru_experiments.data.tokenizers import encode_prompt
-from gru_experiments.study.inference import (
+from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
     sample_texts,
@@ -88,7 +88,7 @@ def share_samples(n: int, prompts) -> list[tuple[str, int]]:
 
 
 def sampling_cost(model, mode: str, prompt_len: int, new: int, window: int | None = None) -> int:
-    """Forward tokens one row of inference.sample_tokens runs (model.forward_cost per call): the
+    """Forward tokens one row of generation.sample_tokens runs (model.forward_cost per call): the
     prompt then a token per step (stateful), a token per step (stateless), the last `window` tokens
     per step (windowed)."""
     if mode == "stateless":

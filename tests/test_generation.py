@@ -16,8 +16,8 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study import inference
-from gru_experiments.study.inference import (
+from gru_experiments.study import generation
+from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
     check_generation_fits,
@@ -249,7 +249,7 @@ def test_memory_check_counts_logits_window_and_state(monkeypatch):
     assert generation_bytes(ngram, 4, 100, 8, "windowed", window=50)["logits"] == 8 * 2 * V * 4  # its context
     assert generation_bytes(ngram, 4, 100, 8, "stateful")["model state"] == 8 * 2 * 8  # its last 2 token ids
     # A machine of 1 MiB: the token buffer fits, the windowed logits do not.
-    monkeypatch.setattr(inference, "memory_available", lambda device: (1 << 20, "this machine has 1.0 MiB of memory"))
+    monkeypatch.setattr(generation, "memory_available", lambda device: (1 << 20, "this machine has 1.0 MiB of memory"))
     check_generation_fits(model, 4, 10_000, 8, "stateless")
     with pytest.raises(UserError) as info:
         check_generation_fits(model, 4, 10_000, 8, "windowed", window=5000)
@@ -266,7 +266,7 @@ def test_memory_on_cuda_is_the_free_device_memory_plus_torch_cached(monkeypatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GiB, 80 * GiB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 * GiB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 4 * GiB)
-    assert inference.memory_available("cuda:0") == (12 * GiB, "cuda:0 has 12.0 GiB free of 80.0 GiB")
+    assert generation.memory_available("cuda:0") == (12 * GiB, "cuda:0 has 12.0 GiB free of 80.0 GiB")
 
 
 def test_normal_requests_pass_the_memory_check():
@@ -274,7 +274,7 @@ def test_normal_requests_pass_the_memory_check():
     model = RecurrentLM(1000, "lstm", embedding_dim=256, hidden_size=1024, num_layers=3)
     for mode in ("stateful", "stateless", "windowed"):
         check_generation_fits(model, 20, 2000, 100, mode, window=256)
-    assert inference.memory_available("cpu")[0] > 1 << 30
+    assert generation.memory_available("cpu")[0] > 1 << 30
 
 
 # --- sample.py end to end ------------------------------------------------------------------
@@ -477,7 +477,7 @@ def test_one_temperature_rule_for_sample_py_and_the_run_config():
     from gru_experiments.study.settings import SampleConfig
     from gru_experiments.validation import temperature_rule
 
-    inference.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
+    generation.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
     [rule] = [r for r in SampleConfig.RULES if r.key == "temperature"]  # evaluation.samples.temperature
     assert rule == temperature_rule("temperature")
     assert Decoding(temperature=0).is_greedy

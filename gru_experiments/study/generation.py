@@ -269,7 +269,7 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
     """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N), of
     the tokens `plain` allows only (`plain_logits`; None: any token).
 
-    Every generation path comes through here: nonsense sizes (study.inference.validate_sampling) and
+    Every generation path comes through here: nonsense sizes (study.generation.validate_sampling) and
     a request too large for the device's memory (`check_generation_fits`) raise a UserError
     before anything is allocated.
 
@@ -348,7 +348,7 @@ def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> Non
     spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
 
     The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
-    and inference.generate calls it for num_samples, max_new_tokens and window.
+    and generation.generate calls it for num_samples, max_new_tokens and window.
     """
     top_k = "null (off) or an integer from 1 to the vocabulary size"
     top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
