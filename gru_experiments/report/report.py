@@ -205,7 +205,7 @@ SECTIONS: list[Section] = [
     figures.LADDER, lr_sweep.SECTION, grid.SECTION,
     Section("findings", _findings_section, findings=STUDY),
     Section("best checkpoint", _best_section),
-    figures.CONTEXT, context_classes.SECTION, figures.MODES, figures.BPC, figures.CURVES,
+    figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_horizon.HORIZON, recall_horizon.COST, text_report.SECTION,
     scale.SECTION,
     Section("samples", _samples_section),
