@@ -18,6 +18,7 @@ from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study import generation
 from gru_experiments.study.generation import (
+    MODES_BY_CONTEXT,
     STUDY_PROMPTS,
     Decoding,
     check_generation_fits,
@@ -373,7 +374,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     table and saved in stats.json with the texts they come from; the training split's index is
     counted once and kept in paths.data_dir."""
     from gru_experiments.study.text_index import TrainingIndex
-    from gru_experiments.study.text_protocol import DECODERS, TEXT_MODES
+    from gru_experiments.study.text_protocol import DECODERS
     from gru_experiments.study.text_stats import STATISTICS, text_statistics
 
     root, run_dir = trained_run
@@ -385,7 +386,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     assert any(line.startswith("text statistics: 4 samples of 60 characters per setting") for line in lines)
     assert any(line.split() == ["setting", *STATISTICS] for line in lines)
     rows = {line[:26].strip() for line in lines}
-    assert {f"{mode} {decoder}" for mode in TEXT_MODES for decoder in DECODERS} <= rows
+    assert {f"{mode} {decoder}" for mode in MODES_BY_CONTEXT for decoder in DECODERS} <= rows
     assert {"reference (validation)", "random (floor)", "looped (ceiling)"} <= rows
     assert any(line.startswith("drift: 2 generations of 500 characters") for line in lines)
     assert "text statistics: windowed (32)" in result.stderr  # the progress bars; the run's window
@@ -396,7 +397,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     [cached] = (root / "data").glob("text_index_*.pt")
     index = TrainingIndex.from_state_dict(torch.load(cached, weights_only=True))
     texts = record["texts"]
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         for decoder in DECODERS:
             assert text_statistics(texts[mode][decoder], index, texts["reference"]) == record["modes"][mode][decoder]
 

@@ -22,7 +22,8 @@ from gru_experiments.errors import UserError
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
-MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
+MODES = STATEFUL, STATELESS, WINDOWED = "stateful", "stateless", "windowed"  # the inference modes, named here only
+MODES_BY_CONTEXT = (STATEFUL, WINDOWED, STATELESS)  # most context first: the order tables and figures compare them in
 
 @contextlib.contextmanager
 def eval_mode(model):

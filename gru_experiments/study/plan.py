@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.passes import (
     CountPass,
     OnePass,
@@ -20,7 +21,7 @@ from gru_experiments.study.passes import (
     paired_targets,
 )
 
-STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT = "stateful", "stateless", "windowed", "bigram", "text"
+BIGRAM, TEXT = "bigram", "text"  # figures beside the inference modes (STATEFUL, STATELESS, WINDOWED)
 STATE_GAIN = "state_gain"  # stateful - windowed, paired target by target
 FINAL, BEST, OVER_TRAINING = "final", "best", "over_training"  # which evaluation a Request asks for
 

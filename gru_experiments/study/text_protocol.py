@@ -15,7 +15,11 @@ import torch
 
 from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.study.generation import (
+    MODES_BY_CONTEXT,
+    STATEFUL,
+    STATELESS,
     STUDY_PROMPTS,
+    WINDOWED,
     Decoding,
     sample_texts,
     spellable_prompts,
@@ -44,8 +48,7 @@ DECODERS = {
     "top_p_0.9": Decoding(top_p=0.9),
     "pure": Decoding(),
 }
-TEXT_MODES = ("stateful", "windowed", "stateless")  # the table's order
-DRIFT_MODES = ("stateful", "windowed")
+DRIFT_MODES = (STATEFUL, WINDOWED)  # does the carried state keep a long text together, beside a restarting window?
 DRIFT_DECODER = "pure"
 DRIFT_SHOWN = ("word_validity", "reference_bpc", "seq_rep_4")  # the drift's columns in the log
 
@@ -177,7 +180,7 @@ class TextPass(Pass):
         samples, drift = -(-settings.samples // stride), _drifts(settings) if stride == 1 else 0
         cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
         main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
-        cost = (len(DECODERS) * sum(main.cost(mode) for mode in TEXT_MODES)
+        cost = (len(DECODERS) * sum(main.cost(mode) for mode in MODES_BY_CONTEXT)
                 + (sum(long.cost(mode) for mode in DRIFT_MODES) if drift else 0))
         return cls(samples, cost, stride, drift=drift, settings=cut)
 
@@ -233,7 +236,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
     main, drift = _draws(model, tokenizer, val, s)
     window = main.window
     texts, costs = {}, {}
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         costs[mode] = len(DECODERS) * main.cost(mode)
         with progress.phase(_phase(mode, window), costs[mode]) as tick:
             texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
@@ -263,7 +266,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
 
 
 # --- over training: the word validity of a short sample -------------------------------------------------
-OVER_TRAINING_MODES = ("stateful", "stateless")
+OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/modes.py follows: the state carried and reset
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
