@@ -30,14 +30,14 @@ from gru_experiments.study.text_index import TrainingIndex
 
 
 def run_request(cfg: DictConfig, model, val: Split, training_tokens, purpose: str = FINAL, *, tokenizer=None,
-                train_ids=None, probe=None, text_index=None, seq_len: int | None = None) -> Request:
+                train_ids=None, probe=None, load_text_index=None, seq_len: int | None = None) -> Request:
     """The evaluation Request of a run's config (study/plan.py): its settings, its seed and its training
     split's index for the text statistics (counted once per corpus: TrainingIndex.cached)."""
     def index():
         return TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
     settings = EvaluationSettings.of(cfg.evaluation, seq_len or cfg.data.seq_len)
     return Request(model, val, settings, training_tokens, purpose,
-                   tokenizer, train_ids, probe, int(cfg.get("seed", 0)), text_index or index)
+                   tokenizer, train_ids, probe, int(cfg.get("seed", 0)), load_text_index or index)
 
 
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None) -> dict:

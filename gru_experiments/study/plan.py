@@ -54,7 +54,7 @@ class Request:
     validation split and the settings (settings.EvaluationSettings), the training tokens the budget is
     a multiple of (None: exact), which evaluation (`purpose`: FINAL, BEST or OVER_TRAINING), and what
     some entries need: the tokenizer, the training ids (the bigram), the probe's validation plantings
-    (recall), the seed and the training split's index (text statistics; a callable, built when needed)."""
+    (recall), the seed and the function that loads the training split's index (text statistics: when needed)."""
     model: object
     val: object
     settings: object
@@ -64,7 +64,7 @@ class Request:
     train_ids: object = None
     probe: object = None
     seed: int = 0
-    text_index: object = None
+    load_text_index: object = None
 
 
 class Entry:

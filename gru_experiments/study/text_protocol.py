@@ -187,7 +187,7 @@ class TextPass(Pass):
     def run(self, request, progress=NO_PROGRESS) -> dict:
         started = time.perf_counter()
         val = request.val
-        measured = measure_text(request.model, request.tokenizer, request.text_index(),
+        measured = measure_text(request.model, request.tokenizer, request.load_text_index(),
                                 request.tokenizer.decode(val.ids.tolist()), self.settings, val_ids=val.ids,
                                 progress=Progress(progress.enabled, "text statistics"))
         return {None: measured | {"seconds": time.perf_counter() - started}}
@@ -293,7 +293,7 @@ class ShortTextPass(Pass):
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         draws = _short_draws(request.model, request.tokenizer, request.val, self.chars, self.seed, self.targets)
-        vocabulary = request.text_index().vocabulary
+        vocabulary = request.load_text_index().vocabulary
         return {None: {mode: value_and_se(word_validity(text, vocabulary) for text in
                                           draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
                        for mode in OVER_TRAINING_MODES}}
