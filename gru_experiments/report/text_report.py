@@ -230,7 +230,7 @@ def greedy_loop_finding(jobs) -> tuple[str, str]:
     """Does greedy decoding end in a loop in every inference mode (loop_rate >= LOOPING)?"""
     parts, looping, judged = [], 0, 0
     for job in text_jobs(jobs):
-        rates = {mode: figure for mode in ("stateful", "windowed", "stateless")
+        rates = {mode: figure for mode in MODES_BY_CONTEXT
                  if (figure := setting(job, mode, "greedy", "loop_rate")) is not None}
         if not rates:
             continue
