@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> None:
     with job(cfg, report=True):
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
-        from gru_experiments.runs.config import check_added_keys
+        from gru_experiments.runs.checks import check_added_keys
 
         check_added_keys()  # +num_chars=0: a key nothing reads
         try:

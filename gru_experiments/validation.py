@@ -1,10 +1,12 @@
-"""Checking config values against rules, before any work: the one rule engine. A Rule names a
-dotted key, what a valid value is (a predicate) and how to say it in words; `check_rules` raises a
-one-line UserError naming the key, the value and what is allowed. The rules themselves live with
-what they check: the run's in runs/config.py, the sampling settings' in study/inference.py, the
-text statistics' in study/text_protocol.py. A model's constructor checks its own arguments with
-`check_setting` (and `check_int`, `check_dropout`), which raise `InvalidSetting`: the key is the
-argument's name, and models/protocol.py adds the `model.architecture.` prefix."""
+"""The one way a config value is checked, before any work. A Rule names a key, what a valid value is
+(a predicate) and how to say it in words; `check_rules` checks a mapping (a config group, a dataclass's
+fields, a model's arguments) against its rules and, given the keys it may hold, refuses any other key,
+always in one line naming the key: `invalid KEY=VALUE: must be ALLOWED` (InvalidSetting) or
+`unknown key KEY: OWNER takes A, B`. The rules live with what they describe: the run's in
+runs/checks.py, the evaluation group's in study/settings.py, the recipe's in runs/recipe.py, the
+probe's in data/recall_probe.py, the sampling settings' in study/generation.py. A model's constructor
+checks its arguments with `check_setting` (`check_int`, `check_dropout`), the same error with the
+argument's name as its key; models/protocol.py adds the `model.architecture.` prefix."""
 
 from __future__ import annotations
 
@@ -52,19 +54,23 @@ def open_fraction(v) -> bool:  # (0, 1)
     return is_number(v) and 0 < v < 1
 
 
+def fraction(v) -> bool:  # [0, 1)
+    return is_number(v) and 0 <= v < 1
+
+
 def temperature_rule(key: str = "temperature") -> Rule:
     """The one rule for a sampling temperature, wherever it is set: sample.py and the Python API
-    (study/inference.validate_sampling), the end-of-run samples (runs/config.py:
-    evaluation.samples.temperature) and `inference.Decoding`. 0 means greedy: the argmax."""
+    (study/generation.validate_sampling, which `generation.Decoding` checks itself with) and the
+    end-of-run samples (evaluation.samples.temperature). 0 means greedy: the argmax."""
     return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)
 
 
 class InvalidSetting(UserError):
-    """A model setting with a value its family does not accept; `key` is the argument's name."""
+    """A value its rule refuses: `key` as the rule names it, `prefix` where it sits in the config."""
 
     def __init__(self, key: str, value, allowed: str, prefix: str = ""):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid {prefix}{key}={value!r}: must be {allowed}")
+        super().__init__(f"invalid {prefix}{key}={'missing' if value is MISSING else repr(value)}: must be {allowed}")
 
     def with_prefix(self, prefix: str) -> "InvalidSetting":
         return InvalidSetting(self.key, self.value, self.allowed, prefix)
@@ -87,7 +93,6 @@ def select(cfg, key: str):
     return OmegaConf.select(cfg, key, default=MISSING) if OmegaConf.is_config(cfg) else dotted_get(cfg, key)
 
 
-
 def dotted_get(mapping, key: str):
     value = mapping
     for part in key.split("."):
@@ -97,8 +102,12 @@ def dotted_get(mapping, key: str):
     return value
 
 
-
-def check_rules(cfg, rules: list[Rule], prefix: str = "") -> None:
+def check_rules(cfg, rules: list[Rule], prefix: str = "", known=None, owner: str = "") -> None:
+    """Every rule against `cfg` (a DictConfig or dict); with `known`, the keys it may hold, any other key is
+    refused too, naming what takes them (`owner`; by default the prefix)."""
+    unknown = [key for key in cfg if key not in known] if known is not None else []
+    if unknown:
+        raise UserError(f"unknown key {prefix}{unknown[0]}: {owner or prefix.rstrip('.')} takes {', '.join(known)}")
     for rule in rules:
         value = select(cfg, rule.key)
         if (value is MISSING or value is None) and rule.optional:
@@ -106,5 +115,4 @@ def check_rules(cfg, rules: list[Rule], prefix: str = "") -> None:
         if value is MISSING and rule.may_be_absent:
             continue
         if value is MISSING or not rule.check(value):
-            shown = "missing" if value is MISSING else repr(value)
-            raise UserError(f"invalid {prefix}{rule.key}={shown}: must be {rule.allowed}")
+            raise InvalidSetting(rule.key, value, rule.allowed, prefix)

@@ -355,7 +355,7 @@ def test_the_evaluation_shows_a_bar_per_pass(model, capsys):
 
 def test_the_budget_is_validated(compose_config, tiny_corpus):
     from gru_experiments.errors import UserError
-    from gru_experiments.runs.config import validate
+    from gru_experiments.runs.checks import validate
 
     assert compose_config().evaluation.budget == 1.56
     for bad in ("0", "-3", "many"):

@@ -207,7 +207,7 @@ def test_greedy_is_the_argmax():
 
 def test_decoding_rejects_nonsense():
     for bad in [dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)]:
-        with pytest.raises(ValueError):
+        with pytest.raises(UserError, match=f"invalid {next(iter(bad))}="):
             Decoding(**bad)
 
 
@@ -439,8 +439,8 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
                            "remove them, or drop them with drop_unknown=true"),
     (["max_new_tokens=-5"], "error: invalid max_new_tokens=-5: must be an integer >= 1"),
     (["num_samples=0"], "error: invalid num_samples=0: must be an integer >= 1"),
-    (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null or an integer "
-                                                     ">= 1"),
+    (["inference=windowed", "evaluation.window=0"], "error: invalid evaluation.window=0: must be null (the training "
+                                                     "data.seq_len) or an integer >= 1"),
     (["stats=true", "evaluation.text.samples=0"], "error: stats=true measures evaluation.text.samples samples per "
                                                 "setting, which is 0: give an integer >= 1"),
     (["evaluation.text.chars=31"], "error: invalid evaluation.text.chars=31: must be an integer from 32"),
@@ -482,7 +482,7 @@ def test_one_temperature_rule_for_sample_py_and_the_run_config():
     [rule] = [r for r in SampleConfig.RULES if r.key == "temperature"]  # evaluation.samples.temperature
     assert rule == temperature_rule("temperature")
     assert Decoding(temperature=0).is_greedy
-    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 \(0: greedy, the argmax\), got -1"):
+    with pytest.raises(UserError, match=r"invalid temperature=-1: must be a number >= 0 \(0: greedy, the argmax\)"):
         Decoding(temperature=-1)
 
 

@@ -16,7 +16,7 @@ from test_robustness import fail_in_process
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import write_json
-from gru_experiments.runs.config import check_added_keys, check_choices, validate
+from gru_experiments.runs.checks import check_added_keys, check_choices, validate
 from gru_experiments.runs.training import train
 
 

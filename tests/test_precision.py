@@ -219,7 +219,7 @@ def test_trainer_precision_32_true_is_pure_float32(compose_config, tiny_corpus, 
 
 def test_bad_setting_is_refused(compose_config, tiny_corpus):
     from gru_experiments.errors import UserError
-    from gru_experiments.runs.config import validate
+    from gru_experiments.runs.checks import validate
 
     with pytest.raises(UserError, match="low_precision_matmuls='sometimes'"):
         validate(compose_config(f"data.path={tiny_corpus}", "low_precision_matmuls=sometimes"))

@@ -45,7 +45,7 @@ from gru_experiments.data.recall_probe import (
 )
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
-from gru_experiments.runs.config import validate
+from gru_experiments.runs.checks import validate
 
 SETTINGS = ProbeSettings.single((3, 10, 40), gap=8, min_targets=30, keys=5)
 PAIRS = SETTINGS.validation  # distances 3, 10, 40, gap 8, 30 targets each

@@ -17,7 +17,7 @@ from test_schedule import fake_trainer, learning_rates, optimizer
 from gru_experiments.errors import UserError
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.runs.config import validate
+from gru_experiments.runs.checks import validate
 from gru_experiments.runs.recipe import Recipe, WarmupCosine
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train

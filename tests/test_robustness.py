@@ -27,7 +27,7 @@ from gru_experiments.data.tokenizers import CharTokenizer, SentencePieceTokenize
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.runs import checkpoints
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
-from gru_experiments.runs.config import validate
+from gru_experiments.runs.checks import validate
 from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import WANDB_MODES, wandb_mode
 from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
@@ -476,7 +476,7 @@ WINDOW_PAST_THE_BLOCK = ("error: invalid data.seq_len=256: model transformer see
 
 def test_train_py_refuses_a_transformer_window_longer_than_its_block(workspace, tiny_corpus):
     """Past its block every position of a transformer runs a block of its own: minutes of silence
-    on a CPU. Refused in one line before any work (runs/config.check_window)."""
+    on a CPU. Refused in one line before any work (runs/checks.check_window)."""
     before = fingerprint(workspace)
     tiny = [o for o in TINY if not o.startswith("data.seq_len=")]
     result = run_script(workspace, f"data.path={tiny_corpus}", *tiny, "model=transformer", "data.seq_len=256",
@@ -524,7 +524,7 @@ def test_debug_re_raises_instead_of_exiting(monkeypatch):
 def test_train_py_debug_shows_the_traceback(workspace):
     result = run_script(workspace, "model.lr=-1", "debug=true")
     assert result.returncode != 0
-    assert "Traceback" in result.stderr and "UserError: invalid model.lr=-1" in result.stderr
+    assert "Traceback" in result.stderr and "InvalidSetting: invalid model.lr=-1" in result.stderr
 
 
 def test_train_py_refuses_malicious_checkpoint_on_resume(workspace, tmp_path):

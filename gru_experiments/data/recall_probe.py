@@ -31,7 +31,6 @@ KEY_CHARS = tuple(chr(c) for c in range(0x24B6, 0x24B6 + 26)) + tuple(chr(c) for
 MAX_KEYS = 1024
 MAX_VALIDATION_PLANTINGS = 256  # the recall figures' cost stays bounded on a short validation split
 LEGACY_KEYS = ("distances", "gap", "min_targets")  # a run folder from before the phases: one phase, same validation
-PROBE_KEYS = ("name", "keys", "phases", "validation", *LEGACY_KEYS)  # every key the probe group may hold
 
 
 def distinct_positive_ints(value) -> bool:
@@ -77,12 +76,10 @@ class ValidationPairs(Pairs):
 
 
 def _checked(cls, values, key: str):
+    names = [f.name for f in fields(cls)]
     if not isinstance(values, Mapping):
-        raise UserError(f"invalid {key}={values!r}: must be a mapping of {', '.join(f.name for f in fields(cls))}")
-    unknown = sorted(set(values) - {f.name for f in fields(cls)})
-    if unknown:
-        raise UserError(f"unknown key {key}.{unknown[0]}: {key} takes {', '.join(f.name for f in fields(cls))}")
-    check_rules(dict(values), {Phase: PHASE_RULES, ValidationPairs: VALIDATION_RULES}[cls], prefix=f"{key}.")
+        raise UserError(f"invalid {key}={values!r}: must be a mapping of {', '.join(names)}")
+    check_rules(values, {Phase: PHASE_RULES, ValidationPairs: VALIDATION_RULES}[cls], f"{key}.", known=names)
     return cls(**values)
 
 
@@ -106,7 +103,7 @@ class ProbeSettings:
     validation: ValidationPairs
 
     def __post_init__(self):
-        check_rules({"keys": self.keys}, [KEYS_RULE], prefix="probe.")
+        check_rules(self.__dict__, [KEYS_RULE], "probe.")
         object.__setattr__(self, "phases", tuple(self.phases))
 
     @classmethod
@@ -124,15 +121,13 @@ class ProbeSettings:
         values = OmegaConf.to_container(probe_cfg) if OmegaConf.is_config(probe_cfg) else dict(probe_cfg)
         if values.pop("name", "recall") == "none":
             return None
-        unknown = sorted(set(values) - set(PROBE_KEYS))
-        if unknown:
-            raise UserError(f"unknown key probe.{unknown[0]}: probe=recall takes {', '.join(PROBE_KEYS[1:4])}")
-        check_rules(values, [KEYS_RULE], prefix="probe.")
-        if any(key in values for key in LEGACY_KEYS):
-            if "phases" in values or "validation" in values:
-                raise UserError("probe: give probe.phases and probe.validation, or the older distances, gap and "
-                                "min_targets, not both")
-            check_rules(values, VALIDATION_RULES, prefix="probe.")
+        legacy = any(key in values for key in LEGACY_KEYS)  # a group from before the phases
+        if legacy and ("phases" in values or "validation" in values):
+            raise UserError("probe: give probe.phases and probe.validation, or the older distances, gap and "
+                            "min_targets, not both")
+        check_rules(values, [KEYS_RULE, *(VALIDATION_RULES if legacy else [])], "probe.", owner="probe=recall",
+                    known=("keys", *(LEGACY_KEYS if legacy else ("phases", "validation"))))
+        if legacy:
             return cls.single(values["distances"], values["gap"], values["min_targets"], values["keys"])
         return cls(values["keys"], _checked_phases(values.get("phases")),
                    _checked(ValidationPairs, values.get("validation"), "probe.validation"))

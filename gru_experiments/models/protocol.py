@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from gru_experiments.errors import UserError
-from gru_experiments.validation import InvalidSetting
+from gru_experiments.validation import InvalidSetting, check_rules
 
 NO_TOKEN = -1  # a context position before the first token
 WINDOW_BATCH_TOKENS = 1 << 16  # windows run through a model in batches of about this many tokens (memory only)
@@ -126,12 +126,8 @@ def split_architecture(architecture) -> tuple[str, dict]:
 
 def check_settings(cls: type, settings: dict, prefix: str = "model.architecture.") -> None:
     """UserError for a setting the class does not have (names the ones it has)."""
-    parameters = inspect.signature(cls.__init__).parameters
-    known = [name for name in parameters if name not in ("self", "vocab_size")]
-    unknown = [key for key in settings if key not in known]
-    if unknown:
-        raise UserError(f"{prefix}{unknown[0]} is not a setting of {cls.__name__} ({cls.family}); "
-                        f"its settings: {', '.join(known)}")
+    known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "vocab_size")]
+    check_rules(settings, [], prefix, known=known, owner=f"{cls.__name__} ({cls.family})")
 
 
 def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False) -> LanguageModel:

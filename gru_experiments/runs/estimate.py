@@ -17,6 +17,7 @@ from gru_experiments.runs.scoring import run_request
 from gru_experiments.study.evaluation import plan_for
 from gru_experiments.study.plan import BEST, OVER_TRAINING
 from gru_experiments.study.scores import Split
+from gru_experiments.study.settings import EvaluationSettings
 
 # Forward tokens/s of the evaluation (windows in big batches) over the training tokens/s (forward,
 # backward, AdamW), measured side by side (benchmarks/RESULTS.md). The lowest, so that the estimate errs long.
@@ -37,8 +38,9 @@ class CostEstimate(Callback):
     steps after the first (which warms up) are timed, or a step or more took `min_seconds`."""
 
     def __init__(self, val: Split, cfg, *, model=None, tokenizer=None, modes=None, train_ids=None, probe=None,
-                 min_steps: int = 10, min_seconds: float = 20.0):
+                 settings=None, min_steps: int = 10, min_seconds: float = 20.0):
         self.val, self.cfg, self.tokenizer, self.modes = val, cfg, tokenizer, modes
+        self.settings = settings or EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)  # the run's, built once
         self.train_ids, self.probe = train_ids, probe
         self.seq_len, self.batch_size, self.steps_per_epoch = cfg.data.seq_len, cfg.data.batch_size, \
             recipe_length(cfg)[1]
@@ -72,7 +74,8 @@ class CostEstimate(Callback):
         model = self.model if self.model is not None else trainer.lightning_module.model
         evaluation = self.evaluation_forward_tokens(model, int(total_steps) * tokens_per_step)
         modes = self.modes.plan(model) if self.modes is not None else plan_for(
-            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, OVER_TRAINING))
+            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, OVER_TRAINING,
+                        settings=self.settings))
         validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
@@ -87,7 +90,7 @@ class CostEstimate(Callback):
         statistics' samples, the recall figures), and the best checkpoint's (counted as if it were not the
         final one)."""
         final = run_request(self.cfg, model, self.val, training_tokens, tokenizer=self.tokenizer,
-                            train_ids=self.train_ids, probe=self.probe)
+                            train_ids=self.train_ids, probe=self.probe, settings=self.settings)
         return plan_for(final).forward_tokens + plan_for(replace(final, purpose=BEST)).forward_tokens
 
     @staticmethod

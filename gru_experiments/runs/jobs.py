@@ -96,7 +96,7 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
 
 def _family(cfg) -> str | None:
     """The family the config's architecture builds (None if it does not: the failure may be its own)."""
-    from gru_experiments.runs.config import model_family
+    from gru_experiments.runs.checks import model_family
 
     with suppress(Exception):  # bookkeeping must never hide the error it reports
         return model_family(OmegaConf.select(cfg, "model.architecture", default=None))

@@ -14,6 +14,7 @@ from gru_experiments.runs.scoring import run_request
 from gru_experiments.study.evaluation import evaluate, plan_for
 from gru_experiments.study.plan import OVER_TRAINING, STATEFUL, STATELESS
 from gru_experiments.study.scores import Split
+from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import words
 
 
@@ -23,8 +24,11 @@ class ModesOverTraining(Callback):
     training split's text (`train_text`), and evaluation.text.samples > 0, also the word validity of
     one sample per study prompt of evaluation.text.chars characters in each of the two modes."""
 
-    def __init__(self, cfg, val: Split, epoch_tokens: int, tokenizer=None, train_text: str | None = None):
+    def __init__(self, cfg, val: Split, epoch_tokens: int, tokenizer=None, train_text: str | None = None,
+                 settings=None):
         self.cfg, self.val, self.epoch_tokens = cfg, val, epoch_tokens
+        # the run's evaluation settings, built once (not at every validation)
+        self.settings = settings or EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
         self.tokenizer = tokenizer if train_text is not None else None
         # what the word validity reads of a training index: its words (counted here without the rest)
         self.index = SimpleNamespace(vocabulary=frozenset(words(train_text))) if self.tokenizer is not None else None
@@ -32,7 +36,7 @@ class ModesOverTraining(Callback):
 
     def request(self, model):
         return run_request(self.cfg, model, self.val, self.epoch_tokens, OVER_TRAINING, tokenizer=self.tokenizer,
-                           load_text_index=lambda: self.index)
+                           load_text_index=lambda: self.index, settings=self.settings)
 
     def plan(self, model):
         return plan_for(self.request(model))

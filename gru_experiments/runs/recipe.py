@@ -8,16 +8,28 @@ recipe is how it is used.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 
 from gru_experiments.errors import UserError
+from gru_experiments.validation import Rule, check_rules, fraction, int_at_least, non_negative_number
 
 DECAYS = ("all", "matrices")
 INTERVALS = ("epoch", "step")
+TARGET = "gru_experiments.runs.recipe.Recipe"  # conf/optim's _target_
+RULES = [
+    Rule("betas", lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(fraction, v)),
+         "two numbers in [0, 1)", may_be_absent=True),  # absent: the dataclass's default
+    Rule("weight_decay", non_negative_number, "a number >= 0", may_be_absent=True),
+    Rule("decay", lambda v: v in DECAYS, " or ".join(DECAYS), may_be_absent=True),
+    Rule("warmup_steps", int_at_least(0), "an integer >= 0", may_be_absent=True),
+    Rule("floor", fraction, "a number in [0, 1)", may_be_absent=True),
+    Rule("interval", lambda v: v in INTERVALS, " or ".join(INTERVALS), may_be_absent=True),
+]
 
 
 @dataclass(frozen=True)
@@ -36,31 +48,17 @@ class Recipe:
     interval: str = "epoch"
 
     def __post_init__(self):
-        betas = list(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
-        problems = [f"optim.{key}={value!r}: must be {allowed}" for key, value, ok, allowed in (
-            ("betas", betas, isinstance(betas, list) and len(betas) == 2 and all(_number(b) and 0 <= b < 1
-                                                                                    for b in betas),
-             "two numbers in [0, 1)"),
-            ("weight_decay", self.weight_decay, _number(self.weight_decay) and self.weight_decay >= 0, "a number >= 0"),
-            ("decay", self.decay, self.decay in DECAYS, " or ".join(DECAYS)),
-            ("warmup_steps", self.warmup_steps, isinstance(self.warmup_steps, int)
-             and not isinstance(self.warmup_steps, bool) and self.warmup_steps >= 0, "an integer >= 0"),
-            ("floor", self.floor, _number(self.floor) and 0 <= self.floor < 1, "a number in [0, 1)"),
-            ("interval", self.interval, self.interval in INTERVALS, " or ".join(INTERVALS)),
-        ) if not ok]
-        if problems:
-            raise UserError(f"invalid {problems[0]}")
-        object.__setattr__(self, "betas", tuple(float(b) for b in betas))
+        check_rules(self.__dict__, RULES, "optim.")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
     @classmethod
     def from_config(cls, optim) -> "Recipe":
-        """From the optim group (a DictConfig or dict; its `_target_` names this class)."""
-        settings = OmegaConf.to_container(optim) if isinstance(optim, DictConfig) else dict(optim)
-        settings.pop("_target_", None)
-        try:
-            return cls(**settings)
-        except TypeError as error:
-            raise UserError(f"optim: {error}") from None
+        """From the optim group (a DictConfig or dict), checked, then built by its `_target_`, this class."""
+        optim = OmegaConf.to_container(optim) if OmegaConf.is_config(optim) else dict(optim)
+        rules = [Rule("_target_", lambda v: v == TARGET, TARGET, may_be_absent=True),
+                 Rule("name", lambda v: isinstance(v, str), "a name"), *RULES]
+        check_rules(optim, rules, "optim.", known=["_target_", *(f.name for f in fields(cls))])
+        return instantiate({**optim, "_target_": TARGET}, _convert_="all")
 
     @classmethod
     def recorded(cls, optim, weight_decay: float | None = None) -> "Recipe | None":
@@ -116,10 +114,6 @@ def recipe_length(cfg) -> tuple[int, int]:
     from: (model.epochs, model.steps_per_epoch); a counted model (n-gram) has neither: one epoch of one step."""
     return (OmegaConf.select(cfg, "model.epochs", default=None) or 1,
             OmegaConf.select(cfg, "model.steps_per_epoch", default=None) or 1)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ from gru_experiments.study.generation import (
 from gru_experiments.study.plan import TEXT
 from gru_experiments.study.progress import Progress
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings, TextConfig
+from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text
 from gru_experiments.validation import Rule, check_rules
@@ -155,8 +156,6 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
 def validate_settings(cfg: DictConfig) -> None:
     """The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it)."""
     validate_sampling(cfg, vocab_size=None)
-    if cfg.inference.mode == "windowed" or cfg.get("stats"):
-        validate_sampling({"window": cfg.evaluation.get("window")}, None, prefix="evaluation.")
     validate_stats(cfg)
 
 
@@ -217,9 +216,9 @@ def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data
 
 # --- stats=true: the text statistics --------------------------------------------------------------------
 def validate_stats(cfg: DictConfig) -> None:
-    """A one-line UserError for a bad stats or evaluation.text.* (settings.TextConfig)."""
+    """A one-line UserError for a bad stats or evaluation.* value (settings.EvaluationSettings)."""
     check_rules(cfg, [Rule("stats", lambda v: isinstance(v, bool), "true or false", may_be_absent=True)])
-    text = TextConfig.of(cfg.evaluation.text)  # checked even without stats=true: a bad value is refused at once
+    text = stats_settings(cfg, 1)  # checked even without stats=true: a bad value is refused at once
     if cfg.get("stats") and not text.samples:
         raise UserError("stats=true measures evaluation.text.samples samples per setting, which is 0: "
                         "give an integer >= 1")
@@ -227,8 +226,7 @@ def validate_stats(cfg: DictConfig) -> None:
 
 def stats_settings(cfg: DictConfig, seq_len: int) -> TextSettings:
     """The text statistics' settings: evaluation.text's, windowed at evaluation.window (null: seq_len)."""
-    settings = EvaluationSettings.of(cfg.evaluation, seq_len)
-    return TextSettings.of(settings.text, settings.window, cfg.seed)
+    return replace(EvaluationSettings.of(cfg.evaluation, seq_len).text, seed=cfg.seed)
 
 
 def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:

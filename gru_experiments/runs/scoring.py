@@ -30,24 +30,27 @@ from gru_experiments.study.text_index import TrainingIndex
 
 
 def run_request(cfg: DictConfig, model, val: Split, training_tokens, purpose: str = FINAL, *, tokenizer=None,
-                train_ids=None, probe=None, load_text_index=None, seq_len: int | None = None) -> Request:
-    """The evaluation Request of a run's config (study/plan.py): its settings, its seed and its training
-    split's index for the text statistics (counted once per corpus: TrainingIndex.cached)."""
+                train_ids=None, probe=None, load_text_index=None, seq_len: int | None = None,
+                settings: EvaluationSettings | None = None) -> Request:
+    """The evaluation Request of a run's config (study/plan.py): its settings (those the run built once, or
+    built here from cfg.evaluation), its seed and its training split's index for the text statistics (counted
+    once per corpus: TrainingIndex.cached)."""
     def index():
         return TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
-    settings = EvaluationSettings.of(cfg.evaluation, seq_len or cfg.data.seq_len)
+    settings = settings or EvaluationSettings.of(cfg.evaluation, seq_len or cfg.data.seq_len)
     return Request(model, val, settings, training_tokens, purpose,
                    tokenizer, train_ids, probe, int(cfg.get("seed", 0)), load_text_index or index)
 
 
-def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None) -> dict:
+def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None,
+              settings: EvaluationSettings | None = None) -> dict:
     """Adds every figure of the final weights (every entry of study/evaluation.py) and of the best
     checkpoint to `summary` (with `eval_seconds`), logs them, and returns the samples (with the texts
     the text statistics measured). A bar per pass (trainer.enable_progress_bar)."""
     started = time.perf_counter()
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
     request = run_request(cfg, model, val, summary["train_tokens"], tokenizer=tokenizer, train_ids=train_ids,
-                          probe=probe)
+                          probe=probe, settings=settings)
     plan = plan_for(request)
     if plan.budget is None:  # no budget bounds it: say what it asks for before it starts
         print(f"evaluation: every figure exact (evaluation.budget=null), {plan.forward_tokens:,} forward tokens "
@@ -55,7 +58,7 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     evaluation = evaluate(request, plan, progress)
     summary |= evaluation.summary()
     summary["best"] = score_best(cfg, summary, train_ids, val, model.device,
-                                 Progress(progress.enabled, "evaluation, best checkpoint"))
+                                 Progress(progress.enabled, "evaluation, best checkpoint"), request.settings)
     prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
     settings = request.settings.samples
     samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(settings.chars, val),
@@ -78,7 +81,8 @@ def describe(evaluation: Evaluation, summary: dict) -> str:
             f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
 
 
-def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, progress=NO_PROGRESS) -> dict:
+def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, progress=NO_PROGRESS,
+               settings: EvaluationSettings | None = None) -> dict:
     """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
     {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
     When the best checkpoint holds the final weights (or there is none: a counted model), its
@@ -93,7 +97,8 @@ def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, pr
     model = load_checkpoint(path, map_location=device).model.to(device)
     val = val.to(device)
     chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
-    metrics = evaluate(run_request(cfg, model, val, summary["train_tokens"], BEST, train_ids=train_ids),
+    metrics = evaluate(run_request(cfg, model, val, summary["train_tokens"], BEST, train_ids=train_ids,
+                                   settings=settings),
                        progress=progress).summary()
     return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
 

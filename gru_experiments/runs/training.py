@@ -20,24 +20,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import prepare_corpus
-from gru_experiments.data.recall_probe import ProbeSettings
 from gru_experiments.errors import TrainingDiverged
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
-from gru_experiments.runs.config import check_sizes, validate
+from gru_experiments.runs.checks import check_sizes, validate
 from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import build_logger, is_wandb, quiet_console
 from gru_experiments.runs.modes import ModesOverTraining
-from gru_experiments.runs.recipe import Recipe, recipe_length
+from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_point
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
 from gru_experiments.runs.smoke import is_smoke, smoke_split
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.study.scores import Split, score_chunks
+from gru_experiments.study.settings import EvaluationSettings
 
 
 @dataclass
@@ -52,6 +52,7 @@ class Run:
     data: CorpusDataModule
     val: Split
     batching: str
+    settings: EvaluationSettings  # the evaluation group, built once (runs/checks.validate)
     parameters: int | None = None
     trainer: L.Trainer | None = None
     checkpoints: tuple = ()
@@ -76,23 +77,23 @@ def train(cfg: DictConfig) -> dict:
         # Every DDP rank holds the same weights; only rank zero scores and writes.
         if run.trainer.is_global_zero:
             samples = score_run(run.cfg, run.task.model, run.data.train_ids, run.val, summary, run.logger,
-                                run.task.tokenizer, run.corpus.probe)
+                                run.task.tokenizer, run.corpus.probe, run.settings)
             write(run, summary, samples, current)
         return summary
 
 
 def prepare(cfg: DictConfig) -> Run:
     """Check everything and build the model and its data; write nothing (input errors leave nothing)."""
-    validate(cfg)  # bad values fail here, before any work
+    checked = validate(cfg)  # bad values fail here, before any work; the settings are built once, here
     resume = resume_point(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers",
-                            probe=ProbeSettings.from_config(cfg.get("probe")), seed=cfg.seed)
+                            probe=checked.probe, seed=cfg.seed)
     tokenizer = corpus.tokenizer
     recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
     task = LanguageModelTask(
         architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
-        vocab_size=tokenizer.vocab_size, optim=Recipe.from_config(cfg.optim).to_dict() if recipe["lr"] else None,
+        vocab_size=tokenizer.vocab_size, optim=checked.recipe.to_dict() if recipe["lr"] else None,
         model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
     if corpus.probe is not None:
@@ -108,7 +109,7 @@ def prepare(cfg: DictConfig) -> Run:
     if resume is not None:
         resume.check(task.hparams, tokenizer)
     run = Run(cfg, resume, RunDir(cfg.paths.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
-              batching, parameters=count_parameters(model) if model.trainable else None)
+              batching, checked.evaluation, parameters=count_parameters(model) if model.trainable else None)
     print(describe_run(run))
     return run
 
@@ -146,10 +147,11 @@ def fit_or_count(run: Run, current) -> None:
     epochs, steps_per_epoch = recipe_length(cfg)
     epoch_tokens = steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
     tokenizer = run.corpus.tokenizer
-    modes = ModesOverTraining(cfg, run.val, epoch_tokens, tokenizer, tokenizer.decode(run.corpus.train_ids.tolist()))
+    modes = ModesOverTraining(cfg, run.val, epoch_tokens, tokenizer, tokenizer.decode(run.corpus.train_ids.tolist()),
+                              run.settings)
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
                  CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes,
-                              train_ids=run.corpus.train_ids, probe=run.corpus.probe)]
+                              train_ids=run.corpus.train_ids, probe=run.corpus.probe, settings=run.settings)]
     run.trainer = instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger, plugins=[checkpoint_io],
                               callbacks=callbacks)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).

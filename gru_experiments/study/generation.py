@@ -43,11 +43,38 @@ STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
 Chooser = Callable[[Tensor], Tensor]
 
 
+def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> None:
+    """Check sampling settings (a dict or DictConfig with any of temperature, top_k, top_p,
+    num_tokens, num_samples, max_new_tokens, window, seed, greedy); absent keys are skipped,
+    null top_k, top_p and window mean "off" (window: the caller's default). `vocab_size` bounds
+    top_k (None: not known yet, so only top_k >= 1 is checked). `prefix` is how the keys are
+    spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
+
+    The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
+    and generation.generate calls it for num_samples, max_new_tokens and window.
+    """
+    top_k = "null (off) or an integer from 1 to the vocabulary size"
+    top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
+        else (int_at_least(1), top_k)
+    rules = [
+        temperature_rule(),
+        Rule("top_k", *top_k, optional=True),
+        Rule("top_p", lambda v: is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
+        Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),
+        Rule("num_samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
+        Rule("max_new_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
+        Rule("window", int_at_least(1), "null or an integer >= 1 (tokens of context)", optional=True),
+        Rule("seed", is_int, "an integer", may_be_absent=True),
+        Rule("greedy", lambda v: isinstance(v, bool), "true or false", may_be_absent=True),
+    ]
+    check_rules(settings, rules, prefix)
+
+
 @dataclass(frozen=True)
 class Decoding:
     """How the next token is chosen from the logits. Temperature, top-k and top-p combine
     (applied in that order); greedy (or temperature 0) takes the argmax and ignores the rest.
-    The temperature's rule is validation.temperature_rule, as sample.py's and the run config's."""
+    Checked by sample.py's rules (`validate_sampling`)."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -55,12 +82,7 @@ class Decoding:
     greedy: bool = False
 
     def __post_init__(self):
-        if not temperature_rule().check(self.temperature):
-            raise ValueError(f"temperature must be {temperature_rule().allowed}, got {self.temperature!r}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or null for no limit), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (or null for no limit), got {self.top_p}")
+        validate_sampling(asdict(self), None)
 
     @property
     def is_greedy(self) -> bool:
@@ -333,36 +355,9 @@ def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPT
     "settings": {...}}, one text (prompt + continuation) per prompt in each list."""
     settings = dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())
     samples = {"prompts": list(prompts)}
-    for mode in ("stateful", "stateless"):
+    for mode in (STATEFUL, STATELESS):
         texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
                              decoding=decoding, seed=seed)
         samples[mode] = [per_prompt[0] for per_prompt in texts]
     samples["settings"] = settings
     return samples
-
-
-def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> None:
-    """Check sampling settings (a dict or DictConfig with any of temperature, top_k, top_p,
-    num_tokens, num_samples, max_new_tokens, window, seed, greedy); absent keys are skipped,
-    null top_k, top_p and window mean "off" (window: the caller's default). `vocab_size` bounds
-    top_k (None: not known yet, so only top_k >= 1 is checked). `prefix` is how the keys are
-    spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
-
-    The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
-    and generation.generate calls it for num_samples, max_new_tokens and window.
-    """
-    top_k = "null (off) or an integer from 1 to the vocabulary size"
-    top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
-        else (int_at_least(1), top_k)
-    rules = [
-        temperature_rule(),
-        Rule("top_k", *top_k, optional=True),
-        Rule("top_p", lambda v: is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
-        Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),
-        Rule("num_samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
-        Rule("max_new_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
-        Rule("window", int_at_least(1), "null or an integer >= 1 (tokens of context)", optional=True),
-        Rule("seed", is_int, "an integer", may_be_absent=True),
-        Rule("greedy", lambda v: isinstance(v, bool), "true or false", may_be_absent=True),
-    ]
-    check_rules(settings, rules, prefix)

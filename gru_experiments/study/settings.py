@@ -1,45 +1,21 @@
-"""The evaluation's settings, each part one frozen dataclass holding its checks: the text statistics
-(`evaluation.text`), the side-by-side samples (`evaluation.samples`) and the whole group. Their
-defaults are written once, in conf/evaluation/default.yaml. A bad value is one UserError naming the key."""
+"""The evaluation's settings, each part one frozen dataclass holding its rules: the text statistics
+(`evaluation.text`: text_protocol.TextSettings), the side-by-side samples (`evaluation.samples`) and the
+whole group. Their defaults are written once, in conf/evaluation/default.yaml. Built once per run, from
+the checked config (runs/checks.validate); a bad value is one UserError naming the key."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
-from gru_experiments.study.text_index import SPAN
-from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, temperature_rule
-
-STRETCH_CHARS = 500  # the drift is measured per stretch of this many characters
-# Bounds on the text statistics' size, checked before any work: every sample per mode x decoder is drawn and
-# measured (about a second each for Astra-alpha on a CPU at the defaults), so these stay within hours.
-MAX_TEXT_SAMPLES = 1_000
-MAX_TEXT_CHARS = 100_000  # a sample's characters, and the drift's
+from gru_experiments.study.text_protocol import TextSettings
+from gru_experiments.validation import Rule, check_rules, int_at_least, positive_number, temperature_rule
 
 
-def _from(cls, node, prefix: str):
-    """An instance of dataclass `cls` from a config node, checked."""
-    check_rules(node, cls.RULES, prefix)
-    return cls(**{f.name: node[f.name] for f in fields(cls)})
-
-
-@dataclass(frozen=True)
-class TextConfig:
-    """evaluation.text: `samples` per mode x decoder (0: no text statistics), of `chars` characters, and
-    two generations of `drift_chars` measured stretch by stretch (0: no drift)."""
-    samples: int
-    chars: int
-    drift_chars: int
-    RULES = [Rule("samples", lambda v: is_int(v) and 0 <= v <= MAX_TEXT_SAMPLES,
-                  f"an integer from 0 (no text statistics) to {MAX_TEXT_SAMPLES:,}", may_be_absent=True),
-             Rule("chars", lambda v: is_int(v) and SPAN <= v <= MAX_TEXT_CHARS,
-                  f"an integer from {SPAN} (copy_32's span) to {MAX_TEXT_CHARS:,}", may_be_absent=True),
-             Rule("drift_chars", lambda v: is_int(v) and (v == 0 or STRETCH_CHARS <= v <= MAX_TEXT_CHARS),
-                  f"0 (no drift) or an integer from {STRETCH_CHARS} (one stretch) to {MAX_TEXT_CHARS:,}",
-                  may_be_absent=True)]
-
-    @classmethod
-    def of(cls, node, prefix: str = "evaluation.text.") -> "TextConfig":
-        return _from(cls, node, prefix)
+def _from(cls, node, prefix: str, **more):
+    """An instance of dataclass `cls` from its config group `node`, whose keys are those of cls.RULES."""
+    check_rules(node, [], prefix, known=[rule.key for rule in cls.RULES])
+    return cls(**node, **more)
 
 
 @dataclass(frozen=True)
@@ -48,11 +24,10 @@ class SampleConfig:
     (0: greedy)."""
     chars: int
     temperature: float
-    RULES = [Rule("chars", int_at_least(1), "an integer >= 1", may_be_absent=True), temperature_rule("temperature")]
+    RULES: ClassVar = [Rule("chars", int_at_least(1), "an integer >= 1"), temperature_rule("temperature")]
 
-    @classmethod
-    def of(cls, node, prefix: str = "evaluation.samples.") -> "SampleConfig":
-        return _from(cls, node, prefix)
+    def __post_init__(self):
+        check_rules(self.__dict__, self.RULES, "evaluation.samples.")
 
 
 @dataclass(frozen=True)
@@ -65,18 +40,23 @@ class EvaluationSettings:
     window: int
     streams: int
     curve_longest: int | None
-    text: TextConfig
+    text: TextSettings
     samples: SampleConfig
+    RULES: ClassVar = [
+        Rule("streams", int_at_least(1), "an integer >= 1"),
+        Rule("window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1", optional=True),
+        Rule("budget", positive_number, "null (every figure exact) or a number > 0 (forward tokens per token "
+             "trained)", optional=True),
+        Rule("curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
+             optional=True),
+        *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples"))]
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
-        """From an `evaluation` config group (the plan's keys are checked by runs/config.py)."""
+        """From an `evaluation` config group, checked."""
         e = evaluation
-        return cls(int(seq_len), e["budget"], int(e["window"] or seq_len), int(e["streams"]), e["curve_longest"],
-                   TextConfig.of(e["text"]), SampleConfig.of(e["samples"]))
-
-
-def check_nested(evaluation) -> None:
-    """A one-line UserError for a bad evaluation.text.* or evaluation.samples.* value."""
-    TextConfig.of(evaluation["text"])
-    SampleConfig.of(evaluation["samples"])
+        check_rules(e, cls.RULES, "evaluation.", known=[rule.key for rule in cls.RULES])
+        window = int(e["window"] or seq_len)
+        return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],
+                   _from(TextSettings, e["text"], "evaluation.text.", window=window),
+                   _from(SampleConfig, e["samples"], "evaluation.samples."))

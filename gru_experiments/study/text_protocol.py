@@ -29,8 +29,7 @@ from gru_experiments.study.passes import Pass
 from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Kind, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import STRETCH_CHARS, TextConfig
-from gru_experiments.study.text_index import TrainingIndex
+from gru_experiments.study.text_index import SPAN, TrainingIndex
 from gru_experiments.study.text_stats import (
     STATISTICS,
     floor_and_ceiling_texts,
@@ -39,7 +38,7 @@ from gru_experiments.study.text_stats import (
     value_and_se,
     word_validity,
 )
-from gru_experiments.validation import int_at_least, is_int
+from gru_experiments.validation import Rule, check_rules, is_int
 
 DECODERS = {
     "greedy": Decoding(greedy=True),
@@ -53,11 +52,19 @@ DRIFT_DECODER = "pure"
 DRIFT_SHOWN = ("word_validity", "reference_bpc", "seq_rep_4")  # the drift's columns in the log
 
 
+STRETCH_CHARS = 500  # the drift is measured per stretch of this many characters
+# Bounds on the text statistics' size, checked before any work: every sample per mode x decoder is drawn and
+# measured (about a second each for Astra-alpha on a CPU at the defaults), so these stay within hours.
+MAX_TEXT_SAMPLES = 1_000
+MAX_TEXT_CHARS = 100_000  # a sample's characters, and the drift's
+
+
 @dataclass(frozen=True)
 class TextSettings:
-    """What measure_text draws: `samples` (N) of `chars` (L) characters per mode × decoder; the windowed
-    mode's `window` (tokens); `seed`; `drift_samples` generations of `drift_chars` characters (0: no
-    drift) cut into stretches of `stretch_chars`; the prompts to continue (those the vocabulary spells)."""
+    """evaluation.text, and what measure_text draws: `samples` (N) of `chars` (L) characters per mode × decoder
+    (0 samples: no text statistics); `drift_samples` generations of `drift_chars` characters (0: no drift) cut
+    into stretches of `stretch_chars`; the windowed mode's `window` (tokens: evaluation.window), the `seed`, the
+    prompts to continue (those the vocabulary spells). The config sets the first three (RULES)."""
 
     window: int
     samples: int
@@ -67,20 +74,16 @@ class TextSettings:
     drift_samples: int = 2
     stretch_chars: int = STRETCH_CHARS
     prompts: tuple[str, ...] = STUDY_PROMPTS
+    RULES: ClassVar = [
+        Rule("samples", lambda v: is_int(v) and 0 <= v <= MAX_TEXT_SAMPLES,
+             f"an integer from 0 (no text statistics) to {MAX_TEXT_SAMPLES:,}"),
+        Rule("chars", lambda v: is_int(v) and SPAN <= v <= MAX_TEXT_CHARS,
+             f"an integer from {SPAN} (copy_32's span) to {MAX_TEXT_CHARS:,}"),
+        Rule("drift_chars", lambda v: is_int(v) and (v == 0 or STRETCH_CHARS <= v <= MAX_TEXT_CHARS),
+             f"0 (no drift) or an integer from {STRETCH_CHARS} (one stretch) to {MAX_TEXT_CHARS:,}")]
 
     def __post_init__(self):
-        for name in ("window", "samples", "chars", "drift_samples", "stretch_chars"):
-            if not int_at_least(1)(getattr(self, name)):
-                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if not (is_int(self.drift_chars) and self.drift_chars >= 0):
-            raise ValueError(f"drift_chars must be an integer >= 0, got {self.drift_chars!r}")
-
-    @classmethod
-    def of(cls, text: TextConfig, window: int, seed: int) -> "TextSettings | None":
-        """The settings of evaluation.text (settings.TextConfig), windowed at `window`; None for 0 samples."""
-        if not text.samples:
-            return None
-        return cls(window=window, samples=text.samples, chars=text.chars, seed=int(seed), drift_chars=text.drift_chars)
+        check_rules(self.__dict__, self.RULES, "evaluation.text.")
 
 
 def share_samples(n: int, prompts) -> list[tuple[str, int]]:
@@ -199,9 +202,8 @@ class TextEntry(Entry):
     name = TEXT
 
     def units(self, request: Request) -> list[Unit]:
-        s = request.settings
-        asked = TextSettings.of(s.text, s.window, request.seed)
-        if request.purpose != FINAL or request.tokenizer is None or asked is None:
+        asked = replace(request.settings.text, seed=request.seed)
+        if request.purpose != FINAL or request.tokenizer is None or not asked.samples:
             return []
         settings = fitting(asked, request.val.characters)
         if settings is None:

@@ -6,10 +6,12 @@ raises a UserError naming the key, the value and what is allowed (the engine: va
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
+from gru_experiments.data.recall_probe import ProbeSettings
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe
-from gru_experiments.study.settings import check_nested
+from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.validation import (
     MISSING,
     Rule,
@@ -45,17 +47,6 @@ RECIPE_RULES = [
     Rule("model.steps_per_epoch", int_at_least(1), "an integer >= 1"),
     Rule("model.epochs", int_at_least(1), "an integer >= 1"),
     Rule("model.lr", positive_number, "a number > 0"),
-]
-
-# The end-of-training evaluation (conf/evaluation/default.yaml); sample.py evaluate=true reads the same.
-EVALUATION_RULES = [
-    Rule("evaluation.streams", int_at_least(1), "an integer >= 1", may_be_absent=True),
-    Rule("evaluation.window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1",
-         optional=True),
-    Rule("evaluation.budget", positive_number,
-         "null (every figure exact) or a number > 0 (forward tokens per token trained)", optional=True),
-    Rule("evaluation.curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
-         optional=True),
 ]
 
 SPM_RULES = [
@@ -122,8 +113,16 @@ def check_choices(overrides) -> None:
                         "(conf/experiment/); give one of the two")
 
 
-def validate(cfg) -> None:
-    """Check a composed train config; raise UserError on the first invalid value."""
+class Checked(NamedTuple):
+    """What a checked config builds, once: the recipe (None: a counted model), the probe (None: off), the
+    evaluation's settings."""
+    recipe: Recipe | None
+    probe: ProbeSettings | None
+    evaluation: EvaluationSettings
+
+
+def validate(cfg) -> Checked:
+    """Check a composed train config and build its settings; raise UserError on the first invalid value."""
     from hydra.core.hydra_config import HydraConfig
 
     check_added_keys()
@@ -133,10 +132,9 @@ def validate(cfg) -> None:
     if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
         raise UserError("trainer.max_epochs: a run's epochs are its model's, model.epochs (trainer.max_steps cuts "
                         "them short)")
-    check_rules(cfg, EVALUATION_RULES)
-    check_nested(cfg.evaluation)  # evaluation.text.* and evaluation.samples.*
-    check_model(cfg)
-    check_probe(cfg)
+    evaluation = EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
+    recipe = check_model(cfg)
+    probe = check_probe(cfg)
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
     precision = select(cfg, "trainer.precision")
@@ -149,37 +147,38 @@ def validate(cfg) -> None:
         from gru_experiments.runs.loggers import wandb_mode
 
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
+    return Checked(recipe, probe, evaluation)
 
 
-def check_probe(cfg) -> None:
+def check_probe(cfg) -> ProbeSettings | None:
     """The probe group: none (or absent: a config from before it) with no key of the probe's, or recall with
     valid settings (data/recall_probe.ProbeSettings.from_config, which names any key it does not take) and
     the char tokenizer it plants in. A probe key without the probe, or probe.name=recall without the group's
     keys (the probe is chosen with the group, probe=recall), would do nothing: refused."""
     name = select(cfg, "probe.name")
     if name is MISSING:
-        return
+        return ProbeSettings.from_config(cfg.get("probe"))
     given = [key for key in cfg.probe if key != "name"]
     if name == "none":
         if given:
             keys = ", ".join(f"probe.{key}" for key in given)
             raise UserError(f"probe.{given[0]} is a setting of probe=recall, but the probe is off (probe=none); "
                             f"add probe=recall to plant the pairs, or leave out {keys}")
-        return
+        return None
     if name != "recall":
         raise UserError(f"invalid probe.name={name!r}: must be none or recall (the probe is chosen with the group: "
                         "probe=recall)")
-    from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings  # imports torch: only for a probe
+    from gru_experiments.data.recall_probe import NEEDS_CHAR
 
     if not given:
         raise UserError("probe.name=recall names the probe but sets none of its keys: the probe is chosen with "
                         "its config group, probe=recall (probe.name is that group's record of itself)")
     if select(cfg, "tokenizer.kind") != "char":
         raise UserError(NEEDS_CHAR)
-    ProbeSettings.from_config(cfg.probe)
+    return ProbeSettings.from_config(cfg.probe)
 
 
-def check_model(cfg) -> None:
+def check_model(cfg) -> Recipe | None:
     """The architecture (its class, settings and values: the family checks its own), the window
     against what the model sees and, for a trained family, its recipe; a counted family
     (trainable = False) takes no recipe."""
@@ -192,13 +191,13 @@ def check_model(cfg) -> None:
     check_window(cfg, model)
     if model.trainable:
         check_rules(cfg, RECIPE_RULES)
-        Recipe.from_config(cfg.optim)  # the optimiser recipe's own checks (runs/recipe.py)
-        return
+        return Recipe.from_config(cfg.optim)  # the optimiser recipe's own checks (runs/recipe.py)
     # epochs and steps_per_epoch mean nothing to it (preset=smoke sets them for every model);
     # a learning rate would suggest an optimizer that does not exist.
     if select(cfg, "model.lr") not in (MISSING, None):
         raise UserError(f"model.lr is not a setting of {type(model).__name__} ({model.family}): its weights are "
                         "counted from the training split, with no optimizer, epochs or steps")
+    return None
 
 
 def check_window(cfg, model) -> None:
