@@ -41,5 +41,5 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from gru_experiments.legacy import upgrade_overrides
 
-    sys.argv = [sys.argv[0], *upgrade_overrides(sys.argv[1:])]  # names from before issue 35: today's, said in a line
+    sys.argv = [sys.argv[0], *upgrade_overrides(sys.argv[1:])]  # old names: today's, said in a line
     main()

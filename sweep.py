@@ -43,7 +43,7 @@ def named_list(value, sets, kind: str, known: list[str]) -> list[str]:
         value = list(sets[value])
     elif isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
-    # A name from before issue 35 (astra_alpha_seed): today's, with a line saying so.
+    # An old name (astra_alpha_seed): today's, with a line saying so.
     value = [upgrade_overrides([f"model={name}"])[0].partition("=")[2] for name in value]
     unknown = [name for name in value if name not in known]
     if unknown or not value:
@@ -72,7 +72,7 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     if {"models", "experiments"} <= given:
         raise UserError("models= and experiments= both pick the jobs (an experiment names its own model); give one")
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
-    overrides = upgrade_overrides(overrides)  # names from before issue 35 (the flat evaluation keys), today's
+    overrides = upgrade_overrides(overrides)  # old names (the flat evaluation keys): today's
     if settings.experiments is not None:
         settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
                                           config_names("experiment"))

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from gru_experiments.models.protocol import build_model, count_parameters
-from gru_experiments.study.inference import Decoding, generate
+from gru_experiments.study.generation import Decoding, generate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -3,7 +3,7 @@
 Nothing here is a second implementation: `train` composes the same config as train.py (Hydra's
 compose API over conf/, config "train") and runs training.train; `load` is
 runs.task.load_checkpoint (weights only) on the checkpoint runs.run_dir.find_checkpoint picks;
-`generate` is inference.generate; `score` is study/scores.py's per-mode scorers on an
+`generate` is generation.generate; `score` is study/scores.py's per-mode scorers on an
 scores.Split. Bad input raises a one-line errors.UserError. Examples and every argument: docs/python.md.
 """
 
@@ -25,7 +25,7 @@ REPO = CONF.parent
 
 
 def _check_mode(mode: str) -> str:
-    from gru_experiments.study.inference import MODES  # imports torch: only once a model is used
+    from gru_experiments.study.generation import MODES  # imports torch: only once a model is used
 
     if mode not in MODES:
         raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join(MODES)}")
@@ -99,12 +99,12 @@ class TrainedModel:
 
         Decoding as sample.py: temperature, top_k, top_p; greedy=True takes the argmax. The draws
         come from a generator seeded with `seed` alone: the same seed gives the same text (on the
-        same device). sample.py seeds each prompt with inference.prompt_seed(seed, prompt); pass
+        same device). sample.py seeds each prompt with generation.prompt_seed(seed, prompt); pass
         that as `seed` to get its text. drop_unknown=True drops prompt characters the vocabulary
         lacks (else they raise a UserError naming them). A model trained with the recall probe writes
         plain text: never one of the probe's symbols."""
         from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
-        from gru_experiments.study.inference import Decoding, generate, validate_sampling
+        from gru_experiments.study.generation import Decoding, generate, validate_sampling
 
         _check_mode(mode)
         if mode == "windowed":
@@ -136,7 +136,7 @@ class TrainedModel:
         import torch
 
         from gru_experiments.data.tokenizers import describe_characters
-        from gru_experiments.study.inference import validate_sampling
+        from gru_experiments.study.generation import validate_sampling
         from gru_experiments.study.scores import Split, score_stateful, score_stateless, score_windowed
 
         _check_mode(mode)

@@ -1,5 +1,5 @@
 """The names that changed, in one place: what an old run folder, checkpoint or command line says,
-and what it says now (issue 35). Whatever reads an old config upgrades it here, once, and says so in
+and what it says now. Whatever reads an old config upgrades it here, once, and says so in
 one printed line per name.
 
     upgrade_config(cfg)        a run's saved config (.hydra/config.yaml: run_dir.RunDir.config) or a
@@ -24,8 +24,7 @@ MODELS = {"astra_alpha_seed": "astra_alpha_original", "transformer_seed": "trans
 EVALUATION_KEYS = {"text_samples": "text.samples", "text_chars": "text.chars",
                    "text_drift_chars": "text.drift_chars", "sample_chars": "samples.chars",
                    "sample_temperature": "samples.temperature"}
-# Where the families lived before the package was cut into subpackages (checkpoints written up to main
-# 9d1cd15), and the one family of the checkpoints that did not name their class at all.
+# The models' old module paths, as older checkpoints name their class, and the class of those that name none.
 MOVED_CLASSES = {
     "gru_experiments.model.RecurrentLM": "gru_experiments.models.recurrent.RecurrentLM",
     "gru_experiments.mlp.BengioMLP": "gru_experiments.models.mlp.BengioMLP",

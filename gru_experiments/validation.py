@@ -4,7 +4,7 @@ fields, a model's arguments) against its rules and, given the keys it may hold, 
 always in one line naming the key: `invalid KEY=VALUE: must be ALLOWED` (InvalidSetting) or
 `unknown key KEY: OWNER takes A, B`. The rules live with what they describe: the run's in
 runs/checks.py, the evaluation group's in study/settings.py, the recipe's in runs/recipe.py, the
-probe's in data/recall_probe.py, the sampling settings' in study/inference.py. A model's constructor
+probe's in data/recall_probe.py, the sampling settings' in study/generation.py. A model's constructor
 checks its arguments with `check_setting` (`check_int`, `check_dropout`), the same error with the
 argument's name as its key; models/protocol.py adds the `model.architecture.` prefix."""
 
@@ -60,7 +60,7 @@ def fraction(v) -> bool:  # [0, 1)
 
 def temperature_rule(key: str = "temperature") -> Rule:
     """The one rule for a sampling temperature, wherever it is set: sample.py and the Python API
-    (study/inference.validate_sampling, which `inference.Decoding` checks itself with) and the
+    (study/generation.validate_sampling, which `generation.Decoding` checks itself with) and the
     end-of-run samples (evaluation.samples.temperature). 0 means greedy: the argmax."""
     return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)
 

@@ -140,7 +140,7 @@ def test_generate_is_seeded_and_continues_the_prompt(lm, mode):
 
 def test_generate_is_sample_py_sampler(lm):
     """The same sampler as sample.py: with sample.py's per-prompt seed, its very text."""
-    from gru_experiments.study.inference import Decoding, prompt_seed, sample_texts
+    from gru_experiments.study.generation import Decoding, prompt_seed, sample_texts
 
     decoding = Decoding(temperature=0.8, top_k=20, top_p=0.9)
     for mode in ("stateful", "stateless", "windowed"):
@@ -207,10 +207,10 @@ def test_score_of_the_validation_split_is_the_summary_figure(trained, lm):
     (dict(mode="windowed", window=0), "window"),
     (dict(seed="x"), "seed"),
     (dict(greedy="yes"), "greedy"),
-    (dict(num_samples=10**9), "memory"),  # inference.generate's up-front check
+    (dict(num_samples=10**9), "memory"),  # generation.generate's up-front check
 ])
 def test_generate_refuses_bad_settings_in_one_line(lm, kwargs, fragment):
-    """The rules are inference.validate_sampling's, shared with sample.py."""
+    """The rules are generation.validate_sampling's, shared with sample.py."""
     assert fragment in one_line_error(lm.generate, "KING: ", **{"max_new_tokens": 3, **kwargs})
 
 

@@ -21,7 +21,7 @@ from gru_experiments.runs.history import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.training import train
 from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.inference import eval_mode
+from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.plan import context_lengths, plan_evaluation
 from gru_experiments.study.scores import (
     Score,

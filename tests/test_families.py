@@ -20,7 +20,7 @@ from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.training import train
-from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
+from gru_experiments.study.generation import Decoding, make_chooser, sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11

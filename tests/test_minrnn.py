@@ -10,7 +10,7 @@ from torch.func import functional_call
 
 from gru_experiments.models import minrnn
 from gru_experiments.models.minrnn import MinRNNLayer, MinRNNLM, g
-from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
+from gru_experiments.study.generation import Decoding, make_chooser, sample_tokens
 
 CELLS = ["mingru", "minlstm"]
 V = 11

@@ -32,7 +32,7 @@ from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import WANDB_MODES, wandb_mode
 from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
 from gru_experiments.runs.training import train
-from gru_experiments.study.inference import validate_sampling
+from gru_experiments.study.generation import validate_sampling
 
 # --- a workspace with a finished run and a tokenizer cache, which bad commands must not touch ---
 

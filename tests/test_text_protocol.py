@@ -1,6 +1,6 @@
 """The sampling protocol of the text statistics (study/text_protocol.py): every mode × decoder ×
 statistic, the same prompts and seeds everywhere, greedy's identical samples, the numbers recomputed
-from the texts it keeps, and the table. sample.py stats=true end to end: tests/test_inference.py."""
+from the texts it keeps, and the table. sample.py stats=true end to end: tests/test_generation.py."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.inference import STUDY_PROMPTS
+from gru_experiments.study.generation import MODES_BY_CONTEXT, STUDY_PROMPTS
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import (
     DECODERS,
     DRIFT_MODES,
-    TEXT_MODES,
     TextSettings,
     format_text_statistics,
     measure_text,
@@ -57,7 +56,7 @@ def ngram_record(corpus):
 
 
 def figures_of(record):
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         for decoder in DECODERS:
             yield f"{mode} {decoder}", record["modes"][mode][decoder]
     for name in ("reference", "floor", "ceiling"):
@@ -69,7 +68,7 @@ def figures_of(record):
 
 def test_every_mode_decoder_and_statistic_is_there(recurrent_record):
     record = recurrent_record
-    assert list(record["modes"]) == list(TEXT_MODES) and list(DECODERS) == [
+    assert list(record["modes"]) == list(MODES_BY_CONTEXT) and list(DECODERS) == [
         "greedy", "temperature_0.8", "top_k_30", "top_p_0.9", "pure"]
     for label, figures in figures_of(record):
         assert list(figures) == list(STATISTICS), label
@@ -83,7 +82,7 @@ def test_every_mode_decoder_and_statistic_is_there(recurrent_record):
         assert record["reference"][name]["value"] is not None and record["reference"][name]["se"] is not None
     # the samples: N of L characters (continuations only), from the same prompts everywhere
     assert record["settings"]["prompts"] == [[prompt, 2] for prompt in STUDY_PROMPTS]
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         for decoder in DECODERS:
             texts = record["texts"][mode][decoder]
             assert len(texts) == 6 and all(len(text) == 80 for text in texts)
@@ -112,7 +111,7 @@ def test_every_setting_continues_the_same_prompts_with_the_same_seeds(corpus, re
 
 
 def test_greedy_repeats_one_text_per_prompt(ngram_record):
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         texts = ngram_record["texts"][mode]["greedy"]
         assert texts[0] == texts[1] and texts[2] == texts[3] and texts[4] == texts[5], mode
         sampled = ngram_record["texts"][mode]["pure"]
@@ -131,7 +130,7 @@ def recompute(record: dict, index: TrainingIndex) -> dict:
     texts = record["texts"]
     return {
         "modes": {mode: {decoder: text_statistics(texts[mode][decoder], index, texts["reference"])
-                         for decoder in DECODERS} for mode in TEXT_MODES},
+                         for decoder in DECODERS} for mode in MODES_BY_CONTEXT},
         "reference": text_statistics(texts["reference"], index, texts["other_reference"]),
         "floor": text_statistics(texts["floor"], index, texts["reference"]),
         "ceiling": text_statistics(texts["ceiling"], index, texts["reference"]),
@@ -156,7 +155,7 @@ def test_the_table(ngram_record):
     assert lines[0].startswith("text statistics: 6 samples of 80 characters per setting")
     assert lines[1] == "(continuations of 'ROMEO: ', 'KING: ', 'FIRST CITIZEN: '; windowed: the last 4 tokens)"
     assert lines[2].split() == ["setting", *STATISTICS]
-    labels = [f"{mode} {decoder}" for mode in TEXT_MODES for decoder in DECODERS]
+    labels = [f"{mode} {decoder}" for mode in MODES_BY_CONTEXT for decoder in DECODERS]
     labels += ["reference (validation)", "random (floor)", "looped (ceiling)"]
     assert [line[:26].strip() for line in lines[3:3 + len(labels)]] == labels
     assert "stateful greedy             1.000 ±0.000" in table  # word_validity: a loop of real words

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.models.protocol import build_model, count_parameters
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.study.inference import Decoding, make_chooser, sample_tokens
+from gru_experiments.study.generation import Decoding, make_chooser, sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11

@@ -189,7 +189,7 @@ class StreamBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.pass_index, self.chunk = int(state["pass_index"]), int(state["chunk"])
-        # A checkpoint from before the step was kept: every pass had the split's chunks.
+        # An older checkpoint keeps no step: every pass before it had the split's chunks.
         self.step = int(state.get("step", self.pass_index * self.chunks_per_pass + self.chunk))
 
 

@@ -241,7 +241,7 @@ def context_section(jobs, plots: dict[str, Path]) -> list[str]:
 
 LADDER = Section("ladder", ladder_section, plots={PLOT_LADDER: plot_ladder})
 CONTEXT = Section("context curve", context_section, plots={PLOT_CONTEXT: plot_context_curve})
-MODES = Section("modes over training", lambda jobs, plots: [
+MODES_OVER_TRAINING = Section("modes over training", lambda jobs, plots: [
     "## Inference modes over training", "", "Stateful and stateless bits per character of the whole validation split "
     "at every validation (history.csv), against the training tokens.", "",
     image("stateful and stateless bits per character over training", PLOT_MODES, plots,

@@ -10,8 +10,9 @@ import math
 from gru_experiments.report.common import MISSING, finite, plus_minus, table
 from gru_experiments.report.recall_report import recall_jobs, recall_record, run_horizon
 from gru_experiments.report.section import Section
+from gru_experiments.study.generation import STATEFUL, WINDOWED
 
-MODES = ("stateful", "windowed")  # stateless never remembers: its horizon is always none
+MODES = (STATEFUL, WINDOWED)  # stateless never remembers: its horizon is always none
 
 
 def _remembered(h: dict) -> str:

@@ -17,9 +17,9 @@ from pathlib import Path
 from gru_experiments.report.common import MISSING, figure, finite, image, plus_minus, save, table
 from gru_experiments.report.section import Findings, Section, cannot, read_record, with_record
 from gru_experiments.report.sweep_folder import mode_pairs
+from gru_experiments.study.generation import MODES_BY_CONTEXT
 from gru_experiments.study.recall import horizon
 
-INFERENCE = ("stateful", "windowed", "stateless")
 PLOT_RECALL = "recall.png"
 
 
@@ -105,13 +105,13 @@ def recall_section(jobs, plots: dict[str, Path]) -> list[str]:
     names = len({job.name for job in shown}) > 1
     rows = []
     for distance, _, job in order:
-        points = [recall_point(job, distance, inference) for inference in INFERENCE]
+        points = [recall_point(job, distance, inference) for inference in MODES_BY_CONTEXT]
         bits = no_memory(job)
         rows.append([str(distance), f"{job.name}, {job.training}" if names else job.training,
                      where(distance, job.training_window),
                      *(MISSING if p is None else plus_minus(p[0], p[1]) for p in points),
                      _targets(points), MISSING if bits is None else f"{bits:.3f}"])
-    lines += table(["distance", "training", "training window", *INFERENCE, "targets", "log2 K"], rows, "rllr")
+    lines += table(["distance", "training", "training window", *MODES_BY_CONTEXT, "targets", "log2 K"], rows, "rllr")
     lines += [""] + [_settings(job) for job in shown]
     lines += ["", image("recall bits against distance, by training and inference mode", PLOT_RECALL, plots,
                         "no recall figure."), ""]
@@ -148,9 +148,9 @@ def plot_recall(jobs, path: Path) -> Path | None:
     if not shown or not any(distances(job) for job in shown):
         return None
     plt = figure()
-    fig, axes = plt.subplots(1, len(INFERENCE), figsize=(5.0 * len(INFERENCE), 4.0), sharey=True)
+    fig, axes = plt.subplots(1, len(MODES_BY_CONTEXT), figsize=(5.0 * len(MODES_BY_CONTEXT), 4.0), sharey=True)
     names = len({job.name for job in shown}) > 1
-    for ax, inference in zip(axes, INFERENCE):
+    for ax, inference in zip(axes, MODES_BY_CONTEXT):
         _panel(ax, shown, inference, names)
     fig.tight_layout()
     return save(fig, path)

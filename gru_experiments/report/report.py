@@ -21,7 +21,7 @@ from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.evaluation import FIGURES
-from gru_experiments.study.inference import MODES
+from gru_experiments.study.generation import MODES
 
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 
@@ -205,7 +205,7 @@ SECTIONS: list[Section] = [
     figures.LADDER, lr_sweep.SECTION, grid.SECTION,
     Section("findings", _findings_section, findings=STUDY),
     Section("best checkpoint", _best_section),
-    figures.CONTEXT, context_classes.SECTION, figures.MODES, figures.BPC, figures.CURVES,
+    figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_horizon.HORIZON, recall_horizon.COST, text_report.SECTION,
     scale.SECTION,
     Section("samples", _samples_section),

@@ -18,9 +18,10 @@ from gru_experiments.report.plots import save_curve
 from gru_experiments.report.section import Findings, Section, cannot
 from gru_experiments.report.section import verdict as verdict_of
 from gru_experiments.study.context_curve import curve_points
+from gru_experiments.study.generation import MODES_BY_CONTEXT
 
 PLOT_SCALE = "scale_context_curve.png"
-MODES = ("stateful", "windowed", "stateless", "bigram")
+MODES = (*MODES_BY_CONTEXT, "bigram")  # the table's columns: the inference modes, then the bigram baseline
 
 
 def scale_jobs(jobs) -> list:

@@ -87,7 +87,7 @@ class JobResult:
 def upgrade(values: dict, started: bool = True) -> dict:
     """A job's values as today's summary says them, whatever its age: the training mode of a run from before
     the choice (windows), the training window of one from before summary.json's seq_len (its mode
-    evaluation's, else its recall record's), and the recipe and model names of before issue 35 (legacy.py)."""
+    evaluation's, else its recall record's), and the old recipe and model names (legacy.py)."""
     values = dict(values)
     if started and not values.get("training_mode"):
         values["training_mode"] = "windows"
@@ -143,7 +143,7 @@ def planned_models(overrides: list[str]) -> list[str]:
 
 
 def read_summary(summary) -> dict:
-    """A job's summary.json as today's: one written before the rename says "cell" for "family"."""
+    """A job's summary.json as today's: an older one says "cell" for "family"."""
     if not isinstance(summary, dict):
         return {}
     summary = dict(summary)
@@ -167,7 +167,7 @@ def read_job(job_dir: Path) -> JobResult:
         "optim": _select(cfg, "optim.name") or ("original" if _select(cfg, "weight_decay") is not None else None),
         **read_summary(summary),
     }
-    if values.get("family") is None and cfg is not None:  # not finished, or failed before the rename
+    if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)
         values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
     if not isinstance(summary, dict):
         status = "incomplete"

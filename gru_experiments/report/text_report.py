@@ -16,7 +16,8 @@ from pathlib import Path
 from gru_experiments.report.common import MISSING, RECURRENT, figure, finite, image, plus_minus, save, table
 from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
 from gru_experiments.report.sweep_folder import run_label
-from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN, TEXT_MODES
+from gru_experiments.study.generation import MODES_BY_CONTEXT
+from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN
 from gru_experiments.study.text_stats import STATISTICS
 
 ORIGINAL_DECODER = "temperature_0.8"  # the original study's decoder: the one the findings and results.csv read
@@ -67,7 +68,7 @@ def _ordered(keys, preferred) -> list:
 def text_rows(record: dict) -> list[tuple[str, dict]]:
     """(label, {statistic: entry}) per mode × decoder, then the reference, the floor and the ceiling."""
     rows = []
-    for mode in _ordered(record["modes"], TEXT_MODES):
+    for mode in _ordered(record["modes"], MODES_BY_CONTEXT):
         by_decoder = record["modes"][mode] or {}
         rows += [(f"{mode}, {decoder}", by_decoder[decoder] or {}) for decoder in _ordered(by_decoder, DECODERS)]
     return rows + [(label, record.get(which) or {}) for which, label in BOUNDS.items()]
@@ -143,7 +144,7 @@ def text_section(jobs, plots: dict[str, Path]) -> list[str]:
 def _bars(ax, job, label: str, statistic: str) -> None:
     """Grouped bars: a group per decoder, a bar per mode (± se); the reference and the floor as lines."""
     record = text_record(job)
-    modes = _ordered(record["modes"], TEXT_MODES)
+    modes = _ordered(record["modes"], MODES_BY_CONTEXT)
     decoders = _ordered([d for mode in modes for d in (record["modes"][mode] or {})], DECODERS)
     width = 0.8 / max(len(modes), 1)
     for i, mode in enumerate(modes):
@@ -229,7 +230,7 @@ def greedy_loop_finding(jobs) -> tuple[str, str]:
     """Does greedy decoding end in a loop in every inference mode (loop_rate >= LOOPING)?"""
     parts, looping, judged = [], 0, 0
     for job in text_jobs(jobs):
-        rates = {mode: figure for mode in ("stateful", "windowed", "stateless")
+        rates = {mode: figure for mode in MODES_BY_CONTEXT
                  if (figure := setting(job, mode, "greedy", "loop_rate")) is not None}
         if not rates:
             continue

@@ -13,8 +13,8 @@ from pathlib import Path
 from gru_experiments.report.common import MISSING, figure, format_duration, image, labelled_bars, save, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
+from gru_experiments.study.generation import MODES_BY_CONTEXT
 
-GRID_MODES = ("stateful", "windowed", "stateless")
 TRAINING_MODES = ("windows", "streams")
 PLOT_GRID = "training_grid.png"
 
@@ -59,10 +59,10 @@ def grid_section(jobs, plots: dict[str, Path]) -> list[str]:
             gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
             seconds = job.number("train_seconds")
             rows.append([name, mode, *(MISSING if job.number(f"{m}_bpc") is None else f"{job.number(f'{m}_bpc'):.4f}"
-                                       for m in GRID_MODES),
+                                       for m in MODES_BY_CONTEXT),
                          MISSING if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}",
                          MISSING if seconds is None else format_duration(seconds)])
-    lines += table(["model", "training", *GRID_MODES, "stateful - windowed", "training time"], rows, "llr")
+    lines += table(["model", "training", *MODES_BY_CONTEXT, "stateful - windowed", "training time"], rows, "llr")
     lines += [""] + [f"- {name}: {_settings(next(iter(modes.values())))}" for name, modes in grid.items()]
     lines += ["", image("bits per character by training mode and inference mode", PLOT_GRID, plots, "no grid figure."),
               ""]
@@ -80,10 +80,10 @@ def plot_training_grid(jobs, path: Path) -> Path | None:
         order = list(modes)  # grid_models' order: windows, then streams, each by its window
         width = 0.8 / len(order)
         for i, mode in enumerate(order):
-            values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in GRID_MODES]
-            xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(GRID_MODES))]
+            values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in MODES_BY_CONTEXT]
+            xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(MODES_BY_CONTEXT))]
             labelled_bars(ax, xs, values, width, f"trained on {mode}", digits=3)
-        ax.set_xticks(range(len(GRID_MODES)), [f"{m}\n(inference)" for m in GRID_MODES])
+        ax.set_xticks(range(len(MODES_BY_CONTEXT)), [f"{m}\n(inference)" for m in MODES_BY_CONTEXT])
         ax.set_title(name)
         ax.set_ylabel("validation bits per character")
         ax.grid(axis="y", alpha=0.3)

@@ -115,8 +115,8 @@ def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size:
 
 
 def _vocabulary(state: dict) -> dict:
-    """A tokenizer's state without `extra` (which of its characters are the recall probe's, recorded since
-    the probe left them out of plain text): the same vocabulary either way, as a checkpoint from before."""
+    """A tokenizer's state without `extra` (which of its characters are the recall probe's, which plain text
+    leaves out): the same vocabulary whether a checkpoint records `extra` or, being older, does not."""
     return {key: value for key, value in state.items() if key != "extra"}
 
 

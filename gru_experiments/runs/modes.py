@@ -36,7 +36,7 @@ class ModesOverTraining(Callback):
 
     def request(self, model):
         return run_request(self.cfg, model, self.val, self.epoch_tokens, OVER_TRAINING, tokenizer=self.tokenizer,
-                           text_index=lambda: self.index, settings=self.settings)
+                           load_text_index=lambda: self.index, settings=self.settings)
 
     def plan(self, model):
         return plan_for(self.request(model))

@@ -17,12 +17,12 @@ from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, Ru
 from gru_experiments.validation import MISSING, is_int, select
 
 LAST = "last"
-# Keys that runs written before issue 25 may have recorded, gone since: the evaluation's cost is now the
-# one key evaluation.budget. A resume drops them from the recorded overrides, and says so.
+# Keys an older run may have recorded that no config has now (the evaluation's cost is the one key
+# evaluation.budget): a resume drops them from the recorded overrides, and says so.
 REMOVED_KEYS = ("evaluation.windowed_stride", "evaluation.max_tokens", "evaluation.curve_point_tokens",
                 "evaluation.long_point_tokens", "evaluation.validation_tokens", "evaluation.batch_tokens",
                 "model.eval_max_tokens", "model.eval_long_point_tokens")
-RENAMED_KEYS = {"weight_decay": "optim.weight_decay"}  # since the optimiser recipe became a group (conf/optim/)
+RENAMED_KEYS = {"weight_decay": "optim.weight_decay"}  # the recipe's keys live in its group (conf/optim/)
 
 
 def find_run(resume: str, log_dir, model_name: str) -> RunDir:
@@ -242,7 +242,7 @@ def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> lis
 
 
 def _in_todays_names(argv: list[str]):
-    """argv with ckpt_path= as resume= and every name from before issue 35 today's (legacy.upgrade_overrides,
+    """argv with ckpt_path= as resume= and every old name today's (legacy.upgrade_overrides,
     a line each), and Hydra's parse of it."""
     from hydra._internal.utils import get_args_parser
 

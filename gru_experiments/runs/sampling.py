@@ -22,7 +22,7 @@ from gru_experiments.runs.run_dir import RunDir, display_path
 from gru_experiments.runs.scoring import run_request
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.evaluation import evaluate
-from gru_experiments.study.inference import (
+from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
     check_generation_fits,
@@ -115,7 +115,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     decoding = Decoding(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, greedy=cfg.greedy)
     window = EvaluationSettings.of(cfg.evaluation, int(data_cfg.seq_len)).window if mode == "windowed" else None
     # A request too large for memory is refused before the first prompt's samples, not after them
-    # (inference.generate checks each prompt again).
+    # (generation.generate checks each prompt again).
     check_generation_fits(model, max(map(len, encoded)), cfg.max_new_tokens, cfg.num_samples, mode, window)
     settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
                     **decoding.to_dict(), seed=cfg.seed, device=str(device))

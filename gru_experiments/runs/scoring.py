@@ -14,7 +14,7 @@ from gru_experiments.runs.loggers import is_wandb
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.evaluation import Evaluation, evaluate, plan_for
-from gru_experiments.study.inference import (
+from gru_experiments.study.generation import (
     MODES,
     STUDY_PROMPTS,
     Decoding,
@@ -30,7 +30,7 @@ from gru_experiments.study.text_index import TrainingIndex
 
 
 def run_request(cfg: DictConfig, model, val: Split, training_tokens, purpose: str = FINAL, *, tokenizer=None,
-                train_ids=None, probe=None, text_index=None, seq_len: int | None = None,
+                train_ids=None, probe=None, load_text_index=None, seq_len: int | None = None,
                 settings: EvaluationSettings | None = None) -> Request:
     """The evaluation Request of a run's config (study/plan.py): its settings (those the run built once, or
     built here from cfg.evaluation), its seed and its training split's index for the text statistics (counted
@@ -39,7 +39,7 @@ def run_request(cfg: DictConfig, model, val: Split, training_tokens, purpose: st
         return TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
     settings = settings or EvaluationSettings.of(cfg.evaluation, seq_len or cfg.data.seq_len)
     return Request(model, val, settings, training_tokens, purpose,
-                   tokenizer, train_ids, probe, int(cfg.get("seed", 0)), text_index or index)
+                   tokenizer, train_ids, probe, int(cfg.get("seed", 0)), load_text_index or index)
 
 
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None,

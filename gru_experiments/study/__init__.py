@@ -5,7 +5,7 @@ and budget (`plan.py`), the kinds of pass with their costs (`passes.py`), which 
 scores (`positions.py`), the evaluation's settings (`settings.py`), scoring a split in every
 inference mode (`scores.py`), the context curve (`context_curve.py`) and the curve by kind of target
 (`target_classes.py`, `class_curve.py`), the planted-recall figures (`recall.py`), generation in
-every inference mode (`inference.py`), the progress bars (`progress.py`), the generated text measured
+every inference mode (`generation.py`), the progress bars (`progress.py`), the generated text measured
 (`text_stats.py`, `text_index.py`, `text_protocol.py`) and the run's page (`explore.py`,
 `explore_page.py`).
 

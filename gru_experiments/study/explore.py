@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.inference import eval_mode, plain_logits
+from gru_experiments.study.generation import MODES_BY_CONTEXT, eval_mode, plain_logits
 from gru_experiments.study.scores import (
     Score,
     Split,
@@ -26,7 +26,6 @@ from gru_experiments.study.scores import (
     stateless_log_probs,
 )
 
-EXPLORE_MODES = ("stateful", "windowed", "stateless")  # the page's order: most context first
 TOP_K = 5  # predictions shown per token and mode
 LET_GO_FRACTION = 0.25  # a unit lets go of a key when its spread stays under this share of its peak
 OPENING_BRACKETS, CLOSING_BRACKETS, QUOTE = "([{", ")]}", '"'
@@ -197,10 +196,10 @@ def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: 
     logits, units = unit_pass(model, ids[None], seq_len)
     pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
     data = {"tokens": [pieces[i] for i in ids.tolist()], "family": model.family, "window": window,
-            "seq_len": seq_len, "modes": list(EXPLORE_MODES),
-            "bpc": {mode: scored.scores[mode].bpc for mode in EXPLORE_MODES},
+            "seq_len": seq_len, "modes": list(MODES_BY_CONTEXT),
+            "bpc": {mode: scored.scores[mode].bpc for mode in MODES_BY_CONTEXT},
             "bits": {mode: [None if math.isnan(b) else round(b, 3) for b in scored.bits[mode].tolist()]
-                     for mode in EXPLORE_MODES},
+                     for mode in MODES_BY_CONTEXT},
             "top": {"stateful": top_predictions(plain_logits(logits[0, :-1], split.plain).log_softmax(-1), pieces),
                     "stateless": top_predictions(table[ids[:-1]].float(), pieces)},
             "layers": layer_sizes(model), "rankings": {}, "recall": None}
@@ -270,6 +269,6 @@ def pair_rows(probe: PlantedText, tokens: list[str], bits: dict[str, Tensor], ca
     # key_index: the key's number among the K, for a browser without a font for the key symbols.
     return [{"first": int(f), "recall": int(r), "distance": int(d), "key": tokens[int(f)],
              "key_index": keys.index(int(planting.keys[i])),
-             "bits": {mode: round(float(bits[mode][int(r)]), 3) for mode in EXPLORE_MODES},
+             "bits": {mode: round(float(bits[mode][int(r)]), 3) for mode in MODES_BY_CONTEXT},
              "carriers": carriers[i] if carriers else []}
             for i, (f, r, d) in enumerate(zip(planting.first_key, planting.recall, planting.distances))]

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.passes import (
     CountPass,
     OnePass,
@@ -20,7 +21,7 @@ from gru_experiments.study.passes import (
     paired_targets,
 )
 
-STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT = "stateful", "stateless", "windowed", "bigram", "text"
+BIGRAM, TEXT = "bigram", "text"  # figures beside the inference modes (STATEFUL, STATELESS, WINDOWED)
 STATE_GAIN = "state_gain"  # stateful - windowed, paired target by target
 FINAL, BEST, OVER_TRAINING = "final", "best", "over_training"  # which evaluation a Request asks for
 
@@ -53,7 +54,7 @@ class Request:
     validation split and the settings (settings.EvaluationSettings), the training tokens the budget is
     a multiple of (None: exact), which evaluation (`purpose`: FINAL, BEST or OVER_TRAINING), and what
     some entries need: the tokenizer, the training ids (the bigram), the probe's validation plantings
-    (recall), the seed and the training split's index (text statistics; a callable, built when needed)."""
+    (recall), the seed and the function that loads the training split's index (text statistics: when needed)."""
     model: object
     val: object
     settings: object
@@ -63,7 +64,7 @@ class Request:
     train_ids: object = None
     probe: object = None
     seed: int = 0
-    text_index: object = None
+    load_text_index: object = None
 
 
 class Entry:

@@ -12,12 +12,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from gru_experiments.study.generation import MODES_BY_CONTEXT
 from gru_experiments.study.passes import Pass
 from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
-RECALL_MODES = ("stateful", "windowed", "stateless")
 ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unplanted, so none of their targets is "
                     "part of a pair; the recall figures on {plantings} independent plantings of it")
 
@@ -71,13 +71,13 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, prog
         windowed = windowed_log_probs(model, ids, rows, positions, window, tick)
     table = stateless_log_probs(model)
     stateless = table[ids[rows, positions - 1], ids[rows, positions]].double().cpu()
-    bits = {mode: -lp / math.log(2) for mode, lp in zip(RECALL_MODES, (stateful, windowed, stateless))}
+    bits = {mode: -lp / math.log(2) for mode, lp in zip(MODES_BY_CONTEXT, (stateful, windowed, stateless))}
     distances = distances.cpu()
-    by_distance = {str(d): {mode: bits_and_se(bits[mode][distances == d]) for mode in RECALL_MODES}
+    by_distance = {str(d): {mode: bits_and_se(bits[mode][distances == d]) for mode in MODES_BY_CONTEXT}
                    for d in sorted(set(distances.tolist()))}
     return {"keys": keys, "chance_bits": math.log2(keys), "distances": sorted(set(distances.tolist())),
             "plantings": len(plantings), "seq_len": seq_len, "window": window, "by_distance": by_distance,
-            "horizon": {mode: horizon(by_distance, mode) for mode in RECALL_MODES},
+            "horizon": {mode: horizon(by_distance, mode) for mode in MODES_BY_CONTEXT},
             "forward_tokens": recall_forward_tokens(model, plantings, seq_len, window),
             "note": ORDINARY_FIGURES.format(plantings=len(plantings))}
 
@@ -175,9 +175,9 @@ def format_recall(record: dict) -> str:
     """The recall record for the log: a row per distance, bits ± se in each mode."""
     lines = [f"planted recall: bits per recalled key ({record['keys']} keys: {record['chance_bits']:.2f} bits without "
              f"memory), {record['plantings']} plantings; windowed: the last {record['window']} tokens",
-             f"{'distance':>8} " + " ".join(f"{mode:>16}" for mode in RECALL_MODES) + f" {'targets':>8}"]
+             f"{'distance':>8} " + " ".join(f"{mode:>16}" for mode in MODES_BY_CONTEXT) + f" {'targets':>8}"]
     for d, figures in record["by_distance"].items():
-        cells = " ".join(f"{figures[m]['bits']:>8.3f} ±{figures[m]['se'] or 0:<6.3f}" for m in RECALL_MODES)
+        cells = " ".join(f"{figures[m]['bits']:>8.3f} ±{figures[m]['se'] or 0:<6.3f}" for m in MODES_BY_CONTEXT)
         lines.append(f"{d:>8} {cells} {figures['stateful']['targets']:>8}")
     for mode, h in (record.get("horizon") or {}).items():
         crossed = h["crosses_2_bits"]

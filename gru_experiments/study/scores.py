@@ -21,7 +21,7 @@ from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
 from gru_experiments.data.tokenizers import plain_tokens
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
-from gru_experiments.study.inference import eval_mode, plain_logits
+from gru_experiments.study.generation import eval_mode, plain_logits
 from gru_experiments.study.positions import stream_layout, window_targets
 
 ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this many tokens
@@ -31,7 +31,7 @@ ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this m
 class Split:
     """A split's token ids with the number of characters each token id decodes to (the
     tokenizer's token_char_lengths, a (V,) tensor): everything bits per character needs; and
-    `plain`, the tokens its predictions are normalised over ((V,) bool, inference.plain_logits;
+    `plain`, the tokens its predictions are normalised over ((V,) bool, generation.plain_logits;
     None: the whole vocabulary)."""
     ids: Tensor
     char_lengths: Tensor
@@ -131,7 +131,7 @@ def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor, plain: Te
 
 def target_nll(logits: Tensor, targets: Tensor, plain: Tensor | None = None) -> Tensor:
     """The NLL (nats) of every target: logits (..., V), targets (...) -> (N,) float32, 0 at IGNORE_INDEX;
-    the softmax over the tokens `plain` marks (inference.plain_logits; None: all V)."""
+    the softmax over the tokens `plain` marks (generation.plain_logits; None: all V)."""
     logits = plain_logits(logits.reshape(-1, logits.shape[-1]).float(), plain)
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
 
@@ -231,7 +231,7 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
 def stateless_log_probs(model, plain: Tensor | None = None) -> Tensor:
     """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
     stateless model can ever predict. One forward pass over the whole vocabulary. plain: the
-    tokens each row is normalised over (inference.plain_logits; None: all V)."""
+    tokens each row is normalised over (generation.plain_logits; None: all V)."""
     with eval_mode(model):
         vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
         logits, _ = model(vocab)

@@ -1,5 +1,5 @@
 """The sampling protocol of the text statistics (text_stats.py): every inference mode x every decoder,
-each continuing the study's prompts with the same seeds (inference.prompt_seed), measured beside
+each continuing the study's prompts with the same seeds (generation.prompt_seed), measured beside
 held-out text, a floor and a ceiling, and the drift along long generations; and the two evaluation
 entries that draw them (at the end of a run, and the short samples over training). The protocol,
 its settings and its cost: docs/evaluation.md#the-generated-text-measured.
@@ -14,8 +14,12 @@ from typing import ClassVar
 import torch
 
 from gru_experiments.data.tokenizers import encode_prompt
-from gru_experiments.study.inference import (
+from gru_experiments.study.generation import (
+    MODES_BY_CONTEXT,
+    STATEFUL,
+    STATELESS,
     STUDY_PROMPTS,
+    WINDOWED,
     Decoding,
     sample_texts,
     spellable_prompts,
@@ -43,8 +47,7 @@ DECODERS = {
     "top_p_0.9": Decoding(top_p=0.9),
     "pure": Decoding(),
 }
-TEXT_MODES = ("stateful", "windowed", "stateless")  # the table's order
-DRIFT_MODES = ("stateful", "windowed")
+DRIFT_MODES = (STATEFUL, WINDOWED)  # does the carried state keep a long text together, beside a restarting window?
 DRIFT_DECODER = "pure"
 DRIFT_SHOWN = ("word_validity", "reference_bpc", "seq_rep_4")  # the drift's columns in the log
 
@@ -91,7 +94,7 @@ def share_samples(n: int, prompts) -> list[tuple[str, int]]:
 
 
 def sampling_cost(model, mode: str, prompt_len: int, new: int, window: int | None = None) -> int:
-    """Forward tokens one row of inference.sample_tokens runs (model.forward_cost per call): the
+    """Forward tokens one row of generation.sample_tokens runs (model.forward_cost per call): the
     prompt then a token per step (stateful), a token per step (stateless), the last `window` tokens
     per step (windowed)."""
     if mode == "stateless":
@@ -180,14 +183,14 @@ class TextPass(Pass):
         samples, drift = -(-settings.samples // stride), _drifts(settings) if stride == 1 else 0
         cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
         main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
-        cost = (len(DECODERS) * sum(main.cost(mode) for mode in TEXT_MODES)
+        cost = (len(DECODERS) * sum(main.cost(mode) for mode in MODES_BY_CONTEXT)
                 + (sum(long.cost(mode) for mode in DRIFT_MODES) if drift else 0))
         return cls(samples, cost, stride, drift=drift, settings=cut)
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         started = time.perf_counter()
         val = request.val
-        measured = measure_text(request.model, request.tokenizer, request.text_index(),
+        measured = measure_text(request.model, request.tokenizer, request.load_text_index(),
                                 request.tokenizer.decode(val.ids.tolist()), self.settings, val_ids=val.ids,
                                 progress=Progress(progress.enabled, "text statistics"))
         return {None: measured | {"seconds": time.perf_counter() - started}}
@@ -235,7 +238,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
     main, drift = _draws(model, tokenizer, val, s)
     window = main.window
     texts, costs = {}, {}
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         costs[mode] = len(DECODERS) * main.cost(mode)
         with progress.phase(_phase(mode, window), costs[mode]) as tick:
             texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
@@ -265,7 +268,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
 
 
 # --- over training: the word validity of a short sample -------------------------------------------------
-OVER_TRAINING_MODES = ("stateful", "stateless")
+OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/modes.py follows: the state carried and reset
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
@@ -292,7 +295,7 @@ class ShortTextPass(Pass):
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         draws = _short_draws(request.model, request.tokenizer, request.val, self.chars, self.seed, self.targets)
-        vocabulary = request.text_index().vocabulary
+        vocabulary = request.load_text_index().vocabulary
         return {None: {mode: value_and_se(word_validity(text, vocabulary) for text in
                                           draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
                        for mode in OVER_TRAINING_MODES}}

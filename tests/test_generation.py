@@ -16,8 +16,9 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study import inference
-from gru_experiments.study.inference import (
+from gru_experiments.study import generation
+from gru_experiments.study.generation import (
+    MODES_BY_CONTEXT,
     STUDY_PROMPTS,
     Decoding,
     check_generation_fits,
@@ -249,7 +250,7 @@ def test_memory_check_counts_logits_window_and_state(monkeypatch):
     assert generation_bytes(ngram, 4, 100, 8, "windowed", window=50)["logits"] == 8 * 2 * V * 4  # its context
     assert generation_bytes(ngram, 4, 100, 8, "stateful")["model state"] == 8 * 2 * 8  # its last 2 token ids
     # A machine of 1 MiB: the token buffer fits, the windowed logits do not.
-    monkeypatch.setattr(inference, "memory_available", lambda device: (1 << 20, "this machine has 1.0 MiB of memory"))
+    monkeypatch.setattr(generation, "memory_available", lambda device: (1 << 20, "this machine has 1.0 MiB of memory"))
     check_generation_fits(model, 4, 10_000, 8, "stateless")
     with pytest.raises(UserError) as info:
         check_generation_fits(model, 4, 10_000, 8, "windowed", window=5000)
@@ -266,7 +267,7 @@ def test_memory_on_cuda_is_the_free_device_memory_plus_torch_cached(monkeypatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GiB, 80 * GiB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 * GiB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 4 * GiB)
-    assert inference.memory_available("cuda:0") == (12 * GiB, "cuda:0 has 12.0 GiB free of 80.0 GiB")
+    assert generation.memory_available("cuda:0") == (12 * GiB, "cuda:0 has 12.0 GiB free of 80.0 GiB")
 
 
 def test_normal_requests_pass_the_memory_check():
@@ -274,7 +275,7 @@ def test_normal_requests_pass_the_memory_check():
     model = RecurrentLM(1000, "lstm", embedding_dim=256, hidden_size=1024, num_layers=3)
     for mode in ("stateful", "stateless", "windowed"):
         check_generation_fits(model, 20, 2000, 100, mode, window=256)
-    assert inference.memory_available("cpu")[0] > 1 << 30
+    assert generation.memory_available("cpu")[0] > 1 << 30
 
 
 # --- sample.py end to end ------------------------------------------------------------------
@@ -373,7 +374,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     table and saved in stats.json with the texts they come from; the training split's index is
     counted once and kept in paths.data_dir."""
     from gru_experiments.study.text_index import TrainingIndex
-    from gru_experiments.study.text_protocol import DECODERS, TEXT_MODES
+    from gru_experiments.study.text_protocol import DECODERS
     from gru_experiments.study.text_stats import STATISTICS, text_statistics
 
     root, run_dir = trained_run
@@ -385,7 +386,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     assert any(line.startswith("text statistics: 4 samples of 60 characters per setting") for line in lines)
     assert any(line.split() == ["setting", *STATISTICS] for line in lines)
     rows = {line[:26].strip() for line in lines}
-    assert {f"{mode} {decoder}" for mode in TEXT_MODES for decoder in DECODERS} <= rows
+    assert {f"{mode} {decoder}" for mode in MODES_BY_CONTEXT for decoder in DECODERS} <= rows
     assert {"reference (validation)", "random (floor)", "looped (ceiling)"} <= rows
     assert any(line.startswith("drift: 2 generations of 500 characters") for line in lines)
     assert "text statistics: windowed (32)" in result.stderr  # the progress bars; the run's window
@@ -396,7 +397,7 @@ def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, sma
     [cached] = (root / "data").glob("text_index_*.pt")
     index = TrainingIndex.from_state_dict(torch.load(cached, weights_only=True))
     texts = record["texts"]
-    for mode in TEXT_MODES:
+    for mode in MODES_BY_CONTEXT:
         for decoder in DECODERS:
             assert text_statistics(texts[mode][decoder], index, texts["reference"]) == record["modes"][mode][decoder]
 
@@ -477,7 +478,7 @@ def test_one_temperature_rule_for_sample_py_and_the_run_config():
     from gru_experiments.study.settings import SampleConfig
     from gru_experiments.validation import temperature_rule
 
-    inference.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
+    generation.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy
     [rule] = [r for r in SampleConfig.RULES if r.key == "temperature"]  # evaluation.samples.temperature
     assert rule == temperature_rule("temperature")
     assert Decoding(temperature=0).is_greedy

@@ -22,7 +22,8 @@ from gru_experiments.errors import UserError
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
-MODES = ("stateful", "stateless", "windowed")  # the inference modes (evaluation.py scores each of them)
+MODES = STATEFUL, STATELESS, WINDOWED = "stateful", "stateless", "windowed"  # the inference modes, named here only
+MODES_BY_CONTEXT = (STATEFUL, WINDOWED, STATELESS)  # most context first: the order tables and figures compare them in
 
 @contextlib.contextmanager
 def eval_mode(model):
@@ -50,7 +51,7 @@ def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> Non
     spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
 
     The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
-    and inference.generate calls it for num_samples, max_new_tokens and window.
+    and generation.generate calls it for num_samples, max_new_tokens and window.
     """
     top_k = "null (off) or an integer from 1 to the vocabulary size"
     top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
@@ -291,7 +292,7 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
     """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N), of
     the tokens `plain` allows only (`plain_logits`; None: any token).
 
-    Every generation path comes through here: nonsense sizes (study.inference.validate_sampling) and
+    Every generation path comes through here: nonsense sizes (study.generation.validate_sampling) and
     a request too large for the device's memory (`check_generation_fits`) raise a UserError
     before anything is allocated.
 
@@ -354,7 +355,7 @@ def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPT
     "settings": {...}}, one text (prompt + continuation) per prompt in each list."""
     settings = dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())
     samples = {"prompts": list(prompts)}
-    for mode in ("stateful", "stateless"):
+    for mode in (STATEFUL, STATELESS):
         texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
                              decoding=decoding, seed=seed)
         samples[mode] = [per_prompt[0] for per_prompt in texts]
