@@ -279,8 +279,8 @@ def test_a_list_of_models_is_one_multirun_in_its_order(capsys, monkeypatch, tmp_
     for argv in (["models=ladder"], ["experiments=[recall_alpha_streams,recall_beta_windows]"]):
         settings, _ = sweep_script.parse_arguments(argv)
         sweep_script.run_sweep(settings, [f"hydra.sweep.dir={tmp_path}"])
-    ladder = ("model=ngram2,ngram3,ngram4,ngram5,ngram6,ngram7,mlp,rnn,astra_alpha_original,lstm,mingru,minlstm,"
-              "transformer_original")
+    ladder = ("model=ngram2,ngram3,ngram4,ngram5,ngram6,ngram7,mlp,rnn,astra_alpha_original,lstm,mingru_original,"
+              "minlstm_original,transformer_original")
     assert commands[0][3] == ladder and commands[1][3] == "experiment=recall_alpha_streams,recall_beta_windows"
     settings, _ = sweep_script.parse_arguments(["models=[astra_beta,transformer_beta_seed]"])
     assert list(settings.models) == ["astra_beta", "transformer_beta_original"]
