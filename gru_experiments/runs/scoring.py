@@ -89,8 +89,10 @@ def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, pr
     figures are the final ones, not scored twice."""
     final_step = summary["train_steps"]
     path = summary.get("best_checkpoint")
-    step = read_checkpoint(path, mmap=True).get("global_step") if path else final_step
     keys = ["val_loss", "val_bpc", *(f"{mode}_{unit}" for mode in MODES for unit in ("nll", "bpc"))]
+    if path and not Path(path).is_file():  # a run folder copied (or resumed) without it: the rest still counts
+        return {"step": None, "checkpoint": path, "same_as_final": False, "missing": True} | dict.fromkeys(keys)
+    step = read_checkpoint(path, mmap=True).get("global_step") if path else final_step
     best = {"step": step, "checkpoint": path or summary.get("checkpoint"), "same_as_final": step == final_step}
     if step == final_step:
         return best | {key: summary.get(key) for key in keys}
@@ -104,6 +106,8 @@ def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, pr
 
 
 def format_best(best: dict) -> str:
+    if best.get("missing"):
+        return f"best checkpoint by val/loss: {best['checkpoint']} is missing, so its figures are left out"
     if best["same_as_final"]:
         return f"best checkpoint by val/loss: the final weights (step {best['step']})"
     figures = ", ".join(f"{key.removesuffix('_bpc')} {best[key]:.4f}" for key in
