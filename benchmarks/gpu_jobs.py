@@ -13,8 +13,10 @@ The groups, each a folder under outputs/multiruns/ that `python sweep.py report=
   (stateful bits per character), so the rung is tuned the way the GRU was before it is compared.
 
 Small recurrent models are bound by kernel launches, not by the GPU's arithmetic, so a GPU is best used by many
-processes at once (one CPU thread each). A run still going at the deadline is stopped with SIGINT (it keeps its
-last.ckpt: `python train.py resume=RUN` continues it); a job not started by then is listed as not run.
+processes at once (one CPU thread each). Not `sweep.py hydra/launcher=parallel`: a device lease needs a
+deadline that leaves resumable checkpoints, and the recall runs wait for their family's best rate. A run still
+going at the deadline is stopped with SIGINT (it keeps its last.ckpt: `python train.py resume=RUN` continues
+it); a job not started by then is listed as not run.
 Exit status: the number of jobs that did not complete.
 """
 
