@@ -3,7 +3,6 @@
 python sample.py run=RUN_DIR explore=true writes the run's page instead, explore.html (docs/explore.md)."""
 
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -39,7 +38,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from gru_experiments.legacy import upgrade_overrides
-
-    sys.argv = [sys.argv[0], *upgrade_overrides(sys.argv[1:])]  # old names: today's, said in a line
     main()

@@ -29,7 +29,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.legacy import upgrade_overrides
 from gru_experiments.runs.jobs import job
 
 ROOT = Path(__file__).resolve().parent
@@ -43,8 +42,6 @@ def named_list(value, sets, kind: str, known: list[str]) -> list[str]:
         value = list(sets[value])
     elif isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
-    # An old name (astra_alpha_seed): today's, with a line saying so.
-    value = [upgrade_overrides([f"model={name}"])[0].partition("=")[2] for name in value]
     unknown = [name for name in value if name not in known]
     if unknown or not value:
         raise UserError(f"unknown {kind}(s) {unknown or 'none given'}; available: {', '.join(known)}")
@@ -72,7 +69,6 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     if {"models", "experiments"} <= given:
         raise UserError("models= and experiments= both pick the jobs (an experiment names its own model); give one")
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
-    overrides = upgrade_overrides(overrides)  # old names (the flat evaluation keys): today's
     if settings.experiments is not None:
         settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
                                           config_names("experiment"))

@@ -5,14 +5,12 @@ ckpt_path=last and ckpt_path=RUN_DIR mean the same.
 """
 
 import os
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from gru_experiments.runs.jobs import job
-from gru_experiments.runs.resume import rewrite_argv
 
 ROOT = Path(__file__).resolve().parent
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
@@ -32,7 +30,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    # Resuming replaces the command line with the run's own config, before Hydra composes it.
-    with job(argv=sys.argv, report=True):
-        sys.argv = rewrite_argv(sys.argv, ROOT / "conf")
     main()

@@ -225,8 +225,6 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from gru_experiments.runs.resume import quote, rewrite_argv
-
     if isinstance(overrides, str):
         raise UserError(f"train() takes a list of overrides, e.g. [{overrides!r}], not a string")
     overrides = [str(o) for o in (overrides or [])]
@@ -237,11 +235,10 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
         raise UserError("train() composes its own config; call it outside a Hydra app or initialize() block")
     given = list(overrides)
     if root is not None:
-        overrides.append(f"paths.root_dir={quote(str(Path(root).expanduser().resolve()))}")
+        root = str(Path(root).expanduser().resolve()).replace("\\", "\\\\").replace("'", "\\'")
+        overrides.append(f"paths.root_dir='{root}'")  # quoted: a path may hold any character
     else:
         os.environ.setdefault("PROJECT_ROOT", str(REPO))  # as train.py
-    # resume=: the run's own recorded overrides, hydra.run.dir pointing at it (resume.rewrite_argv).
-    overrides = rewrite_argv(["train.py", *overrides], CONF)[1:]
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="train"):
             config = compose(config_name="train", overrides=overrides, return_hydra_config=True)

@@ -1,7 +1,7 @@
 """Checkpoints written before the package moved into subpackages still load, sample and resume.
 
 They name their class by its old path (`gru_experiments.model.RecurrentLM`, `gru_experiments.mlp.BengioMLP`);
-legacy.MOVED_CLASSES maps them to today's. The fast test rewrites a fresh checkpoint's class
+run_dir.MOVED_CLASSES maps them to today's. The fast test rewrites a fresh checkpoint's class
 path to the old one; the slow one has the code of main before the move (commit OLD_MAIN, from git) write
 real checkpoints, then today's code loads them (gru_experiments.load), samples them (sample.py run=...)
 and resumes them (train.py resume=...)."""
@@ -20,8 +20,8 @@ import torch
 from robustness_helpers import REPO, TINY, run_script
 
 import gru_experiments
-from gru_experiments.legacy import MOVED_CLASSES
 from gru_experiments.runs.checkpoints import atomic_torch_save, read_checkpoint
+from gru_experiments.runs.run_dir import MOVED_CLASSES
 from gru_experiments.runs.training import train
 
 OLD_MAIN = "9d1cd15392d7a99c56d375dc04ee8fecb690cca2"  # the flat layout, as users had it

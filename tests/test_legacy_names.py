@@ -1,10 +1,10 @@
-"""Names from before issue 35 still work, each said once in a printed line (gru_experiments/legacy.py).
+"""Run folders from before issue 35 still work, each old name said once in a printed line (run_dir.in_todays_names).
 
 optim=seed is optim=original, model=astra_alpha_seed (transformer_seed, transformer_beta_seed) is
-experiment=astra_alpha_original (...), and the flat evaluation keys (evaluation.text_samples, ...) are nested
-(evaluation.text.samples, ...). On a command line (train.py, sample.py, sweep.py), in a run folder's saved
-config, overrides and summary, and in a checkpoint's hyper-parameters: an old run folder, written here by
-today's code and then given the old names, loads, samples, scores and resumes."""
+model=astra_alpha_original (...), and the flat evaluation keys (evaluation.text_samples, ...) are nested
+(evaluation.text.samples, ...). In a run folder's saved config and summary, and in a checkpoint's
+hyper-parameters: an old run folder, written here by today's code and then given the old names, loads, samples,
+scores and resumes. A command line takes today's names only: an old one is refused in a line."""
 
 from __future__ import annotations
 
@@ -13,19 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF, REPO
+from conftest import REPO
 from omegaconf import OmegaConf
 from robustness_helpers import TINY, run_script
 
 import gru_experiments
-from gru_experiments import legacy
-from gru_experiments.errors import UserError
-from gru_experiments.legacy import upgrade_config, upgrade_overrides
+from gru_experiments.runs import run_dir
 from gru_experiments.runs.checkpoints import atomic_torch_save, read_checkpoint
-from gru_experiments.runs.resume import rewrite_argv
-from gru_experiments.runs.run_dir import RunDir, model_runs
+from gru_experiments.runs.run_dir import MODELS, RunDir, in_todays_names, model_runs
 
-MODEL_LINE = "model=astra_alpha_seed is now experiment=astra_alpha_original"
+MODEL_LINE = "model=astra_alpha_seed is now model=astra_alpha_original"
 RECIPE_LINE = "optim=seed is now optim=original"
 EVALUATION_LINE = "evaluation.text_samples, evaluation.text_chars"
 FLAT = {"text_samples": 0, "text_chars": 300, "text_drift_chars": 4000, "sample_chars": 40, "sample_temperature": 1.0}
@@ -34,7 +31,7 @@ FLAT = {"text_samples": 0, "text_chars": 300, "text_drift_chars": 4000, "sample_
 @pytest.fixture(autouse=True)
 def fresh_lines(monkeypatch):
     """Each change is said once per process: every test starts with none said."""
-    monkeypatch.setattr(legacy, "_said", set())
+    monkeypatch.setattr(run_dir, "_said", set())
 
 
 def old_config():
@@ -42,8 +39,8 @@ def old_config():
                              "evaluation": {"budget": "${oc.select:model.eval_budget,1.0}", **FLAT}})
 
 
-def test_upgrade_config_renames_each_old_name_once_in_a_line(capsys):
-    cfg = upgrade_config(old_config())
+def test_in_todays_names_renames_each_old_name_once_in_a_line(capsys):
+    cfg = in_todays_names(old_config())
     assert (cfg.model.name, cfg.optim.name) == ("astra_alpha_original", "original")
     assert OmegaConf.to_container(cfg.evaluation) == {
         "budget": "${oc.select:model.eval_budget,1.0}",  # an interpolation stays one
@@ -51,41 +48,37 @@ def test_upgrade_config_renames_each_old_name_once_in_a_line(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and lines[0].startswith(RECIPE_LINE) and lines[1].startswith(MODEL_LINE)
     assert lines[2].startswith(EVALUATION_LINE) and "evaluation.samples.temperature" in lines[2]
-    again = upgrade_config(cfg.copy())
+    again = in_todays_names(cfg.copy())
     assert again == cfg and capsys.readouterr().out == ""  # idempotent, and said once
-    upgrade_config(old_config())
+    in_todays_names(old_config())
     assert capsys.readouterr().out == ""  # the same change read again (a second reader): no second line
     # a checkpoint's hyper-parameters (a dict: model_name), and a config in today's names
-    hp = upgrade_config({"model_name": "transformer_seed", "optim": {"name": "seed"}, "lr": 3e-3})
+    hp = in_todays_names({"model_name": "transformer_seed", "optim": {"name": "seed"}, "lr": 3e-3})
     assert hp == {"model_name": "transformer_original", "optim": {"name": "original"}, "lr": 3e-3}
     today = OmegaConf.create({"model": {"name": "astra_alpha"}, "optim": {"name": "transformer"},
                               "evaluation": {"text": {"samples": 12}}})
-    assert upgrade_config(today.copy()) == today and upgrade_config(None) is None
+    assert in_todays_names(today.copy()) == today and in_todays_names(None) is None
 
 
-def test_old_names_on_the_command_line_compose_todays_config(compose_config, capsys):
-    old = ["model=astra_alpha_seed", "optim=seed", "evaluation.text_samples=0", "preset=smoke"]
-    argv = rewrite_argv(["train.py", "--cfg", "job", *old], CONF)
-    assert argv == ["train.py", "--cfg", "job", "experiment=astra_alpha_original", "optim=original",
-                    "evaluation.text.samples=0", "preset=smoke"]
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split(" (")[0] for line in out] == [MODEL_LINE, RECIPE_LINE,
-                                                    "evaluation.text_samples=0 is now evaluation.text.samples=0"]
-    cfg = compose_config(*argv[3:])
-    assert (cfg.model.name, cfg.model.lr, cfg.optim.name, cfg.evaluation.text.samples) == (
-        "astra_alpha_original", 3e-3, "original", 0)
-    assert upgrade_overrides(["+experiment=recall_alpha_windows"]) == ["experiment=recall_alpha_windows"]
-    assert upgrade_overrides(["model=astra_alpha_seed,transformer_seed"]) == [
-        "experiment=astra_alpha_original,transformer_original"]
-    with pytest.raises(UserError, match="are experiments now"):
-        upgrade_overrides(["model=astra_alpha_seed,astra_beta"])  # a multirun of both: sweep.py models=[...]
+def test_old_names_on_the_command_line_are_refused_in_a_line(tmp_path):
+    result = run_script(tmp_path, "model=astra_alpha_seed", "--cfg", "job")
+    assert result.returncode != 0 and "Could not find 'model/astra_alpha_seed'" in result.stderr
 
 
-@pytest.mark.parametrize("old, new", legacy.MODELS.items())
+def test_old_keys_gone_since_are_left_out_of_an_old_config_with_a_line(capsys):
+    old = OmegaConf.create({"weight_decay": 0.05, "evaluation": {"budget": 1.0, "windowed_stride": 64},
+                            "model": {"name": "astra_alpha", "eval_max_tokens": 10}})
+    cfg = in_todays_names(old)
+    assert OmegaConf.to_container(cfg) == {"evaluation": {"budget": 1.0}, "model": {"name": "astra_alpha"},
+                                           "optim": {"name": "original", "weight_decay": 0.05}}
+    assert "evaluation.windowed_stride, model.eval_max_tokens: gone since" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new", MODELS.items())
 def test_each_variant_is_its_old_model_config(compose_config, old, new):
-    """experiment=<variant> composes what model=<old> did before issue 35: the base model at the original
+    """model=<variant> composes what model=<old> did before issue 35: the base model at the original
     study's learning rate (and, for the transformers, its recipe), under its own name."""
-    cfg = compose_config(f"experiment={new}")
+    cfg = compose_config(f"model={new}")
     base = compose_config(f"model={new.removesuffix('_original')}")
     assert cfg.model.name == new and cfg.optim.name == "original"
     assert cfg.model.lr == {"transformer_beta_original": 2e-3}.get(new, 3e-3)
@@ -149,18 +142,12 @@ def test_an_old_run_folder_samples_and_scores_with_sample_py(old_run, tmp_path):
 
 
 def test_an_old_run_folder_resumes_in_todays_names(old_run, capsys):
-    """Killed before its summary: train.py resume=RUN and resume=last model=astra_alpha_seed continue it with its
-    recorded overrides in today's names, and it finishes as astra_alpha_original. (It runs last: it finishes
-    the module's run folder.)"""
+    """Killed before its summary: resume=RUN continues it with its saved config in today's names, and it finishes
+    as astra_alpha_original. (It runs last: it finishes the module's run folder.)"""
     run, root = old_run, old_run.parents[3]
     (run / "summary.json").unlink()
-    argv = rewrite_argv(["train.py", "resume=last", "model=astra_alpha_seed", f"paths.log_dir={root / 'outputs'}"],
-                        CONF)
-    assert f"resume={run}" in argv and "experiment=astra_alpha_original" in argv
-    assert "model=astra_alpha_seed" not in argv
-    assert "evaluation.text.samples=0" in argv and "evaluation.sample_chars=40" not in argv
-    assert "optim.name=original" in argv  # the checkpoint's recipe, pinned in today's name
     summary = gru_experiments.train([f"resume={run}", "evaluation.budget=1"], root=root)
     assert summary["model"] == "astra_alpha_original" and summary["status"] == "completed"
+    assert summary["train_steps"] == 3  # its own recipe: model.steps_per_epoch=3, not today's default
     out = capsys.readouterr().out
     assert [out.count(line) for line in (MODEL_LINE, RECIPE_LINE)] == [1, 1]

@@ -46,6 +46,7 @@ from gru_experiments.data.recall_probe import (
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import validate
+from gru_experiments.runs.run_dir import in_todays_names
 
 SETTINGS = ProbeSettings.single((3, 10, 40), gap=8, min_targets=30, keys=5)
 PAIRS = SETTINGS.validation  # distances 3, 10, 40, gap 8, 30 targets each
@@ -349,9 +350,9 @@ def test_the_earlier_schedules_are_variants_validated_like_the_default(compose_c
         assert variant.validation == default.validation and variant.keys == default.keys
 
 
-def test_a_probe_group_from_before_the_phases_reads_as_one_phase():
+def test_a_run_folders_probe_group_from_before_the_phases_reads_as_one_phase():
     old = {"name": "recall", "keys": 16, "distances": [4, 8, 16], "gap": 8, "min_targets": 100}  # recall_dense's kind
-    settings = ProbeSettings.from_config(OmegaConf.create(old))
+    settings = ProbeSettings.from_config(in_todays_names(OmegaConf.create({"probe": old})).probe)  # a run folder's
     assert settings == ProbeSettings.single((4, 8, 16), 8, 100, 16)
     assert settings.phases == (Phase((4, 8, 16), 8, 0.0),) and settings.validation.distances == (4, 8, 16)
 
@@ -474,6 +475,13 @@ def test_a_probe_run_killed_in_its_second_phase_resumes_to_every_figure(tmp_path
     killed = run_killed_after_checkpoint(root, 6, *base)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     (run,) = (root / "outputs" / "runs" / "astra_alpha").iterdir()
+    if mode == "windows":  # a resume that would change the probe is refused in a line naming the key, run untouched
+        before = fingerprint(run)
+        for override, key in (("probe.keys=8", "probe.keys=16, but this command asks for probe.keys=8"),
+                              ("probe.phases=[{start:0,distances:[4],gap:2}]", "probe.phases=[{'start': 0.0")):
+            refused = run_script(root, f"resume={run}", override)
+            assert refused.returncode == 2 and key in error_line(refused.stderr), refused.stderr[-2000:]
+        assert_untouched(before, fingerprint(run))
     resumed = run_script(root, f"resume={run}")
     assert resumed.returncode == 0, resumed.stderr
     summary = summary_in_run_terms(run)

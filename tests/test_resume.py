@@ -316,20 +316,27 @@ def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_p
         assert_untouched(before, fingerprint(run))  # not even this attempt's .hydra/resumed_<time>/
 
 
-@pytest.mark.parametrize("hyper_parameters", [
-    {"lr": 0.02, "optim": {"name": "transformer", "betas": [0.9, 0.99], "weight_decay": 0.1, "decay": "matrices",
-                           "warmup_steps": 100, "floor": 0.1, "interval": "step"}},
-    {"lr": 0.003, "weight_decay": 0.05},  # a checkpoint from before the recipes were a config group
-])
-def test_a_resume_pins_the_runs_own_learning_rate_and_recipe(compose_config, hyper_parameters):
-    """train.py's resume adds these overrides (resume.rewrite_argv), so a run resumes with its own lr and
-    recipe after its model config changed them (astra_alpha's lr, transformer's recipe)."""
-    from gru_experiments.runs.recipe import Recipe
-    from gru_experiments.runs.resume import ResumePoint, _recipe_of
+def test_a_resume_composes_the_runs_saved_config_with_the_commands_overrides(compose_config):
+    """resume.resumed_config: the run's own learning rate and recipe (its model config may have changed them since),
+    the command's overrides at their composed values, today's default for a key the run's config lacks, and a
+    one-line refusal for what a resume cannot change (item 8 of issue 43: the probe's keys and schedule)."""
+    from gru_experiments.runs.resume import resumed_config
 
-    point = ResumePoint(run=None, checkpoint=Path("last.ckpt"), step=1, hyper_parameters=hyper_parameters,
-                        tokenizer={}, wandb_run_id=None)
-    pinned, today = (compose_config(*TINY, "model=astra_alpha", *overrides)
-                     for overrides in (point.optimiser_overrides(), []))
-    assert (pinned.model.lr, Recipe.from_config(pinned.optim)) == (hyper_parameters["lr"], _recipe_of(hyper_parameters))
-    assert (today.model.lr, Recipe.from_config(today.optim)) != (pinned.model.lr, Recipe.from_config(pinned.optim))
+    saved = compose_config(*TINY, "probe=recall", "model.lr=0.02", "optim=transformer", "logger=wandb")
+    del saved.training.recall_weight  # a run from before the key
+    overrides = ["resume=RUN", "logger=csv", "trainer.max_steps=50", "model.epochs=3"]
+    cfg = resumed_config(saved, compose_config(*overrides), overrides)
+    assert (cfg.model.lr, cfg.optim.name, cfg.model.architecture) == (0.02, "transformer", saved.model.architecture)
+    assert (cfg.logger.name, cfg.trainer.max_steps, cfg.model.epochs, cfg.resume) == ("csv", 50, 3, "RUN")
+    assert cfg.probe == saved.probe and cfg.training.recall_weight == 1
+    for override, refused in (("probe.keys=8", "was trained with probe.keys=16, but this command asks for "
+                                               "probe.keys=8; a resume continues the run as it was"),
+                              ("probe.phases=[{start:0,distances:[4],gap:2}]", "asks for probe.phases=[{'start': 0"),
+                              ("training=streams", "was trained with training={'batching': 'windows'}"),
+                              ("seed=7", "was trained with seed=1234"),
+                              ("experiment=recall_alpha_streams", "experiment= changes no one key")):
+        with pytest.raises(UserError, match=re.escape(refused)):
+            resumed_config(saved, compose_config(*TINY, "probe=recall", override), ["resume=RUN", override])
+    # the same value as the run's is no change
+    same = resumed_config(saved, compose_config("probe=recall"), ["resume=RUN", "probe=recall", "seed=1234"])
+    assert same.probe == saved.probe

@@ -67,7 +67,12 @@ def test_the_config_record_is_read_back_by_the_run(tmp_path):
                                      OmegaConf.create({"hydra": {"job": {"num": 0}}}), ["model=astra_beta"])
     assert sorted(p.name for p in record.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
     assert run.config().model.name == "astra_beta" and run.model_name() == "astra_beta"
-    assert list(OmegaConf.load(run.overrides_file())) == ["model=astra_beta"]
+    assert list(OmegaConf.load(run.path / ".hydra" / "overrides.yaml")) == ["model=astra_beta"]
+    # a resume's record is the config the run was last started with
+    run.write_config_record(OmegaConf.create({"model": {"name": "astra_beta"}, "trainer": {"max_steps": 9}}),
+                            OmegaConf.create({}), ["trainer.max_steps=9"], subdir=".hydra/resumed_2000-01-01")
+    assert run.config().trainer.max_steps == 9 and run.config_file.parent.name == "resumed_2000-01-01"
+
 
 def test_model_name_comes_from_summary_then_config_then_layout(tmp_path):
     assert make_run(tmp_path / "a", "astra_gamma", "completed").model_name() == "astra_gamma"

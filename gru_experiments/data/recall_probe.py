@@ -30,7 +30,6 @@ MARKERS = ("\u27ea", "\u27eb")  # ⟪ ⟫
 KEY_CHARS = tuple(chr(c) for c in range(0x24B6, 0x24B6 + 26)) + tuple(chr(c) for c in range(0x24D0, 0x24D0 + 26))
 MAX_KEYS = 1024
 MAX_VALIDATION_PLANTINGS = 256  # the recall figures' cost stays bounded on a short validation split
-LEGACY_KEYS = ("distances", "gap", "min_targets")  # a run folder from before the phases: one phase, same validation
 
 
 def distinct_positive_ints(value) -> bool:
@@ -114,21 +113,13 @@ class ProbeSettings:
     @classmethod
     def from_config(cls, probe_cfg) -> ProbeSettings | None:
         """The settings of a `probe` config group (checked: one-line UserError naming the key); None for
-        probe=none or no group at all. A group from before the phases (distances, gap, min_targets) reads
-        as one phase validated at its own distances."""
+        probe=none or no group at all. (A run folder's group from before the phases: run_dir.in_todays_names.)"""
         if probe_cfg is None:
             return None
         values = OmegaConf.to_container(probe_cfg) if OmegaConf.is_config(probe_cfg) else dict(probe_cfg)
         if values.pop("name", "recall") == "none":
             return None
-        legacy = any(key in values for key in LEGACY_KEYS)  # a group from before the phases
-        if legacy and ("phases" in values or "validation" in values):
-            raise UserError("probe: give probe.phases and probe.validation, or the older distances, gap and "
-                            "min_targets, not both")
-        check_rules(values, [KEYS_RULE, *(VALIDATION_RULES if legacy else [])], "probe.", owner="probe=recall",
-                    known=("keys", *(LEGACY_KEYS if legacy else ("phases", "validation"))))
-        if legacy:
-            return cls.single(values["distances"], values["gap"], values["min_targets"], values["keys"])
+        check_rules(values, [KEYS_RULE], "probe.", owner="probe=recall", known=("keys", "phases", "validation"))
         return cls(values["keys"], _checked_phases(values.get("phases")),
                    _checked(ValidationPairs, values.get("validation"), "probe.validation"))
 

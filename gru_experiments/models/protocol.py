@@ -142,23 +142,10 @@ def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False)
 
 
 def meta_model(architecture) -> LanguageModel:
-    """The model an architecture config names, built on the meta device (no memory, no time) after
-    the checks of validate_architecture: for what it is (family, context, cost), not to run."""
-    target, settings = split_architecture(architecture)
-    cls = model_class(target)
-    check_settings(cls, settings)
-    try:
-        with torch.device("meta"):
-            return cls(vocab_size=2, **settings)
-    except InvalidSetting as error:
-        raise error.with_prefix("model.architecture.") from None
-
-
-def validate_architecture(architecture) -> type[LanguageModel]:
-    """Check an architecture config before any work: the class exists, every key is one of its
-    settings, and its constructor accepts the values (built on the meta device: no memory, no
-    time). Returns the class."""
-    return type(meta_model(architecture))
+    """The model an architecture config names, checked and built on the meta device (no memory, no time): for
+    what it is (family, context, cost), not to run."""
+    with torch.device("meta"):
+        return build_model(architecture, vocab_size=2)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -11,11 +11,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
-from gru_experiments.legacy import MODELS, RECIPES
-from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family
 from gru_experiments.runs.history import read_history
-from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.runs.run_dir import RunDir, summary_in_todays_names
 
 
 @dataclass
@@ -30,7 +28,7 @@ class JobResult:
     variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
 
     def __post_init__(self):
-        self.values = upgrade(self.values, started=self.status != "missing")
+        self.values = summary_in_todays_names(self.values, started=self.status != "missing")
 
     @property
     def name(self) -> str:
@@ -84,22 +82,6 @@ class JobResult:
         return value
 
 
-def upgrade(values: dict, started: bool = True) -> dict:
-    """A job's values as today's summary says them, whatever its age: the training mode of a run from before
-    the choice (windows), the training window of one from before summary.json's seq_len (its mode
-    evaluation's, else its recall record's), and the old recipe and model names (legacy.py)."""
-    values = dict(values)
-    if started and not values.get("training_mode"):
-        values["training_mode"] = "windows"
-    windows = [finite((source if isinstance(source, dict) else {}).get("seq_len"))
-               for source in (values, values.get("mode_evaluation"), values.get("recall"))]
-    values["seq_len"] = next((int(window) for window in windows if window is not None), None)
-    for key, names in (("optim", RECIPES), ("model", MODELS)):
-        if isinstance(values.get(key), str):
-            values[key] = names.get(values[key], values[key])
-    return values
-
-
 @dataclass
 class Report:
     sweep_dir: Path
@@ -138,7 +120,7 @@ def planned_models(overrides: list[str]) -> list[str]:
             names = list(override.sweep_string_iterator())
         else:
             names = [override.get_value_element_as_str()]
-        return [MODELS.get(name, name) for name in names]  # an old sweep's names, as its jobs now read
+        return [summary_in_todays_names({"model": name}, started=False)["model"] for name in names]  # an old sweep's
     return []
 
 

@@ -19,8 +19,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import atomic_file
-from gru_experiments.legacy import upgrade_config
 from gru_experiments.runs.loggers import is_wandb
+from gru_experiments.runs.run_dir import in_todays_names
 
 
 class NonFiniteWeights(TrainingDiverged):
@@ -63,8 +63,8 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
     if missing:
         raise UserError(f"{path} is not a gru-experiments {'training ' if 'loops' in require else ''}checkpoint "
                         f"(it lacks {', '.join(missing)})")
-    if isinstance(checkpoint.get("hyper_parameters"), dict):  # an old checkpoint's names, today's (legacy.py)
-        upgrade_config(checkpoint["hyper_parameters"])
+    if isinstance(checkpoint.get("hyper_parameters"), dict):  # an old checkpoint's names, today's
+        in_todays_names(checkpoint["hyper_parameters"])
     return checkpoint
 
 

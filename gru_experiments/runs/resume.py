@@ -1,28 +1,22 @@
 """Continuing an interrupted run in its own folder, from checkpoints/last.ckpt, with the config it was
-started with (python train.py resume=last | resume=RUN_DIR): `rewrite_argv` before Hydra starts,
-`resume_point` and `record_resume` inside train(). How, and what a resume may not change:
-docs/internals.md, *Resuming a run*.
+started with (python train.py resume=last | resume=RUN_DIR): conf/hydra points the job at the run's folder
+(run_dir.run_folder); inside train(), `resume_run` builds the run's own config and checks it, and
+`record_resume` records the resume. How, and what a resume may not change: docs/internals.md, *Resuming a run*.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from gru_experiments.errors import UserError
-from gru_experiments.legacy import upgrade_overrides
 from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, newest_run
 from gru_experiments.validation import MISSING, is_int, select
 
 LAST = "last"
-# Keys an older run may have recorded that no config has now (the evaluation's cost is the one key
-# evaluation.budget): a resume drops them from the recorded overrides, and says so.
-REMOVED_KEYS = ("evaluation.windowed_stride", "evaluation.max_tokens", "evaluation.curve_point_tokens",
-                "evaluation.long_point_tokens", "evaluation.validation_tokens", "evaluation.batch_tokens",
-                "model.eval_max_tokens", "model.eval_long_point_tokens")
-RENAMED_KEYS = {"weight_decay": "optim.weight_decay"}  # the recipe's keys live in its group (conf/optim/)
 
 
 def find_run(resume: str, log_dir, model_name: str) -> RunDir:
@@ -122,15 +116,6 @@ class ResumePoint:
                         f"would train nothing and the run would count as finished{own}; resume with a step limit "
                         f"above {self.step:,}, or without one")
 
-    def optimiser_overrides(self) -> list[str]:
-        """model.lr and every optim key as the checkpoint was trained ([] for a counted model): a resumed run
-        keeps its own, also where a model config has changed since (a new learning rate, a new recipe)."""
-        lr, recipe = self.hyper_parameters.get("lr"), _recipe_of(self.hyper_parameters)
-        if lr is None or recipe is None:
-            return []
-        as_override = lambda value: "[" + ",".join(map(repr, value)) + "]" if isinstance(value, list) else value  # noqa: E731
-        return [f"model.lr={lr!r}"] + [f"optim.{key}={as_override(value)}" for key, value in recipe.to_dict().items()]
-
 
 def _pinned(hyper_parameters: dict) -> dict:
     """A run's learning rate and recipe as the keys a command line names: {"model.lr": ..., "optim.name": ...}."""
@@ -139,7 +124,12 @@ def _pinned(hyper_parameters: dict) -> dict:
             **{f"optim.{key}": value for key, value in (recipe.to_dict() if recipe else {}).items()}}
 
 
+def _nested(key: str, parent: str) -> bool:
+    return key == parent or key.startswith(parent + ".")
+
+
 def _shown(value) -> str:
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     return "[" + ", ".join(map(repr, value)) + "]" if isinstance(value, (list, tuple)) else repr(value)
 
 
@@ -161,111 +151,80 @@ def step_limit(cfg) -> int | None:
 def _recipe_of(hyper_parameters: dict):
     from gru_experiments.runs.recipe import Recipe
 
-    return Recipe.recorded(hyper_parameters.get("optim"), hyper_parameters.get("weight_decay"))
+    return Recipe.from_config(hyper_parameters["optim"]) if hyper_parameters.get("optim") else None
 
 
-def resume_point(cfg) -> ResumePoint | None:
-    """For resume=last|RUN_DIR in cfg: the run and its checkpoint, resolved, read cheaply and checked against
-    cfg (`ResumePoint.check_config`); None without resume. Temporary files of a save cut short by the
-    interruption are removed."""
+# --- the run's own config ------------------------------------------------------------
+
+# What the checkpoint's training depends on beyond the model, its tokenizer, learning rate and recipe (checked
+# against the checkpoint itself): a resume that names one with another value is refused.
+KEPT = ("seed", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe")
+COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's
+
+
+def resume_run(cfg) -> tuple[object, ResumePoint | None]:
+    """For resume=last|RUN_DIR in cfg: the run's own config (its newest record in .hydra/) with this command's
+    overrides, and its checkpoint, read cheaply and checked (`ResumePoint.check_config`); (cfg, None) without
+    resume. A run folder without a saved config (train(cfg) called directly) resumes with cfg as given.
+    Temporary files of a save cut short by the interruption are removed."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from gru_experiments.files import leftover_temporaries
+    from gru_experiments.runs.jobs import multirun_job
+
     resume = cfg.get("resume")
     if resume is None:
-        return None
-    from gru_experiments.files import leftover_temporaries
-
+        return cfg, None
+    if multirun_job():
+        raise UserError("resume continues a single run; drop -m/--multirun")
     run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
     point = ResumePoint.read(run)
+    saved = run.config()
+    if saved is not None and HydraConfig.initialized():
+        cfg = resumed_config(saved, cfg, list(HydraConfig.get().overrides.task), run)
     point.check_config(cfg)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
-    return point
+    print(f"resuming {run.path} from {run.checkpoint}")
+    return cfg, point
 
 
-# --- command line ---------------------------------------------------------------------
-
-def rewrite_argv(argv: list[str], config_dir, config_name: str = "train") -> list[str]:
-    """If the command line asks to resume, return the command line that resumes that run with
-    its own config; otherwise return argv in today's names (legacy.upgrade_overrides: model=astra_alpha_seed
-    is experiment=astra_alpha_original). Raises UserError when it cannot resume."""
+def resumed_config(saved, composed, overrides: list[str], run: RunDir | None = None):
+    """The run's saved config with this command's `overrides` applied, each with the value `composed` (this
+    command's own composition) gives it; a key the run's config lacks (added since) keeps today's default,
+    its model excepted. UserError for an override a resume cannot take: a config group that is no key of its own
+    (experiment=, preset=), or another value for a key of KEPT."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    register_model_experiments(config_dir)
-    argv, args = _in_todays_names(argv)
-    parser = OverridesParser.create()
-    try:
-        given = parser.parse_overrides(args.overrides)
-    except Exception:  # a malformed override: Hydra reports it itself
-        return argv
-    resume = next((o for o in given if o.key_or_group == "resume" and not o.is_delete()), None)
-    if resume is None or resume.value() in (None, "null"):
-        return argv
-    if args.multirun:
-        raise UserError("resume continues a single run; drop -m/--multirun")
-    value = str(resume.value())
-    if value == LAST:
-        cfg = _compose_without_hydra(config_dir, args.config_name or config_name, args.overrides)
-        if cfg is None:
-            return argv  # the overrides do not compose (unknown model, typo): Hydra says why
-        run = find_run(LAST, cfg.paths.log_dir, cfg.model.name)
-    else:
-        run = find_run(value, None, "")
-    # Refuse an unreadable or unsafe checkpoint now, before Hydra writes into the run folder.
-    point = ResumePoint.read(run)
-
-    recorded = upgrade_overrides(_recorded_overrides(run))
-    dropped = [o for o in recorded if _key(parser, o).lstrip("+~") in REMOVED_KEYS]
-    if dropped:
-        print(f"resuming without {', '.join(dropped)}: gone since, the evaluation's cost is evaluation.budget")
-        recorded = [o for o in recorded if o not in dropped]
-    recorded = [RENAMED_KEYS[_key(parser, o)] + "=" + o.partition("=")[2] if _key(parser, o) in RENAMED_KEYS else o
-                for o in recorded]
-    user = [o for o in args.overrides if _key(parser, o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
-    user_keys = {_key(parser, o) for o in user}
-    # The run's own learning rate and recipe, whatever its model file says now; one the user names instead
-    # is checked against the checkpoint (ResumePoint.check).
-    named = {key for key in user_keys if key in ("model.lr", "optim") or key.startswith("optim.")}
-    pinned = [o for o in point.optimiser_overrides()
-              if not any(_key(parser, o) == key or _key(parser, o).startswith(key + ".") for key in named)]
-    pinned_keys = {_key(parser, o) for o in pinned}
-    recorded = [o for o in recorded if _key(parser, o) not in pinned_keys] + pinned
-    merged = [o for o in recorded if _key(parser, o) not in user_keys | {"resume"}] + user
-    merged.append(f"resume={quote(str(run.path))}")
-    cfg = _compose_without_hydra(config_dir, args.config_name or config_name, merged)
-    if cfg is not None:  # else Hydra says why it does not compose
-        point.check_config(cfg)
-    # Hydra records nothing: record_resume does, once training has checked the rest, so a refused resume
-    # leaves the run folder as it was.
-    merged += [f"hydra.run.dir={quote(str(run.path))}", "hydra.output_subdir=null"]
-    flags = _without(argv[1:], args.overrides)
-    print(f"resuming {run.path} from {run.checkpoint}")
-    return [argv[0], *flags, *merged]
-
-
-def _in_todays_names(argv: list[str]):
-    """argv with ckpt_path= as resume= and every old name today's (legacy.upgrade_overrides,
-    a line each), and Hydra's parse of it."""
-    from hydra._internal.utils import get_args_parser
-
-    # ckpt_path=last|RUN_DIR is Lightning's spelling of the same request.
-    argv = [f"resume={arg.partition('=')[2]}" if arg.startswith("ckpt_path=") else arg for arg in argv]
-    args = get_args_parser().parse_args(argv[1:])
-    if (upgraded := upgrade_overrides(args.overrides)) != args.overrides:
-        argv = [argv[0], *_without(argv[1:], args.overrides), *upgraded]
-        args = get_args_parser().parse_args(argv[1:])
-    return argv, args
-
-
-def register_model_experiments(config_dir) -> None:
-    """Every model is also an experiment of its own: experiment=ngram2 is model=ngram2. So one multirun over
-    `experiment` can train models and experiments side by side (sweep.py, conf/sweep.yaml's ladder). Held in
-    Hydra's ConfigStore, which its launchers hand on to their workers (joblib, SLURM)."""
-    from hydra.core.config_store import ConfigStore
-
-    conf, store = Path(config_dir), ConfigStore.instance()
-    for path in sorted((conf / "model").glob("*.yaml")):
-        if not (conf / "experiment" / path.name).is_file():
-            store.store(group="experiment", name=path.stem, package="_global_",
-                        node={"defaults": [{"override /model": path.stem}]})
+    plain = OmegaConf.to_container(composed, resolve=False)
+    plain.pop("model", None)  # a model's keys are its own: today's default model's would not fit the run's
+    merged, touched = OmegaConf.merge(plain, saved), []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group.lstrip("+~")
+        if key in COMMAND_KEYS or key.startswith("hydra"):
+            continue
+        if override.is_delete():
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(merged, parent) if parent else merged
+            if node is not None and leaf in node:
+                del node[leaf]
+            continue
+        value = OmegaConf.select(composed, key, default=MISSING)
+        if value is MISSING:
+            raise UserError(f"{override.input_line}: a resume continues the run with its own config, where "
+                            f"{override.key_or_group}= changes no one key; leave it out (or start a new run)")
+        OmegaConf.update(merged, key, value, merge=False, force_add=True)
+        touched += [max(key, kept, key=len) for kept in KEPT if _nested(key, kept) or _nested(kept, key)]
+    for key in touched:  # named on the command line with another value than the run's
+        was, now = (OmegaConf.select(c, key) for c in (saved, merged))
+        if was is not None and was != now:
+            raise UserError(f"{run.path if run else 'the run'} was trained with {key}={_shown(was)}, but this "
+                            f"command asks for {key}={_shown(now)}; a resume continues the run as it was: leave "
+                            f"{key} out (or start a new run)")
+    for key in COMMAND_KEYS:
+        merged[key] = composed.get(key)
+    OmegaConf.set_struct(merged, True)
+    return merged
 
 
 def record_resume(run: RunDir, cfg) -> None:
@@ -281,44 +240,3 @@ def record_resume(run: RunDir, cfg) -> None:
     run.write_config_record(cfg, hydra, hydra.hydra.overrides.task, subdir=f"{HYDRA}/resumed_{stamp}")
 
 
-def _recorded_overrides(run: RunDir) -> list[str]:
-    """The overrides the run was last started with (the newest resume's, else the original's)."""
-    from omegaconf import OmegaConf
-
-    record = run.overrides_file()
-    if not record.is_file():
-        raise UserError(f"{run.path} has no .hydra/overrides.yaml, so its config is unknown; "
-                        "it is not a run folder written by train.py")
-    return [str(o) for o in OmegaConf.load(record)]
-
-
-def _key(parser, override: str) -> str:
-    parsed = parser.parse_override(override)
-    return parsed.key_or_group + (f"@{parsed.package}" if parsed.package else "")
-
-
-def _without(items: list[str], remove: list[str]) -> list[str]:
-    remaining = list(items)
-    for item in remove:
-        remaining.remove(item)
-    return remaining
-
-
-def quote(value: str) -> str:
-    """A value as a Hydra override token: quoted unless it is plainly a path."""
-    if re.fullmatch(r"[\w./\-]+", value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _compose_without_hydra(config_dir, config_name: str, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
-    try:
-        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
-            return compose(config_name=config_name, overrides=task_overrides)
-    except (HydraException, OmegaConfBaseException):
-        return None

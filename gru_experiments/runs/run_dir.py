@@ -8,13 +8,14 @@ folder's name through `model_name_for` before anything else is loaded.
 
 from __future__ import annotations
 
+import math
+from contextlib import nullcontext
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import read_json, write_json
-from gru_experiments.legacy import upgrade_config
 
 SUMMARY, SAMPLES, HISTORY = "summary.json", "samples.json", "history.csv"
 EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/explore_run.py)
@@ -66,12 +67,9 @@ class RunDir:
 
     @property
     def config_file(self) -> Path:
-        return self.path / HYDRA / "config.yaml"
-
-    def overrides_file(self) -> Path:
-        """The command line the run was last started with: the newest resume's, else the original's."""
-        resumed = sorted(self.path.glob(f"{HYDRA}/resumed_*/overrides.yaml"))
-        return resumed[-1] if resumed else self.path / HYDRA / "overrides.yaml"
+        """The config the run was last started with: the newest resume's record, else the original's."""
+        resumed = sorted(self.path.glob(f"{HYDRA}/resumed_*/config.yaml"))
+        return resumed[-1] if resumed else self.path / HYDRA / "config.yaml"
 
     # --- reading ------------------------------------------------------------------------
     def summary(self) -> dict | None:
@@ -85,8 +83,8 @@ class RunDir:
 
     def config(self):
         """The composed training config (.hydra/config.yaml, unresolved) in today's names
-        (legacy.upgrade_config: a run from before a rename says so in a line), or None."""
-        return upgrade_config(OmegaConf.load(self.config_file)) if self.config_file.is_file() else None
+        (in_todays_names: a run from before a rename says so in a line), or None."""
+        return in_todays_names(OmegaConf.load(self.config_file)) if self.config_file.is_file() else None
 
     @property
     def finished(self) -> bool:
@@ -95,12 +93,12 @@ class RunDir:
         return summary is not None and summary.get("status") != "failed"
 
     def recorded_model_name(self) -> str | None:
-        """The model its summary, else its config, names (in today's names: legacy.upgrade_config), or None."""
+        """The model its summary, else its config, names (in today's names: in_todays_names), or None."""
         summary = self.summary()
         name = summary.get("model") if summary else None
         if not name and (config := self.config()) is not None:
             name = OmegaConf.select(config, "model.name", throw_on_resolution_failure=False)
-        return upgrade_config({"model_name": name})["model_name"] if name else None
+        return in_todays_names({"model_name": name})["model_name"] if name else None
 
     def model_name(self) -> str | None:
         """The model it trains: its summary's, else its config's, else the folder layout's
@@ -169,6 +167,21 @@ def newest_run(log_dir, model_name: str) -> RunDir | None:
     return next((run for run in model_runs(log_dir, model_name) if run.last_checkpoint() is not None), None)
 
 
+def run_folder(resume, log_dir, model_name: str, stamp: str) -> str:
+    """hydra.run.dir (conf/hydra/default.yaml): the folder of the run that resume= names, where there is one, else
+    a new one, <log_dir>/runs/<model>/<stamp>. What cannot be resumed, resume.resume_run refuses in one line."""
+    if resume is not None:
+        run = newest_run(log_dir, model_name) if str(resume) == "last" else RunDir(Path(str(resume)).expanduser())
+        if run is not None and run.path.is_dir():
+            return str(run.path.resolve())
+    return str(Path(str(log_dir)) / "runs" / model_name / stamp)
+
+
+# A resume writes no .hydra/ when it starts: resume.record_resume records it once every check has passed.
+OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
+OmegaConf.register_new_resolver("config_record", lambda resume: None if resume is not None else HYDRA, replace=True)
+
+
 def find_checkpoint(model_name: str, log_dir: str | Path, ckpt: str | None = None, run: str | None = None) -> Path:
     """ckpt if given, else run's last checkpoint, else that of the newest run of `model_name` under log_dir."""
     if ckpt:
@@ -203,7 +216,7 @@ def model_name_for(default: str, run: str | None = None, ckpt: str | None = None
             import torch  # only here: the checkpoint is memory-mapped, its hyperparameters read
 
             checkpoint = torch.load(Path(ckpt).expanduser(), map_location="cpu", weights_only=True, mmap=True)
-            return upgrade_config(checkpoint["hyper_parameters"]).get("model_name") or default
+            return in_todays_names(checkpoint["hyper_parameters"]).get("model_name") or default
     except Exception:  # a bad path is reported by the sampler itself, with a clear message
         pass
     return default
@@ -215,3 +228,122 @@ def display_path(path: str | Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+# --- old run folders ------------------------------------------------------------------------
+# The names that changed, in this one place: what an old run folder's config, summary or checkpoint says, and
+# what it says now. Whatever reads one goes through here (RunDir, checkpoints.read_checkpoint), once, and each
+# changed name is said in one printed line.
+
+# The original study's recipe and the variants trained under it ("seed" also named the random seed).
+RECIPES = {"seed": "original"}
+# Model variants named for the recipe (*_seed), now for the original study (*_original).
+MODELS = {"astra_alpha_seed": "astra_alpha_original", "transformer_seed": "transformer_original",
+          "transformer_beta_seed": "transformer_beta_original"}
+# Flat evaluation keys, now nested (conf/evaluation/default.yaml).
+EVALUATION_KEYS = {"text_samples": "text.samples", "text_chars": "text.chars",
+                   "text_drift_chars": "text.drift_chars", "sample_chars": "samples.chars",
+                   "sample_temperature": "samples.temperature"}
+# The models' old module paths, as older checkpoints name their class, and the class of those that name none.
+MOVED_CLASSES = {
+    "gru_experiments.model.RecurrentLM": "gru_experiments.models.recurrent.RecurrentLM",
+    "gru_experiments.mlp.BengioMLP": "gru_experiments.models.mlp.BengioMLP",
+    "gru_experiments.ngram.NGramLM": "gru_experiments.models.ngram.NGramLM",
+    "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
+}
+UNNAMED_CLASS = "gru_experiments.models.recurrent.RecurrentLM"
+# Keys gone since (the evaluation's cost is the one key evaluation.budget): dropped from an old config, in a line.
+REMOVED_KEYS = ("evaluation.windowed_stride", "evaluation.max_tokens", "evaluation.curve_point_tokens",
+                "evaluation.long_point_tokens", "evaluation.validation_tokens", "evaluation.batch_tokens",
+                "model.eval_max_tokens", "model.eval_long_point_tokens")
+PROBE_KEYS = ("distances", "gap", "min_targets")  # a probe from before the phases: one phase, same validation
+
+_said: set[str] = set()  # each change is printed once per process, however often the same config is read
+
+
+def _say(old: list[str], new: list[str]) -> None:
+    verb = "is" if len(old) == 1 else "are"
+    line = f"{', '.join(old)} {verb} now {', '.join(new)} (docs/configuration.md: old names)"
+    if line not in _said:
+        _said.add(line)
+        print(line)
+
+
+def in_todays_names(cfg):
+    """A run's config or a checkpoint's hyper-parameters (a DictConfig or dict, or None) in today's names, changed
+    in place and returned: optim.name seed, model.name (or model_name) *_seed, the flat evaluation keys, the keys
+    gone since, the recipe's weight decay before conf/optim, the probe before its phases. One printed line per
+    changed name; a config already in today's names is returned as it is (idempotent). A model class path that
+    moved is today's, without a line."""
+    if cfg is None:
+        return cfg
+    with open_dict(cfg) if isinstance(cfg, DictConfig) else nullcontext():
+        if isinstance(cfg.get("architecture"), dict):  # a checkpoint's hyper-parameters
+            cfg["architecture"].setdefault("_target_", UNNAMED_CLASS)
+        for architecture in (cfg.get("architecture"), OmegaConf.select(cfg, "model.architecture", default=None)
+                             if isinstance(cfg, DictConfig) else None):
+            target = architecture.get("_target_") if hasattr(architecture, "get") else None
+            if target in MOVED_CLASSES:
+                architecture["_target_"] = MOVED_CLASSES[target]
+        for group, key, table in (("optim", "name", RECIPES), ("model", "name", MODELS), (None, "model_name", MODELS)):
+            node = cfg.get(group) if group else cfg
+            old = node.get(key) if hasattr(node, "get") else None
+            if isinstance(old, str) and old in table:
+                node[key] = table[old]
+                _say(*_renamed("optim" if table is RECIPES else "model", old))
+        evaluation = cfg.get("evaluation")
+        moved = [flat for flat in EVALUATION_KEYS if hasattr(evaluation, "keys") and flat in evaluation]
+        for flat in moved:
+            group, key = EVALUATION_KEYS[flat].split(".")
+            value = _raw(evaluation, flat)
+            del evaluation[flat]
+            if not hasattr(evaluation.get(group), "keys"):
+                evaluation[group] = {}
+            evaluation[group][key] = value
+        if moved:
+            _say([f"evaluation.{flat}" for flat in moved], [f"evaluation.{EVALUATION_KEYS[flat]}" for flat in moved])
+        if cfg.get("optim") is None and cfg.get("weight_decay") is not None:  # the recipe before conf/optim
+            cfg["optim"] = {"name": "original", "weight_decay": cfg.pop("weight_decay")}
+        probe = cfg.get("probe")
+        if hasattr(probe, "keys") and all(key in probe for key in PROBE_KEYS):
+            old = {key: _raw(probe, key) for key in PROBE_KEYS}
+            for key in PROBE_KEYS:
+                del probe[key]
+            probe["phases"] = [{"start": 0.0, "distances": old["distances"], "gap": old["gap"]}]
+            probe["validation"] = old
+            _say([f"probe.{key}" for key in PROBE_KEYS], ["one of probe.phases and probe.validation"])
+        if isinstance(cfg, DictConfig):
+            gone = [key for key in REMOVED_KEYS if OmegaConf.select(cfg, key, default=None) is not None]
+            for key in gone:
+                parent, _, leaf = key.rpartition(".")
+                del cfg[parent][leaf]
+            if gone:
+                print(f"{', '.join(gone)}: gone since (the evaluation's cost is evaluation.budget), left out")
+    return cfg
+
+
+def _renamed(key: str, old: str) -> tuple[list[str], list[str]]:
+    """The line for a renamed recipe or model, the same wherever the old name was read."""
+    return ([f"{key}={old}"], [f"{key}={(RECIPES if key == 'optim' else MODELS)[old]}"])
+
+
+def _raw(node, key: str):
+    """node[key] as written: an interpolation stays one."""
+    return OmegaConf.to_container(node, resolve=False)[key] if isinstance(node, DictConfig) else node[key]
+
+
+def summary_in_todays_names(values: dict, started: bool = True) -> dict:
+    """A job's summary values as today's summary says them, whatever its age: the training mode of a run from
+    before the choice (windows), the training window of one from before summary.json's seq_len (its mode
+    evaluation's, else its recall record's), and the old recipe and model names."""
+    values = dict(values)
+    if started and not values.get("training_mode"):
+        values["training_mode"] = "windows"
+    windows = [(source if isinstance(source, dict) else {}).get("seq_len")
+               for source in (values, values.get("mode_evaluation"), values.get("recall"))]
+    values["seq_len"] = next((int(window) for window in windows if isinstance(window, (int, float))
+                              and not isinstance(window, bool) and math.isfinite(window)), None)
+    for key, names in (("optim", RECIPES), ("model", MODELS)):
+        if isinstance(values.get(key), str):
+            values[key] = names.get(values[key], values[key])
+    return values

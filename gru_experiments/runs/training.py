@@ -31,7 +31,7 @@ from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import build_logger, is_wandb, quiet_console
 from gru_experiments.runs.modes import ModesOverTraining
 from gru_experiments.runs.recipe import recipe_length
-from gru_experiments.runs.resume import record_resume, resume_point
+from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
 from gru_experiments.runs.smoke import is_smoke, smoke_split
@@ -84,8 +84,8 @@ def train(cfg: DictConfig) -> dict:
 
 def prepare(cfg: DictConfig) -> Run:
     """Check everything and build the model and its data; write nothing (input errors leave nothing)."""
+    cfg, resume = resume_run(cfg)  # a resume: the run's own config, with this command's overrides
     checked = validate(cfg)  # bad values fail here, before any work; the settings are built once, here
-    resume = resume_point(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers",
                             probe=checked.probe, seed=cfg.seed)
