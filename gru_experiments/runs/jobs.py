@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import disk_error
+from gru_experiments.runs.run_dir import RunDir  # also registers conf/hydra's run_folder resolver
 
 EXIT_USER_ERROR = 2
 EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
@@ -74,7 +75,6 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     """summary.json with status "failed", the error and where it happened; the same in W&B (a run
     is started for it if the failure came before the logger). Returns the logger to close."""
     from gru_experiments.runs.loggers import build_logger, is_wandb
-    from gru_experiments.runs.run_dir import RunDir
 
     run = RunDir(OmegaConf.select(cfg, "paths.output_dir"))
     summary = {
@@ -137,7 +137,6 @@ def disk_full_message(error: OSError, cfg) -> str:
 
 
 def _last_good_checkpoint(run_dir) -> tuple[str, int | None] | None:
-    from gru_experiments.runs.run_dir import RunDir
 
     if not run_dir or not RunDir(run_dir).checkpoint.is_file():
         return None
