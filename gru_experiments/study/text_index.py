@@ -39,7 +39,6 @@ def words(text: str) -> list[str]:
     return [match.group().lower() for match in word_matches(text)]
 
 
-# --- spans --------------------------------------------------------------------------------------------
 def span_fingerprints(text: str, width: int = SPAN) -> Tensor:
     """A fingerprint (int64) of every `width`-character span of the text, in order: two polynomial hashes
     combined (a false match about ((width − 1) / 2^31)^2 ≈ 2e-16)."""
@@ -77,7 +76,6 @@ class SpanSet:
         return hits.double().mean().item() if hits.numel() else None
 
 
-# --- the judge --------------------------------------------------------------------------------------------
 class KneserNeyJudge:
     """A character-level judge sharing nothing with the model that sampled the text: a Kneser-Ney NGramLM
     counted on the training split's characters, plus one "unseen" symbol for every other character
@@ -115,7 +113,6 @@ class KneserNeyJudge:
         return self.bits(text) / (len(text) - 1) if len(text) >= 2 else None
 
 
-# --- the index ----------------------------------------------------------------------------------------------
 class TrainingIndex:
     """A training split's `vocabulary`, `spans`, `judge`, `alphabet` and `most_common_word`."""
 

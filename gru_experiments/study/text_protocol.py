@@ -146,10 +146,6 @@ def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draw
     return main, drift
 
 
-def _drifts(s: TextSettings) -> int:
-    return s.drift_samples if s.drift_chars else 0
-
-
 
 @dataclass(frozen=True)
 class TextPass(Pass):
@@ -160,7 +156,8 @@ class TextPass(Pass):
 
     @classmethod
     def plan(cls, model, tokenizer, val: Split, settings: TextSettings, stride: int) -> "TextPass":
-        samples, drift = -(-settings.samples // stride), _drifts(settings) if stride == 1 else 0
+        samples = -(-settings.samples // stride)
+        drift = settings.drift_samples if settings.drift_chars and stride == 1 else 0  # the drift only when exact
         cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
         main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
         cost = (len(DECODERS) * sum(main.cost(mode) for mode in MODES_BY_CONTEXT)
@@ -222,7 +219,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
         with progress.phase(_phase(mode, window), costs[mode]) as tick:
             texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
     drift_texts = {}
-    for mode in DRIFT_MODES if _drifts(s) else ():
+    for mode in DRIFT_MODES if s.drift_chars and s.drift_samples else ():
         costs[f"drift {mode}"] = drift.cost(mode)
         with progress.phase(f"drift, {_phase(mode, window)}", costs[f"drift {mode}"]) as tick:
             drift_texts[mode] = drift.draw(mode, DECODERS[DRIFT_DECODER], tick)

@@ -20,7 +20,6 @@ BOOTSTRAP_RESAMPLES = 200
 BOOTSTRAP_SEED = 0
 
 
-# --- n-grams ------------------------------------------------------------------------------------
 def ngrams(items: Sequence, n: int) -> list[tuple]:
     return [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
 
