@@ -33,7 +33,6 @@ def eval_mode(model):
         model.train(was_training)
 
 
-# The study's three prompts.
 STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
 
 Chooser = Callable[[Tensor], Tensor]

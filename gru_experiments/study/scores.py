@@ -62,8 +62,7 @@ class Score:
     # Second moments of the per-target (nll, characters) pairs, for the standard error of a sample.
     moments: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))  # sums of nll^2, nll*chars, chars^2
 
-    # Which targets were scored and their NLLs, when the scoring function was asked to keep them
-    # (targets=True): (positions in the split, nll in nats), for paired comparisons (paired_difference).
+    # The scored targets' positions in the split and NLLs (nats), when kept (targets=True): paired_difference's.
     positions: Tensor | None = None
     target_nll: Tensor | None = None
     population: int = 0  # the targets these were drawn from (the split's); tokens == population: exact
