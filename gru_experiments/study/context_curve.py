@@ -19,8 +19,7 @@ class CurvePoint:
 
 
 def curve_record(plan, points: dict[int, CurvePoint], stateful) -> dict:
-    """{"1": bpc, "2": bpc, ..., "stateful": bpc, "settings": {...}}: the settings record, per point,
-    the targets scored, the stride, the forward tokens run for it and its sampling error (0: exact)."""
+    """{"1": bpc, ..., "stateful": bpc, "settings": per point its targets, stride, forward tokens and s.e.}."""
     curve, settings = {}, {"max_window": plan.seq_len, "split_targets": plan.split_targets, "budget": plan.budget,
                            "longest": max(points), "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
     for w, point in sorted(points.items()):

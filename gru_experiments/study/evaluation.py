@@ -1,12 +1,7 @@
-"""The evaluation as a registry of entries, and its one entry point (docs/evaluation.md).
-
-An entry (plan.Entry) is one kind of figure: the inference modes with the bigram, the context curve
-and stateful - windowed (`ModesEntry`, the plan's own passes), the text statistics and the word
-validity over training (text_protocol.py), the recall figures (recall.py). `plan_for(request)` builds
-the plan of a Request (plan.py) from every entry in ENTRIES; `evaluate(request)` runs it and gives each
-entry its results. The end-of-run evaluation, the best checkpoint's, the modes over training,
-`sample.py evaluate=true` and the cost estimate all go through these two. A new figure is one entry
-appended to ENTRIES.
+"""The evaluation as a registry of entries (plan.Entry: the modes, the text statistics, the word validity
+over training, the recall figures) and its entry points, `plan_for(request)` and `evaluate(request)`,
+which every evaluation and the cost estimate go through. A new figure is one entry appended to ENTRIES
+(docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -14,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from gru_experiments.study.class_curve import curve_by_class
 from gru_experiments.study.context_curve import CurvePoint, curve_record, format_curve
 from gru_experiments.study.plan import (
     BIGRAM,
@@ -31,9 +25,9 @@ from gru_experiments.study.plan import (
 )
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.recall import RecallEntry
-from gru_experiments.study.scores import Score, Split, paired_difference, score_at
+from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
 from gru_experiments.study.settings import EvaluationSettings
-from gru_experiments.study.target_classes import split_classes
+from gru_experiments.study.target_classes import TargetClasses, split_classes
 from gru_experiments.study.text_protocol import TextEntry, WordValidityEntry
 
 # What an evaluation reports per mode: each inference mode, the bigram.
@@ -49,8 +43,7 @@ class ModeEvaluation:
     gain: Score | None = None  # stateful - windowed, paired (paired_difference), warm targets only
 
     def metrics(self) -> dict:
-        """<mode>_nll, <mode>_bpc and <mode>_bpc_se (Score.bpc_se: what separates two models' figures, which
-        a whole-split figure has too); state_gain_bpc, state_gain_se: stateful - windowed, paired."""
+        """<mode>_nll, <mode>_bpc, <mode>_bpc_se; state_gain_bpc, state_gain_se: stateful - windowed, paired."""
         metrics = {}
         for mode, score in self.scores.items():
             metrics |= {f"{mode}_nll": score.nll, f"{mode}_bpc": score.bpc, f"{mode}_bpc_se": score.bpc_se}
@@ -63,7 +56,6 @@ class ModeEvaluation:
 
     @property
     def gain_note(self) -> str:
-        """Why stateful - windowed has no figure, or no standard error: too few targets in common."""
         return (f"stateful - windowed ({self.plan.window} tokens) not measured: paired on {self.gain.tokens} "
                 "target(s), fewer than the 2 a standard error needs; the modes scored too few targets in common "
                 f"(a windowed target needs {self.plan.window} tokens before it, a sampled plan scores only some): a "
@@ -71,8 +63,7 @@ class ModeEvaluation:
 
     @property
     def settings(self) -> dict:
-        """What was scored, for summary.json ("mode_evaluation"): the settings, the windowed figure's
-        sample, the forward tokens run and the plan (a row per figure)."""
+        """What was scored, for summary.json ("mode_evaluation"), with the plan (a row per figure)."""
         plan, windowed = self.plan, self.scores.get(WINDOWED)
         settings = {"seq_len": plan.seq_len, "streams": plan.streams, "window": plan.window, "budget": plan.budget,
                     "split_targets": plan.split_targets, "forward_tokens": plan.forward_tokens}
@@ -83,7 +74,6 @@ class ModeEvaluation:
         return settings | {"plan": plan.record()}
 
     def describe(self) -> str:
-        """For the log: what was scored, every mode, stateful - windowed and the curve."""
         plan, gain = self.plan, self.gain
         scored = "the whole validation split" if plan.exact else (
             f"a plan within evaluation.budget ({plan.budget:,} forward tokens; sampled figures carry their "
@@ -101,8 +91,7 @@ class ModeEvaluation:
 
 
 class ModesEntry(Entry):
-    """The inference modes, the bigram, the context curve and stateful - windowed: the plan's own passes
-    (plan_evaluation), which every evaluation has."""
+    """The modes, the bigram, the context curve and stateful - windowed: the plan's own passes."""
     name = "modes"
 
     def run(self, request: Request, plan: Plan, results: list[dict]) -> ModeEvaluation:
@@ -124,8 +113,7 @@ ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEn
 
 
 def plan_for(request: Request) -> Plan:
-    """The plan of `request`: the modes' figures its purpose asks for (FINAL: everything; BEST: no
-    curve; OVER_TRAINING: stateful and stateless), within its budget, with every entry's units."""
+    """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless)."""
     s: EvaluationSettings = request.settings
     final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
     tokens = request.training_tokens
@@ -147,7 +135,6 @@ class Evaluation:
         return self.results["modes"]
 
     def summary(self) -> dict:
-        """Every entry's part of summary.json."""
         out = {}
         for entry in ENTRIES:
             if self.results.get(entry.name) is not None:
@@ -155,7 +142,7 @@ class Evaluation:
         return out
 
     def descriptions(self) -> list[str]:
-        """Every entry's lines for the log, an item per entry (the modes' first)."""
+        """Every entry's lines for the log (the modes' first)."""
         lines = (entry.describe(self.results[entry.name]) for entry in ENTRIES
                  if self.results.get(entry.name) is not None)
         return [line for line in lines if line]
@@ -163,9 +150,7 @@ class Evaluation:
 
 def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
              skip: tuple[str, ...] = ()) -> Evaluation:
-    """Every pass of the plan (`plan_for(request)` unless given; the entries in `skip` planned but not
-    run: sample.py evaluate=true plans the run's text statistics without drawing them), then each
-    entry's result from its own passes' results. `progress`: a bar per pass (progress.py)."""
+    """Every pass of the plan (the entries in `skip` planned, not run), then each entry's result."""
     plan = plan or plan_for(request)
     request = replace(request, val=request.val.to(request.model.device))
     results = [{} if owner in skip else p.run(request, progress) for p, owner in zip(plan.passes, plan.owners)]
@@ -180,8 +165,7 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
 
 
 def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:
-    """The modes' figures from the results of the plan's passes. With `classes` (target_classes.py) and
-    a curve, the curve and stateful - windowed by kind of target too (curve["by_class"])."""
+    """The modes' figures from the plan's passes' results; with `classes`, the curve by kind of target too."""
     scores, curve_scores = {}, {}
     for figure in plan.figures:
         if figure.name in FIGURES:
@@ -196,9 +180,8 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
 
 
 def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> CurvePoint:
-    """A point of the context curve. A point past seq_len is a difference estimate: the seq_len point
-    plus its paired difference from a reference pass at seq_len on the same targets, so its error
-    is the difference's alone (docs/evaluation.md)."""
+    """A point of the context curve; past seq_len, the seq_len point plus its paired difference from a
+    reference pass, so its error is the difference's alone (docs/evaluation.md)."""
     own = plan.passes[figure.passes[-1]]
     if len(figure.passes) == 2:  # (the reference pass at seq_len, this point's own)
         base, reference = done[plan.seq_len], results[figure.passes[0]][plan.seq_len]
@@ -208,3 +191,55 @@ def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> CurvePo
                           own.stride, figure.forward_tokens)
     score = score_at(results[figure.passes[0]], figure.context)
     return CurvePoint(score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens)
+
+
+# --- the context curve and stateful - windowed by kind of target (docs/evaluation.md) -----------------
+def curve_by_class(plan: Plan, results: list[dict], scores: dict[str, Score], classes: TargetClasses,
+                   val: Split) -> dict:
+    """{class: {"targets", "curve": {"1": bpc, ..., "stateful": bpc}, "se": {...}, "state_gain"}}: each figure
+    recomputed on one class's targets from the NLLs its passes kept; "se": the standard error of its mean."""
+    by_class = {}
+    for name, mask in classes.masks().items():
+        mask = mask.to(val.ids.device)
+        curve, se = {}, {}
+        for figure in plan.curve():
+            point = _point(figure, plan, results, curve, se, mask, val)
+            if point is not None:
+                curve[str(figure.context)], se[str(figure.context)] = point
+        stateful = score_subset(scores[STATEFUL], mask, val)
+        curve[STATEFUL], se[STATEFUL] = _figures(stateful)
+        gain = paired_difference(stateful, scores[WINDOWED], val)
+        gain_bpc, gain_se = _figures(gain)
+        by_class[name] = {"targets": int(mask[1:].sum()), "curve": curve, "se": se,
+                          "state_gain": {"bpc": gain_bpc, "se": gain_se, "targets": gain.tokens}}
+    return by_class
+
+
+def _kept(result: dict, context) -> Score | None:
+    """The pass's Score at `context` (scores.score_at), when it kept its targets."""
+    score = score_at(result, context)
+    return score if score.positions is not None else None
+
+
+def _figures(score: Score) -> tuple[float | None, float | None]:
+    """(bpc, its standard error); None for what a class too small for it lacks (no target; one target's se)."""
+    if not score.tokens:
+        return None, None
+    return score.bpc, score.bpc_se if math.isfinite(score.bpc_se) else None
+
+
+def _point(figure, plan: Plan, results, curve: dict, se: dict, mask, val: Split) -> tuple[float, float] | None:
+    if len(figure.passes) == 2:  # past seq_len: the class's seq_len point + its paired difference
+        reference = _kept(results[figure.passes[0]], plan.seq_len)
+        score = _kept(results[figure.passes[1]], figure.context)
+        base = str(plan.seq_len)
+        if reference is None or score is None or curve.get(base) is None:
+            return None
+        difference = paired_difference(score_subset(score, mask, val), reference, val)
+        if not difference.tokens:
+            return None
+        spread = None if se[base] is None or not math.isfinite(difference.bpc_se) else math.hypot(difference.bpc_se,
+                                                                                                   se[base])
+        return curve[base] + difference.bpc, spread
+    score = _kept(results[figure.passes[0]], figure.context)
+    return None if score is None else _figures(score_subset(score, mask, val))

@@ -1,9 +1,6 @@
-"""What one run's page shows (sample.py explore=true; the page itself: explore_page.py; docs/explore.md).
-
-Surprisal by mode (`surprisal`), the hidden units and what they follow (`unit_pass`, `text_features`,
-`correlation_ranking`) and the probe's key held or let go (`key_spread`, `let_go`), each described
-in docs/internals.md, *The run's page*. Every function takes a model and token ids (or activations),
-never a run: the run's side is runs/explore_run.py's.
+"""What one run's page shows (sample.py explore=true; the page: explore_page.py; docs/explore.md):
+surprisal by mode, the hidden units and what they follow, the probe's key held or let go
+(docs/internals.md, *The run's page*). Every function takes a model and token ids, never a run.
 """
 
 from __future__ import annotations
@@ -25,26 +22,18 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
+from gru_experiments.study.target_classes import is_word_char
 
 TOP_K = 5  # predictions shown per token and mode
 LET_GO_FRACTION = 0.25  # a unit lets go of a key when its spread stays under this share of its peak
 OPENING_BRACKETS, CLOSING_BRACKETS, QUOTE = "([{", ")]}", '"'
 
 
-@dataclass
-class Surprisal:
-    """Each mode's Score over the text (its `.bpc` is the evaluation's figure) and the bits of every
-    token ((N,) float64; the first token, which nothing predicts, is nan)."""
-
-    scores: dict[str, Score]
-    bits: dict[str, Tensor]
-
-
-def surprisal(model, split: Split, seq_len: int, window: int, table: Tensor | None = None) -> Surprisal:
-    """Every token's bits in every mode, from the scoring functions the evaluation runs: stateful
-    (one stream, the state carried, in chunks of seq_len), windowed (the last `window` tokens) and
-    stateless (the model's V x V table; `table`: already computed)."""
-    table = stateless_log_probs(model, split.plain) if table is None else table
+def surprisal(model, split: Split, seq_len: int, window: int,
+              table: Tensor) -> tuple[dict[str, Score], dict[str, Tensor]]:
+    """Each mode's Score over the text and the bits of every token ((N,) float64; the first is nan), from the
+    evaluation's scoring functions: stateful (one stream in chunks of seq_len), windowed (the last `window`
+    tokens), stateless (`table`: stateless_log_probs)."""
     scores = {"stateful": score_stateful(model, split, seq_len, streams=1, targets_after=0),
               "windowed": score_windowed(model, split, window, targets=True)}
     bits = {}
@@ -55,28 +44,21 @@ def surprisal(model, split: Split, seq_len: int, window: int, table: Tensor | No
     previous, targets = split.ids[:-1], split.ids[1:]
     bits["stateless"] = torch.cat([torch.tensor([math.nan], dtype=torch.float64),
                                    -table.to(split.ids.device)[previous, targets].cpu() / math.log(2)])
-    return Surprisal(scores, bits)
+    return scores, bits
 
 
 # --- the hidden units ---------------------------------------------------------------------------
 
-def has_units(model) -> bool:
-    """The recurrent families have units whose state carries from step to step."""
-    return isinstance(model, RecurrentLM)
-
-
 def layer_sizes(model) -> list[int]:
-    return [layer.hidden_size for layer in model.layers] if has_units(model) else []
+    """The sizes of a recurrent model's layers (units whose state carries from step to step); [] for others."""
+    return [layer.hidden_size for layer in model.layers] if isinstance(model, RecurrentLM) else []
 
 
 def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
-    """Run ids (B, T) statefully in chunks of seq_len (scores.carried_chunks, from `state`), yielding each
-    chunk's logits (B, t, V) and, for a recurrent model, every layer's output at every step of it,
-    concatenated (B, t, sum of hidden sizes; an LSTM layer's output is its h; None for other families),
-    captured by forward hooks so that the model's own forward runs."""
+    """scores.carried_chunks, yielding each chunk's logits and a recurrent model's units (B, t, U; else None)."""
     captured: list[Tensor] = []
     hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-             for layer in model.layers] if has_units(model) else []
+             for layer in model.layers] if layer_sizes(model) else []
     try:
         for _, logits in carried_chunks(model, ids, seq_len, state):
             units = torch.cat(captured, dim=2).float() if captured else None
@@ -88,8 +70,7 @@ def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
 
 
 def unit_pass(model, ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor | None]:
-    """unit_chunks over the whole of ids (B, T), from the initial state: logits (B, T, V) and units
-    (B, T, U) or None."""
+    """unit_chunks over the whole of ids (B, T): logits (B, T, V) and units (B, T, U) or None."""
     logits, units = zip(*unit_chunks(model, ids, seq_len))
     return torch.cat(logits, dim=1), None if units[0] is None else torch.cat(units, dim=1)
 
@@ -110,16 +91,14 @@ def text_features(tokens: list[str]) -> dict[str, Tensor]:
         depth = max(depth - (c in CLOSING_BRACKETS), 0)
         column.append(float(col))
         col = 0 if c == "\n" else col + 1
-        inner = c in "'’" and 0 < i < len(text) - 1 and text[i - 1].isalpha() and text[i + 1].isalpha()
-        word.append(float(c.isalpha() or inner))
+        word.append(float(is_word_char(text, i)))
     starts = torch.tensor([0] + [len(t) for t in tokens[:-1]]).cumsum(0)
     return {name: torch.tensor(values)[starts]
             for name, values in (("quote", quote), ("line_position", column), ("in_word", word))}
 
 
 def correlation_ranking(units: Tensor, feature: Tensor) -> Tensor:
-    """|Pearson r| of every unit (units: (T, U)) with the feature (T,) over the T tokens: 0 for a unit
-    or a feature that does not vary."""
+    """|Pearson r| of every unit (units: (T, U)) with the feature (T,); 0 where either does not vary."""
     x = units.double() - units.double().mean(0)
     y = feature.double() - feature.double().mean()
     norm = x.norm(dim=0) * y.norm()
@@ -138,10 +117,8 @@ def _repeat_state(state, k: int):
 
 @torch.no_grad()
 def key_spread(model, ids: Tensor, first_key: int, keys: Tensor, length: int, seq_len: int) -> Tensor:
-    """What every unit carries of the key at `first_key` in ids (N,): the text run once per key symbol in
-    `keys` (K,) put there, from the same state before it, for `length` tokens from the key on; the
-    standard deviation over the K runs of every unit at every lag: (length, U). A unit that ignores the
-    key has 0 at every lag; one that holds it stays apart until it lets go."""
+    """What every unit carries of the key at `first_key` in ids (N,): the standard deviation, over one run
+    per key symbol in `keys` (K,) put there, of every unit at every lag up to `length`: (length, U)."""
     state = None  # the initial state: a key at the text's start
     if first_key:
         with eval_mode(model):
@@ -155,9 +132,8 @@ def key_spread(model, ids: Tensor, first_key: int, keys: Tensor, length: int, se
 
 
 def let_go(spread: Tensor) -> list[int | None]:
-    """Per unit (spread: (L, U), lag 0 the key itself): the first lag from which its spread stays under
-    LET_GO_FRACTION of its peak (0 for a unit the key never moves); None when it does not drop there
-    before the end (it still holds at L)."""
+    """Per unit (spread: (L, U)): the first lag from which its spread stays under LET_GO_FRACTION of its
+    peak (0: the key never moves it); None when it still holds at L."""
     above = (spread >= LET_GO_FRACTION * spread.max(dim=0).values) & (spread > 0)  # a unit blind to it: 0
     lags = torch.arange(spread.shape[0]).unsqueeze(1).expand_as(above)
     last = torch.where(above, lags, torch.full_like(lags, -1)).max(dim=0).values + 1
@@ -165,10 +141,7 @@ def let_go(spread: Tensor) -> list[int | None]:
 
 
 def key_ranking(spreads: list[Tensor], spans: list[int], scale: Tensor) -> Tensor:
-    """The latched-key ranking: each unit's key spread over the lags where the key is latched (from the
-    token after the first key through the closing marker: lags 1..span), averaged over the pairs and
-    divided by the unit's own standard deviation over the text (`scale`, (U,)): the share of its usual
-    swing that the key alone moves it by."""
+    """Each unit's key spread over lags 1..span, averaged over the pairs, over its own sd (`scale`, (U,))."""
     held = torch.stack([s[1:span + 1].mean(0) for s, span in zip(spreads, spans)]).mean(0)
     return torch.where(scale > 0, held / scale.clamp(min=1e-12), torch.zeros_like(held))
 
@@ -187,18 +160,17 @@ class PlantedText:
 
 def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: PlantedText | None = None,
             ranked: int = 12) -> dict:
-    """The page's content for the text `ids` (N,): tokens, every mode's bits per character and bits per
-    token, the top predictions; for a recurrent model `activations` (N, U) with `layers` (their sizes)
-    and the unit rankings; with a probe, the pairs and the units that hold the key (`recall`)."""
+    """The page's content for the text `ids` (N,): tokens, every mode's bits, the top predictions; for a
+    recurrent model the activations and unit rankings; with a probe, the pairs and the key's holders."""
     split = Split.of(ids, tokenizer)  # a planted text: over the whole vocabulary; plain text: its own symbols
     table = stateless_log_probs(model, split.plain)
-    scored = surprisal(model, split, seq_len, window, table)
+    scores, bits = surprisal(model, split, seq_len, window, table)
     logits, units = unit_pass(model, ids[None], seq_len)
     pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
     data = {"tokens": [pieces[i] for i in ids.tolist()], "family": model.family, "window": window,
             "seq_len": seq_len, "modes": list(MODES_BY_CONTEXT),
-            "bpc": {mode: scored.scores[mode].bpc for mode in MODES_BY_CONTEXT},
-            "bits": {mode: [None if math.isnan(b) else round(b, 3) for b in scored.bits[mode].tolist()]
+            "bpc": {mode: scores[mode].bpc for mode in MODES_BY_CONTEXT},
+            "bits": {mode: [None if math.isnan(b) else round(b, 3) for b in bits[mode].tolist()]
                      for mode in MODES_BY_CONTEXT},
             "top": {"stateful": top_predictions(plain_logits(logits[0, :-1], split.plain).log_softmax(-1), pieces),
                     "stateless": top_predictions(table[ids[:-1]].float(), pieces)},
@@ -217,13 +189,12 @@ def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: 
         recall = data["recall"] or {}
         carriers = recall.pop("carriers", None)
         data["recall"] = {**recall, "keys": probe.keys.numel(), "chance_bits": math.log2(probe.keys.numel()),
-                          "pairs": pair_rows(probe, data["tokens"], scored.bits, carriers)}
+                          "pairs": pair_rows(probe, data["tokens"], bits, carriers)}
     return data
 
 
 def top_predictions(log_probs: Tensor, pieces: list[str]) -> list:
-    """Per token (the first: None), its TOP_K most probable tokens [[piece, p], ...] from the log-probs
-    (N - 1, V) of the tokens before it."""
+    """Per token (the first: None), its TOP_K most probable tokens [[piece, p], ...] from log_probs (N - 1, V)."""
     values, indices = log_probs.topk(min(TOP_K, log_probs.shape[-1]), dim=-1)
     rows = [[[pieces[i], round(math.exp(v), 3)] for v, i in zip(vs, ix)]
             for vs, ix in zip(values.tolist(), indices.tolist())]
@@ -247,9 +218,8 @@ def unit_address(u: int, sizes: list[int]) -> tuple[int, int]:
 
 def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len: int,
                  ranked: int) -> tuple[dict, Tensor]:
-    """The units that hold the key: the latched-key ranking over the text's pairs (key_ranking), each
-    pair's carriers (the units furthest apart over the K keys at the closing marker, in their own
-    swings), and where the best `ranked` units let go of a key that is never asked for (probe.hold_ids)."""
+    """The units that hold the key (key_ranking), each pair's carriers at the closing marker, and where the
+    best `ranked` units let go of a key never asked for (probe.hold_ids)."""
     planting, sizes, keys = probe.planting, layer_sizes(model), probe.keys.to(ids.device)
     spans = [int(d) + 1 for d in planting.distances]
     spreads = [key_spread(model, ids, int(f), keys, span + 1, seq_len) for f, span in zip(planting.first_key, spans)]
@@ -263,8 +233,7 @@ def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len:
 
 
 def pair_rows(probe: PlantedText, tokens: list[str], bits: dict[str, Tensor], carriers: list | None) -> list[dict]:
-    """One row per planted pair: where it is, its distance, its key, the bits of its recall in every mode,
-    and (a recurrent model) the units that carry its key at the closing marker."""
+    """One row per planted pair: where, its distance, its key, its recall's bits per mode, its carriers."""
     planting, keys = probe.planting, probe.keys.tolist()
     # key_index: the key's number among the K, for a browser without a font for the key symbols.
     return [{"first": int(f), "recall": int(r), "distance": int(d), "key": tokens[int(f)],

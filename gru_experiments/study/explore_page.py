@@ -1,10 +1,7 @@
-"""The run's page (explore.html) from study/explore.py's content: one self-contained file, its data and
-script inline, no network, no font, no server (docs/explore.md says how to read it).
-
-The activations travel as int8 (each unit scaled by its largest |value| to ±127: 1/254 of its range is
-finer than any colour step), base64, a layer's units stored at most MAX_UNITS each: those ranking
-highest on any feature first. The page's state (mode, minus, view, layer, unit) is in its URL's hash,
-so a link, or a headless browser, opens it in a given view (`#mode=stateless&minus=stateful`).
+"""The run's page (explore.html) from explore.py's content: one self-contained file, no network, font or
+server (docs/explore.md). The activations travel as int8 (each unit scaled by its largest |value|: finer
+than any colour step), base64, at most MAX_UNITS per layer, those the rankings name first. The page's
+state is in its URL's hash, so a link opens it in a given view (`#mode=stateless&minus=stateful`).
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ MAX_UNITS = 512  # per layer: a Leviathan layer (1,024 units) would double the p
 
 
 def stored_units(sizes: list[int], rankings: dict) -> list[list[int]]:
-    """The units kept per layer: all of a layer up to MAX_UNITS, else those the rankings name, then the
-    first ones, up to MAX_UNITS (sorted)."""
+    """The units kept per layer: all up to MAX_UNITS, else those the rankings name first (sorted)."""
     kept = []
     for layer, size in enumerate(sizes):
         if size <= MAX_UNITS:
@@ -36,8 +32,7 @@ def stored_units(sizes: list[int], rankings: dict) -> list[list[int]]:
 
 
 def encode_layers(activations: torch.Tensor, sizes: list[int], rankings: dict) -> list[dict]:
-    """Per layer: its size, the stored units, each one's scale and the int8 activations (tokens x stored
-    units, row-major), base64."""
+    """Per layer: its size, stored units, each one's scale and the int8 activations (row-major, base64)."""
     layers, offset = [], 0
     for size, units in zip(sizes, stored_units(sizes, rankings)):
         block = activations[:, offset + torch.tensor(units)]
@@ -50,7 +45,6 @@ def encode_layers(activations: torch.Tensor, sizes: list[int], rankings: dict) -
 
 
 def render_page(data: dict) -> str:
-    """The page's HTML."""
     data = dict(data)
     activations = data.pop("activations", None)
     data["units"] = encode_layers(activations, data["layers"], data["rankings"]) if activations is not None else []

@@ -1,9 +1,6 @@
-"""Generating text with a trained model, in the study's three inference modes (stateful, stateless,
-windowed: docs/internals.md, *Generating text*).
-
-The samplers are functions of (model, prompt token ids, number of tokens, a `choose` function that
-turns next-token logits (B, V) into token ids (B,): the decoding, see `make_chooser`); they use only
-the model's state interface (`logits, state = model(tokens, state)`), never its cell type.
+"""Generating text with a trained model in the study's three inference modes (docs/internals.md,
+*Generating text*). The samplers take a `choose` function (logits (B, V) -> ids (B,): `make_chooser`)
+and use only the model's state interface (`logits, state = model(tokens, state)`).
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ MODES_BY_CONTEXT = (STATEFUL, WINDOWED, STATELESS)  # most context first: the or
 
 @contextlib.contextmanager
 def eval_mode(model):
-    """The model in eval mode (no dropout) inside the block, its previous mode restored after it,
-    also when the block raises. Every function that runs a model for inference or scoring uses it."""
+    """The model in eval mode (no dropout) inside the block, its previous mode restored after it."""
     was_training = model.training
     model.eval()
     try:
@@ -37,22 +33,15 @@ def eval_mode(model):
         model.train(was_training)
 
 
-# The study's three prompts.
 STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
 
 Chooser = Callable[[Tensor], Tensor]
 
 
 def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> None:
-    """Check sampling settings (a dict or DictConfig with any of temperature, top_k, top_p,
-    num_tokens, num_samples, max_new_tokens, window, seed, greedy); absent keys are skipped,
-    null top_k, top_p and window mean "off" (window: the caller's default). `vocab_size` bounds
-    top_k (None: not known yet, so only top_k >= 1 is checked). `prefix` is how the keys are
-    spelled on the command line, e.g. "sample." gives "invalid sample.top_k=0".
-
-    The one home of these checks: sample.py and the Python API (gru_experiments/api.py) call it,
-    and generation.generate calls it for num_samples, max_new_tokens and window.
-    """
+    """The one check of sampling settings (sample.py, the Python API, `generate`): absent keys skipped,
+    null top_k, top_p and window "off"; `vocab_size` bounds top_k (None: not known yet); `prefix` spells
+    the keys as on the command line ("sample." gives "invalid sample.top_k=0")."""
     top_k = "null (off) or an integer from 1 to the vocabulary size"
     top_k = ((lambda v: is_int(v) and 1 <= v <= vocab_size), f"{top_k} {vocab_size}") if vocab_size is not None \
         else (int_at_least(1), top_k)
@@ -72,9 +61,7 @@ def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> Non
 
 @dataclass(frozen=True)
 class Decoding:
-    """How the next token is chosen from the logits. Temperature, top-k and top-p combine
-    (applied in that order); greedy (or temperature 0) takes the argmax and ignores the rest.
-    Checked by sample.py's rules (`validate_sampling`)."""
+    """Temperature, top-k and top-p combined, in that order; greedy (or temperature 0): the argmax alone."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -93,19 +80,15 @@ class Decoding:
 
 
 def plain_logits(logits: Tensor, plain: Tensor | None) -> Tensor:
-    """logits (..., V) with every token outside `plain` (a (V,) bool mask: the corpus's own symbols,
-    data.tokenizers.plain_tokens; None: every token) at -inf, so that a softmax over them renormalises
-    over the corpus's symbols. The one place a probe-trained model's plain-text figures and samples
-    leave out the probe's symbols: the scoring (scores.target_nll, scores.stateless_log_probs) and
-    the sampling (make_chooser) both come through here; the recall figures do not."""
+    """logits (..., V) with every token outside `plain` ((V,) bool: the corpus's own symbols; None: all) at
+    -inf: the one place a probe-trained model's plain-text figures and samples leave the probe's out."""
     return logits if plain is None else logits.masked_fill(~plain.to(logits.device), float("-inf"))
 
 
 def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None) -> Tensor:
-    """logits (..., V) scaled by 1/temperature, with every token outside the top-k and outside
-    the nucleus (the most probable tokens whose probabilities first reach top_p) set to -inf.
-    Ties with the k-th largest logit are kept."""
+    """logits (..., V) scaled by 1/temperature, every token outside the top-k (ties kept) and outside the
+    nucleus (the most probable tokens whose probabilities first reach top_p) at -inf."""
     if temperature != 1.0:
         logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
@@ -124,9 +107,7 @@ def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = 
 
 
 def make_chooser(decoding: Decoding, generator: torch.Generator | None = None, plain: Tensor | None = None) -> Chooser:
-    """The function (B, V) logits -> (B,) token ids that `decoding` describes; random draws
-    come from `generator` only, so a seeded generator makes the output reproducible. `plain`
-    (`plain_logits`): only those tokens are ever chosen (a probe-trained model writes plain text)."""
+    """The function (B, V) logits -> (B,) ids of `decoding` over `plain`, drawing from `generator` only."""
     if decoding.is_greedy:
         return lambda logits: plain_logits(logits, plain).argmax(dim=-1)
     temperature, top_k, top_p = decoding.temperature, decoding.top_k, decoding.top_p
@@ -138,66 +119,34 @@ def make_chooser(decoding: Decoding, generator: torch.Generator | None = None, p
     return choose
 
 
-# --- the three samplers: prompt (B, P) -> generated tokens (B, max_new_tokens) -------------
-# Call them on a model in eval mode (`generate` does that), or dropout makes every step random.
-
 @torch.inference_mode()
-def sample_stateful(model, prompt: Tensor, max_new_tokens: int, choose: Chooser) -> Tensor:
-    out = prompt.new_empty(prompt.shape[0], max_new_tokens)
-    if max_new_tokens == 0:
-        return out
-    logits, state = model(prompt)  # the whole prompt in one pass; its final state carries on
-    logits = logits[:, -1]
-    for t in range(max_new_tokens - 1):
-        token = choose(logits)
-        out[:, t] = token
-        logits, state = model(token.unsqueeze(1), state)
-        logits = logits[:, -1]
-    out[:, -1] = choose(logits)
-    return out
-
-
-@torch.inference_mode()
-def sample_stateless(model, prompt: Tensor, max_new_tokens: int, choose: Chooser) -> Tensor:
-    out = prompt.new_empty(prompt.shape[0], max_new_tokens)
-    token = prompt[:, -1]
-    for t in range(max_new_tokens):
-        logits, _ = model(token.unsqueeze(1))  # no state passed: a fresh zero state every step
-        token = choose(logits[:, -1])
-        out[:, t] = token
-    return out
-
-
-@torch.inference_mode()
-def sample_windowed(model, prompt: Tensor, max_new_tokens: int, choose: Chooser, window: int) -> Tensor:
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    prompt_len = prompt.shape[1]
-    tokens = torch.cat([prompt, prompt.new_empty(prompt.shape[0], max_new_tokens)], dim=1)
-    for end in range(prompt_len, prompt_len + max_new_tokens):
-        logits, _ = model(tokens[:, max(0, end - window):end])  # zero state, the last `window` tokens
-        tokens[:, end] = choose(logits[:, -1])
-    return tokens[:, prompt_len:]
-
-
 def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose: Chooser,
                   window: int | None = None) -> Tensor:
-    """Dispatch to the sampler of `mode` (one of MODES); the model is put in eval mode meanwhile."""
+    """The tokens (B, max_new_tokens) generated after prompt (B, P) in `mode` (one of MODES), the model in
+    eval mode meanwhile: stateful, the prompt in one pass and then a token a step, the state carried;
+    stateless, a token a step from a fresh zero state; windowed, the last `window` tokens a step."""
     if prompt.ndim != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must be a non-empty (batch, length) tensor of token ids, got shape "
                          f"{tuple(prompt.shape)}")
-    with eval_mode(model):
-        if mode == "stateful":
-            return sample_stateful(model, prompt, max_new_tokens, choose)
-        if mode == "stateless":
-            return sample_stateless(model, prompt, max_new_tokens, choose)
-        if mode == "windowed":
-            if window is None:
-                raise ValueError("windowed sampling needs a window (tokens of context)")
-            if getattr(model, "context", None) is not None:  # it sees at most `context` tokens of any window
-                window = max(1, min(window, model.context))
-            return sample_windowed(model, prompt, max_new_tokens, choose, window)
+    if mode not in MODES:
         raise ValueError(f"unknown inference mode {mode!r}; choose one of {MODES}")
+    if mode == WINDOWED:
+        if window is None:
+            raise ValueError("windowed sampling needs a window (tokens of context)")
+        if getattr(model, "context", None) is not None:  # it sees at most `context` tokens of any window
+            window = max(1, min(window, model.context))
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+    start, state = prompt.shape[1], None
+    tokens = torch.cat([prompt, prompt.new_empty(prompt.shape[0], max_new_tokens)], dim=1)
+    with eval_mode(model):
+        for end in range(start, start + max_new_tokens):
+            if mode == STATEFUL:
+                logits, state = model(prompt if end == start else tokens[:, end - 1:end], state)
+            else:
+                logits, _ = model(tokens[:, max(0, end - (1 if mode == STATELESS else window)):end])
+            tokens[:, end] = choose(logits[:, -1])
+    return tokens[:, start:]
 
 
 # --- will it fit? ---------------------------------------------------------------------------
@@ -213,12 +162,9 @@ def _state_bytes(state) -> int:
 
 def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
                      window: int | None = None) -> dict[str, int]:
-    """A lower bound on the memory the sampler of `mode` allocates at once, by buffer: the token
-    buffer (num_samples x (prompt + new tokens) int64 ids), the logits of its longest forward pass
-    (num_samples x tokens fed x vocabulary, float32: the prompt in stateful mode, one token in
-    stateless, the window in windowed), the float32 copy the chooser turns into probabilities
-    (num_samples x vocabulary) and the model state (num_samples x one sample's). A lower bound:
-    the model's activations inside a forward pass come on top."""
+    """A lower bound on the memory the sampler of `mode` allocates at once, by buffer: the token ids, the
+    logits of its longest forward pass, the chooser's probabilities, the model state (the model's
+    activations come on top)."""
     B, V = int(num_samples), int(model.vocab_size)
     total_len = int(prompt_len) + int(max_new_tokens)
     if mode == "stateful":
@@ -238,9 +184,8 @@ def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: i
 
 
 def memory_available(device) -> tuple[int, str] | None:
-    """(bytes a new allocation can use on `device`, how to say it), or None when unknown. CUDA: the
-    free device memory plus what torch's allocator holds unused; CPU: the machine's physical
-    memory (a request above it cannot succeed; one below it may still have to wait for swap)."""
+    """(bytes a new allocation can use on `device`, how to say it), or None when unknown: CUDA's free memory
+    and what torch holds unused; a CPU's physical memory (a request above it cannot succeed)."""
     device = torch.device(device)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
@@ -256,18 +201,17 @@ def memory_available(device) -> tuple[int, str] | None:
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.1f} PiB"
 
 
 def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
                           window: int | None = None, device=None) -> None:
-    """UserError, before anything is allocated, when the request's buffers (`generation_bytes`,
-    a lower bound) exceed the memory of the model's device: saying how much it would need and how
-    much there is. (Otherwise the allocator fails mid-way, or the machine swaps for hours.)"""
+    """UserError, before anything is allocated (not a failure mid-way, or hours of swap), when the request's
+    buffers (`generation_bytes`) exceed the memory of the model's device."""
     available = memory_available(device if device is not None else model.device)
     if available is None:
         return
@@ -289,15 +233,10 @@ def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_sampl
 def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,
              decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None,
              plain: Tensor | None = None, progress: Progress = NO_PROGRESS) -> Tensor:
-    """`num_samples` continuations of one prompt, drawn together as one batch: (num_samples, N), of
-    the tokens `plain` allows only (`plain_logits`; None: any token).
-
-    Every generation path comes through here: nonsense sizes (study.generation.validate_sampling) and
-    a request too large for the device's memory (`check_generation_fits`) raise a UserError
-    before anything is allocated.
-
-    The random draws come from a generator seeded with `seed` alone, so the same seed gives the
-    same text (on the same device), whatever was sampled before. `progress`: a bar in tokens generated."""
+    """`num_samples` continuations of one prompt as one batch (num_samples, N), of the tokens `plain` allows.
+    Every generation path comes through here: a nonsense size or a request too large for the device
+    raises a UserError before anything is allocated. The draws come from a generator seeded with `seed`
+    alone: the same seed, the same text (on the same device). `progress`: a bar in tokens generated."""
     validate_sampling({"num_samples": num_samples, "max_new_tokens": max_new_tokens, "window": window},
                       model.vocab_size)
     prompt_ids = list(prompt_ids)
@@ -314,8 +253,7 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
 
 
 def prompt_seed(seed: int, prompt: str) -> int:
-    """The seed a prompt's samples are drawn with: from `seed` and the prompt's text, so that
-    prompts get independent draws, and a prompt's text does not depend on the other prompts."""
+    """The seed of a prompt's samples, from `seed` and its text: independent of the other prompts."""
     return (seed + zlib.crc32(prompt.encode("utf-8"))) % 2**63
 
 
@@ -334,30 +272,24 @@ def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new
 
 
 def tokens_for_chars(chars: int, split) -> int:
-    """How many tokens make about `chars` characters, at the mean token length of `split`
-    (a scores.Split; chars itself for a character model, fewer for subwords)."""
+    """How many tokens make about `chars` characters at the mean token length of `split` (a scores.Split)."""
     mean_length = split.characters / split.ids.numel() if split.ids.numel() else 1.0
     return max(1, round(chars / max(mean_length, 1e-9)))
 
 
 def spellable_prompts(tokenizer, prompts: Sequence[str], fallback_ids: Tensor, fallback_tokens: int = 8) -> list[str]:
-    """The prompts the tokenizer's vocabulary can spell; if none, the text of the first few
-    `fallback_ids` (e.g. the validation split's opening), so any corpus gets samples."""
+    """The prompts the vocabulary spells; if none, the text of the first `fallback_ids`: any corpus gets some."""
     usable = [p for p in prompts if p and not tokenizer.unknown_characters(p)]
     return usable or [tokenizer.decode(fallback_ids[:fallback_tokens].tolist())]
 
 
 def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPTS, *, max_new_tokens: int,
                          decoding: Decoding = Decoding(), seed: int = 0) -> dict:
-    """The same prompts, weights and seed, sampled statefully and statelessly.
-
-    Format (read by the sweep report): {"prompts": [...], "stateful": [...], "stateless": [...],
-    "settings": {...}}, one text (prompt + continuation) per prompt in each list."""
-    settings = dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())
+    """The same prompts, weights and seed, sampled statefully and statelessly (read by the sweep report):
+    {"prompts", "stateful", "stateless": a text per prompt, "settings"}."""
     samples = {"prompts": list(prompts)}
     for mode in (STATEFUL, STATELESS):
         texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
                              decoding=decoding, seed=seed)
         samples[mode] = [per_prompt[0] for per_prompt in texts]
-    samples["settings"] = settings
-    return samples
+    return samples | {"settings": dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())}

@@ -1,8 +1,6 @@
-"""The kinds of pass over the validation split, each one class with its cost and its run side by side:
-`plan` counts what a pass will run (its targets and forward tokens, from positions.py's arithmetic and
-the model's `forward_cost`) before anything runs, and `run` runs it (scores.py), returning
-{context: Score} (context None: the pass's one figure). The plan (plan.py) chooses which passes, at
-which stride; docs/evaluation.md says why each exists."""
+"""The kinds of pass over the validation split, each with its cost and its run side by side: `plan`
+counts its targets and forward tokens before anything runs (positions.py, model.forward_cost), `run`
+runs it (scores.py): {context: Score} (None: its one figure). docs/evaluation.md: why each exists."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ from gru_experiments.study.scores import (
 
 @dataclass(frozen=True)
 class Pass:
-    """A pass: the targets it scores, the forward tokens it runs, its stride (every stride-th target or
-    stream) and keep_after (keep each target's NLL for a paired difference: None keeps none)."""
+    """A pass: its targets, forward tokens, stride and keep_after (keep each target's NLL: None keeps none)."""
     kind: ClassVar[str] = "pass"
     targets: int = 0
     forward_tokens: int = 0
@@ -39,9 +36,8 @@ class Pass:
 
 @dataclass(frozen=True)
 class StatefulPass(Pass):
-    """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th
-    stream, whole (its state needs the stream's history). keep_after: keep the targets with at least
-    this many tokens of their stream before them."""
+    """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th stream,
+    whole. keep_after: keep the targets with at least this many tokens of their stream before them."""
     kind: ClassVar[str] = "stateful"
     chunk: int = 0
     streams: int = 1
@@ -66,8 +62,7 @@ class StatefulPass(Pass):
 
 @dataclass(frozen=True)
 class WindowsPass(Pass):
-    """Every stride-th target from its own window of `window` tokens, from the initial state; the same
-    windows give every shorter context in `contexts` (`targets_by_context`: each one's targets)."""
+    """Every stride-th target from its own window; the same windows give every shorter context in `contexts`."""
     kind: ClassVar[str] = "windows"
     window: int = 0
     contexts: tuple[int, ...] = ()
@@ -99,8 +94,7 @@ class WindowsPass(Pass):
 
 @dataclass(frozen=True)
 class OnePass(StatefulPass):
-    """One stream in chunks of ONE_PASS_CHUNK, the state carried (scores.score_in_one_pass): every target
-    from all before it (a finite-context model's whole context)."""
+    """One stream in chunks of ONE_PASS_CHUNK (scores.score_in_one_pass): every target from all before it."""
     kind: ClassVar[str] = "one_pass"
     label: ClassVar[str] = "whole context, one pass"
 
@@ -128,8 +122,7 @@ class CountPass(Pass):
 
 
 def paired_targets(a: Pass, b: Pass, n: int) -> int:
-    """How many targets a stateful figure's pass `a` (its warm targets) and a windowed figure's pass `b`
-    both scored: strided windows score the targets u = 1 (mod stride) (windows at their own window)."""
+    """How many targets a stateful figure's pass `a` (its warm ones) and a windowed figure's `b` both scored."""
     stride = math.lcm(*(p.stride if isinstance(p, WindowsPass) else 1 for p in (a, b)))
     if isinstance(a, StatefulPass):  # every a.stride-th stream
         return warm_targets(n, a.streams, a.stride, a.keep_after, stride)

@@ -1,7 +1,6 @@
-"""The evaluation's plan: every figure an evaluation reports, the passes over the validation split
-that score them (passes.py), and what each costs, decided before any forward pass. Nothing else
-derives a stride or a cost. The budget's rule (which pass is exact, which a systematic sample, in
-the study's order) is docs/evaluation.md#the-plan-and-the-budget; `allocate` applies it.
+"""The evaluation's plan: every figure, the passes that score it (passes.py) and their cost, decided
+before any forward pass; nothing else derives a stride or a cost. `allocate` applies the budget's rule
+(docs/evaluation.md#the-plan-and-the-budget).
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ FINAL, BEST, OVER_TRAINING = "final", "best", "over_training"  # which evaluatio
 
 
 class Kind(Enum):
-    """What a figure is: an inference mode's (or the bigram's), a point of the context curve, stateful -
-    windowed, or another entry's (the text statistics, the recall figures, a registered one)."""
+    """What a figure is: a mode's (or the bigram's), a curve point, stateful - windowed, another entry's."""
     MODE = "mode"
     CURVE = "curve"
     GAIN = "gain"
@@ -37,8 +35,7 @@ class Kind(Enum):
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure the evaluation reports. context: tokens of context it gives the model (None: all the
-    history); cost: forward tokens per target; passes: the indices in Plan.passes it comes from."""
+    """A figure: its context (None: all the history), forward tokens per target (cost), passes (indices)."""
     name: str
     context: int | None
     cost: int
@@ -50,11 +47,9 @@ class Figure:
 
 @dataclass(frozen=True)
 class Request:
-    """What an evaluation is asked (evaluation.plan_for builds its plan from it): the model, the
-    validation split and the settings (settings.EvaluationSettings), the training tokens the budget is
-    a multiple of (None: exact), which evaluation (`purpose`: FINAL, BEST or OVER_TRAINING), and what
-    some entries need: the tokenizer, the training ids (the bigram), the probe's validation plantings
-    (recall), the seed and the function that loads the training split's index (text statistics: when needed)."""
+    """What an evaluation is asked (evaluation.plan_for): the model, the validation split, the settings
+    (settings.EvaluationSettings), the training tokens the budget is a multiple of, the `purpose`, and
+    what some entries need (the tokenizer, the bigram's training ids, the probe, the seed, the index)."""
     model: object
     val: object
     settings: object
@@ -68,9 +63,8 @@ class Request:
 
 
 class Entry:
-    """One kind of figure of the evaluation, registered in evaluation.ENTRIES: the passes it asks of
-    the plan (`units`: none where it does not apply), its result from those passes' results (`run`),
-    its part of summary.json (`summary`) and of the log (`describe`). docs/evaluation.md: how to add one."""
+    """One kind of figure, registered in evaluation.ENTRIES: the passes it asks of the plan (`units`), its
+    result from theirs (`run`), its part of summary.json and of the log (docs/evaluation.md)."""
     name = "entry"
 
     def units(self, request: Request) -> list["Unit"]:
@@ -81,7 +75,7 @@ class Entry:
         return results[0][None]
 
     def summary(self, result) -> dict:
-        return {}
+        return {self.name: result}
 
     def describe(self, result) -> str | None:
         return None
@@ -103,15 +97,13 @@ class Plan:
         return sum(p.forward_tokens for p in self.passes)
 
     @property
-    def exact(self) -> bool:
-        """Every figure of the modes and the curve scores every target of the split."""
+    def exact(self) -> bool:  # every figure of the modes and the curve scores every target
         return all(f.targets == self.split_targets for f in self.figures if f.kind in (Kind.MODE, Kind.CURVE))
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
 
     def curve(self) -> list[Figure]:
-        """The context curve's figures, by context."""
         return sorted((f for f in self.figures if f.kind is Kind.CURVE), key=lambda f: f.context)
 
     def record(self) -> list[dict]:
@@ -130,9 +122,8 @@ def context_lengths(max_window: int) -> list[int]:
 
 
 def curve_lengths(context: int | None, seq_len: int, longest: int | None, n: int) -> tuple[list[int], list[int]]:
-    """The curve's points up to the training window (`context_lengths`) and past it: 2, 4, 8 ... times
-    seq_len up to `longest`, each where the split has a target with that much context before it. A
-    finite-context model's curve stops at the first point that holds its whole context."""
+    """The curve's points up to the training window and past it (2, 4, 8 ... times seq_len up to `longest`,
+    within the split); a finite-context model's stops at the first point that holds its whole context."""
     lengths, beyond, w = context_lengths(seq_len), [], 2 * seq_len
     while longest and w <= longest and w < n:
         beyond.append(w)
@@ -151,8 +142,8 @@ PRIORITY = {STATEFUL: 10, STATELESS: 20, BIGRAM: 30, WINDOWED: 40, TEXT: 50, "cu
 
 @dataclass
 class Unit:
-    """Passes that share one stride: `make(stride)` builds them, `figures(passes, first_index)` names
-    what they give. A fixed unit is always exact (the floor, outside the budget)."""
+    """Passes that share one stride: `make(stride)` builds them, `figures(passes, first_index)` names what
+    they give; a fixed unit is exact, outside the budget."""
     make: object
     figures: object
     fixed: bool
@@ -167,8 +158,7 @@ class Unit:
 
 
 def _smallest_stride(unit: Unit, share: float, n: int) -> int:
-    """The smallest stride whose passes fit in `share` forward tokens; at most the unit's `most`, by
-    default n // 2, so that a pass scores two targets at the least (a standard error needs two)."""
+    """The smallest stride whose passes fit in `share`, at most `most` (default n // 2: two targets)."""
     most = unit.most or max(1, n // 2)
     stride = max(1, min(most, math.ceil(unit.cost(1) / max(share, 1))))
     while stride < most and unit.cost(stride) > share:
@@ -179,7 +169,6 @@ def _smallest_stride(unit: Unit, share: float, n: int) -> int:
 
 
 def allocate(units: list[Unit], budget: int | None, n: int) -> None:
-    """Each unit's passes at the stride the budget gives it (the module docstring's rule)."""
     left = budget  # the floor is exact whatever the budget, and not counted against it
     flexible = [u for u in units if not u.fixed]
     for u in units:
@@ -210,10 +199,8 @@ def figure_of(name: str, context, cost: int, passes, at, index: int, forward: in
 def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, budget: int | None,
                     windowed: bool = True, bigram: bool = True, curve: bool = True,
                     curve_longest: int | None = None, extra: list[Unit] = ()) -> Plan:
-    """The plan of an evaluation on a split of `n` targets: stateful and stateless always; the windowed
-    figure at `window` and the bigram when asked; with `curve`, the context curve up to seq_len and on
-    to curve_longest, and stateful - windowed paired (the end-of-run evaluation); and the `extra` units
-    of the other entries (evaluation.ENTRIES), each at its priority."""
+    """The plan on a split of `n` targets: stateful and stateless; the windowed figure and the bigram when
+    asked; with `curve`, the context curve and stateful - windowed; the other entries' `extra` units."""
     shape = _Shape(model, n, seq_len, window, streams, windowed, curve,
                    *(curve_lengths(model.context, seq_len, curve_longest, n) if curve else ([], [])))
     units = sorted(shape.units(bigram) + list(extra), key=lambda u: u.priority)
@@ -273,8 +260,7 @@ class _Shape:
         return [self.windows(self.context, [self.context], stride, self.curve)]
 
     def stateful(self, stride: int) -> list[Pass]:
-        """A sample of what the model sees statefully: a finite-context model's every stride-th target
-        from its own last `context` tokens; a recurrent model's every stride-th stream, whole."""
+        """A finite-context model's every stride-th target from its context; a recurrent one's streams."""
         if stride == 1 or self.context is None:
             return [StatefulPass.plan(self.model, self.n, self.seq_len, self.streams, self.keep, stride)]
         return [self.windows(self.context, [self.context], stride, self.keep is not None)]
@@ -306,7 +292,6 @@ class _Shape:
         return [self.point(w, w, passes, w, i, None if w == max(self.short) else 0) for w in self.short]
 
     def units(self, bigram: bool) -> list[Unit]:
-        """The modes' and the curve's units, each at its priority (PRIORITY)."""
         model, n, cost, p = self.model, self.n, self.cost, PRIORITY
         streams = max(1, min(self.streams, n)) if self.context is None else None  # a recurrent model's sample
         units = [Unit(self.stateful, lambda ps, i: [figure_of(STATEFUL, None, cost, ps, self.context, i)], False,

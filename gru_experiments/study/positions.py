@@ -13,11 +13,9 @@ def congruent(low: int, high: int, residue: int, stride: int) -> range:
 
 
 def window_targets(n: int, window: int, w: int, stride: int) -> tuple[range, range, range]:
-    """The targets that context w of a windows pass (windows of `window` tokens, every stride-th target)
-    scores, by where each comes from: (head) the prefix ids[:window], the targets u <= w; (starts) the
-    windows ids[s : s + window], given by their starts s, whose target is s + w; (tail) the last targets,
-    whose windows would run past the split, from their own w tokens. Context w scores the targets
-    u = w + 1 - window (mod stride): the full window's sample, shifted."""
+    """The targets context w of a windows pass scores, by where each comes from: (head) the prefix
+    ids[:window], u <= w; (starts) the windows ids[s : s + window], by start s, target s + w; (tail) the last
+    ones, from their own w tokens. All u = w + 1 - window (mod stride): the full window's sample, shifted."""
     shift = w + 1 - window
     head = congruent(1, min(w, n), shift, stride)
     starts = congruent(1, n - window, 1 - window, stride)

@@ -1,9 +1,5 @@
-"""Progress bars for the end-of-run evaluation: one per inference mode or context-curve point, as
-training shows one per epoch (tqdm, as Lightning's own bar). Off with trainer.enable_progress_bar=false.
-
-    progress = Progress(enabled=True)
-    with progress.phase("stateful", total=forward_tokens) as tick:
-        ...; tick(tokens_just_run)
+"""Progress bars for the evaluation, one per pass (tqdm, as Lightning's own bar); off with
+trainer.enable_progress_bar=false. `with progress.phase(name, total) as tick: ...; tick(tokens_run)`.
 """
 
 from __future__ import annotations
@@ -13,13 +9,8 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
-def _ignore(_: int) -> None:
-    pass
-
-
 class Progress:
-    """Bars in forward tokens (the tokens run through the model), so every bar fills at the rate
-    the model runs."""
+    """Bars in forward tokens, so that every bar fills at the rate the model runs."""
 
     def __init__(self, enabled: bool = True, prefix: str = "evaluation"):
         self.enabled, self.prefix = enabled, prefix
@@ -27,7 +18,7 @@ class Progress:
     @contextmanager
     def phase(self, name: str, total: int) -> Iterator[Callable[[int], None]]:
         if not self.enabled:
-            yield _ignore
+            yield lambda _: None
             return
         from tqdm.auto import tqdm
 

@@ -1,12 +1,11 @@
-"""The recall figures of the planted-recall probe (data/recall_probe.py): the bits a model spends on a
-recalled key, by the pair's distance, in each inference mode, and each mode's memory horizon; exact and
-outside the budget, an entry of the evaluation (docs/evaluation.md#the-planted-recall-control).
+"""The planted-recall figures (data/recall_probe.py): the bits spent on a recalled key by distance in each
+mode, and each mode's horizon; exact, outside the budget (docs/evaluation.md#the-planted-recall-control).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -22,15 +21,8 @@ ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unp
                     "part of a pair; the recall figures on {plantings} independent plantings of it")
 
 
-def _targets(plantings) -> tuple[Tensor, Tensor, Tensor]:
-    """(row, position, distance) of every recall target, planting by planting."""
-    rows = torch.cat([torch.full_like(p.recall, r) for r, p in enumerate(plantings)])
-    return rows, torch.cat([p.recall for p in plantings]), torch.cat([p.distances for p in plantings])
-
-
 def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int, tick=None) -> Tensor:
-    """log p of ids[row, position] with the state carried from each row's start (the last chunk ends
-    at the row's last token, so a chunk of that token alone, which predicts nothing, is left out)."""
+    """log p of ids[row, position] with the state carried from each row's start."""
     out = torch.empty(rows.numel(), dtype=torch.float64)
     for start, logits in carried_chunks(model, ids, seq_len, end=ids.shape[1] - 1, tick=tick):
         here = (positions > start) & (positions <= start + logits.shape[1])
@@ -41,8 +33,7 @@ def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_
 
 
 def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, window: int, tick=None) -> Tensor:
-    """log p of ids[row, position] from the `window` tokens before it (fewer at a row's start), from the
-    initial state."""
+    """log p of ids[row, position] from the `window` tokens before it, from the initial state."""
     out, lengths = torch.empty(rows.numel(), dtype=torch.float64), positions.clamp(max=window)
     for length in lengths.unique().tolist():
         group = torch.nonzero(lengths == length).squeeze(1)
@@ -53,12 +44,11 @@ def windowed_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, wind
 
 
 def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, progress: Progress = NO_PROGRESS) -> dict:
-    """The recall record (summary.json's `recall`): for each distance, the bits per recalled key in each
-    mode with their standard errors (over the recall targets) and the number of targets; the horizon of
-    each mode. A bar per mode (`progress`), in tokens run."""
+    """The recall record (summary.json's `recall`): the bits per recalled key by distance and mode; horizons."""
     device = model.device
     ids = torch.stack([p.ids for p in plantings]).to(device)
-    rows, positions, distances = (t.to(device) for t in _targets(plantings))
+    rows = torch.cat([torch.full_like(p.recall, r) for r, p in enumerate(plantings)]).to(device)  # every target's
+    positions, distances = (torch.cat([getattr(p, k) for p in plantings]).to(device) for k in ("recall", "distances"))
     if model.context is None:
         with progress.phase(f"recall, stateful ({len(plantings)} plantings)", ids.numel()) as tick:
             stateful = stateful_log_probs(model, ids, rows, positions, seq_len, tick)
@@ -83,9 +73,7 @@ def score_recall(model, plantings, *, seq_len: int, window: int, keys: int, prog
 
 
 def recall_forward_tokens(model, plantings, seq_len: int, window: int) -> int:
-    """The forward tokens score_recall runs, counted without running it: the plantings as rows in chunks
-    (or, a finite-context model, each target from its last `context` tokens), each target from its
-    window, and the stateless table."""
+    """The forward tokens score_recall runs, counted without running it."""
     positions = torch.cat([p.recall for p in plantings])
     def per_target(w: int) -> int:
         lengths, counts = positions.clamp(max=w).unique(return_counts=True)
@@ -100,14 +88,11 @@ def recall_forward_tokens(model, plantings, seq_len: int, window: int) -> int:
 class RecallPass(Pass):
     """Every recall target of every planting, in the three modes (score_recall): exact, outside the budget."""
     kind: ClassVar[str] = "recall"
-    plantings: tuple = field(default=(), compare=False, repr=False)
-    seq_len: int = 0
-    window: int = 0
-    keys: int = 0
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        return {None: score_recall(request.model, list(self.plantings), seq_len=self.seq_len, window=self.window,
-                                   keys=self.keys, progress=progress)}
+        probe, s = request.probe, request.settings
+        return {None: score_recall(request.model, list(probe.validation), seq_len=s.seq_len, window=s.window,
+                                   keys=probe.settings.keys, progress=progress)}
 
 
 class RecallEntry(Entry):
@@ -120,14 +105,11 @@ class RecallEntry(Entry):
             return []
         plantings = tuple(probe.validation)
         recall = RecallPass(sum(p.recall.numel() for p in plantings),
-                            recall_forward_tokens(request.model, plantings, s.seq_len, s.window),
-                            plantings=plantings, seq_len=s.seq_len, window=s.window, keys=probe.settings.keys)
+                            recall_forward_tokens(request.model, plantings, s.seq_len, s.window))
         return [Unit(lambda stride: [recall], lambda ps, i: [Figure("recall", None, 0, ps[0].targets,
                                                                     ps[0].forward_tokens, (i,), Kind.OTHER)],
                      True, priority=90, owner=self.name)]
 
-    def summary(self, result: dict) -> dict:
-        return {"recall": result}
 
     def describe(self, result: dict) -> str:
         return format_recall(result)
@@ -139,12 +121,9 @@ CROSSING_BITS = 2.0  # and where the curve crosses this many (log2 K = 4 for the
 
 def horizon(by_distance: dict, mode: str) -> dict:
     """A mode's memory horizon from its recall curve (by_distance: distance -> mode -> {"bits", ...}):
-        remembered   the longest distance d such that recall at every distance up to d is under
-                     REMEMBERED_BITS; None when the shortest distance already is not
-        crosses_2    the distance where the curve first rises through CROSSING_BITS, interpolated
-                     linearly in log2 distance between the two distances around it; None when it never
-                     does (`crossing` then says whether it stays below, or starts at or above)
-    """
+    `remembered`, the longest distance up to which every recall is under REMEMBERED_BITS, and
+    `crosses_2_bits`, where the curve first rises through CROSSING_BITS (interpolated in log2 distance;
+    None when it never does, `crossing` saying why)."""
     curve = sorted((int(d), figures[mode]["bits"]) for d, figures in by_distance.items()
                    if figures[mode]["bits"] is not None)
     remembered = None

@@ -1,11 +1,7 @@
-"""Scoring a model on a split, in every inference mode: NLL per token and bits per character (the
-split's NLL in bits over the characters its scored tokens decode to, which makes char and subword
-models comparable). Every Score knows the targets it was drawn from (`population`); which targets,
-positions.py says. The stateful and windowed modes run two loops, `carried_chunks` (the state
-carried) and `window_batches` (each window from the initial state), as the recall figures and the
-run's page do; their forward tokens are counted by the plan alone, before they run (passes.py). Plain
-text is scored over the corpus's own symbols (`Split.plain`): a model trained with the recall probe
-gives its symbols no probability there, as its twin without them.
+"""Scoring a model on a split in every inference mode: NLL per token and bits per character (comparable
+across char and subword models). Every Score knows the targets it was drawn from (`population`;
+which ones: positions.py). Two loops serve every mode, the recall figures and the run's page:
+`carried_chunks` (the state carried) and `window_batches` (each window from the initial state).
 """
 
 from __future__ import annotations
@@ -29,18 +25,15 @@ ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this m
 
 @dataclass(frozen=True)
 class Split:
-    """A split's token ids with the number of characters each token id decodes to (the
-    tokenizer's token_char_lengths, a (V,) tensor): everything bits per character needs; and
-    `plain`, the tokens its predictions are normalised over ((V,) bool, generation.plain_logits;
-    None: the whole vocabulary)."""
+    """A split's token ids, the characters each token id decodes to ((V,): what bits per character needs)
+    and `plain`, the tokens its predictions are normalised over (generation.plain_logits; None: all)."""
     ids: Tensor
     char_lengths: Tensor
     plain: Tensor | None = None
 
     @classmethod
     def of(cls, ids: Tensor, tokenizer) -> "Split":
-        """Text holding none of the tokenizer's extra symbols (the recall probe's: plain text) is
-        scored over the corpus's own symbols, text holding them (a planting) over the whole vocabulary."""
+        """Plain text over the corpus's own symbols; text holding the probe's (a planting) over all."""
         plain = plain_tokens(tokenizer)
         if plain is not None and not bool(plain.to(ids.device)[ids].all()):
             plain = None
@@ -69,8 +62,7 @@ class Score:
     # Second moments of the per-target (nll, characters) pairs, for the standard error of a sample.
     moments: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))  # sums of nll^2, nll*chars, chars^2
 
-    # Which targets were scored and their NLLs, when the scoring function was asked to keep them
-    # (targets=True): (positions in the split, nll in nats), for paired comparisons (paired_difference).
+    # The scored targets' positions in the split and NLLs (nats), when kept (targets=True): paired_difference's.
     positions: Tensor | None = None
     target_nll: Tensor | None = None
     population: int = 0  # the targets these were drawn from (the split's); tokens == population: exact
@@ -80,7 +72,6 @@ class Score:
                      tuple(a + b for a, b in zip(self.moments, other.moments)))
 
     def of(self, population: int) -> "Score":
-        """This score, drawn from `population` targets."""
         return replace(self, population=population)
 
     def with_targets(self, positions: list[Tensor], nll: list[Tensor]) -> "Score":
@@ -97,20 +88,17 @@ class Score:
 
     @property
     def exact(self) -> bool:
-        """Every target of the population was scored."""
         return self.tokens == self.population
 
     @property
     def sampling_se(self) -> float:
-        """The standard error of a sample's figure as an estimate of the whole population's: 0 when it
-        is exact (every target scored), else `bpc_se`."""
+        """The standard error of the figure as an estimate of the population's: 0 when exact, else `bpc_se`."""
         return 0.0 if self.exact else self.bpc_se
 
     @property
     def bpc_se(self) -> float:
-        """Standard error of `bpc` as the mean over these targets (a ratio estimator, the targets taken
-        as independent draws from text like the split's: for a systematic sample an approximation). A
-        whole-split figure has it too: it is what separates two models' figures (finding 7)."""
+        """Standard error of `bpc` as a ratio estimator over independent targets; a whole-split figure has
+        it too: it is what separates two models' figures (finding 7)."""
         n = self.tokens
         if n < 2 or not self.characters:
             return float("nan")
@@ -121,8 +109,7 @@ class Score:
 
 
 def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor, plain: Tensor | None = None) -> Score:
-    """Summed NLL of logits (..., V) against targets (...), IGNORE_INDEX positions skipped;
-    char_lengths: characters per token id; plain: see target_nll."""
+    """The Score of logits (..., V) against targets (...), IGNORE_INDEX positions skipped."""
     targets = targets.reshape(-1)
     nll = target_nll(logits, targets, plain)
     scored = targets != IGNORE_INDEX
@@ -130,14 +117,12 @@ def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor, plain: Te
 
 
 def target_nll(logits: Tensor, targets: Tensor, plain: Tensor | None = None) -> Tensor:
-    """The NLL (nats) of every target: logits (..., V), targets (...) -> (N,) float32, 0 at IGNORE_INDEX;
-    the softmax over the tokens `plain` marks (generation.plain_logits; None: all V)."""
+    """The NLL (nats) of every target (0 at IGNORE_INDEX), normalised over `plain` (None: all V)."""
     logits = plain_logits(logits.reshape(-1, logits.shape[-1]).float(), plain)
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
 
 
 def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
-    """A Score from per-target NLLs (nats) and their target ids."""
     nll, chars = nll.double(), char_lengths.to(targets.device)[targets].double()
     moments = torch.stack([(nll * nll).sum(), (nll * chars).sum(), (chars * chars).sum()]).tolist()
     return Score(nll.sum().item(), targets.numel(), int(chars.sum().item()), tuple(moments))
@@ -145,8 +130,7 @@ def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
 
 @torch.no_grad()
 def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
-    """The validation pass (val_loss, val_bpc): the split cut into chunks of seq_len tokens, every
-    target predicted from the previous tokens of its chunk, each chunk from a zero state."""
+    """The validation pass (val_loss, val_bpc): chunks of seq_len tokens, each from a zero state."""
     total = Score()
     with eval_mode(model):
         for inputs, targets in EvalBatches(split.ids, batch_size, seq_len):
@@ -159,9 +143,8 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 
 @torch.no_grad()  # on a generator, torch turns gradients off around each step only, not while suspended
 def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | None = None, tick=None):
-    """The stateful loop: inputs (B, T) run in chunks of seq_len tokens from `state` (None: the initial
-    state), the state carried from chunk to chunk, the chunks that start before `end` (default T);
-    yields (start, logits (B, t, V)). Its forward tokens: B * chunks_cost."""
+    """The stateful loop: inputs (B, T) in chunks of seq_len from `state`, the state carried, the chunks that
+    start before `end` (default T); yields (start, logits (B, t, V)). Forward tokens: B * chunks_cost."""
     with eval_mode(model):
         for start in range(0, inputs.shape[1] if end is None else end, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
@@ -178,10 +161,8 @@ def chunks_cost(model, length: int, seq_len: int, end: int | None = None) -> int
 
 @torch.no_grad()
 def window_batches(model, ids: Tensor, ends: Tensor, length: int, rows: Tensor | None = None, tick=None):
-    """The windowed loop: the windows ids[end - length : end] for every end in `ends` (ids (N,), or
-    (B, N) with the window's row in `rows`), each from the initial state, about WINDOW_BATCH_TOKENS
-    tokens at a time; yields (indices into ends, logits (b, length, V)). Its forward tokens:
-    len(ends) * model.forward_cost(0, length)."""
+    """The windowed loop: the windows ids[end - length : end] (ids (N,), or (B, N) with their `rows`), each
+    from the initial state, WINDOW_BATCH_TOKENS at a time; yields (indices into ends, logits)."""
     offsets, batches = torch.arange(-length, 0, device=ids.device), torch.arange(ends.numel(), device=ends.device)
     with eval_mode(model):
         for batch in batches.split(max(1, WINDOW_BATCH_TOKENS // length)) if ends.numel() else ():
@@ -192,18 +173,13 @@ def window_batches(model, ids: Tensor, ends: Tensor, length: int, rows: Tensor |
             yield batch, logits
 
 
-# --- The inference modes on a whole split ---------------------------------------------------
-# Every function below scores the same targets, ids[1:], each exactly once (or every stride-th of
-# them), so their numbers compare directly, and with `score_chunks`.
+# --- The inference modes on a whole split: the same targets ids[1:] (or every stride-th), comparable ---
 
 def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
                    tick=None, stride: int = 1) -> Score:
-    """Stateful: the split cut into `streams` contiguous streams run side by side, chunk by chunk
-    (chunks of seq_len), the state carried across chunk boundaries. Only the first token of each
-    stream is predicted from a zero state. targets_after=k keeps the NLL of every target that has
-    at least k tokens of its stream before it (Score.positions): the targets whose carried state
-    has seen more than a window of k tokens would (k = 0: every target). stride > 1 runs every
-    stride-th stream only (streams 0, stride, ...), whole: a sample of the figure."""
+    """Stateful: `streams` contiguous streams side by side in chunks of seq_len, the state carried.
+    targets_after=k keeps the NLL of every target with at least k tokens of its stream before it
+    (Score.positions); stride > 1 runs every stride-th stream only, whole: a sample."""
     ids, keep = split.ids, targets_after is not None
     n_targets = split.n_targets
     streams, length = stream_layout(n_targets, streams)
@@ -229,9 +205,7 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
 
 @torch.no_grad()
 def stateless_log_probs(model, plain: Tensor | None = None) -> Tensor:
-    """(V, V) table: row a holds log p(next token | a) from a zero state, i.e. everything a
-    stateless model can ever predict. One forward pass over the whole vocabulary. plain: the
-    tokens each row is normalised over (generation.plain_logits; None: all V)."""
+    """(V, V) table of log p(next token | a) from a zero state, normalised over `plain`: one forward pass."""
     with eval_mode(model):
         vocab = torch.arange(model.vocab_size, device=model.device).unsqueeze(1)
         logits, _ = model(vocab)
@@ -247,23 +221,20 @@ def score_table(log_probs: Tensor, split: Split) -> Score:
 
 
 def score_stateless(model, split: Split) -> Score:
-    """Stateless: every target predicted from its previous token alone, from a zero state
-    (exact: the model's whole stateless behaviour is a V x V table, one forward pass)."""
+    """Stateless: every target from its previous token alone, from a zero state (exact)."""
     return score_table(stateless_log_probs(model, split.plain), split)
 
 
 def score_bigram(train_ids: Tensor, split: Split) -> Score:
-    """The baseline: the n-gram family at order 2, add-one smoothed, counted from the training
-    split ((count(a, b) + 1) / (count(a) + V)), every target of the split from its previous token."""
+    """The baseline: an add-one smoothed bigram counted from the training split."""
     device = split.ids.device
     bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
     return score_table(stateless_log_probs(bigram, split.plain), split)
 
 
 def score_windowed(model, split: Split, window: int, targets: bool = False) -> Score:
-    """Windowed, exact: every target predicted from the `window` tokens before it (fewer at the start
-    of the split), run from a zero state. A model that sees at most `window` tokens predicts the same
-    from one pass with the state carried (score_in_one_pass). targets=True keeps every target's NLL."""
+    """Windowed, exact: every target from the `window` tokens before it, from a zero state (a model that
+    sees at most `window` tokens: score_in_one_pass). targets=True keeps every target's NLL."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if model.context is not None and model.context <= window:
@@ -272,10 +243,8 @@ def score_windowed(model, split: Split, window: int, targets: bool = False) -> S
 
 
 def paired_difference(a: Score, b: Score, split: Split) -> Score:
-    """a minus b on the targets both scored, paired target by target (both Scores kept their
-    targets): `.bpc` is the difference in bits per character, `.bpc_se` its standard error, far
-    smaller than either figure's own because the two NLLs of a target move together. Exact when both
-    are (their common targets are then all there are); else a sample of a's population."""
+    """a minus b on the targets both kept, paired target by target: its `.bpc_se` is far smaller than
+    either figure's own. Exact when both are; else a sample of a's population."""
     n = split.n_targets
     nll = torch.full((2, n + 1), math.nan, dtype=torch.float64, device=split.ids.device)
     nll[0, a.positions] = a.target_nll
@@ -288,14 +257,9 @@ def paired_difference(a: Score, b: Score, split: Split) -> Score:
 @torch.no_grad()
 def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, *, targets: bool = False,
                    tick=None) -> dict[int, Score]:
-    """{w: the windowed figure with context w} for every w in `contexts` (each <= window), all from
-    the windows of `window` tokens: a causal model run from a zero state over a window
-    ids[s : s + window] predicts, at position w - 1, the target s + w from exactly the w tokens before
-    it. So the windows of every target (one forward pass each) give every shorter context too, at
-    no extra forward cost. targets=True keeps every target's NLL (Score.positions).
-
-    Which targets each context scores is positions.window_targets's, which the plan counts.
-    """
+    """{w: the windowed figure with context w} for every w in `contexts`, all from the windows of `window`
+    tokens: a window ids[s : s + window] predicts, at position w - 1, the target s + w from exactly its
+    w tokens. Which targets: positions.window_targets. targets=True keeps every target's NLL."""
     if stride < 1 or any(not 1 <= w <= window for w in contexts):
         raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
     ids, n, device = split.ids, split.n_targets, split.ids.device
@@ -339,24 +303,19 @@ def _positions(targets: range, device) -> Tensor:
 
 
 def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets: bool = False, tick=None) -> Score:
-    """Every target of the split, each from everything before it (one stream, the state carried from
-    chunk to chunk): for a model that sees at most a window, its windowed figure, exactly.
-    targets=True keeps every target's NLL (Score.positions)."""
+    """Every target from everything before it (one stream): a finite-context model's windowed figure."""
     return score_stateful(model, split, chunk, 1, targets_after=0 if targets else None, tick=tick)
 
 
 def score_at(result: dict, context) -> Score:
-    """A pass's Score at `context` ({context: Score}, as a pass's run gives them): a pass of one
-    figure (None), or windows of a finite-context model that hold all it sees: its longest."""
+    """A pass's Score at `context`: its one figure (None), or a finite-context model's longest."""
     if context in result:
         return result[context]
     return result[None] if None in result else result[max(result)]
 
 
 def score_subset(score: Score, keep: Tensor, split: Split) -> Score:
-    """The part of a Score that kept its targets (Score.positions) on the targets `keep` marks (a bool
-    mask over the split's tokens): e.g. one kind of target (target_classes.py). Its bpc_se is the
-    standard error of the subset's mean; its population, the split's targets that `keep` marks."""
+    """The part of a Score that kept its targets on those `keep` (a bool mask over the split) marks."""
     chosen = keep.to(score.positions.device)[score.positions]
     positions, nll = score.positions[chosen], score.target_nll[chosen]
     subset = _score_nll(nll, split.ids[positions], split.char_lengths)

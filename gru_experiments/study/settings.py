@@ -1,7 +1,5 @@
-"""The evaluation's settings, each part one frozen dataclass holding its rules: the text statistics
-(`evaluation.text`: text_protocol.TextSettings), the side-by-side samples (`evaluation.samples`) and the
-whole group. Their defaults are written once, in conf/evaluation/default.yaml. Built once per run, from
-the checked config (runs/checks.validate); a bad value is one UserError naming the key."""
+"""The evaluation's settings, each part a frozen dataclass holding its rules (defaults: conf/evaluation/
+default.yaml), built once per run from the checked config; a bad value is one UserError naming the key."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ def _from(cls, node, prefix: str, **more):
 
 @dataclass(frozen=True)
 class SampleConfig:
-    """evaluation.samples: the side-by-side samples, about `chars` characters per prompt at `temperature`
-    (0: greedy)."""
+    """evaluation.samples: the side-by-side samples, about `chars` characters per prompt at `temperature`."""
     chars: int
     temperature: float
     RULES: ClassVar = [Rule("chars", int_at_least(1), "an integer >= 1"), temperature_rule("temperature")]
@@ -32,9 +29,8 @@ class SampleConfig:
 
 @dataclass(frozen=True)
 class EvaluationSettings:
-    """The evaluation group for a model trained on windows of `seq_len`: the budget (forward tokens per
-    training token; None: exact), the windowed mode's window (None in the config: seq_len), the stateful
-    streams, the curve's longest point, and its two nested parts."""
+    """The evaluation group for a model trained on windows of `seq_len` (budget: forward tokens per training
+    token, None: exact; window: the windowed mode's, None in the config: seq_len)."""
     seq_len: int
     budget: float | None
     window: int
@@ -53,8 +49,7 @@ class EvaluationSettings:
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
-        """From an `evaluation` config group, checked."""
-        e = evaluation
+        e = evaluation  # a config group, checked
         check_rules(e, cls.RULES, "evaluation.", known=[rule.key for rule in cls.RULES])
         window = int(e["window"] or seq_len)
         return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],

@@ -1,19 +1,16 @@
-"""The kinds of target, defined from the text itself, for the context curve by class (docs/evaluation.md).
-
-Every target falls in exactly one of `line_start`, `word_start`, `word_inside` and `other`, by its
-character and the one before it, with the overlay `long_copy` (a word last seen far back); the rules:
-docs/internals.md, *The kinds of target*.
+"""The kinds of target for the context curve by class: every target in one of `line_start`, `word_start`,
+`word_inside` and `other`, by its character and the one before it, with the overlay `long_copy` (a word
+last seen far back); the rules: docs/internals.md, *The kinds of target*.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from gru_experiments.study.text_index import APOSTROPHES
+from gru_experiments.study.text_index import APOSTROPHES, word_matches
 
 CLASSES = ("word_start", "word_inside", "line_start", "other")
 LONG_COPY = "long_copy"
@@ -31,7 +28,7 @@ class TargetClasses:
         return {name: self.labels == i for i, name in enumerate(CLASSES)} | {LONG_COPY: self.long_copy}
 
 
-def _is_word_char(text: str, i: int) -> bool:
+def is_word_char(text: str, i: int) -> bool:
     """A letter, or an apostrophe between two letters."""
     c = text[i]
     if c.isalpha():
@@ -40,12 +37,11 @@ def _is_word_char(text: str, i: int) -> bool:
 
 
 def character_class(text: str, i: int) -> int:
-    """The class of the character text[i] (the module docstring)."""
     if i == 0 or text[i - 1] == "\n":
         return LINE_START
-    if not _is_word_char(text, i):
+    if not is_word_char(text, i):
         return OTHER
-    return WORD_INSIDE if _is_word_char(text, i - 1) else WORD_START
+    return WORD_INSIDE if is_word_char(text, i - 1) else WORD_START
 
 
 def classify(surfaces: list[str], window: int, longest: int | None) -> TargetClasses:
@@ -60,12 +56,9 @@ def classify(surfaces: list[str], window: int, longest: int | None) -> TargetCla
     token_at[torch.tensor(starts[1:], dtype=torch.long)] = 1
     token_at = torch.cumsum(token_at, 0)
     labels = torch.tensor([character_class(text, s) if s < len(text) else OTHER for s in starts], dtype=torch.long)
-    long_copy = torch.zeros(len(surfaces), dtype=torch.bool)
-    letters = "".join(sorted({c for c in text if c.isalpha()}))
-    if letters and longest:
-        letter = f"[{re.escape(letters)}]"
-        last_seen: dict[str, int] = {}
-        for match in re.finditer(f"{letter}+(?:[{APOSTROPHES}]{letter}+)*", text):
+    long_copy, last_seen = torch.zeros(len(surfaces), dtype=torch.bool), {}
+    if longest:
+        for match in word_matches(text):
             word, first = match.group().lower(), int(token_at[match.start()])
             before = last_seen.get(word)
             if before is not None and window < first - before <= longest:

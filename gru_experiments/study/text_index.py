@@ -1,9 +1,6 @@
-"""The training split's index for the text statistics (study/text_stats.py): what they need from one
-corpus's training split, counted once per corpus.
-
-`words`, `SpanSet` (copy_32), `KneserNeyJudge` (reference_bpc) and `TrainingIndex` (the three, saved
-and cached by the split's sha256). What counts as a word, the judge's unseen symbol and the cost:
-docs/internals.md, *The training split's index*.
+"""What the text statistics (text_stats.py) need from a corpus's training split, counted once per corpus:
+`words`, `SpanSet` (copy_32), `KneserNeyJudge` (reference_bpc), all three in a `TrainingIndex` cached by
+the split's sha256 (docs/internals.md, *The training split's index*).
 """
 
 from __future__ import annotations
@@ -30,21 +27,21 @@ _PRIMES = (2_147_483_647, 2_147_483_629)
 _BASES = (1_000_003, 1_234_567_891)
 
 
-def words(text: str) -> list[str]:
-    """The lower-cased words of `text`: maximal runs of letters (str.isalpha), joined by inner
-    apostrophes (APOSTROPHES). "O'er the hill, 'tis" -> ["o'er", "the", "hill", "tis"]."""
+def word_matches(text: str):
+    """The words of `text` as regex matches: runs of letters joined by inner apostrophes (APOSTROPHES)."""
     letters = "".join(sorted(c for c in set(text) if c.isalpha()))
-    if not letters:
-        return []
     letter = f"[{re.escape(letters)}]"
-    return [w.lower() for w in re.findall(f"{letter}+(?:[{APOSTROPHES}]{letter}+)*", text)]
+    return re.finditer(f"{letter}+(?:[{APOSTROPHES}]{letter}+)*", text) if letters else iter(())
 
 
-# --- spans --------------------------------------------------------------------------------------------
+def words(text: str) -> list[str]:
+    """The lower-cased words of `text`. "O'er the hill, 'tis" -> ["o'er", "the", "hill", "tis"]."""
+    return [match.group().lower() for match in word_matches(text)]
+
+
 def span_fingerprints(text: str, width: int = SPAN) -> Tensor:
-    """A fingerprint (int64) of every `width`-character span of the text, in order: a polynomial hash
-    of its code points modulo each of two primes near 2^31, combined. Two different spans share one
-    with probability about ((width − 1) / 2^31)^2 ≈ 2e-16, so a false match is negligible."""
+    """A fingerprint (int64) of every `width`-character span of the text, in order: two polynomial hashes
+    combined (a false match about ((width − 1) / 2^31)^2 ≈ 2e-16)."""
     n = len(text) - width + 1
     if n <= 0:
         return torch.empty(0, dtype=torch.long)
@@ -79,15 +76,12 @@ class SpanSet:
         return hits.double().mean().item() if hits.numel() else None
 
 
-# --- the judge --------------------------------------------------------------------------------------------
 class KneserNeyJudge:
-    """A character-level judge of text, sharing nothing with the model that sampled it: NGramLM
-    (models/ngram.py) of order 7 counted on the training split's characters, plus one "unseen" symbol
-    for every other character. A text's bits are those of its characters 2..n; bpc = bits / (n − 1).
-    Why and what an unseen character costs: docs/internals.md, *The training split's index*."""
+    """A character-level judge sharing nothing with the model that sampled the text: a Kneser-Ney NGramLM
+    counted on the training split's characters, plus one "unseen" symbol for every other character
+    (docs/internals.md, *The training split's index*). Built uncounted; `counted` counts one."""
 
     def __init__(self, alphabet: str, order: int = JUDGE_ORDER):
-        """An uncounted judge over the characters of `alphabet` (`counted` counts one)."""
         self.tokenizer = CharTokenizer.from_text(alphabet)
         self.unseen = self.tokenizer.vocab_size
         self._ids = {c: i for i, c in enumerate(self.tokenizer.chars)}
@@ -95,7 +89,6 @@ class KneserNeyJudge:
 
     @classmethod
     def counted(cls, train_text: str, order: int = JUDGE_ORDER) -> "KneserNeyJudge":
-        """The judge counted on `train_text` (at least `order` characters)."""
         judge = cls(train_text, order)
         judge.model.fit(torch.tensor(judge.tokenizer.encode(train_text), dtype=torch.long))
         return judge
@@ -120,11 +113,8 @@ class KneserNeyJudge:
         return self.bits(text) / (len(text) - 1) if len(text) >= 2 else None
 
 
-# --- the index ----------------------------------------------------------------------------------------------
 class TrainingIndex:
-    """What the statistics need from one corpus's training split, counted once: `vocabulary` (its
-    lower-cased words), `spans` (its 32-character spans), `judge` (its Kneser-Ney 7-gram), `alphabet`
-    (its characters) and `most_common_word` (for the looped ceiling)."""
+    """A training split's `vocabulary`, `spans`, `judge`, `alphabet` and `most_common_word`."""
 
     def __init__(self, train_text: str, order: int = JUDGE_ORDER, span: int = SPAN):
         counts = Counter(words(train_text))
@@ -135,14 +125,13 @@ class TrainingIndex:
         self.judge = KneserNeyJudge.counted(train_text, order) if train_text else KneserNeyJudge("", order)
 
     def state_dict(self) -> dict:
-        """Everything counted, as plain lists, strings and tensors (torch.save, torch.load weights_only)."""
+        """Everything counted, as plain lists, strings and tensors (torch.load weights_only)."""
         return {"vocabulary": sorted(self.vocabulary), "most_common_word": self.most_common_word,
                 "alphabet": self.alphabet, "span": self.spans.width, "fingerprints": self.spans.fingerprints,
                 "order": self.judge.model.order, "judge": dict(self.judge.model.state_dict())}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "TrainingIndex":
-        """The index `state_dict` describes, without counting the training split again."""
         index = cls("", order=state["order"], span=state["span"])
         index.vocabulary = frozenset(state["vocabulary"])
         index.most_common_word = state["most_common_word"]
@@ -154,9 +143,8 @@ class TrainingIndex:
 
     @classmethod
     def cached(cls, train_text: str, folder, order: int = JUDGE_ORDER, span: int = SPAN) -> "TrainingIndex":
-        """The index of `train_text`, loaded from `folder` when counted before, else counted and saved
-        there (atomically): text_index_<sha256 of the training split's UTF-8, 16 hex>_o<order>_s<span>.pt.
-        A file that does not load (cut short, another torch) is counted again and replaced."""
+        """The index of `train_text`, loaded from `folder` when counted before (a file that does not load is
+        counted again), else counted and saved there (atomically) by the split's sha256."""
         digest = hashlib.sha256(train_text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         path = Path(folder) / f"text_index_{digest}_o{order}_s{span}.pt"
         if path.is_file():

@@ -1,8 +1,6 @@
-"""The sampling protocol of the text statistics (text_stats.py): every inference mode x every decoder,
-each continuing the study's prompts with the same seeds (generation.prompt_seed), measured beside
-held-out text, a floor and a ceiling, and the drift along long generations; and the two evaluation
-entries that draw them (at the end of a run, and the short samples over training). The protocol,
-its settings and its cost: docs/evaluation.md#the-generated-text-measured.
+"""The sampling protocol of the text statistics (text_stats.py): every inference mode x decoder on the
+study's prompts, beside held-out text, a floor and a ceiling, and the drift along long generations; and
+the two entries that draw them (docs/evaluation.md#the-generated-text-measured).
 """
 
 from __future__ import annotations
@@ -61,10 +59,8 @@ MAX_TEXT_CHARS = 100_000  # a sample's characters, and the drift's
 
 @dataclass(frozen=True)
 class TextSettings:
-    """evaluation.text, and what measure_text draws: `samples` (N) of `chars` (L) characters per mode × decoder
-    (0 samples: no text statistics); `drift_samples` generations of `drift_chars` characters (0: no drift) cut
-    into stretches of `stretch_chars`; the windowed mode's `window` (tokens: evaluation.window), the `seed`, the
-    prompts to continue (those the vocabulary spells). The config sets the first three (RULES)."""
+    """evaluation.text (the config sets those in RULES): `samples` of `chars` characters per mode × decoder;
+    `drift_samples` generations of `drift_chars` (0: no drift) cut into stretches of `stretch_chars`."""
 
     window: int
     samples: int
@@ -87,16 +83,13 @@ class TextSettings:
 
 
 def share_samples(n: int, prompts) -> list[tuple[str, int]]:
-    """(prompt, samples) for n samples over the prompts, as evenly as they go: the first n mod P
-    prompts take one more; a prompt left with none is left out."""
+    """(prompt, samples) for n samples over the prompts, as evenly as they go (a prompt with none left out)."""
     q, r = divmod(n, len(prompts))
     return [(prompt, q + (i < r)) for i, prompt in enumerate(prompts) if q + (i < r)]
 
 
 def sampling_cost(model, mode: str, prompt_len: int, new: int, window: int | None = None) -> int:
-    """Forward tokens one row of generation.sample_tokens runs (model.forward_cost per call): the
-    prompt then a token per step (stateful), a token per step (stateless), the last `window` tokens
-    per step (windowed)."""
+    """Forward tokens one row of generation.sample_tokens runs in `mode`."""
     if mode == "stateless":
         return new * model.forward_cost(0, 1)
     if mode == "stateful":
@@ -136,15 +129,11 @@ def _phase(mode: str, window: int) -> str:
 
 
 def drift_stretches(texts: list[str], stretch: int, index: TrainingIndex, reference: list[str]) -> list[dict]:
-    """[{"start", "end", "statistics"}] of each consecutive stretch of the generations (stretch k of
-    every generation long enough, together); a tail shorter than a stretch is left out."""
+    """[{"start", "end", "statistics"}] of each whole stretch of the generations, stretch k of all together."""
     longest = max(map(len, texts), default=0)
-    out = []
-    for start in range(0, longest - stretch + 1, stretch):
-        pieces = [text[start:start + stretch] for text in texts if len(text) >= start + stretch]
-        out.append({"start": start, "end": start + stretch,
-                    "statistics": text_statistics(pieces, index, reference)})
-    return out
+    return [{"start": start, "end": start + stretch, "statistics": text_statistics(
+                [text[start:start + stretch] for text in texts if len(text) >= start + stretch], index, reference)}
+            for start in range(0, longest - stretch + 1, stretch)]
 
 
 def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draws]:
@@ -157,30 +146,18 @@ def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draw
     return main, drift
 
 
-def _drifts(s: TextSettings) -> int:
-    return s.drift_samples if s.drift_chars else 0
-
-
-def fitting(settings: TextSettings | None, characters: int) -> TextSettings | None:
-    """The settings a validation split of `characters` characters affords: the reference is slices of
-    it as long as the samples (None: too short for even one), and of the drift's stretches (no drift)."""
-    if settings is None or settings.chars > characters:
-        return None
-    return settings if settings.stretch_chars <= characters else replace(settings, drift_chars=0)
-
 
 @dataclass(frozen=True)
 class TextPass(Pass):
-    """The text statistics' samples as the plan cut them: `targets` samples per mode x decoder, and the
-    drift's generations only when `drift` (exact); its cost is that of drawing them (`_draws`)."""
+    """The text statistics' samples as the plan cut them: `targets` per mode x decoder, the drift when exact."""
     kind: ClassVar[str] = TEXT
     drift: int = 0
     settings: TextSettings | None = None
 
     @classmethod
     def plan(cls, model, tokenizer, val: Split, settings: TextSettings, stride: int) -> "TextPass":
-        """Every stride-th sample (one at the least); the drift only when exact."""
-        samples, drift = -(-settings.samples // stride), _drifts(settings) if stride == 1 else 0
+        samples = -(-settings.samples // stride)
+        drift = settings.drift_samples if settings.drift_chars and stride == 1 else 0  # the drift only when exact
         cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
         main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
         cost = (len(DECODERS) * sum(main.cost(mode) for mode in MODES_BY_CONTEXT)
@@ -197,25 +174,26 @@ class TextPass(Pass):
 
 
 class TextEntry(Entry):
-    """The generated text measured, at the end of a run: every k-th sample within the budget, the drift only
-    when exact; left out when even two samples do not fit, or the split is shorter than a sample (a line)."""
+    """The generated text measured at the end of a run, within the budget; left out when even two samples do
+    not fit, or the split is shorter than a sample (a line)."""
     name = TEXT
 
     def units(self, request: Request) -> list[Unit]:
         asked = replace(request.settings.text, seed=request.seed)
         if request.purpose != FINAL or request.tokenizer is None or not asked.samples:
             return []
-        settings = fitting(asked, request.val.characters)
-        if settings is None:
-            print(f"text statistics left out: the validation split has {request.val.characters:,} characters, "
+        characters = request.val.characters  # the reference is slices of it: a sample's, the drift's stretches
+        if asked.chars > characters:
+            print(f"text statistics left out: the validation split has {characters:,} characters, "
                   f"fewer than a sample's evaluation.text.chars={asked.chars}")
             return []
+        settings = asked if asked.stretch_chars <= characters else replace(asked, drift_chars=0)
         return [Unit(lambda stride: [TextPass.plan(request.model, request.tokenizer, request.val, settings, stride)],
                      _text_figure, False, max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT],
                      owner=TEXT)]
 
     def summary(self, result: dict) -> dict:
-        return {"text": {key: value for key, value in result.items() if key != "texts"}}
+        return super().summary({key: value for key, value in result.items() if key != "texts"})
 
     def describe(self, result: dict) -> str:
         return format_text_statistics(result)
@@ -227,10 +205,8 @@ def _text_figure(passes, index: int) -> list[Figure]:
 
 def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings: TextSettings, *,
                  val_ids: torch.Tensor | None = None, progress=NO_PROGRESS) -> dict:
-    """Every mode × decoder's statistics, the reference's, the floor's and the ceiling's, and the
-    drift (the module docstring): {"settings", "modes": {mode: {decoder: {statistic: {"value", "se"}}}},
-    "reference", "floor", "ceiling", "drift": {mode: [stretch, ...]}, "texts"}. `val_ids`: the
-    validation split's token ids (default: val_text encoded); `progress`: a bar per mode (progress.py)."""
+    """{"settings", "modes": {mode: {decoder: text_statistics}}, "reference", "floor", "ceiling", "drift":
+    {mode: [stretch, ...]}, "texts"}. `val_ids`: the split's ids (default: val_text encoded)."""
     s = settings
     val = Split.of((val_ids if val_ids is not None else torch.tensor(tokenizer.encode(val_text))).cpu(), tokenizer)
     reference = reference_slices(val_text, s.samples, s.chars, s.seed)  # first: a too-short split fails at once
@@ -243,7 +219,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
         with progress.phase(_phase(mode, window), costs[mode]) as tick:
             texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
     drift_texts = {}
-    for mode in DRIFT_MODES if _drifts(s) else ():
+    for mode in DRIFT_MODES if s.drift_chars and s.drift_samples else ():
         costs[f"drift {mode}"] = drift.cost(mode)
         with progress.phase(f"drift, {_phase(mode, window)}", costs[f"drift {mode}"]) as tick:
             drift_texts[mode] = drift.draw(mode, DECODERS[DRIFT_DECODER], tick)
@@ -272,29 +248,24 @@ OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/modes.py follo
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
-def _short_draws(model, tokenizer, val: Split, chars: int, seed: int, samples: int) -> _Draws:
-    prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
-    return _Draws(model, tokenizer, share_samples(samples, prompts), tokens_for_chars(chars, val), 1, seed)
+def _short_draws(request: Request, samples: int) -> _Draws:
+    prompts = spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)
+    return _Draws(request.model, request.tokenizer, share_samples(samples, prompts),
+                  tokens_for_chars(request.settings.text.chars, request.val), 1, request.seed)
 
 
 @dataclass(frozen=True)
 class ShortTextPass(Pass):
-    """One short sample per study prompt (`chars` characters, temperature 0.8, the same prompts and seeds
-    at every validation) in the stateful and the stateless mode: {mode: word_validity}."""
+    """One short sample per study prompt (the same at every validation) per mode: {mode: word_validity}."""
     kind: ClassVar[str] = "short_text"
-    chars: int = 0
-    seed: int = 0
 
     @classmethod
     def plan(cls, request: Request, stride: int) -> "ShortTextPass":
-        chars, val = request.settings.text.chars, request.val
-        samples = -(-len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, val.ids)) // stride)
-        draws = _short_draws(request.model, request.tokenizer, val, chars, request.seed, samples)
-        return cls(samples, sum(draws.cost(mode) for mode in OVER_TRAINING_MODES), stride, chars=chars,
-                   seed=request.seed)
+        samples = -(-len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)) // stride)
+        return cls(samples, sum(_short_draws(request, samples).cost(mode) for mode in OVER_TRAINING_MODES), stride)
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        draws = _short_draws(request.model, request.tokenizer, request.val, self.chars, self.seed, self.targets)
+        draws = _short_draws(request, self.targets)
         vocabulary = request.load_text_index().vocabulary
         return {None: {mode: value_and_se(word_validity(text, vocabulary) for text in
                                           draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
@@ -302,8 +273,7 @@ class ShortTextPass(Pass):
 
 
 class WordValidityEntry(Entry):
-    """The modes over training's word validity (what judges the original study's lesson 3: stateful text
-    early against stateless text late), within the budget after the two modes' figures."""
+    """The word validity over training (the original study's lesson 3), within the budget after the modes."""
     name = "word_validity"
 
     def units(self, request: Request) -> list[Unit]:
@@ -318,18 +288,15 @@ class WordValidityEntry(Entry):
 
 
 # --- the table ----------------------------------------------------------------------------------------------
-def format_figure(figure: dict) -> str:
-    """"0.937 ±0.009"; "0.937" without a standard error; "—" without a value."""
-    value, se = figure["value"], figure["se"]
-    if value is None:
+def format_figure(figure: dict | None, with_se: bool = True) -> str:
+    """"0.937 ±0.009"; "0.937" without a standard error (or `with_se`); "—" without a value."""
+    if figure is None or figure["value"] is None:
         return "—"
-    return f"{value:.3f}" + ("" if se is None else f" ±{se:.3f}")
+    return f"{figure['value']:.3f}" + ("" if figure["se"] is None or not with_se else f" ±{figure['se']:.3f}")
 
 
 def format_text_statistics(record: dict) -> str:
-    """The record of measure_text for the log: a row per mode × decoder, then the reference, the
-    random floor and the looped ceiling; a column per statistic (value ± standard error); then the
-    drift per stretch."""
+    """The record of measure_text for the log: a row per setting, a column per statistic; the drift."""
     s = record["settings"]
     lines = [f"text statistics: {s['samples']} samples of {s['chars']} characters per setting, seed {s['seed']}; "
              "value ± standard error over samples",
@@ -357,11 +324,7 @@ def _drift_lines(record: dict) -> list[str]:
         cells = []
         for stretches in drift.values():
             figures = stretches[k]["statistics"] if k < len(stretches) else {}
-            cells.append("".join(f"{_short(figures.get(name)):<8}" for name in DRIFT_SHOWN))
+            cells.append("".join(f"{format_figure(figures.get(name), False):<8}" for name in DRIFT_SHOWN))
         where = f"{k * s['stretch_chars']}-{(k + 1) * s['stretch_chars']}"
         lines.append((f"{where:<14}" + "".join(cells)).rstrip())
     return lines
-
-
-def _short(figure: dict | None) -> str:
-    return "—" if figure is None or figure["value"] is None else f"{figure['value']:.3f}"

@@ -1,12 +1,6 @@
-"""Text statistics: the generated text measured, model-free, against the training and validation splits.
-
-Seven statistics of a setting's samples (one mode × one decoder), for any corpus: word_validity,
-seq_rep_4, loop_rate, distinct_2, copy_32, line_shape and reference_bpc, each beside the same
-statistics of held-out text (`reference_slices`) and of random and looped text (`floor_and_ceiling`).
-A setting's figure is the mean over samples with sd / sqrt(n), or for distinct_2 and line_shape a
-jackknife and a bootstrap. Definitions, the reference values on Tiny Shakespeare and why each error
-estimate: docs/internals.md, *The text statistics*. The training split's side: `TrainingIndex`
-(study/text_index.py).
+"""Text statistics: the generated text measured, model-free, beside held-out text (`reference_slices`)
+and random and looped text (`floor_and_ceiling`). Definitions, reference values and why each error
+estimate: docs/internals.md, *The text statistics*; the training split's side: text_index.py.
 """
 
 from __future__ import annotations
@@ -26,17 +20,13 @@ BOOTSTRAP_RESAMPLES = 200
 BOOTSTRAP_SEED = 0
 
 
-# --- n-grams ------------------------------------------------------------------------------------
 def ngrams(items: Sequence, n: int) -> list[tuple]:
-    """The n-grams of a sequence, in order (none when it is shorter than n)."""
     return [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
 
 
 # --- per-sample statistics -----------------------------------------------------------------------
 def word_validity(sample: str, vocabulary: AbstractSet[str]) -> float | None:
-    """The share of the sample's words (counted with repeats) that are words of the training split
-    (`vocabulary`: the set of its lower-cased words: a TrainingIndex's vocabulary); None for a sample
-    without a word."""
+    """The share of the sample's words (with repeats) in the training split's `vocabulary`; None: no word."""
     sample_words = words(sample)
     if not sample_words:
         return None
@@ -51,11 +41,8 @@ def seq_rep_4(sample: str) -> float | None:
 
 
 def loop_period(sample: str, repeats: int = LOOP_REPEATS, min_chars: int = LOOP_MIN_CHARS) -> int | None:
-    """The shortest period p of a loop the sample ends in, or None.
-
-    The sample ends in a loop when its last m characters repeat a phrase of p characters, with
-    m >= repeats · p (3 times, after Holtzman et al. 2020) and m >= min_chars (32, so that "ha, ha, ha"
-    is not a loop). The rule and how rarely human text meets it: docs/internals.md, *The text statistics*."""
+    """The shortest period p of a loop the sample ends in (its last m >= max(repeats · p, min_chars)
+    characters periodic), or None: docs/internals.md, *The text statistics*."""
     n = len(sample)
     for p in range(1, n // repeats + 1):
         i = n - 1
@@ -68,38 +55,23 @@ def loop_period(sample: str, repeats: int = LOOP_REPEATS, min_chars: int = LOOP_
 
 
 def ends_in_loop(sample: str) -> bool:
-    """Whether the sample ends in a repeated phrase (the rule of `loop_period`)."""
     return loop_period(sample) is not None
 
-
-def copy_32(sample: str, index: TrainingIndex) -> float | None:
-    """The share of the sample's 32-character spans (every start, overlapping) found verbatim in the
-    training split: memorisation. None for a sample shorter than 32 characters."""
-    return index.spans.share_found(sample)
-
-
-def reference_bpc(sample: str, index: TrainingIndex) -> float | None:
-    """Bits per character of the sample under the training split's Kneser-Ney 7-gram (`KneserNeyJudge`)."""
-    return index.judge.bpc(sample)
 
 
 # --- per-setting statistics ----------------------------------------------------------------------
 def loop_rate(samples: Sequence[str]) -> float | None:
-    """The share of samples that end in a loop (`loop_period`'s rule); None for no samples."""
     return sum(map(ends_in_loop, samples)) / len(samples) if samples else None
 
 
 def distinct_2(samples: Sequence[str]) -> float | None:
-    """Distinct word bigrams / word bigrams over all samples (bigrams never cross from one sample to
-    the next); None when the samples have no bigram."""
+    """Distinct word bigrams / word bigrams, none across samples; None without a bigram."""
     grams = [g for sample in samples for g in ngrams(words(sample), 2)]
     return len(set(grams)) / len(grams) if grams else None
 
 
 def line_lengths(text: str) -> list[int]:
-    """The lengths, in characters, of the text's lines: the pieces between newlines, the pieces cut
-    by the start and the end of the text included (a reference slice is cut the same way), the
-    empty piece after a final newline left out. "ab\\n\\ncde\\n" -> [2, 0, 3]."""
+    """The lengths of the text's lines, the pieces cut by its ends included. "ab\\n\\ncde\\n" -> [2, 0, 3]."""
     pieces = text.split("\n")
     if pieces[-1] == "":
         pieces.pop()
@@ -107,8 +79,7 @@ def line_lengths(text: str) -> list[int]:
 
 
 def ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
-    """The two-sample Kolmogorov–Smirnov statistic: the largest distance between the empirical
-    distribution functions of a and b, sup_x |F_a(x) − F_b(x)| (0: the same, 1: disjoint)."""
+    """The two-sample Kolmogorov–Smirnov statistic sup_x |F_a(x) − F_b(x)|."""
     if not a or not b:
         raise ValueError("the KS statistic needs two non-empty samples")
     a, b = sorted(a), sorted(b)
@@ -116,8 +87,7 @@ def ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def line_shape(samples: Sequence[str], reference: Sequence[str]) -> float | None:
-    """The KS statistic between the line lengths of all samples and of all reference texts: a
-    corpus-agnostic stand-in for "formatting preserved". None when either has no line."""
+    """The KS statistic between the samples' and the reference's line lengths; None: either has no line."""
     return _line_shape([line_lengths(s) for s in samples], [line_lengths(r) for r in reference])
 
 
@@ -138,8 +108,7 @@ def standard_deviation(values: Sequence[float]) -> float | None:
 
 
 def value_and_se(values: Iterable[float | None]) -> dict:
-    """{"value": mean, "se": sd / sqrt(n)} of the values that are not None; value None without
-    values, se None with fewer than two."""
+    """{"value": mean, "se": sd / sqrt(n)} of the values that are not None."""
     defined = [v for v in values if v is not None]
     if not defined:
         return {"value": None, "se": None}
@@ -148,8 +117,7 @@ def value_and_se(values: Iterable[float | None]) -> dict:
 
 
 def jackknife_se(statistic: Callable[[list], float | None], items: Sequence) -> float | None:
-    """The jackknife standard error of statistic(items) over its items, leaving one out at a time:
-    sqrt((n − 1)/n · Σ (θ_i − θ̄)²). None with fewer than two items (or defined leave-one-outs)."""
+    """The leave-one-out jackknife standard error of statistic(items); None with fewer than two."""
     leave_one_out = [statistic(list(items[:i]) + list(items[i + 1:])) for i in range(len(items))]
     thetas = [t for t in leave_one_out if t is not None]
     n = len(thetas)
@@ -159,33 +127,29 @@ def jackknife_se(statistic: Callable[[list], float | None], items: Sequence) -> 
     return math.sqrt((n - 1) / n * sum((t - mean) ** 2 for t in thetas))
 
 
-def line_shape_se(samples: Sequence[str], reference: Sequence[str], resamples: int = BOOTSTRAP_RESAMPLES,
-                  seed: int = BOOTSTRAP_SEED) -> float | None:
-    """The bootstrap standard error of line_shape: the standard deviation of line_shape over
-    `resamples` resamplings (with replacement, seeded) of the samples and, independently, of the
-    reference. None with fewer than two samples or two reference texts."""
+def line_shape_se(samples: Sequence[str], reference: Sequence[str]) -> float | None:
+    """The bootstrap standard error of line_shape over BOOTSTRAP_RESAMPLES seeded resamplings of the samples
+    and, independently, of the reference. None with fewer than two of either."""
     if len(samples) < 2 or len(reference) < 2:
         return None
-    rng = random.Random(seed)
+    rng = random.Random(BOOTSTRAP_SEED)
     sample_lines, reference_lines = [line_lengths(s) for s in samples], [line_lengths(r) for r in reference]
     values = [_line_shape(rng.choices(sample_lines, k=len(samples)), rng.choices(reference_lines, k=len(reference)))
-              for _ in range(resamples)]
+              for _ in range(BOOTSTRAP_RESAMPLES)]
     return standard_deviation([v for v in values if v is not None])
 
 
 def text_statistics(samples: Sequence[str], index: TrainingIndex, reference: Sequence[str] | None = None) -> dict:
-    """Every statistic of one setting's samples: {name: {"value": v, "se": se}} for the names in
-    STATISTICS, in that order. line_shape is measured against `reference` (e.g. reference_slices of
-    the validation split); without one its value and se are None."""
+    """{name: {"value", "se"}} for the names in STATISTICS; line_shape against `reference` (None: none)."""
     samples = list(samples)
     figures = {
         "word_validity": value_and_se(word_validity(s, index.vocabulary) for s in samples),
         "seq_rep_4": value_and_se(seq_rep_4(s) for s in samples),
         "loop_rate": value_and_se(float(ends_in_loop(s)) for s in samples),
         "distinct_2": {"value": distinct_2(samples), "se": jackknife_se(distinct_2, samples)},
-        "copy_32": value_and_se(copy_32(s, index) for s in samples),
+        "copy_32": value_and_se(index.spans.share_found(s) for s in samples),  # its 32-character spans found
         "line_shape": {"value": None, "se": None},
-        "reference_bpc": value_and_se(reference_bpc(s, index) for s in samples),
+        "reference_bpc": value_and_se(index.judge.bpc(s) for s in samples),  # under the judge (KneserNeyJudge)
     }
     if reference is not None:
         figures["line_shape"] = {"value": line_shape(samples, reference), "se": line_shape_se(samples, reference)}
@@ -194,10 +158,8 @@ def text_statistics(samples: Sequence[str], index: TrainingIndex, reference: Seq
 
 # --- reference, floor and ceiling -------------------------------------------------------------------
 def reference_slices(val_text: str, n: int, length: int, seed: int = 0) -> list[str]:
-    """n slices of `length` characters of the validation text, the reference, in text order. When
-    they fit (n · length <= len(val_text)) the text is cut into n equal stretches and each slice lies
-    at a seeded random position inside its own stretch: no two overlap. Otherwise their starts are
-    spread evenly from the first to the last possible one, and neighbours overlap."""
+    """n slices of `length` characters of the validation text, in order: each at a seeded random place in
+    its own n-th of the text when they fit (no overlap), else spread evenly (neighbours overlap)."""
     room = len(val_text) - length
     if n < 1 or length < 1 or room < 0:
         raise ValueError(f"cannot cut {n} slices of {length} characters from a text of {len(val_text)}")
@@ -211,32 +173,28 @@ def reference_slices(val_text: str, n: int, length: int, seed: int = 0) -> list[
 
 
 def uniform_random_text(alphabet: Iterable[str], length: int, seed: int = 0) -> str:
-    """`length` characters drawn uniformly and independently from the distinct characters of
-    `alphabet` (seeded): the floor of every statistic."""
+    """`length` characters drawn uniformly from `alphabet` (seeded): the floor of every statistic."""
     chars = sorted(set(alphabet))
     return "".join(random.Random(seed).choices(chars, k=length))
 
 
 def looped_text(phrase: str, length: int) -> str:
-    """`phrase` repeated to `length` characters (the last repetition cut short): the ceiling of the
-    repetition statistics. looped_text("the son, ", 20) == "the son, the son, th"."""
+    """`phrase` repeated to `length` characters: the ceiling. looped_text("ab ", 5) == "ab ab"."""
     if not phrase:
         raise ValueError("looped_text needs a non-empty phrase")
     return (phrase * (length // len(phrase) + 1))[:length]
 
 
-def floor_and_ceiling_texts(index: TrainingIndex, n: int, length: int, seed: int = 0,
-                            phrase: str | None = None) -> dict[str, list[str]]:
-    """n uniform random strings over the training alphabet (seeds seed..seed+n−1) and n copies of a
-    looped phrase (default: the training split's most common word and a space, "the the the ..." on
-    English text), each of `length` characters: {"random": [...], "looped": [...]}."""
-    phrase = phrase or f"{index.most_common_word or index.alphabet[:1]} "
+def floor_and_ceiling_texts(index: TrainingIndex, n: int, length: int, seed: int = 0) -> dict[str, list[str]]:
+    """{"random": n random texts (seeds seed..seed+n−1), "looped": n copies of the most common training word
+    and a space looped}, each of `length` characters."""
+    phrase = f"{index.most_common_word or index.alphabet[:1]} "
     return {"random": [uniform_random_text(index.alphabet, length, seed + i) for i in range(n)],
             "looped": [looped_text(phrase, length)] * n}
 
 
-def floor_and_ceiling(index: TrainingIndex, n: int, length: int, seed: int = 0, phrase: str | None = None,
+def floor_and_ceiling(index: TrainingIndex, n: int, length: int, seed: int = 0,
                       reference: Sequence[str] | None = None) -> dict:
     """text_statistics of `floor_and_ceiling_texts`: {"random": ..., "looped": ...}."""
-    texts = floor_and_ceiling_texts(index, n, length, seed, phrase)
+    texts = floor_and_ceiling_texts(index, n, length, seed)
     return {name: text_statistics(samples, index, reference) for name, samples in texts.items()}
