@@ -26,7 +26,7 @@ def plus_minus(value: float, se: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
 
 
-def format_duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
     if seconds < 3600:
@@ -47,19 +47,30 @@ def table(header, rows, align: str) -> list[str]:
             + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def ordered(keys, preferred) -> list:
+    """`keys` with those of `preferred` first, in its order, then the rest as they came."""
+    keys = list(dict.fromkeys(keys))
+    return [key for key in preferred if key in keys] + [key for key in keys if key not in preferred]
+
+
 def image(alt: str, name: str, plots: dict, missing: str) -> str:
     """report.md's line of a plot: the image where it was written, else what is missing."""
     return f"![{alt}]({name})" if name in plots else f"{MISSING} {missing}"
 
 
 # --- figures ------------------------------------------------------------------------------------------------
-def figure():
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed, safe in worker processes
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def subplots(*args, **kwargs):
+    """A new figure and its axes (matplotlib's `subplots`)."""
+    return _pyplot().subplots(*args, **kwargs)
 
 
 def labelled_bars(ax, xs, values, width, label, digits: int = 2) -> None:
@@ -70,6 +81,13 @@ def labelled_bars(ax, xs, values, width, label, digits: int = 2) -> None:
                     bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
 
 
+def finish(ax, legend: int, grid: str = "both", **labels) -> None:
+    """The axes' titles (`labels`: title, xlabel, ylabel), a light grid and the legend every figure has."""
+    ax.set(**labels)
+    ax.grid(axis=grid, alpha=0.3)
+    ax.legend(fontsize=legend)
+
+
 def save(fig, path: Path) -> Path:
     """Write the figure as a PNG (atomically) and close it, also when writing fails."""
     # No timestamp in the PNG metadata: the same results give the same bytes.
@@ -78,4 +96,4 @@ def save(fig, path: Path) -> Path:
             fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
         return path
     finally:
-        figure().close(fig)
+        _pyplot().close(fig)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, image, save, table
+from gru_experiments.report.common import MISSING, finish, image, plus_minus, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult
 
@@ -65,8 +65,7 @@ def _cell(job: JobResult, best: bool) -> str:
     value, se = job.number(SCORE), job.number(f"{SCORE}_se")
     if value is None:
         return MISSING
-    text = f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else "")
-    return f"**{text}**" if best else text
+    return f"**{plus_minus(value, se, 4)}**" if best else plus_minus(value, se, 4)
 
 
 def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
@@ -108,18 +107,15 @@ def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     lines = {arm: points for arm, points in lines.items() if points}
     if not lines:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     for (name, mode, recipe), points in lines.items():
         lrs, values, errors = zip(*points)
         label = f"{name}{' (streams)' if mode == 'streams' else ''}, {recipe}"
         ax.errorbar(lrs, values, yerr=errors, marker="o", capsize=3, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("learning rate (model.lr, the schedule's peak)")
-    ax.set_ylabel("stateful bits per character (lower is better)")
-    ax.set_title("Learning rate and recipe: the final weights on the validation split")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    finish(ax, 8, title="Learning rate and recipe: the final weights on the validation split",
+           xlabel="learning rate (model.lr, the schedule's peak)",
+           ylabel="stateful bits per character (lower is better)")
     return save(fig, path)
 
 

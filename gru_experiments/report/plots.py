@@ -1,12 +1,11 @@
 """The report's sections of the study's own figures, each a plot and its lines of report.md: the ladder,
-the context curve, the modes over training, bits per character by mode and the learning curves (PNG,
-written atomically, the same bytes for the same results)."""
+the context curve, the modes over training, bits per character by mode and the learning curves."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, escape, figure, format_duration, image, labelled_bars, save, table
+from gru_experiments.report.common import MISSING, duration, escape, finish, image, labelled_bars, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.context_curve import curve_points
@@ -22,8 +21,7 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     rungs = [job for job in ladder_jobs(jobs) if job.number("stateful_bpc") is not None]
     if not rungs:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
+    fig, ax = subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
     for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
         labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
@@ -33,8 +31,8 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
     tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
     ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
-    return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
-                          path)
+    title = "The ladder: validation bits per character (parameters or stored counts below)"
+    return _save_bpc_bars(fig, ax, title, path)
 
 
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
@@ -47,21 +45,17 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if any(job.number(key) is not None for key in keys)]
     if not shown:
         return None
-    plt = figure()
     width = 0.8 / len(keys)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
+    fig, ax = subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
     for i, (key, label) in enumerate(zip(keys, labels)):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
         labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
-    return _save_bpc_bars(plt, fig, ax, "Validation bits per character by inference mode", path)
+    return _save_bpc_bars(fig, ax, "Validation bits per character by inference mode", path)
 
 
-def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
-    ax.set_ylabel("bits per character (lower is better)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+def _save_bpc_bars(fig, ax, title: str, path: Path) -> Path:
+    finish(ax, 8, "y", title=title, ylabel="bits per character (lower is better)")
     return save(fig, path)
 
 
@@ -70,8 +64,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if job.history]
     if not shown:
         return None
-    plt = figure()
-    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (train_ax, val_ax) = subplots(1, 2, figsize=(11, 4.2))
     for job in shown:
         label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
         if job.status != "completed":
@@ -123,16 +116,12 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
     series = context_curve_series(jobs)
     if not series:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = subplots(figsize=(7.5, 4.5))
     longest = max(w for s in series.values() for w, _ in s["windows"])
     stateful_x = longest * 4
     for model, s in series.items():
         xs, ys = zip(*s["windows"])
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=model)
-        if s["stateful"] is not None:
-            ax.plot([xs[-1], stateful_x], [ys[-1], s["stateful"]], linestyle=":", color=line.get_color())
-            ax.plot([stateful_x], [s["stateful"]], marker="*", markersize=9, color=line.get_color())
+        curve_to_stateful(ax, xs, ys, s["stateful"], stateful_x, label=model)
     for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
         ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
     ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
@@ -141,15 +130,21 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
                       ([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"]))
 
 
+def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **style) -> None:
+    """A context curve, then a dotted line from its last point to its stateful figure, a star at `stateful_x`."""
+    (line,) = ax.plot(xs, ys, marker="o", markersize=3, **style)
+    if stateful is not None:
+        ax.plot([xs[-1], stateful_x], [ys[-1], stateful], linestyle=":", color=line.get_color())
+        ax.plot([stateful_x], [stateful], marker="*", markersize=9, color=line.get_color())
+
+
 def save_curve(fig, ax, path: Path, title: str, xlabel: str, ticks=None) -> Path:
     """A context-curve figure finished and saved: log2 context axis (with `ticks`, (positions, labels)),
     the labels, grid and legend every curve figure shares."""
     ax.set_xscale("log", base=2)
     if ticks:
         ax.set_xticks(*ticks)
-    ax.set(title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    finish(ax, 7, title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
     return save(fig, path)
 
 
@@ -176,8 +171,7 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
     series = modes_over_training_series(jobs)
     if not series:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = subplots(figsize=(7.5, 4.5))
     for model, curves in series.items():
         color = None
         for mode, style in (("stateful", "-"), ("stateless", "--")):
@@ -186,9 +180,7 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
                 (line,) = ax.plot(xs, ys, linestyle=style, marker="o" if len(xs) < 12 else None, markersize=3,
                                   color=color, label=f"{model} {mode}")
                 color = line.get_color()
-    ax.set(title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    finish(ax, 7, title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
     return save(fig, path)
 
 
@@ -208,7 +200,7 @@ def ladder_rows(jobs: list[JobResult]) -> list[list[str]]:
     return [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
              number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
              number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
-             number(job, "train_seconds", format_duration)] for job in ladder_jobs(jobs)]
+             number(job, "train_seconds", duration)] for job in ladder_jobs(jobs)]
 
 
 def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:

@@ -1,12 +1,6 @@
-"""The planted-recall control (summary.json's "recall"): report.md's *Planted recall* table, `recall.png` and
-the findings on the control.
-
-A run's record: K keys, planted R times each at given distances before their recall in a corpus
-otherwise like the real one, and per distance, per inference mode (stateful, windowed, stateless),
-the bits per recalled key with their standard error and the targets scored. A model that kept nothing
-of the key pays log2 K bits (a uniform guess among the K): the no-memory line. A run is told apart by
-its training mode and training window (summary.json's training_mode and seq_len):
-"windows (128)", "streams (128)", "windows (512)".
+"""The planted-recall control (summary.json's "recall", docs/evaluation.md#the-planted-recall-control):
+report.md's *Planted recall* table, `recall.png` and the findings on the control. A model that kept nothing
+of a key pays log2 K bits (a guess among the K keys): the no-memory line.
 """
 
 from __future__ import annotations
@@ -14,8 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, finite, image, plus_minus, save, table
-from gru_experiments.report.section import Findings, Section, cannot, read_record, with_record
+from gru_experiments.report.common import MISSING, finish, finite, image, plus_minus, save, subplots, table
+from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
 from gru_experiments.report.sweep_folder import mode_pairs
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 from gru_experiments.study.recall import horizon
@@ -135,10 +129,8 @@ def _panel(ax, shown, inference: str, names: bool) -> None:
         for window in sorted({inference_window(job) for job in shown} - {None}):
             ax.axvline(window, color="grey", linewidth=1, alpha=0.6, label=f"inference window {window}")
     ax.set_xscale("log", base=2)
-    ax.set(title=f"{inference} inference", xlabel="distance from the key (tokens); dotted: training window",
+    finish(ax, 6, title=f"{inference} inference", xlabel="distance from the key (tokens); dotted: training window",
            ylabel="bits per recalled key (lower: remembered)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
 
 
 def plot_recall(jobs, path: Path) -> Path | None:
@@ -147,8 +139,7 @@ def plot_recall(jobs, path: Path) -> Path | None:
     shown = recall_jobs(jobs)
     if not shown or not any(distances(job) for job in shown):
         return None
-    plt = figure()
-    fig, axes = plt.subplots(1, len(MODES_BY_CONTEXT), figsize=(5.0 * len(MODES_BY_CONTEXT), 4.0), sharey=True)
+    fig, axes = subplots(1, len(MODES_BY_CONTEXT), figsize=(5.0 * len(MODES_BY_CONTEXT), 4.0), sharey=True)
     names = len({job.name for job in shown}) > 1
     for ax, inference in zip(axes, MODES_BY_CONTEXT):
         _panel(ax, shown, inference, names)
@@ -257,9 +248,7 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
         return ("cannot be judged", evidence + " Missing: distances past the training window.")
     better, worse = sum(b for b, _, _, _ in results), sum(w for _, w, _, _ in results)
     evidence += f" Streams better at {better} of {judged} distances, worse at {worse}."
-    verdict = ("supported" if better == judged else "partly supported" if better else
-               "contradicted" if worse == judged else "not shown by this sweep")
-    return (verdict, evidence)
+    return (verdict(better, judged, worse), evidence)
 
 
 def _kept_part(job) -> tuple[bool, str]:
@@ -296,10 +285,9 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
                 + ". Rule: a run keeps the key past its window when, at the first validation distance past it, "
                 "stateful recall is below windowed by more than two standard errors of the difference (hypot of "
                 f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
-    return ("supported" if kept == len(parts) else "partly supported" if kept else
-            "not shown by this sweep", evidence)
+    return (verdict(kept, len(parts), against=0), evidence)
 
 
-recall_findings, RECALL_CLAIMS = RECALL.judge, RECALL.claims
+recall_findings, RECALL_CLAIMS = RECALL.judge, tuple(RECALL.rules)
 
 SECTION = Section("planted recall", recall_section, plots={PLOT_RECALL: plot_recall}, findings=RECALL)

@@ -15,7 +15,7 @@ from gru_experiments.files import atomic_write
 from gru_experiments.report import context_classes, lr_sweep, recall_horizon, recall_report, scale, text_report
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
-from gru_experiments.report.common import MISSING, escape, format_duration, table
+from gru_experiments.report.common import MISSING, duration, escape, table
 from gru_experiments.report.findings import STUDY, findings_markdown
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
@@ -35,7 +35,7 @@ TABLE = [
     ("val_bpc", "val bpc", "{:.4f}".format),
     *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in FIGURES),
     ("tokens_per_second", "tokens/s", "{:,.0f}".format),
-    ("wall_seconds", "wall time", lambda s: format_duration(s)),
+    ("wall_seconds", "wall time", duration),
     ("status", "status", str),
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
@@ -139,7 +139,7 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         f"# Study report: {sweep_dir.name}", "",
         f"Sweep folder `{sweep_dir}`: {len(jobs)} jobs, "
         + ", ".join(f"{n} {status}" for status, n in counts.items() if n)
-        + f"; {format_duration(total_seconds)} of training and evaluation in all.",
+        + f"; {duration(total_seconds)} of training and evaluation in all.",
     ]
     if overrides:
         lines += ["", f"Overrides: `{' '.join(overrides)}`"]

@@ -13,10 +13,9 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, escape, figure, format_duration, image, plus_minus, table
-from gru_experiments.report.plots import save_curve
-from gru_experiments.report.section import Findings, Section, cannot
-from gru_experiments.report.section import verdict as verdict_of
+from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, image, plus_minus, subplots, table
+from gru_experiments.report.plots import curve_to_stateful, save_curve
+from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
@@ -82,7 +81,7 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
         rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
                      steps(job), *(_mode(job, mode) for mode in MODES),
                      MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
-                     _best(job), MISSING if seconds is None else format_duration(seconds)])
+                     _best(job), MISSING if seconds is None else duration(seconds)])
     header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
               "state's gain over the window", "val bpc: best, final", "training time"]
     return ["## Scale: the models by size", "",
@@ -101,17 +100,14 @@ def plot_scale_curves(jobs, path: Path) -> Path | None:
     chosen = [job for job in scale_jobs(jobs) if curve_points(job.values.get("context_curve"))]
     if not chosen:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = subplots(figsize=(7.5, 4.5))
     series = {label(job): ([(int(key) * chars_per_token(job), value) for key, value
                            in curve_points(job.values["context_curve"]) if key.isdigit()], job) for job in chosen}
     stateful_x = 4 * max(x for points, _ in series.values() for x, _ in points)
     for name, (points, job) in series.items():
         xs, ys = zip(*points)
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3,
+        curve_to_stateful(ax, xs, ys, job.number("stateful_bpc"), stateful_x,
                           label=f"{name} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
-        ax.plot([xs[-1], stateful_x], [ys[-1], job.number("stateful_bpc")], linestyle=":", color=line.get_color())
-        ax.plot([stateful_x], [job.number("stateful_bpc")], marker="*", markersize=9, color=line.get_color())
     return save_curve(fig, ax, path, "Bits per character against the context given, by size (final weights)",
                       "characters of context (from the initial state); right: the state carried (stateful)")
 
@@ -149,7 +145,7 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
     evidence = ("Windowed - stateful bits per character (what the state carried beyond the training window buys), "
                 "paired by target, ± one standard error: " + "; ".join(parts) + f". It grows, by two standard "
                 f"errors and at least {findings.WORTH} bits per character, for {grows} of {len(groups)} tokenizers.")
-    return (verdict_of(grows, len(groups)), evidence)
+    return (verdict(grows, len(groups)), evidence)
 
 
 SECTION = Section("scale", scale_section, plots={PLOT_SCALE: plot_scale_curves}, findings=SCALE)

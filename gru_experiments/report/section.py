@@ -17,18 +17,17 @@ class Finding:
     verdict: str  # supported | partly supported | contradicted | not shown by this sweep | cannot be judged
     evidence: str
 
-    def line(self, number: int) -> str:
-        return f"{number}. **{self.claim}**: {self.verdict}. {self.evidence}"
-
 
 def cannot(missing: str) -> tuple[str, str]:
     """The judgement of a claim that the sweep lacks the figures to judge: what is missing."""
     return "cannot be judged", f"Missing: {missing}."
 
 
-def verdict(k: int, n: int) -> str:
-    """Supported when the claim holds in all n cases, contradicted in none, partly otherwise."""
-    return "supported" if k == n else "contradicted" if k == 0 else "partly supported"
+def verdict(k: int, n: int, against: int | None = None) -> str:
+    """Supported when the claim holds in all n cases, partly in some; in none, contradicted, or, where `against`
+    counts the cases that contradict it, contradicted only when all do (else not shown by this sweep)."""
+    return ("supported" if k == n else "partly supported" if k else
+            "contradicted" if against in (None, n) else "not shown by this sweep")
 
 
 @dataclass
@@ -46,15 +45,11 @@ class Findings:
             return rule
         return register
 
-    @property
-    def claims(self) -> tuple[str, ...]:
-        return tuple(self.rules)
-
     def judge(self, jobs) -> list[Finding]:
         return [Finding(claim, *rule(jobs)) for claim, rule in self.rules.items()]
 
     def markdown(self, jobs, first: int) -> list[str]:
-        lines = [finding.line(i) for i, finding in enumerate(self.judge(jobs), first)]
+        lines = [f"{i}. **{f.claim}**: {f.verdict}. {f.evidence}" for i, f in enumerate(self.judge(jobs), first)]
         return [f"## {self.heading}", "", self.intro, "", *lines]
 
 

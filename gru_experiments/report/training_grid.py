@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, format_duration, image, labelled_bars, save, table
+from gru_experiments.report.common import MISSING, duration, finish, image, labelled_bars, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -61,7 +61,7 @@ def grid_section(jobs, plots: dict[str, Path]) -> list[str]:
             rows.append([name, mode, *(MISSING if job.number(f"{m}_bpc") is None else f"{job.number(f'{m}_bpc'):.4f}"
                                        for m in MODES_BY_CONTEXT),
                          MISSING if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}",
-                         MISSING if seconds is None else format_duration(seconds)])
+                         MISSING if seconds is None else duration(seconds)])
     lines += table(["model", "training", *MODES_BY_CONTEXT, "stateful - windowed", "training time"], rows, "llr")
     lines += [""] + [f"- {name}: {_settings(next(iter(modes.values())))}" for name, modes in grid.items()]
     lines += ["", image("bits per character by training mode and inference mode", PLOT_GRID, plots, "no grid figure."),
@@ -74,8 +74,7 @@ def plot_training_grid(jobs, path: Path) -> Path | None:
     grid = grid_models(jobs)
     if not grid:
         return None
-    plt = figure()
-    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
     for ax, (name, modes) in zip(axes[0], grid.items()):
         order = list(modes)  # grid_models' order: windows, then streams, each by its window
         width = 0.8 / len(order)
@@ -84,10 +83,7 @@ def plot_training_grid(jobs, path: Path) -> Path | None:
             xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(MODES_BY_CONTEXT))]
             labelled_bars(ax, xs, values, width, f"trained on {mode}", digits=3)
         ax.set_xticks(range(len(MODES_BY_CONTEXT)), [f"{m}\n(inference)" for m in MODES_BY_CONTEXT])
-        ax.set_title(name)
-        ax.set_ylabel("validation bits per character")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        finish(ax, 7, "y", title=name, ylabel="validation bits per character")
     return save(fig, path)
 
 
