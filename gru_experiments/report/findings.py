@@ -272,13 +272,3 @@ def transformer_finding(jobs) -> tuple[str, str]:
 
 findings, CLAIMS = STUDY.judge, tuple(STUDY.rules)  # the study's findings of a sweep's completed jobs; their claims
 
-
-def findings_markdown(jobs, groups: list[Findings]) -> list[str]:
-    """report.md's *Findings* sections: each group's (the study's first, then the sections'), numbered on."""
-    if not jobs:
-        return [f"## {STUDY.heading}", "", STUDY.intro, "", "No completed job: nothing to judge.", ""]
-    lines, first = [], 1
-    for group in groups:
-        lines += ([""] if lines else []) + group.markdown(jobs, first)
-        first += len(group.rules)
-    return lines + [""]

@@ -1,11 +1,6 @@
-"""The learning-rate sweep of a sweep folder (report.md's *Learning rate and recipe*, `lr_sweep.png`):
-each model and recipe at every learning rate it was trained with, e.g.
-
-    python sweep.py models=lr_alpha 'model.lr=1e-3,2e-3,3e-3,5e-3,1e-2' evaluation.text_samples=0
-
-Each cell is the final weights' stateful bits per character ± one standard error; the best of each family
-at each size is the lowest of them. Learning rate and recipe are chosen on the validation split, the same
-split every figure is scored on, the same way for every family (docs/results.md).
+"""The learning-rate sweep (report.md's *Learning rate and recipe*, `lr_sweep.png`): each model and recipe at
+every learning rate it was trained with (`python sweep.py models=lr_alpha 'model.lr=1e-3,2e-3'`), and each
+family at each size at its best, chosen on the validation split the same way for every family.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The planted-recall experiment's two tables (report.md, after *Planted recall*): each probe run's
-memory horizon per inference mode, and what the recall costs the language model (each probe run beside
-its twin without the probe). docs/evaluation.md#the-planted-recall-control.
+"""The planted-recall experiment's two tables after *Planted recall*: each probe run's memory horizon, and
+what the recall costs the language model (each probe run beside its twin without the probe).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The study's report over a sweep folder: results.csv, report.md and PNG plots (and a W&B summary run
-with the same), read from what the jobs wrote there (docs/outputs.md#sweep-folders), nothing
-recomputed: cheap, possible while jobs still run, the same files every time. `SECTIONS` is the one
-list of its parts (section.py); `register_section` adds one.
+"""The study's report over a sweep folder: results.csv, report.md and PNG plots, read from what the jobs
+wrote there (docs/outputs.md#sweep-folders), nothing recomputed: cheap, possible while jobs still run.
+`SECTIONS` is the one list of its parts (section.py); `register_section` adds one.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from gru_experiments.report import context_classes, lr_sweep, recall_horizon, re
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
 from gru_experiments.report.common import MISSING, duration, escape, table
-from gru_experiments.report.findings import STUDY, findings_markdown
+from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
 from gru_experiments.runs.run_dir import RunDir
@@ -196,8 +195,15 @@ def _best_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
 
 
 def _findings_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
-    groups = [section.findings for section in SECTIONS if section.findings is not None]
-    return ["", *findings_markdown([job for job in jobs if job.status == "completed"], groups)]
+    """report.md's *Findings* sections: each section's group (the study's first), numbered on."""
+    jobs = [job for job in jobs if job.status == "completed"]
+    if not jobs:
+        return ["", f"## {STUDY.heading}", "", STUDY.intro, "", "No completed job: nothing to judge.", ""]
+    lines, first = [], 1
+    for group in (section.findings for section in SECTIONS if section.findings is not None):
+        lines += ["", *group.markdown(jobs, first)]
+        first += len(group.rules)
+    return lines + [""]
 
 
 # --- the sections, in report.md's order -------------------------------------------------------------------

@@ -1,10 +1,6 @@
 """The study at scale (report.md's *Scale*, `scale_context_curve.png`, finding 16): the recurrent models of a
-sweep at two sizes or more (`python sweep.py experiments=scale`: Astra-α/β/γ and Scribe-α/β, each cut to the
-same 2,000 steps), by parameter count: every inference mode with its standard error, what the carried state
-buys past the training window, and the context curves on one axis of characters.
-
-The state's gain is windowed - stateful (summary.json's `state_gain_bpc`, negated: positive where carrying the
-state beats the last `seq_len` tokens from a zero state), paired target by target with its standard error.
+sweep at two sizes or more (`python sweep.py experiments=scale`) by parameter count. The state's gain here is
+windowed - stateful (summary.json's `state_gain_bpc` negated: positive where the carried state helps).
 """
 
 from __future__ import annotations

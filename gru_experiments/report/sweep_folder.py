@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
+from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family
 from gru_experiments.runs.history import read_history
 from gru_experiments.runs.run_dir import RunDir, summary_in_todays_names
@@ -77,9 +78,7 @@ class JobResult:
     def number(self, key: str, values: dict | None = None) -> float | None:
         """A finite number from the summary (or `values`), else None."""
         value = (self.values if values is None else values).get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        return value
+        return None if finite(value) is None else value  # an int stays an int: "{:,}" writes no ".0"
 
 
 @dataclass
@@ -130,8 +129,7 @@ def read_summary(summary) -> dict:
         return {}
     summary = dict(summary)
     if "cell" in summary:
-        old = summary.pop("cell")
-        summary.setdefault("family", old)
+        summary.setdefault("family", summary.pop("cell"))
     return summary
 
 
@@ -151,12 +149,8 @@ def read_job(job_dir: Path) -> JobResult:
     }
     if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)
         values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
-    if not isinstance(summary, dict):
-        status = "incomplete"
-    elif summary.get("status") == "failed":
-        status = "failed"
-    else:
-        status = "completed"
+    status = ("incomplete" if not isinstance(summary, dict) else
+              "failed" if summary.get("status") == "failed" else "completed")
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger)
@@ -198,8 +192,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 def name_variants(jobs: list[JobResult]) -> None:
     """Each job's variant: the learning rate, the recipe and the probe, where the sweep trained its model (and
-    training mode) with more than one of them (python sweep.py models=lr_alpha 'model.lr=...'; the
-    planted-recall experiment's twins, probe=recall,none)."""
+    training mode) with more than one of them."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
@@ -228,8 +221,7 @@ def run_label(job: JobResult, jobs: list[JobResult]) -> str:
 
 # --- the ladder: models of several families side by side ----------------------------------
 def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs, in launch order, when they span more than one model family (the
-    summary's "family": gru, lstm, rnn, mlp, ngram, transformer); [] for a sweep of one family."""
+    """The completed jobs, in launch order, when they span more than one model family; else []."""
     done = [job for job in jobs if job.status == "completed"]
     return done if len({job.values.get("family") for job in done}) > 1 else []
 

@@ -1,9 +1,6 @@
-"""The training x inference grid of a sweep (report.md's *Training mode against inference mode*,
-`training_grid.png`): every model trained both ways (training=windows and training=streams, e.g.
-`python sweep.py models=grid training=windows,streams`), each scored in every inference mode.
-
-The figure of interest is stateful - windowed (summary.json `state_gain_bpc`, paired target by target,
-with its standard error `state_gain_se`): what carrying the state buys beyond the window.
+"""The training x inference grid (report.md's *Training mode against inference mode*, `training_grid.png`):
+every model trained both ways (`python sweep.py models=grid training=windows,streams`), each scored in
+every inference mode, with stateful - windowed: what carrying the state buys beyond the window.
 """
 
 from __future__ import annotations
