@@ -40,8 +40,7 @@ def escape(text: str) -> str:
 
 
 def table(header, rows, align: str) -> list[str]:
-    """A markdown table: the header's cells, each row's cells, and `align`'s characters, one a column
-    ("l" left, "r" right), the last repeated for the columns it does not reach."""
+    """A markdown table; `align` has a character a column, "l" or "r", the last one repeated."""
     align = align.ljust(len(header), align[-1])
     return (["| " + " | ".join(header) + " |", "|" + "".join("---|" if a == "l" else "--:|" for a in align)]
             + ["| " + " | ".join(row) + " |" for row in rows])

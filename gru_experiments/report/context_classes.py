@@ -25,12 +25,14 @@ def class_jobs(jobs) -> list:
     return with_record(jobs, class_record)
 
 
-def _gain(job, name: str, key: str) -> float | None:
+def class_gain(job, name: str, key: str) -> float | None:
+    """The class's state gain ("bpc") or its standard error ("se"), None without."""
     entry = (class_record(job) or {}).get(name)
-    return finite(((entry or {}).get("state_gain") or {}).get(key)) if isinstance(entry, dict) else None
+    gain = entry.get("state_gain") if isinstance(entry, dict) else None
+    return finite(gain.get(key)) if isinstance(gain, dict) else None
 
 
-CLASS_COLUMNS = {f"{name}_state_gain_{key}": (lambda job, name=name, key=key: _gain(job, name, key))
+CLASS_COLUMNS = {f"{name}_state_gain_{key}": (lambda job, name=name, key=key: class_gain(job, name, key))
                  for name in ("long_copy", "word_start") for key in ("bpc", "se")}  # results.csv's class columns
 
 
@@ -100,8 +102,7 @@ def _class_panel(ax, job, label: str) -> None:
 
 
 def plot_classes(jobs, path: Path) -> Path | None:
-    """A panel per run: bits per character against the context (log x), a line per class, its stateful
-    figure at the right end (long_copy dashed: an overlay of the others)."""
+    """A panel per run: a line per class against the context (long_copy dashed), stateful at the right."""
     shown = class_jobs(jobs)
     if not shown:
         return None

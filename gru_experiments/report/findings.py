@@ -129,9 +129,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     evidence = "; ".join(parts) + "."
     if missing:
         evidence += " Missing: " + ", ".join(missing) + "."
-    if not checks:
-        return ("cannot be judged", evidence)
-    return (verdict(sum(checks), len(checks)), evidence)
+    return (verdict(sum(checks), len(checks)) if checks else "cannot be judged", evidence)
 
 
 @STUDY.claim("Subword models amplify inference-time errors")
@@ -172,16 +170,14 @@ WORTH = 0.005  # bits per character: the least gain that makes the state worth c
 
 
 def state_gain(job) -> tuple[float, float] | None:
-    """Stateful - windowed bits per character, paired target by target, and its standard error (findings 6
-    and 16)."""
+    """Stateful - windowed bits per character, paired target by target, and its se (findings 6 and 16)."""
     gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
     return None if gain is None or se is None else (gain, se)
 
 
 @STUDY.claim("Training with the state carried makes the state worth carrying")
 def carried_state_finding(jobs) -> tuple[str, str]:
-    """(6) Does training with the state carried (truncated BPTT) make carrying it at inference pay?
-    Judged per model from stateful - windowed under each training mode, with standard errors."""
+    """(6) Does training with the state carried make carrying it at inference pay (stateful - windowed)?"""
     judged = _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]
     pairs = mode_pairs([job for job in judged if state_gain(job) is not None])
     if not pairs:
@@ -209,8 +205,7 @@ SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter 
 
 
 def size_pairs(jobs) -> list[tuple]:
-    """(GRU job, transformer job) of each size: the same tokenizer and parameters within SAME_SIZE, each
-    family at its best where the sweep trained it at several learning rates or recipes (lr_sweep.at_best)."""
+    """(GRU, transformer) of each size: one tokenizer, parameters within SAME_SIZE, each family at_best."""
     jobs = at_best(jobs)
 
     def of(family):
@@ -241,8 +236,7 @@ def _recipe(job, jobs) -> str:
 
 @STUDY.claim("GRUs remain competitive with transformers")
 def transformer_finding(jobs) -> tuple[str, str]:
-    """(7) At each size, the GRU's stateful bits per character against the transformer's, with their
-    standard errors (<mode>_bpc_se), and the training time of each beside them."""
+    """(7) At each size, the GRU's stateful bits per character against the transformer's, ± se."""
     pairs = size_pairs(jobs)
     if not pairs:
         return cannot("no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "

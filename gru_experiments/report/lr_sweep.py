@@ -16,9 +16,7 @@ SCORE = "stateful_bpc"  # what a learning rate is chosen by: the study's headlin
 
 
 def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
-    """{(model, training mode, recipe): {lr: job}} for the jobs that started (completed, failed or, stopped
-    or still running, incomplete), when the sweep trained some arm at two learning rates or more; {} otherwise
-    (no learning-rate sweep here)."""
+    """{(model, training mode, recipe): {lr: job}} of the started jobs; {} unless an arm has two lrs."""
     found: dict[tuple, dict[float, JobResult]] = {}
     for job in jobs:
         lr = job.values.get("lr")
@@ -28,8 +26,7 @@ def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
 
 
 def at_best(jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs, each model family at each size (tokenizer and parameter count) and training
-    mode reduced to its best job (the lowest stateful bits per character), in launch order."""
+    """The completed jobs, each family at each size and training mode reduced to its best, in launch order."""
     best: dict[tuple, JobResult] = {}
     for job in jobs:
         if job.status != "completed" or job.number(SCORE) is None:
@@ -53,8 +50,7 @@ def _size(job: JobResult) -> tuple:
 
 def _cell(job: JobResult, best: bool) -> str:
     if job.status == "failed":
-        error = str(job.values.get("error") or "")
-        return "diverged" if "diverged" in error else "failed"
+        return "diverged" if "diverged" in str(job.values.get("error") or "") else "failed"
     if job.status == "incomplete":
         return "incomplete"
     value, se = job.number(SCORE), job.number(f"{SCORE}_se")

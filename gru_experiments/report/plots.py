@@ -36,8 +36,7 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
 
 
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
-    """Grouped bars: one group per model, one bar per inference mode (val bpc when no job has
-    the evaluation's modes)."""
+    """Grouped bars: a group per model, a bar per inference mode (val bpc when no job has the modes)."""
     keys = [f"{mode}_bpc" for mode in FIGURES if any(job.number(f"{mode}_bpc") is not None for job in jobs)]
     labels = [key.removesuffix("_bpc") for key in keys]
     if not keys:
@@ -83,8 +82,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
 
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
-    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} from the summaries' context_curve, for
-    every completed model with a carried state (count and window models are baselines)."""
+    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} of every completed model but the n-grams."""
     series = {}
     for job in jobs:
         points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
@@ -96,8 +94,7 @@ def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
 
 
 def baselines(jobs: list[JobResult]) -> dict[str, float]:
-    """Horizontal lines of the context curve: the bigram counts (one per tokenizer) and the best
-    n-gram model of the sweep, by stateful bpc."""
+    """The context curve's horizontal lines: the bigram counts per tokenizer and the best n-gram model."""
     lines = {}
     for job in jobs:
         if job.status == "completed" and job.number("bigram_bpc") is not None:
@@ -111,8 +108,7 @@ def baselines(jobs: list[JobResult]) -> dict[str, float]:
 
 
 def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
-    """Bits per character against the context length (log axis), one curve per model, its stateful
-    figure at the right end; the bigram and the best n-gram as horizontal lines."""
+    """Bits per character against the context (log axis), a curve per model; the baselines as lines."""
     series = context_curve_series(jobs)
     if not series:
         return None
@@ -139,8 +135,7 @@ def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **s
 
 
 def save_curve(fig, ax, path: Path, title: str, xlabel: str, ticks=None) -> Path:
-    """A context-curve figure finished and saved: log2 context axis (with `ticks`, (positions, labels)),
-    the labels, grid and legend every curve figure shares."""
+    """A context-curve figure finished (log2 x axis, its `ticks`: (positions, labels)) and saved."""
     ax.set_xscale("log", base=2)
     if ticks:
         ax.set_xticks(*ticks)
@@ -149,16 +144,14 @@ def save_curve(fig, ax, path: Path, title: str, xlabel: str, ticks=None) -> Path
 
 
 def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
-    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv, for the models
-    trained with steps; tokens = step x the run's tokens per step (summary: train_tokens / train_steps),
-    the step itself when unknown."""
+    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv, tokens = step x
+    the run's tokens per step (the step itself when unknown)."""
     series = {}
     for job in jobs:
-        if job.number("train_steps") == 0:  # a counted model (n-gram): one validation, no training to plot
+        tokens, steps = job.number("train_tokens"), job.number("train_steps")
+        if steps == 0:  # a counted model (n-gram): one validation, no training to plot
             continue
-        per_step = 1.0
-        if job.number("train_tokens") and job.number("train_steps"):
-            per_step = job.number("train_tokens") / job.number("train_steps")
+        per_step = tokens / steps if tokens and steps else 1.0
         curves = {mode: [(step * per_step, value) for step, value in job.history.get(f"val/{mode}_bpc", [])]
                   for mode in ("stateful", "stateless")}
         if any(curves.values()):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from gru_experiments.report.common import MISSING, finite, plus_minus, table
+from gru_experiments.report.common import MISSING, plus_minus, table
+from gru_experiments.report.context_classes import class_gain, class_record
 from gru_experiments.report.recall_report import recall_jobs, recall_record, run_horizon
 from gru_experiments.report.section import Section
 from gru_experiments.study.generation import STATEFUL, WINDOWED
@@ -59,8 +60,7 @@ def twin(job, jobs):
 
 def _bpc(job, key: str) -> tuple[float | None, float | None]:
     """A figure of the summary in bits per character and its standard error (state_gain's is state_gain_se)."""
-    se_key = "state_gain_se" if key == "state_gain" else f"{key}_bpc_se"
-    return finite(job.values.get(f"{key}_bpc")), finite(job.values.get(se_key))
+    return job.number(f"{key}_bpc"), job.number("state_gain_se" if key == "state_gain" else f"{key}_bpc_se")
 
 
 def _figure(job, key: str) -> str:
@@ -76,11 +76,8 @@ def _cost(job, plain) -> str:
 
 
 def most_helped_class(job) -> str:
-    """The kind of target where the state helps most (the lowest stateful - windowed of
-    context_curve.by_class), with that figure."""
-    by_class = ((job.values.get("context_curve") or {}).get("by_class") or {})
-    gains = [(name, finite(gain.get("bpc")), finite(gain.get("se"))) for name, entry in by_class.items()
-             if isinstance(entry, dict) and isinstance(gain := entry.get("state_gain"), dict)]
+    """The class of target where the state helps most (the lowest class state gain), with that gain."""
+    gains = [(name, class_gain(job, name, "bpc"), class_gain(job, name, "se")) for name in class_record(job) or {}]
     gains = [g for g in gains if g[1] is not None]
     if not gains:
         return MISSING

@@ -54,17 +54,15 @@ def recall_point(job, distance: int, inference: str) -> tuple[float, float, int 
 
 
 def run_horizon(job, mode: str) -> dict:
-    """The job's horizon in `mode` ({"remembered", "crosses_2_bits", "crossing"}; computed from the curve for a
-    record from before summary.json's recall.horizon)."""
+    """The job's horizon in `mode`, computed from the curve for a record from before recall.horizon."""
     record = recall_record(job) or {}
     return (record.get("horizon") or {}).get(mode) or horizon(record.get("by_distance", {}), mode)
 
 
 def where(distance: int, window: int | None) -> str:
     """Where a distance lies against a window: inside (d < window), past it (d > window), at its edge."""
-    if window is None:
-        return "?"
-    return "inside" if distance < window else "past" if distance > window else "at the edge"
+    return ("?" if window is None else "inside" if distance < window else "past" if distance > window
+            else "at the edge")
 
 
 # --- report.md ----------------------------------------------------------------------------------------------
@@ -134,8 +132,7 @@ def _panel(ax, shown, inference: str, names: bool) -> None:
 
 
 def plot_recall(jobs, path: Path) -> Path | None:
-    """Recall bits against distance (log x): a panel per inference mode, a line per trained run, its
-    training window as a dotted vertical line, log2 K dashed."""
+    """Recall bits against distance (log x), a panel per inference mode, a line per run; log2 K dashed."""
     shown = recall_jobs(jobs)
     if not shown or not any(distances(job) for job in shown):
         return None
@@ -159,8 +156,7 @@ def _at(points) -> str:
 
 
 def _below_chance(job, inference: str, chosen) -> list[tuple[int, tuple]]:
-    """(distance, point) where `inference`'s bits lie below log2 K by more than two standard errors, among
-    the distances `chosen(d)` accepts."""
+    """(distance, point) of the `chosen` distances where `inference` beats log2 K by two standard errors."""
     bits = no_memory(job)
     return [(d, p) for d in distances(job) if chosen(d) and (p := recall_point(job, d, inference)) is not None
             and bits - p[0] > 2 * p[1]]

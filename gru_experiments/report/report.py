@@ -38,7 +38,6 @@ TABLE = [
     ("status", "status", str),
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
-TEXT_KEYS = ("model", "training_mode", "family", "tokenizer", "optim", "status")  # TABLE's columns of words
 
 
 def derived() -> dict:
@@ -55,9 +54,8 @@ def columns() -> list[str]:
 
 # --- writing ----------------------------------------------------------------------------
 def _cell(job: JobResult, key: str, fmt) -> str:
-    value = job.values.get(key)
-    if key in TEXT_KEYS:
-        value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, value)
+    if fmt is str:  # a column of words
+        value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, job.values.get(key))
         return escape(str(value)) if value else MISSING
     number = job.number(key)
     return MISSING if number is None else fmt(number)
@@ -151,7 +149,7 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         "windows of data.seq_len, each from a zero state. Every figure of this table is of the final "
         "weights (the best checkpoint's are under *Best checkpoint and final weights*).", "",
         *table([header for _, header, _ in TABLE], [[_cell(job, key, fmt) for key, _, fmt in TABLE] for job in jobs],
-               "".join("l" if key in TEXT_KEYS else "r" for key, _, _ in TABLE)),
+               "".join("l" if fmt is str else "r" for _, _, fmt in TABLE)),
     ]
     missing = _missing_lines(jobs, plots)
     lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
@@ -220,8 +218,7 @@ SECTIONS: list[Section] = [
 
 
 def register_section(section: Section, before: str | None = None) -> Section:
-    """Add a section to the report: at the end (before the closing line of files), or before the section
-    named `before`. Its columns, plots and findings come with it."""
+    """Add a section (its columns, plots and findings with it) at the end or before the one named `before`."""
     names = [known.name for known in SECTIONS]
     if section.name in names or set(section.columns) & set(columns()):  # unregister_section goes by the name
         raise ValueError(f"report section {section.name!r}: its name, or one of its columns, is taken")
@@ -235,8 +232,7 @@ def unregister_section(name: str) -> None:
 
 # --- the whole report -------------------------------------------------------------------
 def build_report(sweep_dir) -> Report:
-    """Read the sweep folder; write results.csv, the plots and report.md into it. Safe to run
-    again (and while jobs still run): every file is rewritten whole from what is on disk."""
+    """Read the sweep folder; write results.csv, the plots and report.md into it, each whole (safe to rerun)."""
     sweep_dir = Path(sweep_dir).resolve()
     jobs, overrides = collect(sweep_dir)
     plots = {}

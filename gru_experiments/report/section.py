@@ -56,9 +56,8 @@ class Findings:
 # --- a section ----------------------------------------------------------------------------------------------
 @dataclass
 class Section:
-    """One part of the report: its lines of report.md (`markdown(jobs, plots)`, [] to leave it out), its
-    columns of results.csv ({column: value(job)}), its plots ({file name: plot(jobs, path) -> path or None})
-    and its findings. report.py walks the list of them (report.SECTIONS; `register_section`)."""
+    """One part of the report: its lines of report.md ([] to leave it out), its columns of results.csv
+    ({column: value(job)}), its plots ({file name: plot(jobs, path) -> path or None}) and its findings."""
 
     name: str
     markdown: Callable[[list, dict], list[str]]
@@ -70,8 +69,7 @@ class Section:
 
 # --- the record a section reads ---------------------------------------------------------------------------
 def read_record(job, *path: str, holding: str | None = None) -> dict | None:
-    """The summary's non-empty dict at `path` ("recall"; "context_curve", "by_class"), holding a dict under
-    `holding` where given; None otherwise (an older summary, or a run without that measure)."""
+    """The summary's non-empty dict at `path`, holding a dict under `holding` where given; else None."""
     found = job.values
     for key in path:
         found = found.get(key) if isinstance(found, dict) else None

@@ -115,10 +115,8 @@ def planned_models(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
-        if override.is_sweep_override():
-            names = list(override.sweep_string_iterator())
-        else:
-            names = [override.get_value_element_as_str()]
+        names = (list(override.sweep_string_iterator()) if override.is_sweep_override()
+                 else [override.get_value_element_as_str()])
         return [summary_in_todays_names({"model": name}, started=False)["model"] for name in names]  # an old sweep's
     return []
 
@@ -169,8 +167,7 @@ def _job_order(job_dir: Path) -> tuple:
 
 
 def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
-    """Every job of the sweep, in launch order, plus a "missing" entry for each planned model
-    that has no job folder at all; and the sweep's overrides."""
+    """The sweep's jobs in launch order, a "missing" one per planned model never started; its overrides."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise NoResultsError(f"{sweep_dir} is not a folder: give the sweep folder (hydra.sweep.dir) of a study")
@@ -191,8 +188,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 def name_variants(jobs: list[JobResult]) -> None:
-    """Each job's variant: the learning rate, the recipe and the probe, where the sweep trained its model (and
-    training mode) with more than one of them."""
+    """Each job's variant: the lr, recipe and probe that vary among its model's runs in one training mode."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
@@ -212,8 +208,7 @@ def _variant(job: JobResult, key: str) -> str:
 
 
 def run_label(job: JobResult, jobs: list[JobResult]) -> str:
-    """The job's heading in a section per run: its label (JobResult.model), with its training mode and
-    window where another job of the sweep has the same label ("astra_alpha, windows (512)")."""
+    """The job's label, with its training mode and window where another job has the same label."""
     if sum(other.model == job.model for other in jobs) < 2:
         return job.model
     return f"{job.name}, {job.training}"
@@ -236,7 +231,6 @@ def trainings(jobs) -> dict[str, dict[tuple, JobResult]]:
 
 
 def mode_pairs(jobs) -> list[tuple[JobResult, JobResult]]:
-    """(windows job, streams job) of each model trained both ways at one training window (a run on windows
-    of another length is no pair)."""
+    """(windows job, streams job) of each model trained both ways at one training window."""
     return [(runs[("windows", window)], runs[("streams", window)]) for runs in trainings(jobs).values()
             for mode, window in runs if mode == "windows" and ("streams", window) in runs]

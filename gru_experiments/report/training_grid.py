@@ -17,9 +17,8 @@ PLOT_GRID = "training_grid.png"
 
 
 def grid_models(jobs) -> dict[str, dict]:
-    """{model name: {training: job}} for the completed models trained in more than one mode. The training
-    is the mode ("windows", "streams"), with its window ("windows (512)") where the model was trained in one
-    mode at two windows."""
+    """{model name: {training: job}} of the completed models trained in more than one mode; training: the mode, with
+    its window ("windows (512)") where the model was trained in one mode at two windows."""
     grid = {}
     for name, runs in trainings([job for job in jobs if job.status == "completed"]).items():
         modes = [mode for mode, _ in runs]

@@ -15,9 +15,8 @@ def wandb_jobs(report: Report) -> list[JobResult]:
 
 
 def log_to_wandb(report: Report, mode: str, project: str | None = None, group: str | None = None):
-    """A "summary" run in the sweep's W&B group with the results table, the plots and each
-    model's numbers. Its id is fixed per sweep folder, so building the report again updates
-    the same run (online) instead of adding another. Returns the finished run."""
+    """A "summary" run in the sweep's W&B group: the results table, the plots, each model's numbers. Its
+    id is fixed per sweep folder, so building the report again updates it. Returns the finished run."""
     import wandb
 
     from gru_experiments.runs.loggers import sweep_group
