@@ -26,6 +26,12 @@ def plus_minus(value: float, se: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
 
 
+def figure_cell(job, key: str) -> str:
+    """A summary figure ± its standard error (`key`_se; state_gain_bpc's is state_gain_se) to 4 decimals."""
+    value, se = job.number(key), job.number("state_gain_se" if key == "state_gain_bpc" else f"{key}_se")
+    return MISSING if value is None else plus_minus(value, se, 4)
+
+
 def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"

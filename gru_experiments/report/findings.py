@@ -262,7 +262,3 @@ def transformer_finding(jobs) -> tuple[str, str]:
                 "± one standard error of the difference (the two figures' own, unpaired): " + "; ".join(parts)
                 + f". The GRU is better or tied at {len(pairs) - behind} of {len(pairs)} sizes.")
     return (verdict(len(pairs) - behind, len(pairs)), evidence)
-
-
-findings, CLAIMS = STUDY.judge, tuple(STUDY.rules)  # the study's findings of a sweep's completed jobs; their claims
-

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, finish, image, plus_minus, save, subplots, table
+from gru_experiments.report.common import MISSING, figure_cell, finish, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult
 
@@ -53,10 +53,8 @@ def _cell(job: JobResult, best: bool) -> str:
         return "diverged" if "diverged" in str(job.values.get("error") or "") else "failed"
     if job.status == "incomplete":
         return "incomplete"
-    value, se = job.number(SCORE), job.number(f"{SCORE}_se")
-    if value is None:
-        return MISSING
-    return f"**{plus_minus(value, se, 4)}**" if best else plus_minus(value, se, 4)
+    text = figure_cell(job, SCORE)
+    return f"**{text}**" if best else text
 
 
 def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:

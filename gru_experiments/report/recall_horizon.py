@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from gru_experiments.report.common import MISSING, plus_minus, table
+from gru_experiments.report.common import MISSING, figure_cell, table
 from gru_experiments.report.context_classes import class_gain, class_record
 from gru_experiments.report.recall_report import recall_jobs, recall_record, run_horizon
 from gru_experiments.report.section import Section
@@ -58,21 +58,13 @@ def twin(job, jobs):
                 None)
 
 
-def _bpc(job, key: str) -> tuple[float | None, float | None]:
-    """A figure of the summary in bits per character and its standard error (state_gain's is state_gain_se)."""
-    return job.number(f"{key}_bpc"), job.number("state_gain_se" if key == "state_gain" else f"{key}_bpc_se")
-
-
-def _figure(job, key: str) -> str:
-    value, se = _bpc(job, key)
-    return MISSING if value is None else plus_minus(value, se, 4)
-
-
 def _cost(job, plain) -> str:
-    (a, sa), (b, sb) = _bpc(job, "stateful"), _bpc(plain, "stateful")
+    """Stateful bits per character with the probe - without, ± the hypot of their standard errors."""
+    a, b = job.number("stateful_bpc"), plain.number("stateful_bpc")
     if a is None or b is None:
         return MISSING
-    return f"{a - b:+.4f} ± {math.hypot(sa or 0.0, sb or 0.0):.4f}"
+    se = math.hypot(job.number("stateful_bpc_se") or 0.0, plain.number("stateful_bpc_se") or 0.0)
+    return f"{a - b:+.4f} ± {se:.4f}"
 
 
 def most_helped_class(job) -> str:
@@ -98,10 +90,10 @@ def cost_section(jobs, plots: dict) -> list[str]:
     rows = []
     for job in shown:
         plain = twin(job, jobs)
-        cells = ([_figure(plain, "stateful"), _cost(job, plain), _figure(job, "state_gain"),
-                  _figure(plain, "state_gain"), most_helped_class(job), most_helped_class(plain)] if plain else
-                 [MISSING, MISSING, _figure(job, "state_gain"), MISSING, most_helped_class(job), MISSING])
-        rows.append([f"{job.name}, {job.training}", _figure(job, "stateful"), *cells])
+        cells = ([figure_cell(plain, "stateful_bpc"), _cost(job, plain), figure_cell(job, "state_gain_bpc"),
+                  figure_cell(plain, "state_gain_bpc"), most_helped_class(job), most_helped_class(plain)] if plain else
+                 [MISSING, MISSING, figure_cell(job, "state_gain_bpc"), MISSING, most_helped_class(job), MISSING])
+        rows.append([f"{job.name}, {job.training}", figure_cell(job, "stateful_bpc"), *cells])
     header = ["run", "stateful, with the probe", "without", "cost", "stateful - windowed, with", "without",
               "where the state helps most, with", "without"]
     return lines + table(header, rows, "lrrrrrll") + [""]

@@ -195,9 +195,7 @@ def instrument_finding(jobs) -> tuple[str, str]:
                 "errors; it distinguishes when the windowed mode, past its window (where the key is out of sight), "
                 f"is not. Detected in {detected} of {len(judged)} runs; windowed below log2 K past its window in "
                 f"{leaking}.")
-    if not detected:
-        return ("not shown by this sweep", evidence)
-    return ("partly supported" if leaking else "supported", evidence)
+    return ("not shown by this sweep" if not detected else "partly supported" if leaking else "supported", evidence)
 
 
 def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
@@ -283,7 +281,5 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
                 f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
     return (verdict(kept, len(parts), against=0), evidence)
 
-
-recall_findings, RECALL_CLAIMS = RECALL.judge, tuple(RECALL.rules)
 
 SECTION = Section("planted recall", recall_section, plots={PLOT_RECALL: plot_recall}, findings=RECALL)

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, image, plus_minus, subplots, table
+from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, figure_cell, image, subplots, table
 from gru_experiments.report.plots import curve_to_stateful, save_curve
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.context_curve import curve_points
@@ -56,11 +56,6 @@ def steps(job) -> str:
     return MISSING if trained is None else f"{trained:,.0f}" + ("" if recipe is None else f" of {recipe:,.0f}")
 
 
-def _mode(job, mode: str) -> str:
-    value = job.number(f"{mode}_bpc")
-    return MISSING if value is None else plus_minus(value, job.number(f"{mode}_bpc_se"), 4)
-
-
 def _best(job) -> str:
     best, step = job.best("val_bpc"), job.best("step")
     return MISSING if best is None else f"{best:.4f} at step {step:,.0f}, final {job.number('val_bpc'):.4f}"
@@ -75,7 +70,7 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
         gain, seconds = state_gain(job), job.number("train_seconds")
         window = job.training_window
         rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
-                     steps(job), *(_mode(job, mode) for mode in MODES),
+                     steps(job), *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
                      MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
                      _best(job), MISSING if seconds is None else duration(seconds)])
     header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),

@@ -135,12 +135,14 @@ def read_job(job_dir: Path) -> JobResult:
     run = RunDir(job_dir)
     cfg = run.config()
     summary = run.summary()
+    epochs, per_epoch = _select(cfg, "model.epochs"), _select(cfg, "model.steps_per_epoch")
     values = {
         "model": _select(cfg, "model.name"),
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
         "lr": _select(cfg, "model.lr"),
-        "recipe_steps": _recipe_steps(cfg),
+        # the steps of the model's own recipe; none for a counted model
+        "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
         # a run from before conf/optim (its config has no optim) was trained with the original study's recipe
         "optim": _select(cfg, "optim.name") or ("original" if _select(cfg, "weight_decay") is not None else None),
         **read_summary(summary),
@@ -152,12 +154,6 @@ def read_job(job_dir: Path) -> JobResult:
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger)
-
-
-def _recipe_steps(cfg) -> int | None:
-    """The steps of the model's own recipe (epochs x steps per epoch), None for a counted model."""
-    epochs, per_epoch = _select(cfg, "model.epochs"), _select(cfg, "model.steps_per_epoch")
-    return epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None
 
 
 def _job_order(job_dir: Path) -> tuple:

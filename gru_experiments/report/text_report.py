@@ -340,6 +340,4 @@ def copying_finding(jobs) -> tuple[str, str]:
     return ("supported" if excess > 2 * se else "not shown by this sweep", evidence)
 
 
-text_findings, TEXT_CLAIMS = TEXT.judge, tuple(TEXT.rules)
-
 SECTION = Section("generated text", text_section, columns=TEXT_COLUMNS, plots={PLOT_TEXT: plot_text}, findings=TEXT)
