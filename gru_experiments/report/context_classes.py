@@ -87,15 +87,14 @@ def class_section(jobs, plots: dict[str, Path]) -> list[str]:
 
 def _class_panel(ax, job, label: str) -> None:
     record = class_record(job)
-    longest = max((w for entry in record.values() for w, _, _ in class_points(entry or {})[0]), default=1)
-    stateful_x = longest * 4
+    ticks = sorted({w for entry in record.values() for w, _, _ in class_points(entry or {})[0]})
+    stateful_x = max(ticks, default=1) * 4
     for name in ordered(record, CLASSES):
         points, stateful = class_points(record[name] or {})
         if not points:
             continue
         curve_to_stateful(ax, [w for w, _, _ in points], [bpc for _, bpc, _ in points], stateful and stateful[0],
                           stateful_x, linestyle="--" if name == "long_copy" else "-", label=name)
-    ticks = sorted({w for entry in record.values() for w, _, _ in class_points(entry or {})[0]})
     ax.set_xscale("log", base=2)
     ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"], fontsize=7)
     finish(ax, 6, title=label, xlabel="tokens of context (from the initial state)", ylabel="bits per character")

@@ -113,14 +113,13 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
     if not series:
         return None
     fig, ax = subplots(figsize=(7.5, 4.5))
-    longest = max(w for s in series.values() for w, _ in s["windows"])
-    stateful_x = longest * 4
+    ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
+    stateful_x = ticks[-1] * 4
     for model, s in series.items():
         xs, ys = zip(*s["windows"])
         curve_to_stateful(ax, xs, ys, s["stateful"], stateful_x, label=model)
     for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
         ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
-    ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
     return save_curve(fig, ax, path, "Bits per character against the context given (final weights)",
                       "tokens of context (from the initial state); stateful: the state carried",
                       ([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"]))
@@ -184,20 +183,12 @@ def _context(job: JobResult) -> str:
     return "unbounded" if job.values["context"] is None else f"{job.values['context']:,}"
 
 
-LADDER_COLUMNS = ["model", "family", "context (tokens)", "parameters", "stateful bpc", "stateless bpc",
-                  "windowed bpc", "training time"]
-
-
-def ladder_rows(jobs: list[JobResult]) -> list[list[str]]:
+def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
     number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
-    return [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
+    rows = [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
              number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
              number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
              number(job, "train_seconds", duration)] for job in ladder_jobs(jobs)]
-
-
-def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
-    rows = ladder_rows(jobs)
     if not rows:
         return []
     lines = ["", "## The ladder", "",
@@ -205,7 +196,8 @@ def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
              "and reset at every step (stateless: only the last token is seen), and with the last "
              "`evaluation.window` tokens (windowed). Parameters: trainable ones; for an n-gram, the counts it "
              "stores. Training time: the training steps alone; for an n-gram, counting the training split.", "",
-             *table(LADDER_COLUMNS, rows, "llr")]
+             *table(["model", "family", "context (tokens)", "parameters", "stateful bpc", "stateless bpc",
+                     "windowed bpc", "training time"], rows, "llr")]
     bigram = next((job.number("bigram_bpc") for job in ladder_jobs(jobs) if job.number("bigram_bpc")), None)
     if bigram is not None:
         lines += ["", f"Baseline: the add-one bigram table of the training split, {bigram:.4f} bits per character."]

@@ -89,10 +89,6 @@ class Report:
     files: dict[str, Path]  # name -> written file
 
     @property
-    def completed(self) -> list[JobResult]:
-        return [job for job in self.jobs if job.status == "completed"]
-
-    @property
     def problems(self) -> list[JobResult]:
         return [job for job in self.jobs if job.status != "completed"]
 

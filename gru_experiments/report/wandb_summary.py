@@ -21,7 +21,7 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
 
     from gru_experiments.runs.loggers import sweep_group
 
-    logged = wandb_jobs(report)
+    logged, completed = wandb_jobs(report), [job for job in report.jobs if job.status == "completed"]
     first = logged[0].logger if logged else {}
     project = project or first.get("project") or "gru-experiments"
     group = group or sweep_group(first.get("group"), report.sweep_dir)
@@ -40,10 +40,10 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
                         if name.endswith(".png")})
         run.log(payload)
-        run.summary.update({f"{job.model}/{key}": job.number(key) for job in report.completed
+        run.summary.update({f"{job.model}/{key}": job.number(key) for job in completed
                             for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES))
                             if job.number(key) is not None})
-        run.summary.update({"jobs_completed": len(report.completed), "jobs_not_completed": len(report.problems)})
+        run.summary.update({"jobs_completed": len(completed), "jobs_not_completed": len(report.problems)})
     finally:
         run.finish()
     return run
