@@ -112,17 +112,10 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
     series = context_curve_series(jobs)
     if not series:
         return None
-    fig, ax = subplots(figsize=(7.5, 4.5))
-    ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
-    stateful_x = ticks[-1] * 4
-    for model, s in series.items():
-        xs, ys = zip(*s["windows"])
-        curve_to_stateful(ax, xs, ys, s["stateful"], stateful_x, label=model)
-    for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
-        ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
-    return save_curve(fig, ax, path, "Bits per character against the context given (final weights)",
-                      "tokens of context (from the initial state); stateful: the state carried",
-                      ([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"]))
+    return save_curves(path, {model: (s["windows"], s["stateful"]) for model, s in series.items()},
+                       "Bits per character against the context given (final weights)",
+                       "tokens of context (from the initial state); stateful: the state carried", baselines(jobs),
+                       ticks=True)
 
 
 def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **style) -> None:
@@ -133,11 +126,19 @@ def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **s
         ax.plot([stateful_x], [stateful], marker="*", markersize=9, color=line.get_color())
 
 
-def save_curve(fig, ax, path: Path, title: str, xlabel: str, ticks=None) -> Path:
-    """A context-curve figure finished (log2 x axis, its `ticks`: (positions, labels)) and saved."""
+def save_curves(path: Path, curves: dict, title: str, xlabel: str, baselines: dict | None = None, ticks=False) -> Path:
+    """Context curves ({label: ([(context, bpc), ...], stateful bpc)}) on a log2 axis, each with its stateful
+    figure at 4x the longest context; `baselines` ({label: bpc}) as lines; `ticks`: a tick at each context."""
+    fig, ax = subplots(figsize=(7.5, 4.5))
+    contexts = sorted({x for points, _ in curves.values() for x, _ in points})
+    for label, (points, stateful) in curves.items():
+        xs, ys = zip(*points)
+        curve_to_stateful(ax, xs, ys, stateful, contexts[-1] * 4, label=label)
+    for (label, value), style in zip((baselines or {}).items(), ["--", "-.", ":", "--"]):
+        ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
     ax.set_xscale("log", base=2)
     if ticks:
-        ax.set_xticks(*ticks)
+        ax.set_xticks([*contexts, contexts[-1] * 4], [*(str(x) for x in contexts), "stateful"])
     finish(ax, 7, title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
     return save(fig, path)
 
@@ -178,9 +179,8 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
 
 # --- their sections of report.md --------------------------------------------------------------------------
 def _context(job: JobResult) -> str:
-    if "context" not in job.values:
-        return MISSING
-    return "unbounded" if job.values["context"] is None else f"{job.values['context']:,}"
+    return (MISSING if "context" not in job.values else "unbounded" if job.values["context"] is None
+            else f"{job.values['context']:,}")
 
 
 def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:

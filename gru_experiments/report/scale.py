@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, figure_cell, image, subplots, table
-from gru_experiments.report.plots import curve_to_stateful, save_curve
+from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, figure_cell, image, table
+from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -91,16 +91,11 @@ def plot_scale_curves(jobs, path: Path) -> Path | None:
     chosen = [job for job in scale_jobs(jobs) if curve_points(job.values.get("context_curve"))]
     if not chosen:
         return None
-    fig, ax = subplots(figsize=(7.5, 4.5))
-    series = {label(job): ([(int(key) * chars_per_token(job), value) for key, value
-                           in curve_points(job.values["context_curve"]) if key.isdigit()], job) for job in chosen}
-    stateful_x = 4 * max(x for points, _ in series.values() for x, _ in points)
-    for name, (points, job) in series.items():
-        xs, ys = zip(*points)
-        curve_to_stateful(ax, xs, ys, job.number("stateful_bpc"), stateful_x,
-                          label=f"{name} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
-    return save_curve(fig, ax, path, "Bits per character against the context given, by size (final weights)",
-                      "characters of context (from the initial state); right: the state carried (stateful)")
+    curves = {f"{label(job)} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})":
+              ([(int(key) * chars_per_token(job), value) for key, value in curve_points(job.values["context_curve"])
+                if key.isdigit()], job.number("stateful_bpc")) for job in chosen}
+    return save_curves(path, curves, "Bits per character against the context given, by size (final weights)",
+                       "characters of context (from the initial state); right: the state carried (stateful)")
 
 
 SCALE = Findings("Findings at scale", "What capacity changes, judged on this sweep's recurrent models of two "

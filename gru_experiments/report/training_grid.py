@@ -12,7 +12,7 @@ from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
-TRAINING_MODES = ("windows", "streams")
+ORDER = {"windows": 0, "streams": 1}  # the grid's order of the training modes; any other comes last
 PLOT_GRID = "training_grid.png"
 
 
@@ -25,13 +25,9 @@ def grid_models(jobs) -> dict[str, dict]:
         if len(set(modes)) < 2:
             continue
         windowed = len(set(modes)) < len(modes)  # a mode twice: tell its runs apart by their windows
-        ordered = sorted(runs.values(), key=lambda job: (_rank(job.training_mode), job.training_window or 0))
-        grid[name] = {job.training if windowed else job.training_mode: job for job in ordered}
+        in_order = sorted(runs.values(), key=lambda job: (ORDER.get(job.training_mode, 2), job.training_window or 0))
+        grid[name] = {job.training if windowed else job.training_mode: job for job in in_order}
     return grid
-
-
-def _rank(mode: str) -> int:
-    return TRAINING_MODES.index(mode) if mode in TRAINING_MODES else len(TRAINING_MODES)
 
 
 def _settings(job) -> str:
