@@ -78,12 +78,17 @@ def subplots(*args, **kwargs):
     return _pyplot().subplots(*args, **kwargs)
 
 
-def labelled_bars(ax, xs, values, width, label, digits: int = 2) -> None:
-    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
-    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
-    for bar, value in zip(bars, values):
-        ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (bar.get_x() + bar.get_width() / 2,
-                    bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+def grouped_bars(ax, series: dict, digits: int = 2) -> None:
+    """A group of bars at each x (0, 1, ...), a bar per series ({label: values}), each labelled with its value
+    (a missing value: an empty bar labelled —)."""
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(values))]
+        bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+        for bar, value in zip(bars, values):
+            ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (bar.get_x() + bar.get_width() / 2,
+                        bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1),
+                        textcoords="offset points")
 
 
 def finish(ax, legend: int, grid: str = "both", **labels) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, duration, escape, finish, image, labelled_bars, save, subplots, table
+from gru_experiments.report.common import MISSING, duration, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.context_curve import curve_points
@@ -22,8 +22,7 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     if not rungs:
         return None
     fig, ax = subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
-    for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
-        labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
+    grouped_bars(ax, {mode: [job.number(f"{mode}_bpc") for job in rungs] for mode in ("stateful", "stateless")})
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
     if bigram is not None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
@@ -44,11 +43,8 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if any(job.number(key) is not None for key in keys)]
     if not shown:
         return None
-    width = 0.8 / len(keys)
     fig, ax = subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
-    for i, (key, label) in enumerate(zip(keys, labels)):
-        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
-        labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
+    grouped_bars(ax, {label: [job.number(key) for job in shown] for key, label in zip(keys, labels)})
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
     return _save_bpc_bars(fig, ax, "Validation bits per character by inference mode", path)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, duration, finish, image, labelled_bars, save, subplots, table
+from gru_experiments.report.common import MISSING, duration, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -68,12 +68,9 @@ def plot_training_grid(jobs, path: Path) -> Path | None:
         return None
     fig, axes = subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
     for ax, (name, modes) in zip(axes[0], grid.items()):
-        order = list(modes)  # grid_models' order: windows, then streams, each by its window
-        width = 0.8 / len(order)
-        for i, mode in enumerate(order):
-            values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in MODES_BY_CONTEXT]
-            xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(MODES_BY_CONTEXT))]
-            labelled_bars(ax, xs, values, width, f"trained on {mode}", digits=3)
+        # grid_models' order: windows, then streams, each by its window; a missing figure: a bar labelled 0.000
+        grouped_bars(ax, {f"trained on {mode}": [job.number(f"{m}_bpc") or 0.0 for m in MODES_BY_CONTEXT]
+                          for mode, job in modes.items()}, digits=3)
         ax.set_xticks(range(len(MODES_BY_CONTEXT)), [f"{m}\n(inference)" for m in MODES_BY_CONTEXT])
         finish(ax, 7, "y", title=name, ylabel="validation bits per character")
     return save(fig, path)
