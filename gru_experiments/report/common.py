@@ -74,7 +74,6 @@ def _pyplot():
 
 
 def subplots(*args, **kwargs):
-    """A new figure and its axes (matplotlib's `subplots`)."""
     return _pyplot().subplots(*args, **kwargs)
 
 

@@ -21,7 +21,6 @@ PLOT_RECALL = "recall.png"
 
 # --- reading the record -------------------------------------------------------------------------------------
 def recall_record(job) -> dict | None:
-    """The job's recall record (summary.json's "recall"), None when it has none."""
     return read_record(job, "recall", holding="by_distance")
 
 
@@ -42,7 +41,6 @@ def inference_window(job) -> int | None:
 
 
 def distances(job) -> list[int]:
-    """The planted distances of the record, in increasing order."""
     return sorted(int(key) for key in (recall_record(job) or {}).get("by_distance", {}) if str(key).isdigit())
 
 

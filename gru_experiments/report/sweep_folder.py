@@ -201,9 +201,7 @@ def _variant(job: JobResult, key: str) -> str:
 
 def run_label(job: JobResult, jobs: list[JobResult]) -> str:
     """The job's label, with its training mode and window where another job has the same label."""
-    if sum(other.model == job.model for other in jobs) < 2:
-        return job.model
-    return f"{job.name}, {job.training}"
+    return job.model if sum(other.model == job.model for other in jobs) < 2 else f"{job.name}, {job.training}"
 
 
 # --- the ladder: models of several families side by side ----------------------------------

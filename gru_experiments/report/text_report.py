@@ -24,7 +24,6 @@ SHOWN = ("word_validity", "loop_rate")  # the figure's bar panels
 
 # --- reading the record -------------------------------------------------------------------------------------
 def text_record(job) -> dict | None:
-    """The job's text record (summary.json's "text"), None when it has none."""
     return read_record(job, "text", holding="modes")
 
 
