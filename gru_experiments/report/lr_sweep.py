@@ -89,10 +89,9 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
 
 def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     """Stateful bits per character against the learning rate (log scale), a line per model and recipe."""
-    found = arms(jobs)
     lines = {arm: sorted((lr, job.number(SCORE), job.number(f"{SCORE}_se") or 0.0) for lr, job in by_lr.items()
                          if job.status == "completed" and job.number(SCORE) is not None)
-             for arm, by_lr in found.items()}
+             for arm, by_lr in arms(jobs).items()}
     lines = {arm: points for arm, points in lines.items() if points}
     if not lines:
         return None

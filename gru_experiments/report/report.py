@@ -249,10 +249,8 @@ def build_report(sweep_dir) -> Report:
 
 def format_table(report: Report) -> str:
     """The results table as plain text, for the terminal."""
-    keys = ["model", "tokenizer", "parameters", "optim", "lr", "val_bpc", *(f"{m}_bpc" for m in FIGURES),
-            "tokens_per_second", "wall_seconds", "status"]
-    spec = {key: (header, fmt) for key, header, fmt in TABLE}
-    rows = [[spec[key][0] for key in keys]]
-    rows += [[html.unescape(_cell(job, key, spec[key][1])) for key in keys] for job in report.jobs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(keys))]
+    shown = [column for column in TABLE if column[0] not in ("training_mode", "family", "train_loss", "val_loss")]
+    rows = [[header for _, header, _ in shown]]
+    rows += [[html.unescape(_cell(job, key, fmt)) for key, _, fmt in shown] for job in report.jobs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(shown))]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
