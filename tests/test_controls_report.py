@@ -14,10 +14,10 @@ from test_findings import make_sweep, summary
 from test_reporting import assert_valid_png, make_job
 
 from gru_experiments.report.context_classes import PLOT_CLASSES
-from gru_experiments.report.recall_report import PLOT_RECALL, RECALL_CLAIMS, recall_findings
+from gru_experiments.report.recall_report import PLOT_RECALL, RECALL
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
-from gru_experiments.report.text_report import PLOT_TEXT, TEXT_CLAIMS, text_findings
+from gru_experiments.report.text_report import PLOT_TEXT, TEXT
 
 DECODERS = ("greedy", "temperature_0.8", "top_k_30", "top_p_0.9", "pure")
 STATISTICS = ("word_validity", "seq_rep_4", "loop_rate", "distinct_2", "copy_32", "line_shape", "reference_bpc")
@@ -117,7 +117,7 @@ def test_the_text_findings_state_their_figures_and_rules(tmp_path):
     text = build_report(make_text_sweep(tmp_path)).files["report.md"].read_text()
     lines = numbered_lines(text, "Findings on the generated text")
     assert [line.split(". **", 1)[0] for line in lines] == ["11", "12", "13", "14", "15"]
-    assert all(f"**{claim}**" in line for claim, line in zip(TEXT_CLAIMS, lines))
+    assert all(f"**{claim}**" in line for claim, line in zip(TEXT.rules, lines))
     greedy, noise, shape, early, copying = lines
     assert "**: supported." in greedy and "stateful 1.000 ± 0.100, windowed 0.900 ± 0.100, stateless 0.750 ± 0.100" \
         in greedy and "at least 0.5" in greedy and "6 of 6" in greedy
@@ -141,7 +141,7 @@ def test_the_text_findings_state_their_figures_and_rules(tmp_path):
 ])
 def test_the_text_findings_follow_the_numbers(tmp_path, changes, index, verdict, says):
     jobs, _ = collect(make_text_sweep(tmp_path, **changes))
-    finding = text_findings(jobs)[index]
+    finding = TEXT.judge(jobs)[index]
     assert finding.verdict == verdict and says in finding.evidence
 
 
@@ -150,7 +150,7 @@ def test_the_text_findings_say_what_is_missing(tmp_path):
     make_job(sweep, 0, "astra_alpha", summary=summary("astra_alpha", "char", 86_913, 2.31, 3.78, 3.58) | {
         "text": text_record()})  # no history.csv, no model of a million parameters
     jobs, _ = collect(sweep)
-    found = text_findings(jobs)
+    found = TEXT.judge(jobs)
     assert [f.verdict for f in found[:3]] == ["supported"] * 3
     assert found[3].verdict == "cannot be judged" and "val/stateful_word_validity" in found[3].evidence
     assert found[4].verdict == "cannot be judged" and "at least 1,000,000 parameters" in found[4].evidence
@@ -226,18 +226,18 @@ def test_the_recall_table_and_figure(tmp_path):
 def test_the_recall_findings_state_their_figures_and_rules(tmp_path):
     text = build_report(make_recall_sweep(tmp_path)).files["report.md"].read_text()
     instrument, carried, kept = numbered_lines(text, "Findings on the planted-recall control")
-    assert instrument.startswith(f"8. **{RECALL_CLAIMS[0]}**: supported.")
+    assert instrument.startswith(f"8. **{list(RECALL.rules)[0]}**: supported.")
     assert ("astra_alpha trained on windows (128) (log2 K = 3.000): stateful below log2 K by more than two "
             "standard errors at d = 16: 0.200 ± 0.050, "
             "d = 48: 0.400 ± 0.060, d = 96: 0.900 ± 0.100; windowed past its window (64 tokens) at d = 96: "
             "3.000 ± 0.050") in instrument
     assert "at chance" in instrument and "Detected in 3 of 3 runs" in instrument
-    assert carried.startswith(f"9. **{RECALL_CLAIMS[1]}**: partly supported.")
+    assert carried.startswith(f"9. **{list(RECALL.rules)[1]}**: partly supported.")
     se = math.hypot(0.1, 0.05)
     assert f"d = 192: streams 1.200 ± 0.100, windows 3.000 ± 0.050 (change -1.800 ± {se:.3f})" in carried
     assert "Streams better at 2 of 3 distances, worse at 0" in carried
     assert "(trained on windows (512): d = 192: 0.800 ± 0.100" in carried
-    assert kept.startswith(f"10. **{RECALL_CLAIMS[2]}**: partly supported.")
+    assert kept.startswith(f"10. **{list(RECALL.rules)[2]}**: partly supported.")
     assert ("astra_alpha trained on streams (128): stateful below windowed by more than two standard errors of the "
             "difference at 2 of 3 distances past the window (d = 192: stateful 1.200 ± 0.100, windowed 3.000 ± 0.050); "
             "stateful under 1 bit up to d = 96, crossing 2 bits at d ≈ 384 (3.0× the window)") in kept
@@ -279,7 +279,7 @@ def _with(figures: dict, mode: str, index: int, point: tuple) -> dict:
 ])
 def test_the_recall_findings_follow_the_numbers(tmp_path, runs, verdicts):
     jobs, _ = collect(make_recall_sweep(tmp_path, runs))
-    assert tuple(f.verdict for f in recall_findings(jobs)) == verdicts
+    assert tuple(f.verdict for f in RECALL.judge(jobs)) == verdicts
 
 
 # --- the context curve by class ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_reporting import assert_valid_png, make_job
 
-from gru_experiments.report.findings import CLAIMS, findings
+from gru_experiments.report.findings import STUDY
 from gru_experiments.report.plots import PLOT_CONTEXT, PLOT_MODES, context_curve_series, modes_over_training_series
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
@@ -94,7 +94,7 @@ def test_modes_over_training_leaves_out_counted_models():
 
 def test_findings_state_the_measured_figures(tmp_path):
     lines = finding_lines((build_report(make_sweep(tmp_path)).files["report.md"]).read_text())
-    assert len(lines) == 7 and all(claim in line for claim, line in zip(CLAIMS, lines))
+    assert len(lines) == 7 and all(claim in line for claim, line in zip(STUDY.rules, lines))
     # (6) no model trained both ways here; (7) no transformer.
     assert "cannot be judged" in lines[5] and "models=grid training=windows,streams" in lines[5]
     assert "cannot be judged" in lines[6] and "models=beta" in lines[6]
@@ -127,7 +127,7 @@ def test_findings_say_what_is_missing(tmp_path):
     assert "cannot be judged" in lines[3] and "no subword (spm) model" in lines[3]
     assert "cannot be judged" in lines[4] and "at least two sizes" in lines[4]
     assert "Missing: models of one tokenizer at two sizes" in lines[2]
-    assert [f.verdict for f in findings([])] == ["cannot be judged"] * len(CLAIMS)
+    assert [f.verdict for f in STUDY.judge([])] == ["cannot be judged"] * len(STUDY.rules)
 
 
 def test_best_and_final_weights_side_by_side(tmp_path):

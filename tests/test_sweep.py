@@ -23,7 +23,7 @@ from wandb_records import offline_runs
 
 import sweep as sweep_script
 from gru_experiments.errors import UserError
-from gru_experiments.report.findings import CLAIMS
+from gru_experiments.report.findings import STUDY
 from gru_experiments.runs import distributed
 
 SIX = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma"]
@@ -102,7 +102,7 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
         assert history.count("val/stateful_bpc") == history.count("val/stateless_bpc") == 2  # 2 epochs
     findings = report.split("## Findings", 1)[1].split("\n## ", 1)[0]
     assert ([line[:3] for line in findings.splitlines() if line[:1].isdigit()]
-            == [f"{i}. " for i in range(1, len(CLAIMS) + 1)])
+            == [f"{i}. " for i in range(1, len(STUDY.rules) + 1)])
     assert "cannot be judged" not in findings.split("4. ", 1)[1].split("\n")[0]  # char and spm models both ran
 
     # W&B: every job its own offline run in the sweep's group, holding its metrics.

@@ -26,7 +26,13 @@ def plus_minus(value: float, se: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
 
 
-def format_duration(seconds: float) -> str:
+def figure_cell(job, key: str) -> str:
+    """A summary figure ± its standard error (`key`_se; state_gain_bpc's is state_gain_se) to 4 decimals."""
+    value, se = job.number(key), job.number("state_gain_se" if key == "state_gain_bpc" else f"{key}_se")
+    return MISSING if value is None else plus_minus(value, se, 4)
+
+
+def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
     if seconds < 3600:
@@ -40,11 +46,16 @@ def escape(text: str) -> str:
 
 
 def table(header, rows, align: str) -> list[str]:
-    """A markdown table: the header's cells, each row's cells, and `align`'s characters, one a column
-    ("l" left, "r" right), the last repeated for the columns it does not reach."""
+    """A markdown table; `align` has a character a column, "l" or "r", the last one repeated."""
     align = align.ljust(len(header), align[-1])
     return (["| " + " | ".join(header) + " |", "|" + "".join("---|" if a == "l" else "--:|" for a in align)]
             + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def ordered(keys, preferred) -> list:
+    """`keys` with those of `preferred` first, in its order, then the rest as they came."""
+    keys = list(dict.fromkeys(keys))
+    return [key for key in preferred if key in keys] + [key for key in keys if key not in preferred]
 
 
 def image(alt: str, name: str, plots: dict, missing: str) -> str:
@@ -53,7 +64,7 @@ def image(alt: str, name: str, plots: dict, missing: str) -> str:
 
 
 # --- figures ------------------------------------------------------------------------------------------------
-def figure():
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed, safe in worker processes
@@ -62,12 +73,28 @@ def figure():
     return plt
 
 
-def labelled_bars(ax, xs, values, width, label, digits: int = 2) -> None:
-    """One series of bars (a missing value: an empty bar labelled —), each labelled with its value."""
-    bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
-    for bar, value in zip(bars, values):
-        ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (bar.get_x() + bar.get_width() / 2,
-                    bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+def subplots(*args, **kwargs):
+    return _pyplot().subplots(*args, **kwargs)
+
+
+def grouped_bars(ax, series: dict, digits: int = 2) -> None:
+    """A group of bars at each x (0, 1, ...), a bar per series ({label: values}), each labelled with its value
+    (a missing value: an empty bar labelled —)."""
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(values))]
+        bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+        for bar, value in zip(bars, values):
+            ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (bar.get_x() + bar.get_width() / 2,
+                        bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1),
+                        textcoords="offset points")
+
+
+def finish(ax, legend: int, grid: str = "both", **labels) -> None:
+    """The axes' titles (`labels`: title, xlabel, ylabel), a light grid and the legend every figure has."""
+    ax.set(**labels)
+    ax.grid(axis=grid, alpha=0.3)
+    ax.legend(fontsize=legend)
 
 
 def save(fig, path: Path) -> Path:
@@ -78,4 +105,4 @@ def save(fig, path: Path) -> Path:
             fig.savefig(f, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
         return path
     finally:
-        figure().close(fig)
+        _pyplot().close(fig)

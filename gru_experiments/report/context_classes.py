@@ -1,18 +1,14 @@
 """The context curve by class of target (summary.json's context_curve.by_class): report.md's *Context
-curve by class of target* tables and `context_by_class.png`.
-
-The classes word_start, word_inside, line_start and other partition the targets; long_copy overlays
-them: the characters of a word whose previous occurrence lies past the window but within the curve's
-longest point. Per class: its targets, its curve (bits per character at each context, and stateful)
-with standard errors, and its state gain (stateful - windowed, paired, as summary.json's
-state_gain_bpc) ± se.
+curve by class of target* tables and `context_by_class.png`. Per class: its targets, its curve with
+standard errors, and its state gain (stateful - windowed, paired) ± se.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, finite, image, plus_minus, save, table
+from gru_experiments.report.common import MISSING, finish, finite, image, ordered, plus_minus, save, subplots, table
+from gru_experiments.report.plots import curve_to_stateful
 from gru_experiments.report.section import Section, read_record, with_record
 from gru_experiments.report.sweep_folder import run_label
 
@@ -29,17 +25,15 @@ def class_jobs(jobs) -> list:
     return with_record(jobs, class_record)
 
 
-def _gain(job, name: str, key: str) -> float | None:
+def class_gain(job, name: str, key: str) -> float | None:
+    """The class's state gain ("bpc") or its standard error ("se"), None without."""
     entry = (class_record(job) or {}).get(name)
-    return finite(((entry or {}).get("state_gain") or {}).get(key)) if isinstance(entry, dict) else None
+    gain = entry.get("state_gain") if isinstance(entry, dict) else None
+    return finite(gain.get(key)) if isinstance(gain, dict) else None
 
 
-CLASS_COLUMNS = {f"{name}_state_gain_{key}": (lambda job, name=name, key=key: _gain(job, name, key))
+CLASS_COLUMNS = {f"{name}_state_gain_{key}": (lambda job, name=name, key=key: class_gain(job, name, key))
                  for name in ("long_copy", "word_start") for key in ("bpc", "se")}  # results.csv's class columns
-
-
-def _classes(record: dict) -> list[str]:
-    return [name for name in CLASSES if name in record] + [name for name in record if name not in CLASSES]
 
 
 def class_points(entry: dict) -> tuple[list[tuple[int, float, float | None]], tuple[float, float | None] | None]:
@@ -81,7 +75,7 @@ def class_section(jobs, plots: dict[str, Path]) -> list[str]:
              "carried state helps). Final weights.", ""]
     for job in shown:
         record = class_record(job)
-        names = _classes(record)
+        names = ordered(record, CLASSES)
         contexts = sorted({w for name in names for w, _, _ in class_points(record[name] or {})[0]})
         lines += [f"### {run_label(job, jobs)}", ""]
         lines += table(["class", "targets", *(str(w) for w in contexts), "stateful", "state gain"],
@@ -93,35 +87,27 @@ def class_section(jobs, plots: dict[str, Path]) -> list[str]:
 
 def _class_panel(ax, job, label: str) -> None:
     record = class_record(job)
-    longest = max((w for entry in record.values() for w, _, _ in class_points(entry or {})[0]), default=1)
-    stateful_x = longest * 4
-    for name in _classes(record):
+    ticks = sorted({w for entry in record.values() for w, _, _ in class_points(entry or {})[0]})
+    stateful_x = max(ticks, default=1) * 4
+    for name in ordered(record, CLASSES):
         points, stateful = class_points(record[name] or {})
         if not points:
             continue
-        (line,) = ax.plot([w for w, _, _ in points], [bpc for _, bpc, _ in points], marker="o", markersize=3,
-                          linestyle="--" if name == "long_copy" else "-", label=name)
-        if stateful is not None:
-            ax.plot([points[-1][0], stateful_x], [points[-1][1], stateful[0]], linestyle=":", color=line.get_color())
-            ax.plot([stateful_x], [stateful[0]], marker="*", markersize=9, color=line.get_color())
-    ticks = sorted({w for entry in record.values() for w, _, _ in class_points(entry or {})[0]})
+        curve_to_stateful(ax, [w for w, _, _ in points], [bpc for _, bpc, _ in points], stateful and stateful[0],
+                          stateful_x, linestyle="--" if name == "long_copy" else "-", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"], fontsize=7)
-    ax.set(title=label, xlabel="tokens of context (from the initial state)", ylabel="bits per character")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    finish(ax, 6, title=label, xlabel="tokens of context (from the initial state)", ylabel="bits per character")
 
 
 def plot_classes(jobs, path: Path) -> Path | None:
-    """A panel per run: bits per character against the context (log x), a line per class, its stateful
-    figure at the right end (long_copy dashed: an overlay of the others)."""
+    """A panel per run: a line per class against the context (long_copy dashed), stateful at the right."""
     shown = class_jobs(jobs)
     if not shown:
         return None
-    plt = figure()
     columns = min(3, len(shown))
     rows = -(-len(shown) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.0 * rows), squeeze=False)
+    fig, axes = subplots(rows, columns, figsize=(5.2 * columns, 4.0 * rows), squeeze=False)
     for ax, job in zip(axes.flat, shown):
         _class_panel(ax, job, run_label(job, jobs))
     for ax in list(axes.flat)[len(shown):]:

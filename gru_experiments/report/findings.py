@@ -1,12 +1,6 @@
-"""The study's findings, each judged by the numbers of one sweep (report.md's *Findings*): the original
-study's five (1-5), the project's (6: training with the state carried, training=streams) and the one its
-notebook ends on (7: GRUs against transformers), each rule registered below by its claim. The sections'
-findings (the planted-recall control's, the generated text's) are numbered on from 8.
-
-A rule returns a verdict (supported, partly supported, contradicted, not shown by this sweep, or cannot be
-judged and what is missing) and the measured figures it rests on, all computed from the jobs' summaries and
-histories (sweep_folder.JobResult): a sweep on another corpus, or other numbers, give other lines. Figures
-are of the final weights unless a line says "best" (the checkpoint with the lowest validation loss).
+"""The study's findings (report.md's *Findings*), each a rule registered by its claim and judged by one
+sweep's summaries and histories: the original study's five (1-5), the project's sixth (training=streams) and
+the notebook's closing claim (7: GRUs against transformers). The sections' findings are numbered on from 8.
 """
 
 from __future__ import annotations
@@ -15,8 +9,7 @@ import math
 
 from gru_experiments.report.common import RECURRENT
 from gru_experiments.report.lr_sweep import at_best, rivals
-from gru_experiments.report.section import Findings, cannot
-from gru_experiments.report.section import verdict as verdict_of
+from gru_experiments.report.section import Findings, cannot, verdict
 from gru_experiments.report.sweep_folder import mode_pairs
 
 STUDY = Findings("Findings", "The original study's five findings, the project's sixth and the notebook's closing "
@@ -61,8 +54,7 @@ def training_loss_finding(jobs) -> tuple[str, str]:
                 f"recurrent models: " + "; ".join(parts) + ".")
     if worse == 0:
         evidence += " In this sweep the training loss and the validation figure never disagreed."
-    verdict = "supported" if worse else "not shown by this sweep"
-    return (verdict, evidence)
+    return ("supported" if worse else "not shown by this sweep", evidence)
 
 
 @STUDY.claim("A GRU without carried state is functionally non-recurrent")
@@ -83,7 +75,7 @@ def stateless_finding(jobs) -> tuple[str, str]:
     if len(worse) < len(judged):
         evidence += (" Where stateless beats the bigram counts, the network is still a first-order model, "
                      "only a better-smoothed one.")
-    return (verdict_of(len(worse), len(judged)), evidence)
+    return (verdict(len(worse), len(judged)), evidence)
 
 
 def _first_and_last(job, metric: str) -> tuple[tuple[int, float], tuple[int, float]] | None:
@@ -137,9 +129,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     evidence = "; ".join(parts) + "."
     if missing:
         evidence += " Missing: " + ", ".join(missing) + "."
-    if not checks:
-        return ("cannot be judged", evidence)
-    return (verdict_of(sum(checks), len(checks)), evidence)
+    return (verdict(sum(checks), len(checks)) if checks else "cannot be judged", evidence)
 
 
 @STUDY.claim("Subword models amplify inference-time errors")
@@ -173,31 +163,23 @@ def correctness_finding(jobs) -> tuple[str, str]:
                 f"{small.number('stateful_bpc'):.4f} bits per character, beats {len(beaten)} of {len(larger)} "
                 f"larger models used statelessly ("
                 + ", ".join(f"{job.model} {job.number('stateless_bpc'):.4f}" for job in larger) + ").")
-    return (verdict_of(len(beaten), len(larger)), evidence)
+    return (verdict(len(beaten), len(larger)), evidence)
 
 
 WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (finding 6)
 
 
 def state_gain(job) -> tuple[float, float] | None:
-    """Stateful - windowed bits per character, paired target by target, and its standard error (findings 6
-    and 16)."""
+    """Stateful - windowed bits per character, paired target by target, and its se (findings 6 and 16)."""
     gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
     return None if gain is None or se is None else (gain, se)
 
 
-def training_mode_pairs(jobs) -> list[tuple]:
-    """(windows job, streams job) of every model trained both ways at one training window, with both
-    state gains."""
-    judged = _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]
-    return mode_pairs([job for job in judged if state_gain(job) is not None])
-
-
 @STUDY.claim("Training with the state carried makes the state worth carrying")
 def carried_state_finding(jobs) -> tuple[str, str]:
-    """(6) Does training with the state carried (truncated BPTT) make carrying it at inference pay?
-    Judged per model from stateful - windowed under each training mode, with standard errors."""
-    pairs = training_mode_pairs(jobs)
+    """(6) Does training with the state carried make carrying it at inference pay (stateful - windowed)?"""
+    judged = _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]
+    pairs = mode_pairs([job for job in judged if state_gain(job) is not None])
     if not pairs:
         return cannot("no model trained both ways (python sweep.py models=grid training=windows,streams)")
     parts, supported, contradicted = [], 0, 0
@@ -212,21 +194,18 @@ def carried_state_finding(jobs) -> tuple[str, str]:
         parts.append(f"{windows.name}: stateful - windowed ({window} tokens) {gw:+.5f} ± {sw:.5f} "
                      f"trained on windows, {gs:+.5f} ± {ss:.5f} trained on streams (change {change:+.5f} ± "
                      f"{change_se:.5f})")
-    verdict = ("supported" if supported == len(pairs) else "partly supported" if supported else
-               "contradicted" if contradicted == len(pairs) else "not shown by this sweep")
     evidence = ("Bits per character, negative where the carried state beats the window, ± one standard error "
                 "(paired by target): " + "; ".join(parts) + f". Supported for {supported} of {len(pairs)} models "
                 "(trained on streams, stateful - windowed below zero and below the windows-trained figure, each by "
                 f"two standard errors and by at least {WORTH} bits per character: a gain worth the state).")
-    return (verdict, evidence)
+    return (verdict(supported, len(pairs), contradicted), evidence)
 
 
 SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter counts differ by at most this factor
 
 
 def size_pairs(jobs) -> list[tuple]:
-    """(GRU job, transformer job) of each size: the same tokenizer and parameters within SAME_SIZE, each
-    family at its best where the sweep trained it at several learning rates or recipes (lr_sweep.at_best)."""
+    """(GRU, transformer) of each size: one tokenizer, parameters within SAME_SIZE, each family at_best."""
     jobs = at_best(jobs)
 
     def of(family):
@@ -257,13 +236,12 @@ def _recipe(job, jobs) -> str:
 
 @STUDY.claim("GRUs remain competitive with transformers")
 def transformer_finding(jobs) -> tuple[str, str]:
-    """(7) At each size, the GRU's stateful bits per character against the transformer's, with their
-    standard errors (<mode>_bpc_se), and the training time of each beside them."""
+    """(7) At each size, the GRU's stateful bits per character against the transformer's, ± se."""
     pairs = size_pairs(jobs)
     if not pairs:
         return cannot("no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "
                       "models=beta)")
-    parts, ahead, behind = [], 0, 0
+    parts, behind = [], 0
     for gru, transformer in pairs:
         g, t = gru.number("stateful_bpc"), transformer.number("stateful_bpc")
         se = math.hypot(gru.number("stateful_bpc_se") or 0.0, transformer.number("stateful_bpc_se") or 0.0)
@@ -272,7 +250,6 @@ def transformer_finding(jobs) -> tuple[str, str]:
             behind += 1
             outcome = "the transformer is better"
         elif difference < -2 * se:
-            ahead += 1
             outcome = "the GRU is better"
         else:
             outcome = "a tie within two standard errors"
@@ -280,23 +257,8 @@ def transformer_finding(jobs) -> tuple[str, str]:
                      f"{_minutes(gru)} of training against {transformer.name} "
                      f"({transformer.number('parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "
                      f"{_minutes(transformer)}: GRU - transformer {difference:+.4f} ± {se:.4f}, {outcome}")
-    verdict = ("contradicted" if behind == len(pairs) else "supported" if behind == 0 else "partly supported")
     evidence = ("Stateful bits per character of the final weights, GRU against the transformer of its size (each "
                 "family at its best where the sweep tuned it: learning rate and recipe chosen the same way for both), "
                 "± one standard error of the difference (the two figures' own, unpaired): " + "; ".join(parts)
                 + f". The GRU is better or tied at {len(pairs) - behind} of {len(pairs)} sizes.")
-    return (verdict, evidence)
-
-
-findings, CLAIMS = STUDY.judge, STUDY.claims  # the study's findings of a sweep's completed jobs; their claims
-
-
-def findings_markdown(jobs, groups: list[Findings]) -> list[str]:
-    """report.md's *Findings* sections: each group's (the study's first, then the sections'), numbered on."""
-    if not jobs:
-        return [f"## {STUDY.heading}", "", STUDY.intro, "", "No completed job: nothing to judge.", ""]
-    lines, first = [], 1
-    for group in groups:
-        lines += ([""] if lines else []) + group.markdown(jobs, first)
-        first += len(group.rules)
-    return lines + [""]
+    return (verdict(len(pairs) - behind, len(pairs)), evidence)

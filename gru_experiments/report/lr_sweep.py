@@ -1,18 +1,13 @@
-"""The learning-rate sweep of a sweep folder (report.md's *Learning rate and recipe*, `lr_sweep.png`):
-each model and recipe at every learning rate it was trained with, e.g.
-
-    python sweep.py models=lr_alpha 'model.lr=1e-3,2e-3,3e-3,5e-3,1e-2' evaluation.text_samples=0
-
-Each cell is the final weights' stateful bits per character ± one standard error; the best of each family
-at each size is the lowest of them. Learning rate and recipe are chosen on the validation split, the same
-split every figure is scored on, the same way for every family (docs/results.md).
+"""The learning-rate sweep (report.md's *Learning rate and recipe*, `lr_sweep.png`): each model and recipe at
+every learning rate it was trained with (`python sweep.py models=lr_alpha 'model.lr=1e-3,2e-3'`), and each
+family at each size at its best, chosen on the validation split the same way for every family.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, image, save, table
+from gru_experiments.report.common import MISSING, figure_cell, finish, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult
 
@@ -21,9 +16,7 @@ SCORE = "stateful_bpc"  # what a learning rate is chosen by: the study's headlin
 
 
 def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
-    """{(model, training mode, recipe): {lr: job}} for the jobs that started (completed, failed or, stopped
-    or still running, incomplete), when the sweep trained some arm at two learning rates or more; {} otherwise
-    (no learning-rate sweep here)."""
+    """{(model, training mode, recipe): {lr: job}} of the started jobs; {} unless an arm has two lrs."""
     found: dict[tuple, dict[float, JobResult]] = {}
     for job in jobs:
         lr = job.values.get("lr")
@@ -33,8 +26,7 @@ def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
 
 
 def at_best(jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs, each model family at each size (tokenizer and parameter count) and training
-    mode reduced to its best job (the lowest stateful bits per character), in launch order."""
+    """The completed jobs, each family at each size and training mode reduced to its best, in launch order."""
     best: dict[tuple, JobResult] = {}
     for job in jobs:
         if job.status != "completed" or job.number(SCORE) is None:
@@ -58,14 +50,10 @@ def _size(job: JobResult) -> tuple:
 
 def _cell(job: JobResult, best: bool) -> str:
     if job.status == "failed":
-        error = str(job.values.get("error") or "")
-        return "diverged" if "diverged" in error else "failed"
+        return "diverged" if "diverged" in str(job.values.get("error") or "") else "failed"
     if job.status == "incomplete":
         return "incomplete"
-    value, se = job.number(SCORE), job.number(f"{SCORE}_se")
-    if value is None:
-        return MISSING
-    text = f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+    text = figure_cell(job, SCORE)
     return f"**{text}**" if best else text
 
 
@@ -101,25 +89,21 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
 
 def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     """Stateful bits per character against the learning rate (log scale), a line per model and recipe."""
-    found = arms(jobs)
     lines = {arm: sorted((lr, job.number(SCORE), job.number(f"{SCORE}_se") or 0.0) for lr, job in by_lr.items()
                          if job.status == "completed" and job.number(SCORE) is not None)
-             for arm, by_lr in found.items()}
+             for arm, by_lr in arms(jobs).items()}
     lines = {arm: points for arm, points in lines.items() if points}
     if not lines:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     for (name, mode, recipe), points in lines.items():
         lrs, values, errors = zip(*points)
         label = f"{name}{' (streams)' if mode == 'streams' else ''}, {recipe}"
         ax.errorbar(lrs, values, yerr=errors, marker="o", capsize=3, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("learning rate (model.lr, the schedule's peak)")
-    ax.set_ylabel("stateful bits per character (lower is better)")
-    ax.set_title("Learning rate and recipe: the final weights on the validation split")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    finish(ax, 8, title="Learning rate and recipe: the final weights on the validation split",
+           xlabel="learning rate (model.lr, the schedule's peak)",
+           ylabel="stateful bits per character (lower is better)")
     return save(fig, path)
 
 

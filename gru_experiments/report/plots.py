@@ -1,12 +1,11 @@
 """The report's sections of the study's own figures, each a plot and its lines of report.md: the ladder,
-the context curve, the modes over training, bits per character by mode and the learning curves (PNG,
-written atomically, the same bytes for the same results)."""
+the context curve, the modes over training, bits per character by mode and the learning curves."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, escape, figure, format_duration, image, labelled_bars, save, table
+from gru_experiments.report.common import MISSING, duration, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.context_curve import curve_points
@@ -22,10 +21,8 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     rungs = [job for job in ladder_jobs(jobs) if job.number("stateful_bpc") is not None]
     if not rungs:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
-    for offset, key, label in ((-0.2, "stateful_bpc", "stateful"), (0.2, "stateless_bpc", "stateless")):
-        labelled_bars(ax, [i + offset for i in range(len(rungs))], [job.number(key) for job in rungs], 0.4, label)
+    fig, ax = subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
+    grouped_bars(ax, {mode: [job.number(f"{mode}_bpc") for job in rungs] for mode in ("stateful", "stateless")})
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
     if bigram is not None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
@@ -33,13 +30,12 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
     tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
     ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
-    return _save_bpc_bars(plt, fig, ax, "The ladder: validation bits per character (parameters or stored counts below)",
-                          path)
+    title = "The ladder: validation bits per character (parameters or stored counts below)"
+    return _save_bpc_bars(fig, ax, title, path)
 
 
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
-    """Grouped bars: one group per model, one bar per inference mode (val bpc when no job has
-    the evaluation's modes)."""
+    """Grouped bars: a group per model, a bar per inference mode (val bpc when no job has the modes)."""
     keys = [f"{mode}_bpc" for mode in FIGURES if any(job.number(f"{mode}_bpc") is not None for job in jobs)]
     labels = [key.removesuffix("_bpc") for key in keys]
     if not keys:
@@ -47,21 +43,14 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if any(job.number(key) is not None for key in keys)]
     if not shown:
         return None
-    plt = figure()
-    width = 0.8 / len(keys)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
-    for i, (key, label) in enumerate(zip(keys, labels)):
-        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(shown))]
-        labelled_bars(ax, xs, [job.number(key) for job in shown], width, label)
+    fig, ax = subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
+    grouped_bars(ax, {label: [job.number(key) for job in shown] for key, label in zip(keys, labels)})
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
-    return _save_bpc_bars(plt, fig, ax, "Validation bits per character by inference mode", path)
+    return _save_bpc_bars(fig, ax, "Validation bits per character by inference mode", path)
 
 
-def _save_bpc_bars(plt, fig, ax, title: str, path: Path) -> Path:
-    ax.set_ylabel("bits per character (lower is better)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+def _save_bpc_bars(fig, ax, title: str, path: Path) -> Path:
+    finish(ax, 8, "y", title=title, ylabel="bits per character (lower is better)")
     return save(fig, path)
 
 
@@ -70,8 +59,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
     shown = [job for job in jobs if job.history]
     if not shown:
         return None
-    plt = figure()
-    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (train_ax, val_ax) = subplots(1, 2, figsize=(11, 4.2))
     for job in shown:
         label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
         if job.status != "completed":
@@ -90,8 +78,7 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
 
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
-    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} from the summaries' context_curve, for
-    every completed model with a carried state (count and window models are baselines)."""
+    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} of every completed model but the n-grams."""
     series = {}
     for job in jobs:
         points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
@@ -103,8 +90,7 @@ def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
 
 
 def baselines(jobs: list[JobResult]) -> dict[str, float]:
-    """Horizontal lines of the context curve: the bigram counts (one per tokenizer) and the best
-    n-gram model of the sweep, by stateful bpc."""
+    """The context curve's horizontal lines: the bigram counts per tokenizer and the best n-gram model."""
     lines = {}
     for job in jobs:
         if job.status == "completed" and job.number("bigram_bpc") is not None:
@@ -118,52 +104,50 @@ def baselines(jobs: list[JobResult]) -> dict[str, float]:
 
 
 def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
-    """Bits per character against the context length (log axis), one curve per model, its stateful
-    figure at the right end; the bigram and the best n-gram as horizontal lines."""
+    """Bits per character against the context (log axis), a curve per model; the baselines as lines."""
     series = context_curve_series(jobs)
     if not series:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    longest = max(w for s in series.values() for w, _ in s["windows"])
-    stateful_x = longest * 4
-    for model, s in series.items():
-        xs, ys = zip(*s["windows"])
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=model)
-        if s["stateful"] is not None:
-            ax.plot([xs[-1], stateful_x], [ys[-1], s["stateful"]], linestyle=":", color=line.get_color())
-            ax.plot([stateful_x], [s["stateful"]], marker="*", markersize=9, color=line.get_color())
-    for (label, value), style in zip(baselines(jobs).items(), ["--", "-.", ":", "--"]):
+    return save_curves(path, {model: (s["windows"], s["stateful"]) for model, s in series.items()},
+                       "Bits per character against the context given (final weights)",
+                       "tokens of context (from the initial state); stateful: the state carried", baselines(jobs),
+                       ticks=True)
+
+
+def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **style) -> None:
+    """A context curve, then a dotted line from its last point to its stateful figure, a star at `stateful_x`."""
+    (line,) = ax.plot(xs, ys, marker="o", markersize=3, **style)
+    if stateful is not None:
+        ax.plot([xs[-1], stateful_x], [ys[-1], stateful], linestyle=":", color=line.get_color())
+        ax.plot([stateful_x], [stateful], marker="*", markersize=9, color=line.get_color())
+
+
+def save_curves(path: Path, curves: dict, title: str, xlabel: str, baselines: dict | None = None, ticks=False) -> Path:
+    """Context curves ({label: ([(context, bpc), ...], stateful bpc)}) on a log2 axis, each with its stateful
+    figure at 4x the longest context; `baselines` ({label: bpc}) as lines; `ticks`: a tick at each context."""
+    fig, ax = subplots(figsize=(7.5, 4.5))
+    contexts = sorted({x for points, _ in curves.values() for x, _ in points})
+    for label, (points, stateful) in curves.items():
+        xs, ys = zip(*points)
+        curve_to_stateful(ax, xs, ys, stateful, contexts[-1] * 4, label=label)
+    for (label, value), style in zip((baselines or {}).items(), ["--", "-.", ":", "--"]):
         ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
-    ticks = sorted({w for s in series.values() for w, _ in s["windows"]})
-    return save_curve(fig, ax, path, "Bits per character against the context given (final weights)",
-                      "tokens of context (from the initial state); stateful: the state carried",
-                      ([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"]))
-
-
-def save_curve(fig, ax, path: Path, title: str, xlabel: str, ticks=None) -> Path:
-    """A context-curve figure finished and saved: log2 context axis (with `ticks`, (positions, labels)),
-    the labels, grid and legend every curve figure shares."""
     ax.set_xscale("log", base=2)
     if ticks:
-        ax.set_xticks(*ticks)
-    ax.set(title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        ax.set_xticks([*contexts, contexts[-1] * 4], [*(str(x) for x in contexts), "stateful"])
+    finish(ax, 7, title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
     return save(fig, path)
 
 
 def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
-    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv, for the models
-    trained with steps; tokens = step x the run's tokens per step (summary: train_tokens / train_steps),
-    the step itself when unknown."""
+    """{model: {"stateful": [(tokens, bpc), ...], "stateless": [...]}} from history.csv, tokens = step x
+    the run's tokens per step (the step itself when unknown)."""
     series = {}
     for job in jobs:
-        if job.number("train_steps") == 0:  # a counted model (n-gram): one validation, no training to plot
+        tokens, steps = job.number("train_tokens"), job.number("train_steps")
+        if steps == 0:  # a counted model (n-gram): one validation, no training to plot
             continue
-        per_step = 1.0
-        if job.number("train_tokens") and job.number("train_steps"):
-            per_step = job.number("train_tokens") / job.number("train_steps")
+        per_step = tokens / steps if tokens and steps else 1.0
         curves = {mode: [(step * per_step, value) for step, value in job.history.get(f"val/{mode}_bpc", [])]
                   for mode in ("stateful", "stateless")}
         if any(curves.values()):
@@ -176,8 +160,7 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
     series = modes_over_training_series(jobs)
     if not series:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = subplots(figsize=(7.5, 4.5))
     for model, curves in series.items():
         color = None
         for mode, style in (("stateful", "-"), ("stateless", "--")):
@@ -186,33 +169,22 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
                 (line,) = ax.plot(xs, ys, linestyle=style, marker="o" if len(xs) < 12 else None, markersize=3,
                                   color=color, label=f"{model} {mode}")
                 color = line.get_color()
-    ax.set(title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    finish(ax, 7, title="Inference modes over training", xlabel="training tokens", ylabel="bits per character")
     return save(fig, path)
 
 
 # --- their sections of report.md --------------------------------------------------------------------------
 def _context(job: JobResult) -> str:
-    if "context" not in job.values:
-        return MISSING
-    return "unbounded" if job.values["context"] is None else f"{job.values['context']:,}"
-
-
-LADDER_COLUMNS = ["model", "family", "context (tokens)", "parameters", "stateful bpc", "stateless bpc",
-                  "windowed bpc", "training time"]
-
-
-def ladder_rows(jobs: list[JobResult]) -> list[list[str]]:
-    number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
-    return [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
-             number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
-             number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
-             number(job, "train_seconds", format_duration)] for job in ladder_jobs(jobs)]
+    return (MISSING if "context" not in job.values else "unbounded" if job.values["context"] is None
+            else f"{job.values['context']:,}")
 
 
 def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
-    rows = ladder_rows(jobs)
+    number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
+    rows = [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
+             number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
+             number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
+             number(job, "train_seconds", duration)] for job in ladder_jobs(jobs)]
     if not rows:
         return []
     lines = ["", "## The ladder", "",
@@ -220,7 +192,8 @@ def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
              "and reset at every step (stateless: only the last token is seen), and with the last "
              "`evaluation.window` tokens (windowed). Parameters: trainable ones; for an n-gram, the counts it "
              "stores. Training time: the training steps alone; for an n-gram, counting the training split.", "",
-             *table(LADDER_COLUMNS, rows, "llr")]
+             *table(["model", "family", "context (tokens)", "parameters", "stateful bpc", "stateless bpc",
+                     "windowed bpc", "training time"], rows, "llr")]
     bigram = next((job.number("bigram_bpc") for job in ladder_jobs(jobs) if job.number("bigram_bpc")), None)
     if bigram is not None:
         lines += ["", f"Baseline: the add-one bigram table of the training split, {bigram:.4f} bits per character."]

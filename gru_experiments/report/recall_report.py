@@ -1,12 +1,7 @@
-"""The planted-recall control (summary.json's "recall"): report.md's *Planted recall* table, `recall.png` and
-the findings on the control.
-
-A run's record: K keys, planted R times each at given distances before their recall in a corpus
-otherwise like the real one, and per distance, per inference mode (stateful, windowed, stateless),
-the bits per recalled key with their standard error and the targets scored. A model that kept nothing
-of the key pays log2 K bits (a uniform guess among the K): the no-memory line. A run is told apart by
-its training mode and training window (summary.json's training_mode and seq_len):
-"windows (128)", "streams (128)", "windows (512)".
+"""The planted-recall control (summary.json's "recall", docs/evaluation.md#the-planted-recall-control):
+report.md's *Planted recall* table, `recall.png` and the findings on the control, then each probe run's memory
+horizon and what the recall costs the language model. A model that kept nothing of a key pays log2 K bits
+(a guess among the K keys): the no-memory line.
 """
 
 from __future__ import annotations
@@ -14,10 +9,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, finite, image, plus_minus, save, table
-from gru_experiments.report.section import Findings, Section, cannot, read_record, with_record
+from gru_experiments.report.common import MISSING, figure_cell, finish, finite, image, plus_minus, save, subplots, table
+from gru_experiments.report.context_classes import class_gain, class_record
+from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
 from gru_experiments.report.sweep_folder import mode_pairs
-from gru_experiments.study.generation import MODES_BY_CONTEXT
+from gru_experiments.study.generation import MODES_BY_CONTEXT, STATEFUL, WINDOWED
 from gru_experiments.study.recall import horizon
 
 PLOT_RECALL = "recall.png"
@@ -25,7 +21,6 @@ PLOT_RECALL = "recall.png"
 
 # --- reading the record -------------------------------------------------------------------------------------
 def recall_record(job) -> dict | None:
-    """The job's recall record (summary.json's "recall"), None when it has none."""
     return read_record(job, "recall", holding="by_distance")
 
 
@@ -46,7 +41,6 @@ def inference_window(job) -> int | None:
 
 
 def distances(job) -> list[int]:
-    """The planted distances of the record, in increasing order."""
     return sorted(int(key) for key in (recall_record(job) or {}).get("by_distance", {}) if str(key).isdigit())
 
 
@@ -60,17 +54,15 @@ def recall_point(job, distance: int, inference: str) -> tuple[float, float, int 
 
 
 def run_horizon(job, mode: str) -> dict:
-    """The job's horizon in `mode` ({"remembered", "crosses_2_bits", "crossing"}; computed from the curve for a
-    record from before summary.json's recall.horizon)."""
+    """The job's horizon in `mode`, computed from the curve for a record from before recall.horizon."""
     record = recall_record(job) or {}
     return (record.get("horizon") or {}).get(mode) or horizon(record.get("by_distance", {}), mode)
 
 
 def where(distance: int, window: int | None) -> str:
     """Where a distance lies against a window: inside (d < window), past it (d > window), at its edge."""
-    if window is None:
-        return "?"
-    return "inside" if distance < window else "past" if distance > window else "at the edge"
+    return ("?" if window is None else "inside" if distance < window else "past" if distance > window
+            else "at the edge")
 
 
 # --- report.md ----------------------------------------------------------------------------------------------
@@ -135,20 +127,16 @@ def _panel(ax, shown, inference: str, names: bool) -> None:
         for window in sorted({inference_window(job) for job in shown} - {None}):
             ax.axvline(window, color="grey", linewidth=1, alpha=0.6, label=f"inference window {window}")
     ax.set_xscale("log", base=2)
-    ax.set(title=f"{inference} inference", xlabel="distance from the key (tokens); dotted: training window",
+    finish(ax, 6, title=f"{inference} inference", xlabel="distance from the key (tokens); dotted: training window",
            ylabel="bits per recalled key (lower: remembered)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
 
 
 def plot_recall(jobs, path: Path) -> Path | None:
-    """Recall bits against distance (log x): a panel per inference mode, a line per trained run, its
-    training window as a dotted vertical line, log2 K dashed."""
+    """Recall bits against distance (log x), a panel per inference mode, a line per run; log2 K dashed."""
     shown = recall_jobs(jobs)
     if not shown or not any(distances(job) for job in shown):
         return None
-    plt = figure()
-    fig, axes = plt.subplots(1, len(MODES_BY_CONTEXT), figsize=(5.0 * len(MODES_BY_CONTEXT), 4.0), sharey=True)
+    fig, axes = subplots(1, len(MODES_BY_CONTEXT), figsize=(5.0 * len(MODES_BY_CONTEXT), 4.0), sharey=True)
     names = len({job.name for job in shown}) > 1
     for ax, inference in zip(axes, MODES_BY_CONTEXT):
         _panel(ax, shown, inference, names)
@@ -168,8 +156,7 @@ def _at(points) -> str:
 
 
 def _below_chance(job, inference: str, chosen) -> list[tuple[int, tuple]]:
-    """(distance, point) where `inference`'s bits lie below log2 K by more than two standard errors, among
-    the distances `chosen(d)` accepts."""
+    """(distance, point) of the `chosen` distances where `inference` beats log2 K by two standard errors."""
     bits = no_memory(job)
     return [(d, p) for d in distances(job) if chosen(d) and (p := recall_point(job, d, inference)) is not None
             and bits - p[0] > 2 * p[1]]
@@ -208,9 +195,7 @@ def instrument_finding(jobs) -> tuple[str, str]:
                 "errors; it distinguishes when the windowed mode, past its window (where the key is out of sight), "
                 f"is not. Detected in {detected} of {len(judged)} runs; windowed below log2 K past its window in "
                 f"{leaking}.")
-    if not detected:
-        return ("not shown by this sweep", evidence)
-    return ("partly supported" if leaking else "supported", evidence)
+    return ("not shown by this sweep" if not detected else "partly supported" if leaking else "supported", evidence)
 
 
 def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
@@ -257,9 +242,7 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
         return ("cannot be judged", evidence + " Missing: distances past the training window.")
     better, worse = sum(b for b, _, _, _ in results), sum(w for _, w, _, _ in results)
     evidence += f" Streams better at {better} of {judged} distances, worse at {worse}."
-    verdict = ("supported" if better == judged else "partly supported" if better else
-               "contradicted" if worse == judged else "not shown by this sweep")
-    return (verdict, evidence)
+    return (verdict(better, judged, worse), evidence)
 
 
 def _kept_part(job) -> tuple[bool, str]:
@@ -296,10 +279,98 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
                 + ". Rule: a run keeps the key past its window when, at the first validation distance past it, "
                 "stateful recall is below windowed by more than two standard errors of the difference (hypot of "
                 f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
-    return ("supported" if kept == len(parts) else "partly supported" if kept else
-            "not shown by this sweep", evidence)
+    return (verdict(kept, len(parts), against=0), evidence)
 
-
-recall_findings, RECALL_CLAIMS = RECALL.judge, RECALL.claims
 
 SECTION = Section("planted recall", recall_section, plots={PLOT_RECALL: plot_recall}, findings=RECALL)
+
+
+# --- the memory horizon -------------------------------------------------------------------------------------
+HORIZON_MODES = (STATEFUL, WINDOWED)  # stateless never remembers: its horizon is always none
+
+
+def _remembered(h: dict) -> str:
+    return MISSING if h["remembered"] is None else f"{h['remembered']:,}"
+
+
+def _crossing(h: dict) -> str:
+    if h["crosses_2_bits"] is not None:
+        return f"{h['crosses_2_bits']:,.0f}"
+    return "never" if h["crossing"].startswith("below") else "at once"
+
+
+def _times_window(job, h: dict) -> str:
+    window = job.training_window
+    return MISSING if h["crosses_2_bits"] is None or not window else f"{h['crosses_2_bits'] / window:.1f}×"
+
+
+def horizon_section(jobs, plots: dict) -> list[str]:
+    """report.md's *Memory horizon* table ([] without a run with the probe)."""
+    shown = recall_jobs(jobs)
+    if not shown:
+        return []
+    lines = ["## Memory horizon", "",
+             "How far each run keeps a key, in tokens: \"under 1 bit up to\", the longest distance up to which every "
+             "recall costs under 1 bit; \"2 bits at\", where the recall curve first rises through 2 bits "
+             "(interpolated linearly in log2 distance between the two validation distances around it; \"never\": "
+             "under 2 bits at every distance, \"at once\": 2 bits or more at the shortest), and that distance over "
+             "the training window. Past its window, the windowed mode cannot see the key.", ""]
+    rows = [[f"{job.name}, {job.training}", str(job.training_window or MISSING), _remembered(stateful),
+             _crossing(stateful), _times_window(job, stateful), _remembered(windowed), _crossing(windowed)]
+            for job in shown for stateful, windowed in [[run_horizon(job, mode) for mode in HORIZON_MODES]]]
+    header = ["run", "training window", "stateful: under 1 bit up to", "stateful: 2 bits at", "× training window",
+              "windowed: under 1 bit up to", "windowed: 2 bits at"]
+    return lines + table(header, rows, "lr") + [""]
+
+
+# --- what learning the recall costs the language model ------------------------------------------------
+def twin(job, jobs):
+    """The completed job of the same model, training mode and window without the probe, None if none."""
+    return next((other for other in jobs if other.status == "completed" and not recall_record(other)
+                 and other.values.get("probe") in (None, "none") and other.name == job.name
+                 and other.training_mode == job.training_mode and other.training_window == job.training_window),
+                None)
+
+
+def _cost(job, plain) -> str:
+    """Stateful bits per character with the probe - without, ± the hypot of their standard errors."""
+    a, b = job.number("stateful_bpc"), plain.number("stateful_bpc")
+    if a is None or b is None:
+        return MISSING
+    se = math.hypot(job.number("stateful_bpc_se") or 0.0, plain.number("stateful_bpc_se") or 0.0)
+    return f"{a - b:+.4f} ± {se:.4f}"
+
+
+def most_helped_class(job) -> str:
+    """The class of target where the state helps most (the lowest class state gain), with that gain."""
+    gains = [(name, class_gain(job, name, "bpc"), class_gain(job, name, "se")) for name in class_record(job) or {}]
+    gains = [g for g in gains if g[1] is not None]
+    if not gains:
+        return MISSING
+    name, gain, se = min(gains, key=lambda g: g[1])
+    return f"{name}: {gain:+.4f}" + ("" if se is None else f" ± {se:.4f}")
+
+
+def cost_section(jobs, plots: dict) -> list[str]:
+    """report.md's *What the recall costs* table ([] without a run with the probe)."""
+    shown = recall_jobs(jobs)
+    if not shown:
+        return []
+    lines = ["## What the recall costs the language model", "",
+             "Each run with the probe beside its twin without it (same model, training mode and window), on the plain "
+             "validation split: stateful bits per character ± se, the cost (with - without ± the two se's hypot), "
+             "stateful - windowed ± its paired se (negative: carrying the state helps) and the kind of target where it "
+             "helps most (the context curve by class: stateful - windowed on those targets).", ""]
+    rows = []
+    for job in shown:
+        plain = twin(job, jobs)
+        cells = ([figure_cell(plain, "stateful_bpc"), _cost(job, plain), figure_cell(job, "state_gain_bpc"),
+                  figure_cell(plain, "state_gain_bpc"), most_helped_class(job), most_helped_class(plain)] if plain else
+                 [MISSING, MISSING, figure_cell(job, "state_gain_bpc"), MISSING, most_helped_class(job), MISSING])
+        rows.append([f"{job.name}, {job.training}", figure_cell(job, "stateful_bpc"), *cells])
+    header = ["run", "stateful, with the probe", "without", "cost", "stateful - windowed, with", "without",
+              "where the state helps most, with", "without"]
+    return lines + table(header, rows, "lrrrrrll") + [""]
+
+
+HORIZON, COST = Section("memory horizon", horizon_section), Section("what the recall costs", cost_section)

@@ -1,7 +1,6 @@
-"""The study's report over a sweep folder: results.csv, report.md and PNG plots (and a W&B summary run
-with the same), read from what the jobs wrote there (docs/outputs.md#sweep-folders), nothing
-recomputed: cheap, possible while jobs still run, the same files every time. `SECTIONS` is the one
-list of its parts (section.py); `register_section` adds one.
+"""The study's report over a sweep folder: results.csv, report.md and PNG plots, read from what the jobs
+wrote there (docs/outputs.md#sweep-folders), nothing recomputed: cheap, possible while jobs still run.
+`SECTIONS` is the one list of its parts (section.py); `register_section` adds one.
 """
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ import io
 from pathlib import Path
 
 from gru_experiments.files import atomic_write
-from gru_experiments.report import context_classes, lr_sweep, recall_horizon, recall_report, scale, text_report
+from gru_experiments.report import context_classes, lr_sweep, recall_report, scale, text_report
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
-from gru_experiments.report.common import MISSING, escape, format_duration, table
-from gru_experiments.report.findings import STUDY, findings_markdown
+from gru_experiments.report.common import MISSING, duration, escape, table
+from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
 from gru_experiments.runs.run_dir import RunDir
@@ -35,11 +34,10 @@ TABLE = [
     ("val_bpc", "val bpc", "{:.4f}".format),
     *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in FIGURES),
     ("tokens_per_second", "tokens/s", "{:,.0f}".format),
-    ("wall_seconds", "wall time", lambda s: format_duration(s)),
+    ("wall_seconds", "wall time", duration),
     ("status", "status", str),
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
-TEXT_KEYS = ("model", "training_mode", "family", "tokenizer", "optim", "status")  # TABLE's columns of words
 
 
 def derived() -> dict:
@@ -56,9 +54,8 @@ def columns() -> list[str]:
 
 # --- writing ----------------------------------------------------------------------------
 def _cell(job: JobResult, key: str, fmt) -> str:
-    value = job.values.get(key)
-    if key in TEXT_KEYS:
-        value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, value)
+    if fmt is str:  # a column of words
+        value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, job.values.get(key))
         return escape(str(value)) if value else MISSING
     number = job.number(key)
     return MISSING if number is None else fmt(number)
@@ -139,7 +136,7 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         f"# Study report: {sweep_dir.name}", "",
         f"Sweep folder `{sweep_dir}`: {len(jobs)} jobs, "
         + ", ".join(f"{n} {status}" for status, n in counts.items() if n)
-        + f"; {format_duration(total_seconds)} of training and evaluation in all.",
+        + f"; {duration(total_seconds)} of training and evaluation in all.",
     ]
     if overrides:
         lines += ["", f"Overrides: `{' '.join(overrides)}`"]
@@ -152,7 +149,7 @@ def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str]
         "windows of data.seq_len, each from a zero state. Every figure of this table is of the final "
         "weights (the best checkpoint's are under *Best checkpoint and final weights*).", "",
         *table([header for _, header, _ in TABLE], [[_cell(job, key, fmt) for key, _, fmt in TABLE] for job in jobs],
-               "".join("l" if key in TEXT_KEYS else "r" for key, _, _ in TABLE)),
+               "".join("l" if fmt is str else "r" for _, _, fmt in TABLE)),
     ]
     missing = _missing_lines(jobs, plots)
     lines += ["", "## What is missing", ""] + (missing or ["Nothing: every job completed with every metric."])
@@ -196,8 +193,15 @@ def _best_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
 
 
 def _findings_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
-    groups = [section.findings for section in SECTIONS if section.findings is not None]
-    return ["", *findings_markdown([job for job in jobs if job.status == "completed"], groups)]
+    """report.md's *Findings* sections: each section's group (the study's first), numbered on."""
+    jobs = [job for job in jobs if job.status == "completed"]
+    if not jobs:
+        return ["", f"## {STUDY.heading}", "", STUDY.intro, "", "No completed job: nothing to judge.", ""]
+    lines, first = [], 1
+    for group in (section.findings for section in SECTIONS if section.findings is not None):
+        lines += ["", *group.markdown(jobs, first)]
+        first += len(group.rules)
+    return lines + [""]
 
 
 # --- the sections, in report.md's order -------------------------------------------------------------------
@@ -206,7 +210,7 @@ SECTIONS: list[Section] = [
     Section("findings", _findings_section, findings=STUDY),
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
-    recall_report.SECTION, recall_horizon.HORIZON, recall_horizon.COST, text_report.SECTION,
+    recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
     scale.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
@@ -214,8 +218,7 @@ SECTIONS: list[Section] = [
 
 
 def register_section(section: Section, before: str | None = None) -> Section:
-    """Add a section to the report: at the end (before the closing line of files), or before the section
-    named `before`. Its columns, plots and findings come with it."""
+    """Add a section (its columns, plots and findings with it) at the end or before the one named `before`."""
     names = [known.name for known in SECTIONS]
     if section.name in names or set(section.columns) & set(columns()):  # unregister_section goes by the name
         raise ValueError(f"report section {section.name!r}: its name, or one of its columns, is taken")
@@ -229,8 +232,7 @@ def unregister_section(name: str) -> None:
 
 # --- the whole report -------------------------------------------------------------------
 def build_report(sweep_dir) -> Report:
-    """Read the sweep folder; write results.csv, the plots and report.md into it. Safe to run
-    again (and while jobs still run): every file is rewritten whole from what is on disk."""
+    """Read the sweep folder; write results.csv, the plots and report.md into it, each whole (safe to rerun)."""
     sweep_dir = Path(sweep_dir).resolve()
     jobs, overrides = collect(sweep_dir)
     plots = {}
@@ -247,10 +249,8 @@ def build_report(sweep_dir) -> Report:
 
 def format_table(report: Report) -> str:
     """The results table as plain text, for the terminal."""
-    keys = ["model", "tokenizer", "parameters", "optim", "lr", "val_bpc", *(f"{m}_bpc" for m in FIGURES),
-            "tokens_per_second", "wall_seconds", "status"]
-    spec = {key: (header, fmt) for key, header, fmt in TABLE}
-    rows = [[spec[key][0] for key in keys]]
-    rows += [[html.unescape(_cell(job, key, spec[key][1])) for key in keys] for job in report.jobs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(keys))]
+    shown = [column for column in TABLE if column[0] not in ("training_mode", "family", "train_loss", "val_loss")]
+    rows = [[header for _, header, _ in shown]]
+    rows += [[html.unescape(_cell(job, key, fmt)) for key, _, fmt in shown] for job in report.jobs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(shown))]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)

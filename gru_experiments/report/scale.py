@@ -1,10 +1,6 @@
 """The study at scale (report.md's *Scale*, `scale_context_curve.png`, finding 16): the recurrent models of a
-sweep at two sizes or more (`python sweep.py experiments=scale`: Astra-α/β/γ and Scribe-α/β, each cut to the
-same 2,000 steps), by parameter count: every inference mode with its standard error, what the carried state
-buys past the training window, and the context curves on one axis of characters.
-
-The state's gain is windowed - stateful (summary.json's `state_gain_bpc`, negated: positive where carrying the
-state beats the last `seq_len` tokens from a zero state), paired target by target with its standard error.
+sweep at two sizes or more (`python sweep.py experiments=scale`) by parameter count. The state's gain here is
+windowed - stateful (summary.json's `state_gain_bpc` negated: positive where the carried state helps).
 """
 
 from __future__ import annotations
@@ -13,10 +9,9 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, escape, figure, format_duration, image, plus_minus, table
-from gru_experiments.report.plots import save_curve
-from gru_experiments.report.section import Findings, Section, cannot
-from gru_experiments.report.section import verdict as verdict_of
+from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, figure_cell, image, table
+from gru_experiments.report.plots import save_curves
+from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.context_curve import curve_points
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
@@ -61,11 +56,6 @@ def steps(job) -> str:
     return MISSING if trained is None else f"{trained:,.0f}" + ("" if recipe is None else f" of {recipe:,.0f}")
 
 
-def _mode(job, mode: str) -> str:
-    value = job.number(f"{mode}_bpc")
-    return MISSING if value is None else plus_minus(value, job.number(f"{mode}_bpc_se"), 4)
-
-
 def _best(job) -> str:
     best, step = job.best("val_bpc"), job.best("step")
     return MISSING if best is None else f"{best:.4f} at step {step:,.0f}, final {job.number('val_bpc'):.4f}"
@@ -80,9 +70,9 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
         gain, seconds = state_gain(job), job.number("train_seconds")
         window = job.training_window
         rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
-                     steps(job), *(_mode(job, mode) for mode in MODES),
+                     steps(job), *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
                      MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
-                     _best(job), MISSING if seconds is None else format_duration(seconds)])
+                     _best(job), MISSING if seconds is None else duration(seconds)])
     header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
               "state's gain over the window", "val bpc: best, final", "training time"]
     return ["## Scale: the models by size", "",
@@ -101,19 +91,11 @@ def plot_scale_curves(jobs, path: Path) -> Path | None:
     chosen = [job for job in scale_jobs(jobs) if curve_points(job.values.get("context_curve"))]
     if not chosen:
         return None
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    series = {label(job): ([(int(key) * chars_per_token(job), value) for key, value
-                           in curve_points(job.values["context_curve"]) if key.isdigit()], job) for job in chosen}
-    stateful_x = 4 * max(x for points, _ in series.values() for x, _ in points)
-    for name, (points, job) in series.items():
-        xs, ys = zip(*points)
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3,
-                          label=f"{name} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})")
-        ax.plot([xs[-1], stateful_x], [ys[-1], job.number("stateful_bpc")], linestyle=":", color=line.get_color())
-        ax.plot([stateful_x], [job.number("stateful_bpc")], marker="*", markersize=9, color=line.get_color())
-    return save_curve(fig, ax, path, "Bits per character against the context given, by size (final weights)",
-                      "characters of context (from the initial state); right: the state carried (stateful)")
+    curves = {f"{label(job)} ({job.number('parameters') / 1e6:.2f}M, {job.values.get('tokenizer')})":
+              ([(int(key) * chars_per_token(job), value) for key, value in curve_points(job.values["context_curve"])
+                if key.isdigit()], job.number("stateful_bpc")) for job in chosen}
+    return save_curves(path, curves, "Bits per character against the context given, by size (final weights)",
+                       "characters of context (from the initial state); right: the state carried (stateful)")
 
 
 SCALE = Findings("Findings at scale", "What capacity changes, judged on this sweep's recurrent models of two "
@@ -149,7 +131,7 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
     evidence = ("Windowed - stateful bits per character (what the state carried beyond the training window buys), "
                 "paired by target, ± one standard error: " + "; ".join(parts) + f". It grows, by two standard "
                 f"errors and at least {findings.WORTH} bits per character, for {grows} of {len(groups)} tokenizers.")
-    return (verdict_of(grows, len(groups)), evidence)
+    return (verdict(grows, len(groups)), evidence)
 
 
 SECTION = Section("scale", scale_section, plots={PLOT_SCALE: plot_scale_curves}, findings=SCALE)

@@ -17,18 +17,17 @@ class Finding:
     verdict: str  # supported | partly supported | contradicted | not shown by this sweep | cannot be judged
     evidence: str
 
-    def line(self, number: int) -> str:
-        return f"{number}. **{self.claim}**: {self.verdict}. {self.evidence}"
-
 
 def cannot(missing: str) -> tuple[str, str]:
     """The judgement of a claim that the sweep lacks the figures to judge: what is missing."""
     return "cannot be judged", f"Missing: {missing}."
 
 
-def verdict(k: int, n: int) -> str:
-    """Supported when the claim holds in all n cases, contradicted in none, partly otherwise."""
-    return "supported" if k == n else "contradicted" if k == 0 else "partly supported"
+def verdict(k: int, n: int, against: int | None = None) -> str:
+    """Supported when the claim holds in all n cases, partly in some; in none, contradicted, or, where `against`
+    counts the cases that contradict it, contradicted only when all do (else not shown by this sweep)."""
+    return ("supported" if k == n else "partly supported" if k else
+            "contradicted" if against in (None, n) else "not shown by this sweep")
 
 
 @dataclass
@@ -46,24 +45,19 @@ class Findings:
             return rule
         return register
 
-    @property
-    def claims(self) -> tuple[str, ...]:
-        return tuple(self.rules)
-
     def judge(self, jobs) -> list[Finding]:
         return [Finding(claim, *rule(jobs)) for claim, rule in self.rules.items()]
 
     def markdown(self, jobs, first: int) -> list[str]:
-        lines = [finding.line(i) for i, finding in enumerate(self.judge(jobs), first)]
+        lines = [f"{i}. **{f.claim}**: {f.verdict}. {f.evidence}" for i, f in enumerate(self.judge(jobs), first)]
         return [f"## {self.heading}", "", self.intro, "", *lines]
 
 
 # --- a section ----------------------------------------------------------------------------------------------
 @dataclass
 class Section:
-    """One part of the report: its lines of report.md (`markdown(jobs, plots)`, [] to leave it out), its
-    columns of results.csv ({column: value(job)}), its plots ({file name: plot(jobs, path) -> path or None})
-    and its findings. report.py walks the list of them (report.SECTIONS; `register_section`)."""
+    """One part of the report: its lines of report.md ([] to leave it out), its columns of results.csv
+    ({column: value(job)}), its plots ({file name: plot(jobs, path) -> path or None}) and its findings."""
 
     name: str
     markdown: Callable[[list, dict], list[str]]
@@ -75,8 +69,7 @@ class Section:
 
 # --- the record a section reads ---------------------------------------------------------------------------
 def read_record(job, *path: str, holding: str | None = None) -> dict | None:
-    """The summary's non-empty dict at `path` ("recall"; "context_curve", "by_class"), holding a dict under
-    `holding` where given; None otherwise (an older summary, or a run without that measure)."""
+    """The summary's non-empty dict at `path`, holding a dict under `holding` where given; else None."""
     found = job.values
     for key in path:
         found = found.get(key) if isinstance(found, dict) else None

@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
+from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family
 from gru_experiments.runs.history import read_history
 from gru_experiments.runs.run_dir import RunDir, summary_in_todays_names
@@ -77,9 +78,7 @@ class JobResult:
     def number(self, key: str, values: dict | None = None) -> float | None:
         """A finite number from the summary (or `values`), else None."""
         value = (self.values if values is None else values).get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        return value
+        return None if finite(value) is None else value  # an int stays an int: "{:,}" writes no ".0"
 
 
 @dataclass
@@ -88,10 +87,6 @@ class Report:
     jobs: list[JobResult]
     overrides: list[str]
     files: dict[str, Path]  # name -> written file
-
-    @property
-    def completed(self) -> list[JobResult]:
-        return [job for job in self.jobs if job.status == "completed"]
 
     @property
     def problems(self) -> list[JobResult]:
@@ -116,10 +111,8 @@ def planned_models(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
-        if override.is_sweep_override():
-            names = list(override.sweep_string_iterator())
-        else:
-            names = [override.get_value_element_as_str()]
+        names = (list(override.sweep_string_iterator()) if override.is_sweep_override()
+                 else [override.get_value_element_as_str()])
         return [summary_in_todays_names({"model": name}, started=False)["model"] for name in names]  # an old sweep's
     return []
 
@@ -130,8 +123,7 @@ def read_summary(summary) -> dict:
         return {}
     summary = dict(summary)
     if "cell" in summary:
-        old = summary.pop("cell")
-        summary.setdefault("family", old)
+        summary.setdefault("family", summary.pop("cell"))
     return summary
 
 
@@ -139,33 +131,25 @@ def read_job(job_dir: Path) -> JobResult:
     run = RunDir(job_dir)
     cfg = run.config()
     summary = run.summary()
+    epochs, per_epoch = _select(cfg, "model.epochs"), _select(cfg, "model.steps_per_epoch")
     values = {
         "model": _select(cfg, "model.name"),
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
         "lr": _select(cfg, "model.lr"),
-        "recipe_steps": _recipe_steps(cfg),
+        # the steps of the model's own recipe; none for a counted model
+        "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
         # a run from before conf/optim (its config has no optim) was trained with the original study's recipe
         "optim": _select(cfg, "optim.name") or ("original" if _select(cfg, "weight_decay") is not None else None),
         **read_summary(summary),
     }
     if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)
         values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
-    if not isinstance(summary, dict):
-        status = "incomplete"
-    elif summary.get("status") == "failed":
-        status = "failed"
-    else:
-        status = "completed"
+    status = ("incomplete" if not isinstance(summary, dict) else
+              "failed" if summary.get("status") == "failed" else "completed")
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger)
-
-
-def _recipe_steps(cfg) -> int | None:
-    """The steps of the model's own recipe (epochs x steps per epoch), None for a counted model."""
-    epochs, per_epoch = _select(cfg, "model.epochs"), _select(cfg, "model.steps_per_epoch")
-    return epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None
 
 
 def _job_order(job_dir: Path) -> tuple:
@@ -175,8 +159,7 @@ def _job_order(job_dir: Path) -> tuple:
 
 
 def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
-    """Every job of the sweep, in launch order, plus a "missing" entry for each planned model
-    that has no job folder at all; and the sweep's overrides."""
+    """The sweep's jobs in launch order, a "missing" one per planned model never started; its overrides."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise NoResultsError(f"{sweep_dir} is not a folder: give the sweep folder (hydra.sweep.dir) of a study")
@@ -197,9 +180,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 def name_variants(jobs: list[JobResult]) -> None:
-    """Each job's variant: the learning rate, the recipe and the probe, where the sweep trained its model (and
-    training mode) with more than one of them (python sweep.py models=lr_alpha 'model.lr=...'; the
-    planted-recall experiment's twins, probe=recall,none)."""
+    """Each job's variant: the lr, recipe and probe that vary among its model's runs in one training mode."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
@@ -219,17 +200,13 @@ def _variant(job: JobResult, key: str) -> str:
 
 
 def run_label(job: JobResult, jobs: list[JobResult]) -> str:
-    """The job's heading in a section per run: its label (JobResult.model), with its training mode and
-    window where another job of the sweep has the same label ("astra_alpha, windows (512)")."""
-    if sum(other.model == job.model for other in jobs) < 2:
-        return job.model
-    return f"{job.name}, {job.training}"
+    """The job's label, with its training mode and window where another job has the same label."""
+    return job.model if sum(other.model == job.model for other in jobs) < 2 else f"{job.name}, {job.training}"
 
 
 # --- the ladder: models of several families side by side ----------------------------------
 def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs, in launch order, when they span more than one model family (the
-    summary's "family": gru, lstm, rnn, mlp, ngram, transformer); [] for a sweep of one family."""
+    """The completed jobs, in launch order, when they span more than one model family; else []."""
     done = [job for job in jobs if job.status == "completed"]
     return done if len({job.values.get("family") for job in done}) > 1 else []
 
@@ -244,7 +221,6 @@ def trainings(jobs) -> dict[str, dict[tuple, JobResult]]:
 
 
 def mode_pairs(jobs) -> list[tuple[JobResult, JobResult]]:
-    """(windows job, streams job) of each model trained both ways at one training window (a run on windows
-    of another length is no pair)."""
+    """(windows job, streams job) of each model trained both ways at one training window."""
     return [(runs[("windows", window)], runs[("streams", window)]) for runs in trainings(jobs).values()
             for mode, window in runs if mode == "windows" and ("streams", window) in runs]

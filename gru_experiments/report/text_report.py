@@ -1,11 +1,7 @@
 """The generated text measured (summary.json's "text", study/text_protocol.py): report.md's *Generated
 text* section, results.csv's text columns, `text_statistics.png` and the findings on the generated text.
-
-A run's record holds, per inference mode × decoder, each statistic's value and standard error over
-the samples (text_stats.STATISTICS), the same statistics of held-out text (the reference), of random
-strings (the floor) and of a looped phrase (the ceiling), and, where drawn, the drift: the statistics
-of each stretch of long generations. A summary written before the record existed has none; the
-section and the figure are then left out.
+A run's record: per inference mode × decoder, each statistic ± se; the same of held-out text (reference),
+random strings (floor) and a looped phrase (ceiling); and, where drawn, the drift of long generations.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, RECURRENT, figure, finite, image, plus_minus, save, table
+from gru_experiments.report.common import MISSING, RECURRENT, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
 from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -28,7 +24,6 @@ SHOWN = ("word_validity", "loop_rate")  # the figure's bar panels
 
 # --- reading the record -------------------------------------------------------------------------------------
 def text_record(job) -> dict | None:
-    """The job's text record (summary.json's "text"), None when it has none."""
     return read_record(job, "text", holding="modes")
 
 
@@ -59,18 +54,12 @@ def value(job, mode: str, decoder: str, statistic: str) -> float | None:
     return None if figure is None else figure[0]
 
 
-def _ordered(keys, preferred) -> list:
-    """`keys` with those of `preferred` first, in its order, then the rest as they came."""
-    keys = list(dict.fromkeys(keys))
-    return [key for key in preferred if key in keys] + [key for key in keys if key not in preferred]
-
-
 def text_rows(record: dict) -> list[tuple[str, dict]]:
     """(label, {statistic: entry}) per mode × decoder, then the reference, the floor and the ceiling."""
     rows = []
-    for mode in _ordered(record["modes"], MODES_BY_CONTEXT):
+    for mode in ordered(record["modes"], MODES_BY_CONTEXT):
         by_decoder = record["modes"][mode] or {}
-        rows += [(f"{mode}, {decoder}", by_decoder[decoder] or {}) for decoder in _ordered(by_decoder, DECODERS)]
+        rows += [(f"{mode}, {decoder}", by_decoder[decoder] or {}) for decoder in ordered(by_decoder, DECODERS)]
     return rows + [(label, record.get(which) or {}) for which, label in BOUNDS.items()]
 
 
@@ -130,7 +119,7 @@ def text_section(jobs, plots: dict[str, Path]) -> list[str]:
     for job in shown:
         record = text_record(job)
         rows = text_rows(record)
-        statistics = _ordered([name for _, figures in rows for name in figures], STATISTICS)
+        statistics = ordered([name for _, figures in rows for name in figures], STATISTICS)
         lines += [f"### {run_label(job, jobs)}", "", _settings_line(record), ""]
         lines += table(["setting", *statistics], [[label, *(_cell(figures.get(name)) for name in statistics)]
                                                   for label, figures in rows], "lr")
@@ -144,8 +133,8 @@ def text_section(jobs, plots: dict[str, Path]) -> list[str]:
 def _bars(ax, job, label: str, statistic: str) -> None:
     """Grouped bars: a group per decoder, a bar per mode (± se); the reference and the floor as lines."""
     record = text_record(job)
-    modes = _ordered(record["modes"], MODES_BY_CONTEXT)
-    decoders = _ordered([d for mode in modes for d in (record["modes"][mode] or {})], DECODERS)
+    modes = ordered(record["modes"], MODES_BY_CONTEXT)
+    decoders = ordered([d for mode in modes for d in (record["modes"][mode] or {})], DECODERS)
     width = 0.8 / max(len(modes), 1)
     for i, mode in enumerate(modes):
         figures = [setting(job, mode, decoder, statistic) for decoder in decoders]
@@ -191,9 +180,8 @@ def plot_text(jobs, path: Path) -> Path | None:
     shown = text_jobs(jobs)
     if not shown:
         return None
-    plt = figure()
     columns = len(SHOWN) + any(_has_drift(job) for job in shown)
-    fig, axes = plt.subplots(len(shown), columns, figsize=(5.2 * columns, 3.6 * len(shown)), squeeze=False)
+    fig, axes = subplots(len(shown), columns, figsize=(5.2 * columns, 3.6 * len(shown)), squeeze=False)
     for row, job in zip(axes, shown):
         for ax, statistic in zip(row, SHOWN):
             _bars(ax, job, run_label(job, jobs), statistic)
@@ -216,10 +204,6 @@ LARGE = 1_000_000  # parameters: the least for "a large model"
 NO_TEXT = "no completed job with the text statistics (summary.json's text)"
 
 
-def _fig(figure) -> str:
-    return plus_minus(*figure)
-
-
 def _se(*figures) -> float:
     """The standard error of a difference of figures (value, se): hypot of theirs (a missing one: 0)."""
     return math.hypot(*((figure[1] or 0.0) for figure in figures))
@@ -237,8 +221,8 @@ def greedy_loop_finding(jobs) -> tuple[str, str]:
         judged += len(rates)
         looping += sum(figure[0] >= LOOPING for figure in rates.values())
         reference = bound(job, "reference", "loop_rate")
-        parts.append(f"{job.model}: " + ", ".join(f"{mode} {_fig(figure)}" for mode, figure in rates.items())
-                     + (f" (reference {_fig(reference)})" if reference else ""))
+        parts.append(f"{job.model}: " + ", ".join(f"{mode} {plus_minus(*figure)}" for mode, figure in rates.items())
+                     + (f" (reference {plus_minus(*reference)})" if reference else ""))
     if not judged:
         return cannot(NO_TEXT + " and greedy samples")
     evidence = ("Greedy decoding's loop_rate (the share of samples ending in a repeated phrase): " + "; ".join(parts)
@@ -261,8 +245,9 @@ def stateless_noise_finding(jobs) -> tuple[str, str]:
         gaps = [(other[0] - stateless[0], _se(other, stateless)) for other in (stateful, reference)]
         noise += all(gap > 2 * se for gap, se in gaps)
         floor = bound(job, "floor", "word_validity")
-        parts.append(f"{job.model}: stateless {_fig(stateless)}, stateful {_fig(stateful)} (gap {gaps[0][0]:+.3f} ± "
-                     f"{gaps[0][1]:.3f}), reference {_fig(reference)} (gap {gaps[1][0]:+.3f} ± {gaps[1][1]:.3f})"
+        parts.append(f"{job.model}: stateless {plus_minus(*stateless)}, stateful {plus_minus(*stateful)} (gap "
+                     f"{gaps[0][0]:+.3f} ± {gaps[0][1]:.3f}), reference {plus_minus(*reference)} (gap "
+                     f"{gaps[1][0]:+.3f} ± {gaps[1][1]:.3f})"
                      + (f", random floor {floor[0]:.3f}" if floor else ""))
     if not judged:
         return cannot(NO_TEXT + " and the stateless, stateful and reference word_validity")
@@ -285,11 +270,11 @@ def line_shape_finding(jobs) -> tuple[str, str]:
         judged += 1
         limit = reference[0] + LINE_SLACK + 2 * _se(stateful, reference)
         kept += stateful[0] <= limit
-        part = (f"{job.model}: stateful {_fig(stateful)} against the reference's {_fig(reference)} (limit "
-                f"{limit:.3f}: {'within' if stateful[0] <= limit else 'beyond'})")
+        part = (f"{job.model}: stateful {plus_minus(*stateful)} against the reference's {plus_minus(*reference)} "
+                f"(limit {limit:.3f}: {'within' if stateful[0] <= limit else 'beyond'})")
         stateless = setting(job, "stateless", ORIGINAL_DECODER, "line_shape")
         if stateless is not None:
-            part += f", stateless {_fig(stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
+            part += f", stateless {plus_minus(*stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
         parts.append(part)
     if not judged:
         return cannot(NO_TEXT + " and the stateful and reference line_shape")
@@ -341,8 +326,9 @@ def copying_finding(jobs) -> tuple[str, str]:
     excess, se = copied[0] - reference[0], _se(copied, reference)
     evidence = (f"copy_32 (the share of a sample's 32-character spans found verbatim in the training split), stateful, "
                 f"decoder {ORIGINAL_DECODER}: the largest model, {large.model} "
-                f"({finite(large.values.get('parameters')):,.0f} parameters), {_fig(copied)} against the reference's "
-                f"{_fig(reference)} (held-out text: chance overlaps), excess {excess:+.3f} ± {se:.3f}")
+                f"({finite(large.values.get('parameters')):,.0f} parameters), {plus_minus(*copied)} against the "
+                f"reference's {plus_minus(*reference)} (held-out text: chance overlaps), excess {excess:+.3f} ± "
+                f"{se:.3f}")
     others = [job for job in text_jobs(jobs)
               if job is not large and setting(job, "stateful", ORIGINAL_DECODER, "copy_32")]
     if others:
@@ -352,7 +338,5 @@ def copying_finding(jobs) -> tuple[str, str]:
                  "standard errors of the difference.")
     return ("supported" if excess > 2 * se else "not shown by this sweep", evidence)
 
-
-text_findings, TEXT_CLAIMS = TEXT.judge, TEXT.claims
 
 SECTION = Section("generated text", text_section, columns=TEXT_COLUMNS, plots={PLOT_TEXT: plot_text}, findings=TEXT)

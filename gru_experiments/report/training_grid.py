@@ -1,41 +1,33 @@
-"""The training x inference grid of a sweep (report.md's *Training mode against inference mode*,
-`training_grid.png`): every model trained both ways (training=windows and training=streams, e.g.
-`python sweep.py models=grid training=windows,streams`), each scored in every inference mode.
-
-The figure of interest is stateful - windowed (summary.json `state_gain_bpc`, paired target by target,
-with its standard error `state_gain_se`): what carrying the state buys beyond the window.
+"""The training x inference grid (report.md's *Training mode against inference mode*, `training_grid.png`):
+every model trained both ways (`python sweep.py models=grid training=windows,streams`), each scored in
+every inference mode, with stateful - windowed: what carrying the state buys beyond the window.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, figure, format_duration, image, labelled_bars, save, table
+from gru_experiments.report.common import MISSING, duration, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
-TRAINING_MODES = ("windows", "streams")
+ORDER = {"windows": 0, "streams": 1}  # the grid's order of the training modes; any other comes last
 PLOT_GRID = "training_grid.png"
 
 
 def grid_models(jobs) -> dict[str, dict]:
-    """{model name: {training: job}} for the completed models trained in more than one mode. The training
-    is the mode ("windows", "streams"), with its window ("windows (512)") where the model was trained in one
-    mode at two windows."""
+    """{model name: {training: job}} of the completed models trained in more than one mode; training: the mode, with
+    its window ("windows (512)") where the model was trained in one mode at two windows."""
     grid = {}
     for name, runs in trainings([job for job in jobs if job.status == "completed"]).items():
         modes = [mode for mode, _ in runs]
         if len(set(modes)) < 2:
             continue
         windowed = len(set(modes)) < len(modes)  # a mode twice: tell its runs apart by their windows
-        ordered = sorted(runs.values(), key=lambda job: (_rank(job.training_mode), job.training_window or 0))
-        grid[name] = {job.training if windowed else job.training_mode: job for job in ordered}
+        in_order = sorted(runs.values(), key=lambda job: (ORDER.get(job.training_mode, 2), job.training_window or 0))
+        grid[name] = {job.training if windowed else job.training_mode: job for job in in_order}
     return grid
-
-
-def _rank(mode: str) -> int:
-    return TRAINING_MODES.index(mode) if mode in TRAINING_MODES else len(TRAINING_MODES)
 
 
 def _settings(job) -> str:
@@ -61,7 +53,7 @@ def grid_section(jobs, plots: dict[str, Path]) -> list[str]:
             rows.append([name, mode, *(MISSING if job.number(f"{m}_bpc") is None else f"{job.number(f'{m}_bpc'):.4f}"
                                        for m in MODES_BY_CONTEXT),
                          MISSING if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}",
-                         MISSING if seconds is None else format_duration(seconds)])
+                         MISSING if seconds is None else duration(seconds)])
     lines += table(["model", "training", *MODES_BY_CONTEXT, "stateful - windowed", "training time"], rows, "llr")
     lines += [""] + [f"- {name}: {_settings(next(iter(modes.values())))}" for name, modes in grid.items()]
     lines += ["", image("bits per character by training mode and inference mode", PLOT_GRID, plots, "no grid figure."),
@@ -74,20 +66,13 @@ def plot_training_grid(jobs, path: Path) -> Path | None:
     grid = grid_models(jobs)
     if not grid:
         return None
-    plt = figure()
-    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(grid), figsize=(4.2 * len(grid), 3.8), squeeze=False)
     for ax, (name, modes) in zip(axes[0], grid.items()):
-        order = list(modes)  # grid_models' order: windows, then streams, each by its window
-        width = 0.8 / len(order)
-        for i, mode in enumerate(order):
-            values = [modes[mode].number(f"{m}_bpc") or 0.0 for m in MODES_BY_CONTEXT]
-            xs = [x + (i - (len(order) - 1) / 2) * width for x in range(len(MODES_BY_CONTEXT))]
-            labelled_bars(ax, xs, values, width, f"trained on {mode}", digits=3)
+        # grid_models' order: windows, then streams, each by its window; a missing figure: a bar labelled 0.000
+        grouped_bars(ax, {f"trained on {mode}": [job.number(f"{m}_bpc") or 0.0 for m in MODES_BY_CONTEXT]
+                          for mode, job in modes.items()}, digits=3)
         ax.set_xticks(range(len(MODES_BY_CONTEXT)), [f"{m}\n(inference)" for m in MODES_BY_CONTEXT])
-        ax.set_title(name)
-        ax.set_ylabel("validation bits per character")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        finish(ax, 7, "y", title=name, ylabel="validation bits per character")
     return save(fig, path)
 
 

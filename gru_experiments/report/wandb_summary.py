@@ -15,14 +15,13 @@ def wandb_jobs(report: Report) -> list[JobResult]:
 
 
 def log_to_wandb(report: Report, mode: str, project: str | None = None, group: str | None = None):
-    """A "summary" run in the sweep's W&B group with the results table, the plots and each
-    model's numbers. Its id is fixed per sweep folder, so building the report again updates
-    the same run (online) instead of adding another. Returns the finished run."""
+    """A "summary" run in the sweep's W&B group: the results table, the plots, each model's numbers. Its
+    id is fixed per sweep folder, so building the report again updates it. Returns the finished run."""
     import wandb
 
     from gru_experiments.runs.loggers import sweep_group
 
-    logged = wandb_jobs(report)
+    logged, completed = wandb_jobs(report), [job for job in report.jobs if job.status == "completed"]
     first = logged[0].logger if logged else {}
     project = project or first.get("project") or "gru-experiments"
     group = group or sweep_group(first.get("group"), report.sweep_dir)
@@ -41,10 +40,10 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
                         if name.endswith(".png")})
         run.log(payload)
-        run.summary.update({f"{job.model}/{key}": job.number(key) for job in report.completed
+        run.summary.update({f"{job.model}/{key}": job.number(key) for job in completed
                             for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES))
                             if job.number(key) is not None})
-        run.summary.update({"jobs_completed": len(report.completed), "jobs_not_completed": len(report.problems)})
+        run.summary.update({"jobs_completed": len(completed), "jobs_not_completed": len(report.problems)})
     finally:
         run.finish()
     return run
