@@ -37,10 +37,9 @@ class CostEstimate(Callback):
     """Prints the run's estimated time once, after its first training steps: when `min_steps`
     steps after the first (which warms up) are timed, or a step or more took `min_seconds`."""
 
-    def __init__(self, val: Split, cfg, *, model=None, tokenizer=None, modes=None, train_ids=None, probe=None,
-                 settings=None, min_steps: int = 10, min_seconds: float = 20.0):
-        self.val, self.cfg, self.tokenizer, self.modes = val, cfg, tokenizer, modes
-        self.settings = settings or EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)  # the run's, built once
+    def __init__(self, val: Split, cfg, settings: EvaluationSettings, *, model=None, tokenizer=None, modes=None,
+                 train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0):
+        self.val, self.cfg, self.settings, self.tokenizer, self.modes = val, cfg, settings, tokenizer, modes
         self.train_ids, self.probe = train_ids, probe
         self.seq_len, self.batch_size, self.steps_per_epoch = cfg.data.seq_len, cfg.data.batch_size, \
             recipe_length(cfg)[1]
@@ -74,8 +73,8 @@ class CostEstimate(Callback):
         model = self.model if self.model is not None else trainer.lightning_module.model
         evaluation = self.evaluation_forward_tokens(model, int(total_steps) * tokens_per_step)
         modes = self.modes.plan(model) if self.modes is not None else plan_for(
-            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, OVER_TRAINING,
-                        settings=self.settings))
+            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, self.settings,
+                        OVER_TRAINING))
         validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
@@ -89,8 +88,8 @@ class CostEstimate(Callback):
         """The end-of-run evaluation's: the final weights' plan, every entry's passes in it (the text
         statistics' samples, the recall figures), and the best checkpoint's (counted as if it were not the
         final one)."""
-        final = run_request(self.cfg, model, self.val, training_tokens, tokenizer=self.tokenizer,
-                            train_ids=self.train_ids, probe=self.probe, settings=self.settings)
+        final = run_request(self.cfg, model, self.val, training_tokens, self.settings, tokenizer=self.tokenizer,
+                            train_ids=self.train_ids, probe=self.probe)
         return plan_for(final).forward_tokens + plan_for(replace(final, purpose=BEST)).forward_tokens
 
     @staticmethod

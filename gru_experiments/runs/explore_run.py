@@ -27,8 +27,7 @@ from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
-from gru_experiments.runs.sampling import read_splits, resolve_device, training_data_settings, unescape
-from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.runs.sampling import load_run, read_splits, unescape
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.settings import EvaluationSettings
@@ -44,14 +43,9 @@ EXPLORE_RULES = [
 def explore_run(cfg: DictConfig, checkpoint: Path) -> Path:
     """sample.py explore=true: the page of `checkpoint` (its run: run=, else the checkpoint's folder)."""
     validate_explore(cfg)
-    device = resolve_device(cfg.device)
-    if cfg.get("cpu_threads"):
-        torch.set_num_threads(int(cfg.cpu_threads))
-    task = load_checkpoint(checkpoint, map_location=device)
-    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
-    data_cfg = training_data_settings(run, cfg.data, reads_corpus=True)
+    task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=True)
     splits = read_splits(data_cfg, task.tokenizer, device)
-    return write_explore_page(cfg, task.model.to(device).eval(), task.tokenizer, run, data_cfg, splits, checkpoint)
+    return write_explore_page(cfg, task.model, task.tokenizer, run, data_cfg, splits, checkpoint)
 
 
 def validate_explore(cfg: DictConfig) -> None:

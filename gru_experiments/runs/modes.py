@@ -24,19 +24,17 @@ class ModesOverTraining(Callback):
     training split's text (`train_text`), and evaluation.text.samples > 0, also the word validity of
     one sample per study prompt of evaluation.text.chars characters in each of the two modes."""
 
-    def __init__(self, cfg, val: Split, epoch_tokens: int, tokenizer=None, train_text: str | None = None,
-                 settings=None):
-        self.cfg, self.val, self.epoch_tokens = cfg, val, epoch_tokens
-        # the run's evaluation settings, built once (not at every validation)
-        self.settings = settings or EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
+    def __init__(self, cfg, val: Split, epoch_tokens: int, settings: EvaluationSettings, tokenizer=None,
+                 train_text: str | None = None):
+        self.cfg, self.val, self.epoch_tokens, self.settings = cfg, val, epoch_tokens, settings
         self.tokenizer = tokenizer if train_text is not None else None
         # what the word validity reads of a training index: its words (counted here without the rest)
         self.index = SimpleNamespace(vocabulary=frozenset(words(train_text))) if self.tokenizer is not None else None
         self.last: dict | None = None  # the latest validation's summary
 
     def request(self, model):
-        return run_request(self.cfg, model, self.val, self.epoch_tokens, OVER_TRAINING, tokenizer=self.tokenizer,
-                           load_text_index=lambda: self.index, settings=self.settings)
+        return run_request(self.cfg, model, self.val, self.epoch_tokens, self.settings, OVER_TRAINING,
+                           tokenizer=self.tokenizer, load_text_index=lambda: self.index)
 
     def plan(self, model):
         return plan_for(self.request(model))

@@ -92,19 +92,26 @@ def training_data_settings(run: RunDir | None, fallback: DictConfig, reads_corpu
     return fallback
 
 
+def load_run(cfg: DictConfig, checkpoint: Path, reads_corpus: bool):
+    """sample.py's checkpoint on cfg.device (in eval mode), with its run (run=, else the checkpoint's folder)
+    and the data settings it trained with: (task, device, run, data settings)."""
+    device = resolve_device(cfg.device)
+    if cfg.get("cpu_threads"):
+        torch.set_num_threads(int(cfg.cpu_threads))
+    task = load_checkpoint(checkpoint, map_location=device)
+    task.model.to(device).eval()
+    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
+    return task, device, run, training_data_settings(run, cfg.data, reads_corpus=reads_corpus)
+
+
 def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     """Generate from `checkpoint` (see run_dir.find_checkpoint) as cfg (conf/sample.yaml) says."""
     output_dir = Path(cfg.paths.output_dir)
     mode = cfg.inference.mode
     validate_settings(cfg)
     raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
-    device = resolve_device(cfg.device)
-    if cfg.get("cpu_threads"):
-        torch.set_num_threads(int(cfg.cpu_threads))
-    task = load_checkpoint(checkpoint, map_location=device)
-    model, tokenizer = task.model.to(device).eval(), task.tokenizer
-    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
-    data_cfg = training_data_settings(run, cfg.data, reads_corpus=cfg.evaluate or bool(cfg.get("stats")))
+    task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=cfg.evaluate or bool(cfg.get("stats")))
+    model, tokenizer = task.model, task.tokenizer
 
     validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
     splits = splits_needed(cfg, data_cfg, tokenizer, device)
@@ -201,8 +208,9 @@ def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data
     source, _, _, train_ids, val_ids = splits or read_splits(data_cfg, tokenizer, model.device)
     summary = (run.summary() if run else None) or {}
     started = time.perf_counter()
-    request = run_request(cfg, model, Split.of(val_ids, tokenizer), summary.get("train_tokens"), tokenizer=tokenizer,
-                          train_ids=train_ids, seq_len=int(data_cfg.seq_len))
+    request = run_request(cfg, model, Split.of(val_ids, tokenizer), summary.get("train_tokens"),
+                          EvaluationSettings.of(cfg.evaluation, int(data_cfg.seq_len)), tokenizer=tokenizer,
+                          train_ids=train_ids)
     evaluation = evaluate(request, progress=Progress(), skip=(TEXT,))
     print(f"{display_path(source)}: {evaluation.modes.describe()}")
     modes = evaluation.summary()

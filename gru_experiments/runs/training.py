@@ -147,11 +147,11 @@ def fit_or_count(run: Run, current) -> None:
     epochs, steps_per_epoch = recipe_length(cfg)
     epoch_tokens = steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
     tokenizer = run.corpus.tokenizer
-    modes = ModesOverTraining(cfg, run.val, epoch_tokens, tokenizer, tokenizer.decode(run.corpus.train_ids.tolist()),
-                              run.settings)
+    modes = ModesOverTraining(cfg, run.val, epoch_tokens, run.settings, tokenizer,
+                              tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
-                 CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes,
-                              train_ids=run.corpus.train_ids, probe=run.corpus.probe, settings=run.settings)]
+                 CostEstimate(run.val, cfg, run.settings, model=task.model, tokenizer=tokenizer, modes=modes,
+                              train_ids=run.corpus.train_ids, probe=run.corpus.probe)]
     run.trainer = instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger, plugins=[checkpoint_io],
                               callbacks=callbacks)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
