@@ -1,7 +1,5 @@
-"""The cost of a run, known before it is paid: after its first training steps a run prints its
-estimated total time: the steps left at the measured seconds per step, plus the forward tokens of
-the plans it will run (validation, the end-of-run evaluation: every entry's passes) at the training
-rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md).
+"""After its first training steps a run prints its estimated time: the steps left at the measured rate, plus
+the forward tokens of the plans it will run at that rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ EVAL_FORWARD_SPEEDUP = 1.5
 
 
 def format_estimate(seconds: float) -> str:
-    """A duration as an estimate says it: rounded (12 s, 7 min, 1.5 h)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -34,8 +31,7 @@ def format_estimate(seconds: float) -> str:
 
 
 class CostEstimate(Callback):
-    """Prints the run's estimated time once, after its first training steps: when `min_steps`
-    steps after the first (which warms up) are timed, or a step or more took `min_seconds`."""
+    """Prints the estimate once `min_steps` steps after the first (a warm-up) are timed, or `min_seconds`."""
 
     def __init__(self, val: Split, cfg, settings: EvaluationSettings, *, model=None, tokenizer=None, modes=None,
                  train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0):
@@ -85,9 +81,7 @@ class CostEstimate(Callback):
         return estimate
 
     def evaluation_forward_tokens(self, model, training_tokens: int) -> int:
-        """The end-of-run evaluation's: the final weights' plan, every entry's passes in it (the text
-        statistics' samples, the recall figures), and the best checkpoint's (counted as if it were not the
-        final one)."""
+        """The final weights' plan and the best checkpoint's (counted as if it were not the final one)."""
         final = run_request(self.cfg, model, self.val, training_tokens, self.settings, tokenizer=self.tokenizer,
                             train_ids=self.train_ids, probe=self.probe)
         return plan_for(final).forward_tokens + plan_for(replace(final, purpose=BEST)).forward_tokens

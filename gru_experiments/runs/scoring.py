@@ -1,6 +1,5 @@
-"""The training job's score step: the final weights evaluated by their plan (study/plan.py, within
-evaluation.budget of the run's training tokens), the best checkpoint likewise without the curve, and
-the seeded samples side by side; printed, and handed to the loggers (docs/evaluation.md)."""
+"""The training job's score step: the final weights and the best checkpoint evaluated by their plans, and the
+seeded samples side by side; printed and logged (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -41,9 +40,7 @@ def run_request(cfg: DictConfig, model, val: Split, training_tokens, settings: E
 
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe,
               settings: EvaluationSettings) -> dict:
-    """Adds every figure of the final weights (every entry of study/evaluation.py) and of the best
-    checkpoint to `summary` (with `eval_seconds`), logs them, and returns the samples (with the texts
-    the text statistics measured). A bar per pass (trainer.enable_progress_bar)."""
+    """Adds the final weights' and the best checkpoint's figures to `summary`, logs them; the samples."""
     started = time.perf_counter()
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
     request = run_request(cfg, model, val, summary["train_tokens"], settings, tokenizer=tokenizer,
@@ -72,7 +69,6 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
 
 
 def describe(evaluation: Evaluation, summary: dict) -> str:
-    """The final weights' evaluation for the log, with the best checkpoint's."""
     modes, *others = evaluation.descriptions()
     return (f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
             f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
@@ -80,10 +76,8 @@ def describe(evaluation: Evaluation, summary: dict) -> str:
 
 def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, settings: EvaluationSettings,
                progress=NO_PROGRESS) -> dict:
-    """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
-    {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
-    When the best checkpoint holds the final weights (or there is none: a counted model), its
-    figures are the final ones, not scored twice."""
+    """The best checkpoint (lowest val/loss) scored in every mode; the final weights' figures when it holds them
+    (or there is none: a counted model)."""
     final_step = summary["train_steps"]
     path = summary.get("best_checkpoint")
     keys = ["val_loss", "val_bpc", *(f"{mode}_{unit}" for mode in MODES for unit in ("nll", "bpc"))]
@@ -112,7 +106,6 @@ def format_best(best: dict) -> str:
 
 
 def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict) -> None:
-    """The figures, the curve and the best checkpoint's figures to the loggers (W&B: a plot and tables)."""
     step, modes = summary["train_steps"], evaluation.modes
     logger.log_metrics({f"modes/{k}": v for k, v in modes.metrics().items()}, step=step)
     logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(modes.curve)}, step=step)
@@ -131,7 +124,6 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
 
 
 def log_curve_to_wandb(logger, curve: dict, model_name: str) -> None:
-    """The context curve as a W&B line plot (windowed points against the context) and a table."""
     import wandb
 
     rows = [[int(key), value] for key, value in curve_points(curve) if key.isdigit()]

@@ -42,8 +42,7 @@ from gru_experiments.study.settings import EvaluationSettings
 
 @dataclass
 class Run:
-    """What the steps hand on: the config, the resume point, the folder, the data and the task; then
-    the trainer and what fit_or_count set up."""
+    """What the steps hand on."""
     cfg: DictConfig
     resume: object
     folder: RunDir
@@ -62,13 +61,8 @@ class Run:
 
 
 def train(cfg: DictConfig) -> dict:
-    """Train, score and summarise one model.
-
-    Bad input (config values, the corpus, a resume checkpoint) is refused before anything is
-    written. Runs inside jobs.job: a multirun job that fails still leaves a summary.json (status
-    "failed" and the error) and a failed W&B run, then re-raises, so the other jobs go on and
-    the sweep report lists this one as failed. A single run that fails just raises; its
-    checkpoints stay, ready for resume=."""
+    """Train, score and summarise one model; bad input is refused before anything is written. A failure is
+    recorded by jobs.job (a multirun job's summary.json says "failed"); the checkpoints stay for resume=."""
     with job(cfg, record=True) as current:
         quiet_console()
         run = prepare(cfg)
@@ -178,8 +172,8 @@ def fit_or_count(run: Run, current) -> None:
 
 
 def summarize(run: Run, current) -> dict:
-    """The run's record. Its validation figures are the last validation pass's when it scored the
-    final weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more pass."""
+    """The run's record; its validation figures the last validation's if it scored the final weights on every
+    target, else one more pass's."""
     cfg, task, trainer = run.cfg, run.task, run.trainer
     model = task.model
     task.to(trainer.strategy.root_device)
@@ -231,12 +225,8 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
 
 
 def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckpoint, ...]:
-    """The best checkpoint by val/loss (after each validation) and last.ckpt, written at every
-    epoch end and, so that a kill loses little, every `every_n_steps` training steps.
-
-    Both callbacks write the same last.ckpt (no -v1 copies: the version counter is off), and
-    every write is atomic (AtomicCheckpointIO).
-    """
+    """The best checkpoint by val/loss and last.ckpt, at every epoch end and every `every_n_steps` steps (so that
+    a kill loses little); both write the same last.ckpt (no -v1 copies)."""
     best = ModelCheckpoint(dirpath=dirpath, filename="best-epoch{epoch}-step{step}", auto_insert_metric_name=False,
                            monitor="val/loss", mode="min", save_top_k=1, save_last=True,
                            enable_version_counter=False)
@@ -248,15 +238,13 @@ def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckp
 
 
 def training_batching(cfg: DictConfig) -> str:
-    """training.batching: windows (random windows, each from the initial state; the default, also for
-    configs written before the choice existed) or streams (truncated BPTT)."""
+    """training.batching: windows (the default, also of configs from before the choice) or streams."""
     return OmegaConf.select(cfg, "training.batching", default=None) or "windows"
 
 
 def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
-    """trainer.max_steps can stop training between two checkpoints (neither an epoch end nor a
-    multiple of checkpoint.every_n_steps); then last.ckpt also gets the final step, so that it
-    holds the weights the summary scores. Every rank takes the same decision (saving is collective)."""
+    """last.ckpt also at the final step when trainer.max_steps stopped training between two checkpoints, so that
+    it holds the weights the summary scores (every rank decides alike: saving is collective)."""
     saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
     if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
         return
@@ -264,9 +252,8 @@ def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
 
 
 def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> str:
-    """A counted model's "training": count the training split (timed: tokens/s), score the
-    validation split once (val/loss, val/bpc, history.csv), and save checkpoints/last.ckpt through
-    the trainer (atomic, with the tokenizer: sample.py loads it like any other). Returns its path."""
+    """A counted model's "training": count the training split (timed), validate once and save last.ckpt through
+    the trainer (as any other checkpoint); its path."""
     started = time.perf_counter()
     task.model.fit(datamodule.train_ids)
     task.train_seconds = time.perf_counter() - started
