@@ -36,16 +36,12 @@ EXPLORE_RULES = [
 
 
 def explore_run(cfg: DictConfig, checkpoint: Path) -> Path:
-    validate_explore(cfg)
+    check_rules(cfg, EXPLORE_RULES)  # explore's keys, before the checkpoint is read
+    if cfg.get("explore_text") is not None and cfg.get("explore_file"):
+        raise UserError("give explore_text=... or explore_file=..., not both")
     task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=True)
     splits = read_splits(data_cfg, task.tokenizer, device)
     return write_explore_page(cfg, task.model, task.tokenizer, run, data_cfg, splits, checkpoint)
-
-
-def validate_explore(cfg: DictConfig) -> None:
-    check_rules(cfg, EXPLORE_RULES)
-    if cfg.get("explore_text") is not None and cfg.get("explore_file"):
-        raise UserError("give explore_text=... or explore_file=..., not both")
 
 
 def explore_text(cfg: DictConfig, val_text: str) -> str:
@@ -92,7 +88,8 @@ def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, da
     seq_len = int(data_cfg.seq_len)
     data = explore(model, tokenizer, ids.to(model.device), seq_len=seq_len,
                    window=EvaluationSettings.of(cfg.evaluation, seq_len).window, probe=probe)
-    data["title"] = {"model": task_name(checkpoint, run), "checkpoint": display_path(checkpoint),
+    data["title"] = {"model": (run.model_name() if run is not None else None) or Path(checkpoint).stem,
+                     "checkpoint": display_path(checkpoint),
                      "text": "explore_text" if cfg.get("explore_text") is not None else
                      (cfg.explore_file or f"validation split, characters {cfg.explore_start:,} to "
                       f"{cfg.explore_start + len(text):,}"), "planted": probe is not None}
@@ -101,7 +98,3 @@ def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, da
     print(f"saved: {display_path(path)} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s): "
           + ", ".join(f"{mode} {bpc:.4f}" for mode, bpc in data["bpc"].items()) + " bits per character")
     return path
-
-
-def task_name(checkpoint, run: RunDir | None) -> str:
-    return (run.model_name() if run is not None else None) or Path(checkpoint).stem

@@ -18,9 +18,8 @@ VAL_METRICS = ("val/loss", "val/bpc", "val/stateful_bpc", "val/stateless_bpc", "
 class MetricsHistory(Callback):
     """The mean training loss every log_every_n_steps and the validation metrics (rank zero)."""
 
-    def __init__(self, path: Path, val_metrics: tuple[str, ...] = VAL_METRICS):
+    def __init__(self, path: Path):
         self.path = Path(path)
-        self.val_metrics = val_metrics
         self._loss_sum, self._loss_count = 0.0, 0  # a tensor once training runs: no host sync per step
 
     def _append(self, trainer, rows: list[tuple[str, float]]) -> None:
@@ -52,7 +51,7 @@ class MetricsHistory(Callback):
         if trainer.sanity_checking:
             return
         metrics = trainer.callback_metrics
-        self._append(trainer, [(name, float(metrics[name])) for name in self.val_metrics if name in metrics])
+        self._append(trainer, [(name, float(metrics[name])) for name in VAL_METRICS if name in metrics])
 
 
 def read_history(path: Path) -> dict[str, list[tuple[int, float]]]:

@@ -66,6 +66,7 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
 
 def record_failure(cfg, logger, error: Exception, seconds: float):
     """summary.json (and W&B) with status "failed" and the error; the logger to close."""
+    from gru_experiments.runs.checks import model_family
     from gru_experiments.runs.loggers import build_logger, is_wandb
     from gru_experiments.runs.run_dir import RunDir
 
@@ -73,7 +74,7 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     summary = {
         "status": "failed",
         "model": OmegaConf.select(cfg, "model.name"),
-        "family": _family(cfg),
+        "family": model_family(OmegaConf.select(cfg, "model.architecture", default=None)),
         "tokenizer": OmegaConf.select(cfg, "tokenizer.kind"),
         "error": f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-8)),
@@ -85,14 +86,6 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     if is_wandb(logger):
         logger.experiment.summary.update({"status": "failed", "error": summary["error"]})
     return logger
-
-
-def _family(cfg) -> str | None:
-    from gru_experiments.runs.checks import model_family
-
-    with suppress(Exception):  # bookkeeping must never hide the error it reports
-        return model_family(OmegaConf.select(cfg, "model.architecture", default=None))
-    return None
 
 
 def close_logger(exit_code: int = 0) -> None:

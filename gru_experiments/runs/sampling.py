@@ -103,7 +103,8 @@ def load_run(cfg: DictConfig, checkpoint: Path, reads_corpus: bool):
 def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     output_dir = Path(cfg.paths.output_dir)
     mode = cfg.inference.mode
-    validate_settings(cfg)
+    validate_sampling(cfg, vocab_size=None)  # the settings before the checkpoint is read
+    validate_stats(cfg)
     raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
     task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=cfg.evaluate or bool(cfg.get("stats")))
     model, tokenizer = task.model, task.tokenizer
@@ -153,11 +154,6 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     if cfg.get("stats"):
         record["text"] = measure_checkpoint_text(cfg, model, tokenizer, splits, int(data_cfg.seq_len), checkpoint)
     return record
-
-
-def validate_settings(cfg: DictConfig) -> None:
-    validate_sampling(cfg, vocab_size=None)
-    validate_stats(cfg)
 
 
 def splits_needed(cfg: DictConfig, data_cfg, tokenizer, device) -> Splits | None:

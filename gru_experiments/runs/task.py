@@ -71,7 +71,7 @@ class LanguageModelTask(L.LightningModule):
         carry = bool(streams) and not streams[0]
         logits, state = self.model(inputs, self.carried_state if carry else None)
         if streams:
-            self.carried_state = detach_state(state)
+            self.carried_state = map_state(torch.Tensor.detach, state)  # truncated BPTT stops at the chunk
         if self.recall_weight == 1:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         else:
@@ -187,11 +187,6 @@ def map_state(fn, state):
     if isinstance(state, (list, tuple)):
         return type(state)(map_state(fn, item) for item in state)
     return fn(state) if isinstance(state, torch.Tensor) else state
-
-
-def detach_state(state):
-    """The state cut from the graph: truncated backpropagation through time stops at a chunk boundary."""
-    return map_state(torch.Tensor.detach, state)
 
 
 def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,

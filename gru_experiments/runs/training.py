@@ -93,7 +93,7 @@ def prepare(cfg: DictConfig) -> Run:
     if corpus.probe is not None:
         task.weigh_recall(corpus.probe.symbol_ids.closing, OmegaConf.select(cfg, "training.recall_weight", default=1))
     model = task.model
-    batching = training_batching(cfg)
+    batching = OmegaConf.select(cfg, "training.batching", default=None) or "windows"  # configs from before it
     data = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
                             cfg.data.seq_len, recipe_length(cfg)[1], seed=cfg.seed,
                             eval_batch_size=cfg.data.eval_batch_size,
@@ -235,11 +235,6 @@ def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckp
     periodic = StepCheckpoint(dirpath=dirpath, save_top_k=0, save_last=True, every_n_train_steps=every_n_steps,
                               enable_version_counter=False)
     return best, periodic
-
-
-def training_batching(cfg: DictConfig) -> str:
-    """training.batching: windows (the default, also of configs from before the choice) or streams."""
-    return OmegaConf.select(cfg, "training.batching", default=None) or "windows"
 
 
 def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
