@@ -99,14 +99,8 @@ def resolve(mode: str, trainer_precision, device) -> MatmulPrecision | None:
 
 def autocast_precision(device_type: str) -> MatmulPrecision | None:
     """Under autocast (trainer.precision=bf16-mixed / 16-mixed) autocast's dtype, at every size."""
-    try:
-        if torch.is_autocast_enabled(device_type):
-            return MatmulPrecision(torch.get_autocast_dtype(device_type))
-    except TypeError:  # torch < 2.4 spells these per device
-        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
-            return MatmulPrecision(torch.get_autocast_cpu_dtype())
-        if device_type == "cuda" and torch.is_autocast_enabled():
-            return MatmulPrecision(torch.get_autocast_gpu_dtype())
+    if torch.is_autocast_enabled(device_type):  # per device type from torch 2.4, the oldest pyproject.toml takes
+        return MatmulPrecision(torch.get_autocast_dtype(device_type))
     return None
 
 
