@@ -14,8 +14,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.estimate import CostEstimate
-from gru_experiments.runs.smoke import SMOKE_VAL_TOKENS
-from gru_experiments.runs.training import train
+from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.plan import BEST
 from gru_experiments.study.scores import Split

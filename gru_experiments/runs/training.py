@@ -5,6 +5,9 @@
     summarize     the run's record: what was trained, how, and its final validation
     score         the evaluation of the final weights and the best checkpoint, the samples (runs/scoring.py)
     write         summary.json and samples.json (rank zero)
+
+trainer.fast_dev_run=true is a smoke run: the whole pipeline on a small slice (Lightning's one training and one
+validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures marked "smoke" in summary.json.
 """
 
 from __future__ import annotations
@@ -34,10 +37,15 @@ from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
-from gru_experiments.runs.smoke import is_smoke, smoke_split
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.study.scores import Split, score_chunks
 from gru_experiments.study.settings import EvaluationSettings
+
+SMOKE_VAL_TOKENS = 1024
+
+
+def is_smoke(cfg) -> bool:
+    return bool(OmegaConf.select(cfg, "trainer.fast_dev_run", default=False))
 
 
 @dataclass
@@ -94,7 +102,8 @@ def prepare(cfg: DictConfig) -> Run:
         task.weigh_recall(corpus.probe.symbol_ids.closing, OmegaConf.select(cfg, "training.recall_weight", default=1))
     model = task.model
     batching = OmegaConf.select(cfg, "training.batching", default=None) or "windows"  # configs from before it
-    data = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
+    val_ids = corpus.val_ids[:SMOKE_VAL_TOKENS] if is_smoke(cfg) else corpus.val_ids
+    data = CorpusDataModule(corpus.train_ids, val_ids, cfg.data.batch_size,
                             cfg.data.seq_len, recipe_length(cfg)[1], seed=cfg.seed,
                             eval_batch_size=cfg.data.eval_batch_size,
                             batching=batching if model.trainable else "windows",  # counted: no batches
@@ -183,7 +192,7 @@ def summarize(run: Run, current) -> dict:
     checkpoint, *_ = run.checkpoints
     return {
         "status": "completed",
-        "smoke": is_smoke(cfg),  # trainer.fast_dev_run: figures of a small slice (smoke.py)
+        "smoke": is_smoke(cfg),  # trainer.fast_dev_run: figures of a small slice
         "model": cfg.model.name,
         "family": model.family,
         "tokenizer": run.corpus.tokenizer.kind,
