@@ -102,28 +102,17 @@ def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size:
             raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but this config builds "
                             f"{tokenizer_summary(tokenizer.state_dict())}; resume with the run's own tokenizer "
                             "and data settings")
-        if not _same_tokenizer(_vocabulary(tokenizer.state_dict()), _vocabulary(state)):
+        if _vocabulary(tokenizer.state_dict()) != _vocabulary(state):
             raise UserError(f"checkpoint {path} was trained with a different {ckpt_kind} vocabulary of the same "
                             "size (another corpus or tokenizer settings?); resume with the run's own data.path "
                             "and tokenizer settings")
 
 
 def _vocabulary(state: dict) -> dict:
-    """A tokenizer's state without `extra` (the probe's characters), which older checkpoints lack."""
-    return {key: value for key, value in state.items() if key != "extra"}
-
-
-def _same_tokenizer(a: dict, b: dict) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for key in a:
-        x, y = a[key], b[key]
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)):
-                return False
-        elif x != y:
-            return False
-    return True
+    """A tokenizer's state, comparable (tensors as lists), without `extra` (the probe's characters), which older
+    checkpoints lack."""
+    return {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in state.items()
+            if key != "extra"}
 
 
 def non_finite_weights(state_dict: dict) -> list[str]:
