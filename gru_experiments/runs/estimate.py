@@ -33,7 +33,7 @@ def format_estimate(seconds: float) -> str:
 class CostEstimate(Callback):
     """Prints the estimate once `min_steps` steps after the first (a warm-up) are timed, or `min_seconds`."""
 
-    def __init__(self, val: Split, cfg, settings: EvaluationSettings, *, model=None, tokenizer=None, modes=None,
+    def __init__(self, val: Split, cfg, settings: EvaluationSettings, *, model, tokenizer=None, modes=None,
                  train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0):
         self.val, self.cfg, self.settings, self.tokenizer, self.modes = val, cfg, settings, tokenizer, modes
         self.train_ids, self.probe = train_ids, probe
@@ -66,10 +66,9 @@ class CostEstimate(Callback):
         per_epoch = getattr(trainer, "num_training_batches", None)
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
-        model = self.model if self.model is not None else trainer.lightning_module.model
-        evaluation = self.evaluation_forward_tokens(model, int(total_steps) * tokens_per_step)
-        modes = self.modes.plan(model) if self.modes is not None else plan_for(
-            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, self.settings,
+        evaluation = self.evaluation_forward_tokens(self.model, int(total_steps) * tokens_per_step)
+        modes = self.modes.plan(self.model) if self.modes is not None else plan_for(
+            run_request(self.cfg, self.model, self.val, self.steps_per_epoch * tokens_per_step, self.settings,
                         OVER_TRAINING))
         validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,

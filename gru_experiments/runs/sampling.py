@@ -187,10 +187,10 @@ def read_splits(data_cfg, tokenizer, device) -> Splits:
 
 
 def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path,
-                     splits: Splits | None = None) -> dict:
+                     splits: Splits) -> dict:
     """Every inference mode and the context curve on the validation split, by the run's own plan (its recorded
     training tokens; without its run folder every figure exact), the text statistics left to stats=true."""
-    source, _, _, train_ids, val_ids = splits or read_splits(data_cfg, tokenizer, model.device)
+    source, _, _, train_ids, val_ids = splits
     summary = (run.summary() if run else None) or {}
     started = time.perf_counter()
     request = run_request(cfg, model, Split.of(val_ids, tokenizer), summary.get("train_tokens"),
