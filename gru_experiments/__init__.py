@@ -8,11 +8,8 @@ The Python API (gru_experiments/api.py, docs/python.md):
     lm.generate("ROMEO: ", mode="stateless", seed=1)
     lm.score("KING: Now is the winter of our discontent", mode="stateful").bpc
 
-Exported lazily (PEP 562), so `import gru_experiments` stays light: scripts import the package's
-light modules (runs.jobs, runs.run_dir) before torch, and importing any of them runs this file first.
-
-The package in layers (README, "Where a change goes"): models/ and data/ at the bottom, study/, runs/,
-report/ above them, this API on top; pyproject.toml's [tool.importlinter] holds them.
+Exported lazily (PEP 562): scripts import light modules (runs.jobs) before torch, and every import runs this.
+The package's layers: README, "Where a change goes"; pyproject.toml's [tool.importlinter] holds them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The Python API: train a model, load it, generate and score text in the study's inference modes.
 
-Nothing here is a second implementation: `train` composes the same config as train.py (Hydra's
-compose API over conf/, config "train") and runs training.train; `load` is
-runs.task.load_checkpoint (weights only) on the checkpoint runs.run_dir.find_checkpoint picks;
-`generate` is generation.generate; `score` is study/scores.py's per-mode scorers on an
-scores.Split. Bad input raises a one-line errors.UserError. Examples and every argument: docs/python.md.
+No second implementation: train.py's config and training, sample.py's loading, study/'s generation and
+scorers. Bad input raises a one-line errors.UserError. Examples and every argument: docs/python.md.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ def _check_mode(mode: str) -> str:
 # --- scoring ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TextScore:
-    """How well a model predicts a text in one inference mode. Every token but the first is
-    predicted (the first is context only), as in study/scores.py."""
+    """How well a model predicts a text in one inference mode (every token but the first predicted)."""
     mode: str
     nll: float  # mean negative log-likelihood per predicted token, in nats
     bpc: float  # bits per character: nll_sum / (characters * ln 2)
@@ -73,8 +69,7 @@ class TrainedModel:
 
     @property
     def summary(self) -> dict | None:
-        """The run's summary.json, when the model came from a finished run (an older run's "cell"
-        read as today's "family")."""
+        """The run's summary.json, when the model came from a finished run."""
         from gru_experiments.report.sweep_folder import read_summary
         from gru_experiments.runs.run_dir import RunDir
 
@@ -93,16 +88,9 @@ class TrainedModel:
                  top_k: int | None = None, top_p: float | None = None, greedy: bool = False, seed: int = 1234,
                  num_samples: int | None = None, window: int | None = None,
                  drop_unknown: bool = False) -> str | list[str]:
-        """The prompt and a continuation of `max_new_tokens` tokens, sampled in `mode` ("stateful",
-        "stateless" or "windowed", the last from the last `window` tokens, by default the training
-        seq_len). A list of `num_samples` texts when num_samples is given, drawn together.
-
-        Decoding as sample.py: temperature, top_k, top_p; greedy=True takes the argmax. The draws
-        come from a generator seeded with `seed` alone: the same seed gives the same text (on the
-        same device). sample.py seeds each prompt with generation.prompt_seed(seed, prompt); pass
-        that as `seed` to get its text. drop_unknown=True drops prompt characters the vocabulary
-        lacks (else they raise a UserError naming them). A model trained with the recall probe writes
-        plain text: never one of the probe's symbols."""
+        """The prompt and a continuation of `max_new_tokens` tokens sampled in `mode` (a list of
+        `num_samples` texts when it is given), decoded as sample.py does; the same `seed` gives the same
+        text (sample.py seeds each prompt with generation.prompt_seed(seed, prompt)). docs/python.md."""
         from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
         from gru_experiments.study.generation import Decoding, generate, validate_sampling
 
@@ -127,12 +115,8 @@ class TrainedModel:
         return texts[0] if num_samples is None else texts
 
     def score(self, text: str, mode: str = "stateful", *, window: int | None = None) -> TextScore:
-        """The text's negative log-likelihood per token (nats) and bits per character in `mode`,
-        every token but the first predicted: stateful from everything before it (the state carried
-        through the whole text), stateless from the previous token alone, windowed from the
-        `window` tokens before it (default: the training seq_len) from a zero state. The figures
-        are study/scores.py's (score_stateful with one stream, score_stateless, score_windowed with
-        stride 1) on the text's token ids."""
+        """The text's nats per token and bits per character in `mode`, as study/scores.py scores a split
+        (windowed: `window` tokens of context, by default the training seq_len)."""
         import torch
 
         from gru_experiments.data.tokenizers import describe_characters
@@ -165,9 +149,8 @@ class TrainedModel:
 
 
 def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
-    """A trained model and its tokenizer from a run folder (its last checkpoint, as sample.py
-    run=... takes it), a checkpoint file, or the summary dict `train` returns. Read with
-    weights_only=True (runs.task.load_checkpoint). device: "cpu", "cuda", "auto", ..."""
+    """A trained model and its tokenizer from a run folder (its last checkpoint), a checkpoint file, or
+    the summary dict `train` returns, read with weights_only=True. device: "cpu", "cuda", "auto", ..."""
     from gru_experiments.runs.run_dir import RunDir, find_checkpoint
 
     if isinstance(run_or_checkpoint, dict):  # train()'s summary
@@ -199,7 +182,6 @@ def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
 
 
 def _training_seq_len(run) -> int | None:
-    """data.seq_len the run trained with: its saved config's, else its summary's record."""
     if run is None:
         return None
     from gru_experiments.runs.sampling import training_data_settings
@@ -213,13 +195,8 @@ def _training_seq_len(run) -> int | None:
 
 # --- training --------------------------------------------------------------------------------
 def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | None = None) -> dict:
-    """Train one model as `python train.py OVERRIDES...` does and return its summary (summary.json).
-
-    overrides: train.py's command-line overrides, e.g. ["model=astra_beta", "trainer.max_steps=300"];
-    resume=last or resume=RUN_DIR continues an interrupted run, as in train.py. root: where
-    outputs/ (and data/) go, i.e. paths.root_dir; default $PROJECT_ROOT, else the checkout (as
-    train.py). The run folder is outputs/runs/<model>/<date>_<time>_<µs>/ with the same files as
-    train.py's, .hydra/ and train.log included, so `load` and sample.py find it."""
+    """Train one model as `python train.py OVERRIDES...` does (the same run folder and files) and return its
+    summary (summary.json). root: paths.root_dir (default $PROJECT_ROOT, else the checkout)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -248,14 +225,12 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
 
 
 def _one_line(error: Exception) -> str:
-    """Hydra's message on one line, without its config search path."""
     return " ".join(str(error).split("Config search path")[0].split())
 
 
 def _run_job(config) -> dict:
-    """What Hydra's run_job does for train.py's single run: fix the run folder, record the config
-    in it (.hydra/), log into train.log, and run training.train with HydraConfig set, so that
-    paths.output_dir (${hydra:runtime.output_dir}) resolves."""
+    """Hydra's run_job for one run: the run folder, its .hydra/ record and train.log, and training.train
+    with HydraConfig set (paths.output_dir is ${hydra:runtime.output_dir})."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import open_dict, read_write
@@ -293,10 +268,8 @@ def _run_job(config) -> dict:
 
 @contextlib.contextmanager
 def _job_log(path: Path):
-    """train.log in the run folder, as Hydra's job logging writes it (same format), for the
-    duration of the run: a file handler on the root logger, and on Lightning's loggers when they
-    do not propagate (Lightning stops them when the root logger had no handler as it was
-    imported). Removed afterwards; the caller's own logging is otherwise left alone."""
+    """train.log in Hydra's format for the run's duration: on the root logger, and on Lightning's when they
+    do not propagate; the caller's own logging is left alone."""
     handler = logging.FileHandler(path, delay=True, encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     loggers = [logging.getLogger()] + [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")

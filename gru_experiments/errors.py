@@ -1,9 +1,5 @@
-"""The project's exceptions.
-
-The library raises `UserError` (or a subclass) for anything caused by the input rather than
-by a bug: a bad config value, a missing or unreadable corpus, an unusable checkpoint. Its
-message says what is wrong and what to do. Scripts turn it into one line on stderr and exit
-status 2 (gru_experiments/runs/jobs.py); any other exception is a bug and keeps its traceback.
+"""The project's exceptions: a `UserError` for anything the input caused, its message saying what to do (scripts
+print it as one line, exit status 2: runs/jobs.py); any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

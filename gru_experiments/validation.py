@@ -1,12 +1,7 @@
-"""The one way a config value is checked, before any work. A Rule names a key, what a valid value is
-(a predicate) and how to say it in words; `check_rules` checks a mapping (a config group, a dataclass's
-fields, a model's arguments) against its rules and, given the keys it may hold, refuses any other key,
-always in one line naming the key: `invalid KEY=VALUE: must be ALLOWED` (InvalidSetting) or
-`unknown key KEY: OWNER takes A, B`. The rules live with what they describe: the run's in
-runs/checks.py, the evaluation group's in study/settings.py, the recipe's in runs/recipe.py, the
-probe's in data/recall_probe.py, the sampling settings' in study/generation.py. A model's constructor
-checks its arguments with `check_setting` (`check_int`, `check_dropout`), the same error with the
-argument's name as its key; models/protocol.py adds the `model.architecture.` prefix."""
+"""The one way a config value is checked, before any work: a Rule names a key, a predicate and what it allows in
+words; `check_rules` checks a mapping against its rules (and its known keys), always in one line naming the key:
+`invalid KEY=VALUE: must be ALLOWED` or `unknown key KEY: OWNER takes A, B`. The rules live with what they
+describe; a model's constructor checks its arguments with `check_setting`."""
 
 from __future__ import annotations
 
@@ -59,9 +54,7 @@ def fraction(v) -> bool:  # [0, 1)
 
 
 def temperature_rule(key: str = "temperature") -> Rule:
-    """The one rule for a sampling temperature, wherever it is set: sample.py and the Python API
-    (study/generation.validate_sampling, which `generation.Decoding` checks itself with) and the
-    end-of-run samples (evaluation.samples.temperature). 0 means greedy: the argmax."""
+    """The one rule for a sampling temperature, wherever it is set."""
     return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)
 
 
@@ -103,8 +96,7 @@ def dotted_get(mapping, key: str):
 
 
 def check_rules(cfg, rules: list[Rule], prefix: str = "", known=None, owner: str = "") -> None:
-    """Every rule against `cfg` (a DictConfig or dict); with `known`, the keys it may hold, any other key is
-    refused too, naming what takes them (`owner`; by default the prefix)."""
+    """Every rule against `cfg`; with `known`, any other key is refused too, naming `owner` (or the prefix)."""
     unknown = [key for key in cfg if key not in known] if known is not None else []
     if unknown:
         raise UserError(f"unknown key {prefix}{unknown[0]}: {owner or prefix.rstrip('.')} takes {', '.join(known)}")

@@ -34,6 +34,7 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
+from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.target_classes import CLASSES
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import DECODERS
@@ -273,7 +274,8 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     train_text, val_text = split_text(small_shakespeare.read_text(encoding="utf-8"), cfg.data.train_fraction)
     tokenizer = CharTokenizer.from_text(train_text)
     val = Split.of(torch.tensor(tokenizer.encode(val_text)), tokenizer)
-    best = score_best(cfg, earlier, torch.tensor(tokenizer.encode(train_text)), val, torch.device("cpu"))
+    best = score_best(cfg, earlier, torch.tensor(tokenizer.encode(train_text)), val, torch.device("cpu"),
+                      EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len))
     assert best["step"] == 1 and not best["same_as_final"]
     for key in ["val_loss", "val_bpc", "stateful_bpc", "stateless_bpc", "windowed_bpc", "windowed_nll"]:
         assert best[key] == pytest.approx(on_disk[key], rel=1e-5), key

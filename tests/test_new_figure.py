@@ -24,6 +24,7 @@ from gru_experiments.study.evaluation import ENTRIES
 from gru_experiments.study.passes import Pass
 from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Unit
 from gru_experiments.study.scores import Split
+from gru_experiments.study.settings import EvaluationSettings
 
 COST = 1_234  # the demonstration pass's forward tokens, as its plan counts them
 
@@ -89,10 +90,11 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
                                      "evaluation": defaults() | {"streams": 4, "budget": 0.01,
                                                                     "curve_longest": 64}, "seed": 0})
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
-    with_entry = CostEstimate(val, estimate_cfg, model=model).evaluation_forward_tokens(model, 1000)
+    settings = EvaluationSettings.of(estimate_cfg.evaluation, estimate_cfg.data.seq_len)
+    with_entry = CostEstimate(val, estimate_cfg, settings, model=model).evaluation_forward_tokens(model, 1000)
     ENTRIES.remove(ENTRIES[-1])
     try:
-        without = CostEstimate(val, estimate_cfg, model=model).evaluation_forward_tokens(model, 1000)
+        without = CostEstimate(val, estimate_cfg, settings, model=model).evaluation_forward_tokens(model, 1000)
     finally:
         ENTRIES.append(RepeatsEntry())
     assert with_entry - without == COST

@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.estimate import CostEstimate
-from gru_experiments.runs.smoke import SMOKE_VAL_TOKENS
-from gru_experiments.runs.training import train
+from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.plan import BEST
 from gru_experiments.study.scores import Split
+from gru_experiments.study.settings import EvaluationSettings
 
 
 def test_fast_dev_run_runs_the_whole_pipeline_on_a_small_slice(compose_config, small_shakespeare, capsys):
@@ -58,7 +58,7 @@ def test_the_estimate_adds_training_validation_and_evaluation():
 
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
     cfg = _cfg()
-    estimate = CostEstimate(_val(), cfg, model=model).compute(Trainer(), step_seconds=0.5)
+    estimate = CostEstimate(_val(), cfg, _settings(cfg), model=model).compute(Trainer(), step_seconds=0.5)
     assert estimate["steps_left"] == 900 and estimate["train_seconds"] == 450
     # The estimate sums the very plans the run executes: the final weights' and the best checkpoint's.
     final = plan_of(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16)
@@ -75,14 +75,18 @@ def test_the_estimate_counts_the_validations_that_max_steps_leaves():
         max_steps, global_step, max_epochs, current_epoch, num_training_batches = 200, 10, 20, 0, 400
 
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
-    one = CostEstimate(_val(), _cfg(), model=model).compute(Trainer(), step_seconds=0.5)
+    one = CostEstimate(_val(), _cfg(), _settings(_cfg()), model=model).compute(Trainer(), step_seconds=0.5)
     Trainer.max_steps = 8000
-    twenty = CostEstimate(_val(), _cfg(), model=model).compute(Trainer(), step_seconds=0.5)
+    twenty = CostEstimate(_val(), _cfg(), _settings(_cfg()), model=model).compute(Trainer(), step_seconds=0.5)
     assert twenty["validation_seconds"] == pytest.approx(20 * one["validation_seconds"])
 
 
 def _val():
     return Split(torch.zeros(1001, dtype=torch.long), torch.ones(11, dtype=torch.long))
+
+
+def _settings(cfg):
+    return EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
 
 
 def _cfg():

@@ -1,9 +1,5 @@
-"""How batches are drawn from the encoded splits.
-
-The training split lives on the training device as one tensor, and each batch is one gather (random
-windows) or one slice (contiguous streams) there, so batches never touch the host. Two ways to batch
-it (`training=windows|streams`, BATCHINGS), either reading fresh ids every pass from a per-pass source
-(`PassIds`, the recall probe's plantings): docs/internals.md, *Batches*.
+"""How batches are drawn from the encoded splits, on the training device: one gather (random windows) or one
+slice (contiguous streams) a batch, either from fresh ids every pass (`PassIds`): docs/internals.md, *Batches*.
 """
 
 from __future__ import annotations
@@ -21,12 +17,7 @@ BATCHINGS = ("windows", "streams")  # training.batching: see the module docstrin
 
 
 def eval_windows(ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
-    """Cut a split into consecutive windows that cover every target exactly once.
-
-    Window k predicts ids[k*T + 1 : (k+1)*T + 1] from ids[k*T : (k+1)*T], each from a
-    zero state. The last window is padded (targets IGNORE_INDEX), so all len(ids) - 1
-    targets of the split are scored, not a random sample of them.
-    """
+    """Consecutive windows covering every target once, each from a zero state; the last padded (IGNORE_INDEX)."""
     n_targets = ids.numel() - 1
     n_windows = -(-n_targets // seq_len)
     inputs = torch.zeros(n_windows * seq_len, dtype=torch.long, device=ids.device)
@@ -40,9 +31,8 @@ PassSource = Callable[[int, int], Tensor]  # (pass index, step) -> the ids read 
 
 
 class PassIds:
-    """The ids read in pass p at step s: the split `ids` itself, or with a `source` the source's ids moved
-    to the split's device (moved once: the source gives the same tensor until its ids change). A source's
-    ids may be longer than the split (the recall probe inserts its pairs into it), never shorter."""
+    """The ids read in pass p at step s: the split itself, or a `source`'s (never shorter than the split), moved
+    to the split's device once per tensor."""
 
     def __init__(self, ids: Tensor, source: PassSource | None = None):
         self.ids, self.source = ids, source
@@ -60,12 +50,8 @@ class PassIds:
 
 
 class RandomWindowBatches:
-    """An epoch of `steps` batches of random windows, drawn on the data's device.
-
-    Each batch is (inputs, targets), both (batch_size, seq_len), targets shifted by one. With a
-    per-pass source (pass_ids), the batch at step s of epoch e draws its windows from pass_ids(e, s),
-    from anywhere in it (a planted pass longer than the split: an epoch still takes `steps` batches).
-    """
+    """An epoch of `steps` batches (inputs, targets) of random windows; with `pass_ids`, epoch e's batch at step
+    s draws from pass_ids(e, s)."""
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, generator: torch.Generator,
                  pass_ids: PassSource | None = None):
@@ -121,14 +107,9 @@ class EvalBatches:
 
 
 class StreamBatches:
-    """Truncated BPTT (as char-rnn and AWD-LSTM train): the training split cut into contiguous
-    streams, read in consecutive chunks of seq_len tokens, one chunk of every stream per batch.
-
-    Each batch is (inputs, targets, starts_pass): starts_pass is True for the first chunk of a pass,
-    where training starts from the initial state. Every pass starts at a seeded offset; DDP ranks read
-    disjoint streams; the position (pass, chunk, step) is the reader's whole state. A pass is laid out
-    over the ids it reads (a planted pass, longer than the split, takes more chunks: `chunks_of`). The
-    layout in full: docs/internals.md, *Batches*."""
+    """Truncated BPTT (as char-rnn and AWD-LSTM): contiguous streams read in chunks of seq_len, one chunk of
+    every stream a batch (inputs, targets, starts_pass), each pass from a seeded offset, DDP ranks on disjoint
+    streams; (pass, chunk, step) is the whole state. The layout: docs/internals.md, *Batches*."""
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, seed: int,
                  rank: int = 0, world_size: int = 1, pass_ids: PassSource | None = None):
@@ -149,18 +130,15 @@ class StreamBatches:
         return self.steps
 
     def chunks_of(self, tokens: int) -> int:
-        """The chunks of every stream in a pass over `tokens` ids: the same whatever the offset (the worst,
-        seq_len - 1, leaves room for them)."""
+        """The chunks of every stream in a pass over `tokens` ids, whatever the offset."""
         return (tokens - self.seq_len) // (self.batch_size * self.world_size * self.seq_len)
 
     def offset(self, pass_index: int) -> int:
-        """Where pass `pass_index` starts: seeded, the same on every rank."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + pass_index)
         return int(torch.randint(self.seq_len, (1,), generator=generator))
 
     def pass_streams(self, pass_index: int, step: int = 0) -> tuple[Tensor, Tensor]:
-        """This rank's (inputs, targets) of a pass, as read at `step`: (batch_size, chunks * seq_len) views,
-        `chunks_of` the pass's ids."""
+        """This rank's (inputs, targets) of a pass as read at `step`: (batch_size, chunks * seq_len) views."""
         ids = self.pass_ids(pass_index, step)
         start, length = self.offset(pass_index), self.chunks_of(ids.numel()) * self.seq_len
         streams = self.batch_size * self.world_size
@@ -194,17 +172,14 @@ class StreamBatches:
 
 
 def run_steps(trainer, steps_per_epoch: int) -> int:
-    """The optimiser steps `trainer` is set to take: max_steps, or its epochs of `steps_per_epoch`
-    batches if those end first (the learning-rate schedule's length, without a trainer's estimate)."""
+    """The optimiser steps `trainer` is set to take (max_steps, or its epochs if those end first)."""
     epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
     limits = [n for n in (trainer.max_steps, epochs and epochs * steps_per_epoch) if n and n > 0]
     return max(1, min(limits, default=1))
 
 
 class CorpusDataModule(L.LightningDataModule):
-    """The training and validation batches of a run. With a recall probe (data/recall_probe.Probe,
-    Corpus.probe), training reads the probe's training split planted afresh every pass (probe.train)
-    and `self.probe` keeps the probe for the recall figures; validation reads the plain split."""
+    """A run's training and validation batches; with a recall probe, training reads its planted split."""
 
     def __init__(self, train_ids: Tensor, val_ids: Tensor, batch_size: int, seq_len: int,
                  steps_per_epoch: int, seed: int = 0, eval_batch_size: int | None = None,
@@ -225,11 +200,9 @@ class CorpusDataModule(L.LightningDataModule):
         self.probe = probe
         self.train_pass_ids: PassSource | None = probe.train if probe is not None else None
         self.generator: torch.Generator | None = None
-        self._pending_generator_state: Tensor | None = None
         self.windows: RandomWindowBatches | None = None
-        self._pending_window_state: dict | None = None
         self.streams: StreamBatches | None = None
-        self._pending_stream_state: dict | None = None
+        self._restored: dict = {}  # a checkpoint's state (load_state_dict), for the readers built after it
         if batching == "streams":  # refuse a split too short for the streams now, before any work
             StreamBatches(train_ids, batch_size, seq_len, steps_per_epoch, seed)
 
@@ -245,15 +218,15 @@ class CorpusDataModule(L.LightningDataModule):
             # Each DDP rank draws different windows.
             rank = self.trainer.global_rank if self.trainer is not None else 0
             self.generator = torch.Generator(device=device).manual_seed(self.seed + rank)
-            if self._pending_generator_state is not None:
+            if "generator_state" in self._restored:
                 self._restore_generator()
         if self.batching == "streams" and (self.streams is None or self.streams.ids.device != device):
             trainer = self.trainer
             rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
             self.streams = StreamBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch,
                                          self.seed, rank, world, pass_ids=self.train_pass_ids)
-            if self._pending_stream_state is not None:
-                self.streams.load_state_dict(self._pending_stream_state)
+            if "streams" in self._restored:
+                self.streams.load_state_dict(self._restored["streams"])
         if self.probe is not None and self.trainer is not None:  # the probe's phases are fractions of these
             self.probe.train.steps = run_steps(self.trainer, self.steps_per_epoch)
 
@@ -265,8 +238,8 @@ class CorpusDataModule(L.LightningDataModule):
         if windows is None or windows.ids is not self.train_ids or windows.generator is not self.generator:
             self.windows = RandomWindowBatches(self.train_ids, self.batch_size, self.seq_len, self.steps_per_epoch,
                                                self.generator, pass_ids=self.train_pass_ids)
-            if self._pending_window_state is not None:
-                self.windows.load_position(self._pending_window_state)
+            if "windows" in self._restored:
+                self.windows.load_position(self._restored["windows"])
         return self.windows
 
     def val_dataloader(self):
@@ -283,21 +256,16 @@ class CorpusDataModule(L.LightningDataModule):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        if "streams" in state:
-            self._pending_stream_state = state["streams"]
-            if self.streams is not None:
-                self.streams.load_state_dict(state["streams"])
-        if "windows" in state:
-            self._pending_window_state = state["windows"]
-            if self.windows is not None:
-                self.windows.load_position(state["windows"])
-        if "generator_state" in state:
-            self._pending_generator_state = state["generator_state"]
-            if self.generator is not None:
-                self._restore_generator()
+        self._restored = {**self._restored, **state}
+        if "streams" in state and self.streams is not None:
+            self.streams.load_state_dict(state["streams"])
+        if "windows" in state and self.windows is not None:
+            self.windows.load_position(state["windows"])
+        if "generator_state" in state and self.generator is not None:
+            self._restore_generator()
 
     def _restore_generator(self) -> None:
-        state = self._pending_generator_state
+        state = self._restored["generator_state"]
         try:
             self.generator.set_state(state)
         except RuntimeError:

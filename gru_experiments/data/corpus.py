@@ -31,7 +31,7 @@ def sha256_of(path: Path) -> str:
 
 
 def download(url: str, dest: Path, sha256: str | None = None) -> Path:
-    """Fetch url into dest, verified (files.atomic_file: never a partial or unverified dest)."""
+    """Fetch url into dest, verified, atomically."""
     digest = hashlib.sha256()
     with atomic_file(dest) as out, urllib.request.urlopen(url, timeout=60) as response:
         while block := response.read(1 << 20):
@@ -43,8 +43,7 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
 
 
 def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir: str | Path) -> Path:
-    """The file to train on: `path` if given, else the cached download of `url` (opt-in), else the
-    corpus shipped in the package (SHIPPED_CORPUS)."""
+    """`path` if given, else the cached download of `url` (opt-in), else SHIPPED_CORPUS."""
     if path:
         return Path(path).expanduser()
     if not url or sha256 == SHIPPED_SHA256:  # a URL of the same text (runs recorded before it shipped)
@@ -61,8 +60,7 @@ def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir
 
 
 def read_corpus(path: Path) -> str:
-    """The corpus text; UserError if the file is missing, empty or not UTF-8. A `.xz` file is
-    decompressed; the shipped corpus is checked against its sha256."""
+    """The corpus text (`.xz` decompressed, the shipped one checked); UserError if missing, empty or not UTF-8."""
     if not path.exists():
         raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
     if not path.is_file():
@@ -87,7 +85,6 @@ def read_corpus(path: Path) -> str:
 
 
 def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source) -> None:
-    """Training needs one window plus its shifted target; validation needs one target."""
     if n_train < seq_len + 1:
         raise UserError(f"corpus too short: the training split of {source} has {n_train} {unit}, fewer than one "
                         f"training window plus one (data.seq_len + 1 = {seq_len + 1}); use a longer corpus or a "
@@ -98,7 +95,6 @@ def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source)
 
 
 def split_text(text: str, train_fraction: float) -> tuple[str, str]:
-    """Contiguous split: the first train_fraction of the characters trains, the rest validates."""
     cut = int(len(text) * train_fraction)
     return text[:cut], text[cut:]
 
@@ -114,17 +110,9 @@ class Corpus:
 
 def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSettings | None = None,
                    seed: int = 0) -> Corpus:
-    """Load, split, fit the tokenizer, encode both splits; with `probe`, the recall probe seeded `seed`.
-
-    The char tokenizer's vocabulary is every character of the whole corpus (as char-rnn and
-    nanoGPT do), so any UTF-8 text trains: a character that occurs only in the validation split
-    gets a token the model never saw as a target, an untrained embedding and output row, and
-    finite (large) cost where it occurs; nothing else of the validation text is used. SentencePiece
-    learns its pieces from the training split only (its pieces are statistics of the text).
-
-    With a probe the char vocabulary also holds the probe's markers and keys (characters the corpus
-    lacks: the tokenizer's `extra`, which plain text is never scored or sampled over), so the splits
-    encode the same text with ids that may shift."""
+    """Load, split, fit the tokenizer, encode both splits; with `probe`, the recall probe seeded `seed`. The char
+    vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8 text trains) and the
+    probe's; SentencePiece learns its pieces from the training split only."""
     if probe is not None and tokenizer_cfg.kind != "char":
         raise UserError(NEEDS_CHAR)
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}

@@ -1,12 +1,8 @@
-"""The planted-recall probe (probe=recall): pairs planted in a split's token ids (char tokenizer only)
-to measure how far back a model recalls a symbol it saw once.
+"""The planted-recall probe (probe=recall): how far back a model recalls a symbol it saw once.
 
-A pair is `⟪ k t_1 ... t_d ⟫ k`: markers and a key the corpus does not contain around d tokens of
-text; the target is the second k. `plant` inserts balanced, non-overlapping, seeded pairs into the
-text; training replants every pass and phase (`PlantedSplit`: every token of the split in every
-planted pass, which is longer than the split), validation scores R plantings of its own distances,
-each cut to the split's length (`validation_plantings`). The rules in full: docs/internals.md, *The
-planted-recall probe*; the experiment: docs/evaluation.md, *The planted-recall control*.
+A pair is `⟪ k t_1 ... t_d ⟫ k` (markers and a key the corpus lacks around d tokens of text; the target is
+the second k), planted balanced and seeded: training replants every pass and phase, validation scores
+plantings of its own distances. The rules: docs/internals.md, *The planted-recall probe*.
 """
 
 from __future__ import annotations
@@ -112,8 +108,7 @@ class ProbeSettings:
 
     @classmethod
     def from_config(cls, probe_cfg) -> ProbeSettings | None:
-        """The settings of a `probe` config group (checked: one-line UserError naming the key); None for
-        probe=none or no group at all. (A run folder's group from before the phases: run_dir.in_todays_names.)"""
+        """The settings of a `probe` config group, checked; None for probe=none or no group."""
         if probe_cfg is None:
             return None
         values = OmegaConf.to_container(probe_cfg) if OmegaConf.is_config(probe_cfg) else dict(probe_cfg)
@@ -146,8 +141,7 @@ class SymbolIds(NamedTuple):
 
 
 def probe_symbols(text: str, keys: int) -> ProbeSymbols:
-    """The markers ⟪ ⟫ and `keys` keys from Ⓐ..Ⓩ ⓐ..ⓩ, each skipped if `text` contains it and then
-    replaced by a private-use character that neither `text` nor an earlier symbol uses."""
+    """The markers ⟪ ⟫ and `keys` keys from Ⓐ..Ⓩ ⓐ..ⓩ; one that `text` holds is replaced by a private-use one."""
     taken = set(text)
 
     def pick(preferred: Sequence[str], count: int) -> list[str]:
@@ -170,28 +164,18 @@ class Planting:
     distances: Tensor  # (P,) d of each pair
     keys: Tensor  # (P,) the key's token id: ids[first_key] == ids[recall] == keys
 
-    def to(self, device) -> Planting:
-        return Planting(*(getattr(self, f.name).to(device) for f in fields(self)))
-
 
 def planting_generator(seed: int, split: str, planting: int, phase: int = 0) -> torch.Generator:
-    """The generator of planting `planting` of split `split` in training phase `phase` of a run seeded
-    `seed` (phase 0 keeps the seeding of the probe before phases: its runs plant what they planted)."""
+    """The generator of a planting of a split in a phase (phase 0 seeded as the probe before the phases)."""
     name = f"{seed}/{split}/{planting}" + (f"/{phase}" if phase else "")
     digest = hashlib.sha256(name.encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
 def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Generator, cut: bool = False) -> Planting:
-    """Plant pairs in `ids` (on CPU; see the module docstring for the rules): vectorised, no loop over tokens.
-
-    The 4 tokens of each pair are inserted into the text: the planted ids are every token of `ids`, in
-    order, with the pairs among them (N + 4P tokens for P pairs), the pairs taking the text up to its
-    end (after the last one, less than one more pair's text: under 2 gap + max(d) tokens). cut=True
-    (the validation plantings, which stand side by side as rows of one tensor, and the run's page)
-    cuts the result to the split's length N instead: a pair that would not end inside the cut is not
-    planted, and the text past it is left out (the probe's planting before the insertion, drawn and
-    placed exactly as it was)."""
+    """Pairs inserted in `ids` (on CPU, vectorised): every token in order with the pairs among them, N + 4P
+    tokens. cut=True cuts it to N (the validation plantings, rows of one tensor): a pair that would not end
+    inside is not planted."""
     ids, n = ids.cpu(), ids.numel()
     distances = torch.tensor(pairs.distances)
     taken = 4 if cut else 0  # of the n tokens, what a pair's markers and keys take besides its text
@@ -220,17 +204,10 @@ def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Genera
 
 
 class PlantedSplit:
-    """The training split planted afresh at every pass and every phase switch. Called with a pass and
-    the step the reader is at, it gives the ids of that pass in the phase in force at that step (on CPU;
-    the batches move them); the last planting is kept. A phase starts at step round(start x steps), the
-    run's steps set by the reader's trainer (`steps`; until then, one step: the first phase).
-
-    The pairs are inserted (`plant`), so every token of the split is in every planted pass, which is
-    longer than the split by 4 tokens a pair (Tiny Shakespeare's 1,003,854 training tokens: about 1.44
-    times in the default's first phase, 1.08 times in its second). The run's steps stay the recipe's:
-    random windows draw from the whole planted pass, an epoch of them the recipe's steps_per_epoch
-    batches as without the probe; the streams lay out each planted pass whole, so a pass takes more
-    steps than a plain one and the run makes fewer passes (data/batches.py)."""
+    """The training split planted afresh at every pass and phase switch: called with a pass and the reader's
+    step, the ids of that pass in the phase in force then (on CPU). A phase starts at step round(start x
+    steps), `steps` set by the trainer. A planted pass is longer than the split; the run's steps stay the
+    recipe's (data/batches.py)."""
 
     def __init__(self, ids: Tensor, phases: Sequence[Phase], symbols: SymbolIds, seed: int, name: str = "train"):
         self.ids, self.phases, self.symbols, self.seed, self.name = ids.cpu(), tuple(phases), symbols, seed, name
@@ -238,7 +215,6 @@ class PlantedSplit:
         self._last: tuple[tuple[int, int], Planting] | None = None
 
     def phase_at(self, step: int) -> int:
-        """The index of the phase in force at `step`."""
         return max(i for i, phase in enumerate(self.phases) if round(phase.start * self.steps) <= step)
 
     def planting(self, pass_index: int, step: int = 0) -> Planting:
@@ -255,14 +231,12 @@ class PlantedSplit:
 
 
 def targets_per_distance(plantings: list[Planting], distances: Sequence[int]) -> list[int]:
-    """How many recall targets the plantings hold at each distance."""
     d = torch.cat([p.distances for p in plantings]) if plantings else torch.zeros(0, dtype=torch.long)
     return [int((d == distance).sum()) for distance in distances]
 
 
 def fitting_pairs(pairs: ValidationPairs, tokens: int) -> tuple[ValidationPairs, list[int]]:
-    """The validation pairs whose distances fit a split of `tokens` tokens (a pair with its largest
-    gap: 2 gap + d + 4 tokens), and the distances left out. UserError when none fits."""
+    """The validation pairs whose distances fit `tokens` (2 gap + d + 4 each) and those left out; none: UserError."""
     fits = [d for d in pairs.distances if 2 * pairs.gap + d + 4 <= tokens]
     if not fits:
         raise UserError(f"probe=recall: the validation split has {tokens} tokens, too few for one pair at distance "
@@ -274,9 +248,8 @@ def fitting_pairs(pairs: ValidationPairs, tokens: int) -> tuple[ValidationPairs,
 
 def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: SymbolIds, seed: int,
                          name: str = "validation") -> list[Planting]:
-    """Plantings 0, 1, ... of the validation split until every distance has pairs.min_targets recall
-    targets, at most MAX_VALIDATION_PLANTINGS of them (the distances must fit: `fitting_pairs`); each
-    cut to the split's length (`plant`), so that they stand side by side as rows of one tensor."""
+    """Cut plantings of the validation split until every distance has pairs.min_targets recall targets (at most
+    MAX_VALIDATION_PLANTINGS)."""
     plantings: list[Planting] = []
     counts = torch.zeros(len(pairs.distances), dtype=torch.long)
     distances = torch.tensor(pairs.distances)
@@ -287,7 +260,6 @@ def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: Symbo
 
 
 def describe_validation(pairs: ValidationPairs, plantings: list[Planting], left_out: list[int]) -> list[str]:
-    """What the validation plantings could not give, one line each ([] when they gave everything)."""
     lines = []
     if left_out:
         lines.append(f"probe=recall: validation distances {', '.join(map(str, left_out))} left out: a pair does not "
@@ -303,8 +275,7 @@ def describe_validation(pairs: ValidationPairs, plantings: list[Planting], left_
 
 @dataclass
 class Probe:
-    """The probe of a run (Corpus.probe): its settings, characters, the training split planted per pass
-    and phase, and the validation split's plantings for the recall figures."""
+    """A run's probe (Corpus.probe): settings, characters, the planted training split, the validation plantings."""
 
     settings: ProbeSettings
     symbols: ProbeSymbols
@@ -315,8 +286,8 @@ class Probe:
     @classmethod
     def build(cls, settings: ProbeSettings, symbols: ProbeSymbols, tokenizer, train_ids: Tensor, val_ids: Tensor,
               seed: int) -> Probe:
-        """The probe; says in a line each what the validation split could not give. A training distance that
-        cannot fit the training split is refused: `plant` stops at the first pair that does not fit."""
+        """The probe, saying what the validation split could not give; a training distance that cannot fit the
+        training split is refused (`plant` stops at the first pair that does not fit)."""
         n = train_ids.numel()
         for i, phase in enumerate(settings.phases):
             if 2 * phase.gap + max(phase.distances) > n:

@@ -1,10 +1,5 @@
-"""Character-level and SentencePiece subword tokenizers.
-
-Both kinds expose the same small interface (encode/decode, vocab_size,
-token_char_lengths, unknown_characters, state_dict) so models and metrics
-never need to know which one they got. Per-character metrics (bits per
-character) are computed from `token_char_lengths`, which is why both
-tokenizers must be exactly lossless.
+"""Character-level and SentencePiece subword tokenizers, behind one interface; both exactly lossless, since
+bits per character are computed from `token_char_lengths`.
 """
 
 from __future__ import annotations
@@ -52,9 +47,8 @@ _TRAINER_OPTIONS = dict(
 
 
 class CharTokenizer:
-    """Every character of its text a token. `extra`: characters of the vocabulary that are not the
-    corpus's (the recall probe's markers and keys, data/recall_probe.py): plain text never holds them,
-    so it is scored and sampled over the other tokens alone (`plain_tokens`)."""
+    """Every character a token. `extra`: the recall probe's characters, which plain text never holds
+    (`plain_tokens`)."""
 
     kind = "char"
 
@@ -70,7 +64,6 @@ class CharTokenizer:
 
     @classmethod
     def from_text(cls, text: str, extra: Iterable[str] = ()) -> "CharTokenizer":
-        """The sorted characters of `text` and of `extra` (characters the corpus lacks: see the class)."""
         extra = tuple(extra)
         return cls(sorted(set(text) | set(extra)), extra)
 
@@ -105,13 +98,8 @@ def _private_use_chars(text: str, count: int) -> list[str]:
 
 
 class SentencePieceTokenizer:
-    """SentencePiece model wrapped so that decode(encode(text)) == text.
-
-    Two characters are swapped for private-use stand-ins before SentencePiece
-    sees the text: "\\n", because the trainer treats its input as separate
-    sentences and would never learn pieces such as ":\\n"; and the literal
-    "▁", because SentencePiece decodes it as a space.
-    """
+    """SentencePiece wrapped so that decode(encode(text)) == text: "\\n" (else no piece spans a line end) and
+    "▁" (decoded as a space) are swapped for private-use stand-ins."""
 
     kind = "spm"
 
@@ -230,17 +218,13 @@ def _vocab_size_error(err: RuntimeError) -> UserError | None:
 
 
 def describe_characters(chars: Iterable[str]) -> str:
-    """'é' (U+00E9), '\\t' (U+0009): readable even for invisible characters."""
     return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars)
 
 
 def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
                   option: str = "drop_unknown=true") -> list[int]:
-    """Encode a user's prompt. Characters the tokenizer cannot represent (not in a char
-    vocabulary; not covered by the SentencePiece model, which would silently turn them into
-    <unk>) raise a UserError naming them, or with drop_unknown are removed (and reported on
-    stderr). `option` is how the caller's drop switch is spelled, for the message.
-    """
+    """A user's prompt encoded; characters the tokenizer cannot represent (never a silent <unk>) raise a
+    UserError naming them (and `option`, the caller's drop switch), or with drop_unknown are dropped."""
     unknown = tokenizer.unknown_characters(text)
     if unknown and not drop_unknown:
         raise UserError(f"the prompt has characters this model's {tokenizer.kind} vocabulary lacks: "
@@ -257,10 +241,7 @@ def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
 def build_tokenizer(
     kind: str, text: str, cache_dir: str | Path, extra: Iterable[str] = (), **settings
 ) -> CharTokenizer | SentencePieceTokenizer:
-    """The tokenizer of `kind` fitted on `text`: for "char", the sorted set of its characters
-    (corpus.prepare_corpus passes the whole corpus) and of `extra` (the recall probe's symbols:
-    CharTokenizer); for "spm", a SentencePiece model trained on it (prepare_corpus passes the
-    training split only)."""
+    """The tokenizer of `kind` fitted on `text` (and, for "char", `extra`: the recall probe's symbols)."""
     if kind == "char":
         if settings:
             raise TypeError(f"char tokenizer takes no settings, got {sorted(settings)}")
@@ -273,8 +254,7 @@ def build_tokenizer(
 
 
 def plain_tokens(tokenizer) -> torch.Tensor | None:
-    """(V,) bool: the token ids plain text can hold, every one but the tokenizer's `extra` symbols (the
-    recall probe's); None when that is every token (no extra symbols, a subword tokenizer)."""
+    """(V,) bool: the token ids plain text can hold (not `extra`); None when that is every token."""
     extra = getattr(tokenizer, "extra", ())
     if not extra:
         return None

@@ -1,9 +1,6 @@
-"""Hand-written recurrent layers: the study's GRU, an LSTM and the Elman RNN.
-
-Every layer has `initial_state`, `forward` (a sequence) and `step` (one time step, the readable
-reference: the formulas exactly as the study writes them); `forward` runs `step` in a loop or the
-layer's `fast_sequence` (`models/fast_recurrence/`), the same function faster. The interface and the
-two implementations: docs/internals.md, *The recurrent layers*.
+"""Hand-written recurrent layers: the study's GRU, an LSTM and the Elman RNN. `step` is the readable
+reference, the formulas as the study writes them; `forward` runs it in a loop, or `fast_sequence`
+(`models/fast_recurrence/`), the same function faster. docs/internals.md, *The recurrent layers*.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ IMPLEMENTATIONS = ("reference", "fast")
 
 
 class RecurrentLayer(nn.Module):
-    """What GRU and LSTM layers have in common: parameter init and the time loop."""
+    """What the layers have in common: parameter init and the time loop."""
 
     def __init__(self, input_size: int, hidden_size: int, implementation: str = "fast"):
         super().__init__()

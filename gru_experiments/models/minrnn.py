@@ -12,11 +12,8 @@ version (its appendix B.3), which the scan needs (it takes log b_t, so b_t > 0).
 pseudocode without log space has h̃ = k_h; this model does not use that form. Unlike the appendix's scan,
 which feeds log g(h_0), h_0 enters as it is (a carried state continues exactly; zeros at the start).
 
-The stack (choices of this project): pre-LayerNorm residual layers, x ← x + dropout(layer(LayerNorm(x))),
-as the paper's language models wrap each layer; a first layer whose width differs from the embedding's
-has no residual. A final LayerNorm, then the linear head. No feed-forward block between layers (lucidrains'
-minLM has one). Its state: one (B, H) tensor per layer (None: zeros). Equations and the scan in full:
-docs/internals.md, *minGRU and minLSTM*.
+The stack: pre-LayerNorm residual layers x ← x + dropout(layer(LayerNorm(x))) (none around a first layer of
+another width), a final LayerNorm and the head; no feed-forward block. docs/internals.md, *minGRU and minLSTM*.
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ def g(x: Tensor) -> Tensor:
 
 
 def log_g(x: Tensor) -> Tensor:
-    """log g(x), computed stably (log σ(x) = −softplus(−x))."""
     return torch.where(x >= 0, torch.log(F.relu(x) + 0.5), -F.softplus(-x))
 
 
@@ -93,7 +89,7 @@ class MinRNNLayer(nn.Module):
         return torch.stack(outputs, 1), h
 
     def scan(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """The same function as `sequential`, every step at once (in chunks of SCAN_CHUNK steps)."""
+        """`sequential`, every step at once (in chunks of SCAN_CHUNK steps)."""
         log_a, log_b = self.log_coefficients(x)
         outputs = []
         for start in range(0, x.shape[1], SCAN_CHUNK):
@@ -116,9 +112,7 @@ class MinRNNLayer(nn.Module):
 
 
 class MinRNNLM(LanguageModel):
-    """tokens -> embedding -> num_layers pre-LayerNorm residual minGRU/minLSTM layers -> LayerNorm ->
-    linear head; a `LanguageModel` (models/protocol.py) of unbounded context. The module docstring
-    says what it takes from the paper and what not."""
+    """tokens -> embedding -> pre-LayerNorm residual minGRU/minLSTM layers -> LayerNorm -> head."""
 
     def __init__(self, vocab_size: int, cell: str = "mingru", embedding_dim: int = 109, hidden_size: int = 109,
                  num_layers: int = 3, dropout: float = 0.1):

@@ -36,7 +36,6 @@ class BengioMLP(FiniteContextLM):
         return self.head.out_features
 
     def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """tokens (B, T) -> logits (B, T, V), the last k tokens."""
         history, new_state = self.window.extend(tokens, state)  # (B, k + T)
         B, T = tokens.shape
         k = self.context

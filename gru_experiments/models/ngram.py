@@ -1,10 +1,7 @@
 """The count-based n-gram language model: the ladder's first rungs, and the study's bigram baseline.
 
-An order-N model predicts a token from the N - 1 tokens before it; `fit` counts the training split
-(no optimizer, no epochs). Smoothing: interpolated modified Kneser-Ney (the default) or add-one (the
-bigram baseline, `scores.score_bigram`). Its state is its last N − 1 tokens (`ContextWindow`), its
-logits log-probabilities in float64. The formulas, the variant and the storage:
-docs/internals.md, *The n-gram model*.
+An order-N model predicts a token from the N − 1 before it (its state), counted from the training split;
+interpolated modified Kneser-Ney or add-one; log-probabilities in float64. docs/internals.md, *The n-gram model*.
 """
 
 from __future__ import annotations
@@ -57,7 +54,6 @@ class NGramLM(FiniteContextLM):
         return probs.log().view(B, T, self.vocab_size), new_state
 
     def stored_numbers(self) -> int:
-        """How many numbers the model holds: one count per distinct n-gram of every order."""
         return sum(self.keys(k).numel() for k in range(1, self.order + 1))
 
     # --- counting ---------------------------------------------------------------------------
@@ -69,8 +65,7 @@ class NGramLM(FiniteContextLM):
 
     @torch.no_grad()
     def fit(self, train_ids: Tensor) -> "NGramLM":
-        """Count every k-gram (k = 1..N) of `train_ids` (1-D token ids), vectorised: one
-        torch.unique per order."""
+        """Count every k-gram (k = 1..N) of `train_ids`: one torch.unique per order."""
         ids = train_ids.reshape(-1).to(self.keys_1.device, torch.long)
         if ids.numel() < self.order:
             raise UserError(f"the training split has {ids.numel()} tokens, fewer than one {self.order}-gram; "
@@ -98,9 +93,8 @@ class NGramLM(FiniteContextLM):
 
     # --- probabilities -----------------------------------------------------------------------
     def _prepare(self):
-        """Per order: the CSR pointers of each context's run of k-grams, each k-gram's
-        discounted share (alpha) and each context's back-off weight (gamma); and the
-        distribution every lookup starts from."""
+        """Per order: each context's CSR pointers, each k-gram's discounted share (alpha), each context's back-off
+        weight (gamma); and the distribution every lookup starts from."""
         device = self.keys_1.device
         if self._tables is not None and self._tables["device"] == device:
             return self._tables
@@ -133,9 +127,7 @@ class NGramLM(FiniteContextLM):
         return self._tables
 
     def _context_ids(self, history: Tensor) -> list[Tensor]:
-        """For each order k = 2..N, the id of the (k−1)-gram that ends at each position of
-        `history` (B, N−1+T) at or after column N−1 (that is, before each next token), −1 if it
-        was never seen (or reaches back before the first token)."""
+        """Per order k = 2..N, the id of the (k−1)-gram before each next token of `history` (−1: never seen)."""
         V = self.vocab_size
         B, L = history.shape
         ids = torch.zeros_like(history)  # the root (empty context) everywhere
@@ -198,8 +190,7 @@ class NGramLM(FiniteContextLM):
 
 
 def kneser_ney_discounts(counts: Tensor) -> Tensor:
-    """[0, D(1), D(2), D(3+)] from one order's counts (Chen & Goodman), each clipped to
-    [MIN_DISCOUNT, r] (see the module docstring)."""
+    """[0, D(1), D(2), D(3+)] from one order's counts (Chen & Goodman), each clipped to [MIN_DISCOUNT, r]."""
     n = [float((counts == r).sum()) for r in range(1, 5)]
     y = n[0] / (n[0] + 2 * n[1]) if n[0] + 2 * n[1] > 0 else 0.5
     discounts = [0.0]

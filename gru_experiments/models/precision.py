@@ -1,8 +1,5 @@
-"""Which dtype the model's matmuls take their inputs in: bfloat16 or the model's own (float32).
-
-With bf16 matmuls only the matmul inputs are bf16 (weights cast once per forward, products
-accumulated in fp32); everything else stays float32. `low_precision_matmuls` (auto | always | never)
-and `trainer.precision` choose: docs/performance.md, *bf16 matmuls* and its *Settings*.
+"""Which dtype the model's matmuls take their inputs in: bfloat16 (accumulated in fp32) or the model's own.
+`low_precision_matmuls` and `trainer.precision` choose: docs/performance.md, *bf16 matmuls*.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ FULL_PRECISION = ("32-true", "32", 32)
 
 @dataclass(frozen=True)
 class MatmulPrecision:
-    """bf16 (or another low-precision dtype) for every weight with at least
-    `min_weight_elements` elements; the others keep the model's dtype."""
+    """`dtype` for every weight of at least `min_weight_elements` elements; the others keep the model's."""
 
     dtype: torch.dtype = torch.bfloat16
     min_weight_elements: int = 0
@@ -47,7 +43,6 @@ NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The CPU's feature flags, from /proc/cpuinfo (empty where there is none: not Linux)."""
     try:
         with open(cpuinfo) as f:
             return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
@@ -56,8 +51,7 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 
 def has_fast_bf16(device: torch.device | str) -> bool:
-    """Whether this device multiplies bf16 in hardware (not by emulation): on a CPU, one of
-    NATIVE_BF16_CPU_FLAGS in `cpu_flags()`; on CUDA, a GPU with bf16 (Ampere and later)."""
+    """Whether this device multiplies bf16 in hardware, not by emulation."""
     device = torch.device(device)
     if device.type == "cuda":
         try:
@@ -104,31 +98,22 @@ def resolve(mode: str, trainer_precision, device) -> MatmulPrecision | None:
 
 
 def autocast_precision(device_type: str) -> MatmulPrecision | None:
-    """Under autocast (trainer.precision=bf16-mixed / 16-mixed) the matmuls take autocast's
-    dtype, at every size, as autocast's own matmuls would."""
-    try:
-        if torch.is_autocast_enabled(device_type):
-            return MatmulPrecision(torch.get_autocast_dtype(device_type))
-    except TypeError:  # torch < 2.4 spells these per device
-        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
-            return MatmulPrecision(torch.get_autocast_cpu_dtype())
-        if device_type == "cuda" and torch.is_autocast_enabled():
-            return MatmulPrecision(torch.get_autocast_gpu_dtype())
+    """Under autocast (trainer.precision=bf16-mixed / 16-mixed) autocast's dtype, at every size."""
+    if torch.is_autocast_enabled(device_type):  # per device type from torch 2.4, the oldest pyproject.toml takes
+        return MatmulPrecision(torch.get_autocast_dtype(device_type))
     return None
 
 
 def apply_matmul_precision(model, mode: str, trainer_precision, trainer) -> dict:
-    """Set a training run's matmul precision on its model (a model without bf16 support, such
-    as a counted one, keeps its own dtype) and return what summary.json records (`describe`)."""
+    """Set a training run's matmul precision on its model (if it has one); what summary.json records."""
     if hasattr(model, "set_matmul_precision"):
         model.set_matmul_precision(resolve(mode, trainer_precision, trainer.strategy.root_device))
     return describe(trainer.precision, mode, model)
 
 
 def describe(trainer_precision: str, mode: str, model) -> dict:
-    """What summary.json records: Lightning's precision, the low_precision_matmuls setting, the
-    dtype the matmuls took ("float32", "bfloat16", or "bfloat16+float32" when only the big
-    weights did) and which weights ran in bf16."""
+    """Lightning's precision, low_precision_matmuls, the matmuls' dtype ("bfloat16+float32": only the big
+    weights') and the weights that ran in bf16."""
     trainer_precision = str(trainer_precision)
     weights = model.low_precision_weights() if hasattr(model, "low_precision_weights") else []
     if trainer_precision not in [str(p) for p in FULL_PRECISION]:  # Lightning's autocast or true precision
@@ -144,8 +129,7 @@ def describe(trainer_precision: str, mode: str, model) -> dict:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, precision: MatmulPrecision | None) -> Tensor:
-    """`F.linear`, with the matmuls in low precision (forward and backward) where
-    `precision` picks it for this weight; output and gradients in x's and the weight's dtype."""
+    """`F.linear`, its matmuls in low precision where `precision` picks it for this weight."""
     dtype = precision.for_weight(weight) if precision is not None else None
     if dtype is None or dtype == x.dtype:
         return torch.nn.functional.linear(x, weight, bias)

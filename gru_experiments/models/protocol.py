@@ -1,9 +1,6 @@
-"""The model protocol: what every language-model family implements, and how a family is built.
-
-Every family is a `LanguageModel`: `logits, state = model(tokens, state)`, an `initial_state`, its
-`context` and its `forward_cost`, so the samplers, evaluators, training loop, sweep and report drive
-every family alike. A config's `architecture._target_` names the class (`build_model`). The protocol
-in full: docs/internals.md, *The model protocol*.
+"""The model protocol every family implements (`logits, state = model(tokens, state)`, `initial_state`,
+`context`, `forward_cost`), and how a config's `architecture._target_` builds one: docs/internals.md,
+*The model protocol*.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ class LanguageModel(nn.Module):
         return None
 
     def forward_cost(self, seen: int, new: int) -> int:
-        """Forward tokens one row of `model(tokens, state)` runs for `new` tokens after a state that has
-        seen `seen` tokens (0: the initial state). The evaluation's plan (study/plan.py) counts its cost
-        with it, so a family whose cost is not a token per token says so here, in one place."""
+        """Forward tokens one row of `model(tokens, state)` runs for `new` tokens after `seen` (the evaluation's
+        plan counts its cost with it)."""
         return new
 
     @property
@@ -67,8 +63,7 @@ class LanguageModel(nn.Module):
 
 
 class ContextWindow:
-    """The state of a model that sees the last `size` tokens: a (B, size) tensor of token ids,
-    left-padded with NO_TOKEN before the first token."""
+    """The state of a model that sees the last `size` tokens: (B, size) token ids, NO_TOKEN-padded on the left."""
 
     def __init__(self, size: int):
         self.size = size
@@ -86,8 +81,7 @@ class ContextWindow:
 
 
 class FiniteContextLM(LanguageModel):
-    """A family that sees its last `context` tokens (the MLP, the n-gram, the transformer): its
-    state is a ContextWindow, which the subclass sets as `self.window`."""
+    """A family that sees its last `context` tokens: its state a ContextWindow (the subclass's `self.window`)."""
 
     window: ContextWindow
 
@@ -101,8 +95,7 @@ class FiniteContextLM(LanguageModel):
 
 # --- building a family from its config or checkpoint -------------------------------------
 def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageModel]:
-    """The LanguageModel class that `target` ("package.module.Class") names. A checkpoint may
-    only name classes inside this package (importing a module can run code)."""
+    """The LanguageModel class `target` names; a checkpoint's only inside this package (an import runs code)."""
     if not isinstance(target, str) or "." not in target:
         raise UserError(f"invalid model.architecture._target_={target!r}: must name a class, e.g. {DEFAULT_TARGET}")
     if from_checkpoint and not target.startswith(PACKAGE):
@@ -119,19 +112,16 @@ def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageM
 
 
 def split_architecture(architecture) -> tuple[str, dict]:
-    """(target, constructor arguments) of an architecture dict (plain or DictConfig)."""
     settings = dict(architecture)
     return settings.pop("_target_", None), settings
 
 
 def check_settings(cls: type, settings: dict, prefix: str = "model.architecture.") -> None:
-    """UserError for a setting the class does not have (names the ones it has)."""
     known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "vocab_size")]
     check_rules(settings, [], prefix, known=known, owner=f"{cls.__name__} ({cls.family})")
 
 
 def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False) -> LanguageModel:
-    """The model an architecture dict names (`_target_` + constructor arguments)."""
     target, settings = split_architecture(architecture)
     cls = model_class(target, from_checkpoint=from_checkpoint)
     check_settings(cls, settings)
@@ -142,8 +132,7 @@ def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False)
 
 
 def meta_model(architecture) -> LanguageModel:
-    """The model an architecture config names, checked and built on the meta device (no memory, no time): for
-    what it is (family, context, cost), not to run."""
+    """The model an architecture names, built on the meta device: what it is, not to run."""
     with torch.device("meta"):
         return build_model(architecture, vocab_size=2)
 

@@ -1,15 +1,12 @@
-"""The stacked recurrent language model of every Astra, Scribe and Leviathan config and of the ladder's
-Elman RNN and LSTM: a `LanguageModel` (models/protocol.py) of unbounded context.
-
-Its state is one entry per layer (None: zeros); feeding it back in continues the sequence exactly,
-which stateful sampling and streaming evaluation rely on (docs/internals.md, *The recurrent layers*).
+"""The stacked recurrent language model of every GRU, LSTM and Elman RNN config. Its state, one entry per layer
+(None: zeros), fed back in continues the sequence exactly (docs/internals.md, *The recurrent layers*).
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gru_experiments.models.cells import CELLS, IMPLEMENTATIONS, make_layer
+from gru_experiments.models.cells import CELLS, make_layer
 from gru_experiments.models.precision import MatmulPrecision, linear
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.validation import check_dropout, check_int, check_setting
@@ -31,9 +28,7 @@ class RecurrentLM(LanguageModel):
         check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
         for key, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
             check_int(key, value)
-        check_dropout(dropout)
-        check_setting(implementation in IMPLEMENTATIONS, "implementation", implementation,
-                      " or ".join(repr(i) for i in IMPLEMENTATIONS))
+        check_dropout(dropout)  # the implementation: the layers check it
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.layers = nn.ModuleList(
@@ -48,16 +43,13 @@ class RecurrentLM(LanguageModel):
         self.matmul_precision: MatmulPrecision | None = None
 
     def set_matmul_precision(self, precision: MatmulPrecision | None) -> None:
-        """bf16 matmul inputs (fp32 accumulation) in the fast recurrent layers and the head,
-        for the weights `precision` picks; None: the parameters' dtype throughout. The
-        embedding is a lookup, no matmul: it stays in the parameters' dtype, and the first
-        layer casts its output once, with the rest of its input projection."""
+        """bf16 matmul inputs in the fast recurrent layers and the head for the weights `precision` picks (the
+        embedding is a lookup); None: the parameters' dtype throughout."""
         self.matmul_precision = precision
         for layer in self.layers:
             layer.matmul_precision = precision
 
     def low_precision_weights(self) -> list[str]:
-        """The parameters whose matmuls take bf16 inputs (fast path, under this precision)."""
         if self.matmul_precision is None:
             return []
         names = []

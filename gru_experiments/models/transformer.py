@@ -1,8 +1,5 @@
-"""A decoder-only transformer in nanoGPT's form: the GRU's rival, under the same protocol.
-
-It sees at most `block_size` tokens, cropped as nanoGPT crops them, so its state is its last
-`block_size` tokens (`ContextWindow`); past the block each prediction is one pass of its own, which
-`forward_cost` says. The architecture and what the protocol means for it: docs/transformer.md.
+"""A decoder-only transformer in nanoGPT's form: the GRU's rival. Its state is its last `block_size` tokens;
+past the block each prediction is a pass of its own (`forward_cost`). docs/transformer.md.
 """
 
 from __future__ import annotations
@@ -64,9 +61,8 @@ class TransformerLM(FiniteContextLM):
     def __init__(self, vocab_size: int, block_size: int = 128, embedding_dim: int = 40, num_layers: int = 4,
                  num_heads: int = 4, dropout: float = 0.1, bias: bool = False, attention_dropout: float | None = None,
                  tie_head: bool = True):
-        """attention_dropout: on the attention weights (None: `dropout`, as nanoGPT). Any value above 0 sends
-        scaled_dot_product_attention to its unfused path on CPU, at about half the speed.
-        tie_head: the head shares the token embeddings' weights (nanoGPT's); false gives it its own."""
+        """attention_dropout: None is `dropout` (nanoGPT's); above 0, half the speed on CPU (the unfused path).
+        tie_head: the head shares the token embeddings' weights (nanoGPT's)."""
         super().__init__()
         for key, value in (("block_size", block_size), ("embedding_dim", embedding_dim), ("num_layers", num_layers),
                            ("num_heads", num_heads)):
@@ -103,8 +99,7 @@ class TransformerLM(FiniteContextLM):
         return self.wte.num_embeddings
 
     def forward_cost(self, seen: int, new: int) -> int:
-        """While every position sees all the tokens before it, one causal pass (`seen` + `new` tokens);
-        past the block, each prediction is a pass over its own block_size tokens (see forward)."""
+        """One causal pass while every position sees all before it; past the block, a block a prediction."""
         seen = min(seen, self.context)
         return seen + new if seen + new <= self.context else new * self.context
 
@@ -122,10 +117,8 @@ class TransformerLM(FiniteContextLM):
         return logits.view(B, T, -1), new_state
 
     def predict_last(self, rows: Tensor, count: int) -> Tensor:
-        """The logits (N, count, V) at the last `count` tokens of each row of `rows` (N, L), rows
-        left-padded with NO_TOKEN and at most block_size real tokens each. The real tokens are
-        moved to positions 0, 1, ... (the crop) and the row's end padded with any token: causal
-        attention never lets a position see what follows it."""
+        """The logits (N, count, V) at the last `count` tokens of each NO_TOKEN-padded row, its real tokens moved
+        to positions 0, 1, ... (the crop; what follows them, causal attention never sees)."""
         N, L = rows.shape
         pads = (rows == NO_TOKEN).sum(1, keepdim=True)  # (N, 1)
         index = torch.arange(L, device=rows.device) + pads

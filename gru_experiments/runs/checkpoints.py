@@ -32,10 +32,7 @@ TRAINING_KEYS = MODEL_KEYS + ("optimizer_states", "lr_schedulers", "loops")
 
 
 def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_KEYS, mmap: bool = False) -> dict:
-    """torch.load(path, weights_only=True), with every way it can fail turned into a UserError.
-
-    mmap=True leaves the tensors on disk (memory-mapped) until they are touched: a cheap way
-    to read a checkpoint's hyper-parameters, tokenizer and step."""
+    """torch.load(path, weights_only=True), every failure a UserError; mmap=True: a cheap read of its step."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")
@@ -69,9 +66,7 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
 
 
 def _refused_object(message: str) -> str | None:
-    """What made torch's weights-only unpickler refuse a file, if it was an object that could
-    run code (a global such as os.system, or an instance it would have to construct); None when
-    the file is simply not a pickle it can read."""
+    """The object that could run code which made the weights-only unpickler refuse a file; None otherwise."""
     if match := re.search(r"GLOBAL (\S+)", message):
         return f"a reference to the Python object {match[1]}"
     if "Can only create new object" in message or "Can only build" in message or "reduce" in message:
@@ -92,8 +87,7 @@ def tokenizer_summary(state: dict) -> str:
 
 def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size: int | None = None,
                     tokenizer=None) -> None:
-    """Raise a UserError if the checkpoint's tokenizer is not the one asked for: a kind
-    ('char'/'spm'), a vocabulary size, or an exact tokenizer (same symbols, same pieces)."""
+    """A UserError unless the checkpoint's tokenizer is of `kind`, of `vocab_size`, or `tokenizer` itself."""
     state = checkpoint["tokenizer"]
     ckpt_kind = state.get("kind")
     hp_vocab = checkpoint["hyper_parameters"].get("vocab_size")
@@ -108,29 +102,17 @@ def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size:
             raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but this config builds "
                             f"{tokenizer_summary(tokenizer.state_dict())}; resume with the run's own tokenizer "
                             "and data settings")
-        if not _same_tokenizer(_vocabulary(tokenizer.state_dict()), _vocabulary(state)):
+        if _vocabulary(tokenizer.state_dict()) != _vocabulary(state):
             raise UserError(f"checkpoint {path} was trained with a different {ckpt_kind} vocabulary of the same "
                             "size (another corpus or tokenizer settings?); resume with the run's own data.path "
                             "and tokenizer settings")
 
 
 def _vocabulary(state: dict) -> dict:
-    """A tokenizer's state without `extra` (which of its characters are the recall probe's, which plain text
-    leaves out): the same vocabulary whether a checkpoint records `extra` or, being older, does not."""
-    return {key: value for key, value in state.items() if key != "extra"}
-
-
-def _same_tokenizer(a: dict, b: dict) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for key in a:
-        x, y = a[key], b[key]
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)):
-                return False
-        elif x != y:
-            return False
-    return True
+    """A tokenizer's state, comparable (tensors as lists), without `extra` (the probe's characters), which older
+    checkpoints lack."""
+    return {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in state.items()
+            if key != "extra"}
 
 
 def non_finite_weights(state_dict: dict) -> list[str]:
@@ -139,8 +121,6 @@ def non_finite_weights(state_dict: dict) -> list[str]:
 
 
 def atomic_torch_save(obj, path) -> None:
-    """torch.save through files.atomic_file: a reader, or a kill at any moment, sees the old
-    file or the new one, never half."""
     with atomic_file(path) as f:
         torch.save(obj, f)
 
@@ -170,11 +150,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class StepCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint(every_n_train_steps=N) that leaves out the last batch of an epoch.
-
-    A checkpoint written there does not resume as the uninterrupted run goes on (Lightning 2.6 counts
-    the epoch finished without ending it); the epoch-end checkpoint, moments later, takes its place.
-    The failure it avoids: docs/internals.md, *Checkpoints*."""
+    """ModelCheckpoint(every_n_train_steps=N) but at an epoch's last batch, whose checkpoint would not resume as
+    the run goes on (the epoch-end one, moments later, takes its place): docs/internals.md, *Checkpoints*."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if batch_idx + 1 == trainer.num_training_batches:
@@ -183,12 +160,8 @@ class StepCheckpoint(ModelCheckpoint):
 
 
 class TrainingState(Callback):
-    """Saves and restores the random-number states and the W&B run id with each checkpoint.
-
-    The window sampler's generator is saved by the data module itself; these are the global
-    generators that dropout draws from. Restored after the model is built (which consumed
-    random numbers), so the resumed run continues the interrupted run's random stream.
-    """
+    """The global random states (dropout's) and the W&B run id in each checkpoint; restored after the model is
+    built, so a resumed run continues the interrupted run's random stream."""
 
     def __init__(self):
         self._trainer = None

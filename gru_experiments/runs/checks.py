@@ -1,5 +1,4 @@
-"""What a valid value is, checked before any work starts: a known key with a value that would fail
-later (after minutes of corpus preparation or training) or silently do something else. `validate(cfg)`
+"""A value that would fail later or silently do something else, refused before any work starts: `validate(cfg)`
 raises a UserError naming the key, the value and what is allowed (the engine: validation.py).
 """
 
@@ -58,7 +57,6 @@ SPM_RULES = [
 
 
 def valid_precisions() -> tuple:
-    """Every precision Lightning's Trainer accepts (strings such as '32-true', 'bf16-mixed', and 16/32/64)."""
     from typing import get_args
 
     from lightning.fabric.plugins.precision import precision as lp
@@ -74,9 +72,8 @@ OWN_GROUPS = ("data", "evaluation", "training", "tokenizer", "optim", "checkpoin
 
 
 def check_added_keys(overrides=None, groups=()) -> None:
-    """A key added on the command line that nothing reads is refused in one line: `+key=value` at the top
-    (train.py +colour=red: only a config group, `groups`, may be added there) or in one of OWN_GROUPS
-    (tokenizer=char with +tokenizer.vocab_size, say). By default the overrides and groups of Hydra's command line."""
+    """A key added on the command line that nothing reads is refused: `+key=value` at the top (only a config
+    group, `groups`, may be added there) or in one of OWN_GROUPS. By default Hydra's command line."""
     from hydra.core.hydra_config import HydraConfig
 
     if overrides is None:
@@ -97,8 +94,7 @@ def check_added_keys(overrides=None, groups=()) -> None:
 
 
 def check_choices(overrides) -> None:
-    """One model a run: a list of models or experiments (Hydra merges them into one config, the last winning)
-    and a model beside an experiment (which picks its own) are refused in one line naming the key."""
+    """One model a run: a list of models or experiments, or a model beside an experiment, is refused."""
     chosen = {}
     for override in overrides:
         key, _, value = str(override).partition("=")
@@ -114,15 +110,13 @@ def check_choices(overrides) -> None:
 
 
 class Checked(NamedTuple):
-    """What a checked config builds, once: the recipe (None: a counted model), the probe (None: off), the
-    evaluation's settings."""
+    """What a checked config builds, once (a counted model has no recipe; probe None: off)."""
     recipe: Recipe | None
     probe: ProbeSettings | None
     evaluation: EvaluationSettings
 
 
 def validate(cfg) -> Checked:
-    """Check a composed train config and build its settings; raise UserError on the first invalid value."""
     from hydra.core.hydra_config import HydraConfig
 
     check_added_keys()
@@ -151,10 +145,8 @@ def validate(cfg) -> Checked:
 
 
 def check_probe(cfg) -> ProbeSettings | None:
-    """The probe group: none (or absent: a config from before it) with no key of the probe's, or recall with
-    valid settings (data/recall_probe.ProbeSettings.from_config, which names any key it does not take) and
-    the char tokenizer it plants in. A probe key without the probe, or probe.name=recall without the group's
-    keys (the probe is chosen with the group, probe=recall), would do nothing: refused."""
+    """The probe group: none (or absent) with no key of the probe's, or recall with valid settings and the char
+    tokenizer. A probe key without the probe, or probe.name=recall without the group's keys, is refused."""
     name = select(cfg, "probe.name")
     if name is MISSING:
         return ProbeSettings.from_config(cfg.get("probe"))
@@ -179,9 +171,7 @@ def check_probe(cfg) -> ProbeSettings | None:
 
 
 def check_model(cfg) -> Recipe | None:
-    """The architecture (its class, settings and values: the family checks its own), the window
-    against what the model sees and, for a trained family, its recipe; a counted family
-    (trainable = False) takes no recipe."""
+    """The architecture, the window against what the model sees and, for a trained family, its recipe."""
     from gru_experiments.models.protocol import meta_model  # imports torch: only when validating
 
     architecture = select(cfg, "model.architecture")
@@ -201,10 +191,8 @@ def check_model(cfg) -> Recipe | None:
 
 
 def check_window(cfg, model) -> None:
-    """A training window longer than the model's context is refused when seeing past the context
-    costs more than a token per prediction: past its block, every position of a transformer runs a
-    block of its own (seq_len x block_size tokens a window, minutes of silence on a CPU). The MLP
-    and the n-gram see a finite context too, at a token per prediction: any seq_len is fine."""
+    """A window longer than the context is refused where that costs more than a token per prediction (a
+    transformer: seq_len x block_size tokens a window); the MLP and the n-gram take any seq_len."""
     seq_len, context = select(cfg, "data.seq_len"), model.context
     if context is None or model.tokens_per_prediction <= 1 or not is_int(seq_len) or seq_len <= context:
         return
@@ -214,8 +202,7 @@ def check_window(cfg, model) -> None:
 
 
 def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
-    """Sizes against the splits, once the corpus is read and before any training: a context of the model and a
-    training batch against the training split, the windowed mode's window against the validation split."""
+    """A context and a batch against the training split, the windowed mode's window against the validation split."""
     name, seq_len, batch_size = select(cfg, "model.name"), cfg.data.seq_len, cfg.data.batch_size
     if model.context is not None and train_tokens < model.context + 1:
         raise UserError(f"the training split has {train_tokens} tokens, fewer than one context of {name} "
@@ -232,8 +219,7 @@ def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
 
 
 def model_family(architecture) -> str | None:
-    """The family an architecture config builds (gru, lstm, rnn, mlp, ngram, transformer: summary.json's
-    "family"), or None when it does not build: for records that must be written whatever went wrong."""
+    """The family an architecture builds (summary.json's "family"), or None: records never raise."""
     from gru_experiments.models.protocol import meta_model
 
     try:

@@ -1,12 +1,6 @@
-"""DDP inside a Hydra multirun.
-
-Lightning's DDP (strategy=ddp) starts ranks 1..N-1 by running the script again with the
-command line of the *current process*. For a Hydra multirun job that command line is the
-whole sweep (`-m model=a,b,c ...`): every extra rank would start the sweep over, into the
-wrong folder. So a multirun job that would start its own DDP ranks runs itself as a plain
-single run in a child process, `train.py <this job's overrides> hydra.run.dir=<job folder>`,
-whose command line Lightning can repeat. Ranks started by SLURM (e.g. the submitit
-launcher) or torchrun are started from outside and need none of this.
+"""DDP inside a Hydra multirun: Lightning starts ranks 1..N-1 by re-running the current command line, which in a
+multirun job is the whole sweep. So such a job runs itself as a single run in a child process (`train.py <its
+overrides> hydra.run.dir=<job folder>`). Ranks that SLURM or torchrun start need none of this.
 """
 
 from __future__ import annotations
@@ -38,10 +32,8 @@ def needs_own_process(cfg: DictConfig) -> bool:
 
 
 def run_in_own_process(cfg: DictConfig, script: str) -> dict:
-    """Run this multirun job as `python <script> <job overrides> hydra.run.dir=<job folder>`;
-    return its summary. A failed child raises here, inside jobs.job, which leaves the job's
-    failure record (the child ran as a single run, which records none), and Hydra marks the
-    job failed."""
+    """Run this multirun job in a child process; its summary. A failed child raises inside jobs.job, which
+    records the failure (the child, a single run, records none)."""
     from hydra.core.hydra_config import HydraConfig
 
     with job(cfg, record=True):

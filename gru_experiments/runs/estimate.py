@@ -1,7 +1,5 @@
-"""The cost of a run, known before it is paid: after its first training steps a run prints its
-estimated total time: the steps left at the measured seconds per step, plus the forward tokens of
-the plans it will run (validation, the end-of-run evaluation: every entry's passes) at the training
-rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md).
+"""After its first training steps a run prints its estimated time: the steps left at the measured rate, plus
+the forward tokens of the plans it will run at that rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ EVAL_FORWARD_SPEEDUP = 1.5
 
 
 def format_estimate(seconds: float) -> str:
-    """A duration as an estimate says it: rounded (12 s, 7 min, 1.5 h)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -34,13 +31,11 @@ def format_estimate(seconds: float) -> str:
 
 
 class CostEstimate(Callback):
-    """Prints the run's estimated time once, after its first training steps: when `min_steps`
-    steps after the first (which warms up) are timed, or a step or more took `min_seconds`."""
+    """Prints the estimate once `min_steps` steps after the first (a warm-up) are timed, or `min_seconds`."""
 
-    def __init__(self, val: Split, cfg, *, model=None, tokenizer=None, modes=None, train_ids=None, probe=None,
-                 settings=None, min_steps: int = 10, min_seconds: float = 20.0):
-        self.val, self.cfg, self.tokenizer, self.modes = val, cfg, tokenizer, modes
-        self.settings = settings or EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)  # the run's, built once
+    def __init__(self, val: Split, cfg, settings: EvaluationSettings, *, model, tokenizer=None, modes=None,
+                 train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0):
+        self.val, self.cfg, self.settings, self.tokenizer, self.modes = val, cfg, settings, tokenizer, modes
         self.train_ids, self.probe = train_ids, probe
         self.seq_len, self.batch_size, self.steps_per_epoch = cfg.data.seq_len, cfg.data.batch_size, \
             recipe_length(cfg)[1]
@@ -71,11 +66,10 @@ class CostEstimate(Callback):
         per_epoch = getattr(trainer, "num_training_batches", None)
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
-        model = self.model if self.model is not None else trainer.lightning_module.model
-        evaluation = self.evaluation_forward_tokens(model, int(total_steps) * tokens_per_step)
-        modes = self.modes.plan(model) if self.modes is not None else plan_for(
-            run_request(self.cfg, model, self.val, self.steps_per_epoch * tokens_per_step, OVER_TRAINING,
-                        settings=self.settings))
+        evaluation = self.evaluation_forward_tokens(self.model, int(total_steps) * tokens_per_step)
+        modes = self.modes.plan(self.model) if self.modes is not None else plan_for(
+            run_request(self.cfg, self.model, self.val, self.steps_per_epoch * tokens_per_step, self.settings,
+                        OVER_TRAINING))
         validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
@@ -86,11 +80,9 @@ class CostEstimate(Callback):
         return estimate
 
     def evaluation_forward_tokens(self, model, training_tokens: int) -> int:
-        """The end-of-run evaluation's: the final weights' plan, every entry's passes in it (the text
-        statistics' samples, the recall figures), and the best checkpoint's (counted as if it were not the
-        final one)."""
-        final = run_request(self.cfg, model, self.val, training_tokens, tokenizer=self.tokenizer,
-                            train_ids=self.train_ids, probe=self.probe, settings=self.settings)
+        """The final weights' plan and the best checkpoint's (counted as if it were not the final one)."""
+        final = run_request(self.cfg, model, self.val, training_tokens, self.settings, tokenizer=self.tokenizer,
+                            train_ids=self.train_ids, probe=self.probe)
         return plan_for(final).forward_tokens + plan_for(replace(final, purpose=BEST)).forward_tokens
 
     @staticmethod

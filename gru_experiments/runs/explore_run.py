@@ -1,10 +1,5 @@
-"""python sample.py run=RUN explore=true: one run's page (study/explore.py computes it, study/explore_page.py
-writes it; docs/explore.md says how to read it), written to the run folder as explore.html.
-
-The text: explore_text= (any text, \\n decoded) or explore_file= (a UTF-8 file), else explore_chars
-characters of the validation split from explore_start. A run trained with the planted-recall probe gets
-pairs planted in it (the probe's own markers and keys, at its validation distances that fit a quarter of
-the text, seeded by `seed`), so its page shows the recall and the units that hold the key.
+"""python sample.py run=RUN explore=true: the run's page, explore.html (study/explore.py, docs/explore.md), of
+explore_text=, explore_file= or a slice of the validation split; a probe run's with the probe's pairs planted.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
-from gru_experiments.runs.sampling import read_splits, resolve_device, training_data_settings, unescape
-from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.runs.sampling import load_run, read_splits, unescape
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.settings import EvaluationSettings
@@ -42,27 +36,15 @@ EXPLORE_RULES = [
 
 
 def explore_run(cfg: DictConfig, checkpoint: Path) -> Path:
-    """sample.py explore=true: the page of `checkpoint` (its run: run=, else the checkpoint's folder)."""
-    validate_explore(cfg)
-    device = resolve_device(cfg.device)
-    if cfg.get("cpu_threads"):
-        torch.set_num_threads(int(cfg.cpu_threads))
-    task = load_checkpoint(checkpoint, map_location=device)
-    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
-    data_cfg = training_data_settings(run, cfg.data, reads_corpus=True)
-    splits = read_splits(data_cfg, task.tokenizer, device)
-    return write_explore_page(cfg, task.model.to(device).eval(), task.tokenizer, run, data_cfg, splits, checkpoint)
-
-
-def validate_explore(cfg: DictConfig) -> None:
-    """explore's keys, before the checkpoint is read."""
-    check_rules(cfg, EXPLORE_RULES)
+    check_rules(cfg, EXPLORE_RULES)  # explore's keys, before the checkpoint is read
     if cfg.get("explore_text") is not None and cfg.get("explore_file"):
         raise UserError("give explore_text=... or explore_file=..., not both")
+    task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=True)
+    splits = read_splits(data_cfg, task.tokenizer, device)
+    return write_explore_page(cfg, task.model, task.tokenizer, run, data_cfg, splits, checkpoint)
 
 
 def explore_text(cfg: DictConfig, val_text: str) -> str:
-    """The text the page shows: explore_text, explore_file, or the validation split's slice."""
     if cfg.get("explore_text") is not None:
         return unescape(str(cfg.explore_text))
     if cfg.get("explore_file"):
@@ -78,8 +60,7 @@ def explore_text(cfg: DictConfig, val_text: str) -> str:
 
 def planted_text(run: RunDir | None, corpus_text: str, ids: torch.Tensor, hold_ids: torch.Tensor, tokenizer,
                  seed: int) -> PlantedText | None:
-    """The probe's pairs planted in ids, when the run trained with the probe (its saved config says), and
-    ⟪ k before hold_ids (the hold: a key never asked for)."""
+    """The probe's pairs planted in ids when the run trained with it, and ⟪ k before hold_ids (never asked for)."""
     config = run.config() if run is not None else None
     probe_cfg = config.get("probe") if config is not None else None
     settings = ProbeSettings.from_config(OmegaConf.to_container(probe_cfg, resolve=True)) if probe_cfg else None
@@ -96,7 +77,6 @@ def planted_text(run: RunDir | None, corpus_text: str, ids: torch.Tensor, hold_i
 
 
 def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, splits, checkpoint) -> Path:
-    """explore.html in the run folder (a checkpoint without one: the sampling run's folder); its path."""
     started = time.perf_counter()
     text = explore_text(cfg, splits.val_text)
     ids = torch.tensor(encode_prompt(tokenizer, text, drop_unknown=cfg.drop_unknown), dtype=torch.long)
@@ -108,7 +88,8 @@ def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, da
     seq_len = int(data_cfg.seq_len)
     data = explore(model, tokenizer, ids.to(model.device), seq_len=seq_len,
                    window=EvaluationSettings.of(cfg.evaluation, seq_len).window, probe=probe)
-    data["title"] = {"model": task_name(checkpoint, run), "checkpoint": display_path(checkpoint),
+    data["title"] = {"model": (run.model_name() if run is not None else None) or Path(checkpoint).stem,
+                     "checkpoint": display_path(checkpoint),
                      "text": "explore_text" if cfg.get("explore_text") is not None else
                      (cfg.explore_file or f"validation split, characters {cfg.explore_start:,} to "
                       f"{cfg.explore_start + len(text):,}"), "planted": probe is not None}
@@ -117,8 +98,3 @@ def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, da
     print(f"saved: {display_path(path)} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s): "
           + ", ".join(f"{mode} {bpc:.4f}" for mode, bpc in data["bpc"].items()) + " bits per character")
     return path
-
-
-def task_name(checkpoint, run: RunDir | None) -> str:
-    """The run's model name, else the checkpoint's file name."""
-    return (run.model_name() if run is not None else None) or Path(checkpoint).stem

@@ -1,8 +1,5 @@
-"""Each run keeps its own learning curves in its history.csv (run_dir.RunDir.history_file).
-
-A file of our own, so that the sweep report draws every model's curves whatever the logger (W&B's
-offline log has no local reader). One row per measurement, long format (step,epoch,metric,value),
-appended as training goes; the rows: docs/internals.md, *The learning curves*, and docs/outputs.md.
+"""Each run's learning curves in its own history.csv, whatever the logger (the sweep report draws them): one
+row per measurement (step,epoch,metric,value), appended as training goes (docs/outputs.md).
 """
 
 from __future__ import annotations
@@ -19,12 +16,10 @@ VAL_METRICS = ("val/loss", "val/bpc", "val/stateful_bpc", "val/stateless_bpc", "
 
 
 class MetricsHistory(Callback):
-    """Appends to history.csv (global rank zero only): the mean training loss every
-    `trainer.log_every_n_steps` steps and the validation metrics after every validation."""
+    """The mean training loss every log_every_n_steps and the validation metrics (rank zero)."""
 
-    def __init__(self, path: Path, val_metrics: tuple[str, ...] = VAL_METRICS):
+    def __init__(self, path: Path):
         self.path = Path(path)
-        self.val_metrics = val_metrics
         self._loss_sum, self._loss_count = 0.0, 0  # a tensor once training runs: no host sync per step
 
     def _append(self, trainer, rows: list[tuple[str, float]]) -> None:
@@ -56,12 +51,11 @@ class MetricsHistory(Callback):
         if trainer.sanity_checking:
             return
         metrics = trainer.callback_metrics
-        self._append(trainer, [(name, float(metrics[name])) for name in self.val_metrics if name in metrics])
+        self._append(trainer, [(name, float(metrics[name])) for name in VAL_METRICS if name in metrics])
 
 
 def read_history(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """{metric: [(step, value), ...]} in file order; {} when the file does not exist.
-    Unreadable rows (a run killed mid-write) are skipped."""
+    """{metric: [(step, value), ...]}; {} without the file; rows a kill cut short are skipped."""
     path = Path(path)
     if not path.is_file():
         return {}

@@ -1,10 +1,6 @@
-"""What happens when a job fails, in one place (after lightning-hydra-template's `task_wrapper`).
-
-Every job (train.py, sample.py, sweep.py, train(cfg), a multirun job's DDP child) runs inside
-`job(cfg, record=..., report=...)`: on failure it records the failed run (multirun, rank zero),
-closes the logger, and turns a `UserError` or a full disk into one line and an exit status, keeping
-the traceback for bugs. The steps and exit statuses: docs/internals.md, *When a job fails*.
-Imports nothing heavy (Hydra and OmegaConf only), so scripts can use it before their imports.
+"""What happens when a job fails, in one place: every job runs inside `job(cfg, record=..., report=...)`, which
+records the failed run, closes the logger, and turns a UserError or a full disk into one line and an exit status
+(docs/internals.md, *When a job fails*). Imports nothing heavy, so scripts can use it first.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
 
 @dataclass
 class Job:
-    """The running job: `logger` (set it once built) is where a failure is recorded; the job is timed."""
+    """The running job, timed: `logger` (set once built) is where a failure is recorded."""
     cfg: object = None
     logger: object = False
     started: float = field(default_factory=time.perf_counter)
@@ -49,8 +45,6 @@ class JobFailed(CompactHydraException):
 
 @contextmanager
 def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report: bool = False) -> Iterator[Job]:
-    """Run a job's work; on failure record it, close the logger and (report=True) exit as
-    described in the module's docstring."""
     current = Job(cfg)
     try:
         yield current
@@ -72,15 +66,15 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
 
 
 def record_failure(cfg, logger, error: Exception, seconds: float):
-    """summary.json with status "failed", the error and where it happened; the same in W&B (a run
-    is started for it if the failure came before the logger). Returns the logger to close."""
+    """summary.json (and W&B) with status "failed" and the error; the logger to close."""
+    from gru_experiments.runs.checks import model_family
     from gru_experiments.runs.loggers import build_logger, is_wandb
 
     run = RunDir(OmegaConf.select(cfg, "paths.output_dir"))
     summary = {
         "status": "failed",
         "model": OmegaConf.select(cfg, "model.name"),
-        "family": _family(cfg),
+        "family": model_family(OmegaConf.select(cfg, "model.architecture", default=None)),
         "tokenizer": OmegaConf.select(cfg, "tokenizer.kind"),
         "error": f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-8)),
@@ -94,19 +88,8 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     return logger
 
 
-def _family(cfg) -> str | None:
-    """The family the config's architecture builds (None if it does not: the failure may be its own)."""
-    from gru_experiments.runs.checks import model_family
-
-    with suppress(Exception):  # bookkeeping must never hide the error it reports
-        return model_family(OmegaConf.select(cfg, "model.architecture", default=None))
-    return None
-
-
 def close_logger(exit_code: int = 0) -> None:
-    """End the job's W&B run, so that the next multirun job starts its own. A WandbLogger's run is
-    wandb's current run, so this also ends one that a failure left open before the logger was
-    handed over. Other loggers (CSV) need no closing."""
+    """End wandb's current run (a failure may have left one open), so that the next multirun job starts its own."""
     wandb = sys.modules.get("wandb")  # never imported here just to close nothing
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish(exit_code=exit_code)
@@ -122,9 +105,7 @@ def _exit_with_one_line(error, cfg, status: int = EXIT_USER_ERROR) -> None:
 
 
 def disk_full_message(error: OSError, cfg) -> str:
-    """What a full disk stopped and how to go on: the file that could not be written, the last
-    good checkpoint of the run (checkpoint writes are atomic: a failed one leaves the previous
-    intact) and the command that resumes it from there."""
+    """The file a full disk stopped, the run's last good checkpoint and the command that resumes from it."""
     what = f"could not write {error.filename}" if error.filename else "could not write a file"
     run_dir = OmegaConf.select(cfg, "paths.output_dir") if isinstance(cfg, DictConfig) else None
     checkpoint = _last_good_checkpoint(run_dir)
@@ -171,7 +152,6 @@ def debug_requested(cfg=None, argv: list[str] | None = None) -> bool:
 
 
 def multirun_job() -> bool:
-    """This process runs a job of a Hydra multirun."""
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -185,10 +165,8 @@ HYDRA_RECORD = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
 def discard_untouched_run_dir(log_dir=None) -> bool:
-    """Remove this Hydra run's folder if it holds nothing but what Hydra wrote when the job
-    started (.hydra/ and an empty log), so input errors leave no empty run folders behind;
-    then its parents that are left empty, below `log_dir` (when given).
-    A folder with anything else in it (a resumed run's checkpoints, logs with content) stays."""
+    """Remove this Hydra run's folder if it holds only what Hydra wrote at the start (.hydra/, an empty log), so
+    input errors leave no empty run folders; then its parents left empty, below `log_dir`."""
     if not HydraConfig.initialized():
         return False
     hydra = HydraConfig.get()

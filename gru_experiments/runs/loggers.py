@@ -18,11 +18,8 @@ WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 
 
 def wandb_mode() -> str:
-    """WANDB_MODE if set; else online when credentials exist (env or ~/.netrc); else offline.
-
-    A WANDB_MODE that wandb would refuse (it fails deep inside wandb.init with a traceback) is a
-    UserError naming it. An empty WANDB_MODE is such a value too, not "unset": wandb reads the
-    variable itself and refuses it, so the message says to unset it."""
+    """WANDB_MODE if set (one wandb would refuse, the empty one too, a UserError); else online when credentials
+    exist (env or ~/.netrc); else offline."""
     if "WANDB_MODE" in os.environ:
         mode = os.environ["WANDB_MODE"]
         if mode not in WANDB_MODES:
@@ -51,11 +48,8 @@ QUIET_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"`ModelC
 
 
 def quiet_console() -> None:
-    """Each thing said once, and nothing a user cannot act on. Lightning gives its `lightning` logger a console
-    handler of its own and lets it propagate too, so under Hydra, whose console handler is on the root logger,
-    every Lightning line came twice: its own handler goes while the root logger has a console to print to
-    (Hydra's file handler, train.log, has the same lines). QUIET_LINES and QUIET_WARNINGS are left out, from
-    both. Idempotent."""
+    """Each line once (Lightning's own console handler goes while the root logger has one: Hydra's), and neither
+    QUIET_LINES nor QUIET_WARNINGS. Idempotent."""
     import logging
     import warnings
 
@@ -80,7 +74,6 @@ def is_wandb(logger) -> bool:
 
 
 def multirun_sweep_dir() -> str | None:
-    """The sweep folder when this process runs a Hydra multirun job, else None."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -91,19 +84,13 @@ def multirun_sweep_dir() -> str | None:
 
 
 def sweep_group(group: str | None, sweep_dir) -> str:
-    """The W&B group of a sweep's runs: logger.group if set, else the sweep folder's name."""
     return group or Path(sweep_dir).resolve().name
 
 
 def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: str | None = None,
                  csv_version: str | None = None):
-    """The configured Lightning logger (or False for logger=none), with the resolved
-    config attached as plain nested values.
-
-    A resumed run passes the W&B run id it had (the run continues; Lightning's WandbLogger
-    resumes with resume="allow"), and a CSV version folder of its own: Lightning's CSVLogger
-    deletes an existing metrics.csv in its folder, which would lose the first part's metrics.
-    """
+    """The configured Lightning logger (False: logger=none) with the resolved config. A resume passes its W&B run
+    id, and a CSV version folder of its own (CSVLogger deletes an existing metrics.csv)."""
     if not logger_cfg or "_target_" not in logger_cfg:
         return False
     kwargs = {}

@@ -1,8 +1,5 @@
-"""The inference modes over training: after every validation, the stateful and stateless figures of
-the weights of that moment (val/stateful_bpc, val/stateless_bpc in the loggers and history.csv), and
-the word validity of a short stateful and a short stateless sample (val/stateful_word_validity,
-val/stateless_word_validity: the original study's lesson 3), as one OVER_TRAINING evaluation
-(study/evaluation.py) within the budget of an epoch's training tokens."""
+"""The inference modes over training: after every validation, val/stateful_bpc, val/stateless_bpc and the word
+validity of a stateful and a stateless sample, as one OVER_TRAINING evaluation within an epoch's budget."""
 
 from __future__ import annotations
 
@@ -19,24 +16,20 @@ from gru_experiments.study.text_index import words
 
 
 class ModesOverTraining(Callback):
-    """Scores `val` stateful and stateless after every validation. `epoch_tokens`: the training tokens
-    between two validations, what evaluation.budget is a multiple of here. With a `tokenizer` and the
-    training split's text (`train_text`), and evaluation.text.samples > 0, also the word validity of
-    one sample per study prompt of evaluation.text.chars characters in each of the two modes."""
+    """`epoch_tokens`: what evaluation.budget is a multiple of here. The word validity needs a `tokenizer` and
+    the training split's text."""
 
-    def __init__(self, cfg, val: Split, epoch_tokens: int, tokenizer=None, train_text: str | None = None,
-                 settings=None):
-        self.cfg, self.val, self.epoch_tokens = cfg, val, epoch_tokens
-        # the run's evaluation settings, built once (not at every validation)
-        self.settings = settings or EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
+    def __init__(self, cfg, val: Split, epoch_tokens: int, settings: EvaluationSettings, tokenizer=None,
+                 train_text: str | None = None):
+        self.cfg, self.val, self.epoch_tokens, self.settings = cfg, val, epoch_tokens, settings
         self.tokenizer = tokenizer if train_text is not None else None
         # what the word validity reads of a training index: its words (counted here without the rest)
         self.index = SimpleNamespace(vocabulary=frozenset(words(train_text))) if self.tokenizer is not None else None
         self.last: dict | None = None  # the latest validation's summary
 
     def request(self, model):
-        return run_request(self.cfg, model, self.val, self.epoch_tokens, OVER_TRAINING, tokenizer=self.tokenizer,
-                           load_text_index=lambda: self.index, settings=self.settings)
+        return run_request(self.cfg, model, self.val, self.epoch_tokens, self.settings, OVER_TRAINING,
+                           tokenizer=self.tokenizer, load_text_index=lambda: self.index)
 
     def plan(self, model):
         return plan_for(self.request(model))

@@ -1,9 +1,5 @@
-"""The optimiser recipe (conf/optim/): AdamW's settings, which weights decay, and the learning-rate schedule.
-
-Two recipes ship, `original` (the original study's) and `transformer` (nanoGPT's); what each sets
-and why: docs/transformer.md, *The recipe*. The learning rate itself is the model's (model.lr): the
-recipe is how it is used.
-"""
+"""The optimiser recipe (conf/optim/): AdamW's settings, which weights decay, and the learning-rate schedule
+of the model's model.lr. The two shipped and why: docs/transformer.md, *The recipe*."""
 
 from __future__ import annotations
 
@@ -53,7 +49,6 @@ class Recipe:
 
     @classmethod
     def from_config(cls, optim) -> "Recipe":
-        """From the optim group (a DictConfig or dict), checked, then built by its `_target_`, this class."""
         optim = OmegaConf.to_container(optim) if OmegaConf.is_config(optim) else dict(optim)
         rules = [Rule("_target_", lambda v: v == TARGET, TARGET, may_be_absent=True),
                  Rule("name", lambda v: isinstance(v, str), "a name"), *RULES]
@@ -72,8 +67,7 @@ class Recipe:
         return {**asdict(self), "betas": list(self.betas)}
 
     def parameter_groups(self, model: nn.Module) -> list[dict]:
-        """AdamW's parameter groups, in the model's parameter order: one group (`all`), or the
-        decayed matrices and the rest (`matrices`)."""
+        """AdamW's parameter groups, in the model's order: all, or the decayed matrices and the rest."""
         parameters = list(model.parameters())
         if self.decay == "all":
             return [{"params": parameters, "weight_decay": self.weight_decay}]
@@ -94,9 +88,7 @@ class Recipe:
                 "fewer warmup steps, or train longer, for the recipe's schedule")
 
     def schedule(self, optimizer, trainer) -> "WarmupCosine":
-        """Over `trainer`'s configured training: its total optimiser steps (max_steps if that ends
-        training first); in epochs for an `epoch` recipe without warmup (a warmup counts steps) whose
-        training is whole epochs."""
+        """Over the trainer's optimiser steps; in epochs for an `epoch` recipe without warmup of whole epochs."""
         steps = trainer.estimated_stepping_batches
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         if not math.isfinite(steps):
@@ -110,21 +102,15 @@ class Recipe:
 
 
 def recipe_length(cfg) -> tuple[int, int]:
-    """The model's length, the one place the trainer (its epochs) and the batches (steps per epoch) take it
-    from: (model.epochs, model.steps_per_epoch); a counted model (n-gram) has neither: one epoch of one step."""
+    """(model.epochs, model.steps_per_epoch), for the trainer and the batches; a counted model: (1, 1)."""
     return (OmegaConf.select(cfg, "model.epochs", default=None) or 1,
             OmegaConf.select(cfg, "model.steps_per_epoch", default=None) or 1)
 
 
 class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
-    """`warmup` intervals of linear warmup to model.lr (nanoGPT's: (t + 1) / (warmup + 1) of it), then a
-    half cosine down to floor × model.lr over the rest of `length` intervals, so training ends at the floor
-    (a run no longer than its warmup ends within the warmup). The length is the whole run's, also after a
-    resume (the position comes back from the checkpoint).
-
-    Without warmup this is torch's CosineAnnealingLR itself, its recursive form included: the original
-    recipe gives the learning rates of every earlier run bit for bit (a closed form differs in the last
-    bit, and so would the figures)."""
+    """`warmup` intervals of nanoGPT's linear warmup, then a half cosine down to floor × model.lr over the rest
+    of `length`. Without warmup torch's recursive CosineAnnealingLR itself: a closed form differs in the last
+    bit, and the original recipe must give every earlier run's learning rates bit for bit."""
 
     def __init__(self, optimizer, length: int, interval: str, warmup: int = 0, floor: float = 0.0):
         if interval not in INTERVALS:

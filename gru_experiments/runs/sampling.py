@@ -1,6 +1,5 @@
-"""python sample.py: load a trained checkpoint, generate in one inference mode and save it in the sampling
-run's folder (samples.txt, sampling.json); evaluate=true scores the validation split by the run's own
-plan (evaluation.json), stats=true measures the generated text (stats.json). docs/outputs.md.
+"""python sample.py: generate from a checkpoint in one inference mode (samples.txt, sampling.json); evaluate=true
+scores the validation split (evaluation.json), stats=true measures the text (stats.json). docs/outputs.md.
 """
 
 from __future__ import annotations
@@ -46,9 +45,7 @@ def unescape(text: str) -> str:
 
 
 def read_prompts(prompt=None, prompt_file: str | None = None) -> list[str]:
-    """The prompts to continue: `prompt` (one string or a list), or `prompt_file` (UTF-8, one
-    prompt per line: the line ending is dropped, trailing spaces are kept, empty lines are
-    skipped, \\n, \\t and \\\\ are decoded), else the study's three."""
+    """`prompt` (a string or a list), or `prompt_file`'s non-empty lines (escapes decoded), else the study's."""
     if prompt is not None and prompt_file:
         raise UserError("give prompt=... or prompt_file=..., not both")
     if prompt_file:
@@ -72,9 +69,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 def training_data_settings(run: RunDir | None, fallback: DictConfig, reads_corpus: bool = False) -> DictConfig:
-    """The data settings the run trained with (its saved config), else this config's `data`. reads_corpus: the
-    corpus is to be read, which a checkpoint does not name: without the saved config, only one the command line
-    names (data.path=...) is, never the default in the run's place."""
+    """The data settings the run trained with (its saved config), else `fallback`; with reads_corpus, only a corpus
+    the command line names (a checkpoint names none), never the default in the run's place."""
     config = run.config() if run is not None else None
     if config is not None and "data" in config:
         try:
@@ -92,19 +88,26 @@ def training_data_settings(run: RunDir | None, fallback: DictConfig, reads_corpu
     return fallback
 
 
-def sample(cfg: DictConfig, checkpoint: Path) -> dict:
-    """Generate from `checkpoint` (see run_dir.find_checkpoint) as cfg (conf/sample.yaml) says."""
-    output_dir = Path(cfg.paths.output_dir)
-    mode = cfg.inference.mode
-    validate_settings(cfg)
-    raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
+def load_run(cfg: DictConfig, checkpoint: Path, reads_corpus: bool):
+    """sample.py's checkpoint on cfg.device (in eval mode), with its run (run=, else the checkpoint's folder)
+    and the data settings it trained with: (task, device, run, data settings)."""
     device = resolve_device(cfg.device)
     if cfg.get("cpu_threads"):
         torch.set_num_threads(int(cfg.cpu_threads))
     task = load_checkpoint(checkpoint, map_location=device)
-    model, tokenizer = task.model.to(device).eval(), task.tokenizer
+    task.model.to(device).eval()
     run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
-    data_cfg = training_data_settings(run, cfg.data, reads_corpus=cfg.evaluate or bool(cfg.get("stats")))
+    return task, device, run, training_data_settings(run, cfg.data, reads_corpus=reads_corpus)
+
+
+def sample(cfg: DictConfig, checkpoint: Path) -> dict:
+    output_dir = Path(cfg.paths.output_dir)
+    mode = cfg.inference.mode
+    validate_sampling(cfg, vocab_size=None)  # the settings before the checkpoint is read
+    validate_stats(cfg)
+    raw_prompts = read_prompts(cfg.get("prompt"), cfg.get("prompt_file"))
+    task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=cfg.evaluate or bool(cfg.get("stats")))
+    model, tokenizer = task.model, task.tokenizer
 
     validate_sampling({"top_k": cfg.top_k}, tokenizer.vocab_size)  # its bound, now that the vocabulary is known
     splits = splits_needed(cfg, data_cfg, tokenizer, device)
@@ -153,15 +156,8 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     return record
 
 
-def validate_settings(cfg: DictConfig) -> None:
-    """The settings first, before the checkpoint is read (top_k's bound, the vocabulary size, after it)."""
-    validate_sampling(cfg, vocab_size=None)
-    validate_stats(cfg)
-
-
 def splits_needed(cfg: DictConfig, data_cfg, tokenizer, device) -> Splits | None:
-    """The corpus, when evaluate=true or stats=true needs it: read before any sampling, so that one that
-    does not fit the model, or is too short for the statistics' reference, is refused first."""
+    """The corpus evaluate=true or stats=true needs, read (and refused) before any sampling."""
     if not (cfg.evaluate or cfg.get("stats")):
         return None
     splits = read_splits(data_cfg, tokenizer, device)
@@ -171,7 +167,7 @@ def splits_needed(cfg: DictConfig, data_cfg, tokenizer, device) -> Splits | None
 
 
 class Splits(NamedTuple):
-    """The corpus the model trained on, split as it was: texts and token ids (on the model's device)."""
+    """The corpus the model trained on, split as it was: texts and token ids."""
     source: Path
     train_text: str
     val_text: str
@@ -180,8 +176,6 @@ class Splits(NamedTuple):
 
 
 def read_splits(data_cfg, tokenizer, device) -> Splits:
-    """The training and validation splits of `data_cfg`'s corpus; a UserError when the model's
-    vocabulary cannot spell it."""
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
     train_text, val_text = split_text(read_corpus(source), data_cfg.train_fraction)
     try:
@@ -193,16 +187,15 @@ def read_splits(data_cfg, tokenizer, device) -> Splits:
 
 
 def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data_cfg, checkpoint: Path,
-                     splits: Splits | None = None) -> dict:
-    """Every inference mode and the context curve on the validation split of the data the model
-    trained on (`splits`: read here when not given), as the run's own plan: evaluation.budget is a multiple
-    of its recorded training tokens (a checkpoint without its run folder: every figure exact), its text
-    statistics' samples planned but not drawn (stats=true draws them all)."""
-    source, _, _, train_ids, val_ids = splits or read_splits(data_cfg, tokenizer, model.device)
+                     splits: Splits) -> dict:
+    """Every inference mode and the context curve on the validation split, by the run's own plan (its recorded
+    training tokens; without its run folder every figure exact), the text statistics left to stats=true."""
+    source, _, _, train_ids, val_ids = splits
     summary = (run.summary() if run else None) or {}
     started = time.perf_counter()
-    request = run_request(cfg, model, Split.of(val_ids, tokenizer), summary.get("train_tokens"), tokenizer=tokenizer,
-                          train_ids=train_ids, seq_len=int(data_cfg.seq_len))
+    request = run_request(cfg, model, Split.of(val_ids, tokenizer), summary.get("train_tokens"),
+                          EvaluationSettings.of(cfg.evaluation, int(data_cfg.seq_len)), tokenizer=tokenizer,
+                          train_ids=train_ids)
     evaluation = evaluate(request, progress=Progress(), skip=(TEXT,))
     print(f"{display_path(source)}: {evaluation.modes.describe()}")
     modes = evaluation.summary()
@@ -216,7 +209,6 @@ def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data
 
 # --- stats=true: the text statistics --------------------------------------------------------------------
 def validate_stats(cfg: DictConfig) -> None:
-    """A one-line UserError for a bad stats or evaluation.* value (settings.EvaluationSettings)."""
     check_rules(cfg, [Rule("stats", lambda v: isinstance(v, bool), "true or false", may_be_absent=True)])
     text = stats_settings(cfg, 1)  # checked even without stats=true: a bad value is refused at once
     if cfg.get("stats") and not text.samples:
@@ -225,12 +217,10 @@ def validate_stats(cfg: DictConfig) -> None:
 
 
 def stats_settings(cfg: DictConfig, seq_len: int) -> TextSettings:
-    """The text statistics' settings: evaluation.text's, windowed at evaluation.window (null: seq_len)."""
     return replace(EvaluationSettings.of(cfg.evaluation, seq_len).text, seed=cfg.seed)
 
 
 def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:
-    """The reference is slices of the validation split as long as the samples (and as the drift's stretches)."""
     settings, n = stats_settings(cfg, 1), len(splits.val_text)
     where = f"the validation split of {display_path(splits.source)} has {n:,} characters"
     if settings.chars > n:
@@ -242,10 +232,7 @@ def check_stats_fit(cfg: DictConfig, splits: Splits) -> None:
 
 
 def measure_checkpoint_text(cfg: DictConfig, model, tokenizer, splits: Splits, seq_len: int, checkpoint: Path) -> dict:
-    """The text statistics of the model's samples in every mode × decoder (study/text_protocol.py),
-    windowed at evaluation.window (null: the training seq_len): printed, and written to stats.json
-    with the texts they were computed on. The training split's index is counted once per corpus and
-    kept in paths.data_dir (TrainingIndex.cached)."""
+    """The text statistics of the samples in every mode × decoder, printed and written to stats.json."""
     started = time.perf_counter()
     index = TrainingIndex.cached(splits.train_text, Path(cfg.paths.data_dir))
     record = measure_text(model, tokenizer, index, splits.val_text, stats_settings(cfg, seq_len),

@@ -1,6 +1,5 @@
-"""The training job's score step: the final weights evaluated by their plan (study/plan.py, within
-evaluation.budget of the run's training tokens), the best checkpoint likewise without the curve, and
-the seeded samples side by side; printed, and handed to the loggers (docs/evaluation.md)."""
+"""The training job's score step: the final weights and the best checkpoint evaluated by their plans, and the
+seeded samples side by side; printed and logged (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -29,40 +28,35 @@ from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 
 
-def run_request(cfg: DictConfig, model, val: Split, training_tokens, purpose: str = FINAL, *, tokenizer=None,
-                train_ids=None, probe=None, load_text_index=None, seq_len: int | None = None,
-                settings: EvaluationSettings | None = None) -> Request:
-    """The evaluation Request of a run's config (study/plan.py): its settings (those the run built once, or
-    built here from cfg.evaluation), its seed and its training split's index for the text statistics (counted
-    once per corpus: TrainingIndex.cached)."""
+def run_request(cfg: DictConfig, model, val: Split, training_tokens, settings: EvaluationSettings,
+                purpose: str = FINAL, *, tokenizer=None, train_ids=None, probe=None, load_text_index=None) -> Request:
+    """The evaluation Request of a run (study/plan.py): its settings, its seed and its training split's index
+    for the text statistics (counted once per corpus: TrainingIndex.cached)."""
     def index():
         return TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
-    settings = settings or EvaluationSettings.of(cfg.evaluation, seq_len or cfg.data.seq_len)
     return Request(model, val, settings, training_tokens, purpose,
                    tokenizer, train_ids, probe, int(cfg.get("seed", 0)), load_text_index or index)
 
 
-def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe=None,
-              settings: EvaluationSettings | None = None) -> dict:
-    """Adds every figure of the final weights (every entry of study/evaluation.py) and of the best
-    checkpoint to `summary` (with `eval_seconds`), logs them, and returns the samples (with the texts
-    the text statistics measured). A bar per pass (trainer.enable_progress_bar)."""
+def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe,
+              settings: EvaluationSettings) -> dict:
+    """Adds the final weights' and the best checkpoint's figures to `summary`, logs them; the samples."""
     started = time.perf_counter()
     progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
-    request = run_request(cfg, model, val, summary["train_tokens"], tokenizer=tokenizer, train_ids=train_ids,
-                          probe=probe, settings=settings)
+    request = run_request(cfg, model, val, summary["train_tokens"], settings, tokenizer=tokenizer,
+                          train_ids=train_ids, probe=probe)
     plan = plan_for(request)
     if plan.budget is None:  # no budget bounds it: say what it asks for before it starts
         print(f"evaluation: every figure exact (evaluation.budget=null), {plan.forward_tokens:,} forward tokens "
               f"({plan.forward_tokens / max(summary['train_tokens'], 1):,.1f} per token trained), a bar per pass")
     evaluation = evaluate(request, plan, progress)
     summary |= evaluation.summary()
-    summary["best"] = score_best(cfg, summary, train_ids, val, model.device,
-                                 Progress(progress.enabled, "evaluation, best checkpoint"), request.settings)
+    summary["best"] = score_best(cfg, summary, train_ids, val, model.device, settings,
+                                 Progress(progress.enabled, "evaluation, best checkpoint"))
     prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
-    settings = request.settings.samples
-    samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(settings.chars, val),
-                                   decoding=Decoding(temperature=settings.temperature), seed=cfg.seed)
+    chars, temperature = settings.samples.chars, settings.samples.temperature
+    samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(chars, val),
+                                   decoding=Decoding(temperature=temperature), seed=cfg.seed)
     if evaluation.results.get(TEXT):
         samples["text"] = evaluation.results[TEXT]["texts"]
     summary["eval_seconds"] = time.perf_counter() - started
@@ -75,18 +69,15 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
 
 
 def describe(evaluation: Evaluation, summary: dict) -> str:
-    """The final weights' evaluation for the log, with the best checkpoint's."""
     modes, *others = evaluation.descriptions()
     return (f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
             f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
 
 
-def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, progress=NO_PROGRESS,
-               settings: EvaluationSettings | None = None) -> dict:
-    """The best checkpoint (lowest val/loss) scored in every mode, beside the final weights:
-    {"step", "checkpoint", "same_as_final", "val_loss", "val_bpc", "<mode>_nll", "<mode>_bpc"}.
-    When the best checkpoint holds the final weights (or there is none: a counted model), its
-    figures are the final ones, not scored twice."""
+def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, settings: EvaluationSettings,
+               progress=NO_PROGRESS) -> dict:
+    """The best checkpoint (lowest val/loss) scored in every mode; the final weights' figures when it holds them
+    (or there is none: a counted model)."""
     final_step = summary["train_steps"]
     path = summary.get("best_checkpoint")
     keys = ["val_loss", "val_bpc", *(f"{mode}_{unit}" for mode in MODES for unit in ("nll", "bpc"))]
@@ -99,8 +90,7 @@ def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, pr
     model = load_checkpoint(path, map_location=device).model.to(device)
     val = val.to(device)
     chunks = score_chunks(model, val, cfg.data.seq_len, cfg.data.eval_batch_size)
-    metrics = evaluate(run_request(cfg, model, val, summary["train_tokens"], BEST, train_ids=train_ids,
-                                   settings=settings),
+    metrics = evaluate(run_request(cfg, model, val, summary["train_tokens"], settings, BEST, train_ids=train_ids),
                        progress=progress).summary()
     return best | {"val_loss": chunks.nll, "val_bpc": chunks.bpc} | {key: metrics[key] for key in keys[2:]}
 
@@ -116,7 +106,6 @@ def format_best(best: dict) -> str:
 
 
 def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict) -> None:
-    """The figures, the curve and the best checkpoint's figures to the loggers (W&B: a plot and tables)."""
     step, modes = summary["train_steps"], evaluation.modes
     logger.log_metrics({f"modes/{k}": v for k, v in modes.metrics().items()}, step=step)
     logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(modes.curve)}, step=step)
@@ -135,7 +124,6 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
 
 
 def log_curve_to_wandb(logger, curve: dict, model_name: str) -> None:
-    """The context curve as a W&B line plot (windowed points against the context) and a table."""
     import wandb
 
     rows = [[int(key), value] for key, value in curve_points(curve) if key.isdigit()]

@@ -20,12 +20,9 @@ DIVERGENCE_FACTOR = 4  # a training loss above 4 x ln(vocabulary) nats stops the
 
 
 class LanguageModelTask(L.LightningModule):
-    """Wraps any LanguageModel (models/protocol.py). Checkpoints hold its architecture (hparams:
-    `_target_` and the constructor arguments) and its tokenizer, so `load_checkpoint` rebuilds both
-    without any config file. lr, optim (the optimiser recipe: runs/recipe.py) and epochs are the recipe
-    of a trained model (None for a counted one); `epochs` is kept as a record, the learning-rate schedule
-    follows the Trainer (Recipe.schedule). weight_decay: what a checkpoint written before conf/optim
-    holds (the original recipe at that decay)."""
+    """Wraps any LanguageModel; checkpoints hold its architecture and tokenizer, so `load_checkpoint` needs no
+    config. lr, optim and epochs (a record) are a trained model's recipe; weight_decay: a checkpoint's from
+    before conf/optim."""
 
     def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None, optim: dict | None = None,
                  epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False,
@@ -51,9 +48,8 @@ class LanguageModelTask(L.LightningModule):
         self.recall_cue, self.recall_weight = None, 1.0  # weigh_recall
 
     def weigh_recall(self, cue: int, weight: float) -> None:
-        """probe=recall: the training loss weighs each recall target (the token after `cue`, the closing marker)
-        `weight` times every other target. A control that the language modelling drowns (the transformer,
-        whose copying pattern forms only where recall is a large enough share of the loss) gets its own."""
+        """probe=recall: the loss weighs each recall target (after `cue`) `weight` times every other target, for a
+        control whose copying forms only where recall is a large enough share of the loss (the transformer)."""
         self.recall_cue, self.recall_weight = cue, float(weight)
 
     def forward(self, tokens, state=None):
@@ -75,7 +71,7 @@ class LanguageModelTask(L.LightningModule):
         carry = bool(streams) and not streams[0]
         logits, state = self.model(inputs, self.carried_state if carry else None)
         if streams:
-            self.carried_state = detach_state(state)
+            self.carried_state = map_state(torch.Tensor.detach, state)  # truncated BPTT stops at the chunk
         if self.recall_weight == 1:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         else:
@@ -97,9 +93,8 @@ class LanguageModelTask(L.LightningModule):
 
     @property
     def divergence_limit(self) -> float:
-        """The training loss that counts as diverged: DIVERGENCE_FACTOR times a uniform guess's, ln V nats. Every
-        run starts near ln V and falls below it; a learning rate far too large sends it up by orders of magnitude
-        within a few steps (model.lr=1e6: 5e10), and a run there learns nothing more."""
+        """DIVERGENCE_FACTOR times a uniform guess's ln V nats: every run starts near it; a far too large learning
+        rate sends the loss orders of magnitude above it within a few steps."""
         return DIVERGENCE_FACTOR * math.log(self.model.vocab_size)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -118,9 +113,8 @@ class LanguageModelTask(L.LightningModule):
 
     @property
     def last_epoch_train_loss(self) -> float:
-        """The mean training loss of the last epoch (of its steps so far, when training stopped
-        within it); nan before the first step. Computed from the sums, which checkpoints carry,
-        so it needs no hook: a run resumed after its last step has it too."""
+        """The mean training loss of the last epoch (so far); nan before the first step. From the sums, which
+        checkpoints carry."""
         loss_sum, count = self._epoch_loss
         return float(loss_sum) / count if count else float("nan")
 
@@ -165,7 +159,6 @@ class LanguageModelTask(L.LightningModule):
             checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
 
     def _planned_steps(self) -> int | None:
-        """The step training stops at (trainer.max_steps, or the epochs' steps), None when unbounded."""
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"  # a counted model saves unfitted
         steps = self.trainer.estimated_stepping_batches if fitting else float("inf")
         return int(steps) if math.isfinite(steps) else None
@@ -190,26 +183,16 @@ class LanguageModelTask(L.LightningModule):
 
 
 def map_state(fn, state):
-    """`fn` applied to every tensor of a model state (a tensor, or nested lists and tuples of them)."""
+    """`fn` applied to every tensor of a model state (nested lists and tuples of tensors)."""
     if isinstance(state, (list, tuple)):
         return type(state)(map_state(fn, item) for item in state)
     return fn(state) if isinstance(state, torch.Tensor) else state
 
 
-def detach_state(state):
-    """The state cut from the graph: truncated backpropagation through time stops at a chunk boundary."""
-    return map_state(torch.Tensor.detach, state)
-
-
 def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,
                     vocab_size: int | None = None) -> LanguageModelTask:
-    """Rebuild model and tokenizer from a checkpoint alone. Nothing in it is executed:
-    it is read with weights_only=True (a file that would run code is refused).
-
-    `tokenizer_kind` ('char'/'spm') and `vocab_size`, when given, are what the caller asked
-    for; a checkpoint with another tokenizer or vocabulary raises a UserError, as does a
-    missing, truncated or foreign file.
-    """
+    """Model and tokenizer from a checkpoint alone, read with weights_only=True; a UserError for another
+    `tokenizer_kind` or `vocab_size` than asked for, or a missing, truncated or foreign file."""
     checkpoint = read_checkpoint(path, map_location=map_location)
     check_tokenizer(checkpoint, path, kind=tokenizer_kind, vocab_size=vocab_size)
     try:

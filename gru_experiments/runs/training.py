@@ -5,6 +5,9 @@
     summarize     the run's record: what was trained, how, and its final validation
     score         the evaluation of the final weights and the best checkpoint, the samples (runs/scoring.py)
     write         summary.json and samples.json (rank zero)
+
+trainer.fast_dev_run=true is a smoke run: the whole pipeline on a small slice (Lightning's one training and one
+validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures marked "smoke" in summary.json.
 """
 
 from __future__ import annotations
@@ -34,16 +37,20 @@ from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import score_run
-from gru_experiments.runs.smoke import is_smoke, smoke_split
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.study.scores import Split, score_chunks
 from gru_experiments.study.settings import EvaluationSettings
 
+SMOKE_VAL_TOKENS = 1024
+
+
+def is_smoke(cfg) -> bool:
+    return bool(OmegaConf.select(cfg, "trainer.fast_dev_run", default=False))
+
 
 @dataclass
 class Run:
-    """What the steps hand on: the config, the resume point, the folder, the data and the task; then
-    the trainer and what fit_or_count set up."""
+    """What the steps hand on."""
     cfg: DictConfig
     resume: object
     folder: RunDir
@@ -62,13 +69,8 @@ class Run:
 
 
 def train(cfg: DictConfig) -> dict:
-    """Train, score and summarise one model.
-
-    Bad input (config values, the corpus, a resume checkpoint) is refused before anything is
-    written. Runs inside jobs.job: a multirun job that fails still leaves a summary.json (status
-    "failed" and the error) and a failed W&B run, then re-raises, so the other jobs go on and
-    the sweep report lists this one as failed. A single run that fails just raises; its
-    checkpoints stay, ready for resume=."""
+    """Train, score and summarise one model; bad input is refused before anything is written. A failure is
+    recorded by jobs.job (a multirun job's summary.json says "failed"); the checkpoints stay for resume=."""
     with job(cfg, record=True) as current:
         quiet_console()
         run = prepare(cfg)
@@ -99,8 +101,9 @@ def prepare(cfg: DictConfig) -> Run:
     if corpus.probe is not None:
         task.weigh_recall(corpus.probe.symbol_ids.closing, OmegaConf.select(cfg, "training.recall_weight", default=1))
     model = task.model
-    batching = training_batching(cfg)
-    data = CorpusDataModule(corpus.train_ids, smoke_split(corpus.val_ids, cfg), cfg.data.batch_size,
+    batching = OmegaConf.select(cfg, "training.batching", default=None) or "windows"  # configs from before it
+    val_ids = corpus.val_ids[:SMOKE_VAL_TOKENS] if is_smoke(cfg) else corpus.val_ids
+    data = CorpusDataModule(corpus.train_ids, val_ids, cfg.data.batch_size,
                             cfg.data.seq_len, recipe_length(cfg)[1], seed=cfg.seed,
                             eval_batch_size=cfg.data.eval_batch_size,
                             batching=batching if model.trainable else "windows",  # counted: no batches
@@ -147,11 +150,11 @@ def fit_or_count(run: Run, current) -> None:
     epochs, steps_per_epoch = recipe_length(cfg)
     epoch_tokens = steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
     tokenizer = run.corpus.tokenizer
-    modes = ModesOverTraining(cfg, run.val, epoch_tokens, tokenizer, tokenizer.decode(run.corpus.train_ids.tolist()),
-                              run.settings)
+    modes = ModesOverTraining(cfg, run.val, epoch_tokens, run.settings, tokenizer,
+                              tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
-                 CostEstimate(run.val, cfg, model=task.model, tokenizer=tokenizer, modes=modes,
-                              train_ids=run.corpus.train_ids, probe=run.corpus.probe, settings=run.settings)]
+                 CostEstimate(run.val, cfg, run.settings, model=task.model, tokenizer=tokenizer, modes=modes,
+                              train_ids=run.corpus.train_ids, probe=run.corpus.probe)]
     run.trainer = instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger, plugins=[checkpoint_io],
                               callbacks=callbacks)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
@@ -178,8 +181,8 @@ def fit_or_count(run: Run, current) -> None:
 
 
 def summarize(run: Run, current) -> dict:
-    """The run's record. Its validation figures are the last validation pass's when it scored the
-    final weights on every target, else (max_steps stopped mid-epoch, fast_dev_run) one more pass."""
+    """The run's record; its validation figures the last validation's if it scored the final weights on every
+    target, else one more pass's."""
     cfg, task, trainer = run.cfg, run.task, run.trainer
     model = task.model
     task.to(trainer.strategy.root_device)
@@ -189,7 +192,7 @@ def summarize(run: Run, current) -> dict:
     checkpoint, *_ = run.checkpoints
     return {
         "status": "completed",
-        "smoke": is_smoke(cfg),  # trainer.fast_dev_run: figures of a small slice (smoke.py)
+        "smoke": is_smoke(cfg),  # trainer.fast_dev_run: figures of a small slice
         "model": cfg.model.name,
         "family": model.family,
         "tokenizer": run.corpus.tokenizer.kind,
@@ -231,12 +234,8 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
 
 
 def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckpoint, ...]:
-    """The best checkpoint by val/loss (after each validation) and last.ckpt, written at every
-    epoch end and, so that a kill loses little, every `every_n_steps` training steps.
-
-    Both callbacks write the same last.ckpt (no -v1 copies: the version counter is off), and
-    every write is atomic (AtomicCheckpointIO).
-    """
+    """The best checkpoint by val/loss and last.ckpt, at every epoch end and every `every_n_steps` steps (so that
+    a kill loses little); both write the same last.ckpt (no -v1 copies)."""
     best = ModelCheckpoint(dirpath=dirpath, filename="best-epoch{epoch}-step{step}", auto_insert_metric_name=False,
                            monitor="val/loss", mode="min", save_top_k=1, save_last=True,
                            enable_version_counter=False)
@@ -247,16 +246,9 @@ def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckp
     return best, periodic
 
 
-def training_batching(cfg: DictConfig) -> str:
-    """training.batching: windows (random windows, each from the initial state; the default, also for
-    configs written before the choice existed) or streams (truncated BPTT)."""
-    return OmegaConf.select(cfg, "training.batching", default=None) or "windows"
-
-
 def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
-    """trainer.max_steps can stop training between two checkpoints (neither an epoch end nor a
-    multiple of checkpoint.every_n_steps); then last.ckpt also gets the final step, so that it
-    holds the weights the summary scores. Every rank takes the same decision (saving is collective)."""
+    """last.ckpt also at the final step when trainer.max_steps stopped training between two checkpoints, so that
+    it holds the weights the summary scores (every rank decides alike: saving is collective)."""
     saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
     if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
         return
@@ -264,9 +256,8 @@ def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
 
 
 def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> str:
-    """A counted model's "training": count the training split (timed: tokens/s), score the
-    validation split once (val/loss, val/bpc, history.csv), and save checkpoints/last.ckpt through
-    the trainer (atomic, with the tokenizer: sample.py loads it like any other). Returns its path."""
+    """A counted model's "training": count the training split (timed), validate once and save last.ckpt through
+    the trainer (as any other checkpoint); its path."""
     started = time.perf_counter()
     task.model.fit(datamodule.train_ids)
     task.train_seconds = time.perf_counter() - started

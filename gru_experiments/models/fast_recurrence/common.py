@@ -14,8 +14,7 @@ def needs_grad(*tensors: Tensor) -> bool:
 
 
 def matmul_dtypes(precision: MatmulPrecision | None, x: Tensor, *weights: Tensor) -> tuple:
-    """Per weight: the dtype its matmuls take their inputs in, or None for the computation's
-    own dtype (x's). `precision` None: autocast's when it is on, else none."""
+    """Per weight: the dtype its matmuls take their inputs in (None: x's); `precision` None: autocast's, if on."""
     precision = precision or autocast_precision(x.device.type)
     if precision is None:
         return (None,) * len(weights)
@@ -24,8 +23,7 @@ def matmul_dtypes(precision: MatmulPrecision | None, x: Tensor, *weights: Tensor
 
 
 def mm_t(a: Tensor, b: Tensor, a_low: Tensor | None, dtype: torch.dtype | None) -> Tensor:
-    """aᵀ·b (a weight gradient over all T·B rows), in `dtype` if given (a_low: a, already
-    cast), returned in a's dtype."""
+    """aᵀ·b (a weight gradient over all T·B rows), in `dtype` if given (a_low: a, cast), in a's dtype."""
     if dtype is None:
         return a.t().mm(b)
     return a_low.t().mm(b.to(dtype)).to(a.dtype)
@@ -40,9 +38,8 @@ def time_major(x: Tensor) -> Tensor:
 
 def input_side_grads(dA: Tensor, dA_low: Tensor | None, X: Tensor, W_x: Tensor, x_shape, needs_x: bool,
                       needs_W: bool, needs_b: bool):
-    """Gradients of the input projection A = X·W_xᵀ + b: each one matmul (or one sum)
-    over all T·B rows at once. X and W_x are as the forward used them (bf16 on the bf16
-    path, with dA_low = dA in bf16); the gradients come back in dA's dtype."""
+    """Gradients of the input projection A = X·W_xᵀ + b, each one matmul (or sum) over all T·B rows, from X
+    and W_x as the forward used them (dA_low: dA in bf16 on the bf16 path); in dA's dtype."""
     flat = dA.view(X.shape[0], -1)
     low = X.dtype != flat.dtype
     grad_x = grad_W = grad_b = None
@@ -56,13 +53,13 @@ def input_side_grads(dA: Tensor, dA_low: Tensor | None, X: Tensor, W_x: Tensor, 
     return grad_x, grad_W, grad_b
 
 
-def input_projection(X: Tensor, W_x: Tensor, bias: Tensor, dtype: torch.dtype | None):
-    """A = X·W_xᵀ + bias for all T·B rows in one matmul; on the bf16 path X and W_x are cast
-    once (returned, for backward) and the bias is added in the computation's dtype."""
+def input_projection(X: Tensor, W_x: Tensor, bias: Tensor, dtype: torch.dtype | None, out: Tensor | None = None):
+    """A = X·W_xᵀ + bias for all T·B rows in one matmul (into `out` if given); on the bf16 path X and W_x are
+    cast once (returned, for backward) and the bias is added in the computation's dtype."""
     if dtype is None:
-        return torch.addmm(bias, X, W_x.t()), X, W_x
+        return torch.addmm(bias, X, W_x.t(), out=out), X, W_x
     X, W_x = X.to(dtype), W_x.to(dtype)
-    return torch.add(torch.mm(X, W_x.t()), bias), X, W_x
+    return torch.add(torch.mm(X, W_x.t()), bias, out=out), X, W_x
 
 
 # MKL's packed GEMM (a private op of x86 CPU builds, the one inductor uses for frozen
@@ -133,8 +130,7 @@ tanh_backward = torch.ops.aten.tanh_backward.grad_input
 
 
 def run_h_only(function, forward, inputs, dtypes):
-    """A layer whose state is its output (GRU, RNN): with grad through its autograd Function,
-    without grad its bare forward (whose first result holds h_0 .. h_T)."""
+    """A layer whose state is its output (GRU, RNN): its autograd Function, or without grad its bare forward."""
     if needs_grad(*inputs):
         outputs = function.apply(*inputs, dtypes)
     else:

@@ -7,6 +7,7 @@ from torch.autograd.function import once_differentiable
 
 from gru_experiments.models.fast_recurrence.common import (
     StepMatmul,
+    input_projection,
     input_side_grads,
     matmul_dtypes,
     mm_t,
@@ -45,12 +46,8 @@ def _rnn_forward(x, h0, W_x, b, W_h, dtypes=(None, None)):
     X = time_major(x)
     Hs = X.new_empty(T + 1, B, H)  # h_0 .. h_T: Hs[1:] are the outputs, Hs[:-1] the h_{t-1} for backward
     Hs[0] = h0
-    P = Hs[1:].view(T * B, H)  # the input side of every step, written in place
-    if dtype_x is None:
-        torch.addmm(b, X, W_x.t(), out=P)
-    else:
-        X, W_x = X.to(dtype_x), W_x.to(dtype_x)
-        torch.add(torch.mm(X, W_x.t()), b, out=P)
+    # The input side of every step, written in place into the outputs.
+    _, X, W_x = input_projection(X, W_x, b, dtype_x, out=Hs[1:].view(T * B, H))
     matmul = StepMatmul(W_h.t(), B, T, dtype_h)
     h = Hs[0]
     for y in Hs[1:].unbind(0):
