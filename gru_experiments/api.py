@@ -10,6 +10,7 @@ import contextlib
 import copy
 import logging
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -212,8 +213,10 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
         raise UserError("train() composes its own config; call it outside a Hydra app or initialize() block")
     given = list(overrides)
     if root is not None:
-        root = str(Path(root).expanduser().resolve()).replace("\\", "\\\\").replace("'", "\\'")
-        overrides.append(f"paths.root_dir='{root}'")  # quoted: a path may hold any character
+        root = str(Path(root).expanduser().resolve())
+        if not re.fullmatch(r"[\w./\-]+", root):  # quoted only where a plain path would not parse
+            root = "'" + root.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        overrides.append(f"paths.root_dir={root}")
     else:
         os.environ.setdefault("PROJECT_ROOT", str(REPO))  # as train.py
     try:

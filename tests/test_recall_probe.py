@@ -370,7 +370,7 @@ def test_a_run_folders_probe_group_from_before_the_phases_reads_as_one_phase():
     ("probe.phases.1.start=1.5", "invalid probe.phases[1].start=1.5: must be a number in [0, 1)"),
     ("probe.phases.0.start=0.5", "invalid probe.phases starts [0.5, 0.2]: the first must be 0"),
     ("probe.phases=[]", "invalid probe.phases=[]: must be a non-empty list"),
-    ("+probe.distances=[4]", "probe: give probe.phases and probe.validation, or the older"),
+    ("+probe.distances=[4]", "unknown key probe.distances: probe=recall takes keys, phases, validation"),
     ("tokenizer=spm", NEEDS_CHAR),
     ("training.recall_weight=0.5", "invalid training.recall_weight=0.5: must be a number >= 1"),
 ])
@@ -479,8 +479,11 @@ def test_a_probe_run_killed_in_its_second_phase_resumes_to_every_figure(tmp_path
         before = fingerprint(run)
         for override, key in (("probe.keys=8", "probe.keys=16, but this command asks for probe.keys=8"),
                               ("probe.phases=[{start:0,distances:[4],gap:2}]", "probe.phases=[{'start': 0.0")):
-            refused = run_script(root, f"resume={run}", override)
+            refused = run_script(root, f"resume={run}", "probe=recall", override)
             assert refused.returncode == 2 and key in error_line(refused.stderr), refused.stderr[-2000:]
+        # without probe=recall, the command's own config has no probe.keys: Hydra refuses it, naming the key
+        refused = run_script(root, f"resume={run}", "probe.keys=8")
+        assert refused.returncode == 1 and "Could not override 'probe.keys'" in refused.stderr
         assert_untouched(before, fingerprint(run))
     resumed = run_script(root, f"resume={run}")
     assert resumed.returncode == 0, resumed.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from robustness_helpers import (
     TINY,
     TRAIN_PY,
@@ -292,8 +293,8 @@ def test_figure_differences():
 
 
 def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
-    """A refused resume changes nothing in the run folder: what needs no corpus is refused before Hydra starts,
-    the rest before this attempt's config record is written (resume.record_resume)."""
+    """A refused resume changes nothing in the run folder: Hydra records nothing there, and train() refuses before
+    this attempt's config record is written (resume.record_resume)."""
     root = tmp_path / "root"
     run = root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000"
     base = [*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=4", "model.epochs=1",
@@ -302,8 +303,8 @@ def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_p
     with pytest.raises(Interrupted):
         train(compose_config(*base, f"paths.output_dir={run}"))
     monkeypatch.undo()
-    (run / ".hydra").mkdir()
-    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in base))
+    (run / ".hydra").mkdir()  # the run's saved config, as train.py records it
+    OmegaConf.save(compose_config(*base, f"paths.output_dir={run}"), run / ".hydra" / "config.yaml")
     before = fingerprint(run)
     for overrides, refused in (
             (["tokenizer=spm", "tokenizer.vocab_size=60"],
@@ -337,6 +338,8 @@ def test_a_resume_composes_the_runs_saved_config_with_the_commands_overrides(com
                               ("experiment=recall_alpha_streams", "experiment= changes no one key")):
         with pytest.raises(UserError, match=re.escape(refused)):
             resumed_config(saved, compose_config(*TINY, "probe=recall", override), ["resume=RUN", override])
-    # the same value as the run's is no change
-    same = resumed_config(saved, compose_config("probe=recall"), ["resume=RUN", "probe=recall", "seed=1234"])
+    # the same value as the run's is no change, and the group the run chose keeps the run's keys
+    saved.probe.keys = 8
+    overrides = ["resume=RUN", "probe=recall", "seed=1234"]
+    same = resumed_config(saved, compose_config(*overrides[1:]), overrides, {"probe": "recall"})
     assert same.probe == saved.probe

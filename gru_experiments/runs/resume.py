@@ -179,9 +179,10 @@ def resume_run(cfg) -> tuple[object, ResumePoint | None]:
         raise UserError("resume continues a single run; drop -m/--multirun")
     run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
     point = ResumePoint.read(run)
-    saved = run.config()
+    saved, started = run.config(), run.path / HYDRA / "hydra.yaml"  # the second: the groups it started with
+    choices = OmegaConf.select(OmegaConf.load(started), "hydra.runtime.choices") if started.is_file() else None
     if saved is not None and HydraConfig.initialized():
-        cfg = resumed_config(saved, cfg, list(HydraConfig.get().overrides.task), run)
+        cfg = resumed_config(saved, cfg, list(HydraConfig.get().overrides.task), choices, run)
     point.check_config(cfg)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
@@ -189,10 +190,11 @@ def resume_run(cfg) -> tuple[object, ResumePoint | None]:
     return cfg, point
 
 
-def resumed_config(saved, composed, overrides: list[str], run: RunDir | None = None):
+def resumed_config(saved, composed, overrides: list[str], choices=None, run: RunDir | None = None):
     """The run's saved config with this command's `overrides` applied, each with the value `composed` (this
-    command's own composition) gives it; a key the run's config lacks (added since) keeps today's default,
-    its model excepted. UserError for an override a resume cannot take: a config group that is no key of its own
+    command's own composition) gives it, but a group the run chose alike (`choices`: its config groups' options),
+    whose keys stay the run's; a key the run's config lacks (added since) keeps today's default, its model
+    excepted. UserError for an override a resume cannot take: a config group that is no key of its own
     (experiment=, preset=), or another value for a key of KEPT."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -201,7 +203,7 @@ def resumed_config(saved, composed, overrides: list[str], run: RunDir | None = N
     merged, touched = OmegaConf.merge(plain, saved), []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group.lstrip("+~")
-        if key in COMMAND_KEYS or key.startswith("hydra"):
+        if key in COMMAND_KEYS or key.startswith("hydra") or (choices or {}).get(key) == override.value():
             continue
         if override.is_delete():
             parent, _, leaf = key.rpartition(".")
