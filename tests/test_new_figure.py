@@ -21,8 +21,7 @@ from gru_experiments.report.section import Section
 from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import ENTRIES
-from gru_experiments.study.passes import Pass
-from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Unit
+from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Pass, Unit
 from gru_experiments.study.scores import Split
 
 COST = 1_234  # the demonstration pass's forward tokens, as its plan counts them

@@ -17,10 +17,8 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.study.passes import WindowsPass
-from gru_experiments.study.plan import PRIORITY, TEXT, Figure, Kind, Unit, plan_evaluation
-from gru_experiments.study.positions import congruent
-from gru_experiments.study.scores import Split, score_contexts, score_stateful, score_windowed
+from gru_experiments.study.plan import PRIORITY, TEXT, Figure, Kind, Unit, WindowsPass, plan_evaluation
+from gru_experiments.study.scores import Split, congruent, score_contexts, score_stateful, score_windowed
 from gru_experiments.study.text_protocol import TextPass
 
 V = 11

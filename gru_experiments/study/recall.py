@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.study.generation import MODES_BY_CONTEXT
-from gru_experiments.study.passes import Pass
-from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Request, Unit
+from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Pass, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 

@@ -23,8 +23,7 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.passes import Pass
-from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Kind, Request, Unit
+from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Kind, Pass, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
