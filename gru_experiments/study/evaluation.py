@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from gru_experiments.study.context_curve import CurvePoint, curve_record, format_curve
+from gru_experiments.study.context_curve import curve_record, format_curve
 from gru_experiments.study.plan import (
     BIGRAM,
     FINAL,
@@ -108,8 +108,7 @@ class ModesEntry(Entry):
         return result.metrics() | {"mode_evaluation": result.settings, "context_curve": result.curve,
                                    "eval_whole_split": result.plan.exact}
 
-    def describe(self, result: ModeEvaluation) -> str:
-        return result.describe()
+    describe = staticmethod(ModeEvaluation.describe)
 
 
 ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
@@ -182,18 +181,18 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
     return ModeEvaluation(plan, scores, curve, gain)
 
 
-def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> CurvePoint:
-    """A point of the context curve; past seq_len, the seq_len point plus its paired difference from a
-    reference pass, so its error is the difference's alone (docs/evaluation.md)."""
+def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
+    """A point of the context curve (context_curve.curve_record's); past seq_len, the seq_len point plus its
+    paired difference from a reference pass, so its error is the difference's alone (docs/evaluation.md)."""
     own = plan.passes[figure.passes[-1]]
     if len(figure.passes) == 2:  # (the reference pass at seq_len, this point's own)
-        base, reference = done[plan.seq_len], results[figure.passes[0]][plan.seq_len]
+        (base, base_se, *_), reference = done[plan.seq_len], results[figure.passes[0]][plan.seq_len]
         score = results[figure.passes[1]][figure.context]
         difference = paired_difference(score, reference, val)
-        return CurvePoint(base.bpc + difference.bpc, math.hypot(difference.sampling_se, base.se), score.tokens,
-                          own.stride, figure.forward_tokens)
+        return (base + difference.bpc, math.hypot(difference.sampling_se, base_se), score.tokens, own.stride,
+                figure.forward_tokens)
     score = score_at(results[figure.passes[0]], figure.context)
-    return CurvePoint(score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens)
+    return score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens
 
 
 # --- the kinds of target: every target in one of `line_start`, `word_start`, `word_inside` and `other`, by its

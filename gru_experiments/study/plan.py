@@ -203,21 +203,16 @@ class OnePass(StatefulPass):
 
 
 @dataclass(frozen=True)
-class VocabularyPass(Pass):
-    """The stateless table: one forward pass over the vocabulary gives every target from its previous token."""
-    kind: ClassVar[str] = "vocabulary"
+class TablePass(Pass):
+    """A first-order table, every target from its previous token: the stateless table (one forward pass over
+    the vocabulary) or, `bigram`, the bigram's counting of the training split (nothing runs through the model)."""
+    kind: ClassVar[str] = "table"
+    bigram: bool = False
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
+        if self.bigram:
+            return {None: score_bigram(request.train_ids, request.val)}
         return {None: score_stateless(request.model, request.val)}
-
-
-@dataclass(frozen=True)
-class CountPass(Pass):
-    """The bigram's counting of the training split: nothing runs through the model."""
-    kind: ClassVar[str] = "count"
-
-    def run(self, request, progress=NO_PROGRESS) -> dict:
-        return {None: score_bigram(request.train_ids, request.val)}
 
 
 def paired_targets(a: Pass, b: Pass, n: int) -> int:
@@ -393,11 +388,11 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
     most = max(1, min(streams, n)) if context is None else None  # a recurrent model's sample
     units = [Unit(stateful, lambda ps, i: [figure_of(STATEFUL, None, cost, ps, context, i)], False, most,
                   priority=p[STATEFUL]),
-             Unit(lambda s: [VocabularyPass(n, model.vocab_size)],
+             Unit(lambda s: [TablePass(n, model.vocab_size)],
                   lambda ps, i: [figure_of(STATELESS, 1, 0, ps, None, i)], True, priority=p[STATELESS])]
     if bigram:
-        units.append(Unit(lambda s: [CountPass(n)], lambda ps, i: [figure_of(BIGRAM, 1, 0, ps, None, i)], True,
-                          priority=p[BIGRAM]))
+        units.append(Unit(lambda s: [TablePass(n, bigram=True)], lambda ps, i: [figure_of(BIGRAM, 1, 0, ps, None, i)],
+                          True, priority=p[BIGRAM]))
     if windowed:
         units.append(Unit(windowed_passes, windowed_figures, whole_window and cost == 1, priority=p[WINDOWED]))
     if short and not shares:  # the pass counted once, with the longest point

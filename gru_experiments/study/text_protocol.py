@@ -145,7 +145,50 @@ def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draw
     return main, drift
 
 
+# --- the table ----------------------------------------------------------------------------------------------
+def format_figure(figure: dict | None, with_se: bool = True) -> str:
+    """"0.937 ±0.009"; "0.937" without a standard error (or `with_se`); "—" without a value."""
+    if figure is None or figure["value"] is None:
+        return "—"
+    return f"{figure['value']:.3f}" + ("" if figure["se"] is None or not with_se else f" ±{figure['se']:.3f}")
 
+
+def format_text_statistics(record: dict) -> str:
+    """The record of measure_text for the log: a row per setting, a column per statistic; the drift."""
+    s = record["settings"]
+    lines = [f"text statistics: {s['samples']} samples of {s['chars']} characters per setting, seed {s['seed']}; "
+             "value ± standard error over samples",
+             f"(continuations of {', '.join(repr(p) for p, _ in s['prompts'])}; "
+             f"windowed: the last {s['window']} tokens)",
+             f"{'setting':<26}" + "".join(f"{name:>14}" for name in STATISTICS)]
+    rows = [(f"{mode} {name}", figures)
+            for mode, by_decoder in record["modes"].items() for name, figures in by_decoder.items()]
+    rows += [("reference (validation)", record["reference"]), ("random (floor)", record["floor"]),
+             ("looped (ceiling)", record["ceiling"])]
+    lines += [f"{label:<26}" + "".join(f"{format_figure(figures[name]):>14}" for name in STATISTICS)
+              for label, figures in rows]
+    return "\n".join(lines + _drift_lines(record))
+
+
+def _drift_lines(record: dict) -> list[str]:
+    drift, s = record["drift"], record["settings"]
+    if not drift:
+        return []
+    width = 8 * len(DRIFT_SHOWN)
+    lines = [f"drift: {s['drift_samples']} generations of {s['drift_chars']:,} characters, {s['drift_decoder']} "
+             f"sampling; per stretch of {s['stretch_chars']}: {', '.join(DRIFT_SHOWN)}",
+             (f"{'characters':<14}" + "".join(f"{_phase(mode, s['window']):<{width}}" for mode in drift)).rstrip()]
+    for k in range(max(map(len, drift.values()))):
+        cells = []
+        for stretches in drift.values():
+            figures = stretches[k]["statistics"] if k < len(stretches) else {}
+            cells.append("".join(f"{format_figure(figures.get(name), False):<8}" for name in DRIFT_SHOWN))
+        where = f"{k * s['stretch_chars']}-{(k + 1) * s['stretch_chars']}"
+        lines.append((f"{where:<14}" + "".join(cells)).rstrip())
+    return lines
+
+
+# --- the entry: the text statistics at the end of a run ------------------------------------------------
 @dataclass(frozen=True)
 class TextPass(Pass):
     """The text statistics' samples as the plan cut them: `targets` per mode x decoder, the drift when exact."""
@@ -194,8 +237,7 @@ class TextEntry(Entry):
     def summary(self, result: dict) -> dict:
         return super().summary({key: value for key, value in result.items() if key != "texts"})
 
-    def describe(self, result: dict) -> str:
-        return format_text_statistics(result)
+    describe = staticmethod(format_text_statistics)
 
 
 def _text_figure(passes, index: int) -> list[Figure]:
@@ -284,46 +326,3 @@ class WordValidityEntry(Entry):
 
     def summary(self, result: dict) -> dict:
         return {f"{mode}_word_validity": value for mode, value in result.items()}
-
-
-# --- the table ----------------------------------------------------------------------------------------------
-def format_figure(figure: dict | None, with_se: bool = True) -> str:
-    """"0.937 ±0.009"; "0.937" without a standard error (or `with_se`); "—" without a value."""
-    if figure is None or figure["value"] is None:
-        return "—"
-    return f"{figure['value']:.3f}" + ("" if figure["se"] is None or not with_se else f" ±{figure['se']:.3f}")
-
-
-def format_text_statistics(record: dict) -> str:
-    """The record of measure_text for the log: a row per setting, a column per statistic; the drift."""
-    s = record["settings"]
-    lines = [f"text statistics: {s['samples']} samples of {s['chars']} characters per setting, seed {s['seed']}; "
-             "value ± standard error over samples",
-             f"(continuations of {', '.join(repr(p) for p, _ in s['prompts'])}; "
-             f"windowed: the last {s['window']} tokens)",
-             f"{'setting':<26}" + "".join(f"{name:>14}" for name in STATISTICS)]
-    rows = [(f"{mode} {name}", figures)
-            for mode, by_decoder in record["modes"].items() for name, figures in by_decoder.items()]
-    rows += [("reference (validation)", record["reference"]), ("random (floor)", record["floor"]),
-             ("looped (ceiling)", record["ceiling"])]
-    lines += [f"{label:<26}" + "".join(f"{format_figure(figures[name]):>14}" for name in STATISTICS)
-              for label, figures in rows]
-    return "\n".join(lines + _drift_lines(record))
-
-
-def _drift_lines(record: dict) -> list[str]:
-    drift, s = record["drift"], record["settings"]
-    if not drift:
-        return []
-    width = 8 * len(DRIFT_SHOWN)
-    lines = [f"drift: {s['drift_samples']} generations of {s['drift_chars']:,} characters, {s['drift_decoder']} "
-             f"sampling; per stretch of {s['stretch_chars']}: {', '.join(DRIFT_SHOWN)}",
-             (f"{'characters':<14}" + "".join(f"{_phase(mode, s['window']):<{width}}" for mode in drift)).rstrip()]
-    for k in range(max(map(len, drift.values()))):
-        cells = []
-        for stretches in drift.values():
-            figures = stretches[k]["statistics"] if k < len(stretches) else {}
-            cells.append("".join(f"{format_figure(figures.get(name), False):<8}" for name in DRIFT_SHOWN))
-        where = f"{k * s['stretch_chars']}-{(k + 1) * s['stretch_chars']}"
-        lines.append((f"{where:<14}" + "".join(cells)).rstrip())
-    return lines
