@@ -180,9 +180,6 @@ class WindowsPass(Pass):
         return cls(targets[contexts.index(max(contexts))], forward, stride, 0 if keep else None, window, contexts,
                    tuple(targets))
 
-    def targets_at(self, context: int | None) -> int:
-        return dict(zip(self.contexts, self.targets_by_context)).get(context, self.targets)
-
     def run(self, request, progress=NO_PROGRESS) -> dict:
         n = request.val.n_targets
         label = f"windows of {self.window}" + ("" if self.stride == 1 else f", one target in {self.stride}")
@@ -302,7 +299,8 @@ def figure_of(name: str, context, cost: int, passes, at, index: int, forward: in
               kind: Kind = Kind.MODE) -> Figure:
     """A figure from passes[0] (scored at its context `at`) and any others (its forward tokens too)."""
     first = passes[0]
-    targets = first.targets_at(at) if isinstance(first, WindowsPass) else first.targets
+    targets = (dict(zip(first.contexts, first.targets_by_context)).get(at, first.targets)
+               if isinstance(first, WindowsPass) else first.targets)
     ids = tuple(range(index, index + len(passes)))
     return Figure(name, context, cost, targets, sum(p.forward_tokens for p in passes) if forward is None
                   else forward, ids, kind)

@@ -23,7 +23,7 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Kind, Pass, Request, Unit
+from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Kind, Pass, Request, Unit, figure_of
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
@@ -231,17 +231,13 @@ class TextEntry(Entry):
             return []
         settings = asked if asked.stretch_chars <= characters else replace(asked, drift_chars=0)
         return [Unit(lambda stride: [TextPass.plan(request.model, request.tokenizer, request.val, settings, stride)],
-                     _text_figure, False, max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT],
-                     owner=TEXT)]
+                     lambda ps, i: [figure_of(TEXT, None, 0, ps, None, i, kind=Kind.OTHER)] if ps else [], False,
+                     max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
 
     def summary(self, result: dict) -> dict:
         return super().summary({key: value for key, value in result.items() if key != "texts"})
 
     describe = staticmethod(format_text_statistics)
-
-
-def _text_figure(passes, index: int) -> list[Figure]:
-    return [Figure(TEXT, None, 0, passes[0].targets, passes[0].forward_tokens, (index,), Kind.OTHER)] if passes else []
 
 
 def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings: TextSettings, *,
