@@ -285,25 +285,15 @@ OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/modes.py follo
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
-def _short_draws(request: Request, samples: int) -> _Draws:
-    prompts = spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)
-    return _Draws(request.model, request.tokenizer, share_samples(samples, prompts),
-                  tokens_for_chars(request.settings.text.chars, request.val), 1, request.seed)
-
-
 @dataclass(frozen=True)
 class ShortTextPass(Pass):
-    """One short sample per study prompt (the same at every validation) per mode: {mode: word_validity}."""
+    """One short sample per study prompt (the same at every validation) per mode, as `draws` draws them:
+    {mode: word_validity}."""
     kind: ClassVar[str] = "short_text"
-
-    @classmethod
-    def plan(cls, request: Request, stride: int) -> "ShortTextPass":
-        samples = -(-len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)) // stride)
-        return cls(samples, sum(_short_draws(request, samples).cost(mode) for mode in OVER_TRAINING_MODES), stride)
+    draws: _Draws | None = None
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        draws = _short_draws(request, self.targets)
-        vocabulary = request.load_text_index().vocabulary
+        vocabulary, draws = request.load_text_index().vocabulary, self.draws
         return {None: {mode: value_and_se(word_validity(text, vocabulary) for text in
                                           draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
                        for mode in OVER_TRAINING_MODES}}
@@ -316,9 +306,16 @@ class WordValidityEntry(Entry):
     def units(self, request: Request) -> list[Unit]:
         if request.purpose != OVER_TRAINING or request.tokenizer is None or not request.settings.text.samples:
             return []
-        n = len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids))
-        return [Unit(lambda stride: [ShortTextPass.plan(request, stride)], lambda ps, i: [], False, max(1, n // 2),
-                     optional=True, priority=PRIORITY[TEXT], owner=self.name)]
+        prompts = spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)
+
+        def make(stride: int) -> list[Pass]:
+            samples = -(-len(prompts) // stride)
+            draws = _Draws(request.model, request.tokenizer, share_samples(samples, prompts),
+                           tokens_for_chars(request.settings.text.chars, request.val), 1, request.seed)
+            return [ShortTextPass(samples, sum(draws.cost(mode) for mode in OVER_TRAINING_MODES), stride, draws=draws)]
+
+        return [Unit(make, lambda ps, i: [], False, max(1, len(prompts) // 2), optional=True, priority=PRIORITY[TEXT],
+                     owner=self.name)]
 
     def summary(self, result: dict) -> dict:
         return {f"{mode}_word_validity": value for mode, value in result.items()}
