@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from typing import ClassVar
 
 from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
@@ -30,14 +29,8 @@ from gru_experiments.study.scores import (
 BIGRAM, TEXT = "bigram", "text"  # figures beside the inference modes (STATEFUL, STATELESS, WINDOWED)
 STATE_GAIN = "state_gain"  # stateful - windowed, paired target by target
 FINAL, BEST, OVER_TRAINING = "final", "best", "over_training"  # which evaluation a Request asks for
-
-
-class Kind(Enum):
-    """What a figure is: a mode's (or the bigram's), a curve point, stateful - windowed, another entry's."""
-    MODE = "mode"
-    CURVE = "curve"
-    GAIN = "gain"
-    OTHER = "other"
+# What a figure is (Figure.kind): a mode's (or the bigram's), a curve point, stateful - windowed, another entry's
+MODE, CURVE, GAIN, OTHER = "mode", "curve", "gain", "other"
 
 
 @dataclass(frozen=True)
@@ -49,7 +42,7 @@ class Figure:
     targets: int
     forward_tokens: int
     passes: tuple[int, ...]
-    kind: Kind = Kind.MODE
+    kind: str = MODE
 
 
 @dataclass(frozen=True)
@@ -105,13 +98,13 @@ class Plan:
 
     @property
     def exact(self) -> bool:  # every figure of the modes and the curve scores every target
-        return all(f.targets == self.split_targets for f in self.figures if f.kind in (Kind.MODE, Kind.CURVE))
+        return all(f.targets == self.split_targets for f in self.figures if f.kind in (MODE, CURVE))
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
 
     def curve(self) -> list[Figure]:
-        return sorted((f for f in self.figures if f.kind is Kind.CURVE), key=lambda f: f.context)
+        return sorted((f for f in self.figures if f.kind == CURVE), key=lambda f: f.context)
 
     def record(self) -> list[dict]:
         """The plan for summary.json: a row per figure."""
@@ -296,7 +289,7 @@ def allocate(units: list[Unit], budget: int | None, n: int) -> None:
 
 
 def figure_of(name: str, context, cost: int, passes, at, index: int, forward: int | None = None,
-              kind: Kind = Kind.MODE) -> Figure:
+              kind: str = MODE) -> Figure:
     """A figure from passes[0] (scored at its context `at`) and any others (its forward tokens too)."""
     first = passes[0]
     targets = (dict(zip(first.contexts, first.targets_by_context)).get(at, first.targets)
@@ -324,7 +317,7 @@ def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, b
         stateful, windowed_ = (next(f for f in figures if f.name == name) for name in (STATEFUL, WINDOWED))
         figures.append(Figure(STATE_GAIN, None, 0, paired_targets(passes[stateful.passes[0]],
                                                                    passes[windowed_.passes[0]], n),
-                              0, stateful.passes + windowed_.passes, Kind.GAIN))
+                              0, stateful.passes + windowed_.passes, GAIN))
     figures.sort(key=_order)
     return Plan(tuple(passes), tuple(figures), n, budget, window, seq_len, max(1, min(streams, n)), tuple(owners))
 
@@ -334,7 +327,7 @@ def _order(f: Figure) -> tuple:
     names = (STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT)
     if f.name in names:
         return (0, names.index(f.name))
-    return (1, f.context) if f.kind is Kind.CURVE else (2, 0)
+    return (1, f.context) if f.kind == CURVE else (2, 0)
 
 
 def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: bool, bigram: bool, curve: bool,
@@ -377,11 +370,11 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
         return figures + [point(w, min(w, cost) if w in whole else w, passes, w, i, 0) for w in shared]
 
     def point(w: int, w_cost: int, passes, at, i: int, forward: int | None = None) -> Figure:
-        return figure_of(f"curve {w}", w, w_cost, passes, at, i, forward, Kind.CURVE)
+        return figure_of(f"curve {w}", w, w_cost, passes, at, i, forward, CURVE)
 
     def long_figures(passes, i) -> list[Figure]:  # the reference pass counted once, with the first point
         return [Figure(f"curve {w}", w, w, q.targets, q.forward_tokens + (passes[0].forward_tokens if j == 0 else 0),
-                       (i, i + j + 1), Kind.CURVE) for j, (w, q) in enumerate(zip(long, passes[1:]))]
+                       (i, i + j + 1), CURVE) for j, (w, q) in enumerate(zip(long, passes[1:]))]
 
     most = max(1, min(streams, n)) if context is None else None  # a recurrent model's sample
     units = [Unit(stateful, lambda ps, i: [figure_of(STATEFUL, None, cost, ps, context, i)], False, most,

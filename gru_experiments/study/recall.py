@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.study.generation import MODES_BY_CONTEXT
-from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Pass, Request, Unit
+from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
@@ -156,7 +156,7 @@ class RecallEntry(Entry):
         recall = RecallPass(sum(p.recall.numel() for p in plantings),
                             recall_forward_tokens(request.model, plantings, s.seq_len, s.window))
         return [Unit(lambda stride: [recall], lambda ps, i: [Figure("recall", None, 0, ps[0].targets,
-                                                                    ps[0].forward_tokens, (i,), Kind.OTHER)],
+                                                                    ps[0].forward_tokens, (i,), OTHER)],
                      True, priority=90, owner=self.name)]
 
     describe = staticmethod(format_recall)

@@ -23,7 +23,7 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Kind, Pass, Request, Unit, figure_of
+from gru_experiments.study.plan import FINAL, OTHER, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
@@ -231,8 +231,8 @@ class TextEntry(Entry):
             return []
         settings = asked if asked.stretch_chars <= characters else replace(asked, drift_chars=0)
         return [Unit(lambda stride: [TextPass.plan(request.model, request.tokenizer, request.val, settings, stride)],
-                     lambda ps, i: [figure_of(TEXT, None, 0, ps, None, i, kind=Kind.OTHER)] if ps else [], False,
-                     max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
+                     lambda ps, i: [Figure(TEXT, None, 0, ps[0].targets, ps[0].forward_tokens, (i,), OTHER)] if ps
+                     else [], False, max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
 
     def summary(self, result: dict) -> dict:
         return super().summary({key: value for key, value in result.items() if key != "texts"})
