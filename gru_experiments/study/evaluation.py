@@ -29,7 +29,6 @@ from gru_experiments.study.plan import (
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.recall import RecallEntry
 from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import is_word_char, word_matches
 from gru_experiments.study.text_protocol import TextEntry, WordValidityEntry
 
@@ -116,7 +115,7 @@ ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEn
 
 def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless)."""
-    s: EvaluationSettings = request.settings
+    s = request.settings  # settings.EvaluationSettings
     final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
     tokens = request.training_tokens
     budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
@@ -136,18 +135,15 @@ class Evaluation:
     def modes(self) -> ModeEvaluation:
         return self.results["modes"]
 
+    def _reported(self) -> list[tuple]:  # (entry, its result) for each entry with one, in ENTRIES' order
+        return [(entry, self.results[entry.name]) for entry in ENTRIES if self.results.get(entry.name) is not None]
+
     def summary(self) -> dict:
-        out = {}
-        for entry in ENTRIES:
-            if self.results.get(entry.name) is not None:
-                out |= entry.summary(self.results[entry.name])
-        return out
+        return {key: value for entry, result in self._reported() for key, value in entry.summary(result).items()}
 
     def descriptions(self) -> list[str]:
         """Every entry's lines for the log (the modes' first)."""
-        lines = (entry.describe(self.results[entry.name]) for entry in ENTRIES
-                 if self.results.get(entry.name) is not None)
-        return [line for line in lines if line]
+        return [line for entry, result in self._reported() if (line := entry.describe(result))]
 
 
 def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,

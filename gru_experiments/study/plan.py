@@ -114,16 +114,13 @@ class Plan:
 # --- the passes -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pass:
-    """A pass: its targets, forward tokens, stride and keep_after (keep each target's NLL: None keeps none)."""
+    """A pass: its targets, forward tokens, stride and keep_after (keep each target's NLL: None keeps none);
+    each kind's `run(request, progress)` gives {context: result} on request.val with request.model."""
     kind: ClassVar[str] = "pass"
     targets: int = 0
     forward_tokens: int = 0
     stride: int = 1
     keep_after: int | None = None
-
-    def run(self, request, progress=NO_PROGRESS) -> dict:
-        """{context: result} on request.val (plan.Request) with request.model."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
