@@ -21,8 +21,7 @@ from gru_experiments.report.section import Section
 from gru_experiments.runs.estimate import CostEstimate
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import ENTRIES
-from gru_experiments.study.passes import Pass
-from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Unit
+from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Unit
 from gru_experiments.study.scores import Split
 from gru_experiments.study.settings import EvaluationSettings
 
@@ -47,7 +46,7 @@ class RepeatsEntry(Entry):
             return []
         repeats = RepeatsPass(request.val.n_targets, COST)
         return [Unit(lambda stride: [repeats], lambda ps, i: [Figure("repeats", 1, 0, ps[0].targets, COST, (i,),
-                                                                      Kind.OTHER)], True, owner=self.name)]
+                                                                      OTHER)], True, owner=self.name)]
 
     def summary(self, result):
         return {"repeats": result}

@@ -17,10 +17,8 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.study.passes import WindowsPass
-from gru_experiments.study.plan import PRIORITY, TEXT, Figure, Kind, Unit, plan_evaluation
-from gru_experiments.study.positions import congruent
-from gru_experiments.study.scores import Split, score_contexts, score_stateful, score_windowed
+from gru_experiments.study.plan import OTHER, PRIORITY, TEXT, Figure, Unit, WindowsPass, plan_evaluation
+from gru_experiments.study.scores import Split, congruent, score_contexts, score_stateful, score_windowed
 from gru_experiments.study.text_protocol import TextPass
 
 V = 11
@@ -183,7 +181,7 @@ def test_text_samples_are_cut_then_dropped_as_the_budget_shrinks():
         def make(stride):
             samples, drift = -(-12 // stride), 2 if stride == 1 else 0
             return [TextPass(samples, 1000 * samples + 5000 * drift, stride, drift=drift)]
-        return [Unit(make, lambda ps, i: [Figure(TEXT, None, 0, ps[0].targets, 0, (i,), Kind.OTHER)] if ps else [],
+        return [Unit(make, lambda ps, i: [Figure(TEXT, None, 0, ps[0].targets, 0, (i,), OTHER)] if ps else [],
                      False, 6, optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
     whole = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, extra=demand())
     text = text_pass(whole)

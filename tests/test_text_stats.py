@@ -197,7 +197,8 @@ def test_ordinary_prose_never_ends_in_a_loop(splits):
 
 
 def test_floor_and_ceiling(index, reference):
-    bounds = ts.floor_and_ceiling(index, 10, 500, seed=0, reference=reference)
+    bounds = {name: text_statistics(texts, index, reference)  # as measure_text measures them
+              for name, texts in ts.floor_and_ceiling_texts(index, 10, 500, seed=0).items()}
     random_stats, looped = bounds["random"], bounds["looped"]
     assert random_stats["word_validity"]["value"] < 0.1
     # under any judge, a uniform string costs at least log2 V bits a character on average (Gibbs)

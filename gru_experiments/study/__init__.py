@@ -1,5 +1,5 @@
 """The study layer: what a trained model is measured by. The evaluation (`evaluation.py`: its entries,
-`plan.py`, `passes.py`, `positions.py`, `settings.py`, `scores.py`, the curves, `recall.py`, the text
+`plan.py` with its passes, `settings.py`, `scores.py`, the curves, `recall.py`, the text
 statistics), generation (`generation.py`) and the run's page (`explore.py`, `explore_page.py`).
 
 May import: the models, the data and the ground floor; never runs/ or report/ (it takes a model

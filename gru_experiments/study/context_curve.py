@@ -6,27 +6,19 @@ scores them; here is the curve's record in summary.json and its table."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 
-@dataclass
-class CurvePoint:
-    bpc: float
-    se: float  # the sampling error of an estimate (0: exact, every target scored)
-    targets: int
-    stride: int
-    forward_tokens: int  # the forward tokens of its own pass (0: it came with another figure's)
-
-
-def curve_record(plan, points: dict[int, CurvePoint], stateful) -> dict:
-    """{"1": bpc, ..., "stateful": bpc, "settings": per point its targets, stride, forward tokens and s.e.}."""
+def curve_record(plan, points: dict[int, tuple], stateful) -> dict:
+    """{"1": bpc, ..., "stateful": bpc, "settings": per point its targets, stride, forward tokens and s.e.}
+    from `points`, {context: (bpc, its sampling error (0: exact), targets, stride, the forward tokens of its
+    own pass (0: it came with another figure's))}."""
     curve, settings = {}, {"max_window": plan.seq_len, "split_targets": plan.split_targets, "budget": plan.budget,
                            "longest": max(points), "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
-    for w, point in sorted(points.items()):
+    for w, (bpc, se, targets, stride, forward_tokens) in sorted(points.items()):
         key = str(w)
-        curve[key] = point.bpc
-        settings["targets"][key], settings["stride"][key] = point.targets, point.stride
-        settings["forward_tokens"][key], settings["bpc_se"][key] = point.forward_tokens, point.se
+        curve[key] = bpc
+        settings["targets"][key], settings["stride"][key] = targets, stride
+        settings["forward_tokens"][key], settings["bpc_se"][key] = forward_tokens, se
     curve["stateful"] = stateful.bpc
     settings["targets"]["stateful"], settings["stride"]["stateful"] = stateful.tokens, 1
     settings["bpc_se"]["stateful"] = stateful.sampling_se

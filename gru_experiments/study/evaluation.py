@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from gru_experiments.study.context_curve import CurvePoint, curve_record, format_curve
+import torch
+from torch import Tensor
+
+from gru_experiments.study.context_curve import curve_record, format_curve
 from gru_experiments.study.plan import (
     BIGRAM,
     FINAL,
@@ -26,8 +29,7 @@ from gru_experiments.study.plan import (
 from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.recall import RecallEntry
 from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
-from gru_experiments.study.settings import EvaluationSettings
-from gru_experiments.study.target_classes import TargetClasses, split_classes
+from gru_experiments.study.text_index import is_word_char, word_matches
 from gru_experiments.study.text_protocol import TextEntry, WordValidityEntry
 
 # What an evaluation reports per mode: each inference mode, the bigram.
@@ -105,8 +107,7 @@ class ModesEntry(Entry):
         return result.metrics() | {"mode_evaluation": result.settings, "context_curve": result.curve,
                                    "eval_whole_split": result.plan.exact}
 
-    def describe(self, result: ModeEvaluation) -> str:
-        return result.describe()
+    describe = staticmethod(ModeEvaluation.describe)
 
 
 ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
@@ -114,7 +115,7 @@ ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEn
 
 def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless)."""
-    s: EvaluationSettings = request.settings
+    s = request.settings  # settings.EvaluationSettings
     final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
     tokens = request.training_tokens
     budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
@@ -134,18 +135,15 @@ class Evaluation:
     def modes(self) -> ModeEvaluation:
         return self.results["modes"]
 
+    def _reported(self) -> list[tuple]:  # (entry, its result) for each entry with one, in ENTRIES' order
+        return [(entry, self.results[entry.name]) for entry in ENTRIES if self.results.get(entry.name) is not None]
+
     def summary(self) -> dict:
-        out = {}
-        for entry in ENTRIES:
-            if self.results.get(entry.name) is not None:
-                out |= entry.summary(self.results[entry.name])
-        return out
+        return {key: value for entry, result in self._reported() for key, value in entry.summary(result).items()}
 
     def descriptions(self) -> list[str]:
         """Every entry's lines for the log (the modes' first)."""
-        lines = (entry.describe(self.results[entry.name]) for entry in ENTRIES
-                 if self.results.get(entry.name) is not None)
-        return [line for line in lines if line]
+        return [line for entry, result in self._reported() if (line := entry.describe(result))]
 
 
 def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
@@ -179,18 +177,74 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
     return ModeEvaluation(plan, scores, curve, gain)
 
 
-def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> CurvePoint:
-    """A point of the context curve; past seq_len, the seq_len point plus its paired difference from a
-    reference pass, so its error is the difference's alone (docs/evaluation.md)."""
+def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
+    """A point of the context curve (context_curve.curve_record's); past seq_len, the seq_len point plus its
+    paired difference from a reference pass, so its error is the difference's alone (docs/evaluation.md)."""
     own = plan.passes[figure.passes[-1]]
     if len(figure.passes) == 2:  # (the reference pass at seq_len, this point's own)
-        base, reference = done[plan.seq_len], results[figure.passes[0]][plan.seq_len]
+        (base, base_se, *_), reference = done[plan.seq_len], results[figure.passes[0]][plan.seq_len]
         score = results[figure.passes[1]][figure.context]
         difference = paired_difference(score, reference, val)
-        return CurvePoint(base.bpc + difference.bpc, math.hypot(difference.sampling_se, base.se), score.tokens,
-                          own.stride, figure.forward_tokens)
+        return (base + difference.bpc, math.hypot(difference.sampling_se, base_se), score.tokens, own.stride,
+                figure.forward_tokens)
     score = score_at(results[figure.passes[0]], figure.context)
-    return CurvePoint(score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens)
+    return score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens
+
+
+# --- the kinds of target: every target in one of `line_start`, `word_start`, `word_inside` and `other`, by its
+# character and the one before it, with the overlay `long_copy` (a word last seen far back); the rules:
+# docs/internals.md, *The kinds of target*
+CLASSES = ("word_start", "word_inside", "line_start", "other")
+LONG_COPY = "long_copy"
+WORD_START, WORD_INSIDE, LINE_START, OTHER = range(len(CLASSES))
+
+
+@dataclass(frozen=True)
+class TargetClasses:
+    """Per token of a split: `labels` (an index into CLASSES) and `long_copy` (the overlay)."""
+    labels: Tensor
+    long_copy: Tensor
+
+    def masks(self) -> dict[str, Tensor]:
+        """{class: bool mask over the split's tokens}, the four classes then the overlay."""
+        return {name: self.labels == i for i, name in enumerate(CLASSES)} | {LONG_COPY: self.long_copy}
+
+
+def character_class(text: str, i: int) -> int:
+    if i == 0 or text[i - 1] == "\n":
+        return LINE_START
+    if not is_word_char(text, i):
+        return OTHER
+    return WORD_INSIDE if is_word_char(text, i - 1) else WORD_START
+
+
+def classify(surfaces: list[str], window: int, longest: int | None) -> TargetClasses:
+    """The classes of a split given as its tokens' texts (`surfaces`; one character each for a character
+    model): a token's class is that of its first character; the overlay's distances are in tokens."""
+    text = "".join(surfaces)
+    starts, offset = [], 0
+    for surface in surfaces:  # the character offset of each token
+        starts.append(offset)
+        offset += len(surface)
+    token_at = torch.zeros(len(text) + 1, dtype=torch.long)  # the token of each character
+    token_at[torch.tensor(starts[1:], dtype=torch.long)] = 1
+    token_at = torch.cumsum(token_at, 0)
+    labels = torch.tensor([character_class(text, s) if s < len(text) else OTHER for s in starts], dtype=torch.long)
+    long_copy, last_seen = torch.zeros(len(surfaces), dtype=torch.bool), {}
+    if longest:
+        for match in word_matches(text):
+            word, first = match.group().lower(), int(token_at[match.start()])
+            before = last_seen.get(word)
+            if before is not None and window < first - before <= longest:
+                long_copy[first:int(token_at[match.end() - 1]) + 1] = True
+            last_seen[word] = first
+    return TargetClasses(labels, long_copy)
+
+
+def split_classes(ids: Tensor, tokenizer, window: int, longest: int | None) -> TargetClasses:
+    """`classify` of a split's token ids (decoding is a lookup per id for both tokenizers)."""
+    surfaces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    return classify([surfaces[i] for i in ids.tolist()], window, longest)
 
 
 # --- the context curve and stateful - windowed by kind of target (docs/evaluation.md) -----------------

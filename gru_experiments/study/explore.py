@@ -22,7 +22,7 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
-from gru_experiments.study.target_classes import is_word_char
+from gru_experiments.study.text_index import is_word_char
 
 TOP_K = 5  # predictions shown per token and mode
 LET_GO_FRACTION = 0.25  # a unit lets go of a key when its spread stays under this share of its peak

@@ -17,24 +17,17 @@ TEMPLATE = Path(__file__).with_name("explore_page.html")  # the page's HTML, sty
 MAX_UNITS = 512  # per layer: a Leviathan layer (1,024 units) would double the page for units no ranking names
 
 
-def stored_units(sizes: list[int], rankings: dict) -> list[list[int]]:
-    """The units kept per layer: all up to MAX_UNITS, else those the rankings name first (sorted)."""
-    kept = []
-    for layer, size in enumerate(sizes):
-        if size <= MAX_UNITS:
-            kept.append(list(range(size)))
-            continue
-        named = {unit for rows in rankings.values() for lay, unit, *_ in rows if lay == layer}
-        rest = (u for u in range(size) if u not in named)
-        named = sorted(named)[:MAX_UNITS]
-        kept.append(sorted(named + [next(rest) for _ in range(MAX_UNITS - len(named))]))
-    return kept
-
-
 def encode_layers(activations: torch.Tensor, sizes: list[int], rankings: dict) -> list[dict]:
-    """Per layer: its size, stored units, each one's scale and the int8 activations (row-major, base64)."""
+    """Per layer: its size, stored units (all up to MAX_UNITS, else those the rankings name first, sorted),
+    each one's scale and the int8 activations (row-major, base64)."""
     layers, offset = [], 0
-    for size, units in zip(sizes, stored_units(sizes, rankings)):
+    for layer, size in enumerate(sizes):
+        units = list(range(size))
+        if size > MAX_UNITS:
+            named = {unit for rows in rankings.values() for lay, unit, *_ in rows if lay == layer}
+            rest = (u for u in range(size) if u not in named)
+            named = sorted(named)[:MAX_UNITS]
+            units = sorted(named + [next(rest) for _ in range(MAX_UNITS - len(named))])
         block = activations[:, offset + torch.tensor(units)]
         scale = block.abs().max(0).values.clamp(min=1e-8)
         q = (block / scale * 127).round().clamp(-127, 127).to(torch.int8)

@@ -1,36 +1,36 @@
-"""The evaluation's plan: every figure, the passes that score it (passes.py) and their cost, decided
-before any forward pass; nothing else derives a stride or a cost. `allocate` applies the budget's rule
-(docs/evaluation.md#the-plan-and-the-budget).
+"""The evaluation's plan: every figure, the passes that score it and their cost, decided before any
+forward pass; nothing else derives a stride or a cost. `allocate` applies the budget's rule
+(docs/evaluation.md#the-plan-and-the-budget). Each kind of pass has its cost and its run side by side:
+`plan` counts its targets and forward tokens (scores.window_targets, model.forward_cost), `run` runs it
+(scores.py): {context: Score} (None: its one figure). docs/evaluation.md: why each exists.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from typing import ClassVar
 
 from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
-from gru_experiments.study.passes import (
-    CountPass,
-    OnePass,
-    Pass,
-    StatefulPass,
-    VocabularyPass,
-    WindowsPass,
-    paired_targets,
+from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.scores import (
+    ONE_PASS_CHUNK,
+    chunks_cost,
+    congruent,
+    score_bigram,
+    score_contexts,
+    score_stateful,
+    score_stateless,
+    stream_layout,
+    warm_targets,
+    window_targets,
 )
 
 BIGRAM, TEXT = "bigram", "text"  # figures beside the inference modes (STATEFUL, STATELESS, WINDOWED)
 STATE_GAIN = "state_gain"  # stateful - windowed, paired target by target
 FINAL, BEST, OVER_TRAINING = "final", "best", "over_training"  # which evaluation a Request asks for
-
-
-class Kind(Enum):
-    """What a figure is: a mode's (or the bigram's), a curve point, stateful - windowed, another entry's."""
-    MODE = "mode"
-    CURVE = "curve"
-    GAIN = "gain"
-    OTHER = "other"
+# What a figure is (Figure.kind): a mode's (or the bigram's), a curve point, stateful - windowed, another entry's
+MODE, CURVE, GAIN, OTHER = "mode", "curve", "gain", "other"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Figure:
     targets: int
     forward_tokens: int
     passes: tuple[int, ...]
-    kind: Kind = Kind.MODE
+    kind: str = MODE
 
 
 @dataclass(frozen=True)
@@ -98,17 +98,116 @@ class Plan:
 
     @property
     def exact(self) -> bool:  # every figure of the modes and the curve scores every target
-        return all(f.targets == self.split_targets for f in self.figures if f.kind in (Kind.MODE, Kind.CURVE))
+        return all(f.targets == self.split_targets for f in self.figures if f.kind in (MODE, CURVE))
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
 
     def curve(self) -> list[Figure]:
-        return sorted((f for f in self.figures if f.kind is Kind.CURVE), key=lambda f: f.context)
+        return sorted((f for f in self.figures if f.kind == CURVE), key=lambda f: f.context)
 
     def record(self) -> list[dict]:
         """The plan for summary.json: a row per figure."""
         return [{k: v for k, v in asdict(f).items() if k not in ("passes", "kind")} for f in self.figures]
+
+
+# --- the passes -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pass:
+    """A pass: its targets, forward tokens, stride and keep_after (keep each target's NLL: None keeps none);
+    each kind's `run(request, progress)` gives {context: result} on request.val with request.model."""
+    kind: ClassVar[str] = "pass"
+    targets: int = 0
+    forward_tokens: int = 0
+    stride: int = 1
+    keep_after: int | None = None
+
+
+@dataclass(frozen=True)
+class StatefulPass(Pass):
+    """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th stream,
+    whole. keep_after: keep the targets with at least this many tokens of their stream before them."""
+    kind: ClassVar[str] = "stateful"
+    chunk: int = 0
+    streams: int = 1
+
+    @classmethod
+    def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
+        streams, length = stream_layout(n, streams)
+        rows = range(0, streams, stride)
+        forward = len(rows) * chunks_cost(model, length, chunk)
+        targets = sum(max(0, min(length, n - s * length)) for s in rows)
+        return cls(targets, forward, stride, keep_after, chunk, streams)
+
+    @property
+    def label(self) -> str:  # its progress bar's
+        return "stateful" + ("" if self.stride == 1 else f", one stream in {self.stride}")
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        with progress.phase(self.label, self.targets) as tick:
+            return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
+                                         targets_after=self.keep_after, tick=tick, stride=self.stride)}
+
+
+@dataclass(frozen=True)
+class WindowsPass(Pass):
+    """Every stride-th target from its own window; the same windows give every shorter context in `contexts`."""
+    kind: ClassVar[str] = "windows"
+    window: int = 0
+    contexts: tuple[int, ...] = ()
+    targets_by_context: tuple[int, ...] = ()
+
+    @classmethod
+    def plan(cls, model, n: int, window: int, contexts, stride: int, keep: bool = False) -> "WindowsPass":
+        windows = len(window_targets(n, window, window, stride)[1])
+        forward = model.forward_cost(0, min(window, n + 1)) + windows * model.forward_cost(0, window)
+        targets = []
+        for w in contexts:
+            head, _, tail = window_targets(n, window, w, stride)
+            forward += len(tail) * model.forward_cost(0, w)
+            targets.append(len(head) + windows + len(tail))
+        contexts = tuple(contexts)  # `targets`: those of the longest context
+        return cls(targets[contexts.index(max(contexts))], forward, stride, 0 if keep else None, window, contexts,
+                   tuple(targets))
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        n = request.val.n_targets
+        label = f"windows of {self.window}" + ("" if self.stride == 1 else f", one target in {self.stride}")
+        with progress.phase(label, len(range(1, n + 1, self.stride)) * self.window) as tick:
+            return score_contexts(request.model, request.val, self.window, self.contexts, self.stride,
+                                  targets=self.keep_after is not None, tick=tick)
+
+
+@dataclass(frozen=True)
+class OnePass(StatefulPass):
+    """One stream in chunks of ONE_PASS_CHUNK (scores.score_in_one_pass): every target from all before it."""
+    kind: ClassVar[str] = "one_pass"
+    label: ClassVar[str] = "whole context, one pass"
+
+    @classmethod
+    def plan(cls, model, n: int, keep: bool) -> "OnePass":
+        return super().plan(model, n, ONE_PASS_CHUNK, 1, 0 if keep else None)
+
+
+@dataclass(frozen=True)
+class TablePass(Pass):
+    """A first-order table, every target from its previous token: the stateless table (one forward pass over
+    the vocabulary) or, `bigram`, the bigram's counting of the training split (nothing runs through the model)."""
+    kind: ClassVar[str] = "table"
+    bigram: bool = False
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        if self.bigram:
+            return {None: score_bigram(request.train_ids, request.val)}
+        return {None: score_stateless(request.model, request.val)}
+
+
+def paired_targets(a: Pass, b: Pass, n: int) -> int:
+    """How many targets a stateful figure's pass `a` (its warm ones) and a windowed figure's `b` both scored."""
+    stride = math.lcm(*(p.stride if isinstance(p, WindowsPass) else 1 for p in (a, b)))
+    if isinstance(a, StatefulPass):  # every a.stride-th stream
+        return warm_targets(n, a.streams, a.stride, a.keep_after, stride)
+    return len(congruent(1, n, 1, stride))
 
 
 # --- the curve's points ---------------------------------------------------------------------------
@@ -187,10 +286,11 @@ def allocate(units: list[Unit], budget: int | None, n: int) -> None:
 
 
 def figure_of(name: str, context, cost: int, passes, at, index: int, forward: int | None = None,
-              kind: Kind = Kind.MODE) -> Figure:
+              kind: str = MODE) -> Figure:
     """A figure from passes[0] (scored at its context `at`) and any others (its forward tokens too)."""
     first = passes[0]
-    targets = first.targets_at(at) if isinstance(first, WindowsPass) else first.targets
+    targets = (dict(zip(first.contexts, first.targets_by_context)).get(at, first.targets)
+               if isinstance(first, WindowsPass) else first.targets)
     ids = tuple(range(index, index + len(passes)))
     return Figure(name, context, cost, targets, sum(p.forward_tokens for p in passes) if forward is None
                   else forward, ids, kind)
@@ -201,20 +301,20 @@ def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, b
                     curve_longest: int | None = None, extra: list[Unit] = ()) -> Plan:
     """The plan on a split of `n` targets: stateful and stateless; the windowed figure and the bigram when
     asked; with `curve`, the context curve and stateful - windowed; the other entries' `extra` units."""
-    shape = _Shape(model, n, seq_len, window, streams, windowed, curve,
-                   *(curve_lengths(model.context, seq_len, curve_longest, n) if curve else ([], [])))
-    units = sorted(shape.units(bigram) + list(extra), key=lambda u: u.priority)
+    units, keep = _units(model, n, seq_len, window, streams, windowed, bigram, curve,
+                         *(curve_lengths(model.context, seq_len, curve_longest, n) if curve else ([], [])))
+    units = sorted(units + list(extra), key=lambda u: u.priority)
     allocate(units, budget, n)
     passes, figures, owners = [], [], []
     for u in units:
         figures += u.figures(u.passes, len(passes))
         passes += u.passes
         owners += [u.owner] * len(u.passes)
-    if shape.keep is not None:
+    if keep is not None:
         stateful, windowed_ = (next(f for f in figures if f.name == name) for name in (STATEFUL, WINDOWED))
         figures.append(Figure(STATE_GAIN, None, 0, paired_targets(passes[stateful.passes[0]],
                                                                    passes[windowed_.passes[0]], n),
-                              0, stateful.passes + windowed_.passes, Kind.GAIN))
+                              0, stateful.passes + windowed_.passes, GAIN))
     figures.sort(key=_order)
     return Plan(tuple(passes), tuple(figures), n, budget, window, seq_len, max(1, min(streams, n)), tuple(owners))
 
@@ -224,92 +324,73 @@ def _order(f: Figure) -> tuple:
     names = (STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT)
     if f.name in names:
         return (0, names.index(f.name))
-    return (1, f.context) if f.kind is Kind.CURVE else (2, 0)
+    return (1, f.context) if f.kind == CURVE else (2, 0)
 
 
-@dataclass
-class _Shape:
-    """What an evaluation asks of a model: the passes each figure needs, as units for `allocate`."""
-    model: object
-    n: int
-    seq_len: int
-    window: int
-    streams: int
-    windowed: bool
-    curve: bool
-    lengths: list[int]  # the curve's points up to seq_len
-    beyond: list[int]  # and past it
+def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: bool, bigram: bool, curve: bool,
+           lengths: list[int], beyond: list[int]) -> tuple[list[Unit], int | None]:
+    """What an evaluation asks of a model: the passes each figure needs, as units for `allocate`, and what
+    stateful keeps for stateful - windowed (None: no such figure); the curve's points up to seq_len
+    (`lengths`) and past it (`beyond`)."""
+    context, cost, p = model.context, model.tokens_per_prediction, PRIORITY
+    whole_window = context is not None and context <= window  # a window holds all it sees
+    whole = [w for w in lengths + beyond if context is not None and w >= context]  # one at most
+    short = [w for w in lengths if w not in whole]
+    long = [w for w in beyond if w not in whole]
+    # The windowed figure's windows give the short points too; its targets pair with stateful's.
+    shares = windowed and not whole_window and window == seq_len
+    keep = window if curve and windowed else None
 
-    def __post_init__(self):
-        context = self.context = self.model.context
-        self.cost = self.model.tokens_per_prediction
-        self.whole_window = context is not None and context <= self.window  # a window holds all it sees
-        self.whole = [w for w in self.lengths + self.beyond if context is not None and w >= context]  # one at most
-        self.short = [w for w in self.lengths if w not in self.whole]
-        self.long = [w for w in self.beyond if w not in self.whole]
-        # The windowed figure's windows give the short points too; its targets pair with stateful's.
-        self.shares = self.windowed and not self.whole_window and self.window == self.seq_len
-        self.keep = self.window if self.curve and self.windowed else None
+    def windows(size: int, contexts, stride: int, kept: bool) -> WindowsPass:
+        return WindowsPass.plan(model, n, size, contexts, stride, kept)
 
-    def windows(self, window: int, contexts, stride: int, keep: bool) -> WindowsPass:
-        return WindowsPass.plan(self.model, self.n, window, contexts, stride, keep)
-
-    def whole_context(self, stride: int) -> list[Pass]:  # every target from all the model can see
+    def whole_context(stride: int) -> list[Pass]:  # every target from all the model can see
         if stride == 1:
-            return [OnePass.plan(self.model, self.n, keep=self.curve)]
-        return [self.windows(self.context, [self.context], stride, self.curve)]
+            return [OnePass.plan(model, n, keep=curve)]
+        return [windows(context, [context], stride, curve)]
 
-    def stateful(self, stride: int) -> list[Pass]:
+    def stateful(stride: int) -> list[Pass]:
         """A finite-context model's every stride-th target from its context; a recurrent one's streams."""
-        if stride == 1 or self.context is None:
-            return [StatefulPass.plan(self.model, self.n, self.seq_len, self.streams, self.keep, stride)]
-        return [self.windows(self.context, [self.context], stride, self.keep is not None)]
+        if stride == 1 or context is None:
+            return [StatefulPass.plan(model, n, seq_len, streams, keep, stride)]
+        return [windows(context, [context], stride, keep is not None)]
 
-    def windowed_passes(self, stride: int) -> list[Pass]:
-        if self.whole_window:
-            return self.whole_context(stride)
-        contexts = sorted({self.window, *self.short}) if self.shares else [self.window]
-        return [self.windows(self.window, contexts, stride, self.curve)]
+    def windowed_passes(stride: int) -> list[Pass]:
+        if whole_window:
+            return whole_context(stride)
+        return [windows(window, sorted({window, *short}) if shares else [window], stride, curve)]
 
-    def windowed_figures(self, passes, i) -> list[Figure]:
-        at = self.context if self.whole_window else self.window
-        figures = [figure_of(WINDOWED, at, min(self.window, self.cost) if self.whole_window else self.window,
-                             passes, at, i)]
-        shared = (self.short if self.shares else []) + (self.whole if self.whole_window else [])
-        return figures + [self.point(w, min(w, self.cost) if w in self.whole else w, passes, w, i, 0) for w in shared]
+    def windowed_figures(passes, i) -> list[Figure]:
+        at = context if whole_window else window
+        figures = [figure_of(WINDOWED, at, min(window, cost) if whole_window else window, passes, at, i)]
+        shared = (short if shares else []) + (whole if whole_window else [])
+        return figures + [point(w, min(w, cost) if w in whole else w, passes, w, i, 0) for w in shared]
 
-    def point(self, w: int, cost: int, passes, at, i: int, forward: int | None = None) -> Figure:
-        return figure_of(f"curve {w}", w, cost, passes, at, i, forward, Kind.CURVE)
+    def point(w: int, w_cost: int, passes, at, i: int, forward: int | None = None) -> Figure:
+        return figure_of(f"curve {w}", w, w_cost, passes, at, i, forward, CURVE)
 
-    def long_passes(self, stride: int) -> list[Pass]:  # a reference pass at seq_len, then one per point
-        return [self.windows(w, [w], stride, True) for w in (self.seq_len, *self.long)]
+    def long_figures(passes, i) -> list[Figure]:  # the reference pass counted once, with the first point
+        return [Figure(f"curve {w}", w, w, q.targets, q.forward_tokens + (passes[0].forward_tokens if j == 0 else 0),
+                       (i, i + j + 1), CURVE) for j, (w, q) in enumerate(zip(long, passes[1:]))]
 
-    def long_figures(self, passes, i) -> list[Figure]:  # the reference pass counted once, with the first point
-        return [Figure(f"curve {w}", w, w, p.targets, p.forward_tokens + (passes[0].forward_tokens if j == 0 else 0),
-                       (i, i + j + 1), Kind.CURVE) for j, (w, p) in enumerate(zip(self.long, passes[1:]))]
-
-    def short_figures(self, passes, i) -> list[Figure]:  # the pass counted once, with the longest point
-        return [self.point(w, w, passes, w, i, None if w == max(self.short) else 0) for w in self.short]
-
-    def units(self, bigram: bool) -> list[Unit]:
-        model, n, cost, p = self.model, self.n, self.cost, PRIORITY
-        streams = max(1, min(self.streams, n)) if self.context is None else None  # a recurrent model's sample
-        units = [Unit(self.stateful, lambda ps, i: [figure_of(STATEFUL, None, cost, ps, self.context, i)], False,
-                      streams, priority=p[STATEFUL]),
-                 Unit(lambda s: [VocabularyPass(n, model.vocab_size)],
-                      lambda ps, i: [figure_of(STATELESS, 1, 0, ps, None, i)], True, priority=p[STATELESS])]
-        if bigram:
-            units.append(Unit(lambda s: [CountPass(n)], lambda ps, i: [figure_of(BIGRAM, 1, 0, ps, None, i)], True,
-                              priority=p[BIGRAM]))
-        if self.windowed:
-            units.append(Unit(self.windowed_passes, self.windowed_figures, self.whole_window and cost == 1,
-                              priority=p[WINDOWED]))
-        if self.short and not self.shares:
-            units.append(Unit(lambda s: [self.windows(max(self.short), self.short, s, self.curve)],
-                              self.short_figures, False, priority=p["curve"]))
-        if self.whole and not (self.windowed and self.whole_window):
-            units.append(Unit(self.whole_context, lambda ps, i: [self.point(w, cost, ps, None, i) for w in self.whole],
-                              cost == 1, priority=p["curve"]))
-        if self.long:
-            units.append(Unit(self.long_passes, self.long_figures, False, priority=p["curve"]))
-        return units
+    most = max(1, min(streams, n)) if context is None else None  # a recurrent model's sample
+    units = [Unit(stateful, lambda ps, i: [figure_of(STATEFUL, None, cost, ps, context, i)], False, most,
+                  priority=p[STATEFUL]),
+             Unit(lambda s: [TablePass(n, model.vocab_size)],
+                  lambda ps, i: [figure_of(STATELESS, 1, 0, ps, None, i)], True, priority=p[STATELESS])]
+    if bigram:
+        units.append(Unit(lambda s: [TablePass(n, bigram=True)], lambda ps, i: [figure_of(BIGRAM, 1, 0, ps, None, i)],
+                          True, priority=p[BIGRAM]))
+    if windowed:
+        units.append(Unit(windowed_passes, windowed_figures, whole_window and cost == 1, priority=p[WINDOWED]))
+    if short and not shares:  # the pass counted once, with the longest point
+        units.append(Unit(lambda s: [windows(max(short), short, s, curve)],
+                          lambda ps, i: [point(w, w, ps, w, i, None if w == max(short) else 0) for w in short],
+                          False, priority=p["curve"]))
+    if whole and not (windowed and whole_window):
+        units.append(Unit(whole_context, lambda ps, i: [point(w, cost, ps, None, i) for w in whole], cost == 1,
+                          priority=p["curve"]))
+    if long:  # a reference pass at seq_len, then one per point
+        units.append(Unit(lambda s: [windows(w, [w], s, True) for w in (seq_len, *long)], long_figures, False,
+                          priority=p["curve"]))
+    return units, keep

@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.study.generation import MODES_BY_CONTEXT
-from gru_experiments.study.passes import Pass
-from gru_experiments.study.plan import FINAL, Entry, Figure, Kind, Request, Unit
+from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
@@ -84,37 +83,6 @@ def recall_forward_tokens(model, plantings, seq_len: int, window: int) -> int:
     return stateful + per_target(window) + model.vocab_size * model.forward_cost(0, 1)
 
 
-@dataclass(frozen=True)
-class RecallPass(Pass):
-    """Every recall target of every planting, in the three modes (score_recall): exact, outside the budget."""
-    kind: ClassVar[str] = "recall"
-
-    def run(self, request, progress=NO_PROGRESS) -> dict:
-        probe, s = request.probe, request.settings
-        return {None: score_recall(request.model, list(probe.validation), seq_len=s.seq_len, window=s.window,
-                                   keys=probe.settings.keys, progress=progress)}
-
-
-class RecallEntry(Entry):
-    """The planted-recall figures of a probe run (summary.json's `recall`), at the end of the run."""
-    name = "recall"
-
-    def units(self, request: Request) -> list[Unit]:
-        probe, s = request.probe, request.settings
-        if probe is None or request.purpose != FINAL:
-            return []
-        plantings = tuple(probe.validation)
-        recall = RecallPass(sum(p.recall.numel() for p in plantings),
-                            recall_forward_tokens(request.model, plantings, s.seq_len, s.window))
-        return [Unit(lambda stride: [recall], lambda ps, i: [Figure("recall", None, 0, ps[0].targets,
-                                                                    ps[0].forward_tokens, (i,), Kind.OTHER)],
-                     True, priority=90, owner=self.name)]
-
-
-    def describe(self, result: dict) -> str:
-        return format_recall(result)
-
-
 REMEMBERED_BITS = 1.0  # the horizon: every distance up to it recalled in under this many bits
 CROSSING_BITS = 2.0  # and where the curve crosses this many (log2 K = 4 for the default 16 keys)
 
@@ -164,3 +132,31 @@ def format_recall(record: dict) -> str:
                      + (f"d = {crossed:,.0f} ({h['crossing']})" if crossed else h["crossing"]))
     return "\n".join(lines)
 
+
+@dataclass(frozen=True)
+class RecallPass(Pass):
+    """Every recall target of every planting, in the three modes (score_recall): exact, outside the budget."""
+    kind: ClassVar[str] = "recall"
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        probe, s = request.probe, request.settings
+        return {None: score_recall(request.model, list(probe.validation), seq_len=s.seq_len, window=s.window,
+                                   keys=probe.settings.keys, progress=progress)}
+
+
+class RecallEntry(Entry):
+    """The planted-recall figures of a probe run (summary.json's `recall`), at the end of the run."""
+    name = "recall"
+
+    def units(self, request: Request) -> list[Unit]:
+        probe, s = request.probe, request.settings
+        if probe is None or request.purpose != FINAL:
+            return []
+        plantings = tuple(probe.validation)
+        recall = RecallPass(sum(p.recall.numel() for p in plantings),
+                            recall_forward_tokens(request.model, plantings, s.seq_len, s.window))
+        return [Unit(lambda stride: [recall], lambda ps, i: [Figure("recall", None, 0, ps[0].targets,
+                                                                    ps[0].forward_tokens, (i,), OTHER)],
+                     True, priority=90, owner=self.name)]
+
+    describe = staticmethod(format_recall)

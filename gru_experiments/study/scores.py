@@ -1,6 +1,7 @@
 """Scoring a model on a split in every inference mode: NLL per token and bits per character (comparable
-across char and subword models). Every Score knows the targets it was drawn from (`population`;
-which ones: positions.py). Two loops serve every mode, the recall figures and the run's page:
+across char and subword models). Every Score knows the targets it was drawn from (`population`; which
+ones: the target-position arithmetic below, which the plan counts before anything runs, so the two agree).
+Two loops serve every mode, the recall figures and the run's page:
 `carried_chunks` (the state carried) and `window_batches` (each window from the initial state).
 """
 
@@ -18,9 +19,41 @@ from gru_experiments.data.tokenizers import plain_tokens
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.generation import eval_mode, plain_logits
-from gru_experiments.study.positions import stream_layout, window_targets
 
 ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this many tokens
+
+
+# --- Which targets a pass scores: the one home of the target-position arithmetic ----------------
+def congruent(low: int, high: int, residue: int, stride: int) -> range:
+    """The integers u in [low, high] with u = residue (mod stride), ascending (len() counts them)."""
+    if high < low:
+        return range(0)
+    return range(low + (residue - low) % stride, high + 1, stride)
+
+
+def window_targets(n: int, window: int, w: int, stride: int) -> tuple[range, range, range]:
+    """The targets context w of a windows pass scores, by where each comes from: (head) the prefix
+    ids[:window], u <= w; (starts) the windows ids[s : s + window], by start s, target s + w; (tail) the last
+    ones, from their own w tokens. All u = w + 1 - window (mod stride): the full window's sample, shifted."""
+    shift = w + 1 - window
+    head = congruent(1, min(w, n), shift, stride)
+    starts = congruent(1, n - window, 1 - window, stride)
+    tail = congruent(min(max(n - window + w, w), n) + 1, n, shift, stride)
+    return head, starts, tail
+
+
+def stream_layout(n: int, streams: int) -> tuple[int, int]:
+    """(streams, length): n targets as contiguous streams of `length` side by side (the last one short)."""
+    streams = max(1, min(streams, n))
+    return streams, -(-n // streams)
+
+
+def warm_targets(n: int, streams: int, stride: int, after: int, every: int = 1) -> int:
+    """How many targets of every stride-th stream have at least `after` tokens of their stream before
+    them (those a stateful pass keeps for a paired difference), counting only u = 1 (mod every)."""
+    streams, length = stream_layout(n, streams)
+    return sum(len(congruent(s * length + after + 1, min((s + 1) * length, n), 1, every))
+               for s in range(0, streams, stride))
 
 
 @dataclass(frozen=True)
@@ -259,7 +292,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
                    tick=None) -> dict[int, Score]:
     """{w: the windowed figure with context w} for every w in `contexts`, all from the windows of `window`
     tokens: a window ids[s : s + window] predicts, at position w - 1, the target s + w from exactly its
-    w tokens. Which targets: positions.window_targets. targets=True keeps every target's NLL."""
+    w tokens. Which targets: window_targets. targets=True keeps every target's NLL."""
     if stride < 1 or any(not 1 <= w <= window for w in contexts):
         raise ValueError(f"contexts must lie in 1..{window} and stride be >= 1, got {list(contexts)} and {stride}")
     ids, n, device = split.ids, split.n_targets, split.ids.device

@@ -1,6 +1,7 @@
 """What the text statistics (text_stats.py) need from a corpus's training split, counted once per corpus:
-`words`, `SpanSet` (copy_32), `KneserNeyJudge` (reference_bpc), all three in a `TrainingIndex` cached by
-the split's sha256 (docs/internals.md, *The training split's index*).
+`words` (the one word rule: `word_matches`, `is_word_char`), `SpanSet` (copy_32), `KneserNeyJudge`
+(reference_bpc), all three in a `TrainingIndex` cached by the split's sha256 (docs/internals.md, *The
+training split's index*).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def word_matches(text: str):
 def words(text: str) -> list[str]:
     """The lower-cased words of `text`. "O'er the hill, 'tis" -> ["o'er", "the", "hill", "tis"]."""
     return [match.group().lower() for match in word_matches(text)]
+
+
+def is_word_char(text: str, i: int) -> bool:
+    """A letter, or an apostrophe between two letters."""
+    c = text[i]
+    if c.isalpha():
+        return True
+    return c in APOSTROPHES and 0 < i < len(text) - 1 and text[i - 1].isalpha() and text[i + 1].isalpha()
 
 
 def span_fingerprints(text: str, width: int = SPAN) -> Tensor:

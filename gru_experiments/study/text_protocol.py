@@ -23,8 +23,7 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.passes import Pass
-from gru_experiments.study.plan import FINAL, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Kind, Request, Unit
+from gru_experiments.study.plan import FINAL, OTHER, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
@@ -146,7 +145,50 @@ def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draw
     return main, drift
 
 
+# --- the table ----------------------------------------------------------------------------------------------
+def format_figure(figure: dict | None, with_se: bool = True) -> str:
+    """"0.937 ±0.009"; "0.937" without a standard error (or `with_se`); "—" without a value."""
+    if figure is None or figure["value"] is None:
+        return "—"
+    return f"{figure['value']:.3f}" + ("" if figure["se"] is None or not with_se else f" ±{figure['se']:.3f}")
 
+
+def format_text_statistics(record: dict) -> str:
+    """The record of measure_text for the log: a row per setting, a column per statistic; the drift."""
+    s = record["settings"]
+    lines = [f"text statistics: {s['samples']} samples of {s['chars']} characters per setting, seed {s['seed']}; "
+             "value ± standard error over samples",
+             f"(continuations of {', '.join(repr(p) for p, _ in s['prompts'])}; "
+             f"windowed: the last {s['window']} tokens)",
+             f"{'setting':<26}" + "".join(f"{name:>14}" for name in STATISTICS)]
+    rows = [(f"{mode} {name}", figures)
+            for mode, by_decoder in record["modes"].items() for name, figures in by_decoder.items()]
+    rows += [("reference (validation)", record["reference"]), ("random (floor)", record["floor"]),
+             ("looped (ceiling)", record["ceiling"])]
+    lines += [f"{label:<26}" + "".join(f"{format_figure(figures[name]):>14}" for name in STATISTICS)
+              for label, figures in rows]
+    return "\n".join(lines + _drift_lines(record))
+
+
+def _drift_lines(record: dict) -> list[str]:
+    drift, s = record["drift"], record["settings"]
+    if not drift:
+        return []
+    width = 8 * len(DRIFT_SHOWN)
+    lines = [f"drift: {s['drift_samples']} generations of {s['drift_chars']:,} characters, {s['drift_decoder']} "
+             f"sampling; per stretch of {s['stretch_chars']}: {', '.join(DRIFT_SHOWN)}",
+             (f"{'characters':<14}" + "".join(f"{_phase(mode, s['window']):<{width}}" for mode in drift)).rstrip()]
+    for k in range(max(map(len, drift.values()))):
+        cells = []
+        for stretches in drift.values():
+            figures = stretches[k]["statistics"] if k < len(stretches) else {}
+            cells.append("".join(f"{format_figure(figures.get(name), False):<8}" for name in DRIFT_SHOWN))
+        where = f"{k * s['stretch_chars']}-{(k + 1) * s['stretch_chars']}"
+        lines.append((f"{where:<14}" + "".join(cells)).rstrip())
+    return lines
+
+
+# --- the entry: the text statistics at the end of a run ------------------------------------------------
 @dataclass(frozen=True)
 class TextPass(Pass):
     """The text statistics' samples as the plan cut them: `targets` per mode x decoder, the drift when exact."""
@@ -189,18 +231,13 @@ class TextEntry(Entry):
             return []
         settings = asked if asked.stretch_chars <= characters else replace(asked, drift_chars=0)
         return [Unit(lambda stride: [TextPass.plan(request.model, request.tokenizer, request.val, settings, stride)],
-                     _text_figure, False, max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT],
-                     owner=TEXT)]
+                     lambda ps, i: [Figure(TEXT, None, 0, ps[0].targets, ps[0].forward_tokens, (i,), OTHER)] if ps
+                     else [], False, max(1, settings.samples // 2), optional=True, priority=PRIORITY[TEXT], owner=TEXT)]
 
     def summary(self, result: dict) -> dict:
         return super().summary({key: value for key, value in result.items() if key != "texts"})
 
-    def describe(self, result: dict) -> str:
-        return format_text_statistics(result)
-
-
-def _text_figure(passes, index: int) -> list[Figure]:
-    return [Figure(TEXT, None, 0, passes[0].targets, passes[0].forward_tokens, (index,), Kind.OTHER)] if passes else []
+    describe = staticmethod(format_text_statistics)
 
 
 def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings: TextSettings, *,
@@ -248,25 +285,15 @@ OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/modes.py follo
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
-def _short_draws(request: Request, samples: int) -> _Draws:
-    prompts = spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)
-    return _Draws(request.model, request.tokenizer, share_samples(samples, prompts),
-                  tokens_for_chars(request.settings.text.chars, request.val), 1, request.seed)
-
-
 @dataclass(frozen=True)
 class ShortTextPass(Pass):
-    """One short sample per study prompt (the same at every validation) per mode: {mode: word_validity}."""
+    """One short sample per study prompt (the same at every validation) per mode, as `draws` draws them:
+    {mode: word_validity}."""
     kind: ClassVar[str] = "short_text"
-
-    @classmethod
-    def plan(cls, request: Request, stride: int) -> "ShortTextPass":
-        samples = -(-len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)) // stride)
-        return cls(samples, sum(_short_draws(request, samples).cost(mode) for mode in OVER_TRAINING_MODES), stride)
+    draws: _Draws | None = None
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        draws = _short_draws(request, self.targets)
-        vocabulary = request.load_text_index().vocabulary
+        vocabulary, draws = request.load_text_index().vocabulary, self.draws
         return {None: {mode: value_and_se(word_validity(text, vocabulary) for text in
                                           draws.draw(mode, DECODERS[OVER_TRAINING_DECODER], lambda _: None))["value"]
                        for mode in OVER_TRAINING_MODES}}
@@ -279,52 +306,16 @@ class WordValidityEntry(Entry):
     def units(self, request: Request) -> list[Unit]:
         if request.purpose != OVER_TRAINING or request.tokenizer is None or not request.settings.text.samples:
             return []
-        n = len(spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids))
-        return [Unit(lambda stride: [ShortTextPass.plan(request, stride)], lambda ps, i: [], False, max(1, n // 2),
-                     optional=True, priority=PRIORITY[TEXT], owner=self.name)]
+        prompts = spellable_prompts(request.tokenizer, STUDY_PROMPTS, request.val.ids)
+
+        def make(stride: int) -> list[Pass]:
+            samples = -(-len(prompts) // stride)
+            draws = _Draws(request.model, request.tokenizer, share_samples(samples, prompts),
+                           tokens_for_chars(request.settings.text.chars, request.val), 1, request.seed)
+            return [ShortTextPass(samples, sum(draws.cost(mode) for mode in OVER_TRAINING_MODES), stride, draws=draws)]
+
+        return [Unit(make, lambda ps, i: [], False, max(1, len(prompts) // 2), optional=True, priority=PRIORITY[TEXT],
+                     owner=self.name)]
 
     def summary(self, result: dict) -> dict:
         return {f"{mode}_word_validity": value for mode, value in result.items()}
-
-
-# --- the table ----------------------------------------------------------------------------------------------
-def format_figure(figure: dict | None, with_se: bool = True) -> str:
-    """"0.937 ±0.009"; "0.937" without a standard error (or `with_se`); "—" without a value."""
-    if figure is None or figure["value"] is None:
-        return "—"
-    return f"{figure['value']:.3f}" + ("" if figure["se"] is None or not with_se else f" ±{figure['se']:.3f}")
-
-
-def format_text_statistics(record: dict) -> str:
-    """The record of measure_text for the log: a row per setting, a column per statistic; the drift."""
-    s = record["settings"]
-    lines = [f"text statistics: {s['samples']} samples of {s['chars']} characters per setting, seed {s['seed']}; "
-             "value ± standard error over samples",
-             f"(continuations of {', '.join(repr(p) for p, _ in s['prompts'])}; "
-             f"windowed: the last {s['window']} tokens)",
-             f"{'setting':<26}" + "".join(f"{name:>14}" for name in STATISTICS)]
-    rows = [(f"{mode} {name}", figures)
-            for mode, by_decoder in record["modes"].items() for name, figures in by_decoder.items()]
-    rows += [("reference (validation)", record["reference"]), ("random (floor)", record["floor"]),
-             ("looped (ceiling)", record["ceiling"])]
-    lines += [f"{label:<26}" + "".join(f"{format_figure(figures[name]):>14}" for name in STATISTICS)
-              for label, figures in rows]
-    return "\n".join(lines + _drift_lines(record))
-
-
-def _drift_lines(record: dict) -> list[str]:
-    drift, s = record["drift"], record["settings"]
-    if not drift:
-        return []
-    width = 8 * len(DRIFT_SHOWN)
-    lines = [f"drift: {s['drift_samples']} generations of {s['drift_chars']:,} characters, {s['drift_decoder']} "
-             f"sampling; per stretch of {s['stretch_chars']}: {', '.join(DRIFT_SHOWN)}",
-             (f"{'characters':<14}" + "".join(f"{_phase(mode, s['window']):<{width}}" for mode in drift)).rstrip()]
-    for k in range(max(map(len, drift.values()))):
-        cells = []
-        for stretches in drift.values():
-            figures = stretches[k]["statistics"] if k < len(stretches) else {}
-            cells.append("".join(f"{format_figure(figures.get(name), False):<8}" for name in DRIFT_SHOWN))
-        where = f"{k * s['stretch_chars']}-{(k + 1) * s['stretch_chars']}"
-        lines.append((f"{where:<14}" + "".join(cells)).rstrip())
-    return lines

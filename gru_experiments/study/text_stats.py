@@ -1,5 +1,5 @@
 """Text statistics: the generated text measured, model-free, beside held-out text (`reference_slices`)
-and random and looped text (`floor_and_ceiling`). Definitions, reference values and why each error
+and random and looped text (`floor_and_ceiling_texts`). Definitions, reference values and why each error
 estimate: docs/internals.md, *The text statistics*; the training split's side: text_index.py.
 """
 
@@ -191,10 +191,3 @@ def floor_and_ceiling_texts(index: TrainingIndex, n: int, length: int, seed: int
     phrase = f"{index.most_common_word or index.alphabet[:1]} "
     return {"random": [uniform_random_text(index.alphabet, length, seed + i) for i in range(n)],
             "looped": [looped_text(phrase, length)] * n}
-
-
-def floor_and_ceiling(index: TrainingIndex, n: int, length: int, seed: int = 0,
-                      reference: Sequence[str] | None = None) -> dict:
-    """text_statistics of `floor_and_ceiling_texts`: {"random": ..., "looped": ...}."""
-    texts = floor_and_ceiling_texts(index, n, length, seed)
-    return {name: text_statistics(samples, index, reference) for name, samples in texts.items()}
