@@ -65,9 +65,6 @@ class InvalidSetting(UserError):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"invalid {prefix}{key}={'missing' if value is MISSING else repr(value)}: must be {allowed}")
 
-    def with_prefix(self, prefix: str) -> "InvalidSetting":
-        return InvalidSetting(self.key, self.value, self.allowed, prefix)
-
 
 def check_setting(ok: bool, key: str, value, allowed: str) -> None:
     if not ok:
