@@ -7,7 +7,6 @@ scorers. Bad input raises a one-line errors.UserError. Examples and every argume
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import re
@@ -232,41 +231,32 @@ def _one_line(error: Exception) -> str:
 
 
 def _run_job(config) -> dict:
-    """Hydra's run_job for one run: the run folder, its .hydra/ record and train.log, and training.train
-    with HydraConfig set (paths.output_dir is ${hydra:runtime.output_dir})."""
+    """Hydra's own run_job, as train.py's: the run folder, its .hydra/ record and HydraConfig set
+    (paths.output_dir is ${hydra:runtime.output_dir}); train.log written by `_job_log`."""
+    from hydra._internal.callbacks import Callbacks
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    from hydra.core.utils import JobStatus, run_job
+    from hydra.types import HydraContext, RunMode
     from omegaconf import open_dict, read_write
 
-    from gru_experiments.runs.jobs import discard_untouched_run_dir
-    from gru_experiments.runs.run_dir import RunDir
+    from gru_experiments.runs.jobs import discard_untouched_run_dir  # run_dir's resolvers: the run folder's name
 
-    hydra_config = HydraConfig.instance()
-    previous = hydra_config.cfg
-    try:
-        hydra_config.set_config(config)
-        with read_write(config.hydra), open_dict(config.hydra):
-            config.hydra.runtime.output_dir = os.path.abspath(str(config.hydra.run.dir))
-            config.hydra.mode = RunMode.RUN
-        hydra_config.set_config(config)
-        run_dir = Path(config.hydra.runtime.output_dir)
-        task_cfg = copy.deepcopy(config)
-        with read_write(task_cfg), open_dict(task_cfg):
-            del task_cfg["hydra"]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if config.hydra.output_subdir is not None:
-            RunDir(run_dir).write_config_record(task_cfg, HydraConfig.instance().cfg, config.hydra.overrides.task,
-                                                subdir=str(config.hydra.output_subdir))
+    def task(task_cfg) -> dict:
         from gru_experiments.runs.training import train as train_run
 
-        with _job_log(run_dir / f"{config.hydra.job.name}.log"):
+        with _job_log(Path(HydraConfig.get().runtime.output_dir) / f"{config.hydra.job.name}.log"):
             try:
                 return train_run(task_cfg)
             except UserError:
                 discard_untouched_run_dir(task_cfg.paths.log_dir)  # input errors leave no run folder
                 raise
-    finally:
-        hydra_config.cfg = previous
+
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.mode = RunMode.RUN
+    job = run_job(task, config, "hydra.run.dir", None, HydraContext(None, Callbacks(config)), configure_logging=False)
+    if job.status == JobStatus.FAILED:  # raised as it is (JobReturn.return_value would print a line first)
+        raise job._return_value
+    return job.return_value
 
 
 @contextlib.contextmanager

@@ -65,21 +65,20 @@ class InvalidSetting(UserError):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"invalid {prefix}{key}={'missing' if value is MISSING else repr(value)}: must be {allowed}")
 
-    def with_prefix(self, prefix: str) -> "InvalidSetting":
-        return InvalidSetting(self.key, self.value, self.allowed, prefix)
-
 
 def check_setting(ok: bool, key: str, value, allowed: str) -> None:
     if not ok:
         raise InvalidSetting(key, value, allowed)
 
 
-def check_int(key: str, value, low: int = 1) -> None:
-    check_setting(is_int(value) and value >= low, key, value, f"an integer >= {low}")
+def check_ints(**values) -> None:
+    """Each setting an integer >= 1, in the order given."""
+    for key, value in values.items():
+        check_setting(int_at_least(1)(value), key, value, "an integer >= 1")
 
 
 def check_dropout(value, key: str = "dropout") -> None:
-    check_setting(is_number(value) and 0 <= value < 1, key, value, "a number in [0, 1)")
+    check_setting(fraction(value), key, value, "a number in [0, 1)")
 
 
 def select(cfg, key: str):

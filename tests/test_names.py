@@ -8,7 +8,7 @@ gru_experiments/**/*.py, benchmarks/*.py, train.py, sample.py and sweep.py. Chec
 - bare file names (`sample.py`, `RESULTS.md`, `default.yaml`): some file of the repo has that name;
 - a markdown link or image (`[the results](docs/results.md)`): it resolves from the page's folder;
 - dotted names that start at a module of the package (`scores.Split`,
-  `gru_experiments.models.protocol.LanguageModel`, `runs/estimate.format_estimate`): each
+  `gru_experiments.models.protocol.LanguageModel`, `runs/scoring.format_estimate`): each
   part is a submodule, or a name the module's source defines (def, class, assignment, import,
   `__all__`), or a class's method or field. `x.y` where y is a key of conf/ (`data.seq_len`,
   `evaluation.window`) is a config key, not a module, and is left alone;
@@ -244,7 +244,7 @@ def check_text(text: str, folder: Path = REPO) -> list[str]:
         head, _, last = path.rstrip("/").rpartition("/")
         stem, dot, attr = last.partition(".")
         if dot and attr.split(".")[0] not in EXTENSIONS and not attr[:1].isdigit():
-            module = f"{head}/{stem}.py"  # runs/estimate.planned_forward_tokens
+            module = f"{head}/{stem}.py"  # runs/scoring.planned_forward_tokens
             if not path_exists(module) and not path_exists(f"{head}/{stem}"):
                 problems.append(f"{path}: no module {head}/{stem}")
             elif path_exists(module):
@@ -333,11 +333,11 @@ def test_the_check_sees_a_stale_name_and_leaves_prose_and_config_keys_alone():
     assert check_text("see `gru_experiments/study/scores.py` and `study/context_curve.py`") == []
     assert check_text("`scores.Split`, `gru_experiments.models.protocol.LanguageModel`, `data/`") == []
     assert check_text("`data.seq_len=256`, `evaluation.window`, e.g. outputs/runs/x, i.e. this") == []
-    assert check_text("the reporting of `train.py`, `Split.of`, `runs/estimate.py`") == []
+    assert check_text("the reporting of `train.py`, `Split.of`, `runs/scoring.py`") == []
     assert check_text("[the ladder](docs/results.md#the-ladder), [home](README.md)") == []
     stale = ["`gru_experiments/corpora`", "`data.py`", "`fast_recurrence.py`", "`evaluation.Split`",
              "`evaluation.score_contexts`", "`reporting.JobResult`", "config_schema", "`study/nothing.py`",
-             "runs/estimate.no_such_function", "`gru_experiments.models.protocol.NoSuchClass`",
+             "runs/scoring.no_such_function", "`gru_experiments.models.protocol.NoSuchClass`",
              "`Split.no_such_member`", "`gru_experiments/cells.py`", "[a link](docs/no_such_page.md)",
              "[a heading](docs/results.md#no-such-heading)"]
     for text in stale:

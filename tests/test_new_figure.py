@@ -18,7 +18,7 @@ from gru_experiments.data.corpus import split_text
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.report.report import SECTIONS, build_report, register_section, unregister_section
 from gru_experiments.report.section import Section
-from gru_experiments.runs.estimate import CostEstimate
+from gru_experiments.runs.scoring import CostEstimate
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import ENTRIES
 from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Unit

@@ -13,7 +13,7 @@ from evaluation_helpers import defaults, plan_of
 from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.estimate import CostEstimate
+from gru_experiments.runs.scoring import CostEstimate
 from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.plan import BEST

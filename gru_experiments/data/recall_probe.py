@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gru_experiments.data.tokenizers import _private_use_chars
 from gru_experiments.errors import UserError
-from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number
+from gru_experiments.validation import Rule, check_rules, fraction, int_at_least, is_int
 
 NEEDS_CHAR = "probe=recall needs tokenizer=char: the pairs are planted character by character"
 MARKERS = ("\u27ea", "\u27eb")  # ⟪ ⟫
@@ -38,7 +38,7 @@ PAIRS_RULES = [
          "a non-empty list of distinct integers >= 1 (the text tokens between a key and the closing marker)"),
     Rule("gap", int_at_least(1), "an integer >= 1 (plain text before each pair: [gap, 2 gap] tokens)"),
 ]
-PHASE_RULES = [*PAIRS_RULES, Rule("start", lambda v: is_number(v) and 0 <= v < 1,
+PHASE_RULES = [*PAIRS_RULES, Rule("start", fraction,
                                   "a number in [0, 1): the fraction of the run's steps where the phase starts")]
 KEYS_RULE = Rule("keys", lambda v: is_int(v) and 2 <= v <= MAX_KEYS, f"an integer from 2 to {MAX_KEYS}")
 VALIDATION_RULES = [*PAIRS_RULES, Rule("min_targets", lambda v: is_int(v) and 1 <= v <= 100_000,

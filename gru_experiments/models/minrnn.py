@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gru_experiments.models.protocol import LanguageModel
-from gru_experiments.validation import check_dropout, check_int, check_setting
+from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 CELLS = ("mingru", "minlstm")
 SCAN_CHUNK = 32  # steps per scan, the state carried: |cumsum log a| stays small, and so float32 rounding in log space
@@ -118,8 +118,7 @@ class MinRNNLM(LanguageModel):
                  num_layers: int = 3, dropout: float = 0.1):
         super().__init__()
         check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
-        for key, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
-            check_int(key, value)
+        check_ints(embedding_dim=embedding_dim, hidden_size=hidden_size, num_layers=num_layers)
         check_dropout(dropout)
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from gru_experiments.models.protocol import ContextWindow, FiniteContextLM
-from gru_experiments.validation import check_dropout, check_int, check_setting
+from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 
 class BengioMLP(FiniteContextLM):
@@ -20,8 +20,7 @@ class BengioMLP(FiniteContextLM):
     def __init__(self, vocab_size: int, context: int = 16, embedding_dim: int = 16, hidden_size: int = 266,
                  dropout: float = 0.1, direct: bool = False):
         super().__init__()
-        for key, value in (("context", context), ("embedding_dim", embedding_dim), ("hidden_size", hidden_size)):
-            check_int(key, value)
+        check_ints(context=context, embedding_dim=embedding_dim, hidden_size=hidden_size)
         check_dropout(dropout)
         check_setting(isinstance(direct, bool), "direct", direct, "true or false")
         self.window = ContextWindow(context)

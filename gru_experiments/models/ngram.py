@@ -11,7 +11,7 @@ from torch import Tensor
 
 from gru_experiments.errors import UserError
 from gru_experiments.models.protocol import ContextWindow, FiniteContextLM
-from gru_experiments.validation import check_int, check_setting
+from gru_experiments.validation import check_ints, check_setting
 
 SMOOTHINGS = ("kneser_ney", "add_one")
 MIN_DISCOUNT = 0.05
@@ -24,7 +24,7 @@ class NGramLM(FiniteContextLM):
 
     def __init__(self, vocab_size: int, order: int = 6, smoothing: str = "kneser_ney"):
         super().__init__()
-        check_int("order", order, 1)
+        check_ints(order=order)
         check_setting(smoothing in SMOOTHINGS, "smoothing", smoothing, " or ".join(repr(s) for s in SMOOTHINGS))
         self._vocab_size = int(vocab_size)
         self.order = order

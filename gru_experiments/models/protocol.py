@@ -18,6 +18,7 @@ NO_TOKEN = -1  # a context position before the first token
 WINDOW_BATCH_TOKENS = 1 << 16  # windows run through a model in batches of about this many tokens (memory only)
 DEFAULT_TARGET = "gru_experiments.models.recurrent.RecurrentLM"
 PACKAGE = "gru_experiments."  # checkpoints may only name classes in this package
+PREFIX = "model.architecture."  # where a model's settings sit in the config
 
 
 class LanguageModel(nn.Module):
@@ -111,24 +112,16 @@ def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageM
     return cls
 
 
-def split_architecture(architecture) -> tuple[str, dict]:
-    settings = dict(architecture)
-    return settings.pop("_target_", None), settings
-
-
-def check_settings(cls: type, settings: dict, prefix: str = "model.architecture.") -> None:
-    known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "vocab_size")]
-    check_rules(settings, [], prefix, known=known, owner=f"{cls.__name__} ({cls.family})")
-
-
 def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False) -> LanguageModel:
-    target, settings = split_architecture(architecture)
-    cls = model_class(target, from_checkpoint=from_checkpoint)
-    check_settings(cls, settings)
+    """The model `architecture` names, its keys checked against the class's settings (each value by the class)."""
+    settings = dict(architecture)
+    cls = model_class(settings.pop("_target_", None), from_checkpoint=from_checkpoint)
+    known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "vocab_size")]
+    check_rules(settings, [], PREFIX, known=known, owner=f"{cls.__name__} ({cls.family})")
     try:
         return cls(vocab_size=vocab_size, **settings)
     except InvalidSetting as error:
-        raise error.with_prefix("model.architecture.") from None
+        raise InvalidSetting(error.key, error.value, error.allowed, PREFIX) from None
 
 
 def meta_model(architecture) -> LanguageModel:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from gru_experiments.models.cells import CELLS, make_layer
 from gru_experiments.models.precision import MatmulPrecision, linear
 from gru_experiments.models.protocol import LanguageModel
-from gru_experiments.validation import check_dropout, check_int, check_setting
+from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 
 class RecurrentLM(LanguageModel):
@@ -26,8 +26,7 @@ class RecurrentLM(LanguageModel):
     ):
         super().__init__()
         check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
-        for key, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
-            check_int(key, value)
+        check_ints(embedding_dim=embedding_dim, hidden_size=hidden_size, num_layers=num_layers)
         check_dropout(dropout)  # the implementation: the layers check it
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gru_experiments.models.protocol import NO_TOKEN, WINDOW_BATCH_TOKENS, ContextWindow, FiniteContextLM
-from gru_experiments.validation import check_dropout, check_int, check_setting
+from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 
 class CausalSelfAttention(nn.Module):
@@ -64,9 +64,7 @@ class TransformerLM(FiniteContextLM):
         """attention_dropout: None is `dropout` (nanoGPT's); above 0, half the speed on CPU (the unfused path).
         tie_head: the head shares the token embeddings' weights (nanoGPT's)."""
         super().__init__()
-        for key, value in (("block_size", block_size), ("embedding_dim", embedding_dim), ("num_layers", num_layers),
-                           ("num_heads", num_heads)):
-            check_int(key, value)
+        check_ints(block_size=block_size, embedding_dim=embedding_dim, num_layers=num_layers, num_heads=num_heads)
         check_setting(embedding_dim % num_heads == 0, "num_heads", num_heads,
                       f"a divisor of embedding_dim ({embedding_dim})")
         check_dropout(dropout)

@@ -56,13 +56,16 @@ SPM_RULES = [
 ]
 
 
-def valid_precisions() -> tuple:
+def precision_rule() -> Rule:
+    """trainer.precision: what Lightning takes (16 and "16" named once)."""
     from typing import get_args
 
     from lightning.fabric.plugins.precision import precision as lp
 
-    return get_args(lp._PRECISION_INPUT_STR) + get_args(lp._PRECISION_INPUT_INT) + get_args(
+    allowed = get_args(lp._PRECISION_INPUT_STR) + get_args(lp._PRECISION_INPUT_INT) + get_args(
         lp._PRECISION_INPUT_STR_ALIAS)
+    names = ", ".join(dict.fromkeys(str(p) for p in allowed))
+    return Rule("trainer.precision", lambda v: v in allowed, f"one of {names}", optional=True)
 
 
 # Groups whose keys this project reads as the chosen option's file names them: a key added to one on the command
@@ -131,12 +134,7 @@ def validate(cfg) -> Checked:
     probe = check_probe(cfg)
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
-    precision = select(cfg, "trainer.precision")
-    if precision is not MISSING and precision is not None:
-        allowed = valid_precisions()
-        if precision not in allowed:
-            names = dict.fromkeys(str(p) for p in allowed)  # 16 and "16" read the same
-            raise UserError(f"invalid trainer.precision={precision!r}: must be one of {', '.join(names)}")
+    check_rules(cfg, [precision_rule()])
     if str(select(cfg, "logger._target_")).endswith("WandbLogger"):
         from gru_experiments.runs.loggers import wandb_mode
 

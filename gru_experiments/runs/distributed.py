@@ -37,19 +37,16 @@ def run_in_own_process(cfg: DictConfig, script: str) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     with job(cfg, record=True):
-        return _run_child(cfg, script, HydraConfig.get())
-
-
-def _run_child(cfg: DictConfig, script: str, hydra_cfg) -> dict:
-    output_dir = Path(hydra_cfg.runtime.output_dir)
-    command = [sys.executable, str(Path(script).resolve()), *hydra_cfg.overrides.task,
-               f'hydra.run.dir="{output_dir}"',
-               "hydra.output_subdir=null"]  # the multirun already wrote this job's .hydra/
-    logger_cfg = cfg.get("logger")
-    if logger_cfg and "group" in logger_cfg:  # keep the sweep's W&B group in the single run
-        command.append(f'logger.group="{sweep_group(logger_cfg.group, multirun_sweep_dir())}"')
-    print(f"DDP in a multirun job: training in a child process: {' '.join(command)}", flush=True)
-    code = subprocess.run(command, check=False).returncode
-    if code != 0:
-        raise RuntimeError(f"the training process of {output_dir} exited with code {code}")
-    return RunDir(output_dir).summary()
+        hydra_cfg = HydraConfig.get()
+        output_dir = Path(hydra_cfg.runtime.output_dir)
+        command = [sys.executable, str(Path(script).resolve()), *hydra_cfg.overrides.task,
+                   f'hydra.run.dir="{output_dir}"',
+                   "hydra.output_subdir=null"]  # the multirun already wrote this job's .hydra/
+        logger_cfg = cfg.get("logger")
+        if logger_cfg and "group" in logger_cfg:  # keep the sweep's W&B group in the single run
+            command.append(f'logger.group="{sweep_group(logger_cfg.group, multirun_sweep_dir())}"')
+        print(f"DDP in a multirun job: training in a child process: {' '.join(command)}", flush=True)
+        code = subprocess.run(command, check=False).returncode
+        if code != 0:
+            raise RuntimeError(f"the training process of {output_dir} exited with code {code}")
+        return RunDir(output_dir).summary()

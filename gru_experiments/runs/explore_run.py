@@ -26,11 +26,11 @@ from gru_experiments.runs.sampling import load_run, read_splits, unescape
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.settings import EvaluationSettings
-from gru_experiments.validation import Rule, check_rules, int_at_least, is_int
+from gru_experiments.validation import Rule, check_rules, int_at_least
 
 EXPLORE_RULES = [
     Rule("explore_chars", int_at_least(2), "an integer >= 2 (characters of the validation split shown)"),
-    Rule("explore_start", lambda v: is_int(v) and v >= 0, "an integer >= 0 (where the slice starts)"),
+    Rule("explore_start", int_at_least(0), "an integer >= 0 (where the slice starts)"),
     Rule("explore_hold", int_at_least(2), "an integer >= 2 (a probe run: tokens a key is held unasked)"),
 ]
 
