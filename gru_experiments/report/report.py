@@ -61,14 +61,18 @@ def _cell(job: JobResult, key: str, fmt) -> str:
     return MISSING if number is None else fmt(number)
 
 
+def results_rows(jobs: list[JobResult], keys: list[str]) -> list[list]:
+    """The jobs' rows of results.csv, its `keys` columns (the W&B summary's table reads them too)."""
+    read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
+            **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
+    return [[read[key](job) if key in read else job.values.get(key) for key in keys] for job in jobs]
+
+
 def results_csv(jobs: list[JobResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(keys := columns())
-    read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
-            **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
-    for job in jobs:
-        values = [read[key](job) if key in read else job.values.get(key) for key in keys]
+    for values in results_rows(jobs, keys):
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in values])
     return out.getvalue()
 
