@@ -348,7 +348,7 @@ def most_helped_class(job) -> str:
     if not gains:
         return MISSING
     name, gain, se = min(gains, key=lambda g: g[1])
-    return f"{name}: {gain:+.4f}" + ("" if se is None else f" ± {se:.4f}")
+    return f"{name}: {plus_minus(gain, se, 4, '+')}"
 
 
 def cost_section(jobs, plots: dict) -> list[str]:

@@ -14,7 +14,7 @@ from gru_experiments.files import atomic_write
 from gru_experiments.report import context_classes, lr_sweep, recall_report, scale, text_report
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
-from gru_experiments.report.common import MISSING, duration, escape, table
+from gru_experiments.report.common import MISSING, cell, duration, escape, table
 from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
@@ -57,8 +57,7 @@ def _cell(job: JobResult, key: str, fmt) -> str:
     if fmt is str:  # a column of words
         value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, job.values.get(key))
         return escape(str(value)) if value else MISSING
-    number = job.number(key)
-    return MISSING if number is None else fmt(number)
+    return cell(job.number(key), fmt)
 
 
 def results_rows(jobs: list[JobResult], keys: list[str]) -> list[list]:
@@ -181,7 +180,7 @@ def _best_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
     judged = [job for job in jobs if job.status == "completed"]
     if not any(job.best("step") is not None for job in judged):
         return lines + [f"{MISSING} no summary has a best checkpoint's figures.", ""]
-    fmt = lambda value: MISSING if value is None else f"{value:.4f}"  # noqa: E731
+    fmt = "{:.4f}".format
     rows = []
     for job in judged:
         if job.best("step") is None:
@@ -189,9 +188,9 @@ def _best_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
             continue
         same = (job.values.get("best") or {}).get("same_as_final")
         rows += [[escape(job.model), "final", f"{job.number('train_steps') or 0:.0f}",
-                  *(fmt(job.number(k)) for k in BEST_KEYS)],
+                  *(cell(job.number(k), fmt) for k in BEST_KEYS)],
                  [escape(job.model), f"best{' (= final)' if same else ''}", f"{job.best('step'):.0f}",
-                  *(fmt(job.best(k)) for k in BEST_KEYS)]]
+                  *(cell(job.best(k), fmt) for k in BEST_KEYS)]]
     header = ["model", "weights", "step", *(k.removesuffix("_bpc").replace("val", "val (chunks)") for k in BEST_KEYS)]
     return lines + table(header, rows, "llr") + [""]
 

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, figure_cell, image, table
+from gru_experiments.report.common import MISSING, RECURRENT, cell, duration, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.context_curve import curve_points
@@ -67,12 +67,11 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
         return []
     rows = []
     for job in chosen:
-        gain, seconds = state_gain(job), job.number("train_seconds")
-        window = job.training_window
+        gain, window = state_gain(job), job.training_window
         rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
                      steps(job), *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
                      MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
-                     _best(job), MISSING if seconds is None else duration(seconds)])
+                     _best(job), cell(job.number("train_seconds"), duration)])
     header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
               "state's gain over the window", "val bpc: best, final", "training time"]
     return ["## Scale: the models by size", "",
