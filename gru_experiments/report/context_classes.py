@@ -9,20 +9,15 @@ from pathlib import Path
 
 from gru_experiments.report.common import cell, finish, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.plots import curve_to_stateful
-from gru_experiments.report.section import Section, read_record, with_record
+from gru_experiments.report.section import Record, Section
 from gru_experiments.report.sweep_folder import run_label
 
 CLASSES = ("word_start", "word_inside", "line_start", "other", "long_copy")  # long_copy: an overlay
 PLOT_CLASSES = "context_by_class.png"
 
 
-def class_record(job) -> dict | None:
-    """{class: {"targets", "curve", "se", "state_gain"}} of the job's context curve, None without."""
-    return read_record(job, "context_curve", "by_class")
-
-
-def class_jobs(jobs) -> list:
-    return with_record(jobs, class_record)
+class_record = Record(("context_curve", "by_class"))  # {class: {"targets", "curve", "se", "state_gain"}}
+class_jobs = class_record.jobs
 
 
 def class_gain(job, name: str, key: str) -> float | None:
