@@ -25,10 +25,7 @@ def scale_jobs(jobs) -> list:
     judged = [job for job in jobs if job.status == "completed" and (job.values.get("family") or "") in RECURRENT
               and job.training_mode == "windows" and job.values.get("probe") in (None, "none")
               and job.number("parameters") and job.number("stateful_bpc") is not None]
-    sizes = {}
-    for job in judged:
-        sizes.setdefault(job.values.get("tokenizer") or "?", set()).add(job.number("parameters"))
-    if not any(len(counts) > 1 for counts in sizes.values()):
+    if not findings.at_two_sizes(judged):
         return []
     return sorted(judged, key=lambda job: (job.values.get("tokenizer") or "?", job.number("parameters")))
 
@@ -106,10 +103,7 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
     """Per tokenizer: does the largest model take more from a state older than its window than the smallest
     does, by two standard errors of the difference and by at least findings.WORTH?"""
     chosen = [job for job in scale_jobs(jobs) if state_gain(job) is not None]
-    groups: dict[str, list] = {}
-    for job in chosen:
-        groups.setdefault(job.values.get("tokenizer") or "?", []).append(job)
-    groups = {kind: group for kind, group in groups.items() if len({j.number("parameters") for j in group}) > 1}
+    groups = findings.at_two_sizes(chosen)
     if not groups:
         return cannot("recurrent models of one tokenizer at two sizes with the paired stateful - windowed figure "
                       "(python sweep.py experiments=scale)")
