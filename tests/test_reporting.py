@@ -195,7 +195,8 @@ def test_planned_models_from_the_sweep_overrides():
 def test_wandb_summary_run_carries_table_and_plots(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     sweep = tmp_path / "wb_sweep"
-    make_job(sweep, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1), history=CURVE,
+    make_job(sweep, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1,
+                                                        best={"step": 100, "val_bpc": 2.2}), history=CURVE,
              logger="wandb")
     make_job(sweep, 1, "scribe_beta", tokenizer="spm", logger="wandb",
              summary={"status": "failed", "model": "scribe_beta", "error": "ValueError: boom"})
@@ -210,6 +211,8 @@ def test_wandb_summary_run_carries_table_and_plots(tmp_path, monkeypatch):
     assert run.summary["jobs_completed"] == 1 and run.summary["jobs_not_completed"] == 1
     table = json.loads(next(sweep.glob("wandb/offline-run-*/files/" + logged["results"]["path"])).read_text())
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["completed", "failed"]
+    # its best_* columns read as results.csv's (the best checkpoint's figures, not summary keys of that name)
+    assert [row[table["columns"].index("best_val_bpc")] for row in table["data"]] == [2.2, None]
 
 
 def test_a_run_folder_whose_summary_says_cell_still_reports_its_family(tmp_path):

@@ -21,15 +21,20 @@ def finite(value) -> float | None:
     return float(value)
 
 
-def plus_minus(value: float, se: float | None, digits: int = 3) -> str:
-    """"0.937 ± 0.009"; the value alone without a standard error."""
-    return f"{value:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
+def plus_minus(value: float, se: float | None, digits: int = 3, sign: str = "") -> str:
+    """"0.937 ± 0.009" ("+0.937 ± 0.009" with sign "+"); the value alone without a standard error."""
+    return f"{value:{sign}.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
+
+
+def cell(value, fmt) -> str:
+    """A table cell: `value` written by `fmt`, — where there is none."""
+    return MISSING if value is None else fmt(value)
 
 
 def figure_cell(job, key: str) -> str:
     """A summary figure ± its standard error (`key`_se; state_gain_bpc's is state_gain_se) to 4 decimals."""
-    value, se = job.number(key), job.number("state_gain_se" if key == "state_gain_bpc" else f"{key}_se")
-    return MISSING if value is None else plus_minus(value, se, 4)
+    se = job.number("state_gain_se" if key == "state_gain_bpc" else f"{key}_se")
+    return cell(job.number(key), lambda value: plus_minus(value, se, 4))
 
 
 def duration(seconds: float) -> str:

@@ -7,22 +7,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, finish, finite, image, ordered, plus_minus, save, subplots, table
+from gru_experiments.report.common import cell, finish, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.plots import curve_to_stateful
-from gru_experiments.report.section import Section, read_record, with_record
+from gru_experiments.report.section import Record, Section
 from gru_experiments.report.sweep_folder import run_label
 
 CLASSES = ("word_start", "word_inside", "line_start", "other", "long_copy")  # long_copy: an overlay
 PLOT_CLASSES = "context_by_class.png"
 
 
-def class_record(job) -> dict | None:
-    """{class: {"targets", "curve", "se", "state_gain"}} of the job's context curve, None without."""
-    return read_record(job, "context_curve", "by_class")
-
-
-def class_jobs(jobs) -> list:
-    return with_record(jobs, class_record)
+class_record = Record(("context_curve", "by_class"))  # {class: {"targets", "curve", "se", "state_gain"}}
+class_jobs = class_record.jobs
 
 
 def class_gain(job, name: str, key: str) -> float | None:
@@ -45,20 +40,14 @@ def class_points(entry: dict) -> tuple[list[tuple[int, float, float | None]], tu
     return points, None if stateful is None else (stateful, finite(se.get("stateful")))
 
 
-def _figure_cell(bpc: float | None, se: float | None) -> str:
-    return MISSING if bpc is None else plus_minus(bpc, se or None)  # se 0: an exact figure, every target scored
-
-
 def _row(name: str, entry: dict, contexts: list[int]) -> list[str]:
     points, stateful = class_points(entry)
     by_context = {w: (bpc, se) for w, bpc, se in points}
     gain = entry.get("state_gain") or {}
-    bpc, se = finite(gain.get("bpc")), finite(gain.get("se"))
-    targets = finite(entry.get("targets"))
-    return [name, MISSING if targets is None else f"{targets:,.0f}",
-            *(_figure_cell(*by_context.get(w, (None, None))) for w in contexts),
-            _figure_cell(*(stateful or (None, None))),
-            MISSING if bpc is None else f"{bpc:+.4f}" + ("" if se is None else f" ± {se:.4f}")]
+    figure = lambda bpc, se: cell(bpc, lambda bpc: plus_minus(bpc, se or None))  # noqa: E731 (se 0: exact, every target)
+    return [name, cell(finite(entry.get("targets")), "{:,.0f}".format),
+            *(figure(*by_context.get(w, (None, None))) for w in contexts), figure(*(stateful or (None, None))),
+            cell(finite(gain.get("bpc")), lambda bpc: plus_minus(bpc, finite(gain.get("se")), 4, "+"))]
 
 
 def class_section(jobs, plots: dict[str, Path]) -> list[str]:

@@ -83,6 +83,13 @@ def _first_and_last(job, metric: str) -> tuple[tuple[int, float], tuple[int, flo
     return (points[0], points[-1]) if points else None
 
 
+def at_two_sizes(jobs) -> dict[str, list]:
+    """{tokenizer: its jobs, in their order} of each tokenizer whose jobs have two parameter counts or more."""
+    groups = {kind: [job for job in jobs if (job.values.get("tokenizer") or "?") == kind]
+              for kind in dict.fromkeys(job.values.get("tokenizer") or "?" for job in jobs)}
+    return {kind: group for kind, group in groups.items() if len({job.number("parameters") for job in group}) > 1}
+
+
 @STUDY.claim("Correct inference gains more than extra depth or epochs")
 def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     """(3) The state's gain against the gain of more training (epochs) and of a bigger model."""
@@ -110,11 +117,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
         missing.append("the modes over training (history.csv's val/stateful_bpc)")
     # Depth and width: the largest model against the smallest of the same tokenizer, both stateful.
     scale_gains = []
-    for tokenizer in sorted({job.values.get("tokenizer") or "?" for job in judged}):
-        same = [job for job in judged if (job.values.get("tokenizer") or "?") == tokenizer
-                and job.number("parameters") is not None]
-        if len({job.number("parameters") for job in same}) < 2:
-            continue
+    for _, same in sorted(at_two_sizes([job for job in judged if job.number("parameters") is not None]).items()):
         small = min(same, key=lambda job: job.number("parameters"))
         large = max(same, key=lambda job: job.number("parameters"))
         gain = small.number("stateful_bpc") - large.number("stateful_bpc")

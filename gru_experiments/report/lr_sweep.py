@@ -26,22 +26,21 @@ def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
 
 
 def at_best(jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs, each family at each size and training mode reduced to its best, in launch order."""
-    best: dict[tuple, JobResult] = {}
-    for job in jobs:
-        if job.status != "completed" or job.number(SCORE) is None:
-            continue
-        key = _size(job)
-        if key not in best or job.number(SCORE) < best[key].number(SCORE):
-            best[key] = job
-    chosen = {id(job) for job in best.values()}
-    return [job for job in jobs if id(job) in chosen]
+    """The completed jobs, each family at each size and training mode reduced to its best (the first of a tie), in
+    launch order."""
+    return [job for job in jobs if job.status == "completed" and job.number(SCORE) is not None
+            and job is min(_same_size(job, jobs), key=lambda other: other.number(SCORE))]
 
 
 def rivals(job: JobResult, jobs: list[JobResult]) -> int:
     """How many completed jobs of its family, size and training mode `at_best` chose it among."""
-    return sum(other.status == "completed" and other.number(SCORE) is not None and _size(other) == _size(job)
-               for other in jobs)
+    return len(_same_size(job, jobs))
+
+
+def _same_size(job: JobResult, jobs: list[JobResult]) -> list[JobResult]:
+    """The completed jobs with a figure of its family, tokenizer, size and training mode, in launch order."""
+    return [other for other in jobs if other.status == "completed" and other.number(SCORE) is not None
+            and _size(other) == _size(job)]
 
 
 def _size(job: JobResult) -> tuple:

@@ -201,29 +201,26 @@ def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
                               "no ladder plot.")]
 
 
-def context_section(jobs, plots: dict[str, Path]) -> list[str]:
-    return ["## Context curve", "",
-            "Bits per character with the model given only the last w tokens, from its initial state "
-            "(w = 1 is the stateless figure), and with the state carried through the whole split "
-            "(stateful, at the right); final weights. The points score the windowed figure's targets (all, "
-            "or its systematic sample; summary.json's context_curve.settings says which, with standard "
-            "errors; docs/evaluation.md).", "",
-            image("bits per character against context length", PLOT_CONTEXT, plots,
-                  "no completed job has a context curve."), ""]
+def figure_section(name: str, plot_file: str, plot, heading: str, intro: str | None, alt: str, missing: str) -> Section:
+    """A section that is one figure: its heading, what the figure shows (where `intro` says) and the image."""
+    return Section(name, lambda jobs, plots: [f"## {heading}", "", *([intro, ""] if intro else []),
+                                              image(alt, plot_file, plots, missing), ""], plots={plot_file: plot})
 
 
 LADDER = Section("ladder", ladder_section, plots={PLOT_LADDER: plot_ladder})
-CONTEXT = Section("context curve", context_section, plots={PLOT_CONTEXT: plot_context_curve})
-MODES_OVER_TRAINING = Section("modes over training", lambda jobs, plots: [
-    "## Inference modes over training", "", "Stateful and stateless bits per character of the whole validation split "
-    "at every validation (history.csv), against the training tokens.", "",
-    image("stateful and stateless bits per character over training", PLOT_MODES, plots,
-          "no job recorded the modes over training.")], plots={PLOT_MODES: plot_modes_over_training})
-BPC = Section("bits per character by mode", lambda jobs, plots: [
-    "", "## Bits per character by inference mode", "",
-    image("bits per character by model and inference mode", PLOT_BPC, plots, "no completed job has a bpc to plot.")],
-    plots={PLOT_BPC: plot_bpc_by_mode})
-CURVES = Section("learning curves", lambda jobs, plots: [
-    "", "## Learning curves", "",
-    image("training loss and validation bpc against training steps", PLOT_CURVES, plots, "no job wrote history.csv."),
-    ""], plots={PLOT_CURVES: plot_curves})
+CONTEXT = figure_section(
+    "context curve", PLOT_CONTEXT, plot_context_curve, "Context curve",
+    "Bits per character with the model given only the last w tokens, from its initial state (w = 1 is the stateless "
+    "figure), and with the state carried through the whole split (stateful, at the right); final weights. The points "
+    "score the windowed figure's targets (all, or its systematic sample; summary.json's context_curve.settings says "
+    "which, with standard errors; docs/evaluation.md).",
+    "bits per character against context length", "no completed job has a context curve.")
+MODES_OVER_TRAINING = figure_section(
+    "modes over training", PLOT_MODES, plot_modes_over_training, "Inference modes over training",
+    "Stateful and stateless bits per character of the whole validation split at every validation (history.csv), "
+    "against the training tokens.",
+    "stateful and stateless bits per character over training", "no job recorded the modes over training.")
+BPC = figure_section("bits per character by mode", PLOT_BPC, plot_bpc_by_mode, "Bits per character by inference mode",
+                     None, "bits per character by model and inference mode", "no completed job has a bpc to plot.")
+CURVES = figure_section("learning curves", PLOT_CURVES, plot_curves, "Learning curves", None,
+                        "training loss and validation bpc against training steps", "no job wrote history.csv.")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gru_experiments.report.common import MISSING, figure_cell, finish, finite, image, plus_minus, save, subplots, table
 from gru_experiments.report.context_classes import class_gain, class_record
-from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
+from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.sweep_folder import mode_pairs
 from gru_experiments.study.generation import MODES_BY_CONTEXT, STATEFUL, WINDOWED
 from gru_experiments.study.recall import horizon
@@ -20,12 +20,8 @@ PLOT_RECALL = "recall.png"
 
 
 # --- reading the record -------------------------------------------------------------------------------------
-def recall_record(job) -> dict | None:
-    return read_record(job, "recall", holding="by_distance")
-
-
-def recall_jobs(jobs) -> list:
-    return with_record(jobs, recall_record)
+recall_record = Record(("recall",), holding="by_distance")
+recall_jobs = recall_record.jobs
 
 
 def no_memory(job) -> float | None:
@@ -286,22 +282,13 @@ SECTION = Section("planted recall", recall_section, plots={PLOT_RECALL: plot_rec
 
 
 # --- the memory horizon -------------------------------------------------------------------------------------
-HORIZON_MODES = (STATEFUL, WINDOWED)  # stateless never remembers: its horizon is always none
-
-
-def _remembered(h: dict) -> str:
-    return MISSING if h["remembered"] is None else f"{h['remembered']:,}"
-
-
-def _crossing(h: dict) -> str:
-    if h["crosses_2_bits"] is not None:
-        return f"{h['crosses_2_bits']:,.0f}"
-    return "never" if h["crossing"].startswith("below") else "at once"
-
-
-def _times_window(job, h: dict) -> str:
-    window = job.training_window
-    return MISSING if h["crosses_2_bits"] is None or not window else f"{h['crosses_2_bits'] / window:.1f}×"
+def _horizon(job, h: dict) -> list[str]:
+    """A horizon's cells (stateful's or windowed's; stateless never remembers): under 1 bit up to, 2 bits at and
+    that over the training window."""
+    crossing, window = h["crosses_2_bits"], job.training_window
+    return [MISSING if h["remembered"] is None else f"{h['remembered']:,}",
+            ("never" if h["crossing"].startswith("below") else "at once") if crossing is None else f"{crossing:,.0f}",
+            MISSING if crossing is None or not window else f"{crossing / window:.1f}×"]
 
 
 def horizon_section(jobs, plots: dict) -> list[str]:
@@ -315,9 +302,9 @@ def horizon_section(jobs, plots: dict) -> list[str]:
              "(interpolated linearly in log2 distance between the two validation distances around it; \"never\": "
              "under 2 bits at every distance, \"at once\": 2 bits or more at the shortest), and that distance over "
              "the training window. Past its window, the windowed mode cannot see the key.", ""]
-    rows = [[f"{job.name}, {job.training}", str(job.training_window or MISSING), _remembered(stateful),
-             _crossing(stateful), _times_window(job, stateful), _remembered(windowed), _crossing(windowed)]
-            for job in shown for stateful, windowed in [[run_horizon(job, mode) for mode in HORIZON_MODES]]]
+    rows = [[f"{job.name}, {job.training}", str(job.training_window or MISSING),
+             *_horizon(job, run_horizon(job, STATEFUL)), *_horizon(job, run_horizon(job, WINDOWED))[:2]]
+            for job in shown]
     header = ["run", "training window", "stateful: under 1 bit up to", "stateful: 2 bits at", "× training window",
               "windowed: under 1 bit up to", "windowed: 2 bits at"]
     return lines + table(header, rows, "lr") + [""]
@@ -348,7 +335,7 @@ def most_helped_class(job) -> str:
     if not gains:
         return MISSING
     name, gain, se = min(gains, key=lambda g: g[1])
-    return f"{name}: {gain:+.4f}" + ("" if se is None else f" ± {se:.4f}")
+    return f"{name}: {plus_minus(gain, se, 4, '+')}"
 
 
 def cost_section(jobs, plots: dict) -> list[str]:

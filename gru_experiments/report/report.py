@@ -14,7 +14,7 @@ from gru_experiments.files import atomic_write
 from gru_experiments.report import context_classes, lr_sweep, recall_report, scale, text_report
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
-from gru_experiments.report.common import MISSING, duration, escape, table
+from gru_experiments.report.common import MISSING, cell, duration, escape, table
 from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, Report, collect
@@ -57,18 +57,21 @@ def _cell(job: JobResult, key: str, fmt) -> str:
     if fmt is str:  # a column of words
         value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, job.values.get(key))
         return escape(str(value)) if value else MISSING
-    number = job.number(key)
-    return MISSING if number is None else fmt(number)
+    return cell(job.number(key), fmt)
+
+
+def results_rows(jobs: list[JobResult], keys: list[str]) -> list[list]:
+    """The jobs' rows of results.csv, its `keys` columns (the W&B summary's table reads them too)."""
+    read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
+            **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
+    return [[read[key](job) if key in read else job.values.get(key) for key in keys] for job in jobs]
 
 
 def results_csv(jobs: list[JobResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(keys := columns())
-    read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
-            **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
-    for job in jobs:
-        values = [read[key](job) if key in read else job.values.get(key) for key in keys]
+    for values in results_rows(jobs, keys):
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in values])
     return out.getvalue()
 
@@ -177,7 +180,7 @@ def _best_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
     judged = [job for job in jobs if job.status == "completed"]
     if not any(job.best("step") is not None for job in judged):
         return lines + [f"{MISSING} no summary has a best checkpoint's figures.", ""]
-    fmt = lambda value: MISSING if value is None else f"{value:.4f}"  # noqa: E731
+    fmt = "{:.4f}".format
     rows = []
     for job in judged:
         if job.best("step") is None:
@@ -185,9 +188,9 @@ def _best_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
             continue
         same = (job.values.get("best") or {}).get("same_as_final")
         rows += [[escape(job.model), "final", f"{job.number('train_steps') or 0:.0f}",
-                  *(fmt(job.number(k)) for k in BEST_KEYS)],
+                  *(cell(job.number(k), fmt) for k in BEST_KEYS)],
                  [escape(job.model), f"best{' (= final)' if same else ''}", f"{job.best('step'):.0f}",
-                  *(fmt(job.best(k)) for k in BEST_KEYS)]]
+                  *(cell(job.best(k), fmt) for k in BEST_KEYS)]]
     header = ["model", "weights", "step", *(k.removesuffix("_bpc").replace("val", "val (chunks)") for k in BEST_KEYS)]
     return lines + table(header, rows, "llr") + [""]
 

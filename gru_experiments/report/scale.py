@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, duration, escape, figure_cell, image, table
+from gru_experiments.report.common import MISSING, RECURRENT, cell, duration, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.context_curve import curve_points
@@ -25,10 +25,7 @@ def scale_jobs(jobs) -> list:
     judged = [job for job in jobs if job.status == "completed" and (job.values.get("family") or "") in RECURRENT
               and job.training_mode == "windows" and job.values.get("probe") in (None, "none")
               and job.number("parameters") and job.number("stateful_bpc") is not None]
-    sizes = {}
-    for job in judged:
-        sizes.setdefault(job.values.get("tokenizer") or "?", set()).add(job.number("parameters"))
-    if not any(len(counts) > 1 for counts in sizes.values()):
+    if not findings.at_two_sizes(judged):
         return []
     return sorted(judged, key=lambda job: (job.values.get("tokenizer") or "?", job.number("parameters")))
 
@@ -67,12 +64,11 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
         return []
     rows = []
     for job in chosen:
-        gain, seconds = state_gain(job), job.number("train_seconds")
-        window = job.training_window
+        gain, window = state_gain(job), job.training_window
         rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
                      steps(job), *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
                      MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
-                     _best(job), MISSING if seconds is None else duration(seconds)])
+                     _best(job), cell(job.number("train_seconds"), duration)])
     header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
               "state's gain over the window", "val bpc: best, final", "training time"]
     return ["## Scale: the models by size", "",
@@ -107,10 +103,7 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
     """Per tokenizer: does the largest model take more from a state older than its window than the smallest
     does, by two standard errors of the difference and by at least findings.WORTH?"""
     chosen = [job for job in scale_jobs(jobs) if state_gain(job) is not None]
-    groups: dict[str, list] = {}
-    for job in chosen:
-        groups.setdefault(job.values.get("tokenizer") or "?", []).append(job)
-    groups = {kind: group for kind, group in groups.items() if len({j.number("parameters") for j in group}) > 1}
+    groups = findings.at_two_sizes(chosen)
     if not groups:
         return cannot("recurrent models of one tokenizer at two sizes with the paired stateful - windowed figure "
                       "(python sweep.py experiments=scale)")

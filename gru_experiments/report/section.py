@@ -68,16 +68,21 @@ class Section:
 
 
 # --- the record a section reads ---------------------------------------------------------------------------
-def read_record(job, *path: str, holding: str | None = None) -> dict | None:
-    """The summary's non-empty dict at `path`, holding a dict under `holding` where given; else None."""
-    found = job.values
-    for key in path:
-        found = found.get(key) if isinstance(found, dict) else None
-    if not isinstance(found, dict) or not found or (holding and not isinstance(found.get(holding), dict)):
-        return None
-    return found
+@dataclass(frozen=True)
+class Record:
+    """The summary's record a section reads: record(job) is the non-empty dict at `path`, holding a dict under
+    `holding` where given, else None; record.jobs(jobs) the completed jobs that have it, in launch order."""
 
+    path: tuple[str, ...]
+    holding: str | None = None
 
-def with_record(jobs, reader) -> list:
-    """The completed jobs that have the record `reader` reads, in launch order."""
-    return [job for job in jobs if getattr(job, "status", "completed") == "completed" and reader(job)]
+    def __call__(self, job) -> dict | None:
+        found = job.values
+        for key in self.path:
+            found = found.get(key) if isinstance(found, dict) else None
+        if not isinstance(found, dict) or not found or (self.holding and not isinstance(found.get(self.holding), dict)):
+            return None
+        return found
+
+    def jobs(self, jobs) -> list:
+        return [job for job in jobs if getattr(job, "status", "completed") == "completed" and self(job)]

@@ -98,14 +98,6 @@ def _select(cfg, key: str):
     return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
 
 
-def sweep_overrides(sweep_dir: Path) -> list[str]:
-    """The command-line overrides the sweep ran with (Hydra's multirun.yaml), [] if unknown."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.is_file():
-        return []
-    return list(_select(OmegaConf.load(path), "hydra.overrides.task") or [])
-
-
 def planned_models(overrides: list[str]) -> list[str]:
     """The models a sweep was started with, from its `model=a,b,c` override."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -153,8 +145,8 @@ def read_job(job_dir: Path) -> JobResult:
 
 
 def _job_order(job_dir: Path) -> tuple:
-    num = _select(OmegaConf.load(job_dir / ".hydra" / "hydra.yaml"), "hydra.job.num") \
-        if (job_dir / ".hydra" / "hydra.yaml").is_file() else None
+    hydra = job_dir / ".hydra" / "hydra.yaml"
+    num = _select(OmegaConf.load(hydra), "hydra.job.num") if hydra.is_file() else None
     return (num if isinstance(num, int) else math.inf, job_dir.name)
 
 
@@ -168,7 +160,8 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
                       key=_job_order)
     jobs = [read_job(job_dir) for job_dir in job_dirs]
     name_variants(jobs)
-    overrides = sweep_overrides(sweep_dir)
+    multirun = sweep_dir / "multirun.yaml"  # Hydra's: the command-line overrides the sweep ran with
+    overrides = list(_select(OmegaConf.load(multirun), "hydra.overrides.task") or []) if multirun.is_file() else []
     started = {job.name for job in jobs}
     jobs += [JobResult(job="", status="missing", values={"model": name})
              for name in planned_models(overrides) if name not in started]

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from gru_experiments.report.common import MISSING, RECURRENT, finite, image, ordered, plus_minus, save, subplots, table
-from gru_experiments.report.section import Findings, Section, cannot, read_record, verdict, with_record
+from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN
@@ -23,12 +23,8 @@ SHOWN = ("word_validity", "loop_rate")  # the figure's bar panels
 
 
 # --- reading the record -------------------------------------------------------------------------------------
-def text_record(job) -> dict | None:
-    return read_record(job, "text", holding="modes")
-
-
-def text_jobs(jobs) -> list:
-    return with_record(jobs, text_record)
+text_record = Record(("text",), holding="modes")
+text_jobs = text_record.jobs
 
 
 def _pair(entry) -> tuple[float, float | None] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, duration, finish, grouped_bars, image, save, subplots, table
+from gru_experiments.report.common import cell, duration, finish, grouped_bars, image, plus_minus, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -49,11 +49,9 @@ def grid_section(jobs, plots: dict[str, Path]) -> list[str]:
     for name, modes in grid.items():
         for mode, job in modes.items():
             gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
-            seconds = job.number("train_seconds")
-            rows.append([name, mode, *(MISSING if job.number(f"{m}_bpc") is None else f"{job.number(f'{m}_bpc'):.4f}"
-                                       for m in MODES_BY_CONTEXT),
-                         MISSING if gain is None else f"{gain:+.5f} ± {se:.5f}" if se is not None else f"{gain:+.5f}",
-                         MISSING if seconds is None else duration(seconds)])
+            rows.append([name, mode, *(cell(job.number(f"{m}_bpc"), "{:.4f}".format) for m in MODES_BY_CONTEXT),
+                         cell(gain, lambda gain: plus_minus(gain, se, 5, "+")),
+                         cell(job.number("train_seconds"), duration)])
     lines += table(["model", "training", *MODES_BY_CONTEXT, "stateful - windowed", "training time"], rows, "llr")
     lines += [""] + [f"- {name}: {_settings(next(iter(modes.values())))}" for name, modes in grid.items()]
     lines += ["", image("bits per character by training mode and inference mode", PLOT_GRID, plots, "no grid figure."),

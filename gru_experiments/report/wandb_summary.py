@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from gru_experiments.report.report import columns, derived
+from gru_experiments.report.report import columns, results_rows
 from gru_experiments.report.sweep_folder import JobResult, Report
 from gru_experiments.study.evaluation import FIGURES
 
@@ -30,13 +30,8 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
                      resume="allow", dir=str(report.sweep_dir), mode=mode,
                      config={"sweep_dir": str(report.sweep_dir), "overrides": report.overrides})
     try:
-        keys, sections = [key for key in columns() if key not in ("error", "run_dir")], derived()
-        data = [[job.status if key == "status" else job.job if key == "job" else
-                 sections[key](job) if key in sections else
-                 (job.number(key) if key not in ("model", "training_mode", "family", "tokenizer")
-                  else job.values.get(key))
-                 for key in keys] for job in report.jobs]
-        payload = {"results": wandb.Table(columns=keys, data=data)}
+        keys = [key for key in columns() if key not in ("error", "run_dir")]
+        payload = {"results": wandb.Table(columns=keys, data=results_rows(report.jobs, keys))}
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
                         if name.endswith(".png")})
         run.log(payload)
