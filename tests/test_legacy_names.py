@@ -94,7 +94,7 @@ def old_run(tmp_path_factory, tiny_corpus) -> Path:
     its overrides, astra_alpha_seed in its summary and its checkpoints' hyper-parameters."""
     root = tmp_path_factory.mktemp("old")
     run = root / "outputs" / "runs" / "astra_alpha_seed" / "2026-01-01_00-00-00_000000"
-    gru_experiments.train([*TINY, f"data.path={tiny_corpus}", "experiment=astra_alpha_original", f"hydra.run.dir={run}",
+    gru_experiments.train([*TINY, f"data.path={tiny_corpus}", "model=astra_alpha_original", f"hydra.run.dir={run}",
                            "model.steps_per_epoch=3", "model.epochs=1", "evaluation.text.samples=0",
                            "evaluation.samples.chars=40", "evaluation.budget=1"], root=root)
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
@@ -104,7 +104,7 @@ def old_run(tmp_path_factory, tiny_corpus) -> Path:
     cfg.evaluation.update(FLAT)
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     overrides = OmegaConf.load(run / ".hydra" / "overrides.yaml")
-    old = {"experiment=astra_alpha_original": "model=astra_alpha_seed", "evaluation.text.samples=0":
+    old = {"model=astra_alpha_original": "model=astra_alpha_seed", "evaluation.text.samples=0":
            "evaluation.text_samples=0", "evaluation.samples.chars=40": "evaluation.sample_chars=40"}
     OmegaConf.save([old.get(o, o) for o in overrides], run / ".hydra" / "overrides.yaml")
     (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()),
