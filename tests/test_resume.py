@@ -326,10 +326,14 @@ def test_a_resume_composes_the_runs_saved_config_with_the_commands_overrides(com
     saved = compose_config(*TINY, "probe=recall", "model.lr=0.02", "optim=transformer", "logger=wandb")
     del saved.training.recall_weight  # a run from before the key
     overrides = ["resume=RUN", "logger=csv", "trainer.max_steps=50", "model.epochs=3"]
-    cfg = resumed_config(saved, compose_config(*overrides), overrides)
+    chosen = {"probe": "recall", "training": "windows", "logger": "wandb", "model": "astra_alpha"}
+    cfg = resumed_config(saved, compose_config(*overrides), overrides, chosen, {**chosen, "probe": "none"})
     assert (cfg.model.lr, cfg.optim.name, cfg.model.architecture) == (0.02, "transformer", saved.model.architecture)
     assert (cfg.logger.name, cfg.trainer.max_steps, cfg.model.epochs, cfg.resume) == ("csv", 50, 3, "RUN")
-    assert cfg.probe == saved.probe and cfg.training.recall_weight == 1
+    assert cfg.probe == saved.probe and cfg.training.recall_weight == 1  # the run's option: today's new key
+    # another option of a group than the run's: the run's keys alone (no wandb keys in a run logged to none)
+    assert resumed_config(compose_config(*TINY), compose_config("logger=wandb"), ["resume=RUN"], {"logger": "none"},
+                          {"logger": "wandb"}).logger == compose_config(*TINY).logger
     for override, refused in (("probe.keys=8", "was trained with probe.keys=16, but this command asks for "
                                                "probe.keys=8; a resume continues the run as it was"),
                               ("probe.phases=[{start:0,distances:[4],gap:2}]", "asks for probe.phases=[{'start': 0"),
@@ -341,5 +345,5 @@ def test_a_resume_composes_the_runs_saved_config_with_the_commands_overrides(com
     # the same value as the run's is no change, and the group the run chose keeps the run's keys
     saved.probe.keys = 8
     overrides = ["resume=RUN", "probe=recall", "seed=1234"]
-    same = resumed_config(saved, compose_config(*overrides[1:]), overrides, {"probe": "recall"})
+    same = resumed_config(saved, compose_config(*overrides[1:]), overrides, *[{"probe": "recall"}] * 2)
     assert same.probe == saved.probe

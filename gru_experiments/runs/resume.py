@@ -182,7 +182,8 @@ def resume_run(cfg) -> tuple[object, ResumePoint | None]:
     saved, started = run.config(), run.path / HYDRA / "hydra.yaml"  # the second: the groups it started with
     choices = OmegaConf.select(OmegaConf.load(started), "hydra.runtime.choices") if started.is_file() else None
     if saved is not None and HydraConfig.initialized():
-        cfg = resumed_config(saved, cfg, list(HydraConfig.get().overrides.task), choices, run)
+        hydra = HydraConfig.get()
+        cfg = resumed_config(saved, cfg, list(hydra.overrides.task), choices, hydra.runtime.choices, run)
     point.check_config(cfg)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
@@ -190,20 +191,22 @@ def resume_run(cfg) -> tuple[object, ResumePoint | None]:
     return cfg, point
 
 
-def resumed_config(saved, composed, overrides: list[str], choices=None, run: RunDir | None = None):
+def resumed_config(saved, composed, overrides: list[str], choices=None, today=None, run: RunDir | None = None):
     """The run's saved config with this command's `overrides` applied, each with the value `composed` (this
-    command's own composition) gives it, but a group the run chose alike (`choices`: its config groups' options),
-    whose keys stay the run's; a key the run's config lacks (added since) keeps today's default, its model
-    excepted. UserError for an override a resume cannot take: a config group that is no key of its own
-    (experiment=, preset=), or another value for a key of KEPT."""
+    command's own composition) gives it, but a group the run chose alike (`choices`: its config groups'
+    options), whose keys stay the run's. A key the run's config lacks (added since) keeps today's default
+    where this command chose the run's option of its group (`today`: this command's choices). UserError for
+    an override a resume cannot take: a config group that is no key of its own (experiment=, preset=), or
+    another value for a key of KEPT."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    plain = OmegaConf.to_container(composed, resolve=False)
-    plain.pop("model", None)  # a model's keys are its own: today's default model's would not fit the run's
+    plain, choices, today = OmegaConf.to_container(composed, resolve=False), choices or {}, today or {}
+    for group in [key for key in plain if key in today and choices.get(key) != today[key]]:
+        plain.pop(group)  # another option's keys (today's default model, logger, ...) would not fit the run's
     merged, touched = OmegaConf.merge(plain, saved), []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group.lstrip("+~")
-        if key in COMMAND_KEYS or key.startswith("hydra") or (choices or {}).get(key) == override.value():
+        if key in COMMAND_KEYS or key.startswith("hydra") or choices.get(key) == override.value():
             continue
         if override.is_delete():
             parent, _, leaf = key.rpartition(".")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import ClassVar
 
 from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
@@ -327,6 +328,18 @@ def _order(f: Figure) -> tuple:
     return (1, f.context) if f.kind == CURVE else (2, 0)
 
 
+def _curve_points(context: int | None, lengths: list[int], beyond: list[int]):
+    """The curve's points at or past the model's whole context (one at most), the rest up to seq_len, past it."""
+    whole = [w for w in lengths + beyond if context is not None and w >= context]
+    return whole, [w for w in lengths if w not in whole], [w for w in beyond if w not in whole]
+
+
+def _long_figures(long: list[int], passes, i: int) -> list[Figure]:
+    """The curve's points past seq_len: the reference pass (passes[0]) counted once, with the first point."""
+    return [Figure(f"curve {w}", w, w, q.targets, q.forward_tokens + (passes[0].forward_tokens if j == 0 else 0),
+                   (i, i + j + 1), CURVE) for j, (w, q) in enumerate(zip(long, passes[1:]))]
+
+
 def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: bool, bigram: bool, curve: bool,
            lengths: list[int], beyond: list[int]) -> tuple[list[Unit], int | None]:
     """What an evaluation asks of a model: the passes each figure needs, as units for `allocate`, and what
@@ -334,15 +347,12 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
     (`lengths`) and past it (`beyond`)."""
     context, cost, p = model.context, model.tokens_per_prediction, PRIORITY
     whole_window = context is not None and context <= window  # a window holds all it sees
-    whole = [w for w in lengths + beyond if context is not None and w >= context]  # one at most
-    short = [w for w in lengths if w not in whole]
-    long = [w for w in beyond if w not in whole]
+    whole, short, long = _curve_points(context, lengths, beyond)
     # The windowed figure's windows give the short points too; its targets pair with stateful's.
     shares = windowed and not whole_window and window == seq_len
     keep = window if curve and windowed else None
 
-    def windows(size: int, contexts, stride: int, kept: bool) -> WindowsPass:
-        return WindowsPass.plan(model, n, size, contexts, stride, kept)
+    windows = partial(WindowsPass.plan, model, n)  # (size, contexts, stride, kept)
 
     def whole_context(stride: int) -> list[Pass]:  # every target from all the model can see
         if stride == 1:
@@ -369,10 +379,6 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
     def point(w: int, w_cost: int, passes, at, i: int, forward: int | None = None) -> Figure:
         return figure_of(f"curve {w}", w, w_cost, passes, at, i, forward, CURVE)
 
-    def long_figures(passes, i) -> list[Figure]:  # the reference pass counted once, with the first point
-        return [Figure(f"curve {w}", w, w, q.targets, q.forward_tokens + (passes[0].forward_tokens if j == 0 else 0),
-                       (i, i + j + 1), CURVE) for j, (w, q) in enumerate(zip(long, passes[1:]))]
-
     most = max(1, min(streams, n)) if context is None else None  # a recurrent model's sample
     units = [Unit(stateful, lambda ps, i: [figure_of(STATEFUL, None, cost, ps, context, i)], False, most,
                   priority=p[STATEFUL]),
@@ -391,6 +397,6 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
         units.append(Unit(whole_context, lambda ps, i: [point(w, cost, ps, None, i) for w in whole], cost == 1,
                           priority=p["curve"]))
     if long:  # a reference pass at seq_len, then one per point
-        units.append(Unit(lambda s: [windows(w, [w], s, True) for w in (seq_len, *long)], long_figures, False,
-                          priority=p["curve"]))
+        units.append(Unit(lambda s: [windows(w, [w], s, True) for w in (seq_len, *long)],
+                          partial(_long_figures, long), False, priority=p["curve"]))
     return units, keep
