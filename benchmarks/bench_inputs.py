@@ -60,7 +60,7 @@ def main() -> None:
         (interrupted / "summary.json").unlink()
         print(f"the interrupted run: {seconds:.1f} s, exit {status}")
         for command in INPUTS:
-            command = [part.format(run=interrupted, root=root) for part in command]
+            command = [part.replace("{run}", str(interrupted)).replace("{root}", str(root)) for part in command]
             seconds, status, line = run(command, root)
             shown = " ".join(command).replace(str(interrupted), "RUN").replace(str(root), "ROOT")
             print(f"{seconds:5.1f} s  exit {status}  {shown}\n          {line[:160]}")
