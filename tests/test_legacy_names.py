@@ -67,11 +67,13 @@ def test_old_names_on_the_command_line_are_refused_in_a_line(tmp_path):
 
 def test_old_keys_gone_since_are_left_out_of_an_old_config_with_a_line(capsys):
     old = OmegaConf.create({"weight_decay": 0.05, "evaluation": {"budget": 1.0, "windowed_stride": 64},
+                            "trainer": {"max_epochs": "${oc.select:model.epochs,1}"},
                             "model": {"name": "astra_alpha", "eval_max_tokens": 10}})
     cfg = in_todays_names(old)
     assert OmegaConf.to_container(cfg) == {"evaluation": {"budget": 1.0}, "model": {"name": "astra_alpha"},
-                                           "optim": {"name": "original", "weight_decay": 0.05}}
-    assert "evaluation.windowed_stride, model.eval_max_tokens: gone since" in capsys.readouterr().out
+                                           "trainer": {}, "optim": {"name": "original", "weight_decay": 0.05}}
+    gone = "trainer.max_epochs, evaluation.windowed_stride, model.eval_max_tokens: gone since"
+    assert gone in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("old, new", MODELS.items())

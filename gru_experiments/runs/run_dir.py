@@ -252,10 +252,11 @@ MOVED_CLASSES = {
     "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
 }
 UNNAMED_CLASS = "gru_experiments.models.recurrent.RecurrentLM"
-# Keys gone since (the evaluation's cost is the one key evaluation.budget): dropped from an old config, in a line.
-REMOVED_KEYS = ("evaluation.windowed_stride", "evaluation.max_tokens", "evaluation.curve_point_tokens",
-                "evaluation.long_point_tokens", "evaluation.validation_tokens", "evaluation.batch_tokens",
-                "model.eval_max_tokens", "model.eval_long_point_tokens")
+# Keys gone since (the evaluation's cost is the one key evaluation.budget; a run's epochs and steps are its model's,
+# model.epochs and model.steps_per_epoch): dropped from an old config, in a line.
+REMOVED_KEYS = ("trainer.max_epochs", "data.steps_per_epoch", "evaluation.windowed_stride", "evaluation.max_tokens",
+                "evaluation.curve_point_tokens", "evaluation.long_point_tokens", "evaluation.validation_tokens",
+                "evaluation.batch_tokens", "model.eval_max_tokens", "model.eval_long_point_tokens")
 PROBE_KEYS = ("distances", "gap", "min_targets")  # a probe from before the phases: one phase, same validation
 
 _said: set[str] = set()  # each change is printed once per process, however often the same config is read
@@ -313,12 +314,13 @@ def in_todays_names(cfg):
             probe["validation"] = old
             _say([f"probe.{key}" for key in PROBE_KEYS], ["one of probe.phases and probe.validation"])
         if isinstance(cfg, DictConfig):
-            gone = [key for key in REMOVED_KEYS if OmegaConf.select(cfg, key, default=None) is not None]
+            gone = [key for key in REMOVED_KEYS
+                    if OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False) is not None]
             for key in gone:
                 parent, _, leaf = key.rpartition(".")
                 del cfg[parent][leaf]
             if gone:
-                print(f"{', '.join(gone)}: gone since (the evaluation's cost is evaluation.budget), left out")
+                print(f"{', '.join(gone)}: gone since, left out (docs/configuration.md: old names)")
     return cfg
 
 
