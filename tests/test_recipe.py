@@ -19,6 +19,7 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.runs.checks import validate
 from gru_experiments.runs.recipe import Recipe, WarmupCosine
+from gru_experiments.runs.run_dir import in_todays_names
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
 
@@ -255,11 +256,13 @@ def test_optim_on_the_command_line_beats_the_models_choice(compose_config, model
 
 @pytest.mark.parametrize("weight_decay", [0.01, 0.05])
 def test_a_checkpoint_from_before_conf_optim_gets_the_original_recipe(weight_decay):
-    """hyper-parameters with weight_decay and no optim: the original recipe at that decay, saved as optim
-    (no weight_decay), so the task's hparams rebuild the same recipe."""
+    """hyper-parameters with weight_decay and no optim, in today's names as read_checkpoint reads them: the original
+    recipe at that decay, saved as optim (no weight_decay), so the task's hparams rebuild the same recipe."""
     architecture = {"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru", "embedding_dim": 4,
                     "hidden_size": 6, "num_layers": 1, "dropout": 0.0}
-    task = LanguageModelTask(architecture=architecture, vocab_size=V, lr=3e-3, weight_decay=weight_decay, epochs=1)
+    hyper_parameters = in_todays_names({"architecture": architecture, "vocab_size": V, "lr": 3e-3,
+                                        "weight_decay": weight_decay, "epochs": 1})
+    task = LanguageModelTask(**hyper_parameters)
     assert task.recipe == dataclasses.replace(shipped("original"), weight_decay=weight_decay)
     assert "optim" in task.hparams and "weight_decay" not in task.hparams
     assert Recipe.from_config(task.hparams["optim"]) == task.recipe

@@ -55,14 +55,6 @@ class Recipe:
         check_rules(optim, rules, "optim.", known=["_target_", *(f.name for f in fields(cls))])
         return instantiate({**optim, "_target_": TARGET}, _convert_="all")
 
-    @classmethod
-    def recorded(cls, optim, weight_decay: float | None = None) -> "Recipe | None":
-        """The recipe a run recorded (a checkpoint's hyper-parameters): its optim settings, or, from before
-        conf/optim, its weight decay alone, under the original recipe. None for a counted model."""
-        if optim is None and weight_decay is not None:
-            return cls("original", weight_decay=weight_decay)
-        return cls.from_config(optim) if optim is not None else None
-
     def to_dict(self) -> dict:
         return {**asdict(self), "betas": list(self.betas)}
 

@@ -179,11 +179,10 @@ def resume_run(cfg) -> tuple[object, ResumePoint | None]:
         raise UserError("resume continues a single run; drop -m/--multirun")
     run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
     point = ResumePoint.read(run)
-    saved, started = run.config(), run.path / HYDRA / "hydra.yaml"  # the second: the groups it started with
-    choices = OmegaConf.select(OmegaConf.load(started), "hydra.runtime.choices") if started.is_file() else None
+    saved = run.config()
     if saved is not None and HydraConfig.initialized():
         hydra = HydraConfig.get()
-        cfg = resumed_config(saved, cfg, list(hydra.overrides.task), choices, hydra.runtime.choices, run)
+        cfg = resumed_config(saved, cfg, list(hydra.overrides.task), run.group_choices(), hydra.runtime.choices, run)
     point.check_config(cfg)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)

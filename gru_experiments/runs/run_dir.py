@@ -71,6 +71,11 @@ class RunDir:
         resumed = sorted(self.path.glob(f"{HYDRA}/resumed_*/config.yaml"))
         return resumed[-1] if resumed else self.path / HYDRA / "config.yaml"
 
+    def group_choices(self):
+        """The option of each config group the run started with (.hydra/hydra.yaml), or None."""
+        record = self.path / HYDRA / "hydra.yaml"
+        return OmegaConf.select(OmegaConf.load(record), "hydra.runtime.choices") if record.is_file() else None
+
     # --- reading ------------------------------------------------------------------------
     def summary(self) -> dict | None:
         """summary.json, or None when there is none (yet) or it is unreadable."""

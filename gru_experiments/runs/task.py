@@ -21,17 +21,14 @@ DIVERGENCE_FACTOR = 4  # a training loss above 4 x ln(vocabulary) nats stops the
 
 class LanguageModelTask(L.LightningModule):
     """Wraps any LanguageModel; checkpoints hold its architecture and tokenizer, so `load_checkpoint` needs no
-    config. lr, optim and epochs (a record) are a trained model's recipe; weight_decay: a checkpoint's from
-    before conf/optim."""
+    config. lr, optim and epochs (a record) are a trained model's recipe (a checkpoint from before conf/optim
+    has its optim from run_dir.in_todays_names, as read_checkpoint reads it)."""
 
     def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None, optim: dict | None = None,
-                 epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False,
-                 weight_decay: float | None = None):
+                 epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False):
         super().__init__()
-        self.recipe = Recipe.recorded(optim, weight_decay)
-        if optim is None and self.recipe is not None:  # a checkpoint from before conf/optim: record its recipe
-            optim = self.recipe.to_dict()
-        self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint", "weight_decay"])
+        self.recipe = Recipe.from_config(optim) if optim is not None else None  # None: a counted model
+        self.save_hyperparameters(ignore=["tokenizer", "from_checkpoint"])
         self.model = build_model(architecture, vocab_size, from_checkpoint=from_checkpoint)
         self.tokenizer = tokenizer
         lengths = tokenizer.token_char_lengths if tokenizer is not None else torch.ones(vocab_size, dtype=torch.long)
