@@ -315,7 +315,8 @@ def test_lightning_fit_resume_path_refuses_malicious_checkpoint(tmp_path, tiny_c
 
     task = LanguageModelTask({"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru",
                               "embedding_dim": 8, "hidden_size": 8}, corpus.tokenizer.vocab_size,
-                             lr=1e-3, weight_decay=0.0, epochs=1, tokenizer=corpus.tokenizer)
+                             lr=1e-3, optim={"name": "original", "weight_decay": 0.0}, epochs=1,
+                             tokenizer=corpus.tokenizer)
     data = CorpusDataModule(corpus.train_ids, corpus.val_ids, 4, 16, 2)
     for weights_only in [None, False]:  # the plugin decides, whatever Lightning is told
         trainer = Trainer(plugins=[AtomicCheckpointIO()], max_steps=1, logger=False, enable_progress_bar=False,
