@@ -48,7 +48,13 @@ from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import validate
 from gru_experiments.runs.run_dir import in_todays_names
 
-SETTINGS = ProbeSettings.single((3, 10, 40), gap=8, min_targets=30, keys=5)
+
+def single_phase(distances, gap: int, min_targets: int = 200, keys: int = 16) -> ProbeSettings:
+    """One phase for the whole run, validated at the same distances and gap (the probe before the phases)."""
+    return ProbeSettings(keys, (Phase(distances, gap),), ValidationPairs(distances, gap, min_targets))
+
+
+SETTINGS = single_phase((3, 10, 40), gap=8, min_targets=30, keys=5)
 PAIRS = SETTINGS.validation  # distances 3, 10, 40, gap 8, 30 targets each
 OLD_DEFAULT = Pairs((16, 48, 96, 192, 384, 768, 1536), 64)  # the probe's first (sparse) schedule
 
@@ -136,7 +142,7 @@ def test_the_training_split_is_planted_afresh_every_pass_and_the_same_for_the_sa
     assert first.first_key.tolist() != second.first_key.tolist()[: first.first_key.numel()]
     assert first.keys.tolist() != second.keys.tolist()[: first.keys.numel()]
     again = PlantedSplit(ids, SETTINGS.phases, symbols, seed=3)
-    assert torch.equal(again.ids_for_pass(1), second.ids) and torch.equal(again(0), first.ids)
+    assert torch.equal(again(1), second.ids) and torch.equal(again(0), first.ids)
     assert not torch.equal(PlantedSplit(ids, SETTINGS.phases, symbols, seed=4)(0), first.ids)
     # Planting p of a split: the validation split's planting 0 is another draw than the training split's.
     assert planting_generator(3, "train", 0).initial_seed() != planting_generator(3, "validation", 0).initial_seed()
@@ -248,7 +254,7 @@ def test_the_data_module_trains_on_the_probes_planting_and_validates_on_the_plai
         data.setup("fit")
         assert data.probe is probe
         inputs = torch.cat([b[0].flatten() for b in data.train_dataloader()])
-        planted = probe.train.ids_for_pass(0)
+        planted = probe.train(0)
         assert set(inputs.tolist()) <= set(planted.tolist())
         assert torch.isin(inputs, probe.symbol_ids.keys).any()  # the windows see planted keys
         assert torch.equal(torch.cat([x.flatten() for x, _ in data.val_dataloader()])[: corpus.val_ids.numel() - 1],
@@ -353,7 +359,7 @@ def test_the_earlier_schedules_are_variants_validated_like_the_default(compose_c
 def test_a_run_folders_probe_group_from_before_the_phases_reads_as_one_phase():
     old = {"name": "recall", "keys": 16, "distances": [4, 8, 16], "gap": 8, "min_targets": 100}  # recall_dense's kind
     settings = ProbeSettings.from_config(in_todays_names(OmegaConf.create({"probe": old})).probe)  # a run folder's
-    assert settings == ProbeSettings.single((4, 8, 16), 8, 100, 16)
+    assert settings == single_phase((4, 8, 16), 8, 100, 16)
     assert settings.phases == (Phase((4, 8, 16), 8, 0.0),) and settings.validation.distances == (4, 8, 16)
 
 

@@ -102,11 +102,6 @@ class ProbeSettings:
         object.__setattr__(self, "phases", tuple(self.phases))
 
     @classmethod
-    def single(cls, distances, gap: int, min_targets: int = 200, keys: int = 16) -> ProbeSettings:
-        """One phase for the whole run, validated at the same distances and gap (the probe before phases)."""
-        return cls(keys, (Phase(distances, gap),), ValidationPairs(distances, gap, min_targets))
-
-    @classmethod
     def from_config(cls, probe_cfg) -> ProbeSettings | None:
         """The settings of a `probe` config group, checked; None for probe=none or no group."""
         if probe_cfg is None:
@@ -224,10 +219,8 @@ class PlantedSplit:
             self._last = (key, plant(self.ids, self.phases[key[1]], self.symbols, generator))
         return self._last[1]
 
-    def ids_for_pass(self, pass_index: int, step: int = 0) -> Tensor:
+    def __call__(self, pass_index: int, step: int = 0) -> Tensor:
         return self.planting(pass_index, step).ids
-
-    __call__ = ids_for_pass
 
 
 def targets_per_distance(plantings: list[Planting], distances: Sequence[int]) -> list[int]:

@@ -38,14 +38,14 @@ class RecurrentLayer(nn.Module):
     # `step`, computed faster; None: this layer has no fast path and runs the loop.
     fast_sequence = None
 
+    def initial_state(self, batch_size: int, device=None, dtype=None) -> Tensor:
+        return torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype or self.input_weight.dtype)
+
     def forward(self, x: Tensor, state=None):
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)
         if self.implementation == "fast" and self.fast_sequence is not None:
             return self.fast_sequence(x, state)
-        return self.run_reference(x, state)
-
-    def run_reference(self, x: Tensor, state):
         # Unbind once: indexing x[:, t] step by step would make backward quadratic
         # in T (each select's backward materialises a full-size zero tensor).
         outputs = []
@@ -83,10 +83,6 @@ class GRULayer(RecurrentLayer):
         self.hidden_bias_rz = nn.Parameter(torch.empty(2 * H))  # b_r; b_z
         self.hidden_weight_candidate = nn.Parameter(torch.empty(H, H))  # W_h
         self.reset_parameters()
-
-    def initial_state(self, batch_size: int, device=None, dtype=None) -> Tensor:
-        dtype = dtype or self.input_weight.dtype
-        return torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
 
     def step(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         W_rx, W_zx, W_x = self.input_weight.chunk(3)
@@ -128,9 +124,8 @@ class LSTMLayer(RecurrentLayer):
         self.reset_parameters()
 
     def initial_state(self, batch_size: int, device=None, dtype=None) -> tuple[Tensor, Tensor]:
-        dtype = dtype or self.input_weight.dtype
-        zeros = torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
-        return zeros, zeros.clone()
+        h = super().initial_state(batch_size, device, dtype)
+        return h, h.clone()
 
     def step(self, x: Tensor, state: tuple[Tensor, Tensor]):
         h, c = state
@@ -168,10 +163,6 @@ class RNNLayer(RecurrentLayer):
         self.hidden_weight = nn.Parameter(torch.empty(H, H))  # W_h
         self.reset_parameters()
 
-    def initial_state(self, batch_size: int, device=None, dtype=None) -> Tensor:
-        dtype = dtype or self.input_weight.dtype
-        return torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype)
-
     def step(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         h_next = torch.tanh(x @ self.input_weight.T + self.input_bias + h @ self.hidden_weight.T)
         return h_next, h_next
@@ -182,8 +173,3 @@ class RNNLayer(RecurrentLayer):
 
 
 CELLS = {"gru": GRULayer, "lstm": LSTMLayer, "rnn": RNNLayer}
-
-
-def make_layer(cell: str, input_size: int, hidden_size: int, implementation: str = "fast") -> RecurrentLayer:
-    check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
-    return CELLS[cell](input_size, hidden_size, implementation)

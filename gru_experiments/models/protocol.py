@@ -80,7 +80,6 @@ class ContextWindow:
         return history, history[:, history.shape[1] - self.size:]
 
 
-
 class FiniteContextLM(LanguageModel):
     """A family that sees its last `context` tokens: its state a ContextWindow (the subclass's `self.window`)."""
 

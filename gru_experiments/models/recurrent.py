@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gru_experiments.models.cells import CELLS, make_layer
+from gru_experiments.models.cells import CELLS
 from gru_experiments.models.precision import MatmulPrecision, linear
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.validation import check_dropout, check_ints, check_setting
@@ -31,7 +31,7 @@ class RecurrentLM(LanguageModel):
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.layers = nn.ModuleList(
-            make_layer(cell, embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
+            CELLS[cell](embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
             for i in range(num_layers)
         )
         # Dropout on each layer's output sequence: between layers, and before the head.
