@@ -32,18 +32,9 @@ _SPACE_SYMBOL = "\u2581"
 # - no bos/eos so the vocabulary is exactly `vocab_size` pieces, <unk> included.
 # - num_threads is fixed because the trained model depends on it.
 # - allow_whitespace_only_pieces lets runs of spaces (indentation) become pieces.
-_TRAINER_OPTIONS = dict(
-    normalization_rule_name="identity",
-    remove_extra_whitespaces=False,
-    add_dummy_prefix=False,
-    allow_whitespace_only_pieces=True,
-    unk_id=0,
-    bos_id=-1,
-    eos_id=-1,
-    pad_id=-1,
-    num_threads=8,
-    minloglevel=2,
-)
+_TRAINER_OPTIONS = dict(normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+                        allow_whitespace_only_pieces=True, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=8,
+                        minloglevel=2)
 
 
 class CharTokenizer:
@@ -109,41 +100,25 @@ class SentencePieceTokenizer:
         self.space_standin = space_standin
         self._sp = sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
         self._to_sp = str.maketrans({"\n": newline_standin, _SPACE_SYMBOL: space_standin})
-        self._from_sp = str.maketrans(
-            {_SPACE_SYMBOL: " ", newline_standin: "\n", space_standin: _SPACE_SYMBOL}
-        )
+        self._from_sp = str.maketrans({_SPACE_SYMBOL: " ", newline_standin: "\n", space_standin: _SPACE_SYMBOL})
         # Decoding is a plain lookup per id, so token_char_lengths is exact by
         # construction; <unk> decodes to one replacement character.
-        self._surfaces = [
-            "\ufffd" if sp.is_unknown(i) else sp.id_to_piece(i).translate(self._from_sp)
-            for i in range(sp.get_piece_size())
-        ]
+        self._surfaces = ["\ufffd" if sp.is_unknown(i) else sp.id_to_piece(i).translate(self._from_sp)
+                          for i in range(sp.get_piece_size())]
         self.token_char_lengths = torch.tensor([len(s) for s in self._surfaces], dtype=torch.long)
         # Unigram and BPE keep every covered character as a single piece, so
         # text made of these characters never produces <unk>.
-        self._covered = {
-            s for i, s in enumerate(self._surfaces)
-            if len(s) == 1 and not (sp.is_unknown(i) or sp.is_control(i) or sp.is_unused(i))
-        }
+        self._covered = {s for i, s in enumerate(self._surfaces)
+                         if len(s) == 1 and not (sp.is_unknown(i) or sp.is_control(i) or sp.is_unused(i))}
 
     @classmethod
-    def train(
-        cls,
-        text: str,
-        vocab_size: int,
-        cache_dir: str | Path,
-        model_type: str = "unigram",
-        character_coverage: float = 1.0,
-    ) -> "SentencePieceTokenizer":
+    def train(cls, text: str, vocab_size: int, cache_dir: str | Path, model_type: str = "unigram",
+              character_coverage: float = 1.0) -> "SentencePieceTokenizer":
         """Train on `text`, or load the model cached for the same text and settings."""
         # Derived from the text alone, so a cached model needs no side file.
         newline_standin, space_standin = _private_use_chars(text, 2)
-        options = dict(
-            _TRAINER_OPTIONS,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-        )
+        options = dict(_TRAINER_OPTIONS, vocab_size=vocab_size, model_type=model_type,
+                       character_coverage=character_coverage)
         key_source = json.dumps({"version": _FORMAT_VERSION, "options": options}, sort_keys=True)
         key = hashlib.sha256(key_source.encode() + b"\0" + text.encode("utf-8")).hexdigest()
 
@@ -169,12 +144,8 @@ class SentencePieceTokenizer:
         longest = max((len(s.encode("utf-8")) for s in sentences), default=0)
         buffer = io.BytesIO()
         try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences),
-                model_writer=buffer,
-                max_sentence_length=max(4192, longest + 1),
-                **options,
-            )
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=buffer,
+                                           max_sentence_length=max(4192, longest + 1), **options)
         except RuntimeError as err:
             raise _vocab_size_error(err) or err
         return buffer.getvalue()
@@ -195,13 +166,9 @@ class SentencePieceTokenizer:
     def state_dict(self) -> dict:
         # The proto is stored as a uint8 tensor rather than bytes: tensors load
         # with weights_only=True on every torch version we support.
-        return {
-            "kind": self.kind,
-            "format_version": _FORMAT_VERSION,
-            "model_proto": torch.frombuffer(bytearray(self.model_proto), dtype=torch.uint8),
-            "newline_standin": self.newline_standin,
-            "space_standin": self.space_standin,
-        }
+        return {"kind": self.kind, "format_version": _FORMAT_VERSION,
+                "model_proto": torch.frombuffer(bytearray(self.model_proto), dtype=torch.uint8),
+                "newline_standin": self.newline_standin, "space_standin": self.space_standin}
 
 
 def _vocab_size_error(err: RuntimeError) -> UserError | None:
@@ -238,9 +205,8 @@ def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
     return tokenizer.encode(text)
 
 
-def build_tokenizer(
-    kind: str, text: str, cache_dir: str | Path, extra: Iterable[str] = (), **settings
-) -> CharTokenizer | SentencePieceTokenizer:
+def build_tokenizer(kind: str, text: str, cache_dir: str | Path, extra: Iterable[str] = (),
+                    **settings) -> CharTokenizer | SentencePieceTokenizer:
     """The tokenizer of `kind` fitted on `text` (and, for "char", `extra`: the recall probe's symbols)."""
     if kind == "char":
         if settings:

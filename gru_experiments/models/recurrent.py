@@ -13,27 +13,16 @@ from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 
 class RecurrentLM(LanguageModel):
-    def __init__(
-        self,
-        vocab_size: int,
-        cell: str = "gru",
-        embedding_dim: int = 64,
-        hidden_size: int = 128,
-        num_layers: int = 1,
-        dropout: float = 0.1,
-        layer_norm: bool = False,
-        implementation: str = "fast",
-    ):
+    def __init__(self, vocab_size: int, cell: str = "gru", embedding_dim: int = 64, hidden_size: int = 128,
+                 num_layers: int = 1, dropout: float = 0.1, layer_norm: bool = False, implementation: str = "fast"):
         super().__init__()
         check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
         check_ints(embedding_dim=embedding_dim, hidden_size=hidden_size, num_layers=num_layers)
         check_dropout(dropout)  # the implementation: the layers check it
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
-        self.layers = nn.ModuleList(
-            CELLS[cell](embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
-            for i in range(num_layers)
-        )
+        self.layers = nn.ModuleList(CELLS[cell](embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
+                                    for i in range(num_layers))
         # Dropout on each layer's output sequence: between layers, and before the head.
         # The recurrent state itself is never dropped.
         self.dropout = nn.Dropout(dropout)
