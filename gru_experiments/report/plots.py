@@ -75,14 +75,10 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
     """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} of every completed model but the n-grams."""
-    series = {}
-    for job in jobs:
-        points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
-        if not points or job.values.get("family") in ("ngram",):
-            continue
-        series[job.model] = {"windows": [(int(key), value) for key, value in points if key.isdigit()],
-                             "stateful": dict(points).get("stateful")}
-    return series
+    return {job.model: {"windows": [(int(key), value) for key, value in points if key.isdigit()],
+                        "stateful": dict(points).get("stateful")}
+            for job in jobs if job.status == "completed" and job.values.get("family") != "ngram"
+            and (points := curve_points(job.values.get("context_curve")))}
 
 
 def baselines(jobs: list[JobResult]) -> dict[str, float]:
