@@ -143,8 +143,7 @@ def plot_recall(jobs, path: Path) -> Path | None:
 # --- the findings -------------------------------------------------------------------------------------------
 RECALL = Findings("Findings on the planted-recall control", "What a control with a known answer shows: keys planted "
                   "in the text and recalled at known distances (*Planted recall*).")
-# A difference of two figures has the standard error hypot(se1, se2). The second claim is the study's finding 6
-# judged again on a corpus with a known answer.
+# A difference of two figures has the standard error hypot(se1, se2).
 
 
 def _at(points) -> str:

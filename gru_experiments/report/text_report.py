@@ -192,8 +192,7 @@ def plot_text(jobs, path: Path) -> Path | None:
 
 # --- the findings -------------------------------------------------------------------------------------------
 TEXT = Findings("Findings on the generated text", "What the text the models write shows (*Generated text*).")
-# Every figure is a mean over the samples of a setting ± one standard error (study/text_stats.py); a difference
-# of two figures has the standard error hypot(se1, se2).
+# Every figure is a mean over the samples of a setting ± one standard error (study/text_stats.py).
 LOOPING = 0.5  # greedy "loops" when at least this share of its samples end in a repeated phrase
 LINE_SLACK = 0.05  # KS distance: how far above the reference's own line_shape still counts as the corpus's shape
 LARGE = 1_000_000  # parameters: the least for "a large model"
