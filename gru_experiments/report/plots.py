@@ -59,9 +59,8 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
         return None
     fig, (train_ax, val_ax) = subplots(1, 2, figsize=(11, 4.2))
     for job in shown:
-        label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
-        if job.status != "completed":
-            label += f", {job.status}"
+        status = "" if job.status == "completed" else f", {job.status}"
+        label = f"{job.model} ({job.values.get('tokenizer') or '?'}){status}"
         for ax, metric in ((train_ax, "train/loss"), (val_ax, "val/bpc")):
             points = job.history.get(metric, [])
             if points:
