@@ -120,8 +120,7 @@ def run_sweep(settings: DictConfig, overrides: list[str]) -> tuple[Path, int]:
 
 
 def write_report(sweep_dir: Path):
-    from gru_experiments.report.report import build_report, format_table
-    from gru_experiments.report.wandb_summary import log_to_wandb, wandb_jobs
+    from gru_experiments.report.report import build_report, format_table, log_to_wandb, wandb_jobs
     from gru_experiments.runs.loggers import wandb_mode
 
     report = build_report(sweep_dir)  # NoResultsError (a UserError) for a folder with no results

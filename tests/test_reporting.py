@@ -13,9 +13,8 @@ from wandb_records import offline_runs
 
 from gru_experiments.errors import NoResultsError
 from gru_experiments.report.common import MISSING
-from gru_experiments.report.report import build_report, format_table
+from gru_experiments.report.report import build_report, format_table, log_to_wandb
 from gru_experiments.report.sweep_folder import planned_models
-from gru_experiments.report.wandb_summary import log_to_wandb
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROMPTS = ["ROMEO: ", "KING: ", "FIRST CITIZEN: "]

@@ -78,11 +78,6 @@ def stateless_finding(jobs) -> tuple[str, str]:
     return (verdict(len(worse), len(judged)), evidence)
 
 
-def _first_and_last(job, metric: str) -> tuple[tuple[int, float], tuple[int, float]] | None:
-    points = job.history.get(metric, [])
-    return (points[0], points[-1]) if points else None
-
-
 def at_two_sizes(jobs) -> dict[str, list]:
     """{tokenizer: its jobs, in their order} of each tokenizer whose jobs have two parameter counts or more."""
     groups = {kind: [job for job in jobs if (job.values.get("tokenizer") or "?") == kind]
@@ -100,17 +95,16 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     parts = [f"Carrying the state gains {state_gain:.3f} bits per character on average ({len(judged)} models)"]
     checks, missing = [], []
     # Epochs: the stateful figure at the first validation against the stateless one at the last.
-    over_training = [(job, _first_and_last(job, "val/stateful_bpc"), _first_and_last(job, "val/stateless_bpc"))
-                     for job in judged]
-    over_training = [(job, sf, sl) for job, sf, sl in over_training if sf and sl]
+    over_training = [(job, sf, sl) for job in judged
+                     if (sf := job.history.get("val/stateful_bpc")) and (sl := job.history.get("val/stateless_bpc"))]
     if over_training:
-        early = [job for job, sf, sl in over_training if sf[0][1] < sl[1][1]]
+        early = [job for job, sf, sl in over_training if sf[0][1] < sl[-1][1]]
         checks.append(len(early) == len(over_training))
         parts.append(f"stateful at the first validation already beats stateless at the last for {len(early)} of "
                      f"{len(over_training)} models ("
-                     + ", ".join(f"{job.model} {sf[0][1]:.4f} at step {sf[0][0]} vs {sl[1][1]:.4f} at step {sl[1][0]}"
+                     + ", ".join(f"{job.model} {sf[0][1]:.4f} at step {sf[0][0]} vs {sl[-1][1]:.4f} at step {sl[-1][0]}"
                                  for job, sf, sl in over_training) + ")")
-        stateless_training = _mean(sl[0][1] - sl[1][1] for _, _, sl in over_training)
+        stateless_training = _mean(sl[0][1] - sl[-1][1] for _, _, sl in over_training)
         parts.append(f"training from the first validation to the last improved stateless by {stateless_training:.3f} "
                      f"on average")
     else:

@@ -30,8 +30,9 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
     tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
     ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
-    title = "The ladder: validation bits per character (parameters or stored counts below)"
-    return _save_bpc_bars(fig, ax, title, path)
+    finish(ax, 8, "y", title="The ladder: validation bits per character (parameters or stored counts below)",
+           ylabel="bits per character (lower is better)")
+    return save(fig, path)
 
 
 def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
@@ -46,11 +47,8 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     fig, ax = subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
     grouped_bars(ax, {label: [job.number(key) for job in shown] for key, label in zip(keys, labels)})
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
-    return _save_bpc_bars(fig, ax, "Validation bits per character by inference mode", path)
-
-
-def _save_bpc_bars(fig, ax, title: str, path: Path) -> Path:
-    finish(ax, 8, "y", title=title, ylabel="bits per character (lower is better)")
+    finish(ax, 8, "y", title="Validation bits per character by inference mode",
+           ylabel="bits per character (lower is better)")
     return save(fig, path)
 
 
@@ -61,32 +59,25 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
         return None
     fig, (train_ax, val_ax) = subplots(1, 2, figsize=(11, 4.2))
     for job in shown:
-        label = f"{job.model} ({job.values.get('tokenizer') or '?'})"
-        if job.status != "completed":
-            label += f", {job.status}"
+        status = "" if job.status == "completed" else f", {job.status}"
+        label = f"{job.model} ({job.values.get('tokenizer') or '?'}){status}"
         for ax, metric in ((train_ax, "train/loss"), (val_ax, "val/bpc")):
             points = job.history.get(metric, [])
             if points:
                 steps, values = zip(*points)
                 ax.plot(steps, values, marker="o" if len(points) < 12 else None, markersize=3, label=label)
-    train_ax.set(title="Training loss", xlabel="step", ylabel="nats per token (char or subword)")
+    finish(train_ax, 7, title="Training loss", xlabel="step", ylabel="nats per token (char or subword)")
     val_ax.set(title="Validation", xlabel="step", ylabel="bits per character")
-    for ax in (train_ax, val_ax):
-        ax.grid(alpha=0.3)
-    train_ax.legend(fontsize=7)
+    val_ax.grid(alpha=0.3)
     return save(fig, path)
 
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
     """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} of every completed model but the n-grams."""
-    series = {}
-    for job in jobs:
-        points = curve_points(job.values.get("context_curve")) if job.status == "completed" else []
-        if not points or job.values.get("family") in ("ngram",):
-            continue
-        series[job.model] = {"windows": [(int(key), value) for key, value in points if key.isdigit()],
-                             "stateful": dict(points).get("stateful")}
-    return series
+    return {job.model: {"windows": [(int(key), value) for key, value in points if key.isdigit()],
+                        "stateful": dict(points).get("stateful")}
+            for job in jobs if job.status == "completed" and job.values.get("family") != "ngram"
+            and (points := curve_points(job.values.get("context_curve")))}
 
 
 def baselines(jobs: list[JobResult]) -> dict[str, float]:

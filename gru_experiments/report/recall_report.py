@@ -143,8 +143,7 @@ def plot_recall(jobs, path: Path) -> Path | None:
 # --- the findings -------------------------------------------------------------------------------------------
 RECALL = Findings("Findings on the planted-recall control", "What a control with a known answer shows: keys planted "
                   "in the text and recalled at known distances (*Planted recall*).")
-# A difference of two figures has the standard error hypot(se1, se2). The second claim is the study's finding 6
-# judged again on a corpus with a known answer.
+# A difference of two figures has the standard error hypot(se1, se2).
 
 
 def _at(points) -> str:
@@ -161,13 +160,12 @@ def _below_chance(job, inference: str, chosen) -> list[tuple[int, tuple]]:
 def _instrument_part(job) -> tuple[bool, bool, str]:
     """(detected, the windowed control fails, the evidence) of one run."""
     window, seen = job.training_window, inference_window(job)
-    detected = _below_chance(job, "stateful", lambda d: window is not None and where(d, window) == "inside")
+    detected = _below_chance(job, "stateful", lambda d: where(d, window) == "inside")
     part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
             "log2 K by more than two standard errors "
             + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
-    past = [(d, p) for d in distances(job) if seen is not None and d > seen
-            and (p := recall_point(job, d, "windowed")) is not None]
-    leaks = _below_chance(job, "windowed", lambda d: seen is not None and d > seen)
+    past = [(d, p) for d in distances(job) if where(d, seen) == "past" and (p := recall_point(job, d, "windowed"))]
+    leaks = _below_chance(job, "windowed", lambda d: where(d, seen) == "past")
     if past:
         part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
                  + (f"below log2 K at d = {', '.join(str(d) for d, _ in leaks)}" if leaks else "at chance"))

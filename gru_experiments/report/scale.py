@@ -62,13 +62,11 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
     chosen = scale_jobs(jobs)
     if not chosen:
         return []
-    rows = []
-    for job in chosen:
-        gain, window = state_gain(job), job.training_window
-        rows.append([escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}",
-                     steps(job), *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
-                     MISSING if gain is None else f"{gain[0]:+.5f} ± {gain[1]:.5f} ({window or '?'} tokens)",
-                     _best(job), cell(job.number("train_seconds"), duration)])
+    rows = [[escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}", steps(job),
+             *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
+             cell(state_gain(job),
+                  lambda gain: f"{gain[0]:+.5f} ± {gain[1]:.5f} ({job.training_window or '?'} tokens)"),
+             _best(job), cell(job.number("train_seconds"), duration)] for job in chosen]
     header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
               "state's gain over the window", "val bpc: best, final", "training time"]
     return ["## Scale: the models by size", "",

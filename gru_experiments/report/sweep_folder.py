@@ -50,14 +50,10 @@ class JobResult:
         """Its label in the report: the name, marked when trained with the state carried, its variant and,
         for a run stopped before its recipe's end, its steps ("astra_gamma (2,000 of 8,000 steps)")."""
         label = f"{self.name} (streams)" if self.training_mode == "streams" else self.name
-        notes = ", ".join(note for note in (self.variant, self.cut) if note)
-        return f"{label} ({notes})" if notes else label
-
-    @property
-    def cut(self) -> str:
-        """"2,000 of 8,000 steps" for a run stopped before its recipe's end (trainer.max_steps), else ""."""
         trained, recipe = self.number("train_steps"), self.number("recipe_steps")
-        return f"{trained:,.0f} of {recipe:,.0f} steps" if trained and recipe and trained < recipe else ""
+        cut = f"{trained:,.0f} of {recipe:,.0f} steps" if trained and recipe and trained < recipe else ""
+        notes = ", ".join(note for note in (self.variant, cut) if note)
+        return f"{label} ({notes})" if notes else label
 
     @property
     def training_window(self) -> int | None:
@@ -111,9 +107,7 @@ def planned_models(overrides: list[str]) -> list[str]:
 
 def read_summary(summary) -> dict:
     """A job's summary.json as today's: an older one says "cell" for "family"."""
-    if not isinstance(summary, dict):
-        return {}
-    summary = dict(summary)
+    summary = dict(summary) if isinstance(summary, dict) else {}
     if "cell" in summary:
         summary.setdefault("family", summary.pop("cell"))
     return summary
@@ -131,8 +125,7 @@ def read_job(job_dir: Path) -> JobResult:
         "lr": _select(cfg, "model.lr"),
         # the steps of the model's own recipe; none for a counted model
         "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
-        # a run from before conf/optim (its config has no optim) was trained with the original study's recipe
-        "optim": _select(cfg, "optim.name") or ("original" if _select(cfg, "weight_decay") is not None else None),
+        "optim": _select(cfg, "optim.name"),  # a run from before conf/optim: "original" (run_dir.in_todays_names)
         **read_summary(summary),
     }
     if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)

@@ -192,8 +192,7 @@ def plot_text(jobs, path: Path) -> Path | None:
 
 # --- the findings -------------------------------------------------------------------------------------------
 TEXT = Findings("Findings on the generated text", "What the text the models write shows (*Generated text*).")
-# Every figure is a mean over the samples of a setting ± one standard error (study/text_stats.py); a difference
-# of two figures has the standard error hypot(se1, se2).
+# Every figure is a mean over the samples of a setting ± one standard error (study/text_stats.py).
 LOOPING = 0.5  # greedy "loops" when at least this share of its samples end in a repeated phrase
 LINE_SLACK = 0.05  # KS distance: how far above the reference's own line_shape still counts as the corpus's shape
 LARGE = 1_000_000  # parameters: the least for "a large model"
@@ -230,14 +229,13 @@ def greedy_loop_finding(jobs) -> tuple[str, str]:
 @TEXT.claim("Stateless text is noise")
 def stateless_noise_finding(jobs) -> tuple[str, str]:
     """Are stateless samples' words far rarer in the corpus than stateful samples' and the reference's?"""
-    parts, noise, judged = [], 0, 0
+    parts, noise = [], 0
     for job in text_jobs(jobs):
         stateless, stateful = (setting(job, mode, ORIGINAL_DECODER, "word_validity")
                                for mode in ("stateless", "stateful"))
         reference = bound(job, "reference", "word_validity")
         if stateless is None or stateful is None or reference is None:
             continue
-        judged += 1
         gaps = [(other[0] - stateless[0], _se(other, stateless)) for other in (stateful, reference)]
         noise += all(gap > 2 * se for gap, se in gaps)
         floor = bound(job, "floor", "word_validity")
@@ -245,25 +243,24 @@ def stateless_noise_finding(jobs) -> tuple[str, str]:
                      f"{gaps[0][0]:+.3f} ± {gaps[0][1]:.3f}), reference {plus_minus(*reference)} (gap "
                      f"{gaps[1][0]:+.3f} ± {gaps[1][1]:.3f})"
                      + (f", random floor {floor[0]:.3f}" if floor else ""))
-    if not judged:
+    if not parts:
         return cannot(NO_TEXT + " and the stateless, stateful and reference word_validity")
     evidence = (f"word_validity (the share of a sample's words found in the training split), decoder "
                 f"{ORIGINAL_DECODER}: " + "; ".join(parts) + ". Rule: supported for a model when stateless is below "
                 "both stateful and the reference by more than two standard errors of the difference (hypot of the "
-                f"two). It is for {noise} of {judged} models.")
-    return (verdict(noise, judged), evidence)
+                f"two). It is for {noise} of {len(parts)} models.")
+    return (verdict(noise, len(parts)), evidence)
 
 
 @TEXT.claim("Stateful text keeps the corpus's line shape")
 def line_shape_finding(jobs) -> tuple[str, str]:
     """Is stateful text's line-length distribution as close to the corpus's as held-out text is?"""
-    parts, kept, judged = [], 0, 0
+    parts, kept = [], 0
     for job in text_jobs(jobs):
-        stateful, reference = setting(job, "stateful", ORIGINAL_DECODER, "line_shape"), bound(job, "reference",
-                                                                                           "line_shape")
+        stateful = setting(job, "stateful", ORIGINAL_DECODER, "line_shape")
+        reference = bound(job, "reference", "line_shape")
         if stateful is None or reference is None:
             continue
-        judged += 1
         limit = reference[0] + LINE_SLACK + 2 * _se(stateful, reference)
         kept += stateful[0] <= limit
         part = (f"{job.model}: stateful {plus_minus(*stateful)} against the reference's {plus_minus(*reference)} "
@@ -272,13 +269,13 @@ def line_shape_finding(jobs) -> tuple[str, str]:
         if stateless is not None:
             part += f", stateless {plus_minus(*stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
         parts.append(part)
-    if not judged:
+    if not parts:
         return cannot(NO_TEXT + " and the stateful and reference line_shape")
     evidence = (f"line_shape (the Kolmogorov–Smirnov distance of the samples' line lengths from the reference's; the "
                 f"reference's own: against other validation slices), decoder {ORIGINAL_DECODER}: " + "; ".join(parts)
                 + f". Rule: supported for a model when stateful's is at most the reference's + {LINE_SLACK} + two "
-                f"standard errors of the difference. It is for {kept} of {judged} models.")
-    return (verdict(kept, judged), evidence)
+                f"standard errors of the difference. It is for {kept} of {len(parts)} models.")
+    return (verdict(kept, len(parts)), evidence)
 
 
 def _first_last(job) -> tuple | None:
