@@ -20,8 +20,7 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.history import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.training import train
-from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import CLASSES
+from gru_experiments.study.evaluation import CLASSES, EvaluationSettings, curve_points
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.plan import context_lengths, plan_evaluation
 from gru_experiments.study.scores import (
@@ -35,7 +34,6 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import DECODERS
 from gru_experiments.study.text_stats import text_statistics

@@ -20,7 +20,7 @@ from gru_experiments.files import atomic_write, write_json
 from gru_experiments.runs.run_dir import RunDir, display_path
 from gru_experiments.runs.scoring import run_request
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.study.evaluation import evaluate
+from gru_experiments.study.evaluation import EvaluationSettings, evaluate
 from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
@@ -31,7 +31,6 @@ from gru_experiments.study.generation import (
 from gru_experiments.study.plan import TEXT
 from gru_experiments.study.progress import Progress
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text
 from gru_experiments.validation import Rule, check_rules

@@ -49,7 +49,7 @@ class Figure:
 @dataclass(frozen=True)
 class Request:
     """What an evaluation is asked (evaluation.plan_for): the model, the validation split, the settings
-    (settings.EvaluationSettings), the training tokens the budget is a multiple of, the `purpose`, and
+    (evaluation.EvaluationSettings), the training tokens the budget is a multiple of, the `purpose`, and
     what some entries need (the tokenizer, the bigram's training ids, the probe, the seed, the index)."""
     model: object
     val: object
