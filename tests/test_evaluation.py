@@ -342,7 +342,7 @@ def test_a_budget_scores_a_systematic_sample_with_its_standard_error(model):
 
 
 def test_the_evaluation_shows_a_bar_per_pass(model, capsys):
-    from gru_experiments.study.progress import Progress
+    from gru_experiments.study.generation import Progress
 
     ids = torch.randint(V, (300,), generator=torch.Generator().manual_seed(4))
     plan = plan_of(model, 299, 8, _settings(), None)

@@ -24,12 +24,12 @@ from gru_experiments.study.evaluation import EvaluationSettings, evaluate
 from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
+    Progress,
     check_generation_fits,
     sample_texts,
     validate_sampling,
 )
 from gru_experiments.study.plan import TEXT
-from gru_experiments.study.progress import Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text

@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
     BIGRAM,
     FINAL,
@@ -26,7 +27,6 @@ from gru_experiments.study.plan import (
     Request,
     plan_evaluation,
 )
-from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.recall import RecallEntry
 from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
 from gru_experiments.study.text_index import is_word_char, word_matches

@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import ClassVar
 
-from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
-from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.generation import NO_PROGRESS, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.scores import (
     ONE_PASS_CHUNK,
     chunks_cost,

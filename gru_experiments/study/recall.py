@@ -11,9 +11,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from gru_experiments.study.generation import MODES_BY_CONTEXT
+from gru_experiments.study.generation import MODES_BY_CONTEXT, NO_PROGRESS, Progress
 from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Request, Unit
-from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
 ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unplanted, so none of their targets is "

@@ -181,7 +181,7 @@ def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | N
     with eval_mode(model):
         for start in range(0, inputs.shape[1] if end is None else end, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
-            if tick is not None:  # a progress bar's (progress.py)
+            if tick is not None:  # a progress bar's (generation.Progress)
                 tick(logits.shape[0] * logits.shape[1])
             yield start, logits
 

@@ -14,17 +14,18 @@ import torch
 from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.study.generation import (
     MODES_BY_CONTEXT,
+    NO_PROGRESS,
     STATEFUL,
     STATELESS,
     STUDY_PROMPTS,
     WINDOWED,
     Decoding,
+    Progress,
     sample_texts,
     spellable_prompts,
     tokens_for_chars,
 )
 from gru_experiments.study.plan import FINAL, OTHER, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Pass, Request, Unit
-from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
 from gru_experiments.study.text_stats import (
