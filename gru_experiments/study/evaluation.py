@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import ClassVar
 
 import torch
@@ -136,9 +137,14 @@ class ModeEvaluation:
         if gain is not None:
             lines.append(f"stateful - windowed ({plan.window} tokens), paired on {gain.tokens:,} targets: "
                          f"{gain.bpc:+.4f} ± {gain.bpc_se:.4f} bits/char" if gain.tokens > 1 else self.gain_note)
-        if self.curve is not None:
-            lines.append("context curve (bits per character against the tokens of context):\n"
-                         + format_curve(self.curve))
+        if self.curve is not None:  # every point's settings: curve_record's
+            settings = self.curve["settings"]
+            lines += ["context curve (bits per character against the tokens of context):",
+                      f"{'context':>8} {'bits/char':>10} {'targets':>9} {'stride':>7} {'s.e.':>8}"]
+            for key, bpc in curve_points(self.curve):
+                se = settings["bpc_se"][key]
+                lines.append(f"{key:>8} {bpc:>10.4f} {settings['targets'][key]:>9,} {settings['stride'][key]:>7} "
+                             f"{'exact' if not se else f'{se:.4f}':>8}")
         return "\n".join(lines)
 
 
@@ -214,11 +220,9 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
 
 def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:
     """The modes' figures from the plan's passes' results; with `classes`, the curve by kind of target too."""
-    scores, curve_scores = {}, {}
-    for figure in plan.figures:
-        if figure.name in FIGURES:
-            scores[figure.name] = score_at(results[figure.passes[0]], figure.context)
-    for figure in plan.curve():
+    scores = {f.name: score_at(results[f.passes[0]], f.context) for f in plan.figures if f.name in FIGURES}
+    curve_scores = {}
+    for figure in plan.curve():  # in order: a point past seq_len builds on the seq_len point
         curve_scores[figure.context] = _curve_point(figure, results, curve_scores, plan, val)
     curve = curve_record(plan, curve_scores, scores[STATEFUL]) if curve_scores else None
     gain = paired_difference(scores[STATEFUL], scores[WINDOWED], val) if plan.figure(STATE_GAIN) else None
@@ -242,7 +246,7 @@ def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
 
 
 # --- the context curve (bits per character given only the last w tokens, docs/evaluation.md): its record in
-# summary.json and its table; which points, and at what cost, is the plan's (plan.py)
+# summary.json (its table: ModeEvaluation.describe); which points, and at what cost, is the plan's (plan.py)
 def curve_record(plan, points: dict[int, tuple], stateful) -> dict:
     """{"1": bpc, ..., "stateful": bpc, "settings": per point its targets, stride, forward tokens and s.e.}
     from `points`, {context: (bpc, its sampling error (0: exact), targets, stride, the forward tokens of its
@@ -267,16 +271,6 @@ def curve_points(curve: dict | None) -> list[tuple[str, float]]:
         return []
     return [(key, value) for key, value in curve.items()
             if key != "settings" and isinstance(value, (int, float)) and math.isfinite(value)]
-
-
-def format_curve(curve: dict) -> str:
-    settings = curve.get("settings", {})
-    lines = [f"{'context':>8} {'bits/char':>10} {'targets':>9} {'stride':>7} {'s.e.':>8}"]
-    for key, bpc in curve_points(curve):
-        se = settings.get("bpc_se", {}).get(key)
-        lines.append(f"{key:>8} {bpc:>10.4f} {settings.get('targets', {}).get(key, 0):>9,} "
-                     f"{settings.get('stride', {}).get(key, 1):>7} {'exact' if not se else f'{se:.4f}':>8}")
-    return "\n".join(lines)
 
 
 # --- the kinds of target: every target in one of `line_start`, `word_start`, `word_inside` and `other`, by its
@@ -310,10 +304,7 @@ def classify(surfaces: list[str], window: int, longest: int | None) -> TargetCla
     """The classes of a split given as its tokens' texts (`surfaces`; one character each for a character
     model): a token's class is that of its first character; the overlay's distances are in tokens."""
     text = "".join(surfaces)
-    starts, offset = [], 0
-    for surface in surfaces:  # the character offset of each token
-        starts.append(offset)
-        offset += len(surface)
+    starts = [0, *accumulate(map(len, surfaces))][:len(surfaces)]  # the character offset of each token
     token_at = torch.zeros(len(text) + 1, dtype=torch.long)  # the token of each character
     token_at[torch.tensor(starts[1:], dtype=torch.long)] = 1
     token_at = torch.cumsum(token_at, 0)
