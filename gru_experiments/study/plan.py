@@ -180,7 +180,7 @@ class WindowsPass(Pass):
 
 @dataclass(frozen=True)
 class OnePass(StatefulPass):
-    """One stream in chunks of ONE_PASS_CHUNK (scores.score_in_one_pass): every target from all before it."""
+    """One stream in chunks of ONE_PASS_CHUNK (scores.score_windowed's): every target from all before it."""
     kind: ClassVar[str] = "one_pass"
     label: ClassVar[str] = "whole context, one pass"
 
