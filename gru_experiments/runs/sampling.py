@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -120,7 +120,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     # (generation.generate checks each prompt again).
     check_generation_fits(model, max(map(len, encoded)), cfg.max_new_tokens, cfg.num_samples, mode, window)
     settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
-                    **decoding.to_dict(), seed=cfg.seed, device=str(device))
+                    **asdict(decoding), seed=cfg.seed, device=str(device))
 
     hp = task.hparams
     print(f"checkpoint: {display_path(checkpoint)} ({hp.model_name}: {model.family}, "

@@ -232,7 +232,7 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
 
 
 def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
-    """A point of the context curve (context_curve.curve_record's); past seq_len, the seq_len point plus its
+    """A point of the context curve (curve_record's); past seq_len, the seq_len point plus its
     paired difference from a reference pass, so its error is the difference's alone (docs/evaluation.md)."""
     own = plan.passes[figure.passes[-1]]
     if len(figure.passes) == 2:  # (the reference pass at seq_len, this point's own)

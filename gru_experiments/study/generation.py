@@ -99,9 +99,6 @@ class Decoding:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def plain_logits(logits: Tensor, plain: Tensor | None) -> Tensor:
     """logits (..., V) with every token outside `plain` ((V,) bool: the corpus's own symbols; None: all) at
@@ -316,4 +313,4 @@ def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPT
         texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
                              decoding=decoding, seed=seed)
         samples[mode] = [per_prompt[0] for per_prompt in texts]
-    return samples | {"settings": dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())}
+    return samples | {"settings": dict(max_new_tokens=max_new_tokens, seed=seed, **asdict(decoding))}

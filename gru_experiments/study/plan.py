@@ -197,9 +197,8 @@ class TablePass(Pass):
     bigram: bool = False
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        if self.bigram:
-            return {None: score_bigram(request.train_ids, request.val)}
-        return {None: score_stateless(request.model, request.val)}
+        return {None: score_bigram(request.train_ids, request.val) if self.bigram
+                else score_stateless(request.model, request.val)}
 
 
 def paired_targets(a: Pass, b: Pass, n: int) -> int:
@@ -213,11 +212,7 @@ def paired_targets(a: Pass, b: Pass, n: int) -> int:
 # --- the curve's points ---------------------------------------------------------------------------
 def context_lengths(max_window: int) -> list[int]:
     """1, 2, 4, ... below max_window, then max_window itself (the training window)."""
-    lengths, w = [], 1
-    while w < max_window:
-        lengths.append(w)
-        w *= 2
-    return lengths + [max_window]
+    return [2 ** k for k in range((max_window - 1).bit_length())] + [max_window]
 
 
 def curve_lengths(context: int | None, seq_len: int, longest: int | None, n: int) -> tuple[list[int], list[int]]:

@@ -26,8 +26,6 @@ ONE_PASS_CHUNK = 1 << 12  # score_windowed's one pass (a model that sees at most
 # --- Which targets a pass scores: the one home of the target-position arithmetic ----------------
 def congruent(low: int, high: int, residue: int, stride: int) -> range:
     """The integers u in [low, high] with u = residue (mod stride), ascending (len() counts them)."""
-    if high < low:
-        return range(0)
     return range(low + (residue - low) % stride, high + 1, stride)
 
 

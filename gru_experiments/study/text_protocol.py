@@ -264,7 +264,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
     other_reference = reference_slices(val_text, s.samples, s.chars, s.seed + 1)
     bounds = floor_and_ceiling_texts(index, s.samples, s.chars, s.seed)
     record_settings = {**asdict(s), "prompts": [list(share) for share in main.shares], "window": window,
-                       "max_new_tokens": main.tokens, "decoders": {n: d.to_dict() for n, d in DECODERS.items()},
+                       "max_new_tokens": main.tokens, "decoders": {n: asdict(d) for n, d in DECODERS.items()},
                        "drift_prompts": [list(share) for share in drift.shares], "drift_max_new_tokens": drift.tokens,
                        "drift_decoder": DRIFT_DECODER, "forward_tokens": costs | {"total": sum(costs.values())}}
     return {
