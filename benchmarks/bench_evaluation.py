@@ -28,10 +28,9 @@ from omegaconf import OmegaConf
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.models.precision import resolve
 from gru_experiments.models.protocol import build_model
-from gru_experiments.study.evaluation import evaluate, plan_for
+from gru_experiments.study.evaluation import EvaluationSettings, evaluate, plan_for
 from gru_experiments.study.plan import BEST, FINAL, Request
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

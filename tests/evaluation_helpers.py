@@ -10,10 +10,9 @@ from types import SimpleNamespace
 from omegaconf import OmegaConf
 
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.study.evaluation import plan_for, score_modes
+from gru_experiments.study.evaluation import EvaluationSettings, plan_for, score_modes
+from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import FINAL, Request
-from gru_experiments.study.progress import NO_PROGRESS
-from gru_experiments.study.settings import EvaluationSettings
 
 
 def request_of(model, val, seq_len: int, settings=None, training_tokens=None, purpose: str = FINAL, **parts):

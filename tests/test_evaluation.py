@@ -20,8 +20,7 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.history import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.training import train
-from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import CLASSES
+from gru_experiments.study.evaluation import CLASSES, EvaluationSettings, curve_points
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.plan import context_lengths, plan_evaluation
 from gru_experiments.study.scores import (
@@ -35,7 +34,6 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import DECODERS
 from gru_experiments.study.text_stats import text_statistics
@@ -344,7 +342,7 @@ def test_a_budget_scores_a_systematic_sample_with_its_standard_error(model):
 
 
 def test_the_evaluation_shows_a_bar_per_pass(model, capsys):
-    from gru_experiments.study.progress import Progress
+    from gru_experiments.study.generation import Progress
 
     ids = torch.randint(V, (300,), generator=torch.Generator().manual_seed(4))
     plan = plan_of(model, 299, 8, _settings(), None)

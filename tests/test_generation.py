@@ -475,7 +475,7 @@ def test_sample_py_temperature_0_is_greedy(trained_run):
 
 
 def test_one_temperature_rule_for_sample_py_and_the_run_config():
-    from gru_experiments.study.settings import SampleConfig
+    from gru_experiments.study.evaluation import SampleConfig
     from gru_experiments.validation import temperature_rule
 
     generation.validate_sampling({"temperature": 0}, vocab_size=65)  # greedy

@@ -330,7 +330,7 @@ def test_every_name_the_docs_and_comments_mention_exists():
 
 
 def test_the_check_sees_a_stale_name_and_leaves_prose_and_config_keys_alone():
-    assert check_text("see `gru_experiments/study/scores.py` and `study/context_curve.py`") == []
+    assert check_text("see `gru_experiments/study/scores.py` and `study/plan.py`") == []
     assert check_text("`scores.Split`, `gru_experiments.models.protocol.LanguageModel`, `data/`") == []
     assert check_text("`data.seq_len=256`, `evaluation.window`, e.g. outputs/runs/x, i.e. this") == []
     assert check_text("the reporting of `train.py`, `Split.of`, `runs/scoring.py`") == []

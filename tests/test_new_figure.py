@@ -20,10 +20,9 @@ from gru_experiments.report.report import SECTIONS, build_report, register_secti
 from gru_experiments.report.section import Section
 from gru_experiments.runs.scoring import CostEstimate
 from gru_experiments.runs.training import train
-from gru_experiments.study.evaluation import ENTRIES
+from gru_experiments.study.evaluation import ENTRIES, EvaluationSettings
 from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Unit
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings
 
 COST = 1_234  # the demonstration pass's forward tokens, as its plan counts them
 

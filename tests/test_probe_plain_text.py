@@ -22,7 +22,6 @@ from gru_experiments.study.scores import (
     score_bigram,
     score_chunks,
     score_contexts,
-    score_in_one_pass,
     score_stateful,
     score_stateless,
     score_windowed,
@@ -86,7 +85,7 @@ def test_plain_text_figures_give_the_probes_symbols_no_probability(probe_run):
     stateful = score_stateful(model, split, seq_len=16, streams=1, targets_after=0)
     close(stateful, reference)
     assert torch.allclose(stateful.target_nll, reference[stateful.positions - 1], atol=1e-4)
-    close(score_in_one_pass(model, split, chunk=50), reference)
+    close(score_stateful(model, split, seq_len=50, streams=1), reference)  # one pass, as score_windowed's
     windowed = score_windowed(model, split, window=ids.numel(), targets=True)  # a window holding everything
     close(windowed, reference)
     assert torch.allclose(windowed.target_nll, reference[windowed.positions - 1], atol=1e-4)

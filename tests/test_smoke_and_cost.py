@@ -15,10 +15,9 @@ from omegaconf import OmegaConf
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.scoring import CostEstimate
 from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
-from gru_experiments.study.evaluation import FIGURES
+from gru_experiments.study.evaluation import FIGURES, EvaluationSettings
 from gru_experiments.study.plan import BEST
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings
 
 
 def test_fast_dev_run_runs_the_whole_pipeline_on_a_small_slice(compose_config, small_shakespeare, capsys):

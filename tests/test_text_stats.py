@@ -21,7 +21,6 @@ from gru_experiments.study.text_stats import (
     line_lengths,
     line_shape,
     loop_period,
-    loop_rate,
     looped_text,
     reference_slices,
     seq_rep_4,
@@ -30,6 +29,12 @@ from gru_experiments.study.text_stats import (
     value_and_se,
     word_validity,
 )
+
+
+def loop_rate(samples: list[str]) -> float | None:
+    """The share of the samples that end in a loop (text_statistics' loop_rate, without its standard error)."""
+    return sum(map(ends_in_loop, samples)) / len(samples) if samples else None
+
 
 PROSE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
          "First Citizen:\nYou are all resolved rather to die than to famish?\n")

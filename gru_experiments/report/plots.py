@@ -8,8 +8,7 @@ from pathlib import Path
 from gru_experiments.report.common import MISSING, duration, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
-from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import FIGURES
+from gru_experiments.study.evaluation import FIGURES, curve_points
 
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
 PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"

@@ -12,7 +12,7 @@ from gru_experiments.report import findings
 from gru_experiments.report.common import MISSING, RECURRENT, cell, duration, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
-from gru_experiments.study.context_curve import curve_points
+from gru_experiments.study.evaluation import curve_points
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
 PLOT_SCALE = "scale_context_curve.png"

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from gru_experiments.data.recall_probe import ProbeSettings
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe
-from gru_experiments.study.settings import EvaluationSettings
+from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.validation import (
     MISSING,
     Rule,

@@ -23,9 +23,9 @@ from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.sampling import load_run, read_splits, unescape
+from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.validation import Rule, check_rules, int_at_least
 
 EXPLORE_RULES = [

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 from lightning.pytorch.callbacks import Callback
 
 from gru_experiments.runs.scoring import run_request
-from gru_experiments.study.evaluation import evaluate, plan_for
+from gru_experiments.study.evaluation import EvaluationSettings, evaluate, plan_for
 from gru_experiments.study.plan import OVER_TRAINING, STATEFUL, STATELESS
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import words
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,18 +20,17 @@ from gru_experiments.files import atomic_write, write_json
 from gru_experiments.runs.run_dir import RunDir, display_path
 from gru_experiments.runs.scoring import run_request
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.study.evaluation import evaluate
+from gru_experiments.study.evaluation import EvaluationSettings, evaluate
 from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
+    Progress,
     check_generation_fits,
     sample_texts,
     validate_sampling,
 )
 from gru_experiments.study.plan import TEXT
-from gru_experiments.study.progress import Progress
 from gru_experiments.study.scores import Split
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text
 from gru_experiments.validation import Rule, check_rules
@@ -121,7 +120,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     # (generation.generate checks each prompt again).
     check_generation_fits(model, max(map(len, encoded)), cfg.max_new_tokens, cfg.num_samples, mode, window)
     settings = dict(mode=mode, window=window, num_samples=cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
-                    **decoding.to_dict(), seed=cfg.seed, device=str(device))
+                    **asdict(decoding), seed=cfg.seed, device=str(device))
 
     hp = task.hparams
     print(f"checkpoint: {display_path(checkpoint)} ({hp.model_name}: {model.family}, "

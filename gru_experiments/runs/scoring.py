@@ -17,20 +17,19 @@ from gru_experiments.runs.checkpoints import read_checkpoint
 from gru_experiments.runs.loggers import is_wandb
 from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.study.context_curve import curve_points
-from gru_experiments.study.evaluation import Evaluation, evaluate, plan_for
+from gru_experiments.study.evaluation import Evaluation, EvaluationSettings, curve_points, evaluate, plan_for
 from gru_experiments.study.generation import (
     MODES,
+    NO_PROGRESS,
     STUDY_PROMPTS,
     Decoding,
+    Progress,
     side_by_side_samples,
     spellable_prompts,
     tokens_for_chars,
 )
 from gru_experiments.study.plan import BEST, FINAL, OVER_TRAINING, TEXT, Request
-from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split, score_chunks
-from gru_experiments.study.settings import EvaluationSettings
 from gru_experiments.study.text_index import TrainingIndex
 
 

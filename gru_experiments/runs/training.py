@@ -37,8 +37,8 @@ from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import CostEstimate, score_run
 from gru_experiments.runs.task import LanguageModelTask
+from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.scores import Split, score_chunks
-from gru_experiments.study.settings import EvaluationSettings
 
 SMOKE_VAL_TOKENS = 1024
 

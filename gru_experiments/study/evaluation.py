@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import accumulate
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from gru_experiments.study.context_curve import curve_record, format_curve
+from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
     BIGRAM,
     FINAL,
@@ -26,14 +28,63 @@ from gru_experiments.study.plan import (
     Request,
     plan_evaluation,
 )
-from gru_experiments.study.progress import NO_PROGRESS
 from gru_experiments.study.recall import RecallEntry
 from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
 from gru_experiments.study.text_index import is_word_char, word_matches
-from gru_experiments.study.text_protocol import TextEntry, WordValidityEntry
+from gru_experiments.study.text_protocol import TextEntry, TextSettings, WordValidityEntry
+from gru_experiments.validation import Rule, check_rules, int_at_least, positive_number, temperature_rule
 
 # What an evaluation reports per mode: each inference mode, the bigram.
 FIGURES = (STATEFUL, STATELESS, WINDOWED, BIGRAM)
+
+
+# --- the evaluation's settings, each part a frozen dataclass holding its rules (defaults: conf/evaluation/
+# default.yaml), built once per run from the checked config; a bad value is one UserError naming the key
+def _from(cls, node, prefix: str, **more):
+    """An instance of dataclass `cls` from its config group `node`, whose keys are those of cls.RULES."""
+    check_rules(node, [], prefix, known=[rule.key for rule in cls.RULES])
+    return cls(**node, **more)
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """evaluation.samples: the side-by-side samples, about `chars` characters per prompt at `temperature`."""
+    chars: int
+    temperature: float
+    RULES: ClassVar = [Rule("chars", int_at_least(1), "an integer >= 1"), temperature_rule("temperature")]
+
+    def __post_init__(self):
+        check_rules(self.__dict__, self.RULES, "evaluation.samples.")
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """The evaluation group for a model trained on windows of `seq_len` (budget: forward tokens per training
+    token, None: exact; window: the windowed mode's, None in the config: seq_len)."""
+    seq_len: int
+    budget: float | None
+    window: int
+    streams: int
+    curve_longest: int | None
+    text: TextSettings
+    samples: SampleConfig
+    RULES: ClassVar = [
+        Rule("streams", int_at_least(1), "an integer >= 1"),
+        Rule("window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1", optional=True),
+        Rule("budget", positive_number, "null (every figure exact) or a number > 0 (forward tokens per token "
+             "trained)", optional=True),
+        Rule("curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
+             optional=True),
+        *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples"))]
+
+    @classmethod
+    def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
+        e = evaluation  # a config group, checked
+        check_rules(e, cls.RULES, "evaluation.", known=[rule.key for rule in cls.RULES])
+        window = int(e["window"] or seq_len)
+        return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],
+                   _from(TextSettings, e["text"], "evaluation.text.", window=window),
+                   _from(SampleConfig, e["samples"], "evaluation.samples."))
 
 
 @dataclass
@@ -86,9 +137,14 @@ class ModeEvaluation:
         if gain is not None:
             lines.append(f"stateful - windowed ({plan.window} tokens), paired on {gain.tokens:,} targets: "
                          f"{gain.bpc:+.4f} ± {gain.bpc_se:.4f} bits/char" if gain.tokens > 1 else self.gain_note)
-        if self.curve is not None:
-            lines.append("context curve (bits per character against the tokens of context):\n"
-                         + format_curve(self.curve))
+        if self.curve is not None:  # every point's settings: curve_record's
+            settings = self.curve["settings"]
+            lines += ["context curve (bits per character against the tokens of context):",
+                      f"{'context':>8} {'bits/char':>10} {'targets':>9} {'stride':>7} {'s.e.':>8}"]
+            for key, bpc in curve_points(self.curve):
+                se = settings["bpc_se"][key]
+                lines.append(f"{key:>8} {bpc:>10.4f} {settings['targets'][key]:>9,} {settings['stride'][key]:>7} "
+                             f"{'exact' if not se else f'{se:.4f}':>8}")
         return "\n".join(lines)
 
 
@@ -115,7 +171,7 @@ ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEn
 
 def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless)."""
-    s = request.settings  # settings.EvaluationSettings
+    s = request.settings  # EvaluationSettings
     final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
     tokens = request.training_tokens
     budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
@@ -164,11 +220,9 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
 
 def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:
     """The modes' figures from the plan's passes' results; with `classes`, the curve by kind of target too."""
-    scores, curve_scores = {}, {}
-    for figure in plan.figures:
-        if figure.name in FIGURES:
-            scores[figure.name] = score_at(results[figure.passes[0]], figure.context)
-    for figure in plan.curve():
+    scores = {f.name: score_at(results[f.passes[0]], f.context) for f in plan.figures if f.name in FIGURES}
+    curve_scores = {}
+    for figure in plan.curve():  # in order: a point past seq_len builds on the seq_len point
         curve_scores[figure.context] = _curve_point(figure, results, curve_scores, plan, val)
     curve = curve_record(plan, curve_scores, scores[STATEFUL]) if curve_scores else None
     gain = paired_difference(scores[STATEFUL], scores[WINDOWED], val) if plan.figure(STATE_GAIN) else None
@@ -178,7 +232,7 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
 
 
 def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
-    """A point of the context curve (context_curve.curve_record's); past seq_len, the seq_len point plus its
+    """A point of the context curve (curve_record's); past seq_len, the seq_len point plus its
     paired difference from a reference pass, so its error is the difference's alone (docs/evaluation.md)."""
     own = plan.passes[figure.passes[-1]]
     if len(figure.passes) == 2:  # (the reference pass at seq_len, this point's own)
@@ -189,6 +243,34 @@ def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
                 figure.forward_tokens)
     score = score_at(results[figure.passes[0]], figure.context)
     return score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens
+
+
+# --- the context curve (bits per character given only the last w tokens, docs/evaluation.md): its record in
+# summary.json (its table: ModeEvaluation.describe); which points, and at what cost, is the plan's (plan.py)
+def curve_record(plan, points: dict[int, tuple], stateful) -> dict:
+    """{"1": bpc, ..., "stateful": bpc, "settings": per point its targets, stride, forward tokens and s.e.}
+    from `points`, {context: (bpc, its sampling error (0: exact), targets, stride, the forward tokens of its
+    own pass (0: it came with another figure's))}."""
+    curve, settings = {}, {"max_window": plan.seq_len, "split_targets": plan.split_targets, "budget": plan.budget,
+                           "longest": max(points), "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
+    for w, (bpc, se, targets, stride, forward_tokens) in sorted(points.items()):
+        key = str(w)
+        curve[key] = bpc
+        settings["targets"][key], settings["stride"][key] = targets, stride
+        settings["forward_tokens"][key], settings["bpc_se"][key] = forward_tokens, se
+    curve["stateful"] = stateful.bpc
+    settings["targets"]["stateful"], settings["stride"]["stateful"] = stateful.tokens, 1
+    settings["bpc_se"]["stateful"] = stateful.sampling_se
+    curve["settings"] = settings
+    return curve
+
+
+def curve_points(curve: dict | None) -> list[tuple[str, float]]:
+    """The (context, bpc) points of a summary's context_curve, in order, without its settings."""
+    if not isinstance(curve, dict):
+        return []
+    return [(key, value) for key, value in curve.items()
+            if key != "settings" and isinstance(value, (int, float)) and math.isfinite(value)]
 
 
 # --- the kinds of target: every target in one of `line_start`, `word_start`, `word_inside` and `other`, by its
@@ -222,10 +304,7 @@ def classify(surfaces: list[str], window: int, longest: int | None) -> TargetCla
     """The classes of a split given as its tokens' texts (`surfaces`; one character each for a character
     model): a token's class is that of its first character; the overlay's distances are in tokens."""
     text = "".join(surfaces)
-    starts, offset = [], 0
-    for surface in surfaces:  # the character offset of each token
-        starts.append(offset)
-        offset += len(surface)
+    starts = [0, *accumulate(map(len, surfaces))][:len(surfaces)]  # the character offset of each token
     token_at = torch.zeros(len(text) + 1, dtype=torch.long)  # the token of each character
     token_at[torch.tensor(starts[1:], dtype=torch.long)] = 1
     token_at = torch.cumsum(token_at, 0)

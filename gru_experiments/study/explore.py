@@ -202,18 +202,9 @@ def top_predictions(log_probs: Tensor, pieces: list[str]) -> list:
 
 
 def top_units(score: Tensor, sizes: list[int], count: int) -> list:
-    """The `count` best units by score: [[layer, unit, score], ...] (indices from 0)."""
-    order = score.argsort(descending=True)[:count].tolist()
-    return [[*unit_address(u, sizes), round(float(score[u]), 4)] for u in order]
-
-
-def unit_address(u: int, sizes: list[int]) -> tuple[int, int]:
-    """Layer and unit within it of the u-th unit of the layers concatenated."""
-    for layer, size in enumerate(sizes):
-        if u < size:
-            return layer, u
-        u -= size
-    raise IndexError(u)
+    """The `count` best units by score: [[layer, unit within it, score], ...] (indices from 0)."""
+    address = [(layer, unit) for layer, size in enumerate(sizes) for unit in range(size)]
+    return [[*address[u], round(float(score[u]), 4)] for u in score.argsort(descending=True)[:count].tolist()]
 
 
 def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len: int,
@@ -226,9 +217,9 @@ def recall_units(model, ids: Tensor, probe: PlantedText, scale: Tensor, seq_len:
     ranking = key_ranking(spreads, spans, scale)
     held = key_spread(model, probe.hold_ids.to(ids.device), 1, keys, probe.hold_ids.numel() - 1, seq_len)
     released = let_go(held)
-    best = ranking.argsort(descending=True)[:ranked].tolist()
+    best = ranking.argsort(descending=True)[:ranked].tolist()  # top_units' order
     carriers = [top_units(s[span] / scale.clamp(min=1e-12), sizes, 3) for s, span in zip(spreads, spans)]
-    return {"holders": [[*unit_address(u, sizes), round(float(ranking[u]), 4), released[u]] for u in best],
+    return {"holders": [[*row, released[u]] for row, u in zip(top_units(ranking, sizes, ranked), best)],
             "hold_length": probe.hold_ids.numel() - 2, "carriers": carriers}, ranking  # the tokens after ⟪ k
 
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.errors import UserError
-from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
 MODES = STATEFUL, STATELESS, WINDOWED = "stateful", "stateless", "windowed"  # the inference modes, named here only
@@ -31,6 +31,30 @@ def eval_mode(model):
         yield model
     finally:
         model.train(was_training)
+
+
+class Progress:
+    """Progress bars (tqdm, as Lightning's own bar) in forward tokens, one per pass, so that every bar fills at
+    the rate the model runs; off with trainer.enable_progress_bar=false. `with progress.phase(name, total) as
+    tick: ...; tick(tokens_run)`."""
+
+    def __init__(self, enabled: bool = True, prefix: str = "evaluation"):
+        self.enabled, self.prefix = enabled, prefix
+
+    @contextlib.contextmanager
+    def phase(self, name: str, total: int) -> Iterator[Callable[[int], None]]:
+        if not self.enabled:
+            yield lambda _: None
+            return
+        from tqdm.auto import tqdm
+
+        with tqdm(total=int(total), desc=f"{self.prefix}: {name}", unit="tok", unit_scale=True, leave=True,
+                  dynamic_ncols=True, file=sys.stderr, mininterval=1.0) as bar:
+            yield bar.update
+            bar.n = bar.total  # a sampled pass may run a few tokens fewer than planned; close shows it full
+
+
+NO_PROGRESS = Progress(enabled=False)
 
 
 STUDY_PROMPTS = ("ROMEO: ", "KING: ", "FIRST CITIZEN: ")
@@ -74,9 +98,6 @@ class Decoding:
     @property
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def plain_logits(logits: Tensor, plain: Tensor | None) -> Tensor:
@@ -292,4 +313,4 @@ def side_by_side_samples(model, tokenizer, prompts: Sequence[str] = STUDY_PROMPT
         texts = sample_texts(model, tokenizer, prompts, mode=mode, max_new_tokens=max_new_tokens,
                              decoding=decoding, seed=seed)
         samples[mode] = [per_prompt[0] for per_prompt in texts]
-    return samples | {"settings": dict(max_new_tokens=max_new_tokens, seed=seed, **decoding.to_dict())}
+    return samples | {"settings": dict(max_new_tokens=max_new_tokens, seed=seed, **asdict(decoding))}

@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import ClassVar
 
-from gru_experiments.study.generation import STATEFUL, STATELESS, WINDOWED
-from gru_experiments.study.progress import NO_PROGRESS
+from gru_experiments.study.generation import NO_PROGRESS, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.scores import (
     ONE_PASS_CHUNK,
     chunks_cost,
@@ -49,7 +48,7 @@ class Figure:
 @dataclass(frozen=True)
 class Request:
     """What an evaluation is asked (evaluation.plan_for): the model, the validation split, the settings
-    (settings.EvaluationSettings), the training tokens the budget is a multiple of, the `purpose`, and
+    (evaluation.EvaluationSettings), the training tokens the budget is a multiple of, the `purpose`, and
     what some entries need (the tokenizer, the bigram's training ids, the probe, the seed, the index)."""
     model: object
     val: object
@@ -181,7 +180,7 @@ class WindowsPass(Pass):
 
 @dataclass(frozen=True)
 class OnePass(StatefulPass):
-    """One stream in chunks of ONE_PASS_CHUNK (scores.score_in_one_pass): every target from all before it."""
+    """One stream in chunks of ONE_PASS_CHUNK (scores.score_windowed's): every target from all before it."""
     kind: ClassVar[str] = "one_pass"
     label: ClassVar[str] = "whole context, one pass"
 
@@ -198,9 +197,8 @@ class TablePass(Pass):
     bigram: bool = False
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
-        if self.bigram:
-            return {None: score_bigram(request.train_ids, request.val)}
-        return {None: score_stateless(request.model, request.val)}
+        return {None: score_bigram(request.train_ids, request.val) if self.bigram
+                else score_stateless(request.model, request.val)}
 
 
 def paired_targets(a: Pass, b: Pass, n: int) -> int:
@@ -214,11 +212,7 @@ def paired_targets(a: Pass, b: Pass, n: int) -> int:
 # --- the curve's points ---------------------------------------------------------------------------
 def context_lengths(max_window: int) -> list[int]:
     """1, 2, 4, ... below max_window, then max_window itself (the training window)."""
-    lengths, w = [], 1
-    while w < max_window:
-        lengths.append(w)
-        w *= 2
-    return lengths + [max_window]
+    return [2 ** k for k in range((max_window - 1).bit_length())] + [max_window]
 
 
 def curve_lengths(context: int | None, seq_len: int, longest: int | None, n: int) -> tuple[list[int], list[int]]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from gru_experiments.study.generation import MODES_BY_CONTEXT
-from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Request, Unit
-from gru_experiments.study.progress import NO_PROGRESS, Progress
+from gru_experiments.study.generation import MODES_BY_CONTEXT, NO_PROGRESS, Progress
+from gru_experiments.study.plan import FINAL, OTHER, Entry, Pass, Request, Unit, figure_of
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
 ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unplanted, so none of their targets is "
@@ -94,11 +94,8 @@ def horizon(by_distance: dict, mode: str) -> dict:
     None when it never does, `crossing` saying why)."""
     curve = sorted((int(d), figures[mode]["bits"]) for d, figures in by_distance.items()
                    if figures[mode]["bits"] is not None)
-    remembered = None
-    for d, bits in curve:
-        if bits >= REMEMBERED_BITS:
-            break
-        remembered = d
+    below = [d for d, _ in takewhile(lambda point: point[1] < REMEMBERED_BITS, curve)]
+    remembered = below[-1] if below else None
     crossed, crossing = None, "below 2 bits at every distance"
     if curve and curve[0][1] >= CROSSING_BITS:
         crossing = "2 bits or more at the shortest distance"
@@ -155,8 +152,7 @@ class RecallEntry(Entry):
         plantings = tuple(probe.validation)
         recall = RecallPass(sum(p.recall.numel() for p in plantings),
                             recall_forward_tokens(request.model, plantings, s.seq_len, s.window))
-        return [Unit(lambda stride: [recall], lambda ps, i: [Figure("recall", None, 0, ps[0].targets,
-                                                                    ps[0].forward_tokens, (i,), OTHER)],
+        return [Unit(lambda stride: [recall], lambda ps, i: [figure_of(self.name, None, 0, ps, None, i, kind=OTHER)],
                      True, priority=90, owner=self.name)]
 
     describe = staticmethod(format_recall)

@@ -20,14 +20,12 @@ from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.generation import eval_mode, plain_logits
 
-ONE_PASS_CHUNK = 1 << 12  # score_in_one_pass runs the split in chunks of this many tokens
+ONE_PASS_CHUNK = 1 << 12  # score_windowed's one pass (a model that sees at most the window): chunks of this many tokens
 
 
 # --- Which targets a pass scores: the one home of the target-position arithmetic ----------------
 def congruent(low: int, high: int, residue: int, stride: int) -> range:
     """The integers u in [low, high] with u = residue (mod stride), ascending (len() counts them)."""
-    if high < low:
-        return range(0)
     return range(low + (residue - low) % stride, high + 1, stride)
 
 
@@ -181,7 +179,7 @@ def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | N
     with eval_mode(model):
         for start in range(0, inputs.shape[1] if end is None else end, seq_len):
             logits, state = model(inputs[:, start:start + seq_len], state)
-            if tick is not None:  # a progress bar's (progress.py)
+            if tick is not None:  # a progress bar's (generation.Progress)
                 tick(logits.shape[0] * logits.shape[1])
             yield start, logits
 
@@ -267,11 +265,11 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
 
 def score_windowed(model, split: Split, window: int, targets: bool = False) -> Score:
     """Windowed, exact: every target from the `window` tokens before it, from a zero state (a model that
-    sees at most `window` tokens: score_in_one_pass). targets=True keeps every target's NLL."""
+    sees at most `window` tokens: one stream, the state carried). targets=True keeps every target's NLL."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if model.context is not None and model.context <= window:
-        return score_in_one_pass(model, split, targets=targets)
+        return score_stateful(model, split, ONE_PASS_CHUNK, 1, targets_after=0 if targets else None)
     return score_contexts(model, split, window, [window], targets=targets)[window]
 
 
@@ -333,11 +331,6 @@ def _positions(targets: range, device) -> Tensor:
     if not len(targets):
         return torch.empty(0, dtype=torch.long, device=device)
     return torch.arange(targets.start, targets.stop, targets.step, device=device, dtype=torch.long)
-
-
-def score_in_one_pass(model, split: Split, chunk: int = ONE_PASS_CHUNK, targets: bool = False, tick=None) -> Score:
-    """Every target from everything before it (one stream): a finite-context model's windowed figure."""
-    return score_stateful(model, split, chunk, 1, targets_after=0 if targets else None, tick=tick)
 
 
 def score_at(result: dict, context) -> Score:

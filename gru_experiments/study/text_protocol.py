@@ -14,17 +14,18 @@ import torch
 from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.study.generation import (
     MODES_BY_CONTEXT,
+    NO_PROGRESS,
     STATEFUL,
     STATELESS,
     STUDY_PROMPTS,
     WINDOWED,
     Decoding,
+    Progress,
     sample_texts,
     spellable_prompts,
     tokens_for_chars,
 )
 from gru_experiments.study.plan import FINAL, OTHER, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Pass, Request, Unit
-from gru_experiments.study.progress import NO_PROGRESS, Progress
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
 from gru_experiments.study.text_stats import (
@@ -263,7 +264,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
     other_reference = reference_slices(val_text, s.samples, s.chars, s.seed + 1)
     bounds = floor_and_ceiling_texts(index, s.samples, s.chars, s.seed)
     record_settings = {**asdict(s), "prompts": [list(share) for share in main.shares], "window": window,
-                       "max_new_tokens": main.tokens, "decoders": {n: d.to_dict() for n, d in DECODERS.items()},
+                       "max_new_tokens": main.tokens, "decoders": {n: asdict(d) for n, d in DECODERS.items()},
                        "drift_prompts": [list(share) for share in drift.shares], "drift_max_new_tokens": drift.tokens,
                        "drift_decoder": DRIFT_DECODER, "forward_tokens": costs | {"total": sum(costs.values())}}
     return {

@@ -58,12 +58,7 @@ def ends_in_loop(sample: str) -> bool:
     return loop_period(sample) is not None
 
 
-
-# --- per-setting statistics ----------------------------------------------------------------------
-def loop_rate(samples: Sequence[str]) -> float | None:
-    return sum(map(ends_in_loop, samples)) / len(samples) if samples else None
-
-
+# --- per-setting statistics (loop_rate: the mean of ends_in_loop, text_statistics) ---------------------------
 def distinct_2(samples: Sequence[str]) -> float | None:
     """Distinct word bigrams / word bigrams, none across samples; None without a bigram."""
     grams = [g for sample in samples for g in ngrams(words(sample), 2)]
