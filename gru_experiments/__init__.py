@@ -12,8 +12,6 @@ Exported lazily (PEP 562): scripts import light modules (runs.jobs) before torch
 The package's layers: README, "Where a change goes"; pyproject.toml's [tool.importlinter] holds them.
 """
 
-from __future__ import annotations
-
 __all__ = ["load", "train", "TrainedModel", "TextScore"]
 
 

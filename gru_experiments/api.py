@@ -4,8 +4,6 @@ No second implementation: train.py's config and training, sample.py's loading, s
 scorers. Bad input raises a one-line errors.UserError. Examples and every argument: docs/python.md.
 """
 
-from __future__ import annotations
-
 import contextlib
 import logging
 import os

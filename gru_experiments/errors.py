@@ -2,8 +2,6 @@
 print it as one line, exit status 2: runs/jobs.py); any other exception is a bug and keeps its traceback.
 """
 
-from __future__ import annotations
-
 
 class UserError(Exception):
     """A problem with the user's input; the message says what to do about it."""

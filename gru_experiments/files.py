@@ -3,8 +3,6 @@ through `atomic_file` (a temporary file beside it, flushed, renamed over it), so
 kill sees the old file or the new one. Appends (history.csv) and a process's own logs are written directly.
 """
 
-from __future__ import annotations
-
 import errno
 import json
 import math

@@ -3,8 +3,6 @@ words; `check_rules` checks a mapping against its rules (and its known keys), al
 `invalid KEY=VALUE: must be ALLOWED` or `unknown key KEY: OWNER takes A, B`. The rules live with what they
 describe; a model's constructor checks its arguments with `check_setting`."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from typing import Any, Callable

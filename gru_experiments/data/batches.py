@@ -2,8 +2,6 @@
 slice (contiguous streams) a batch, either from fresh ids every pass (`PassIds`): docs/internals.md, *Batches*.
 """
 
-from __future__ import annotations
-
 from typing import Callable
 
 import lightning as L

@@ -1,8 +1,6 @@
 """The corpus: where it comes from (a local file, an opt-in download, or the Tiny Shakespeare
 shipped in `corpora/`), how it is checked, split and encoded (`prepare_corpus`)."""
 
-from __future__ import annotations
-
 import hashlib
 import lzma
 import urllib.request

@@ -2,8 +2,6 @@
 bits per character are computed from `token_char_lengths`.
 """
 
-from __future__ import annotations
-
 import hashlib
 import io
 import json

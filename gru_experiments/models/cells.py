@@ -3,8 +3,6 @@ reference, the formulas as the study writes them; `forward` runs it in a loop, o
 (`models/fast_recurrence/`), the same function faster. docs/internals.md, *The recurrent layers*.
 """
 
-from __future__ import annotations
-
 import math
 
 import torch

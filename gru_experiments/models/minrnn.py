@@ -16,8 +16,6 @@ The stack: pre-LayerNorm residual layers x ← x + dropout(layer(LayerNorm(x))) 
 another width), a final LayerNorm and the head; no feed-forward block. docs/internals.md, *minGRU and minLSTM*.
 """
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -5,8 +5,6 @@ vocabulary; positions before the first token read a learned "no token" embedding
 last k tokens (`ContextWindow`). The formula: docs/internals.md, *The MLP*.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor, nn
 

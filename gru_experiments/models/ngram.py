@@ -4,8 +4,6 @@ An order-N model predicts a token from the N − 1 before it (its state), counte
 interpolated modified Kneser-Ney or add-one; log-probabilities in float64. docs/internals.md, *The n-gram model*.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 

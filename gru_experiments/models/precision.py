@@ -2,8 +2,6 @@
 `low_precision_matmuls` and `trainer.precision` choose: docs/performance.md, *bf16 matmuls*.
 """
 
-from __future__ import annotations
-
 import logging
 from dataclasses import dataclass
 

@@ -3,8 +3,6 @@
 *The model protocol*.
 """
 
-from __future__ import annotations
-
 import importlib
 import inspect
 

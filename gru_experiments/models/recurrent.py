@@ -2,8 +2,6 @@
 (None: zeros), fed back in continues the sequence exactly (docs/internals.md, *The recurrent layers*).
 """
 
-from __future__ import annotations
-
 from torch import Tensor, nn
 
 from gru_experiments.models.cells import CELLS

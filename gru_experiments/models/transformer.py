@@ -2,8 +2,6 @@
 past the block each prediction is a pass of its own (`forward_cost`). docs/transformer.md.
 """
 
-from __future__ import annotations
-
 import math
 
 import torch

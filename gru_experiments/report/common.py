@@ -1,8 +1,6 @@
 """The helpers every section of the report writes with: numbers and text ("value ± se", durations, table
 cells), markdown tables, and figures (bars with their values, a PNG saved the same way every time)."""
 
-from __future__ import annotations
-
 import html
 import math
 from pathlib import Path

@@ -3,8 +3,6 @@ curve by class of target* tables and `context_by_class.png`. Per class: its targ
 standard errors, and its state gain (stateful - windowed, paired) ± se.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from gru_experiments.report.common import cell, finish, finite, image, ordered, plus_minus, save, subplots, table

@@ -3,8 +3,6 @@ sweep's summaries and histories: the original study's five (1-5), the project's 
 the notebook's closing claim (7: GRUs against transformers). The sections' findings are numbered on from 8.
 """
 
-from __future__ import annotations
-
 import math
 
 from gru_experiments.report.common import RECURRENT

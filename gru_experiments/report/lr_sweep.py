@@ -3,8 +3,6 @@ every learning rate it was trained with (`python sweep.py models=lr_alpha 'model
 family at each size at its best, chosen on the validation split the same way for every family.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from gru_experiments.report.common import MISSING, figure_cell, finish, image, save, subplots, table

@@ -1,8 +1,6 @@
 """The report's sections of the study's own figures, each a plot and its lines of report.md: the ladder,
 the context curve, the modes over training, bits per character by mode and the learning curves."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from gru_experiments.report.common import MISSING, duration, escape, finish, grouped_bars, image, save, subplots, table

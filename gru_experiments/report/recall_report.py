@@ -4,8 +4,6 @@ horizon and what the recall costs the language model. A model that kept nothing 
 (a guess among the K keys): the no-memory line.
 """
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 

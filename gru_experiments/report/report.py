@@ -3,8 +3,6 @@ wrote there (docs/outputs.md#sweep-folders), nothing recomputed: cheap, possible
 its W&B summary run. `SECTIONS` is the one list of its parts (section.py); `register_section` adds one.
 """
 
-from __future__ import annotations
-
 import csv
 import hashlib
 import html

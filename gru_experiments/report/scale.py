@@ -3,8 +3,6 @@ sweep at two sizes or more (`python sweep.py experiments=scale`) by parameter co
 windowed - stateful (summary.json's `state_gain_bpc` negated: positive where the carried state helps).
 """
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 its plots, its findings), the `Findings` it registers by claim, each judged into a `Finding`, and the
 record it reads from a summary with the jobs that have it. report.py walks the list of sections."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Callable
 

@@ -2,8 +2,6 @@
 config), in launch order, with a "missing" entry for each planned model that never started; and the
 groupings the sections share (the ladder, a model's training modes side by side)."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -4,8 +4,6 @@ A run's record: per inference mode × decoder, each statistic ± se; the same of
 random strings (floor) and a looped phrase (ceiling); and, where drawn, the drift of long generations.
 """
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 

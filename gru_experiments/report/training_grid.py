@@ -3,8 +3,6 @@ every model trained both ways (`python sweep.py models=grid training=windows,str
 every inference mode, with stateful - windowed: what carrying the state buys beyond the window.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from gru_experiments.report.common import cell, duration, finish, grouped_bars, image, plus_minus, save, subplots, table

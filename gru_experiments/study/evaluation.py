@@ -4,8 +4,6 @@ which every evaluation and the cost estimate go through. A new figure is one ent
 (docs/evaluation.md).
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, replace
 from itertools import accumulate

@@ -3,8 +3,6 @@ surprisal by mode, the hidden units and what they follow, the probe's key held o
 (docs/internals.md, *The run's page*). Every function takes a model and token ids, never a run.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 

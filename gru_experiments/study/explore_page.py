@@ -4,8 +4,6 @@ than any colour step), base64, at most MAX_UNITS per layer, those the rankings n
 state is in its URL's hash, so a link opens it in a given view (`#mode=stateless&minus=stateful`).
 """
 
-from __future__ import annotations
-
 import base64
 import html
 import json

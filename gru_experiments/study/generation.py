@@ -3,8 +3,6 @@
 and use only the model's state interface (`logits, state = model(tokens, state)`).
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import sys

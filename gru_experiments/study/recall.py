@@ -2,8 +2,6 @@
 mode, and each mode's horizon; exact, outside the budget (docs/evaluation.md#the-planted-recall-control).
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from itertools import takewhile

@@ -5,8 +5,6 @@ Two loops serve every mode, the recall figures and the run's page:
 `carried_chunks` (the state carried) and `window_batches` (each window from the initial state).
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field, replace
 

@@ -4,8 +4,6 @@
 training split's index*).
 """
 
-from __future__ import annotations
-
 import hashlib
 import math
 import re

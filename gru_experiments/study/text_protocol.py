@@ -3,8 +3,6 @@ study's prompts, beside held-out text, a floor and a ceiling, and the drift alon
 the two entries that draw them (docs/evaluation.md#the-generated-text-measured).
 """
 
-from __future__ import annotations
-
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import ClassVar

@@ -3,8 +3,6 @@ and random and looped text (`floor_and_ceiling_texts`). Definitions, reference v
 estimate: docs/internals.md, *The text statistics*; the training split's side: text_index.py.
 """
 
-from __future__ import annotations
-
 import math
 import random
 from bisect import bisect_right

@@ -1,8 +1,6 @@
 """What the fast GRU, LSTM and RNN paths share: matmul dtypes, the input projection of all steps at
 once, its gradients, and the packed-weight step matmul (see __init__.py and docs/performance.md)."""
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 

@@ -1,7 +1,5 @@
 """The fast LSTM layer: lstm_sequence (see __init__.py and docs/performance.md)."""
 
-from __future__ import annotations
-
 import torch
 from torch.autograd.function import once_differentiable
 
