@@ -236,17 +236,20 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
 
     import gru_experiments
     from gru_experiments.data.corpus import prepare_corpus
-    from gru_experiments.runs import modes
+    from gru_experiments.runs import scoring
     from gru_experiments.runs.training import train
+    from gru_experiments.study.plan import OVER_TRAINING
     from gru_experiments.study.scores import Split, score_contexts
 
-    validations, evaluate = [], modes.evaluate
+    validations, evaluate = [], scoring.evaluate
 
-    def recorded(*args, **kwargs):  # the modes at every validation (runs/modes.py), kept for a look
-        validations.append(evaluate(*args, **kwargs))
-        return validations[-1]
+    def recorded(request, *args, **kwargs):  # the modes at every validation (ModesOverTraining), kept for a look
+        evaluation = evaluate(request, *args, **kwargs)
+        if request.purpose == OVER_TRAINING:
+            validations.append(evaluation)
+        return evaluation
 
-    monkeypatch.setattr(modes, "evaluate", recorded)
+    monkeypatch.setattr(scoring, "evaluate", recorded)
     cfg = compose_config("model=transformer", f"data.path={tiny_corpus}", "model.architecture.block_size=8",
                          "data.batch_size=4", "data.seq_len=8", "trainer.max_steps=3", "model.steps_per_epoch=3",
                          "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.samples.chars=20")

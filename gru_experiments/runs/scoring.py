@@ -1,5 +1,7 @@
 """The training job's score step: the final weights and the best checkpoint evaluated by their plans, and the
-seeded samples side by side; printed and logged (docs/evaluation.md). And the cost of those plans: after its first
+seeded samples side by side; printed and logged (docs/evaluation.md). The inference modes over training: after every
+validation, val/stateful_bpc, val/stateless_bpc and the word validity of a stateful and a stateless sample, as one
+OVER_TRAINING evaluation within an epoch's budget (ModesOverTraining). And the cost of those plans: after its first
 training steps a run prints its estimated time, the steps left at the measured rate, plus the forward tokens of the
 plans it will run at that rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md)."""
 
@@ -9,6 +11,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig
@@ -28,9 +31,9 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.plan import BEST, FINAL, OVER_TRAINING, TEXT, Request
+from gru_experiments.study.plan import BEST, FINAL, OVER_TRAINING, STATEFUL, STATELESS, TEXT, Request
 from gru_experiments.study.scores import Split, score_chunks
-from gru_experiments.study.text_index import TrainingIndex
+from gru_experiments.study.text_index import TrainingIndex, words
 
 
 def run_request(cfg: DictConfig, model, val: Split, training_tokens, settings: EvaluationSettings,
@@ -41,6 +44,36 @@ def run_request(cfg: DictConfig, model, val: Split, training_tokens, settings: E
         return TrainingIndex.cached(tokenizer.decode(train_ids.tolist()), Path(cfg.paths.data_dir))
     return Request(model, val, settings, training_tokens, purpose,
                    tokenizer, train_ids, probe, int(cfg.get("seed", 0)), load_text_index or index)
+
+
+class ModesOverTraining(Callback):
+    """`epoch_tokens`: what evaluation.budget is a multiple of here. The word validity needs a `tokenizer` and
+    the training split's text."""
+
+    def __init__(self, cfg, val: Split, epoch_tokens: int, settings: EvaluationSettings, tokenizer=None,
+                 train_text: str | None = None):
+        self.cfg, self.val, self.epoch_tokens, self.settings = cfg, val, epoch_tokens, settings
+        self.tokenizer = tokenizer if train_text is not None else None
+        # what the word validity reads of a training index: its words (counted here without the rest)
+        self.index = SimpleNamespace(vocabulary=frozenset(words(train_text))) if self.tokenizer is not None else None
+        self.last: dict | None = None  # the latest validation's summary
+
+    def request(self, model):
+        return run_request(self.cfg, model, self.val, self.epoch_tokens, self.settings, OVER_TRAINING,
+                           tokenizer=self.tokenizer, load_text_index=lambda: self.index)
+
+    def plan(self, model):
+        return plan_for(self.request(model))
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        self.last = evaluate(self.request(pl_module.model)).summary()
+        for mode in (STATEFUL, STATELESS):
+            pl_module.log(f"val/{mode}_bpc", self.last[f"{mode}_bpc"])
+            if self.last.get(f"{mode}_word_validity") is not None:
+                pl_module.log(f"val/{mode}_word_validity", self.last[f"{mode}_word_validity"])
+
 
 
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe,

@@ -31,11 +31,10 @@ from gru_experiments.runs.checks import check_sizes, validate
 from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import build_logger, is_wandb, quiet_console
-from gru_experiments.runs.modes import ModesOverTraining
 from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
-from gru_experiments.runs.scoring import CostEstimate, score_run
+from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.scores import Split, score_chunks

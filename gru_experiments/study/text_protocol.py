@@ -280,7 +280,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
 
 
 # --- over training: the word validity of a short sample -------------------------------------------------
-OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/modes.py follows: the state carried and reset
+OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/scoring.py follows: the state carried and reset
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 
