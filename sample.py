@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> None:
         check_added_keys()  # +num_chars=0: a key nothing reads
         try:
             if cfg.get("explore"):
-                from gru_experiments.runs.explore_run import explore_run
+                from gru_experiments.runs.sampling import explore_run
 
                 explore_run(cfg, checkpoint)
             else:

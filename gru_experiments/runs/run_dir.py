@@ -18,7 +18,7 @@ from gru_experiments.errors import UserError
 from gru_experiments.files import read_json, write_json
 
 SUMMARY, SAMPLES, HISTORY = "summary.json", "samples.json", "history.csv"
-EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/explore_run.py)
+EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/sampling.explore_run)
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = Path(CHECKPOINTS) / "last.ckpt"
 HYDRA = ".hydra"
