@@ -17,7 +17,7 @@ from gru_experiments.data.corpus import split_text
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.history import read_history
+from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import CLASSES, EvaluationSettings, curve_points

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from gru_experiments.errors import NoResultsError
 from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family
-from gru_experiments.runs.history import read_history
+from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.run_dir import RunDir, summary_in_todays_names
 
 

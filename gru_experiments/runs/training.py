@@ -28,9 +28,8 @@ from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
 from gru_experiments.runs.checks import check_sizes, validate
-from gru_experiments.runs.history import MetricsHistory
 from gru_experiments.runs.jobs import job
-from gru_experiments.runs.loggers import build_logger, is_wandb, quiet_console
+from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
