@@ -29,6 +29,12 @@ class RunDir:
 
     def __init__(self, path):
         self.path = Path(path)
+        self.summary_file = self.path / SUMMARY
+        self.samples_file = self.path / SAMPLES
+        self.history_file = self.path / HISTORY
+        self.explore_file = self.path / EXPLORE
+        self.checkpoint_dir = self.path / CHECKPOINTS
+        self.checkpoint = self.path / LAST_CHECKPOINT  # where training keeps the last checkpoint (it may not exist)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -40,31 +46,6 @@ class RunDir:
         return hash(self.path)
 
     # --- its files ----------------------------------------------------------------------
-    @property
-    def summary_file(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def samples_file(self) -> Path:
-        return self.path / SAMPLES
-
-    @property
-    def history_file(self) -> Path:
-        return self.path / HISTORY
-
-    @property
-    def explore_file(self) -> Path:
-        return self.path / EXPLORE
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.path / CHECKPOINTS
-
-    @property
-    def checkpoint(self) -> Path:
-        """checkpoints/last.ckpt: where training keeps the last checkpoint (it may not exist yet)."""
-        return self.path / LAST_CHECKPOINT
-
     @property
     def config_file(self) -> Path:
         """The config the run was last started with: the newest resume's record, else the original's."""
