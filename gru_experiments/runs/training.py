@@ -173,7 +173,10 @@ def fit_or_count(run: Run, current) -> None:
     except TrainingDiverged as err:
         if isinstance(err, NonFiniteWeights):
             raise  # its message already says which checkpoint was kept
-        raise TrainingDiverged(_diverged_message(err, checkpoint_io)) from err
+        saved = checkpoint_io.last_saved  # (path, step) of the last good checkpoint, or None
+        kept = f", the last good checkpoint is kept: {saved[0]} (step {saved[1]})" if saved else \
+            " before any checkpoint was saved"
+        raise TrainingDiverged(f"{err}; stopped{kept}; try a lower model.lr") from err
     keep_final_weights(run.trainer, run.folder, run.checkpoints)
 
 
@@ -262,15 +265,6 @@ def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModul
     trainer.validate(task, datamodule=datamodule, verbose=False)
     trainer.save_checkpoint(run.checkpoint)
     return str(run.checkpoint)
-
-
-def _diverged_message(err: TrainingDiverged, checkpoint_io: AtomicCheckpointIO) -> str:
-    message = str(err)
-    if checkpoint_io.last_saved:
-        path, step = checkpoint_io.last_saved
-        return (f"{message}; stopped, the last good checkpoint is kept: {path} (step {step}); "
-                "try a lower model.lr")
-    return f"{message}; stopped before any checkpoint was saved; try a lower model.lr"
 
 
 def format_summary(summary: dict) -> str:
