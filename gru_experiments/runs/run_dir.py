@@ -277,7 +277,8 @@ def in_todays_names(cfg):
             old = node.get(key) if hasattr(node, "get") else None
             if isinstance(old, str) and old in table:
                 node[key] = table[old]
-                _say(*_renamed("optim" if table is RECIPES else "model", old))
+                kind = "optim" if table is RECIPES else "model"
+                _say([f"{kind}={old}"], [f"{kind}={table[old]}"])
         evaluation = cfg.get("evaluation")
         moved = [flat for flat in EVALUATION_KEYS if hasattr(evaluation, "keys") and flat in evaluation]
         for flat in moved:
@@ -308,11 +309,6 @@ def in_todays_names(cfg):
             if gone:
                 print(f"{', '.join(gone)}: gone since, left out (docs/configuration.md: old names)")
     return cfg
-
-
-def _renamed(key: str, old: str) -> tuple[list[str], list[str]]:
-    """The line for a renamed recipe or model, the same wherever the old name was read."""
-    return ([f"{key}={old}"], [f"{key}={(RECIPES if key == 'optim' else MODELS)[old]}"])
 
 
 def _raw(node, key: str):
