@@ -33,8 +33,9 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
         path = Path(resume).expanduser()
         which = f"run {path}"
         if path.is_file():
+            run_of_file = path.parent.parent if path.parent.name == CHECKPOINTS else path.parent
             raise UserError(f"resume={resume} is a file; resume takes a run folder (the one holding "
-                            f"checkpoints/), e.g. resume={_run_of_file(path)}")
+                            f"checkpoints/), e.g. resume={run_of_file}")
         if not path.is_dir():
             raise UserError(f"resume={resume}: no such run folder")
         run = RunDir(path)
@@ -49,10 +50,6 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
         raise UserError(f"{which} already finished (it has a summary.json): nothing to resume"
                         + ("; to resume an older run, name its folder: resume=RUN_DIR" if resume == LAST else ""))
     return run
-
-
-def _run_of_file(path: Path) -> Path:
-    return path.parent.parent if path.parent.name == CHECKPOINTS else path.parent
 
 
 @dataclass
@@ -119,7 +116,9 @@ class ResumePoint:
 
 def _pinned(hyper_parameters: dict) -> dict:
     """A run's learning rate and recipe as the keys a command line names: {"model.lr": ..., "optim.name": ...}."""
-    recipe = _recipe_of(hyper_parameters)
+    from gru_experiments.runs.recipe import Recipe
+
+    recipe = Recipe.from_config(hyper_parameters["optim"]) if hyper_parameters.get("optim") else None
     return {"model.lr": hyper_parameters.get("lr"),
             **{f"optim.{key}": value for key, value in (recipe.to_dict() if recipe else {}).items()}}
 
@@ -146,12 +145,6 @@ def step_limit(cfg) -> int | None:
         epochs, per_epoch = recipe_length(cfg)
         limits.append(epochs * per_epoch)
     return min(limits, default=None)
-
-
-def _recipe_of(hyper_parameters: dict):
-    from gru_experiments.runs.recipe import Recipe
-
-    return Recipe.from_config(hyper_parameters["optim"]) if hyper_parameters.get("optim") else None
 
 
 # --- the run's own config ------------------------------------------------------------
