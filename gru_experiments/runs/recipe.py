@@ -71,14 +71,6 @@ class Recipe:
     def optimizer(self, model: nn.Module, lr: float) -> torch.optim.AdamW:
         return torch.optim.AdamW(self.parameter_groups(model), lr=lr, betas=self.betas)
 
-    def warmup_note(self, steps: int) -> str | None:
-        """One line when the warmup is not shorter than the run: the learning rate then never reaches model.lr."""
-        if not self.warmup_steps or self.warmup_steps < steps:
-            return None
-        return (f"optim.warmup_steps={self.warmup_steps} is not shorter than this run's {steps:,} steps: the learning "
-                f"rate never leaves its warmup (it ends at {steps / (self.warmup_steps + 1):.1%} of model.lr); set "
-                "fewer warmup steps, or train longer, for the recipe's schedule")
-
     def schedule(self, optimizer, trainer) -> "WarmupCosine":
         """Over the trainer's optimiser steps; in epochs for an `epoch` recipe without warmup of whole epochs."""
         steps = trainer.estimated_stepping_batches
@@ -86,8 +78,10 @@ class Recipe:
         if not math.isfinite(steps):
             raise UserError("the learning-rate schedule needs a training length: set model.epochs "
                             "or trainer.max_steps")
-        if note := self.warmup_note(int(steps)):
-            print(note)
+        if self.warmup_steps and self.warmup_steps >= steps:  # the learning rate never reaches model.lr
+            print(f"optim.warmup_steps={self.warmup_steps} is not shorter than this run's {int(steps):,} steps: the "
+                  f"learning rate never leaves its warmup (it ends at {steps / (self.warmup_steps + 1):.1%} of "
+                  "model.lr); set fewer warmup steps, or train longer, for the recipe's schedule")
         if self.interval == "epoch" and not self.warmup_steps and per_epoch and steps % per_epoch == 0:
             return WarmupCosine(optimizer, steps // per_epoch, "epoch", self.warmup_steps, self.floor)
         return WarmupCosine(optimizer, steps, "step", self.warmup_steps, self.floor)
