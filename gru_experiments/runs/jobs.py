@@ -118,10 +118,9 @@ def disk_full_message(error: OSError, cfg) -> str:
 
 
 def _last_good_checkpoint(run_dir) -> tuple[str, int | None] | None:
-
-    if not run_dir or not RunDir(run_dir).checkpoint.is_file():
+    path = RunDir(run_dir).checkpoint if run_dir else None
+    if path is None or not path.is_file():
         return None
-    path = RunDir(run_dir).checkpoint
     step = None
     with suppress(Exception):  # the message must come out whatever the file holds
         from gru_experiments.runs.checkpoints import read_checkpoint
@@ -134,21 +133,11 @@ def one_line(message) -> str:
     return " ".join(str(message).split())
 
 
-def _truthy(value) -> bool:
-    return str(value).strip().lower() in {"1", "true", "yes", "on"}
-
-
 def debug_requested(cfg=None, argv: list[str] | None = None) -> bool:
     """Full tracebacks wanted: HYDRA_FULL_ERROR=1, `debug=true` in the config, or on the command line."""
-    if _truthy(os.environ.get("HYDRA_FULL_ERROR", "")):
-        return True
-    if cfg is not None and _truthy(cfg.get("debug", False)):
-        return True
-    for arg in argv or []:
-        key, _, value = arg.lstrip("+~").partition("=")
-        if key == "debug" and _truthy(value):
-            return True
-    return False
+    flags = [os.environ.get("HYDRA_FULL_ERROR", ""), cfg.get("debug", False) if cfg is not None else False]
+    flags += [value for key, _, value in (arg.lstrip("+~").partition("=") for arg in argv or []) if key == "debug"]
+    return any(str(flag).strip().lower() in {"1", "true", "yes", "on"} for flag in flags)
 
 
 def multirun_job() -> bool:
