@@ -98,18 +98,14 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     if evaluation.results.get(TEXT):
         samples["text"] = evaluation.results[TEXT]["texts"]
     summary["eval_seconds"] = time.perf_counter() - started
-    print(describe(evaluation, summary))
+    modes, *others = evaluation.descriptions()
+    print(f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
+          f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
     for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
         print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
     if logger:
         log_evaluation(logger, evaluation, summary, samples)
     return samples
-
-
-def describe(evaluation: Evaluation, summary: dict) -> str:
-    modes, *others = evaluation.descriptions()
-    return (f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
-            f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
 
 
 def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, settings: EvaluationSettings,
@@ -194,8 +190,6 @@ class CostEstimate(Callback):
                  train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0):
         self.val, self.cfg, self.settings, self.tokenizer, self.modes = val, cfg, settings, tokenizer, modes
         self.train_ids, self.probe = train_ids, probe
-        self.seq_len, self.batch_size, self.steps_per_epoch = cfg.data.seq_len, cfg.data.batch_size, \
-            recipe_length(cfg)[1]
         self.model, self.min_steps, self.min_seconds = model, min_steps, min_seconds
         self._first_step: int | None = None
         self._started = 0.0
@@ -217,7 +211,7 @@ class CostEstimate(Callback):
         total_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else \
             trainer.estimated_stepping_batches
         steps_left = max(int(total_steps) - trainer.global_step, 0)
-        tokens_per_step = self.batch_size * self.seq_len
+        tokens_per_step = self.cfg.data.batch_size * self.cfg.data.seq_len
         forward_seconds = step_seconds / tokens_per_step / EVAL_FORWARD_SPEEDUP  # per forward token
         epochs = max(int(trainer.max_epochs or 1) - trainer.current_epoch, 1)
         per_epoch = getattr(trainer, "num_training_batches", None)
@@ -225,7 +219,7 @@ class CostEstimate(Callback):
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         evaluation = self.evaluation_forward_tokens(self.model, int(total_steps) * tokens_per_step)
         modes = self.modes.plan(self.model) if self.modes is not None else plan_for(
-            run_request(self.cfg, self.model, self.val, self.steps_per_epoch * tokens_per_step, self.settings,
+            run_request(self.cfg, self.model, self.val, recipe_length(self.cfg)[1] * tokens_per_step, self.settings,
                         OVER_TRAINING))
         validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
