@@ -6,6 +6,7 @@ records the failed run, closes the logger, and turns a UserError or a full disk 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -30,7 +31,6 @@ EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
 @dataclass
 class Job:
     """The running job, timed: `logger` (set once built) is where a failure is recorded."""
-    cfg: object = None
     logger: object = False
     started: float = field(default_factory=time.perf_counter)
 
@@ -45,7 +45,7 @@ class JobFailed(CompactHydraException):
 
 @contextmanager
 def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report: bool = False) -> Iterator[Job]:
-    current = Job(cfg)
+    current = Job()
     try:
         yield current
     except BaseException as error:
@@ -108,25 +108,17 @@ def disk_full_message(error: OSError, cfg) -> str:
     """The file a full disk stopped, the run's last good checkpoint and the command that resumes from it."""
     what = f"could not write {error.filename}" if error.filename else "could not write a file"
     run_dir = OmegaConf.select(cfg, "paths.output_dir") if isinstance(cfg, DictConfig) else None
-    checkpoint = _last_good_checkpoint(run_dir)
-    if checkpoint is None:
-        return f"no space left on device: {what}; free some space, then run the same command again"
-    path, step = checkpoint
-    return (f"no space left on device: {what}; the last good checkpoint is {path}"
-            f"{'' if step is None else f' (step {step})'}; free some space, then resume with: "
-            f"python train.py resume={run_dir}")
-
-
-def _last_good_checkpoint(run_dir) -> tuple[str, int | None] | None:
     path = RunDir(run_dir).checkpoint if run_dir else None
     if path is None or not path.is_file():
-        return None
+        return f"no space left on device: {what}; free some space, then run the same command again"
     step = None
     with suppress(Exception):  # the message must come out whatever the file holds
         from gru_experiments.runs.checkpoints import read_checkpoint
 
         step = int(read_checkpoint(path, mmap=True, require=()).get("global_step"))
-    return str(path), step
+    return (f"no space left on device: {what}; the last good checkpoint is {path}"
+            f"{'' if step is None else f' (step {step})'}; free some space, then resume with: "
+            f"python train.py resume={run_dir}")
 
 
 def one_line(message) -> str:
@@ -167,11 +159,7 @@ def discard_untouched_run_dir(log_dir=None) -> bool:
     if (log.exists() and log.stat().st_size) or (record.exists() and (
             not record.is_dir() or any(p.name not in HYDRA_RECORD or p.is_dir() for p in record.iterdir()))):
         return False
-    for path in [*record.glob("*"), log]:
-        path.unlink(missing_ok=True)
-    if record.exists():
-        record.rmdir()
-    run_dir.rmdir()
+    shutil.rmtree(run_dir)
     if log_dir is not None:
         log_dir = Path(log_dir).resolve()
         for parent in run_dir.resolve().parents:
