@@ -99,12 +99,9 @@ class RunDir:
     def last_checkpoint(self) -> Path | None:
         """The checkpoint to sample from: the one summary.json records (looked up in this folder,
         so a moved run folder still works), else checkpoints/last.ckpt; None if there is none."""
-        summary = self.summary()
-        candidates = []
-        if summary and summary.get("checkpoint"):
-            candidates.append(self.checkpoint_dir / Path(summary["checkpoint"]).name)
-        candidates.append(self.checkpoint)
-        return next((c for c in candidates if c.is_file()), None)
+        recorded = (self.summary() or {}).get("checkpoint")
+        candidates = [self.checkpoint_dir / Path(recorded).name] if recorded else []
+        return next((c for c in [*candidates, self.checkpoint] if c.is_file()), None)
 
     def last_written(self) -> float:
         """When it last wrote its summary or its last checkpoint (0 if neither exists)."""
@@ -113,9 +110,6 @@ class RunDir:
     # --- writing ------------------------------------------------------------------------
     def write_summary(self, summary: dict) -> Path:
         return write_json(self.summary_file, summary)
-
-    def write_samples(self, samples: dict) -> Path:
-        return write_json(self.samples_file, samples)
 
     def write_config_record(self, config, hydra_config, overrides, subdir: str = HYDRA) -> Path:
         """config.yaml, hydra.yaml and overrides.yaml in `subdir` (.hydra, or .hydra/resumed_<time>
@@ -195,9 +189,8 @@ def model_name_for(default: str, run: str | None = None, ckpt: str | None = None
     config), else the checkpoint's own record, else `default` (the configured model)."""
     try:
         run_dir = RunDir(Path(run).expanduser()) if run else (RunDir.of_checkpoint(ckpt) if ckpt else None)
-        if run_dir is not None:
-            if name := run_dir.recorded_model_name():
-                return name
+        if run_dir is not None and (name := run_dir.recorded_model_name()):
+            return name
         if ckpt:
             import torch  # only here: the checkpoint is memory-mapped, its hyperparameters read
 
@@ -257,11 +250,9 @@ def _say(old: list[str], new: list[str]) -> None:
 
 
 def in_todays_names(cfg):
-    """A run's config or a checkpoint's hyper-parameters (a DictConfig or dict, or None) in today's names, changed
-    in place and returned: optim.name seed, model.name (or model_name) *_seed, the flat evaluation keys, the keys
-    gone since, the recipe's weight decay before conf/optim, the probe before its phases. One printed line per
-    changed name; a config already in today's names is returned as it is (idempotent). A model class path that
-    moved is today's, without a line."""
+    """A run's config or a checkpoint's hyper-parameters (a DictConfig or dict, or None) in today's names (the
+    tables above), changed in place and returned, with one printed line per changed name (a moved model class
+    path: none). Idempotent."""
     if cfg is None:
         return cfg
     with open_dict(cfg) if isinstance(cfg, DictConfig) else nullcontext():

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.errors import TrainingDiverged
+from gru_experiments.files import write_json
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
@@ -227,10 +228,13 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
     """summary.json (with the whole run's wall time, the evaluation included) and samples.json."""
     summary["wall_seconds"] = current.seconds
     run.folder.write_summary(summary)
-    run.folder.write_samples(samples)
+    write_json(run.folder.samples_file, samples)
     if is_wandb(run.logger):
         run.logger.experiment.summary.update({k: v for k, v in summary.items() if v is not None})
-    print(format_summary(summary))
+    train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
+    print(f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
+          f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
+          f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")
 
 
 def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckpoint, ...]:
@@ -265,10 +269,3 @@ def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModul
     trainer.validate(task, datamodule=datamodule, verbose=False)
     trainer.save_checkpoint(run.checkpoint)
     return str(run.checkpoint)
-
-
-def format_summary(summary: dict) -> str:
-    train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
-    return (f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
-            f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
-            f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")
