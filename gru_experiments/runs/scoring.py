@@ -62,9 +62,6 @@ class ModesOverTraining(Callback):
         return run_request(self.cfg, model, self.val, self.epoch_tokens, self.settings, OVER_TRAINING,
                            tokenizer=self.tokenizer, load_text_index=lambda: self.index)
 
-    def plan(self, model):
-        return plan_for(self.request(model))
-
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
@@ -151,23 +148,16 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
                         if figure["value"] is not None}, step=step)
     if is_wandb(logger):
         if modes.curve:
-            log_curve_to_wandb(logger, modes.curve, summary["model"])
+            import wandb
+
+            rows = [[int(key), value] for key, value in curve_points(modes.curve) if key.isdigit()]
+            table = wandb.Table(columns=["context_tokens", "bpc"], data=rows)
+            title = f"{summary['model']}: bits per character against context (stateful: {modes.curve['stateful']:.4f})"
+            logger.experiment.log({"context_curve/table": table,
+                                   "context_curve/plot": wandb.plot.line(table, "context_tokens", "bpc", title=title)})
         logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
                          data=[list(row) for row in zip(samples["prompts"], samples["stateful"], samples["stateless"])])
     logger.save()
-
-
-def log_curve_to_wandb(logger, curve: dict, model_name: str) -> None:
-    import wandb
-
-    rows = [[int(key), value] for key, value in curve_points(curve) if key.isdigit()]
-    table = wandb.Table(columns=["context_tokens", "bpc"], data=rows)
-    logger.experiment.log({
-        "context_curve/table": table,
-        "context_curve/plot": wandb.plot.line(table, "context_tokens", "bpc",
-                                              title=f"{model_name}: bits per character against context "
-                                                    f"(stateful: {curve['stateful']:.4f})"),
-    })
 
 
 # Forward tokens/s of the evaluation (windows in big batches) over the training tokens/s (forward,
@@ -218,9 +208,9 @@ class CostEstimate(Callback):
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
         evaluation = self.evaluation_forward_tokens(self.model, int(total_steps) * tokens_per_step)
-        modes = self.modes.plan(self.model) if self.modes is not None else plan_for(
-            run_request(self.cfg, self.model, self.val, recipe_length(self.cfg)[1] * tokens_per_step, self.settings,
-                        OVER_TRAINING))
+        epoch_tokens = recipe_length(self.cfg)[1] * tokens_per_step
+        modes = plan_for(self.modes.request(self.model) if self.modes is not None else
+                         run_request(self.cfg, self.model, self.val, epoch_tokens, self.settings, OVER_TRAINING))
         validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
