@@ -21,8 +21,7 @@ DIVERGENCE_FACTOR = 4  # a training loss above 4 x ln(vocabulary) nats stops the
 
 class LanguageModelTask(L.LightningModule):
     """Wraps any LanguageModel; checkpoints hold its architecture and tokenizer, so `load_checkpoint` needs no
-    config. lr, optim and epochs (a record) are a trained model's recipe (a checkpoint from before conf/optim
-    has its optim from run_dir.in_todays_names, as read_checkpoint reads it)."""
+    config. lr, optim and epochs (a record) are a trained model's recipe."""
 
     def __init__(self, architecture: dict, vocab_size: int, lr: float | None = None, optim: dict | None = None,
                  epochs: int | None = None, model_name: str = "model", tokenizer=None, from_checkpoint: bool = False):
@@ -146,19 +145,17 @@ class LanguageModelTask(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.state_dict()
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"  # a counted model saves unfitted
+        planned = self.trainer.estimated_stepping_batches if fitting else float("inf")
         # A run resumed mid-epoch reports the same epoch loss and throughput as an uninterrupted one.
         checkpoint["train_statistics"] = {
             "epoch_loss_sum": float(self._epoch_loss[0]), "epoch_loss_count": self._epoch_loss[1],
             "train_tokens": self.train_tokens, "train_seconds": self.train_seconds,
-            "planned_steps": self._planned_steps(),  # where this part stops: a resume must go beyond the step
+            # where this part stops: a resume must go beyond the step
+            "planned_steps": int(planned) if math.isfinite(planned) else None,
         }
         if self.carried_state is not None:  # streams: every rank's carried state (ranks read their own streams)
             checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
-
-    def _planned_steps(self) -> int | None:
-        fitting = self._trainer is not None and self.trainer.state.fn == "fit"  # a counted model saves unfitted
-        steps = self.trainer.estimated_stepping_batches if fitting else float("inf")
-        return int(steps) if math.isfinite(steps) else None
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         stats = checkpoint.get("train_statistics")
