@@ -5,7 +5,7 @@ raises a UserError naming the key, the value and what is allowed (the engine: va
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 from gru_experiments.data.recall_probe import ProbeSettings
 from gru_experiments.errors import UserError
@@ -58,8 +58,6 @@ SPM_RULES = [
 
 def precision_rule() -> Rule:
     """trainer.precision: what Lightning takes (16 and "16" named once)."""
-    from typing import get_args
-
     from lightning.fabric.plugins.precision import precision as lp
 
     allowed = get_args(lp._PRECISION_INPUT_STR) + get_args(lp._PRECISION_INPUT_INT) + get_args(
