@@ -72,7 +72,6 @@ class ModesOverTraining(Callback):
                 pl_module.log(f"val/{mode}_word_validity", self.last[f"{mode}_word_validity"])
 
 
-
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe,
               settings: EvaluationSettings) -> dict:
     """Adds the final weights' and the best checkpoint's figures to `summary`, logs them; the samples."""
@@ -152,7 +151,8 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
 
             rows = [[int(key), value] for key, value in curve_points(modes.curve) if key.isdigit()]
             table = wandb.Table(columns=["context_tokens", "bpc"], data=rows)
-            title = f"{summary['model']}: bits per character against context (stateful: {modes.curve['stateful']:.4f})"
+            title = (f"{summary['model']}: bits per character against context "
+                     f"(stateful: {modes.curve['stateful']:.4f})")
             logger.experiment.log({"context_curve/table": table,
                                    "context_curve/plot": wandb.plot.line(table, "context_tokens", "bpc", title=title)})
         logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
