@@ -5,8 +5,6 @@
 what each guards against, docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
 """
 
-from __future__ import annotations
-
 import pickle
 import random
 import re

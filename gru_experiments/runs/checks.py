@@ -2,8 +2,6 @@
 raises a UserError naming the key, the value and what is allowed (the engine: validation.py).
 """
 
-from __future__ import annotations
-
 import inspect
 from typing import NamedTuple, get_args
 

@@ -3,8 +3,6 @@ multirun job is the whole sweep. So such a job runs itself as a single run in a 
 overrides> hydra.run.dir=<job folder>`). Ranks that SLURM or torchrun start need none of this.
 """
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

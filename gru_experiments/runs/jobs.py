@@ -3,8 +3,6 @@ records the failed run, closes the logger, and turns a UserError or a full disk 
 (docs/internals.md, *When a job fails*). Imports nothing heavy, so scripts can use it first.
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import sys

@@ -3,8 +3,6 @@ learning curves in its own history.csv, whatever the logger (the sweep report dr
 (step,epoch,metric,value), appended as training goes (docs/outputs.md).
 """
 
-from __future__ import annotations
-
 import csv
 import math
 import netrc

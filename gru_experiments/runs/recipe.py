@@ -1,8 +1,6 @@
 """The optimiser recipe (conf/optim/): AdamW's settings, which weights decay, and the learning-rate schedule
 of the model's model.lr. The two shipped and why: docs/transformer.md, *The recipe*."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import asdict, dataclass, fields
 

@@ -5,8 +5,6 @@ OVER_TRAINING evaluation within an epoch's budget (ModesOverTraining). And the c
 training steps a run prints its estimated time, the steps left at the measured rate, plus the forward tokens of the
 plans it will run at that rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md)."""
 
-from __future__ import annotations
-
 import math
 import time
 from dataclasses import replace

@@ -1,7 +1,5 @@
 """Training any LanguageModel (models/protocol.py) with Lightning: loss, optimiser, schedule, metrics, checkpoints."""
 
-from __future__ import annotations
-
 import math
 import time
 

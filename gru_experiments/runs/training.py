@@ -10,8 +10,6 @@ trainer.fast_dev_run=true is a smoke run: the whole pipeline on a small slice (L
 validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures marked "smoke" in summary.json.
 """
 
-from __future__ import annotations
-
 import time
 from dataclasses import dataclass
 from pathlib import Path
