@@ -30,12 +30,6 @@ from gru_experiments.study.text_stats import (
     word_validity,
 )
 
-
-def loop_rate(samples: list[str]) -> float | None:
-    """The share of the samples that end in a loop (text_statistics' loop_rate, without its standard error)."""
-    return sum(map(ends_in_loop, samples)) / len(samples) if samples else None
-
-
 PROSE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
          "First Citizen:\nYou are all resolved rather to die than to famish?\n")
 
@@ -89,8 +83,7 @@ def test_loop_rule_by_hand():
     # a long phrase needs three repetitions, whatever min_chars
     assert ends_in_loop("!" + "abcdefghijklmnopqrst" * 3) and not ends_in_loop("!" + "abcdefghijklmnopqrst" * 2)
     assert not ends_in_loop("Ha, ha, ha, ha!") and not ends_in_loop(PROSE) and not ends_in_loop("")
-    assert loop_rate([looped_text("the son, ", 100), PROSE]) == 0.5
-    assert loop_rate([]) is None
+    assert ends_in_loop(looped_text("the son, ", 100))
 
 
 def test_distinct_2_by_hand():
@@ -198,7 +191,7 @@ def test_the_reference_reads_as_real_text(index, reference, splits):
 
 
 def test_ordinary_prose_never_ends_in_a_loop(splits):
-    assert loop_rate(reference_slices(splits[1], 300, 500, seed=2)) == 0.0
+    assert not any(map(ends_in_loop, reference_slices(splits[1], 300, 500, seed=2)))
 
 
 def test_floor_and_ceiling(index, reference):
