@@ -1,7 +1,7 @@
 """The evaluation as a registry of entries (plan.Entry: the modes, the text statistics, the word validity
 over training, the recall figures) and its entry points, `plan_for(request)` and `evaluate(request)`,
-which every evaluation and the cost estimate go through. A new figure is one entry appended to ENTRIES
-(docs/evaluation.md).
+which every evaluation and the cost estimate go through, with the settings it is built from (EvaluationSettings)
+and the context curve's record. A new figure is one entry appended to ENTRIES (docs/evaluation.md).
 """
 
 import math

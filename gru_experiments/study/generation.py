@@ -1,6 +1,7 @@
 """Generating text with a trained model in the study's three inference modes (docs/internals.md,
 *Generating text*). The samplers take a `choose` function (logits (B, V) -> ids (B,): `make_chooser`)
-and use only the model's state interface (`logits, state = model(tokens, state)`).
+and use only the model's state interface (`logits, state = model(tokens, state)`). It also holds what every
+pass shares: `eval_mode`, the mode names and the progress bars (`Progress`).
 """
 
 import contextlib
