@@ -31,6 +31,8 @@ TRAIN_RULES = [
     Rule("trainer.gradient_clip_val", non_negative_number, "a number >= 0", optional=True),
     Rule("low_precision_matmuls", lambda v: v in ("auto", "always", "never"), "auto, always or never",
          optional=True),
+    Rule("cuda_graphs", lambda v: isinstance(v, bool), "true or false (true: on CUDA, the training step replayed "
+         "from a CUDA graph)", may_be_absent=True),
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
     Rule("training.batching", lambda v: v in ("windows", "streams"), "windows or streams (data.BATCHINGS)",
          may_be_absent=True),

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from gru_experiments.data.tokenizers import plain_tokens, tokenizer_from_state
 from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep, map_state
 from gru_experiments.models.protocol import build_model
 from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.runs.recipe import Recipe
@@ -40,6 +41,7 @@ class LanguageModelTask(L.LightningModule):
         self.train_seconds = 0.0
         self.carried_state = None  # training=streams: the state after the last chunk, detached
         self.recall_cue, self.recall_weight = None, 1.0  # weigh_recall
+        self.cuda_graphs, self.graphed_step = False, None  # use_cuda_graphs; on_train_start builds the step
 
     def weigh_recall(self, cue: int, weight: float) -> None:
         """probe=recall: the loss weighs each recall target (after `cue`) `weight` times every other target, for a
@@ -63,15 +65,13 @@ class LanguageModelTask(L.LightningModule):
         # targets, starts_pass); the chunk continues the previous chunk's state unless it starts a pass.
         inputs, targets, *streams = batch
         carry = bool(streams) and not streams[0]
-        logits, state = self.model(inputs, self.carried_state if carry else None)
+        state = self.carried_state if carry else None
+        if self.graphed_step is not None:  # forward and backward replayed from a CUDA graph: the grads in place
+            loss, state = self.graphed_step(inputs, targets, state)
+        else:
+            loss, state = self.training_loss(inputs, targets, state)
         if streams:
             self.carried_state = map_state(torch.Tensor.detach, state)  # truncated BPTT stops at the chunk
-        if self.recall_weight == 1:
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        else:
-            losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-            weights = 1 + (self.recall_weight - 1) * (inputs.reshape(-1) == self.recall_cue)
-            loss = (losses * weights).sum() / weights.sum()
         if not loss <= self.divergence_limit:  # nan and inf fail it too; one device sync, as isfinite's
             # Stop before the update, so the weights (and any checkpoint) stay those of the last good step.
             above = (f", above {DIVERGENCE_FACTOR} x ln {self.model.vocab_size} = {self.divergence_limit:.1f} nats "
@@ -84,6 +84,39 @@ class LanguageModelTask(L.LightningModule):
         self._epoch_loss[0] += loss.detach()
         self._epoch_loss[1] += 1
         return loss
+
+    def training_loss(self, inputs, targets, state=None):
+        """The training loss of one batch (mean cross-entropy; recall targets weighed), and the final state."""
+        logits, state = self.model(inputs, state)
+        if self.recall_weight == 1:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        else:
+            losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+            weights = 1 + (self.recall_weight - 1) * (inputs.reshape(-1) == self.recall_cue)
+            loss = (losses * weights).sum() / weights.sum()
+        return loss, state
+
+    def use_cuda_graphs(self, enabled: bool) -> None:
+        """cuda_graphs: capture the training step's forward and backward in a CUDA graph (models/cuda_graphs.py)
+        on one CUDA device; elsewhere the eager step (with a line saying why under DDP)."""
+        self.cuda_graphs = bool(enabled)
+
+    def on_train_start(self) -> None:
+        self.graphed_step = None
+        if not self.cuda_graphs or self.device.type != "cuda":
+            return
+        if self.trainer.world_size > 1:  # DDP reduces gradients in backward hooks, outside any graph
+            print(f"cuda_graphs: not used under DDP ({self.trainer.world_size} processes); training eagerly")
+            return
+        self.graphed_step = GraphedTrainingStep(self.training_loss, self.model.parameters())
+
+    def backward(self, loss, *args, **kwargs) -> None:
+        if self.graphed_step is None:  # a graphed step ran its own backward
+            super().backward(loss, *args, **kwargs)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
+        if self.graphed_step is None:  # a graphed step writes (not adds) its gradients, into the graph's memory
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
 
     @property
     def divergence_limit(self) -> float:
@@ -172,13 +205,6 @@ class LanguageModelTask(L.LightningModule):
             return [state]
         gathered = self.all_gather(state)  # each tensor gains a leading (world,) dimension
         return [map_state(lambda t, r=r: t[r], gathered) for r in range(world)]
-
-
-def map_state(fn, state):
-    """`fn` applied to every tensor of a model state (nested lists and tuples of tensors)."""
-    if isinstance(state, (list, tuple)):
-        return type(state)(map_state(fn, item) for item in state)
-    return fn(state) if isinstance(state, torch.Tensor) else state
 
 
 def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,

@@ -23,6 +23,7 @@ from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.errors import TrainingDiverged
 from gru_experiments.files import write_json
+from gru_experiments.models.cuda_graphs import cuda_graphs
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
@@ -70,13 +71,15 @@ def train(cfg: DictConfig) -> dict:
     with job(cfg, record=True) as current:
         quiet_console()
         run = prepare(cfg)
-        fit_or_count(run, current)
-        summary = summarize(run, current)
-        # Every DDP rank holds the same weights; only rank zero scores and writes.
-        if run.trainer.is_global_zero:
-            samples = score_run(run.cfg, run.task.model, run.data.train_ids, run.val, summary, run.logger,
-                                run.task.tokenizer, run.corpus.probe, run.settings)
-            write(run, summary, samples, current)
+        # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs)
+        with cuda_graphs(OmegaConf.select(run.cfg, "cuda_graphs", default=True)):
+            fit_or_count(run, current)
+            summary = summarize(run, current)
+            # Every DDP rank holds the same weights; only rank zero scores and writes.
+            if run.trainer.is_global_zero:
+                samples = score_run(run.cfg, run.task.model, run.data.train_ids, run.val, summary, run.logger,
+                                    run.task.tokenizer, run.corpus.probe, run.settings)
+                write(run, summary, samples, current)
         return summary
 
 
@@ -157,6 +160,7 @@ def fit_or_count(run: Run, current) -> None:
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
                                            cfg.trainer.get("precision"), run.trainer)
     print(f"precision: {run.precision['precision']}, matmuls in {run.precision['matmul_dtype']}")
+    task.use_cuda_graphs(OmegaConf.select(cfg, "cuda_graphs", default=True))  # the training step's graph
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
         run.counted_checkpoint = count_and_save(run.trainer, task, run.data, run.folder)
         run.parameters = count_parameters(task.model)
@@ -214,6 +218,7 @@ def summarize(run: Run, current) -> dict:
         "wall_seconds": current.seconds,
         "device": str(trainer.strategy.root_device),
         **run.precision,
+        "cuda_graphs": task.graphed_step is not None and task.graphed_step.captured,  # the step replayed
         "checkpoint": run.counted_checkpoint or next(
             (c.last_model_path for c in run.checkpoints if c.last_model_path), None),
         "best_checkpoint": checkpoint.best_model_path or None,

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.errors import UserError
+from gru_experiments.models.cuda_graphs import graphed
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
 MODES = STATEFUL, STATELESS, WINDOWED = "stateful", "stateless", "windowed"  # the inference modes, named here only
@@ -139,7 +140,7 @@ def make_chooser(decoding: Decoding, generator: torch.Generator | None = None, p
     return choose
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: a CUDA graph's static buffers must stay writable outside it
 def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose: Chooser,
                   window: int | None = None) -> Tensor:
     """The tokens (B, max_new_tokens) generated after prompt (B, P) in `mode` (one of MODES), the model in
@@ -160,11 +161,12 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
     start, state = prompt.shape[1], None
     tokens = torch.cat([prompt, prompt.new_empty(prompt.shape[0], max_new_tokens)], dim=1)
     with eval_mode(model):
+        forward = graphed(model)  # on CUDA, the one-token step replayed from a graph (models/cuda_graphs.py)
         for end in range(start, start + max_new_tokens):
             if mode == STATEFUL:
-                logits, state = model(prompt if end == start else tokens[:, end - 1:end], state)
+                logits, state = forward(prompt if end == start else tokens[:, end - 1:end], state)
             else:
-                logits, _ = model(tokens[:, max(0, end - (1 if mode == STATELESS else window)):end])
+                logits, _ = forward(tokens[:, max(0, end - (1 if mode == STATELESS else window)):end])
             tokens[:, end] = choose(logits[:, -1])
     return tokens[:, start:]
 

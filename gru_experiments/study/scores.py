@@ -14,6 +14,7 @@ from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
 from gru_experiments.data.tokenizers import plain_tokens
+from gru_experiments.models.cuda_graphs import graphed
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.generation import eval_mode, plain_logits
@@ -175,8 +176,9 @@ def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | N
     """The stateful loop: inputs (B, T) in chunks of seq_len from `state`, the state carried, the chunks that
     start before `end` (default T); yields (start, logits (B, t, V)). Forward tokens: B * chunks_cost."""
     with eval_mode(model):
+        forward = graphed(model)  # on CUDA, each chunk's shape replayed from a graph (models/cuda_graphs.py)
         for start in range(0, inputs.shape[1] if end is None else end, seq_len):
-            logits, state = model(inputs[:, start:start + seq_len], state)
+            logits, state = forward(inputs[:, start:start + seq_len], state)
             if tick is not None:  # a progress bar's (generation.Progress)
                 tick(logits.shape[0] * logits.shape[1])
             yield start, logits
@@ -194,9 +196,10 @@ def window_batches(model, ids: Tensor, ends: Tensor, length: int, rows: Tensor |
     from the initial state, WINDOW_BATCH_TOKENS at a time; yields (indices into ends, logits)."""
     offsets, batches = torch.arange(-length, 0, device=ids.device), torch.arange(ends.numel(), device=ends.device)
     with eval_mode(model):
+        forward = graphed(model)
         for batch in batches.split(max(1, WINDOW_BATCH_TOKENS // length)) if ends.numel() else ():
             at = ends[batch].unsqueeze(1) + offsets
-            logits, _ = model(ids[at] if rows is None else ids[rows[batch].unsqueeze(1), at])
+            logits, _ = forward(ids[at] if rows is None else ids[rows[batch].unsqueeze(1), at])
             if tick is not None:
                 tick(batch.numel() * length)
             yield batch, logits

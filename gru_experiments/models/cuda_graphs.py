@@ -1,0 +1,214 @@
+"""CUDA graphs: a model's fixed-shape work recorded once and replayed as one launch (docs/performance.md,
+*CUDA graphs*).
+
+The hand-written recurrence launches a handful of small kernels per time step and layer, each from Python: a
+training step of Astra-γ is ~5,000 launches, and on a GPU the launches, not the arithmetic, set its speed. A
+CUDA graph records them once for one input shape and replays them. Two uses:
+
+- GraphedTrainingStep: a training step's forward, loss and (hand-written) backward, writing each parameter's
+  gradient into the same memory at every replay. Clipping, AdamW and the schedule stay eager: a handful of
+  foreach launches, untouched by the graph.
+- graphed(model): inference (no grad) forwards of a shape seen before, replayed: the stateful pass's chunks,
+  the windowed pass's batches, the stateful sampler's one-token step.
+
+Neither changes a figure: a replay runs the kernels the eager call runs, on the same inputs (the tests hold
+them to each other). On a CPU neither runs at all: the eager call is the only path there.
+"""
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import Tensor, nn
+
+WARMUP_STEPS = 3  # eager steps before a capture: lazy initialisations (cuBLAS handles, autograd) happen there
+INFERENCE_GRAPHS = 8  # input shapes graphed per model; later shapes run eagerly (the context curve's many)
+
+_enabled = ContextVar("cuda_graphs", default=True)
+
+
+@contextmanager
+def cuda_graphs(enabled: bool):
+    """Inference forwards replayed from graphs (on CUDA) inside this block or not: a run's `cuda_graphs`."""
+    token = _enabled.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _enabled.reset(token)
+
+
+def map_state(fn, state):
+    """`fn` applied to every tensor of a model state (nested lists and tuples of tensors)."""
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_state(fn, item) for item in state)
+    return fn(state) if isinstance(state, Tensor) else state
+
+
+def copy_state(target, source) -> None:
+    """Every tensor of `source` copied into its place in `target` (the same nesting)."""
+    if isinstance(target, Tensor):
+        target.copy_(source)
+    elif isinstance(target, (list, tuple)):
+        for t, s in zip(target, source, strict=True):
+            copy_state(t, s)
+
+
+def state_key(state):
+    """A state's shape, as hashable: a graph replays only inputs of its own shapes."""
+    if isinstance(state, (list, tuple)):
+        return tuple(state_key(item) for item in state)
+    return tuple(state.shape) if isinstance(state, Tensor) else state
+
+
+def release_generators() -> None:
+    """After a capture that broke off, the CUDA generators still believe they are capturing (torch ends their
+    capture only in a capture that ends well), and the next eager dropout fails with "Offset increment outside
+    graph capture". A copy of each generator's state (same seed and offset, not capturing) takes its place."""
+    for generator in torch.cuda.default_generators:
+        if hasattr(generator, "graphsafe_set_state"):
+            generator.graphsafe_set_state(generator.clone_state())
+
+
+def failure(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+class _Captured:
+    """One graph and its static inputs and outputs."""
+
+    def __init__(self, graph, inputs: tuple, outputs: tuple):
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+
+    def replay(self, *inputs) -> tuple:
+        for static, value in zip(self.inputs, inputs):
+            copy_state(static, value)
+        self.graph.replay()
+        return self.outputs
+
+
+def capture(fn: Callable, *inputs) -> _Captured:
+    """fn(*static inputs) recorded in a CUDA graph (and not run: replay runs it). Raises where it cannot be."""
+    static = map_state(torch.Tensor.clone, inputs)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            outputs = fn(*static)
+    except Exception:
+        release_generators()
+        raise
+    return _Captured(graph, static, outputs)
+
+
+class GraphedTrainingStep:
+    """`step(inputs, targets, state=None)` -> (loss, final state), both detached, with every parameter's .grad
+    holding this step's gradient (written, not accumulated). `loss_fn(inputs, targets, state)` -> (loss, final
+    state). The first `warmup` steps run eagerly on a side stream; then each kind of step (from the zero state,
+    or from a carried one) is captured once and replayed. A capture that fails says so in one line and leaves
+    every step eager."""
+
+    def __init__(self, loss_fn: Callable, parameters, warmup: int = WARMUP_STEPS,
+                 say: Callable[[str], None] = print):
+        self.loss_fn, self.parameters, self.warmup, self.say = loss_fn, list(parameters), warmup, say
+        self.steps = 0
+        self.graphs: dict = {}  # (inputs' shape, the state's) -> _Captured
+        self.failed: str | None = None  # why a capture failed: every step stays eager
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
+
+    def __call__(self, inputs: Tensor, targets: Tensor, state=None):
+        self.steps += 1
+        key = (tuple(inputs.shape), state_key(state))
+        if key in self.graphs:
+            return self._replay(key, inputs, targets, state)
+        if self.failed is None and self.steps > self.warmup and inputs.is_cuda:
+            self._clear_grads()  # the capture's backward then writes fresh gradient tensors, which replays rewrite
+            try:
+                self.graphs[key] = capture(self._forward_backward, inputs, targets, state)
+            except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
+                self.failed = failure(err)
+                self.say(f"cuda_graphs: the training step could not be captured ({self.failed}); training "
+                         "eagerly")
+            else:
+                if len(self.graphs) == 1:
+                    self.say(f"cuda_graphs: the training step is captured at step {self.steps} and replayed "
+                             "from then on")
+                return self._replay(key, inputs, targets, state)
+        return self._eager(inputs, targets, state)
+
+    def _replay(self, key, inputs, targets, state):
+        loss, final = self.graphs[key].replay(inputs, targets, state)
+        # The next replay overwrites them; what the caller keeps (a logged loss, a carried state) must stay.
+        return loss.clone(), map_state(torch.Tensor.clone, final)
+
+    def _forward_backward(self, inputs, targets, state):
+        loss, final = self.loss_fn(inputs, targets, state)
+        loss.backward()
+        return loss.detach(), map_state(torch.Tensor.detach, final)
+
+    def _eager(self, inputs: Tensor, targets: Tensor, state):
+        self._clear_grads()
+        if not inputs.is_cuda:
+            return self._forward_backward(inputs, targets, state)
+        # On a side stream, as CUDA graphs want their warmup: nothing it caches belongs to the capture stream.
+        side = torch.cuda.Stream(inputs.device)
+        side.wait_stream(torch.cuda.current_stream(inputs.device))
+        with torch.cuda.stream(side):
+            result = self._forward_backward(inputs, targets, state)
+        torch.cuda.current_stream(inputs.device).wait_stream(side)
+        return result
+
+    def _clear_grads(self) -> None:
+        for p in self.parameters:
+            p.grad = None
+
+
+class GraphedForward:
+    """model(tokens, state) without grad, on CUDA, replayed from a graph for every input shape seen twice (the
+    first time runs eagerly: a shape used once is not worth a capture); at most INFERENCE_GRAPHS shapes, one
+    set per train/eval mode. Outputs are fresh tensors, as the eager call's."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.graphs: dict = {}
+        self.seen: set = set()
+        self.weights: list[int] = []  # the parameters' addresses the graphs read
+        self.failed: str | None = None
+
+    def __call__(self, tokens: Tensor, state=None):
+        if (not (tokens.is_cuda and _enabled.get()) or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
+                or self.failed is not None):
+            return self.model(tokens, state)
+        weights = [p.data_ptr() for p in self.model.parameters()]
+        if weights != self.weights:  # moved or replaced since the captures: they read the old memory
+            self.graphs, self.seen, self.weights = {}, set(), weights
+        key = (tuple(tokens.shape), tokens.dtype, state_key(state), self.model.training,
+               id(getattr(self.model, "matmul_precision", None)))
+        if key not in self.graphs:
+            if key not in self.seen or len(self.graphs) >= INFERENCE_GRAPHS:
+                self.seen.add(key)
+                return self.model(tokens, state)
+            try:
+                self.graphs[key] = capture(self.model, tokens, state)
+            except Exception as err:  # noqa: BLE001 - any failure to capture means: eager from now on
+                self.failed = failure(err)
+                print(f"cuda_graphs: the model's forward could not be captured ({self.failed}); evaluating eagerly")
+                return self.model(tokens, state)
+        logits, final = self.graphs[key].replay(tokens, state)
+        return logits.clone(), map_state(torch.Tensor.clone, final)
+
+
+_forwards: "WeakKeyDictionary[nn.Module, GraphedForward]" = WeakKeyDictionary()
+
+
+def graphed(model: nn.Module) -> Callable:
+    """The model's inference forward, replayed from CUDA graphs where that applies (GraphedForward); the model
+    itself where it cannot (on a CPU, or with cuda_graphs off): call it as the model."""
+    if not _enabled.get() or next(model.parameters(), torch.empty(0)).device.type != "cuda":
+        return model
+    if model not in _forwards:
+        _forwards[model] = GraphedForward(model)
+    return _forwards[model]

@@ -1,0 +1,158 @@
+"""cuda_graphs: the training step and the inference forwards replayed from CUDA graphs equal the eager ones
+(models/cuda_graphs.py).
+
+The GPU tests run where CUDA is and skip with their reason elsewhere; the CPU tests check that on a CPU the step
+object is the plain eager step, writing (not adding) its gradients, and that inference calls the model itself."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gru_experiments.models.precision import resolve
+from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs, graphed
+from gru_experiments.study.generation import sample_tokens
+from gru_experiments.study.scores import Split, score_stateful, score_windowed
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: CUDA graphs need one")
+
+
+def loss_of(model):
+    def loss_fn(inputs, targets, state=None):
+        logits, state = model(inputs, state)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)), state
+    return loss_fn
+
+
+def batches(vocab, steps, device, batch=16, seq_len=32, seed=0):
+    """Random windows of one fixed random text of 300 tokens: something to learn within 50 steps."""
+    generator = torch.Generator().manual_seed(seed)
+    text = torch.randint(vocab, (300,), generator=generator)
+    starts = torch.randint(300 - seq_len - 1, (steps, batch, 1), generator=generator)
+    tokens = text[starts + torch.arange(seq_len + 1)]
+    return [(t[:, :-1].to(device), t[:, 1:].to(device)) for t in tokens]
+
+
+def train(model, data, graphed: bool):
+    """AdamW and clipping at 1.0 as the project's recipe: the losses of every step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    step = GraphedTrainingStep(loss_of(model), model.parameters(), say=lambda line: None) if graphed else None
+    losses = []
+    for inputs, targets in data:
+        if step is not None:
+            loss, _ = step(inputs, targets)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            loss, _ = loss_of(model)(inputs, targets)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss))
+    return losses, step
+
+
+def test_on_the_cpu_the_step_is_eager_and_writes_its_gradients():
+    torch.manual_seed(0)
+    model = RecurrentLM(11, "gru", 8, 16, num_layers=2, dropout=0.0)
+    step = GraphedTrainingStep(loss_of(model), model.parameters(), warmup=0)
+    inputs, targets = batches(11, 1, "cpu")[0]
+    first, _ = step(inputs, targets)
+    grads = [p.grad.clone() for p in model.parameters()]
+    again, _ = step(inputs, targets)  # the same batch: the same gradients, not twice them
+    assert not step.captured and step.failed is None
+    assert float(first) == float(again)
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+    expected, _ = loss_of(model)(inputs, targets)
+    assert float(expected.detach()) == float(first)
+    assert graphed(model) is model  # inference on a CPU: the model itself
+
+
+@CUDA
+@pytest.mark.parametrize("cell, layer_norm, low_precision", [("gru", False, "never"), ("gru", False, "always"),
+                                                             ("lstm", True, "always")])
+def test_graphed_training_equals_eager_over_50_steps(cell, layer_norm, low_precision):
+    """Same seed, same batches, dropout on: the graphed step's losses and weights follow the eager ones."""
+    torch.manual_seed(0)
+    eager = RecurrentLM(65, cell, 32, 64, num_layers=2, dropout=0.1, layer_norm=layer_norm).cuda()
+    graphed = copy.deepcopy(eager)
+    for model in (eager, graphed):
+        model.set_matmul_precision(resolve(low_precision, None, torch.device("cuda")))
+    data = batches(65, 50, "cuda")
+    torch.cuda.manual_seed(1)
+    eager_losses, _ = train(eager, data, graphed=False)
+    torch.cuda.manual_seed(1)
+    graphed_losses, step = train(graphed, data, graphed=True)
+    assert step.captured, step.failed
+    tolerance = dict(rtol=1e-3, atol=1e-4) if low_precision == "never" else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(torch.tensor(graphed_losses), torch.tensor(eager_losses), **tolerance)
+    for (name, a), b in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, **tolerance, msg=lambda m, name=name: f"{name}: {m}")
+    assert graphed_losses[-1] < graphed_losses[0] - 0.5  # it trained
+
+
+@CUDA
+def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_so():
+    """Dropout on: after the broken-off capture the eager steps still draw from the CUDA generator."""
+    torch.manual_seed(0)
+    model = RecurrentLM(11, "gru", 8, 16, dropout=0.1).cuda()
+    said = []
+
+    def syncing_loss(inputs, targets, state=None):  # .item() syncs with the host: forbidden inside a capture
+        loss, state = loss_of(model)(inputs, targets, state)
+        float(loss.item())
+        return loss, state
+    step = GraphedTrainingStep(syncing_loss, model.parameters(), warmup=1, say=said.append)
+    for inputs, targets in batches(11, 4, "cuda"):
+        loss, _ = step(inputs, targets)
+        assert all(p.grad is not None for p in model.parameters())
+    assert not step.captured and step.failed
+    assert len(said) == 1 and said[0].startswith("cuda_graphs: the training step could not be captured")
+    assert torch.isfinite(loss)
+    torch.nn.functional.dropout(torch.ones(8, device="cuda"), 0.5)  # the generator works outside a capture
+
+
+@CUDA
+def test_carried_state_steps_equal_eager():
+    """training=streams: the step from a carried state (its own graph beside the zero state's) equals eager."""
+    torch.manual_seed(0)
+    eager = RecurrentLM(65, "lstm", 16, 32, num_layers=2, dropout=0.0).cuda()
+    graphed_model = copy.deepcopy(eager)
+    step = GraphedTrainingStep(loss_of(graphed_model), graphed_model.parameters(), warmup=1, say=lambda line: None)
+    state_eager = state_graphed = None
+    for i, (inputs, targets) in enumerate(batches(65, 8, "cuda")):
+        if i % 4 == 0:
+            state_eager = state_graphed = None  # a pass starts: the zero state
+        eager.zero_grad(set_to_none=True)
+        loss, state_eager = loss_of(eager)(inputs, targets, state_eager)
+        loss.backward()
+        state_eager = [tuple(t.detach() for t in s) for s in state_eager]
+        graphed_loss, state_graphed = step(inputs, targets, state_graphed)
+        torch.testing.assert_close(graphed_loss, loss.detach())
+        for a, b in zip(graphed_model.parameters(), eager.parameters()):
+            torch.testing.assert_close(a.grad, b.grad)
+    assert len(step.graphs) == 2  # from the zero state, from a carried one
+
+
+@CUDA
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_inference_graphs_give_the_eager_figures_and_samples(cell):
+    torch.manual_seed(0)
+    model = RecurrentLM(65, cell, 16, 32, num_layers=2, dropout=0.1).cuda()
+    split = Split(torch.randint(65, (5000,), device="cuda"), torch.ones(65, dtype=torch.long, device="cuda"), None)
+    prompt = torch.randint(65, (4, 5), device="cuda")
+
+    def figures(enabled):
+        with cuda_graphs(enabled):
+            stateful = score_stateful(model, split, 64, 8)
+            windowed = score_windowed(model, split, 32)
+            tokens = sample_tokens(model, prompt, 40, "stateful", lambda logits: logits.argmax(-1))
+        return stateful, windowed, tokens
+
+    eager, replayed = figures(False), figures(True)
+    assert graphed(model).graphs  # the graphed run replayed some shapes
+    torch.testing.assert_close(replayed[0].nll, eager[0].nll, rtol=1e-6, atol=0)
+    torch.testing.assert_close(replayed[1].nll, eager[1].nll, rtol=1e-6, atol=0)
+    assert torch.equal(replayed[2], eager[2])
