@@ -36,6 +36,14 @@ TRAIN_RULES = [
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
     Rule("training.batching", lambda v: v in ("windows", "streams"), "windows or streams (data.BATCHINGS)",
          may_be_absent=True),
+    # early_stopping (conf/early_stopping/): Lightning's EarlyStopping; absent in a config from before it
+    Rule("early_stopping.patience", int_at_least(1),
+         "null (off) or an integer >= 1 (validations in a row without improvement before training stops)",
+         optional=True),
+    Rule("early_stopping.min_delta", non_negative_number, "a number >= 0", may_be_absent=True),
+    Rule("early_stopping.monitor", lambda v: v in ("val/loss", "val/bpc"), "val/loss or val/bpc",
+         may_be_absent=True),
+    Rule("early_stopping.mode", lambda v: v in ("min", "max"), "min or max", may_be_absent=True),
     Rule("training.recall_weight", lambda v: is_number(v) and v >= 1,
          "a number >= 1 (probe=recall: the loss's weight on a recall target; 1: every target the same)",
          may_be_absent=True),
@@ -67,8 +75,9 @@ def precision_rule() -> Rule:
 
 
 # Groups whose keys this project reads as the chosen option's file names them: a key added to one on the command
-# line (+group.key=value; Hydra refuses a new key without the +) is read by nothing. trainer, model and logger
-# hand their keys on to Lightning, the model's class and the logger, which say what they take; probe: check_probe.
+# line (+group.key=value; Hydra refuses a new key without the +) is read by nothing. trainer, model, logger and
+# early_stopping hand their keys on to Lightning, the model's class and the logger, which say what they take
+# (early_stopping's is built in training.prepare, before anything is written); probe: check_probe.
 OWN_GROUPS = ("data", "evaluation", "training", "tokenizer", "optim", "checkpoint", "paths")
 
 

@@ -47,7 +47,10 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
         raise UserError(f"{which} has no {LAST_CHECKPOINT}: it stopped before its first checkpoint "
                         "(written every checkpoint.every_n_steps steps and at epoch ends); start it afresh")
     if run.finished:
-        raise UserError(f"{which} already finished (it has a summary.json): nothing to resume"
+        summary = run.summary() or {}
+        stopped = (f", stopped early at step {summary.get('stopped_at_step'):,}" if summary.get("stopped_early")
+                   else "")
+        raise UserError(f"{which} already finished (it has a summary.json{stopped}): nothing to resume"
                         + ("; to resume an older run, name its folder: resume=RUN_DIR" if resume == LAST else ""))
     return run
 
@@ -63,17 +66,21 @@ class ResumePoint:
     tokenizer: dict  # the tokenizer's state
     wandb_run_id: str | None
     planned_steps: int | None = None  # the step the run was to stop at when it wrote the checkpoint (task.py)
+    stopped_early: str | None = None  # why its early stopping stopped it (runs/stopping.py); None: it did not
 
     @classmethod
     def read(cls, run: RunDir) -> ResumePoint:
         """Refuses (UserError) a checkpoint that is unreadable, unsafe or not a training checkpoint."""
         from gru_experiments.runs.checkpoints import TRAINING_KEYS, read_checkpoint, wandb_run_id
+        from gru_experiments.runs.stopping import stop_description, stopped_state
 
         saved = read_checkpoint(run.checkpoint, require=TRAINING_KEYS, mmap=True)
+        stopped = stopped_state(saved)
         return cls(run=run, checkpoint=run.checkpoint, step=int(saved["global_step"]),
                    hyper_parameters=dict(saved["hyper_parameters"]), tokenizer=saved["tokenizer"],
                    wandb_run_id=wandb_run_id(saved),
-                   planned_steps=(saved.get("train_statistics") or {}).get("planned_steps"))
+                   planned_steps=(saved.get("train_statistics") or {}).get("planned_steps"),
+                   stopped_early=stop_description(stopped) if stopped else None)
 
     def check(self, hyper_parameters: dict, tokenizer) -> None:
         """The checkpoint must hold the model this config builds: same tokenizer and architecture (its learning

@@ -34,6 +34,7 @@ from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
+from gru_experiments.runs.stopping import EarlyStopping, build_early_stopping, stopping_summary
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.scores import Split, score_chunks
@@ -63,6 +64,7 @@ class Run:
     logger: object = None
     precision: dict | None = None
     counted_checkpoint: str | None = None
+    stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
 
 
 def train(cfg: DictConfig) -> dict:
@@ -111,7 +113,8 @@ def prepare(cfg: DictConfig) -> Run:
     if resume is not None:
         resume.check(task.hparams, tokenizer)
     run = Run(cfg, resume, RunDir(cfg.paths.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
-              batching, checked.evaluation, parameters=count_parameters(model) if model.trainable else None)
+              batching, checked.evaluation, parameters=count_parameters(model) if model.trainable else None,
+              stopping=build_early_stopping(cfg) if model.trainable else None)
     print(describe_run(run))
     return run
 
@@ -153,9 +156,15 @@ def fit_or_count(run: Run, current) -> None:
                               tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
                  CostEstimate(run.val, cfg, run.settings, model=task.model, tokenizer=tokenizer, modes=modes,
-                              train_ids=run.corpus.train_ids, probe=run.corpus.probe)]
+                              train_ids=run.corpus.train_ids, probe=run.corpus.probe),
+                 *([run.stopping] if run.stopping is not None else [])]
+    limit = {}
+    if resume is not None and resume.stopped_early is not None:  # stopped early, then cut off in its evaluation
+        print(f"{run.folder.path} stopped early at step {resume.step:,} ({resume.stopped_early}): not training on; "
+              "finishing its evaluation")
+        limit = {"max_steps": resume.step}  # Lightning restores the checkpoint and trains nothing
     run.trainer = instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger, plugins=[checkpoint_io],
-                              callbacks=callbacks)
+                              callbacks=callbacks, **limit)
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
                                            cfg.trainer.get("precision"), run.trainer)
@@ -224,6 +233,8 @@ def summarize(run: Run, current) -> dict:
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.folder.path),
         "resumed_from_step": run.resume and run.resume.step,
+        # early_stopping, stopped_early, stopped_at_step, stop_reason, early_stopping_best_step (runs/stopping.py)
+        **stopping_summary(cfg, run.stopping),
     }
 
 
@@ -235,6 +246,8 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
     if is_wandb(run.logger):
         run.logger.experiment.summary.update({k: v for k, v in summary.items() if v is not None})
     train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
+    if summary["stopped_early"]:
+        print(f"stopped early at step {summary['stopped_at_step']:,}: {summary['stop_reason']}")
     print(f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
           f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
           f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")

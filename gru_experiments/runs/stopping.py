@@ -1,0 +1,112 @@
+"""Early stopping (conf/early_stopping/): Lightning's EarlyStopping, which also records the training step of its
+best score and of its stop, in its state (so in every checkpoint: a resume keeps them, as it keeps the wait count
+and the best score). `build_early_stopping(cfg)` makes it from the config group, or None when it is off; the
+run's record of it in summary.json: `stopping_summary`.
+"""
+
+from __future__ import annotations
+
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from omegaconf import OmegaConf
+
+from gru_experiments.errors import UserError
+
+NOT_STOPPED = EarlyStoppingReason.NOT_STOPPED.value
+
+
+class EarlyStopping(LightningEarlyStopping):
+    """Lightning's, checked after each validation (before the checkpoints of that validation are written, so that
+    they hold the stop), recording `best_step` and `stopped_step` (training steps)."""
+
+    def __init__(self, monitor: str = "val/loss", patience: int = 3, min_delta: float = 0.0, mode: str = "min",
+                 **kwargs):
+        kwargs.setdefault("check_on_train_epoch_end", False)
+        super().__init__(monitor=monitor, patience=patience, min_delta=min_delta, mode=mode, **kwargs)
+        self.best_step: int | None = None
+        self.stopped_step: int | None = None
+        self._step = 0
+
+    def _run_early_stopping_check(self, trainer) -> None:
+        self._step = trainer.global_step
+        super()._run_early_stopping_check(trainer)
+        if trainer.should_stop and self.stopped_step is None:
+            self.stopped_step = trainer.global_step
+
+    def _evaluate_stopping_criteria(self, current):
+        should_stop, reason = super()._evaluate_stopping_criteria(current)
+        if self.wait_count == 0 and not should_stop:  # an improvement
+            self.best_step = self._step
+        return should_stop, reason
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | {"best_step": self.best_step, "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.best_step, self.stopped_step = state_dict.get("best_step"), state_dict.get("stopped_step")
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopping_reason != EarlyStoppingReason.NOT_STOPPED
+
+    def reason(self) -> str | None:
+        """Why it stopped, in a sentence; None while it has not."""
+        if not self.stopped:
+            return None
+        if self.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
+            by = f" by more than {abs(self.min_delta):g}" if self.min_delta else ""
+            return (f"{self.monitor} did not improve{by} for {self.wait_count} validations in a row (patience "
+                    f"{self.patience}); its best, {float(self.best_score):.4f}, was at step {self.best_step}")
+        return self.stopping_reason_message
+
+
+def settings(cfg) -> dict | None:
+    """The early_stopping group's keys (without _target_), or None when it is off (absent, or patience null)."""
+    group = OmegaConf.select(cfg, "early_stopping", default=None)
+    if group is None or group.get("patience") is None:
+        return None
+    return {key: value for key, value in OmegaConf.to_container(group, resolve=True).items() if key != "_target_"}
+
+
+def build_early_stopping(cfg) -> EarlyStopping | None:
+    """The callback, or None when early stopping is off; a key its class does not take: a UserError."""
+    if settings(cfg) is None:
+        return None
+    try:
+        return instantiate(cfg.early_stopping)
+    except Exception as err:  # noqa: BLE001 - Hydra wraps the class's TypeError
+        reason = str(err.__cause__ or err).splitlines()[0]
+        raise UserError(f"early_stopping: {reason} (conf/early_stopping/default.yaml lists the keys)") from None
+
+
+def stopping_summary(cfg, callback: EarlyStopping | None) -> dict:
+    """summary.json's record: early_stopping (the settings, or None: off), stopped_early, stopped_at_step,
+    stop_reason (None unless it stopped) and early_stopping_best_step (the step of its best validation)."""
+    stopped = callback is not None and callback.stopped
+    return {
+        "early_stopping": settings(cfg),
+        "stopped_early": stopped,
+        "stopped_at_step": callback.stopped_step if stopped else None,
+        "stop_reason": callback.reason() if stopped else None,
+        "early_stopping_best_step": callback.best_step if callback is not None else None,
+    }
+
+
+def stop_description(state: dict) -> str:
+    """A stopped state (stopped_state) in a few words."""
+    best, step = state.get("best_score"), state.get("best_step")
+    at = f" at step {step:,}" if step is not None else ""
+    return (f"no improvement for {state.get('wait_count')} validations, patience {state.get('patience')}; best "
+            f"{float(best):.4f}{at}") if state.get("stopping_reason") == EarlyStoppingReason.PATIENCE_EXHAUSTED.value \
+        else str(state.get("stopping_reason_message"))
+
+
+def stopped_state(checkpoint: dict) -> dict | None:
+    """A checkpoint's early-stopping state when it says training stopped early; else None."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if key.startswith("EarlyStopping") and isinstance(state, dict) and \
+                state.get("stopping_reason", NOT_STOPPED) != NOT_STOPPED:
+            return state
+    return None
