@@ -5,6 +5,7 @@ time of a step (docs/performance.md, *CUDA graphs*).
 
     python benchmarks/bench_gpu.py                                 # astra_gamma scribe_gamma leviathan
     python benchmarks/bench_gpu.py --models astra_alpha --steps 20
+    python benchmarks/bench_gpu.py --inference                     # the evaluation's passes and the sampler
     python benchmarks/bench_gpu.py --device cpu --quick            # the plumbing on a CPU (a smoke run)
 
 Each model at its training shape (data.batch_size x data.seq_len, 64 x 128), its dropout, and its precision
@@ -30,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from gru_experiments.models.precision import resolve  # noqa: E402
 from gru_experiments.models.protocol import build_model, count_parameters  # noqa: E402
-from gru_experiments.models.cuda_graphs import GraphedTrainingStep  # noqa: E402
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs  # noqa: E402
 
 MODES = ("eager", "graphed", "cudnn")
 
@@ -124,6 +125,38 @@ def kernel_share(step, batches, device) -> tuple[float, float]:
     return kernels / len(batches), wall * 1e3 / len(batches)
 
 
+def inference(model_name: str, cfg, vocab: int, device, quick: bool) -> None:
+    """The evaluation's launch-bound parts, eager and replayed from graphs (cuda_graphs), on random tokens: the
+    stateful pass over a validation-sized split (64 streams, chunks of the window), the windowed pass (a window
+    per target) over a tenth of it, and the stateful sampler (12 samples of 300 tokens, a token a step)."""
+    from gru_experiments.study.generation import sample_tokens
+    from gru_experiments.study.scores import Split, score_stateful, score_windowed
+    torch.manual_seed(0)
+    model = build_model(OmegaConf.to_container(cfg.model.architecture, resolve=True), vocab).to(device)
+    model.set_matmul_precision(resolve("auto", None, device))
+    n, window = (2_000, 16) if quick else (111_539, int(cfg.data.seq_len))
+    ids = torch.randint(vocab, (n,), device=device)
+    split, small = (Split(t, torch.ones(vocab, dtype=torch.long, device=device)) for t in (ids, ids[: n // 10]))
+    prompt = torch.randint(vocab, (12, 8), device=device)
+    parts = {"stateful pass": lambda: score_stateful(model, split, window, 64).nll,
+             "windowed pass": lambda: score_windowed(model, small, window).nll,
+             "sampler": lambda: sample_tokens(model, prompt, 30 if quick else 300, "stateful",
+                                              lambda logits: logits.argmax(-1))}
+    for part, run in parts.items():
+        seconds, results = {}, {}
+        for graphs in (False, True, True):  # graphed twice: the first run sees each shape (and captures)
+            with cuda_graphs(graphs):
+                sync(device)
+                started = time.perf_counter()
+                results[graphs] = run()
+                sync(device)
+                seconds[graphs] = time.perf_counter() - started
+        same = (torch.equal(results[False], results[True]) if isinstance(results[True], torch.Tensor)
+                else abs(results[False] - results[True]) <= 1e-6 * abs(results[False]))
+        print(f"{model_name:13s} {part:14s} eager {seconds[False]:7.2f} s, graphed {seconds[True]:7.2f} s "
+              f"({seconds[False] / seconds[True]:.1f}x), same result: {same}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["astra_gamma", "scribe_gamma", "leviathan"])
@@ -133,6 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 repeat, batch 4 x 16")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--inference", action="store_true", help="the evaluation's passes and the sampler instead")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats must be at least 1")
@@ -148,6 +182,9 @@ def main(argv=None) -> int:
         cfg = model_config(model_name)
         batch, seq_len = (4, 16) if args.quick else (cfg.data.batch_size, cfg.data.seq_len)
         vocab = int(cfg.tokenizer.vocab_size) if cfg.tokenizer.kind == "spm" else 65
+        if args.inference:
+            inference(model_name, cfg, vocab, device, args.quick)
+            continue
         generator = torch.Generator().manual_seed(0)
         tokens = torch.randint(vocab, (args.steps, batch, seq_len + 1), generator=generator).to(device)
         batches = [(t[:, :-1], t[:, 1:]) for t in tokens]

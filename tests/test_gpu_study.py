@@ -25,7 +25,7 @@ def test_gpu_study_runs_end_to_end_on_the_cpu(tiny_corpus, data_dir, tmp_path):
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for model in ("astra_alpha", "astra_beta"):
-        assert f"gpu_study.sh: {model} completed in " in result.stdout
+        assert f"gpu_study.sh: {model} completed by " in result.stdout
         [summary] = (tmp_path / "outputs" / "runs" / model).glob("*/summary.json")
         assert str(summary) in result.stdout
     assert result.stdout.count("  train_steps: 2\n") == 2
