@@ -39,3 +39,11 @@ def test_a_recall_weight_without_the_probe_says_it_has_no_effect(compose_config,
     validate(compose_config("training.recall_weight=5", "probe=recall"))
     validate(compose_config())
     assert "has no effect" not in capsys.readouterr().out
+
+
+def test_a_long_prompt_is_cut_in_the_progress_bars_label():
+    from gru_experiments.runs.sampling import shown_prompt
+
+    assert shown_prompt("ROMEO: ") == "'ROMEO: '"
+    label = shown_prompt("x" * 100_000)
+    assert len(label) < 80 and label.endswith("(100,000 characters)")
