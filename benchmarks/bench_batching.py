@@ -2,6 +2,7 @@
 benchmark, not a test).
 
     python benchmarks/bench_batching.py [--model astra_alpha] [--steps 40] [--rounds 5] [--threads 1]
+    python benchmarks/bench_batching.py --quick   # a smoke run (2 steps, 1 round, 4 x 16 batches)
 
 Both modes train the same model (the config's architecture, AdamW, 64 x 128 batches of the shipped
 corpus) through LanguageModelTask.training_step, the code train.py runs; rounds alternate the
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_recurrence import machine_info
+from bench_recurrence import Parser, machine_info, positive_int
 from omegaconf import OmegaConf
 
 from gru_experiments.data.batches import RandomWindowBatches, StreamBatches
@@ -58,14 +59,17 @@ def time_steps(task, optimizer, batches, steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="astra_alpha")
-    parser.add_argument("--steps", type=int, default=40, help="training steps per mode per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--steps", type=positive_int, default=40, help="training steps per mode per round")
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--batch", type=positive_int, default=64)
+    parser.add_argument("--seq-len", type=positive_int, default=128)
+    parser.add_argument("--threads", type=positive_int, default=None)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 round, 4 x 16 batches")
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds, args.batch, args.seq_len = 2, 1, 4, 16
     if args.threads:
         torch.set_num_threads(args.threads)
     text = read_corpus(SHIPPED_CORPUS)

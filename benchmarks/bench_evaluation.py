@@ -1,7 +1,8 @@
 """The end-of-run evaluation's cost against the full recipe's training time, per model (a benchmark).
 
     python benchmarks/bench_evaluation.py [--models astra_gamma leviathan] [--steps 4]
-                                          [--precision auto|always|never] [--data-dir DIR]
+                                          [--precision auto|always|never] [--data-dir DIR] [OVERRIDE ...]
+    python benchmarks/bench_evaluation.py --quick data.path=FILE   # a smoke run (Astra-α, a 2-step recipe)
 
 In one process, side by side: training steps of the model's recipe shape (batch 64 x 128,
 forward, backward, AdamW; random weights: speed does not depend on them), median of the steps
@@ -40,6 +41,10 @@ def measure(name: str, args) -> dict:
         overrides = [f"model={name}", "logger=none", f"paths.root_dir={REPO}"]
         if args.data_dir:
             overrides.append(f"paths.data_dir={args.data_dir}")
+        if args.quick:  # a recipe of 2 steps at 4 x 16: the evaluation's budget in proportion
+            overrides += ["model.steps_per_epoch=2", "model.epochs=1", "data.batch_size=4", "data.seq_len=16",
+                          "evaluation.text.samples=0"]
+        overrides += args.overrides
         cfg = compose("train", overrides=overrides)
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers")
     torch.manual_seed(0)
@@ -91,7 +96,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--precision", default="auto", choices=["auto", "always", "never"])
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: Astra-α, a 2-step recipe at 4 x 16")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. data.path=FILE")
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.steps = ["astra_alpha"], 2
     print(f"torch threads {torch.get_num_threads()}; precision {args.precision}", flush=True)
     print("| model | training tokens/s | full recipe, training (extrapolated) | evaluation.budget | end-of-run "
           "evaluation (measured; final + best) | evaluation / training |")

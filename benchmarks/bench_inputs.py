@@ -2,6 +2,7 @@
 tests/test_inputs.py and tests/test_resume.py hold what each answer says). Goal: one line within 10 s each.
 
     python benchmarks/bench_inputs.py
+    python benchmarks/bench_inputs.py --quick   # a smoke run: the short run and the first two inputs
 
 Each command is a fresh process on the shipped Tiny Shakespeare, as a user runs it, under a temporary
 PROJECT_ROOT; the resume inputs use a short run made first, its summary.json removed so that it reads as
@@ -53,13 +54,14 @@ def run(command: list[str], root: Path) -> tuple[float, int, str]:
 
 
 def main() -> None:
+    quick = "--quick" in sys.argv[1:]  # a smoke run of the benchmark: the run and the first two inputs
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         seconds, status, _ = run(["train.py", *RUN], root)
         (interrupted,) = (root / "outputs" / "runs" / "astra_alpha").iterdir()
         (interrupted / "summary.json").unlink()
         print(f"the interrupted run: {seconds:.1f} s, exit {status}")
-        for command in INPUTS:
+        for command in INPUTS[:2] if quick else INPUTS:
             command = [part.replace("{run}", str(interrupted)).replace("{root}", str(root)) for part in command]
             seconds, status, line = run(command, root)
             shown = " ".join(command).replace(str(interrupted), "RUN").replace(str(root), "ROOT")

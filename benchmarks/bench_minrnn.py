@@ -2,7 +2,7 @@
 scan against the same cell run step by step.
 
     python benchmarks/bench_minrnn.py                     # windows 128 and 512, scan cost up to 2,048
-    python benchmarks/bench_minrnn.py --windows 128 --scan-lengths 32,128 --steps 2   # a smoke run
+    python benchmarks/bench_minrnn.py --quick             # a smoke run (window 16, scans of 8 and 16 steps)
     python benchmarks/bench_minrnn.py --device cuda       # the same on a GPU (each step synchronised)
 
 Training: one step = forward, cross-entropy, backward and AdamW on a fixed random batch (64 windows, 65 symbols),
@@ -18,7 +18,7 @@ import argparse
 import time
 
 import torch
-from bench_recurrence import REPO, interleaved, machine_info, sync
+from bench_recurrence import REPO, Parser, interleaved, machine_info, positive_int, sync
 from omegaconf import OmegaConf
 
 from gru_experiments.models.minrnn import MinRNNLayer
@@ -78,13 +78,16 @@ def scan_microseconds(length: int, repeats: int, device) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--windows", default="128,512")
     p.add_argument("--scan-lengths", default="32,128,512,2048")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--quick", action="store_true", help="a smoke run: window 16, scans of 8 and 16 steps, 1 step")
     args = p.parse_args(argv)
+    if args.quick:
+        args.windows, args.scan_lengths, args.steps = "16", "8,16", 1
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_peak.py                               # Astra-γ and Scribe-β (the scale study's big two)
     python benchmarks/bench_peak.py --models astra_alpha,astra_beta,astra_gamma,scribe_alpha,scribe_beta
-    python benchmarks/bench_peak.py --threads 1 --steps 3 --quick # a smoke run (small matmuls, few repetitions)
+    python benchmarks/bench_peak.py --quick                       # a smoke run: Astra-α, small matmuls, 1 step
 
 The peak is the best GFLOP/s of torch.mm over a few large shapes (the batch's input projection, 8192 x 512 x 1536,
 and a square 2048), fp32 and bf16 inputs (fp32 accumulation). A model's training FLOPs per token count its matmuls
@@ -20,7 +20,7 @@ import statistics
 import time
 
 import torch
-from bench_recurrence import Trainer, build, interleaved, load_shapes, machine_info
+from bench_recurrence import Parser, Trainer, build, interleaved, load_shapes, machine_info, positive_int
 
 from gru_experiments.models.precision import has_fast_bf16
 
@@ -60,19 +60,22 @@ def training_flops_per_token(shape) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="astra_gamma,scribe_beta")
-    p.add_argument("--steps", type=int, default=5, help="timed training steps per precision")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--quick", action="store_true", help="one small peak shape, few repetitions")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=None, help="comma-separated (default astra_gamma,scribe_beta; "
+                                                   "--quick astra_alpha)")
+    p.add_argument("--steps", type=positive_int, default=None, help="timed training steps per precision (5; --quick 1)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one small peak shape, few repetitions, Astra-α")
     args = p.parse_args(argv)
+    args.models = args.models or ("astra_alpha" if args.quick else "astra_gamma,scribe_beta")
+    args.steps = args.steps or (1 if args.quick else 5)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    shapes = load_shapes()
+    shapes = load_shapes(args.models.split(","))
     unknown = [name for name in args.models.split(",") if name not in shapes]
     if unknown:
-        p.error(f"unknown models {unknown}; known: {sorted(shapes)}")
+        p.error(f"--models: unknown or not a GRU/LSTM/RNN config: {unknown}; known: {sorted(load_shapes())}")
 
     print("## Machine\n")
     print(machine_info(device))

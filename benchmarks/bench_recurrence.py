@@ -65,23 +65,24 @@ class Shape:
                 f"V {self.vocab_size}{ln})")
 
 
-def load_shapes() -> dict[str, Shape]:
-    """Architectures straight from conf/model/*.yaml; vocabularies: 65 characters (Tiny
-    Shakespeare) for char models, the spm size for the Scribe models."""
-    from omegaconf import OmegaConf
+def load_shapes(names=None) -> dict[str, Shape]:
+    """Architectures of conf/model/*.yaml as train.py composes them (Hydra's compose API: a variant that extends its
+    base config gets the base's keys); vocabularies: 65 characters (Tiny Shakespeare) for char models, the spm size
+    for the Scribe models (their config chooses tokenizer=spm). `names`: only these (and the bases of their *_rnn)."""
+    from hydra import compose, initialize_config_dir
 
-    spm_vocab = OmegaConf.load(REPO / "conf/tokenizer/spm.yaml").vocab_size
-    shapes = {}
-    for path in sorted((REPO / "conf/model").glob("*.yaml")):
-        cfg = OmegaConf.load(path)
-        model = cfg.model if "model" in cfg else cfg
-        arch = model.architecture
-        if "cell" not in arch:  # not a recurrent family (mlp, ngram)
-            continue
-        # Scribe configs select the spm tokenizer in their defaults list ("override /tokenizer: spm").
-        spm = any("tokenizer" in str(d) and "spm" in str(d) for d in cfg.get("defaults", []))
-        shapes[model.name] = Shape(model.name, arch.cell, arch.embedding_dim, arch.hidden_size, arch.num_layers,
-                                   spm_vocab if spm else 65, arch.get("dropout", 0.1), arch.get("layer_norm", False))
+    shapes, configs = {}, sorted((REPO / "conf/model").glob("*.yaml"))
+    wanted = None if names is None else {name.removesuffix("_rnn") for name in names} | set(names)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        for path in (p for p in configs if wanted is None or p.stem in wanted):
+            cfg = compose(config_name="train", overrides=[f"model={path.stem}"])
+            arch = cfg.model.architecture
+            if arch.get("cell") not in ("gru", "lstm", "rnn"):  # not a family with nn.GRU/LSTM/RNN's shape
+                continue
+            vocab = cfg.tokenizer.vocab_size if cfg.tokenizer.kind == "spm" else 65
+            shapes[cfg.model.name] = Shape(cfg.model.name, arch.cell, arch.embedding_dim, arch.hidden_size,
+                                           arch.num_layers, vocab, arch.get("dropout", 0.1),
+                                           arch.get("layer_norm", False))
     # The Elman RNN at Astra-α's and Astra-β's shapes (the ladder's `rnn` config comes from conf/ above).
     for base in ("astra_alpha", "astra_beta"):
         if base in shapes:
@@ -89,6 +90,24 @@ def load_shapes() -> dict[str, Shape]:
             shapes[f"{base}_rnn"] = Shape(f"{base}_rnn", "rnn", b.embedding_dim, b.hidden_size, b.num_layers,
                                           b.vocab_size, b.dropout, b.layer_norm)
     return shapes
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a bad option answered in one line that names it (exit status 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (--threads -1 is refused in one line, not by torch with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 ORDER = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
@@ -219,31 +238,31 @@ def fmt(x: float) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None, help=f"comma-separated, from {','.join(ORDER)} (default: all)")
-    p.add_argument("--steps", type=int, default=None, help="timed training steps per side (default 7; 3 for the "
-                                                           "largest models; --quick 3)")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="timed training steps per side (default 7; 3 for the largest models; --quick 3)")
+    p.add_argument("--batch", type=positive_int, default=64)
+    p.add_argument("--seq-len", type=positive_int, default=128)
     p.add_argument("--lengths", default=None, help="two sampling lengths, e.g. 50,200 (default 16,64; --quick 8,32)")
-    p.add_argument("--sample-repeats", type=int, default=3)
+    p.add_argument("--sample-repeats", type=positive_int, default=3)
     p.add_argument("--no-sampling", action="store_true")
     p.add_argument("--no-builtin", action="store_true", help="leave out nn.GRU / nn.LSTM (training table)")
     p.add_argument("--reference", action="store_true", help="also time the readable reference (training, 2 steps)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="Astra-α, Astra-β, Scribe-α; fewer repetitions (~1 min)")
     args = p.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    shapes = load_shapes()
     default_models = ["astra_alpha", "astra_beta", "scribe_alpha"] if args.quick else ORDER
     names = args.models.split(",") if args.models else default_models
+    shapes = load_shapes(names)
     unknown = [n for n in names if n not in shapes]
     if unknown:
-        p.error(f"unknown models {unknown}; known: {sorted(shapes)}")
+        p.error(f"--models: unknown or not a GRU/LSTM/RNN config: {unknown}; known: {sorted(load_shapes())}")
     lengths = [int(v) for v in (args.lengths or ("8,32" if args.quick else "16,64")).split(",")]
 
     print("## Machine\n")

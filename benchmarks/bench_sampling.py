@@ -1,6 +1,7 @@
 """Generation speed of the three inference modes (a benchmark, not a test).
 
     python benchmarks/bench_sampling.py [--model astra_alpha] [--lengths 100 1000] [--batch 1] [--device cpu]
+    python benchmarks/bench_sampling.py --quick   # a smoke run (8 and 16 tokens)
 
 Stateful sampling costs the same per token however long the text gets (tokens/s stays flat from
 100 to 1000 tokens); windowed sampling re-runs up to `window` tokens per new token, so it slows
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_recurrence import Parser, positive_int
 from omegaconf import OmegaConf
 
 from gru_experiments.models.protocol import build_model, count_parameters
@@ -43,7 +45,7 @@ def tokens_per_second(model, mode: str, length: int, batch: int, window: int, pr
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="astra_alpha")
     parser.add_argument("--vocab", type=int, default=65, help="65: Tiny Shakespeare characters; 1000: spm")
     parser.add_argument("--lengths", type=int, nargs="+", default=[100, 1000])
@@ -51,8 +53,11 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=128, help="windowed mode's context (training seq_len)")
     parser.add_argument("--modes", nargs="+", default=["stateful", "stateless", "windowed"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 8 and 16 tokens, window 8")
     args = parser.parse_args()
+    if args.quick:
+        args.lengths, args.window = [8, 16], 8
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -2,6 +2,7 @@
 with --max-steps N, `python train.py model=M trainer.max_steps=N` on the whole validation split.
 
     python benchmarks/bench_smoke.py [--models astra_alpha ... leviathan] [--repeats 2] [--threads 1]
+    python benchmarks/bench_smoke.py --quick   # a smoke run of the benchmark: Astra-α once
     python benchmarks/bench_smoke.py --max-steps 3 --models transformer transformer_beta \
         nanogpt_shakespeare scribe_gamma leviathan
 
@@ -64,10 +65,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=MODELS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of the benchmark: Astra-α once")
     parser.add_argument("--max-steps", type=int, default=None, help="trainer.max_steps=N instead of fast_dev_run")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="tokenizer cache (default: a fresh temporary folder: cold for the first repeat)")
     args = parser.parse_args()
+    if args.threads < 1:
+        parser.exit(2, f"error: --threads={args.threads}: must be an integer >= 1\n")
+    if args.quick:
+        args.models, args.repeats = ["astra_alpha"], 1
     print(f"CPU: {cpu_name()}; OMP_NUM_THREADS={args.threads}; load average at start "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:

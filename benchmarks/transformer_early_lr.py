@@ -3,6 +3,7 @@ shape at Astra-α's size (a measurement script, not a test; docs/transformer.md 
 
     python benchmarks/transformer_early_lr.py LAYERS,WIDTH,HEADS,LR,WARMUP,TIED,SPAN [...]
     python benchmarks/transformer_early_lr.py 4,40,2,3e-3,0,0,2000 4,40,2,6e-3,0,0,2000
+    python benchmarks/transformer_early_lr.py --quick   # a smoke run: 2 steps, 2 validation windows
 
 A lighter loop than train.py's, to compare many settings in seconds each: 150 AdamW steps (weight
 decay 0.01) on 64 random windows of 128 characters of the shipped corpus (first 90%), the learning
@@ -27,7 +28,7 @@ from gru_experiments.models.transformer import TransformerLM
 STEPS, BATCH, WINDOW = 150, 64, 128
 
 
-def run(train, val, vocab, layers, width, heads, lr, warmup=0, tied=True, span=None, seed=1234) -> str:
+def run(train, val, vocab, layers, width, heads, lr, warmup=0, tied=True, span=None, seed=1234, steps=STEPS) -> str:
     torch.manual_seed(seed)
     model = TransformerLM(vocab, block_size=WINDOW, embedding_dim=width, num_layers=layers, num_heads=heads,
                           dropout=0.0, bias=False, tie_head=tied)
@@ -35,7 +36,7 @@ def run(train, val, vocab, layers, width, heads, lr, warmup=0, tied=True, span=N
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(seed)
     started = time.time()
-    for step in range(STEPS):
+    for step in range(steps):
         scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * step / (span or STEPS)))
         for group in optimizer.param_groups:
             group["lr"] = lr * scale
@@ -62,6 +63,8 @@ def run(train, val, vocab, layers, width, heads, lr, warmup=0, tied=True, span=N
 
 
 def main(specs: list[str]) -> None:
+    quick = "--quick" in specs  # a smoke run: 2 steps of batch 64, 2 validation windows
+    specs = [spec for spec in specs if spec != "--quick"] or ["4,40,2,3e-3,0,0,2000"]
     torch.set_num_threads(1)
     text = read_corpus(SHIPPED_CORPUS)
     chars = sorted(set(text))
@@ -70,9 +73,10 @@ def main(specs: list[str]) -> None:
     cut = int(len(ids) * 0.9)
     for spec in specs:
         layers, width, heads, lr, warmup, tied, span = spec.split(",")
-        print(run(ids[:cut], ids[cut:], len(chars), int(layers), int(width), int(heads), float(lr), int(warmup),
-                  tied == "1", int(span) or None), flush=True)
+        val = ids[cut:cut + 2 * WINDOW + 1] if quick else ids[cut:]
+        print(run(ids[:cut], val, len(chars), int(layers), int(width), int(heads), float(lr), int(warmup),
+                  tied == "1", int(span) or None, steps=2 if quick else STEPS), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["4,40,2,3e-3,0,0,2000"])
+    main(sys.argv[1:])

@@ -41,6 +41,18 @@ def test_gpu_study_counts_a_model_that_fails(data_dir, tmp_path):
     assert "gpu_study.sh: no_such_model wrote no summary.json" in result.stderr
 
 
+def test_gpu_study_stopped_while_a_run_starts_says_so_in_one_line(data_dir, tmp_path):
+    """SECONDS_PER_MODEL=1: timeout's SIGINT reaches train.py during its imports or Hydra's start (issue 53: a
+    KeyboardInterrupt traceback per model); each gets one line instead."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "ACCELERATOR": "cpu",
+           "STEPS": "3", "SECONDS_PER_MODEL": "1", "LOG_DIR": str(tmp_path / "outputs"), "PROJECT_ROOT": str(REPO)}
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_study.sh"), "astra_alpha", "mingru"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
+    assert result.stderr.count("train.py: interrupted (SIGINT) while starting, before training began") == 2
+
+
 @pytest.mark.parametrize("experiment, recipe_steps", [("scale_astra_alpha", 2000), ("scale_astra_gamma", 8000),
                                                       ("scale_scribe_beta", 3750)])
 def test_the_scale_study_cuts_each_recipe_to_2000_steps(experiment, recipe_steps):

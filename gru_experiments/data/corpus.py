@@ -74,6 +74,10 @@ def read_corpus(path: Path) -> str:
                         "reinstall the package or train on a local file: data.path=FILE")
     if not data:
         raise UserError(f"corpus file is empty: {path}")
+    head = data[:4096]
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4:
+        raise UserError(f"corpus file is not UTF-8 text: {path} looks like UTF-16 (a byte-order mark, or a NUL byte "
+                        "every other byte); convert it first, e.g. iconv -f utf-16 -t utf-8") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -116,6 +120,9 @@ def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSet
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
     source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
     text = read_corpus(source)
+    if (crlf := text.count("\r\n")) and tokenizer_cfg.kind == "char":
+        print(f"corpus {source} has Windows line ends ({crlf:,} of \\r\\n): \\r is a character of its own in the "
+              "vocabulary, predicted before every line end; to leave it out, convert the file first, e.g. dos2unix")
     train_text, val_text = split_text(text, data_cfg.train_fraction)
     # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
     check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)

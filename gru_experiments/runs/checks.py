@@ -139,6 +139,10 @@ def validate(cfg) -> Checked:
     evaluation = EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
     recipe = check_model(cfg)
     probe = check_probe(cfg)
+    weight = select(cfg, "training.recall_weight")
+    if probe is None and is_number(weight) and weight != 1:  # accepted: an experiment's pair without its probe
+        print(f"training.recall_weight={weight} has no effect without probe=recall (it weighs the recall targets "
+              "that the probe plants): every target weighs the same in this run")
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
     check_rules(cfg, [precision_rule()])

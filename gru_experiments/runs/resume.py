@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, newest_run
+from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, in_todays_names, newest_run
 from gru_experiments.validation import MISSING, is_int, select
 
 LAST = "last"
@@ -67,6 +67,7 @@ class ResumePoint:
     wandb_run_id: str | None
     planned_steps: int | None = None  # the step the run was to stop at when it wrote the checkpoint (task.py)
     stopped_early: str | None = None  # why its early stopping stopped it (runs/stopping.py); None: it did not
+    run_config: dict | None = None  # the config of the part that wrote it (unresolved; None before checkpoints kept it)
 
     @classmethod
     def read(cls, run: RunDir) -> ResumePoint:
@@ -80,7 +81,8 @@ class ResumePoint:
                    hyper_parameters=dict(saved["hyper_parameters"]), tokenizer=saved["tokenizer"],
                    wandb_run_id=wandb_run_id(saved),
                    planned_steps=(saved.get("train_statistics") or {}).get("planned_steps"),
-                   stopped_early=stop_description(stopped) if stopped else None)
+                   stopped_early=stop_description(stopped) if stopped else None,
+                   run_config=saved.get("run_config"))
 
     def check(self, hyper_parameters: dict, tokenizer) -> None:
         """The checkpoint must hold the model this config builds: same tokenizer and architecture (its learning
@@ -95,17 +97,22 @@ class ResumePoint:
                                 f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
                                 "resume with the run's own model settings")
 
-    def check_config(self, cfg) -> None:
+    def check_config(self, cfg, named: tuple[str, ...] | None = None) -> None:
         """What a resume may not change, read from the composed config alone, so that train.py refuses it before
         anything is written: the learning rate and every recipe key (the optimiser's state and schedule in the
         checkpoint belong to them: another recipe would not even load, another rate would silently train on),
-        and a step limit that would train nothing and mark the run finished."""
+        and a step limit that would train nothing and mark the run finished. `named`: the keys this command names
+        (None: unknown), so that a value the command did not ask for is blamed on the run's saved config."""
         saved, asked = _pinned(self.hyper_parameters), _pinned({"lr": cfg.model.get("lr"), "optim": cfg.get("optim")})
         for key, value in saved.items():
             if asked.get(key) != value:
+                on_command = named is None or any(_nested(key, n) or _nested(n, key) for n in named)
+                advice = ("leave model.lr and optim out of the command" if on_command else
+                          f"the command does not name {key}, so the run's saved config ({self.run.config_file}) "
+                          "was changed since: restore its value there")
                 raise UserError(f"checkpoint {self.checkpoint} was trained with {key}={_shown(value)}, but this config "
                                 f"asks for {key}={_shown(asked.get(key))}; a run resumes with its own learning rate "
-                                "and recipe: leave model.lr and optim out of the command")
+                                f"and recipe: {advice}")
         self.check_length(step_limit(cfg))
 
     def check_length(self, limit: int | None) -> None:
@@ -158,15 +165,19 @@ def step_limit(cfg) -> int | None:
 
 # What the checkpoint's training depends on beyond the model, its tokenizer, learning rate and recipe (checked
 # against the checkpoint itself): a resume that names one with another value is refused.
-KEPT = ("seed", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe")
+KEPT = ("seed", "data.path", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe")
+# What every run's saved config has had, since the first: a config.yaml without one of them is damaged (cut off).
+ALWAYS_SAVED = ("seed", "model.name", "model.architecture", "data.seq_len", "data.batch_size", "tokenizer", "trainer")
 COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's
 
 
-def resume_run(cfg) -> tuple[object, ResumePoint | None]:
+def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
     """For resume=last|RUN_DIR in cfg: the run's own config (its newest record in .hydra/) with this command's
     overrides, and its checkpoint, read cheaply and checked (`ResumePoint.check_config`); (cfg, None) without
     resume. A run folder without a saved config (train(cfg) called directly) resumes with cfg as given.
-    Temporary files of a save cut short by the interruption are removed."""
+    Temporary files of a save cut short by the interruption are removed. `held` (an ExitStack): the run folder's
+    lock is taken into it before anything is read, so that a second resume of a running run is refused in one line
+    (RunDir.hold)."""
     from hydra.core.hydra_config import HydraConfig
 
     from gru_experiments.files import leftover_temporaries
@@ -177,17 +188,80 @@ def resume_run(cfg) -> tuple[object, ResumePoint | None]:
         return cfg, None
     if multirun_job():
         raise UserError("resume continues a single run; drop -m/--multirun")
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path is not None and str(ckpt_path) != str(resume):
+        raise UserError(f"resume={resume} and ckpt_path={ckpt_path} name two runs (ckpt_path is Lightning's name for "
+                        "resume): give one of them")
     run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
+    if held is not None:
+        held.enter_context(run.hold("resume it"))
+        if run.finished:  # the process that held it finished the run meanwhile
+            raise UserError(f"run {run.path} finished while this command waited for it (it has a summary.json): "
+                            "nothing to resume")
     point = ResumePoint.read(run)
-    saved = run.config()
-    if saved is not None and HydraConfig.initialized():
+    named = None
+    if HydraConfig.initialized():
         hydra = HydraConfig.get()
-        cfg = resumed_config(saved, cfg, list(hydra.overrides.task), run.group_choices(), hydra.runtime.choices, run)
-    point.check_config(cfg)
+        overrides = list(hydra.overrides.task)
+        cfg = resumed_config(saved_config(run, point), cfg, overrides, run.group_choices(), hydra.runtime.choices, run)
+        named = tuple(override.split("=", 1)[0].lstrip("+~") for override in overrides)
+    point.check_config(cfg, named)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
     print(f"resuming {run.path} from {run.checkpoint}")
     return cfg, point
+
+
+def saved_config(run: RunDir, point: ResumePoint):
+    """What the run was trained with: its saved config (.hydra/), checked against the config its checkpoint recorded,
+    or that recorded config where the saved one is missing or damaged (with a line saying so); never today's
+    defaults. UserError where neither holds it (a checkpoint from before checkpoints recorded their config) or where
+    the saved config was edited since (a key of KEPT differs from the checkpoint's)."""
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    where = run.config_file
+    try:
+        saved, problem = run.config(), None
+        if saved is None:
+            problem = f"{where} is missing"
+        elif not isinstance(saved, DictConfig):
+            saved, problem = None, f"{where} is damaged (not a mapping of keys)"
+    except (YAMLError, OmegaConfBaseException, UnicodeDecodeError, ValueError) as error:
+        saved, problem = None, f"{where} is damaged ({str(error).splitlines()[0]})"
+    recorded = in_todays_names(OmegaConf.create(point.run_config)) if point.run_config else None
+    if saved is not None:
+        expected = [*ALWAYS_SAVED, *(key for key in (_keys(recorded) if recorded is not None else ())
+                                     if any(_nested(key, kept) for kept in (*KEPT, "model")))]
+        required = [key for key in dict.fromkeys(expected)
+                    if OmegaConf.select(saved, key, default=MISSING, throw_on_resolution_failure=False) is MISSING]
+        if required:
+            saved, problem = None, f"{where} is damaged (cut off: it lacks {', '.join(required[:3])}" \
+                                   f"{', ...' if len(required) > 3 else ''})"
+    if saved is None:
+        if recorded is None:
+            raise UserError(f"{problem}, and checkpoint {point.checkpoint} is from before checkpoints recorded their "
+                            "config: the run's batch size, steps, corpus and logger are unknown, and a resume never "
+                            "takes today's defaults for them; restore the file (or start a new run)")
+        print(f"{problem}: resuming with the config that checkpoint {point.checkpoint} recorded")
+        return recorded
+    if recorded is not None:
+        for key in KEPT:
+            was, now = (OmegaConf.select(c, key, default=MISSING) for c in (recorded, saved))
+            if was is not MISSING and now is not MISSING and was != now:
+                raise UserError(f"{where} says {key}={_shown(now)}, but checkpoint {point.checkpoint} was trained with "
+                                f"{key}={_shown(was)}: the saved config was edited since, and a resume continues the "
+                                f"run as it was; restore {key}={_shown(was)} there (or start a new run)")
+    return saved
+
+
+def _keys(config, prefix: str = "") -> list[str]:
+    """Every leaf key of a config, dotted (a list is a leaf)."""
+    keys = []
+    for key in config:
+        value, dotted = config._get_node(key), f"{prefix}{key}"
+        keys += _keys(value, dotted + ".") if isinstance(value, DictConfig) and len(value) else [dotted]
+    return keys
 
 
 def resumed_config(saved, composed, overrides: list[str], choices=None, today=None, run: RunDir | None = None):
@@ -220,8 +294,8 @@ def resumed_config(saved, composed, overrides: list[str], choices=None, today=No
         OmegaConf.update(merged, key, value, merge=False, force_add=True)
         touched += [max(key, kept, key=len) for kept in KEPT if _nested(key, kept) or _nested(kept, key)]
     for key in touched:  # named on the command line with another value than the run's
-        was, now = (OmegaConf.select(c, key) for c in (saved, merged))
-        if was is not None and was != now:
+        was, now = (OmegaConf.select(c, key, default=MISSING) for c in (saved, merged))
+        if was is not MISSING and was != now:
             raise UserError(f"{run.path if run else 'the run'} was trained with {key}={_shown(was)}, but this "
                             f"command asks for {key}={_shown(now)}; a resume continues the run as it was: leave "
                             f"{key} out (or start a new run)")

@@ -9,7 +9,7 @@ folder's name through `model_name_for` before anything else is loaded.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -22,6 +22,7 @@ EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/samplin
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = Path(CHECKPOINTS) / "last.ckpt"
 HYDRA = ".hydra"
+LOCK = ".run.lock"  # held by the one process that trains in the folder (RunDir.hold)
 
 
 class RunDir:
@@ -106,6 +107,25 @@ class RunDir:
     def last_written(self) -> float:
         """When it last wrote its summary or its last checkpoint (0 if neither exists)."""
         return max((p.stat().st_mtime for p in (self.summary_file, self.checkpoint) if p.is_file()), default=0.0)
+
+    # --- one process at a time -------------------------------------------------------------
+    @contextmanager
+    def hold(self, what: str = "train in it"):
+        """The folder's lock (.run.lock, an OS lock that a killed process drops), held for the block: a run folder
+        is trained in by one process at a time. UserError, in one line, if another process holds it."""
+        from filelock import FileLock, Timeout
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.path / LOCK), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise UserError(f"{self.path} is in use: another process is training in it (it holds {LOCK}), so this "
+                            f"command cannot {what}; wait for that one to end (or stop it), then resume") from None
+        try:
+            yield self
+        finally:
+            lock.release()
 
     # --- writing ------------------------------------------------------------------------
     def write_summary(self, summary: dict) -> Path:

@@ -143,7 +143,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
         started = time.perf_counter()
         [texts] = sample_texts(model, tokenizer, [prompt], mode=mode, max_new_tokens=cfg.max_new_tokens,
                                num_samples=cfg.num_samples, decoding=decoding, seed=cfg.seed, window=window,
-                               progress=Progress(prefix=f"sampling {prompt!r}"))
+                               progress=Progress(prefix=f"sampling {shown_prompt(prompt)}"))
         seconds = time.perf_counter() - started
         results.append({"prompt": prompt, "samples": texts, "seconds": seconds,
                         "tokens_per_second": cfg.num_samples * cfg.max_new_tokens / max(seconds, 1e-9)})
@@ -328,3 +328,8 @@ def write_explore_page(cfg: DictConfig, model, tokenizer, run: RunDir | None, da
     print(f"saved: {display_path(path)} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s): "
           + ", ".join(f"{mode} {bpc:.4f}" for mode, bpc in data["bpc"].items()) + " bits per character")
     return path
+
+
+def shown_prompt(prompt: str, limit: int = 40) -> str:
+    """A prompt as a progress bar's label shows it: repr'd, cut to `limit` characters with its length said."""
+    return repr(prompt) if len(prompt) <= limit else f"{prompt[:limit]!r}... ({len(prompt):,} characters)"

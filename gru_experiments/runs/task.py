@@ -42,6 +42,7 @@ class LanguageModelTask(L.LightningModule):
         self.carried_state = None  # training=streams: the state after the last chunk, detached
         self.recall_cue, self.recall_weight = None, 1.0  # weigh_recall
         self.cuda_graphs, self.graphed_step = False, None  # use_cuda_graphs; on_train_start builds the step
+        self.run_config: dict | None = None  # the run's config (unresolved), kept in its checkpoints for a resume
 
     def weigh_recall(self, cue: int, weight: float) -> None:
         """probe=recall: the loss weighs each recall target (after `cue`) `weight` times every other target, for a
@@ -185,6 +186,8 @@ class LanguageModelTask(L.LightningModule):
             # where this part stops: a resume must go beyond the step
             "planned_steps": int(planned) if math.isfinite(planned) else None,
         }
+        if self.run_config is not None:  # what a resume falls back on where .hydra/config.yaml is lost or damaged
+            checkpoint["run_config"] = self.run_config
         if self.carried_state is not None:  # streams: every rank's carried state (ranks read their own streams)
             checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
 

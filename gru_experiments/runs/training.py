@@ -11,6 +11,7 @@ validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures mar
 """
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +71,11 @@ class Run:
 def train(cfg: DictConfig) -> dict:
     """Train, score and summarise one model; bad input is refused before anything is written. A failure is
     recorded by jobs.job (a multirun job's summary.json says "failed"); the checkpoints stay for resume=."""
-    with job(cfg, record=True) as current:
+    with job(cfg, record=True) as current, ExitStack() as held:  # held: the run folder's lock (RunDir.hold)
         quiet_console()
-        run = prepare(cfg)
+        run = prepare(cfg, held)
+        if run.resume is None and is_first_rank():  # a resume took it in prepare
+            held.enter_context(run.folder.hold())
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs)
         with cuda_graphs(OmegaConf.select(run.cfg, "cuda_graphs", default=True)):
             fit_or_count(run, current)
@@ -85,9 +88,18 @@ def train(cfg: DictConfig) -> dict:
         return summary
 
 
-def prepare(cfg: DictConfig) -> Run:
-    """Check everything and build the model and its data; write nothing (input errors leave nothing)."""
-    cfg, resume = resume_run(cfg)  # a resume: the run's own config, with this command's overrides
+def is_first_rank() -> bool:
+    """Not one of the ranks 1.. that DDP starts (each runs train() too): only the first holds the run folder's lock."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def prepare(cfg: DictConfig, held=None) -> Run:
+    """Check everything and build the model and its data; write nothing (input errors leave nothing) but the run
+    folder's lock, taken into `held` on a resume."""
+    # a resume: the run's own config, with this command's overrides
+    cfg, resume = resume_run(cfg, held if is_first_rank() else None)
     checked = validate(cfg)  # bad values fail here, before any work; the settings are built once, here
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers",
@@ -141,6 +153,7 @@ def fit_or_count(run: Run, current) -> None:
     run.folder.path.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
     if resume is not None:
         record_resume(run.folder, cfg)
+    task.run_config = OmegaConf.to_container(cfg, resolve=False)  # in every checkpoint: resume.saved_config
     run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir,
                                            OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
     checkpoint_io = AtomicCheckpointIO()
@@ -232,6 +245,7 @@ def summarize(run: Run, current) -> dict:
             (c.last_model_path for c in run.checkpoints if c.last_model_path), None),
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.folder.path),
+        "corpus": str(run.corpus.source),  # what it trained on (data.path, or the bundled corpus's name)
         "resumed_from_step": run.resume and run.resume.step,
         # early_stopping, stopped_early, stopped_at_step, stop_reason, early_stopping_best_step (runs/stopping.py)
         **stopping_summary(cfg, run.stopping),

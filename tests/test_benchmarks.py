@@ -1,0 +1,75 @@
+"""Every script under benchmarks/ runs, in a smoke mode, so that none breaks unnoticed (issue 53: bench_peak.py failed
+on every invocation, reading a model config that extends its base as plain YAML). gpu_study.sh and gpu_jobs.py, the
+GPU scripts, run on the CPU in tests/test_gpu_study.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from robustness_helpers import REPO
+
+BENCHMARKS = REPO / "benchmarks"
+ONE_THREAD = ["--threads", "1"]
+
+# script, its smoke-mode arguments ({corpus}: a tiny corpus, {data}: a tokenizer cache), what its output shows
+SMOKE = [
+    ("bench_peak.py", ["--quick", *ONE_THREAD], "| astra_alpha |"),
+    ("bench_recurrence.py", ["--quick", "--models", "astra_alpha", "--steps", "1", "--batch", "4", "--seq-len", "16",
+                             "--lengths", "2,4", "--sample-repeats", "1", *ONE_THREAD], "Stateful sampling"),
+    ("bench_batching.py", ["--quick", *ONE_THREAD], "streams / windows per round"),
+    ("bench_minrnn.py", ["--quick", *ONE_THREAD], "One minGRU layer"),
+    ("bench_sampling.py", ["--quick", *ONE_THREAD], "windowed"),
+    ("bench_evaluation.py", ["--quick", "--data-dir", "{data}", "data.path={corpus}"], "| astra_alpha |"),
+    ("transformer_early_lr.py", ["--quick"], "validation bpc"),
+    ("bench_smoke.py", ["--quick", "--data-dir", "{data}"], "| astra_alpha |"),
+    pytest.param("bench_inputs.py", ["--quick"], "exit 2", marks=pytest.mark.slow),  # three train.py runs, ~40 s
+]
+
+
+def every_script() -> set[str]:
+    return {path.name for path in BENCHMARKS.iterdir() if path.suffix in (".py", ".sh")}
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    tested = {case.values[0] if hasattr(case, "values") else case[0] for case in SMOKE}
+    assert every_script() - tested == {"gpu_study.sh", "gpu_jobs.py"}  # tests/test_gpu_study.py runs those
+
+
+@pytest.mark.parametrize("script, arguments, shows", SMOKE)
+def test_a_benchmark_runs_in_its_smoke_mode(script, arguments, shows, tiny_corpus, data_dir, tmp_path):
+    arguments = [a.replace("{corpus}", str(tiny_corpus)).replace("{data}", str(data_dir)) for a in arguments]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PROJECT_ROOT=str(tmp_path),
+               WANDB_MODE="offline", WANDB_SILENT="true")
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert shows in result.stdout, result.stdout[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", ["bench_peak.py", "bench_recurrence.py", "bench_batching.py", "bench_minrnn.py",
+                                    "bench_sampling.py", "bench_smoke.py"])
+def test_threads_below_one_are_refused_in_one_line(script):
+    """--threads -1 was torch's RuntimeError with a traceback."""
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--threads", "-1"], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--threads" in lines[0] and ">= 1" in lines[0], result.stderr
+
+
+def test_load_shapes_reads_a_variant_that_extends_its_base():
+    """bench_recurrence.load_shapes composes each model config as train.py does (astra_alpha_original extends
+    astra_alpha: its architecture is the base's)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from bench_recurrence import load_shapes
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    shapes = load_shapes(["astra_alpha", "astra_alpha_original", "scribe_alpha"])
+    assert shapes["astra_alpha_original"].hidden_size == shapes["astra_alpha"].hidden_size
+    assert shapes["scribe_alpha"].vocab_size == 1000 and shapes["astra_alpha"].vocab_size == 65
+
