@@ -197,7 +197,8 @@ def summarize(run: Run, current) -> dict:
         "tokenizer": run.corpus.tokenizer.kind,
         "vocab_size": run.corpus.tokenizer.vocab_size,
         "parameters": run.parameters,
-        "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
+        "context": model.context,  # tokens the model can see; None: unbounded
+        "recurrent": model.recurrent,  # it carries a state from step to step (the protocol's)
         "training_mode": run.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
         "seq_len": cfg.data.seq_len,  # the training window
         "probe": "recall" if run.corpus.probe is not None else None,  # probe=recall: pairs planted in training
