@@ -156,7 +156,8 @@ def fit_or_count(run: Run, current) -> None:
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
                                            cfg.trainer.get("precision"), run.trainer)
-    print(f"precision: {run.precision['precision']}, matmuls in {run.precision['matmul_dtype']}")
+    print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
+          f"matmuls in {run.precision['matmul_dtype']}")
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
         run.counted_checkpoint = count_and_save(run.trainer, task, run.data, run.folder)
         run.parameters = count_parameters(task.model)
@@ -231,8 +232,9 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
     if is_wandb(run.logger):
         run.logger.experiment.summary.update({k: v for k, v in summary.items() if v is not None})
     train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
+    steps = f"{summary['train_steps']:,} steps at " if summary["train_loss"] is not None else ""  # counted: none
     print(f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
-          f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
+          f"| val bpc {summary['val_bpc']:.4f} | {steps}{summary['tokens_per_second']:,.0f} tokens/s "
           f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")
 
 
