@@ -35,12 +35,11 @@ ALL_CONFIGS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] 
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_parameter_count_to_the_unit(compose_config, name):
     cfg = compose_config(f"model={name}")
-    cell, tokenizer, expected = EXPECTED[name]
-    assert (cfg.model.name == name and cfg.model.architecture.get("cell", "mlp") == cell
-            and cfg.tokenizer.kind == tokenizer)
+    family, tokenizer, expected = EXPECTED[name]
+    assert cfg.model.name == name and cfg.tokenizer.kind == tokenizer
     vocab = 65 if tokenizer == "char" else cfg.tokenizer.vocab_size
     model = build_model(OmegaConf.to_container(cfg.model.architecture), vocab)
-    assert count_parameters(model) == expected
+    assert model.family == family and count_parameters(model) == expected  # the model's family: no config key
 
 
 def test_tokenizer_choice_can_be_overridden(compose_config):

@@ -15,12 +15,15 @@ sequence, not once per step.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gru_experiments.models.precision as precision
 from gru_experiments.models.cells import GRULayer, LSTMLayer, RNNLayer
+from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.precision import MatmulPrecision, describe, resolve
 from gru_experiments.models.recurrent import RecurrentLM
 
@@ -237,3 +240,18 @@ def test_cuda_bf16_matches_float32_reference(cell):
         compare_layer(cell, "cuda")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+
+
+def test_always_on_a_family_without_bf16_matmuls_says_so_in_one_line(caplog):
+    """The protocol's optional set_matmul_precision does nothing by default: `always` cannot apply, and says so."""
+    trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    mlp = BengioMLP(11, context=4, embedding_dim=4, hidden_size=8)
+    with caplog.at_level("WARNING", logger="gru_experiments.models.precision"):
+        record = precision.apply_matmul_precision(mlp, "always", None, trainer)
+    said = [r.getMessage() for r in caplog.records if "has no bf16 matmuls" in r.getMessage()]
+    assert len(said) == 1 and "BengioMLP (mlp)" in said[0] and "\n" not in said[0]
+    assert record["matmul_dtype"] == "float32" and record["bf16_weights"] == []
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gru_experiments.models.precision"):
+        precision.apply_matmul_precision(RecurrentLM(11, "gru", 4, 8), "always", None, trainer)
+    assert not any("has no bf16 matmuls" in r.getMessage() for r in caplog.records)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gru_experiments.models.protocol import LanguageModel
+from gru_experiments.models.protocol import LanguageModel, layer_outputs
 from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 CELLS = ("mingru", "minlstm")
@@ -134,6 +134,10 @@ class MinRNNLM(LanguageModel):
     @property
     def vocab_size(self) -> int:
         return self.embedding.num_embeddings
+
+    def unit_states(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, list[Tensor]]:
+        """The protocol's, at once: each layer's output is its h at every step."""
+        return layer_outputs(self, self.layers, tokens, state)
 
     def initial_state(self, batch_size: int, device=None) -> list[Tensor]:
         return [layer.initial_state(batch_size, device) for layer in self.layers]

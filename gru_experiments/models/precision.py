@@ -103,9 +103,13 @@ def autocast_precision(device_type: str) -> MatmulPrecision | None:
 
 
 def apply_matmul_precision(model, mode: str, trainer_precision, trainer) -> dict:
-    """Set a training run's matmul precision on its model (if it has one); what summary.json records."""
-    if hasattr(model, "set_matmul_precision"):
-        model.set_matmul_precision(resolve(mode, trainer_precision, trainer.strategy.root_device))
+    """Set a training run's matmul precision on its model (a LanguageModel: a family without bf16 matmuls
+    ignores it, and `always` says so in one line); what summary.json records."""
+    precision = resolve(mode, trainer_precision, trainer.strategy.root_device)
+    model.set_matmul_precision(precision)
+    if mode == "always" and precision is not None and not model.low_precision_weights():
+        log.warning(f"low_precision_matmuls=always: {type(model).__name__} ({model.family}) has no bf16 matmuls "
+                    "(models/protocol.py, set_matmul_precision), so it runs in its parameters' dtype")
     return describe(trainer.precision, mode, model)
 
 
@@ -113,7 +117,7 @@ def describe(trainer_precision: str, mode: str, model) -> dict:
     """Lightning's precision, low_precision_matmuls, the matmuls' dtype ("bfloat16+float32": only the big
     weights') and the weights that ran in bf16."""
     trainer_precision = str(trainer_precision)
-    weights = model.low_precision_weights() if hasattr(model, "low_precision_weights") else []
+    weights = model.low_precision_weights()
     if trainer_precision not in [str(p) for p in FULL_PRECISION]:  # Lightning's autocast or true precision
         dtype = {"bf16": "bfloat16", "16": "float16", "64": "float64"}.get(trainer_precision.split("-")[0],
                                                                            trainer_precision)

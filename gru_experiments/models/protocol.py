@@ -1,6 +1,8 @@
 """The model protocol every family implements (`logits, state = model(tokens, state)`, `initial_state`,
-`context`, `forward_cost`), and how a config's `architecture._target_` builds one: docs/internals.md,
-*The model protocol*.
+`context`, `forward_cost`, `vocab_size`), what it derives from them for every other part of the code
+(`recurrent`, `state_units`, `unit_states`), its optional members with their defaults (`set_matmul_precision`,
+`low_precision_weights`), and how a config's `architecture._target_` builds one: docs/internals.md,
+*The model protocol*. Nothing outside models/ asks which family or class a model is.
 """
 
 import importlib
@@ -50,6 +52,46 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: Tensor, state=None):
         raise NotImplementedError
 
+    # --- derived from the members above; a family overrides them only to say otherwise or to run faster ---
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model carries a state from step to step (its units show on the run's page, the report
+        counts it as recurrent): by default, a model with unbounded context (`context is None`)."""
+        return self.context is None
+
+    def state_units(self, state) -> list[Tensor]:
+        """The units of `state` (as `forward` returns it) the run's page shows: one (B, units) tensor per layer;
+        [] for a model that is not `recurrent`. By default `state` is one (B, H) tensor, or one entry per layer,
+        each a (B, H) tensor or a tuple whose first is (an LSTM's h of (h, c)); override for another layout."""
+        if not self.recurrent or state is None:
+            return []
+        return [entry if isinstance(entry, Tensor) else entry[0]
+                for entry in ([state] if isinstance(state, Tensor) else state)]
+
+    def unit_states(self, tokens: Tensor, state=None) -> tuple[Tensor, object, list[Tensor]]:
+        """`forward`, and `state_units` after every token: (logits (B, T, V), state, one (B, T, units) tensor
+        per layer; [] for a model without units). By default one token at a time; a family whose layers
+        return every step's state overrides it to run the sequence at once (`layer_outputs`)."""
+        if not self.recurrent:
+            logits, state = self(tokens, state)
+            return logits, state, []
+        logits, units = [], []
+        for t in range(tokens.shape[1]):
+            step, state = self(tokens[:, t:t + 1], state)
+            logits.append(step)
+            units.append(self.state_units(state))
+        return torch.cat(logits, 1), state, [torch.stack(layer, 1) for layer in zip(*units)]
+
+    # --- optional: reduced-precision matmuls (trainer.low_precision_matmuls, models/precision.py) ---
+    def set_matmul_precision(self, precision) -> None:
+        """Which matmuls run their inputs in bf16 (a precision.MatmulPrecision; None: the parameters' dtype).
+        By default the family has no such matmuls and ignores it (trainer.low_precision_matmuls=always then
+        says so in one line); RecurrentLM implements it."""
+
+    def low_precision_weights(self) -> list[str]:
+        """The names of the weights whose matmuls run in bf16 after set_matmul_precision; by default none."""
+        return []
+
     def fit(self, train_ids: Tensor) -> "LanguageModel":
         """Count the weights from the training split (models with trainable = False)."""
         raise TypeError(f"{type(self).__name__} is trained with an optimizer, not counted")
@@ -89,6 +131,19 @@ class FiniteContextLM(LanguageModel):
 
     def initial_state(self, batch_size: int, device=None) -> Tensor:
         return self.window.initial(batch_size, device)
+
+
+def layer_outputs(model: LanguageModel, layers, tokens: Tensor, state=None) -> tuple[Tensor, object, list[Tensor]]:
+    """`unit_states` for a model whose every layer in `layers` returns (every step's state (B, T, H), its final
+    state), as RecurrentLM's and MinRNNLM's do: the sequence runs at once, each layer's output captured."""
+    captured: list[Tensor] = []
+    hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0])) for layer in layers]
+    try:
+        logits, state = model(tokens, state)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logits, state, captured
 
 
 # --- building a family from its config or checkpoint -------------------------------------

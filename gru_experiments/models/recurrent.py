@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from gru_experiments.models.cells import CELLS
 from gru_experiments.models.precision import MatmulPrecision, linear
-from gru_experiments.models.protocol import LanguageModel
+from gru_experiments.models.protocol import LanguageModel, layer_outputs
 from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 
@@ -54,6 +54,10 @@ class RecurrentLM(LanguageModel):
     @property
     def vocab_size(self) -> int:
         return self.embedding.num_embeddings
+
+    def unit_states(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, list[Tensor]]:
+        """The protocol's, at once: each layer's output is its h at every step."""
+        return layer_outputs(self, self.layers, tokens, state)
 
     def initial_state(self, batch_size: int, device=None) -> list:
         return [layer.initial_state(batch_size, device) for layer in self.layers]

@@ -8,7 +8,6 @@ from pathlib import Path
 from gru_experiments.files import atomic_file
 
 MISSING = "—"
-RECURRENT = ("gru", "lstm", "rnn", "mingru", "minlstm")  # the summary's "family" of a model with a carried state
 
 
 # --- numbers and text ---------------------------------------------------------------------------------------

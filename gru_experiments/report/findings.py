@@ -5,7 +5,6 @@ the notebook's closing claim (7: GRUs against transformers). The sections' findi
 
 import math
 
-from gru_experiments.report.common import RECURRENT
 from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.section import Findings, cannot, verdict
 from gru_experiments.report.sweep_folder import mode_pairs
@@ -16,7 +15,7 @@ STUDY = Findings("Findings", "The original study's five findings, the project's 
 
 
 def _recurrent(jobs) -> list:
-    return [job for job in jobs if (job.values.get("family") or "gru") in RECURRENT]
+    return [job for job in jobs if job.recurrent]
 
 
 def _reset_cost(job) -> float | None:

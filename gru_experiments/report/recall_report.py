@@ -260,11 +260,11 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
     """Past its training window, where the windowed mode cannot see the key, does the carried state still
     recall it? Judged on the recurrent runs; a finite-context model (the transformer) is the control."""
     runs = [job for job in recall_jobs(jobs) if job.training_window and distances(job)]
-    recurrent = [job for job in runs if job.values.get("context") is None]
+    recurrent = [job for job in runs if job.recurrent]
     if not recurrent:
         return cannot("a recurrent run of the planted-recall corpus with distances past its training window")
     parts = [_kept_part(job) for job in recurrent]
-    controls = [_kept_part(job)[1] for job in runs if job.values.get("context") is not None]
+    controls = [_kept_part(job)[1] for job in runs if not job.recurrent]
     kept = sum(k for k, _ in parts)
     evidence = ("Bits per recalled key ± one standard error: " + "; ".join(text for _, text in parts)
                 + (". Control, a model of its last tokens only: " + "; ".join(controls) if controls else "")

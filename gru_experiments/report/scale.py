@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, RECURRENT, cell, duration, escape, figure_cell, image, table
+from gru_experiments.report.common import MISSING, cell, duration, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.evaluation import curve_points
@@ -20,7 +20,7 @@ MODES = (*MODES_BY_CONTEXT, "bigram")  # the table's columns: the inference mode
 def scale_jobs(jobs) -> list:
     """The completed recurrent models trained on windows without a probe, ordered by tokenizer and size, when
     one tokenizer has them at two sizes or more; [] otherwise."""
-    judged = [job for job in jobs if job.status == "completed" and (job.values.get("family") or "") in RECURRENT
+    judged = [job for job in jobs if job.status == "completed" and job.recurrent
               and job.training_mode == "windows" and job.values.get("probe") in (None, "none")
               and job.number("parameters") and job.number("stateful_bpc") is not None]
     if not findings.at_two_sizes(judged):

@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 from gru_experiments.errors import NoResultsError
 from gru_experiments.report.common import finite
-from gru_experiments.runs.checks import model_family
+from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
-from gru_experiments.runs.run_dir import RunDir, summary_in_todays_names
+from gru_experiments.runs.run_dir import UNNAMED_CLASS, RunDir, summary_in_todays_names
 
 
 @dataclass
@@ -42,6 +42,11 @@ class JobResult:
     @property
     def training_mode(self) -> str | None:
         return self.values.get("training_mode")
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether its model carries a state from step to step (summary.json's "recurrent": the model's own)."""
+        return self.values.get("recurrent") is True
 
     @property
     def model(self) -> str:
@@ -92,6 +97,14 @@ def _select(cfg, key: str):
     return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
 
 
+def _architecture(cfg) -> dict | None:
+    """The config's model.architecture; an older one that names no class: RecurrentLM's (run_dir.UNNAMED_CLASS)."""
+    architecture = _select(cfg, "model.architecture") if cfg is not None else None
+    if not hasattr(architecture, "keys"):
+        return None
+    return {"_target_": UNNAMED_CLASS, **OmegaConf.to_container(architecture, resolve=False)}
+
+
 def planned_models(overrides: list[str]) -> list[str]:
     """The models a sweep was started with, from its `model=a,b,c` override."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -128,6 +141,8 @@ def read_job(job_dir: Path) -> JobResult:
     }
     if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)
         values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
+    if not isinstance(values.get("recurrent"), bool):  # an older summary's: its context, else the config's model
+        values["recurrent"] = values["context"] is None if "context" in values else model_recurrent(_architecture(cfg))
     status = ("incomplete" if not isinstance(summary, dict) else
               "failed" if summary.get("status") == "failed" else "completed")
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}

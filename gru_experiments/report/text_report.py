@@ -7,7 +7,7 @@ random strings (floor) and a looped phrase (ceiling); and, where drawn, the drif
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, RECURRENT, finite, image, ordered, plus_minus, save, subplots, table
+from gru_experiments.report.common import MISSING, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -288,7 +288,7 @@ def _first_last(job) -> tuple | None:
 def early_stateful_finding(jobs) -> tuple[str, str]:
     """(The original study's lesson 3, in words.) Does the stateful text of the first validation have more valid words
     than the stateless text of the last?"""
-    judged = [(job, pair) for job in jobs if (job.values.get("family") or "gru") in RECURRENT
+    judged = [(job, pair) for job in jobs if job.recurrent
               and getattr(job, "history", None) and (pair := _first_last(job)) is not None]
     if not judged:
         return cannot("history.csv's val/stateful_word_validity and val/stateless_word_validity for a "

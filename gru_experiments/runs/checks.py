@@ -235,3 +235,13 @@ def model_family(architecture) -> str | None:
         return meta_model(architecture).family
     except Exception:  # noqa: BLE001 - bookkeeping never raises
         return None
+
+
+def model_recurrent(architecture) -> bool | None:
+    """Whether an architecture's model carries a state (summary.json's "recurrent", the protocol's), or None."""
+    from gru_experiments.models.protocol import meta_model
+
+    try:
+        return bool(meta_model(architecture).recurrent)
+    except Exception:  # noqa: BLE001 - bookkeeping never raises
+        return None

@@ -65,7 +65,7 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
 
 def record_failure(cfg, logger, error: Exception, seconds: float):
     """summary.json (and W&B) with status "failed" and the error; the logger to close."""
-    from gru_experiments.runs.checks import model_family
+    from gru_experiments.runs.checks import model_family, model_recurrent
     from gru_experiments.runs.loggers import build_logger, is_wandb
 
     run = RunDir(OmegaConf.select(cfg, "paths.output_dir"))
@@ -73,6 +73,7 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
         "status": "failed",
         "model": OmegaConf.select(cfg, "model.name"),
         "family": model_family(OmegaConf.select(cfg, "model.architecture", default=None)),
+        "recurrent": model_recurrent(OmegaConf.select(cfg, "model.architecture", default=None)),
         "tokenizer": OmegaConf.select(cfg, "tokenizer.kind"),
         "error": f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-8)),

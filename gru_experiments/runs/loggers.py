@@ -45,8 +45,12 @@ def wandb_mode() -> str:
 
 # Lightning's lines and warnings that say nothing a user of this project can act on: a tip advertising
 # another logger, hardware it does not have, its own bookkeeping, a deprecation inside Lightning itself, the
-# best checkpoint's metric before the first validation (a run shorter than an epoch), a resume's folder.
-QUIET_LINES = ("💡 Tip:", "TPU available", "HPU available", "Loading `train_dataloader` to estimate")
+# best checkpoint's metric before the first validation (a run shorter than an epoch), a resume's folder; and
+# what the run says itself: the device (its "device:" line; Lightning still warns of a GPU left unused) and
+# the end of training at its step limit (the closing line's steps). Its model summary is off
+# (conf/trainer/default.yaml: its FLOPs are 0 for every model here; the run prints its parameters).
+QUIET_LINES = ("💡 Tip:", "TPU available", "HPU available", "Loading `train_dataloader` to estimate",
+               "GPU available: ", "`Trainer.fit` stopped: `max_steps=", "`Trainer.fit` stopped: `max_epochs=")
 QUIET_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"`ModelCheckpoint\(monitor=.*could not find",
                   r"Checkpoint directory .* exists and is not empty")
 

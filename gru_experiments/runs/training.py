@@ -181,7 +181,8 @@ def fit_or_count(run: Run, current) -> None:
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
                                            cfg.trainer.get("precision"), run.trainer)
-    print(f"precision: {run.precision['precision']}, matmuls in {run.precision['matmul_dtype']}")
+    print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
+          f"matmuls in {run.precision['matmul_dtype']}")
     task.use_cuda_graphs(OmegaConf.select(cfg, "cuda_graphs", default=True))  # the training step's graph
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
         run.counted_checkpoint = count_and_save(run.trainer, task, run.data, run.folder)
@@ -223,7 +224,8 @@ def summarize(run: Run, current) -> dict:
         "tokenizer": run.corpus.tokenizer.kind,
         "vocab_size": run.corpus.tokenizer.vocab_size,
         "parameters": run.parameters,
-        "context": model.context,  # tokens the model can see; None: unbounded (recurrent)
+        "context": model.context,  # tokens the model can see; None: unbounded
+        "recurrent": model.recurrent,  # it carries a state from step to step (the protocol's)
         "training_mode": run.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
         "seq_len": cfg.data.seq_len,  # the training window
         "probe": "recall" if run.corpus.probe is not None else None,  # probe=recall: pairs planted in training
@@ -262,8 +264,9 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
     train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
     if summary["stopped_early"]:
         print(f"stopped early at step {summary['stopped_at_step']:,}: {summary['stop_reason']}")
+    steps = f"{summary['train_steps']:,} steps at " if summary["train_loss"] is not None else ""  # counted: none
     print(f"{summary['model']}: train loss {train_loss} | val loss {summary['val_loss']:.4f} "
-          f"| val bpc {summary['val_bpc']:.4f} | {summary['tokens_per_second']:,.0f} tokens/s "
+          f"| val bpc {summary['val_bpc']:.4f} | {steps}{summary['tokens_per_second']:,.0f} tokens/s "
           f"| {summary['wall_seconds']:.1f} s | summary: {summary['run_dir']}/summary.json")
 
 

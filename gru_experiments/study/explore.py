@@ -9,12 +9,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study.generation import MODES_BY_CONTEXT, eval_mode, plain_logits
 from gru_experiments.study.scores import (
     Score,
     Split,
-    carried_chunks,
     score_stateful,
     score_table,
     score_windowed,
@@ -48,23 +46,21 @@ def surprisal(model, split: Split, seq_len: int, window: int,
 # --- the hidden units ---------------------------------------------------------------------------
 
 def layer_sizes(model) -> list[int]:
-    """The sizes of a recurrent model's layers (units whose state carries from step to step); [] for others."""
-    return [layer.hidden_size for layer in model.layers] if isinstance(model, RecurrentLM) else []
+    """The sizes of a recurrent model's layers (units whose state carries from step to step, the protocol's
+    `state_units`); [] for others."""
+    if not model.recurrent:
+        return []
+    return [units.shape[-1] for units in model.state_units(model.initial_state(1, model.device))]
 
 
 def unit_chunks(model, ids: Tensor, seq_len: int, state=None):
-    """scores.carried_chunks, yielding each chunk's logits and a recurrent model's units (B, t, U; else None)."""
-    captured: list[Tensor] = []
-    hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-             for layer in model.layers] if layer_sizes(model) else []
-    try:
-        for _, logits in carried_chunks(model, ids, seq_len, state):
-            units = torch.cat(captured, dim=2).float() if captured else None
-            captured.clear()
-            yield logits.float(), units
-    finally:
-        for hook in hooks:
-            hook.remove()
+    """scores.carried_chunks, yielding each chunk's logits and a recurrent model's units (B, t, U; else None),
+    from the protocol's `unit_states`."""
+    with eval_mode(model):
+        for start in range(0, ids.shape[1], seq_len):
+            with torch.no_grad():
+                logits, state, units = model.unit_states(ids[:, start:start + seq_len], state)
+            yield logits.float(), torch.cat(units, dim=2).float() if units else None
 
 
 def unit_pass(model, ids: Tensor, seq_len: int) -> tuple[Tensor, Tensor | None]:
