@@ -29,9 +29,9 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs  # noqa: E402
 from gru_experiments.models.precision import resolve  # noqa: E402
 from gru_experiments.models.protocol import build_model, count_parameters  # noqa: E402
-from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs  # noqa: E402
 
 MODES = ("eager", "graphed", "cudnn")
 

@@ -1,16 +1,21 @@
 """Many small train.py runs side by side on one CUDA device, with a deadline: the device jobs of the
-minGRU/minLSTM rung and the planted-recall experiment (docs/results.md).
+minGRU/minLSTM rung, the LSTM's memory horizon and the planted-recall experiment (docs/results.md).
 
     python benchmarks/gpu_jobs.py                          # everything below, 14 at a time, stopped at 570 s
     python benchmarks/gpu_jobs.py --only lr --jobs 4       # one group
+    python benchmarks/gpu_jobs.py --only lstm              # the LSTM's learning-rate runs, then its recall pairs
     python benchmarks/gpu_jobs.py --accelerator cpu --steps 2 --jobs 2   # the plumbing on a CPU (a smoke run)
+    python benchmarks/gpu_jobs.py --only lstm --accelerator cpu --steps 2 preset=smoke data.path=FILE  # overrides
 
 The groups, each a folder under outputs/multiruns/ that `python sweep.py report=<folder>` reports:
-- lr_min: minGRU and minLSTM at Astra-α's size, every learning rate of the GRU's sweep at α (1e-3 to 2e-2),
-  the full recipe, evaluation.text.samples=0, as `python sweep.py models=[mingru,minlstm] 'model.lr=...'` runs it;
+- lr_min: minGRU, minLSTM and the hand-written LSTM (`lstm`) at Astra-α's size, every learning rate of the GRU's
+  sweep at α (1e-3 to 2e-2), the full recipe, evaluation.text.samples=0, as
+  `python sweep.py models=[mingru,minlstm,lstm] 'model.lr=...'` runs it;
 - recall_horizon: the experiment set `recall_horizon` with probe=recall and probe=none (each run beside its
-  twin); minGRU's and minLSTM's runs start once their family's learning-rate runs have ended, at its best rate
-  (stateful bits per character), so the rung is tuned the way the GRU was before it is compared.
+  twin); minGRU's, minLSTM's and the LSTM's α runs start once their family's learning-rate runs have ended, at its
+  best rate (stateful bits per character), so each is tuned the way the GRU was before it is compared. The LSTM's
+  β pairs (recall_lstm_beta_*) run at Astra-β's recipe and rate (2e-3, not swept, as Astra-β's was not) from the
+  start, beside Astra-β's.
 
 Small recurrent models are bound by kernel launches, not by the GPU's arithmetic, so a GPU is best used by many
 processes at once (one CPU thread each). Not `sweep.py hydra/launcher=parallel`: a device lease needs a
@@ -35,8 +40,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RATES = ("1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
 MINIMAL = ("mingru", "minlstm")
+TUNED = (*MINIMAL, "lstm")  # the families tuned at α over RATES, then compared on the recall probe at their best
 GRU_RECALL = ("recall_beta_windows", "recall_beta_streams", "recall_alpha_windows", "recall_alpha_streams",
               "recall_alpha_long_windows", "recall_transformer_windows")
+LSTM_BETA_RECALL = ("recall_lstm_beta_windows", "recall_lstm_beta_streams")  # at Astra-β's rate, not tuned
+# A tuned family's recall experiments, run at its best rate
+TUNED_RECALL = {"mingru": ("recall_mingru_windows", "recall_mingru_streams"),
+                "minlstm": ("recall_minlstm_windows", "recall_minlstm_streams"),
+                "lstm": ("recall_lstm_alpha_windows", "recall_lstm_alpha_streams")}
 
 
 @dataclass
@@ -56,10 +67,11 @@ class Job:
         return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def lr_jobs(root: Path) -> list[Job]:
+def lr_jobs(root: Path, families=TUNED) -> list[Job]:
+    """Each family at each rate; the folders numbered as in the whole group, whichever families are asked for."""
     return [Job(f"{model}_lr{rate}", root / "lr_min" / f"{i:02d}_{model}_lr{rate}",
                 [f"model={model}", f"model.lr={rate}", "evaluation.text.samples=0"], family=model)
-            for i, (model, rate) in enumerate((m, r) for m in MINIMAL for r in RATES)]
+            for i, (model, rate) in enumerate((m, r) for m in TUNED for r in RATES) if model in families]
 
 
 def recall_jobs(root: Path, experiments, first: int, extra: list[str] = ()) -> list[Job]:
@@ -79,22 +91,33 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=14, help="runs at once")
     p.add_argument("--deadline", type=float, default=570, help="seconds from start: running jobs get SIGINT")
-    p.add_argument("--only", choices=("lr", "recall", "minimal"), default=None,
-                   help="lr: the learning-rate runs; recall: the GRU and transformer pairs; minimal: lr, then "
-                        "the minimal families' recall pairs")
+    p.add_argument("--only", choices=("lr", "recall", "minimal", "lstm"), default=None,
+                   help="lr: the learning-rate runs (every tuned family); recall: the GRU and transformer pairs; "
+                        "minimal: minGRU's and minLSTM's learning-rate runs, then their recall pairs; lstm: the "
+                        "LSTM's learning-rate runs, then its recall pairs (α at its best rate, β beside Astra-β's)")
     p.add_argument("--accelerator", default="gpu")
-    p.add_argument("--steps", type=int, default=None, help="trainer.max_steps for every run (a smoke run)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="trainer.max_steps for every run, >= 1 (a smoke run); left out: each recipe's own")
     p.add_argument("--root", type=Path, default=REPO / "outputs" / "multiruns")
+    p.add_argument("overrides", nargs="*", help="train.py overrides for every run (preset=smoke data.path=FILE)")
     args = p.parse_args(argv)
+    for flag, value in (("--jobs", args.jobs), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            print(f"gpu_jobs.py: {flag} {value}: must be an integer >= 1"
+                  + (" (leave --steps out for each recipe's own steps)" if flag == "--steps" else ""), file=sys.stderr)
+            return 2
 
-    common = [f"trainer.accelerator={args.accelerator}", "logger=csv"]
-    if args.steps:
+    common = [f"trainer.accelerator={args.accelerator}", "logger=csv", *args.overrides]
+    if args.steps is not None:
         common.append(f"trainer.max_steps={args.steps}")
-    lr = lr_jobs(args.root) if args.only in (None, "lr", "minimal") else []
+    families = {None: TUNED, "lr": TUNED, "minimal": MINIMAL, "lstm": ("lstm",)}.get(args.only, ())
+    lr = lr_jobs(args.root, families)
     queue = recall_jobs(args.root, GRU_RECALL, 0) if args.only in (None, "recall") else []
-    # The longest runs (Astra-β's) first, then the learning-rate runs, then Astra-α's and the transformer's pairs.
-    queue = queue[:4] + lr + queue[4:]
-    pending = {family: args.only != "lr" for family in MINIMAL}
+    beta = recall_jobs(args.root, LSTM_BETA_RECALL, 2 * len(GRU_RECALL)) if args.only in (None, "lstm") else []
+    # The longest runs (Astra-β's and its LSTM's) first, then the learning-rate runs, then Astra-α's and the
+    # transformer's pairs.
+    queue = queue[:4] + beta + lr + queue[4:]
+    pending = {family: args.only != "lr" for family in families}
     done: list[Job] = []
     running: list[Job] = []
     start = time.monotonic()
@@ -121,9 +144,8 @@ def main(argv=None) -> int:
                     say(f"{family}: no completed learning-rate run, so no recall runs")
                     continue
                 say(f"{family}: best rate {rate}; its recall pairs start")
-                first = 20 + 4 * MINIMAL.index(family)
-                queue[:0] = recall_jobs(args.root, [f"recall_{family}_windows", f"recall_{family}_streams"], first,
-                                        [f"model.lr={rate}"])
+                first = 20 + 4 * TUNED.index(family)
+                queue[:0] = recall_jobs(args.root, TUNED_RECALL[family], first, [f"model.lr={rate}"])
         if time.monotonic() - start > args.deadline:
             break
         while queue and len(running) < args.jobs:

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs, graphed
 from gru_experiments.models.precision import resolve
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs, graphed
 from gru_experiments.study.generation import sample_tokens
 from gru_experiments.study.scores import Split, score_stateful, score_windowed
 

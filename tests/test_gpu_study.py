@@ -75,12 +75,15 @@ def test_gpu_jobs_plans_the_rungs_sweep_and_picks_each_familys_best_rate(tmp_pat
     import gpu_jobs
 
     lr = gpu_jobs.lr_jobs(tmp_path)
+    assert gpu_jobs.TUNED == ("mingru", "minlstm", "lstm")  # the LSTM tuned as minGRU and minLSTM are
     assert [(job.family, job.overrides[1]) for job in lr] == [
-        (m, f"model.lr={r}") for m in gpu_jobs.MINIMAL for r in gpu_jobs.RATES]
+        (m, f"model.lr={r}") for m in gpu_jobs.TUNED for r in gpu_jobs.RATES]
+    assert [job.folder.name for job in gpu_jobs.lr_jobs(tmp_path, ("lstm",))][:1] == ["12_lstm_lr1e-3"]
     pairs = gpu_jobs.recall_jobs(tmp_path, gpu_jobs.GRU_RECALL, 0)
     assert [job.overrides[:2] for job in pairs[:2]] == [["experiment=recall_beta_windows", "probe=recall"],
                                                         ["experiment=recall_beta_windows", "probe=none"]]
-    assert set(gpu_jobs.GRU_RECALL) | {f"recall_{m}_{t}" for m in gpu_jobs.MINIMAL for t in ("windows", "streams")} \
+    tuned = {experiment for experiments in gpu_jobs.TUNED_RECALL.values() for experiment in experiments}
+    assert set(gpu_jobs.GRU_RECALL) | tuned | set(gpu_jobs.LSTM_BETA_RECALL) \
         == set(OmegaConf.load(CONF / "sweep.yaml").experiment_sets.recall_horizon)
     for job, (bpc, status) in zip(lr, [(2.5, "completed"), (2.4, "completed"), (2.1, "failed")]):
         job.folder.mkdir(parents=True)
@@ -99,3 +102,35 @@ def test_the_code_corpus_set_runs_each_model_as_on_tiny_shakespeare_on_data_pyst
         assert cfg.data.sha256 == OmegaConf.load(CONF / "data" / "pystdlib.yaml").sha256 != plain.data.sha256
         cfg.data = plain.data  # everything else (the model, its recipe, learning rate, steps, evaluation) unchanged
         assert OmegaConf.to_container(cfg) == OmegaConf.to_container(plain)
+
+
+def test_gpu_jobs_refuses_no_steps_and_no_jobs_in_one_line():
+    """--steps 0 once meant no step limit (the recipes' own: hours); --jobs 0 would start nothing and wait."""
+    for flag in ("--steps", "--jobs"):
+        for value in ("0", "-2"):
+            done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_jobs.py"), flag, value],
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 2 and done.stdout == ""
+            assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+            assert done.stderr.startswith(f"gpu_jobs.py: {flag} {value}: must be an integer >= 1")
+
+
+@pytest.mark.slow
+def test_gpu_jobs_runs_the_lstms_tuning_then_its_recall_pairs_on_a_cpu(small_shakespeare, data_dir, tmp_path):
+    """--only lstm --accelerator cpu --steps 2: the LSTM at every rate, then its α pairs at the best rate and its β
+    pairs (the plumbing; a 2-step run's figures mean nothing)."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_jobs.py"), "--only", "lstm", "--accelerator",
+                           "cpu", "--steps", "2", "--jobs", "2", "--root", str(tmp_path), "preset=smoke",
+                           f"data.path={small_shakespeare}", "data.train_fraction=0.8", f"paths.data_dir={data_dir}",
+                           "evaluation.text.samples=0"],
+                          env={**os.environ, "PROJECT_ROOT": str(REPO)}, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "lstm: best rate " in done.stdout and "its recall pairs start" in done.stdout
+    ran = sorted(path.parent.name for path in tmp_path.rglob("summary.json"))
+    assert ran == sorted([f"{12 + i:02d}_lstm_lr{rate}" for i, rate in enumerate(("1e-3", "2e-3", "3e-3", "5e-3",
+                                                                                      "1e-2", "2e-2"))]
+                         + [f"{n:02d}_recall_lstm_{size}_{mode}_{probe}" for n, (size, mode, probe) in
+                            enumerate([(s, m, p) for s in ("beta",) for m in ("windows", "streams")
+                                       for p in ("recall", "none")], 12)]
+                         + [f"{n:02d}_recall_lstm_alpha_{mode}_{probe}" for n, (mode, probe) in
+                            enumerate([(m, p) for m in ("windows", "streams") for p in ("recall", "none")], 28)])

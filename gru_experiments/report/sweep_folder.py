@@ -136,6 +136,7 @@ def read_job(job_dir: Path) -> JobResult:
         "lr": _select(cfg, "model.lr"),
         # the steps of the model's own recipe; none for a counted model
         "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
+        "steps_per_epoch": per_epoch if isinstance(per_epoch, int) else None,  # the report's epochs (overfitting)
         "optim": _select(cfg, "optim.name"),  # a run from before conf/optim: "original" (run_dir.in_todays_names)
         **read_summary(summary),
     }

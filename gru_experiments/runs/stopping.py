@@ -86,7 +86,7 @@ def stopping_summary(cfg, callback: EarlyStopping | None) -> dict:
     stop_reason (None unless it stopped) and early_stopping_best_step (the step of its best validation)."""
     stopped = callback is not None and callback.stopped
     return {
-        "early_stopping": settings(cfg),
+        "early_stopping": settings(cfg) if callback is not None else None,  # a counted model: never stopped
         "stopped_early": stopped,
         "stopped_at_step": callback.stopped_step if stopped else None,
         "stop_reason": callback.reason() if stopped else None,
