@@ -43,13 +43,16 @@ def train(model, data, graphed: bool):
     for inputs, targets in data:
         if step is not None:
             loss, _ = step(inputs, targets)
+            assert all(p.grad is not None for p in model.parameters())
         else:
             optimizer.zero_grad(set_to_none=True)
             loss, _ = loss_of(model)(inputs, targets)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
+        if len(losses) % 10 == 0:  # as Lightning before each validation: the gradients let go (set to None)
+            optimizer.zero_grad(set_to_none=True)
     return losses, step
 
 

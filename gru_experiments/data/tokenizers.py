@@ -235,6 +235,6 @@ def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer:
         if state.get("format_version") != _FORMAT_VERSION:
             raise ValueError(f"unsupported spm tokenizer format {state.get('format_version')!r}")
         proto = state["model_proto"]
-        proto = proto.numpy().tobytes() if isinstance(proto, torch.Tensor) else bytes(proto)
+        proto = proto.cpu().numpy().tobytes() if isinstance(proto, torch.Tensor) else bytes(proto)  # a GPU load
         return SentencePieceTokenizer(proto, state["newline_standin"], state["space_standin"])
     raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")

@@ -80,6 +80,7 @@ class _Captured:
 
     def __init__(self, graph, inputs: tuple, outputs: tuple):
         self.graph, self.inputs, self.outputs = graph, inputs, outputs
+        self.grads: list = []  # a training step's: the gradient tensors its replays write
 
     def replay(self, *inputs) -> tuple:
         for static, value in zip(self.inputs, inputs):
@@ -127,7 +128,10 @@ class GraphedTrainingStep:
         if self.failed is None and self.steps > self.warmup and inputs.is_cuda:
             self._clear_grads()  # the capture's backward then writes fresh gradient tensors, which replays rewrite
             try:
-                self.graphs[key] = capture(self._forward_backward, inputs, targets, state)
+                captured = capture(self._forward_backward, inputs, targets, state)
+                # The gradient tensors this graph writes at every replay (each graph its own, in its memory pool).
+                captured.grads = [p.grad for p in self.parameters]
+                self.graphs[key] = captured
             except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
                 self.failed = failure(err)
                 self.say(f"cuda_graphs: the training step could not be captured ({self.failed}); training "
@@ -140,7 +144,12 @@ class GraphedTrainingStep:
         return self._eager(inputs, targets, state)
 
     def _replay(self, key, inputs, targets, state):
-        loss, final = self.graphs[key].replay(inputs, targets, state)
+        captured = self.graphs[key]
+        loss, final = captured.replay(inputs, targets, state)
+        # .grad set again at every replay: Lightning sets it to None before each validation (to free memory), and
+        # another graph (a carried state's) writes gradients of its own elsewhere.
+        for p, grad in zip(self.parameters, captured.grads):
+            p.grad = grad
         # The next replay overwrites them; what the caller keeps (a logged loss, a carried state) must stay.
         return loss.clone(), map_state(torch.Tensor.clone, final)
 
