@@ -117,13 +117,35 @@ def test_the_default_corpus_is_the_shipped_one_read_offline_and_sha_checked(tmp_
     assert hashlib.sha256(text.encode("utf-8")).hexdigest() == data.SHIPPED_SHA256
     assert data.SHIPPED_CORPUS.stat().st_size < 500_000
     # A damaged copy is refused in one line.
-    monkeypatch.setattr(data, "SHIPPED_SHA256", "0" * 64)
+    monkeypatch.setattr(data, "SHIPPED", {"0" * 64: data.SHIPPED_CORPUS})
     with pytest.raises(UserError, match="shipped corpus .* is damaged"):
         data.read_corpus(data.SHIPPED_CORPUS)
     # Any local .xz text reads like a plain one.
     packed = tmp_path / "t.txt.xz"
     packed.write_bytes(lzma.compress("héllo\n".encode()))
     assert data.read_corpus(packed) == "héllo\n"
+
+
+def test_data_pystdlib_is_the_shipped_code_corpus_with_its_licence_and_a_char_vocabulary(compose_config, tmp_path):
+    import subprocess
+    import sys
+
+    from gru_experiments.data import corpus as data
+    from gru_experiments.data.corpus import prepare_corpus
+
+    cfg = compose_config("data=pystdlib")
+    assert cfg.data.seq_len == 128 and cfg.data.train_fraction == 0.9  # the rest as data=default
+    path = corpus_path(cfg.data.path, cfg.data.url, cfg.data.sha256, tmp_path / "cache")
+    assert path == data.CORPORA / "pystdlib.txt.xz" and not (tmp_path / "cache").exists()
+    assert (data.CORPORA / "pystdlib.LICENSE.txt").read_text().count("PYTHON SOFTWARE FOUNDATION LICENSE") >= 1
+    assert path.stat().st_size < 300_000
+    corpus = prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tok")  # read and sha256-checked
+    assert corpus.tokenizer.vocab_size == 96  # printable ASCII and the newline: no tab, nothing else
+    assert corpus.train_ids.numel() + corpus.val_ids.numel() == 1_154_220
+    # The script that rebuilds it checks the shipped copy against the recorded sha256.
+    tool = data.CORPORA.parents[2] / "tools" / "build_pystdlib_corpus.py"
+    result = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0 and "(ok)" in result.stdout
 
 
 def _data_cfg(path, seq_len=16):

@@ -75,3 +75,15 @@ def test_gpu_jobs_plans_the_rungs_sweep_and_picks_each_familys_best_rate(tmp_pat
         (job.folder / "summary.json").write_text(f'{{"status": "{status}", "stateful_bpc": {bpc}}}')
     assert gpu_jobs.best_rate(lr, "mingru") == gpu_jobs.RATES[1]  # the failed run's figure does not count
     assert gpu_jobs.best_rate(lr, "minlstm") is None
+
+def test_the_code_corpus_set_runs_each_model_as_on_tiny_shakespeare_on_data_pystdlib():
+    settings, _ = sweep_script.parse_arguments(["experiments=code_corpus"])
+    assert settings.experiments == ["code_astra_alpha", "code_astra_beta", "code_transformer"]
+    for experiment in settings.experiments:
+        model = experiment.removeprefix("code_")
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"experiment={experiment}"])
+            plain = compose(config_name="train", overrides=[f"model={model}"])
+        assert cfg.data.sha256 == OmegaConf.load(CONF / "data" / "pystdlib.yaml").sha256 != plain.data.sha256
+        cfg.data = plain.data  # everything else (the model, its recipe, learning rate, steps, evaluation) unchanged
+        assert OmegaConf.to_container(cfg) == OmegaConf.to_container(plain)

@@ -1,5 +1,5 @@
-"""The corpus: where it comes from (a local file, an opt-in download, or the Tiny Shakespeare
-shipped in `corpora/`), how it is checked, split and encoded (`prepare_corpus`)."""
+"""The corpus: where it comes from (a local file, an opt-in download, or one shipped in `corpora/`: Tiny Shakespeare,
+or the Python standard library's source as `data=pystdlib`), how it is checked, split and encoded (`prepare_corpus`)."""
 
 import hashlib
 import lzma
@@ -15,9 +15,14 @@ from gru_experiments.data.tokenizers import build_tokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_file
 
-# The default corpus, shipped in the package (xz -9e) so training needs no network: Tiny Shakespeare.
-SHIPPED_CORPUS = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt.xz"
+# The corpora shipped in the package (xz -9e) so training needs no network, by the sha256 of their plain text. The
+# default: Tiny Shakespeare. data=pystdlib (conf/data/pystdlib.yaml names its sha256): 46 modules of CPython 3.11.7's
+# standard library (PSF licence, corpora/pystdlib.LICENSE.txt), built by tools/build_pystdlib_corpus.py.
+CORPORA = Path(__file__).resolve().parent / "corpora"
+SHIPPED_CORPUS = CORPORA / "tinyshakespeare.txt.xz"
 SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
+PYSTDLIB_SHA256 = "0580ce98cfae237574409a8795e9ef8178eecde50b7c1c985f0ae59bb2121230"
+SHIPPED = {SHIPPED_SHA256: SHIPPED_CORPUS, PYSTDLIB_SHA256: CORPORA / "pystdlib.txt.xz"}
 
 
 def sha256_of(path: Path) -> str:
@@ -41,10 +46,13 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
 
 
 def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir: str | Path) -> Path:
-    """`path` if given, else the cached download of `url` (opt-in), else SHIPPED_CORPUS."""
+    """`path` if given, else the shipped corpus of that `sha256` (even with a URL of the same text: runs recorded
+    before it shipped), else the cached download of `url` (opt-in), else SHIPPED_CORPUS."""
     if path:
         return Path(path).expanduser()
-    if not url or sha256 == SHIPPED_SHA256:  # a URL of the same text (runs recorded before it shipped)
+    if sha256 in SHIPPED:
+        return SHIPPED[sha256]
+    if not url:
         return SHIPPED_CORPUS
     cached = Path(cache_dir) / Path(url.split("?")[0]).name
     if not cached.exists() or (sha256 and sha256_of(cached) != sha256):
@@ -69,8 +77,9 @@ def read_corpus(path: Path) -> str:
             data = lzma.decompress(data)
         except lzma.LZMAError as err:
             raise UserError(f"corpus file is not valid xz: {path} ({err})") from None
-    if path == SHIPPED_CORPUS and (got := hashlib.sha256(data).hexdigest()) != SHIPPED_SHA256:
-        raise UserError(f"the shipped corpus {path} is damaged: sha256 {got}, expected {SHIPPED_SHA256}; "
+    expected = next((sha for sha, shipped in SHIPPED.items() if shipped == path), None)
+    if expected and (got := hashlib.sha256(data).hexdigest()) != expected:
+        raise UserError(f"the shipped corpus {path} is damaged: sha256 {got}, expected {expected}; "
                         "reinstall the package or train on a local file: data.path=FILE")
     if not data:
         raise UserError(f"corpus file is empty: {path}")
