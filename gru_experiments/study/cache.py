@@ -196,7 +196,8 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
         return CacheFigures({"note": f"no cache size fits: the longest history is under the window ({window})"})
     positions, model_nll = positions[scored], states.nll.reshape(scored.shape)[scored].double()
     cut, halves = n // 2, "split"
-    if bool((positions <= cut).all()) or bool((positions > cut).all()):  # a sample of one stream: its own halves
+    first = int((positions <= cut).sum())
+    if 4 * min(first, positions.numel() - first) < positions.numel():  # a sample of few streams: its own halves
         cut, halves = int(positions.median()), "kept targets"
     fit = positions <= cut
     if not bool(fit.any()) or bool(fit.all()):
