@@ -88,14 +88,17 @@ def continuous_cache(hidden: Tensor, targets: Tensor, sizes: list[int], thetas: 
         column = column.clamp(min=0).expand(R, -1, -1)
         aligned = scores.gather(2, column)  # (R, B, longest): query p against key p - d, d = 1 .. longest
         match = targets[:, k0:b].gather(1, column.reshape(R, -1)).view_as(column) == targets[:, a:b].unsqueeze(2)
+        hit = match.float()
         for j, theta in enumerate(thetas):
             z = (aligned * theta).masked_fill(~valid, -math.inf)
-            hits = z.masked_fill(~match, -math.inf)
             den = num = torch.full((R, b - a), -math.inf, device=device)
-            for k in range(len(sizes)):
-                lo, hi = edges[k], edges[k + 1]
-                den = torch.logaddexp(den, torch.logsumexp(z[..., lo:hi], -1))
-                num = torch.logaddexp(num, torch.logsumexp(hits[..., lo:hi], -1))
+            for k in range(len(sizes)):  # each band's exponentials once, shifted by its largest (a logsumexp)
+                band = z[..., edges[k]:edges[k + 1]]
+                top = band.amax(-1, keepdim=True)
+                top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+                e = torch.exp(band - top)
+                den = torch.logaddexp(den, e.sum(-1).log() + top[..., 0])
+                num = torch.logaddexp(num, (e * hit[..., edges[k]:edges[k + 1]]).sum(-1).log() + top[..., 0])
                 out[k, j, :, a:b] = torch.where(den > -math.inf, num - den, -math.inf)
     return out
 
