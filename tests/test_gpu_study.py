@@ -134,3 +134,4 @@ def test_gpu_jobs_runs_the_lstms_tuning_then_its_recall_pairs_on_a_cpu(small_sha
                                        for p in ("recall", "none")], 12)]
                          + [f"{n:02d}_recall_lstm_alpha_{mode}_{probe}" for n, (mode, probe) in
                             enumerate([(m, p) for m in ("windows", "streams") for p in ("recall", "none")], 28)])
+

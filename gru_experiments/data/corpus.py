@@ -65,6 +65,14 @@ def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir
     return cached
 
 
+def corpus_name(path: str | None, url: str | None, sha256: str | None) -> str:
+    """A run's corpus as the report names it: a shipped one's name (tinyshakespeare, pystdlib), else its file's."""
+    if path:
+        return Path(path).name.removesuffix(".xz").removesuffix(".txt")
+    shipped = SHIPPED.get(sha256) or (SHIPPED_CORPUS if not url else None)
+    return shipped.name.removesuffix(".txt.xz") if shipped else Path(url.split("?")[0]).name
+
+
 def read_corpus(path: Path) -> str:
     """The corpus text (`.xz` decompressed, the shipped one checked); UserError if missing, empty or not UTF-8."""
     if not path.exists():

@@ -10,7 +10,15 @@ import io
 from pathlib import Path
 
 from gru_experiments.files import atomic_write
-from gru_experiments.report import context_classes, lr_sweep, overfitting, recall_report, scale, text_report
+from gru_experiments.report import (
+    cache_report,
+    context_classes,
+    lr_sweep,
+    overfitting,
+    recall_report,
+    scale,
+    text_report,
+)
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
 from gru_experiments.report.common import MISSING, cell, duration, escape, table
@@ -213,7 +221,7 @@ SECTIONS: list[Section] = [
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
-    scale.SECTION, overfitting.SECTION, recall_report.LSTM_SECTION,
+    scale.SECTION, overfitting.SECTION, recall_report.LSTM_SECTION, cache_report.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
 ]

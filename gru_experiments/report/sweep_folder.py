@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from gru_experiments.data.corpus import corpus_name
 from gru_experiments.errors import NoResultsError
 from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family, model_recurrent
@@ -138,6 +139,8 @@ def read_job(job_dir: Path) -> JobResult:
         "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
         "steps_per_epoch": per_epoch if isinstance(per_epoch, int) else None,  # the report's epochs (overfitting)
         "optim": _select(cfg, "optim.name"),  # a run from before conf/optim: "original" (run_dir.in_todays_names)
+        "corpus": None if cfg is None else corpus_name(_select(cfg, "data.path"), _select(cfg, "data.url"),
+                                                       _select(cfg, "data.sha256")),
         **read_summary(summary),
     }
     if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)

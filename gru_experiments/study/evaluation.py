@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from gru_experiments.study.cache import CacheEntry, keep_final_states
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
     BIGRAM,
@@ -164,7 +165,7 @@ class ModesEntry(Entry):
     describe = staticmethod(ModeEvaluation.describe)
 
 
-ENTRIES: list[Entry] = [ModesEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
+ENTRIES: list[Entry] = [ModesEntry(), CacheEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
 
 
 def plan_for(request: Request) -> Plan:
@@ -174,9 +175,10 @@ def plan_for(request: Request) -> Plan:
     tokens = request.training_tokens
     budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
     extra = [unit for entry in ENTRIES for unit in entry.units(request)]
-    return plan_evaluation(request.model, request.val.n_targets, seq_len=s.seq_len, window=s.window,
+    plan = plan_evaluation(request.model, request.val.n_targets, seq_len=s.seq_len, window=s.window,
                            streams=s.streams, budget=budget, windowed=not training, bigram=not training,
                            curve=final, curve_longest=s.curve_longest, extra=extra)
+    return keep_final_states(plan) if final else plan  # the cache's (study/cache.py): its cost unchanged
 
 
 @dataclass
@@ -210,6 +212,8 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
     for entry in ENTRIES:
         own = [r for r, owner in zip(results, plan.owners) if owner == entry.name]
         if entry.name == ModesEntry.name:  # the modes' figures index every pass of the plan
+            out[entry.name] = entry.run(request, plan, results)
+        elif getattr(entry, "reads_every_pass", False):  # the cache: the stateful pass's states
             out[entry.name] = entry.run(request, plan, results)
         elif own and entry.name not in skip:
             out[entry.name] = entry.run(request, plan, own)

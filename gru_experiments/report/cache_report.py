@@ -1,0 +1,137 @@
+"""report.md's *The cache* (each run's cache figure, study/cache.py, by N) and its findings, judged per corpus: is
+there information past the training window that the model does not read (the cache's gain from positions past
+the window against the carried state's, stateful - windowed), and does the carried state buy bits past the
+window on a text where the cache shows there is some to buy."""
+
+import math
+
+from gru_experiments.report.common import cell, escape, plus_minus, table
+from gru_experiments.report.findings import WORTH, state_gain
+from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
+
+cache_record = Record(("cache",), holding="by_size")
+
+
+def corpus(job) -> str:
+    return job.values.get("corpus") or "?"
+
+
+def past_window(job) -> tuple[float, float] | None:
+    """The cache at its longest N - the cache at N = the training window, paired, and its se."""
+    past, se = job.number("cache_past_window_bpc"), job.number("cache_past_window_se")
+    return None if past is None or se is None else (past, se)
+
+
+def below(value: float, se: float) -> bool:
+    """Below zero by two standard errors and by at least WORTH bits per character."""
+    return value < -max(2 * se, WORTH)
+
+
+def by_corpus(jobs) -> dict[str, list]:
+    groups: dict[str, list] = {}
+    for job in jobs:
+        groups.setdefault(corpus(job), []).append(job)
+    return groups
+
+
+def _pair(value, se) -> str:
+    return cell(value, lambda v: plus_minus(v, se, 4, "+"))
+
+
+def cache_section(jobs, plots) -> list[str]:
+    shown = cache_record.jobs(jobs)
+    if not shown:
+        return []
+    sizes = sorted({int(n) for job in shown for n in cache_record(job)["by_size"]})
+    rows = []
+    for job in shown:
+        record = cache_record(job)
+        by_size = record["by_size"]
+        cells = [_pair(by_size[str(n)]["gain_bpc"], by_size[str(n)]["gain_se"]) if str(n) in by_size else "—"
+                 for n in sizes]
+        gain = state_gain(job)
+        rows.append([escape(job.model), escape(corpus(job)), record["kind"], f"{record['model_bpc']:.4f}", *cells,
+                     _pair(job.number("cache_past_window_bpc"), job.number("cache_past_window_se")),
+                     _pair(*gain) if gain else "—"])
+    header = ["model", "corpus", "cache", "model alone", *(f"N = {n}" for n in sizes), "past the window",
+              "stateful - windowed"]
+    return ["## The cache", "",
+            "Each model's stateful distribution interpolated with a cache over its own last N tokens (the continuous "
+            "cache over its final hidden states, Grave et al. 2017; the count cache for a counted model), λ and θ "
+            "fitted on the first half of the validation split: bits per character on its second half, the cache "
+            "minus the model alone, paired target by target (± one standard error; negative: the cache helps). Past "
+            "the window: the cache at its longest N minus the cache at N = the training window, paired; beside it "
+            "the carried state's own gain past the window (stateful - windowed). docs/evaluation.md, *The cache*.",
+            "", *table(header, rows, "lllr"), ""]
+
+
+CACHE = Findings("Findings on the cache", "What a cache over each model's own past shows of the text past the "
+                 "training window, judged per corpus (bits per character, ± one standard error; a gain counts when "
+                 f"it is below zero by two standard errors and by at least {WORTH} bits per character).")
+
+
+@CACHE.claim("The text holds information past the window that the model does not read")
+def unread_finding(jobs) -> tuple[str, str]:
+    """Does the cache gain from positions past the window, beyond what the carried state gains there?"""
+    judged = [job for job in jobs if past_window(job) is not None and state_gain(job) is not None]
+    if not judged:
+        return cannot("no model with both the cache's figure past the window and stateful - windowed")
+    parts, supported, contradicted = [], 0, 0
+    for name, group in by_corpus(judged).items():
+        cases = []
+        for job in group:
+            (past, past_se), (gain, gain_se) = past_window(job), state_gain(job)
+            unread, unread_se = past - gain, math.hypot(past_se, gain_se)
+            if below(past, past_se) and below(unread, unread_se):
+                supported += 1
+            elif not below(past, past_se):
+                contradicted += 1
+            cases.append(f"{job.model}: cache past the window {past:+.4f} ± {past_se:.4f}, carried state "
+                         f"{gain:+.4f} ± {gain_se:.4f}, unread {unread:+.4f} ± {unread_se:.4f}")
+        parts.append(f"on {name}, " + "; ".join(cases))
+    evidence = ("The cache's gain from the positions past the training window (the cache at its longest N - at N = "
+                "the window) against the carried state's gain past it (stateful - windowed), their difference the "
+                "information the model leaves unread: " + "; ".join(parts) + f". Supported for {supported} of "
+                f"{len(judged)} models (the cache gains past the window, and more than the state).")
+    return verdict(supported, len(judged), contradicted), evidence
+
+
+@CACHE.claim("On text with long-range structure the carried state buys bits past the window")
+def long_range_finding(jobs) -> tuple[str, str]:
+    """On the corpora where the cache finds information past the window, is stateful - windowed below zero?"""
+    measured = [job for job in jobs if past_window(job) is not None]
+    if not measured:
+        return cannot("no model with the cache's figure past the window (what shows a corpus's long-range "
+                      "structure)")
+    groups = by_corpus(measured)
+    structured = {name: group for name, group in groups.items()
+                  if any(below(*past_window(job)) for job in group)}
+    others = ", ".join(name for name in groups if name not in structured)
+    if not structured:
+        return cannot(f"a corpus whose long-range structure the cache shows (none of {', '.join(groups)})")
+    judged = [job for group in structured.values() for job in group if state_gain(job) is not None]
+    if not judged:
+        return cannot(f"stateful - windowed on {', '.join(structured)}")
+    parts, bought, against = [], 0, 0
+    for name, group in structured.items():
+        cases = []
+        for job in (job for job in group if state_gain(job) is not None):
+            gain, se = state_gain(job)
+            bought += below(gain, se)
+            against += not below(gain, se)
+            cases.append(f"{job.model} {gain:+.4f} ± {se:.4f}")
+        parts.append(f"On {name}, stateful - windowed: " + ", ".join(cases))
+    evidence = ("Text with long-range structure: a corpus on which some model's cache gains from positions past "
+                f"the window ({', '.join(structured)}" + (f"; not {others}" if others else "") + "). "
+                + "; ".join(parts) + f". The carried state buys bits past the window for {bought} of {len(judged)} "
+                "models there.")
+    return verdict(bought, len(judged), against), evidence
+
+
+SECTION = Section("cache", cache_section, columns={
+    "corpus": lambda job: job.values.get("corpus"),
+    "cache_size": lambda job: job.number("cache_size"),
+    "cache_gain_bpc": lambda job: job.number("cache_gain_bpc"),
+    "cache_gain_se": lambda job: job.number("cache_gain_se"),
+    "cache_past_window_bpc": lambda job: job.number("cache_past_window_bpc"),
+    "cache_past_window_se": lambda job: job.number("cache_past_window_se")}, findings=CACHE)

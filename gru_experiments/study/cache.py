@@ -1,0 +1,253 @@
+"""The cache figure (docs/evaluation.md, *The cache*): the model's stateful distribution interpolated with a cache
+over its own last N positions, p = (1 - λ) p_model + λ p_cache, N from 128 to 4,096 tokens.
+
+- A model with hidden states: the continuous cache (Grave, Joulin & Usunier 2017),
+  p_cache(w) ∝ Σ_{t-N <= i < t} 1[x_{i+1} = w] exp(θ h_t·h_i), h the final hidden states (the output of the
+  model's last norm before its head: `scores.final_states`) the stateful pass kept (`StatesKeptPass`).
+- A counted model (the n-grams: no hidden state): the count cache (Kuhn & De Mori 1990), the unigram and bigram
+  counts of the last N tokens, p_cache(w) = β c(x_t w) / c(x_t) + (1 - β) c(w) / N (the unigram alone where x_t
+  is not in the cache).
+
+λ and θ (or β) are fitted per N on a grid over the first half of the validation split (targets at positions
+<= n / 2) and the figures reported on its second half, paired target by target (scores.paired_difference)
+against the model alone, and against the cache at N = the training window ("past the window"). Everything
+reuses the stateful pass's states and NLLs; the cache costs matmuls of query chunks against their last N keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from gru_experiments.data.batches import IGNORE_INDEX
+from gru_experiments.study.generation import NO_PROGRESS, STATEFUL
+from gru_experiments.study.plan import FINAL, Entry, Plan, Request, StatefulPass
+from gru_experiments.study.scores import Score, Split, StreamStates, paired_difference, score_stateful, score_subset
+
+SMALLEST, LONGEST = 128, 4096  # the cache sizes: powers of 2 from SMALLEST to LONGEST, and the training window
+SHARPNESS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # θ's grid, in units of 1 / the mean squared norm of h
+BIGRAM_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # β's grid (the count cache)
+LAMBDAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # λ's grid
+CHUNK_ELEMENTS = 1 << 23  # query x key scores per chunk (memory only)
+
+
+@dataclass(frozen=True)
+class StatesKeptPass(StatefulPass):
+    """The stateful pass keeping every target's NLL and the final hidden states (the figures unchanged)."""
+
+    def run(self, request, progress=NO_PROGRESS) -> dict:
+        with progress.phase(self.label, self.targets) as tick:
+            return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
+                                         targets_after=self.keep_after, tick=tick, stride=self.stride,
+                                         keep_states=True)}
+
+
+def keep_final_states(plan: Plan) -> Plan:
+    """The plan with its stateful figure's pass keeping the states (when it is a StatefulPass: a finite-context
+    model's sampled stateful figure runs windows, and has no cache figure); its cost unchanged."""
+    figure = plan.figure(STATEFUL)
+    if figure is None or type(plan.passes[figure.passes[0]]) is not StatefulPass:
+        return plan
+    passes = list(plan.passes)
+    old = passes[figure.passes[0]]
+    passes[figure.passes[0]] = StatesKeptPass(**{f.name: getattr(old, f.name) for f in fields(old)})
+    return replace(plan, passes=tuple(passes))
+
+
+# --- the caches' log p_cache(target), every target at once ----------------------------------------------
+def cache_sizes(window: int, longest_history: int) -> list[int]:
+    """N: the training window and the powers of 2 from SMALLEST to LONGEST, each below `longest_history` (the
+    most positions a target can have before it)."""
+    sizes = {window} | {2 ** k for k in range(SMALLEST.bit_length() - 1, LONGEST.bit_length())}
+    return sorted(n for n in sizes if n < longest_history)
+
+
+def continuous_cache(hidden: Tensor, targets: Tensor, sizes: list[int], thetas: list[float]) -> Tensor:
+    """log p_cache(target) (len(sizes), len(thetas), R, L), float32, of R segments of L positions side by side:
+    hidden (R, L, C) the state at each input, targets (R, L) the token after it (the key's value, and the
+    query's target); position p's cache: the positions p - N .. p - 1 of its segment (-inf: none holds the
+    target, or none is there). Chunks of queries against their last max(sizes) keys, the sizes' sums nested
+    (each band of distances once)."""
+    R, L, _ = hidden.shape
+    longest, device = max(sizes), hidden.device
+    out = torch.full((len(sizes), len(thetas), R, L), -math.inf, dtype=torch.float32, device=device)
+    edges = [0, *sizes]  # band k: distances edges[k] + 1 .. edges[k + 1] (columns edges[k] .. edges[k + 1] - 1)
+    step = max(1, CHUNK_ELEMENTS // max(1, R * longest))
+    distance = torch.arange(1, longest + 1, device=device)
+    for a in range(0, L, step):
+        b = min(L, a + step)
+        k0 = max(0, a - longest)
+        queries, keys = hidden[:, a:b].float(), hidden[:, k0:b].float()
+        scores = torch.bmm(queries, keys.transpose(1, 2))  # (R, B, W)
+        column = torch.arange(b - a, device=device).unsqueeze(1) + (a - k0) - distance  # (B, longest): key i - k0
+        valid = column >= 0
+        column = column.clamp(min=0).expand(R, -1, -1)
+        aligned = scores.gather(2, column)  # (R, B, longest): query p against key p - d, d = 1 .. longest
+        match = targets[:, k0:b].gather(1, column.reshape(R, -1)).view_as(column) == targets[:, a:b].unsqueeze(2)
+        hit = match.float()
+        for j, theta in enumerate(thetas):
+            z = (aligned * theta).masked_fill(~valid, -math.inf)
+            den = num = torch.full((R, b - a), -math.inf, device=device)
+            for k in range(len(sizes)):  # each band's exponentials once, shifted by its largest (a logsumexp)
+                band = z[..., edges[k]:edges[k + 1]]
+                top = band.amax(-1, keepdim=True)
+                top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+                e = torch.exp(band - top)
+                den = torch.logaddexp(den, e.sum(-1).log() + top[..., 0])
+                num = torch.logaddexp(num, (e * hit[..., edges[k]:edges[k + 1]]).sum(-1).log() + top[..., 0])
+                out[k, j, :, a:b] = torch.where(den > -math.inf, num - den, -math.inf)
+    return out
+
+
+def _count(values: Tensor, queries: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    """For each query q: how many j in [lo, hi) have values[j] == q (values (n,) >= 0 or -1: never counted)."""
+    n = values.numel()
+    order = torch.sort(values * (n + 1) + torch.arange(n, device=values.device)).values
+    base = queries * (n + 1)
+    return (torch.searchsorted(order, base + hi) - torch.searchsorted(order, base + lo)).double()
+
+
+def count_cache(ids: Tensor, positions: Tensor, sizes: list[int], weights: list[float]) -> Tensor:
+    """log p_cache(ids[u]) (len(sizes), len(weights), U) for the targets at `positions` u (each from ids[:u]): the
+    unigram and bigram counts of the last N tokens, ids[u - N : u], mixed by β in `weights`."""
+    ids = ids.long()
+    vocab = int(ids.max()) + 1
+    pairs = torch.cat([ids.new_full((1,), -1), ids[:-1] * vocab + ids[1:]])  # pairs[j] = (ids[j - 1], ids[j])
+    u = positions.long()
+    out = []
+    for n in sizes:
+        lo = (u - n).clamp(min=0)
+        unigram = _count(ids, ids[u], lo, u) / (u - lo).double()
+        context = _count(ids, ids[u - 1], lo, u - 1)  # ids[u - 1] as the first of a pair inside the window
+        bigram = _count(pairs, pairs[u], lo + 1, u) / context.clamp(min=1)
+        mixed = [torch.where(context > 0, w * bigram + (1 - w) * unigram, unigram) for w in weights]
+        out.append(torch.stack(mixed).log())
+    return torch.stack(out)
+
+
+# --- the figures -----------------------------------------------------------------------------------------
+def interpolate(model_nll: Tensor, log_cache: Tensor, lam: float) -> Tensor:
+    """-log((1 - λ) p_model + λ p_cache), in float64; λ = 0: model_nll itself, exactly."""
+    model_nll, log_cache = model_nll.double(), log_cache.double()
+    return -torch.logaddexp(math.log1p(-lam) - model_nll,
+                            torch.full_like(model_nll, -math.inf) if lam == 0 else math.log(lam) + log_cache)
+
+
+@dataclass
+class CacheFigures:
+    """The cache's figures on the second half (`record`: summary.json's "cache"), or why there are none."""
+    record: dict
+
+    def summary(self) -> dict:
+        record, longest = self.record, str(self.record.get("longest"))
+        at = record.get("by_size", {}).get(longest, {})
+        return {"cache_size": record.get("longest"), "cache_gain_bpc": at.get("gain_bpc"),
+                "cache_gain_se": at.get("gain_se"), "cache_past_window_bpc": at.get("past_window_bpc"),
+                "cache_past_window_se": at.get("past_window_se"), "cache": record}
+
+    def describe(self) -> str:
+        r = self.record
+        if "by_size" not in r:
+            return f"cache: not measured ({r['note']})"
+        parameter = "θ" if r["kind"] == "continuous" else "β"
+        lines = [f"{r['kind']} cache over the last N tokens, λ and {parameter} fitted on the first half of the "
+                 f"{r['halves_of']} ({r['fit_targets']:,} targets), scored on the second ({r['test_targets']:,}; "
+                 f"the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "
+                 f"cache({r['window']}), paired:",
+                 f"{'N':>6} {'λ':>5} {parameter:>8} {'bits/char':>10} {'gain':>16} {'past the window':>18}"]
+        for n, f in r["by_size"].items():
+            past = "" if f["past_window_bpc"] is None else _pm(f["past_window_bpc"], f["past_window_se"])
+            lines.append(f"{n:>6} {f['lambda']:>5.2f} {f['parameter']:>8.3g} {f['bpc']:>10.4f} "
+                         f"{_pm(f['gain_bpc'], f['gain_se']):>16} {past:>18}")
+        return "\n".join(lines)
+
+
+def _pm(value: float | None, se: float | None) -> str:
+    return "" if value is None else f"{value:+.4f} ± {se:.4f}" if se is not None else f"{value:+.4f}"
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def cache_figures(states: StreamStates, split: Split, window: int, count: bool = False) -> CacheFigures:
+    """The cache figures from a stateful pass's states (count: the count cache, whatever the states)."""
+    n, ids = split.n_targets, split.ids
+    rows, length, device = states.rows, states.length, states.nll.device
+    positions = rows.to(device).unsqueeze(1) * length + torch.arange(length, device=device) + 1  # (R, L) targets
+    scored = positions <= n
+    count = count or states.hidden is None
+    if count:
+        sizes = cache_sizes(window, n)
+        grid = BIGRAM_WEIGHTS
+        log_cache = count_cache(ids, positions[scored], sizes, list(grid)) if sizes else None
+    else:
+        hidden = states.hidden
+        targets = torch.where(scored, ids[positions.clamp(max=n)], IGNORE_INDEX)
+        if rows.numel() > 1 and bool((rows[1:] - rows[:-1] == 1).all()):  # adjacent streams: one segment
+            hidden, targets, scored, positions = (t.reshape(1, -1, *t.shape[2:]) for t in
+                                                  (hidden, targets, scored, positions))
+        sizes = cache_sizes(window, hidden.shape[1])
+        squared = hidden[scored].float().pow(2).sum(-1).mean().item() if sizes else 1.0
+        grid = tuple(c / max(squared, 1e-12) for c in SHARPNESS)
+        log_cache = continuous_cache(hidden, targets, sizes, list(grid))[..., scored] if sizes else None
+    if not sizes:
+        return CacheFigures({"note": f"no cache size fits: the longest history is under the window ({window})"})
+    positions, model_nll = positions[scored], states.nll.reshape(scored.shape)[scored].double()
+    cut, halves = n // 2, "split"
+    first = int((positions <= cut).sum())
+    if 4 * min(first, positions.numel() - first) < positions.numel():  # a sample of few streams: its own halves
+        cut, halves = int(positions.median()), "kept targets"
+    fit = positions <= cut
+    if not bool(fit.any()) or bool(fit.all()):
+        return CacheFigures({"note": "too few targets kept to fit on some and score the others"})
+    test = torch.zeros(n + 1, dtype=torch.bool, device=device)
+    test[cut + 1:] = True
+    model = score_subset(Score(positions=positions, target_nll=model_nll), test, split)
+    by_size, scored_at = {}, {}
+    for k, size in enumerate(sizes):
+        best = min(((lam, j) for j in range(len(grid)) for lam in LAMBDAS),
+                   key=lambda c: float(interpolate(model_nll[fit], log_cache[k, c[1]][fit], c[0]).sum()))
+        lam, j = best
+        cache = score_subset(Score(positions=positions, target_nll=interpolate(model_nll, log_cache[k, j], lam)),
+                             test, split)
+        scored_at[size] = cache
+        gain = paired_difference(cache, model, split)
+        past = paired_difference(cache, scored_at[window], split) if size > window else None
+        by_size[str(size)] = {"lambda": lam, "parameter": grid[j], "sharpness": None if count else SHARPNESS[j],
+                              "bpc": cache.bpc, "gain_bpc": _finite(gain.bpc), "gain_se": _finite(gain.bpc_se),
+                              "past_window_bpc": None if past is None else _finite(past.bpc),
+                              "past_window_se": None if past is None else _finite(past.bpc_se)}
+    return CacheFigures({"kind": "count" if count else "continuous", "window": window, "sizes": sizes,
+                         "longest": sizes[-1], "halves_of": halves, "fit_targets": int(fit.sum()),
+                         "test_targets": model.tokens,
+                         "model_bpc": model.bpc, "streams_kept": int(rows.numel()), "by_size": by_size})
+
+
+class CacheEntry(Entry):
+    """The cache figure, from the stateful pass's kept states (evaluation.plan_for keeps them: keep_final_states);
+    it owns no pass, and reads the plan's (reads_every_pass)."""
+    name = "cache"
+    reads_every_pass: ClassVar[bool] = True
+
+    def run(self, request: Request, plan: Plan, results: list[dict]) -> CacheFigures | None:
+        figure = plan.figure(STATEFUL)
+        if request.purpose != FINAL or figure is None:
+            return None
+        score = results[figure.passes[0]].get(None)
+        states = getattr(score, "states", None)
+        if states is None:
+            return CacheFigures({"note": "the stateful figure was a sample of windows (a finite-context model "
+                                         "under the budget): no states kept"})
+        split = replace(request.val, ids=request.val.ids.to(states.nll.device))
+        return cache_figures(states, split, request.settings.seq_len)
+
+    def summary(self, result: CacheFigures) -> dict:
+        return result.summary()
+
+    def describe(self, result: CacheFigures) -> str:
+        return result.describe()
