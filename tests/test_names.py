@@ -243,6 +243,8 @@ def check_text(text: str, folder: Path = REPO) -> list[str]:
             continue
         head, _, last = path.rstrip("/").rpartition("/")
         stem, dot, attr = last.partition(".")
+        if path_exists(path):  # a file whose name has dots of its own (corpora/pystdlib.LICENSE.txt)
+            continue
         if dot and attr.split(".")[0] not in EXTENSIONS and not attr[:1].isdigit():
             module = f"{head}/{stem}.py"  # runs/scoring.planned_forward_tokens
             if not path_exists(module) and not path_exists(f"{head}/{stem}"):

@@ -76,7 +76,7 @@ def train(cfg: DictConfig) -> dict:
         run = prepare(cfg, held)
         if run.resume is None and is_first_rank():  # a resume took it in prepare
             held.enter_context(run.folder.hold())
-        # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs)
+        # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
         with cuda_graphs(OmegaConf.select(run.cfg, "cuda_graphs", default=True)):
             fit_or_count(run, current)
             summary = summarize(run, current)
