@@ -120,12 +120,17 @@ class GraphedTrainingStep:
     def captured(self) -> bool:
         return bool(self.graphs)
 
+    @staticmethod
+    def capturable(inputs: Tensor) -> bool:
+        """Where a graph can be captured: on CUDA (tests stand a CPU emulation of capture and replay in)."""
+        return inputs.is_cuda
+
     def __call__(self, inputs: Tensor, targets: Tensor, state=None):
         self.steps += 1
         key = (tuple(inputs.shape), state_key(state))
         if key in self.graphs:
             return self._replay(key, inputs, targets, state)
-        if self.failed is None and self.steps > self.warmup and inputs.is_cuda:
+        if self.failed is None and self.steps > self.warmup and self.capturable(inputs):
             self._clear_grads()  # the capture's backward then writes fresh gradient tensors, which replays rewrite
             try:
                 captured = capture(self._forward_backward, inputs, targets, state)

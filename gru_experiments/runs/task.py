@@ -15,6 +15,7 @@ from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.runs.recipe import Recipe
 from gru_experiments.study.scores import Score, score_batch
 
+GRAPH_DEVICE = "cuda"  # where cuda_graphs applies (a test emulates capture on the CPU)
 DIVERGENCE_FACTOR = 4  # a training loss above 4 x ln(vocabulary) nats stops the run (divergence_limit)
 
 
@@ -104,7 +105,7 @@ class LanguageModelTask(L.LightningModule):
 
     def on_train_start(self) -> None:
         self.graphed_step = None
-        if not self.cuda_graphs or self.device.type != "cuda":
+        if not self.cuda_graphs or self.device.type != GRAPH_DEVICE:
             return
         if self.trainer.world_size > 1:  # DDP reduces gradients in backward hooks, outside any graph
             print(f"cuda_graphs: not used under DDP ({self.trainer.world_size} processes); training eagerly")
