@@ -114,7 +114,7 @@ def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False)
     settings = dict(architecture)
     cls = model_class(settings.pop("_target_", None), from_checkpoint=from_checkpoint)
     known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "vocab_size")]
-    check_rules(settings, [], PREFIX, known=known, owner=f"{cls.__name__} ({cls.family})")
+    check_rules(settings, [], PREFIX, known=known, owner=cls.__name__ + (f" ({cls.family})" if isinstance(cls.family, str) else ""))  # a property: per instance
     try:
         return cls(vocab_size=vocab_size, **settings)
     except InvalidSetting as error:
