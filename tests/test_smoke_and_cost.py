@@ -47,7 +47,11 @@ def test_a_run_that_is_not_a_smoke_run_says_so(compose_config, tiny_corpus, caps
                          "trainer.accelerator=cpu", "evaluation.samples.chars=10")
     summary = train(cfg)
     assert summary["smoke"] is False and summary["eval_seconds"] > 0
-    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time left")]
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("estimated time left")]
+    # Without the progress bar: a line before the evaluation (its forward tokens, what the budget samples), one per pass
+    assert f"evaluation: {summary['mode_evaluation']['forward_tokens']:,} forward tokens (modes " in out
+    assert "evaluation: stateful, " in out
     # After step 1 (warm-up) and 10 timed steps: one step left, and the evaluation counted.
     assert "training" in line and "(1 steps at" in line and "end-of-run evaluation" in line, line
     # Its forward tokens are those the end-of-run evaluation runs (the final weights' plan; the best checkpoint's
