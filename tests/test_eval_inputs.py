@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import sweep as sweep_script
 from omegaconf import OmegaConf
 from test_reporting import completed, make_job
 
+import sweep as sweep_script
 from gru_experiments.errors import UserError
 from gru_experiments.models.protocol import build_model
 from gru_experiments.report.report import build_report
