@@ -126,8 +126,10 @@ def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
             f"{plan.forward_tokens / max(train_tokens, 1):,.2f} per token trained), ")
     if plan.budget is None:
         return line + "every figure exact (evaluation.budget=null)"
-    left = [f.name for f in plan.figures if f.kind in (MODE, CURVE) and f.targets < plan.split_targets]
-    left = [f"{', '.join(left)} sampled, with their standard errors"] if left else []
+    sampled = [f for f in plan.figures if f.kind in (MODE, CURVE) and f.targets < plan.split_targets]
+    names = [f.name for f in sampled if f.kind == MODE] + (["the context curve"] if any(
+        f.kind == CURVE for f in sampled) else [])
+    left = [f"{' and '.join(names)} sampled, with their standard errors"] if names else []
     text = next((p for p, owner in zip(plan.passes, plan.owners) if owner == TEXT), None)
     asked = settings.text
     if text is None and asked.samples and plan.figure(STATEFUL) is not None:
@@ -226,7 +228,7 @@ class EvaluationClock:
 
             from gru_experiments.study.generation import eval_mode
 
-            tokens = torch.randint(self.model.vocab_size, key, device=self.model.device)
+            tokens = torch.zeros(key, dtype=torch.long, device=self.model.device)  # the global RNG untouched
             times = []
             with torch.no_grad(), eval_mode(self.model):
                 for _ in range(CALIBRATION_REPEATS + 1):
@@ -330,6 +332,7 @@ class CostEstimate(Callback):
         return (f"estimated time left: {format_estimate(e['total_seconds'])} = training "
                 f"{format_estimate(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
                 f"+ validation {format_estimate(e['validation_seconds'])} + end-of-run evaluation "
-                f"{format_estimate(e['eval_seconds'])} ({e['eval_forward_tokens']:,} forward tokens; "
+                f"{format_estimate(e['eval_seconds'])} ({e['eval_seconds']:.0f} s, "
+                f"{e['eval_forward_tokens']:,} forward tokens; "
                 f"evaluation.budget bounds it), and {format_estimate(e['best_seconds'])} more "
                 f"({e['best_forward_tokens']:,}) if the best checkpoint is not the final weights")
