@@ -67,7 +67,9 @@ def test_the_estimate_adds_training_validation_and_evaluation():
 
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
     cfg = _cfg()
+    rng = torch.get_rng_state()
     estimate = CostEstimate(_val(), cfg, _settings(cfg), model=model).compute(Trainer(), step_seconds=0.5)
+    assert torch.equal(torch.get_rng_state(), rng)  # its timing draws nothing: training's dropout masks stay the same
     assert estimate["steps_left"] == 900 and estimate["train_seconds"] == 450
     # The estimate times the very plans the run executes: the final weights', and the best checkpoint's apart.
     final = plan_of(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16)
