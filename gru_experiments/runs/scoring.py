@@ -332,7 +332,8 @@ class CostEstimate(Callback):
         return (f"estimated time left: {format_estimate(e['total_seconds'])} = training "
                 f"{format_estimate(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
                 f"+ validation {format_estimate(e['validation_seconds'])} + end-of-run evaluation "
-                f"{format_estimate(e['eval_seconds'])} ({e['eval_seconds']:.0f} s, "
-                f"{e['eval_forward_tokens']:,} forward tokens; "
+                f"{format_estimate(e['eval_seconds'])} ("
+                + (f"{e['eval_seconds']:.0f} s, " if e['eval_seconds'] >= 90 else "")
+                + f"{e['eval_forward_tokens']:,} forward tokens; "
                 f"evaluation.budget bounds it), and {format_estimate(e['best_seconds'])} more "
                 f"({e['best_forward_tokens']:,}) if the best checkpoint is not the final weights")
