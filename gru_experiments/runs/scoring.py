@@ -129,7 +129,8 @@ def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
     sampled = [f for f in plan.figures if f.kind in (MODE, CURVE) and f.targets < plan.split_targets]
     names = [f.name for f in sampled if f.kind == MODE] + (["the context curve"] if any(
         f.kind == CURVE for f in sampled) else [])
-    left = [f"{' and '.join(names)} sampled, with their standard errors"] if names else []
+    listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + (names[-1] if names else "")
+    left = [f"{listed} sampled, with their standard errors"] if names else []
     text = next((p for p, owner in zip(plan.passes, plan.owners) if owner == TEXT), None)
     asked = settings.text
     if text is None and asked.samples and plan.figure(STATEFUL) is not None:
@@ -137,6 +138,8 @@ def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
     elif text is not None and (text.targets < asked.samples or (asked.drift_chars and not text.drift)):
         left.append(f"text statistics on {text.targets} of {asked.samples} samples per setting"
                     + (", no drift" if asked.drift_chars and not text.drift else ""))
+    if "recall" in by_owner:
+        left.append("the recall figures exact, outside the budget")
     return line + f"within evaluation.budget={settings.budget} ({plan.budget:,} forward tokens)" + (
         f": {'; '.join(left)} (evaluation.budget=null: everything)" if left else ", everything exact")
 
