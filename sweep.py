@@ -37,11 +37,10 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 
 def named_list(value, sets, kind: str, known: list[str]) -> list[str]:
-    """A list of config names from `name` (a set in `sets`), `a,b` or `[a,b]`, each one of `known`."""
-    if isinstance(value, str) and value in sets:
-        value = list(sets[value])
-    elif isinstance(value, str):
+    """A list of config names from `name`, `a,b` or `[a,b]`, each one of `known` or a set in `sets` (its names)."""
+    if isinstance(value, str):
         value = [name.strip() for name in value.split(",") if name.strip()]
+    value = [name for item in value for name in (sets[item] if item in sets else [item])]  # a set: its names
     unknown = [name for name in value if name not in known]
     if unknown or not value:
         raise UserError(f"unknown {kind}(s) {unknown or 'none given'}; available: {', '.join(known)}")
@@ -70,6 +69,9 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
         raise UserError("models= and experiments= both pick the jobs (an experiment names its own model); give one")
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
     if settings.experiments is not None:
+        if settings.leviathan:  # it adds Leviathan to models=, which experiments= replaces
+            raise UserError("leviathan=true adds Leviathan to models=; experiments= names its own jobs (each its "
+                            "model): leave leviathan=true out, or sweep models= instead")
         settings.experiments = named_list(settings.experiments, settings.experiment_sets, "experiment",
                                           config_names("experiment"))
         return settings, overrides

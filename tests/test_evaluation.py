@@ -357,7 +357,7 @@ def test_the_budget_is_validated(compose_config, tiny_corpus):
     from gru_experiments.errors import UserError
     from gru_experiments.runs.checks import validate
 
-    assert compose_config().evaluation.budget == 1.56
+    assert compose_config().evaluation.budget == 0.6
     for bad in ("0", "-3", "many"):
         with pytest.raises(UserError, match="evaluation.budget"):
             validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.budget={bad}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,18 @@ def test_a_run_that_is_not_a_smoke_run_says_so(compose_config, tiny_corpus, caps
                          "trainer.accelerator=cpu", "evaluation.samples.chars=10")
     summary = train(cfg)
     assert summary["smoke"] is False and summary["eval_seconds"] > 0
-    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time left")]
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("estimated time left")]
+    # Without the progress bar: a line before the evaluation (its forward tokens, what the budget samples), one per pass
+    assert f"evaluation: {summary['mode_evaluation']['forward_tokens']:,} forward tokens (modes " in out
+    assert "evaluation: stateful, " in out
     # After step 1 (warm-up) and 10 timed steps: one step left, and the evaluation counted.
     assert "training" in line and "(1 steps at" in line and "end-of-run evaluation" in line, line
+    # Its forward tokens are those the end-of-run evaluation runs (the final weights' plan; the best checkpoint's
+    # only where it is not the final one, said apart)
+    counted = int(re.search(r"end-of-run evaluation .*? \(([\d,]+) forward tokens", line).group(1).replace(",", ""))
+    assert counted == summary["mode_evaluation"]["forward_tokens"] > 0
+    assert "if the best checkpoint is not the final weights" in line
 
 
 def test_the_estimate_adds_training_validation_and_evaluation():
@@ -57,12 +67,16 @@ def test_the_estimate_adds_training_validation_and_evaluation():
 
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
     cfg = _cfg()
+    rng = torch.get_rng_state()
     estimate = CostEstimate(_val(), cfg, _settings(cfg), model=model).compute(Trainer(), step_seconds=0.5)
+    assert torch.equal(torch.get_rng_state(), rng)  # its timing draws nothing: training's dropout masks stay the same
     assert estimate["steps_left"] == 900 and estimate["train_seconds"] == 450
-    # The estimate sums the very plans the run executes: the final weights' and the best checkpoint's.
+    # The estimate times the very plans the run executes: the final weights', and the best checkpoint's apart.
     final = plan_of(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16)
     best = plan_of(model, 1000, 16, cfg.evaluation, 1000 * 8 * 16, purpose=BEST)
-    assert estimate["eval_forward_tokens"] == final.forward_tokens + best.forward_tokens
+    assert estimate["eval_forward_tokens"] == final.forward_tokens
+    assert estimate["best_forward_tokens"] == best.forward_tokens
+    assert estimate["eval_seconds"] > 0 and estimate["best_seconds"] > 0
     assert estimate["total_seconds"] == pytest.approx(
         estimate["train_seconds"] + estimate["validation_seconds"] + estimate["eval_seconds"])
     assert "estimated time left" in CostEstimate.describe(estimate)

@@ -169,7 +169,8 @@ def build_model(architecture, vocab_size: int, *, from_checkpoint: bool = False)
     settings = dict(architecture)
     cls = model_class(settings.pop("_target_", None), from_checkpoint=from_checkpoint)
     known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "vocab_size")]
-    check_rules(settings, [], PREFIX, known=known, owner=f"{cls.__name__} ({cls.family})")
+    family = f" ({cls.family})" if isinstance(cls.family, str) else ""  # a property (minGRU's) is per instance
+    check_rules(settings, [], PREFIX, known=known, owner=cls.__name__ + family)
     try:
         return cls(vocab_size=vocab_size, **settings)
     except InvalidSetting as error:

@@ -89,6 +89,9 @@ def _missing_lines(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
         if job.status == "failed":
             error = str(job.values.get("error") or "no error recorded").strip().splitlines()[0]
             lines.append(f"- **{job.model}** failed (`{job.job}`): {escape(error)}")
+        elif job.status == "incomplete" and job.unreadable is not None:
+            lines.append(f"- **{job.model}** (`{job.job}`): its summary `{job.unreadable}` is unreadable (not a JSON "
+                         "object: cut off while it was written, or edited); its figures are left out")
         elif job.status == "incomplete":
             lines.append(f"- **{job.model}** has no summary yet (`{job.job}`): still running, or stopped "
                          f"before it finished (killed, out of memory)")

@@ -26,6 +26,7 @@ class JobResult:
     samples: dict | None = None
     logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
     variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
+    unreadable: Path | None = None  # its summary.json, there but not a JSON object (cut off while written, edited)
 
     def __post_init__(self):
         self.values = summary_in_todays_names(self.values, started=self.status != "missing")
@@ -150,8 +151,10 @@ def read_job(job_dir: Path) -> JobResult:
     status = ("incomplete" if not isinstance(summary, dict) else
               "failed" if summary.get("status") == "failed" else "completed")
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
+    unreadable = run.summary_file if summary is None and run.summary_file.is_file() else None
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
-                     history=read_history(run.history_file), samples=run.samples(), logger=logger)
+                     history=read_history(run.history_file), samples=run.samples(), logger=logger,
+                     unreadable=unreadable)
 
 
 def _job_order(job_dir: Path) -> tuple:

@@ -2,11 +2,13 @@
 seeded samples side by side; printed and logged (docs/evaluation.md). The inference modes over training: after every
 validation, val/stateful_bpc, val/stateless_bpc and the word validity of a stateful and a stateless sample, as one
 OVER_TRAINING evaluation within an epoch's budget (ModesOverTraining). And the cost of those plans: after its first
-training steps a run prints its estimated time, the steps left at the measured rate, plus the forward tokens of the
-plans it will run at that rate times EVAL_FORWARD_SPEEDUP (docs/sweeps.md)."""
+training steps a run prints its estimated time, the steps left at the measured rate, plus the seconds of the plans
+it will run: each pass's forward tokens at the rate of its shape, measured on this machine (EvaluationClock;
+docs/sweeps.md)."""
 
 import math
 import time
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +16,7 @@ from types import SimpleNamespace
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig
 
+from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.runs.checkpoints import read_checkpoint
 from gru_experiments.runs.loggers import is_wandb
 from gru_experiments.runs.recipe import recipe_length
@@ -29,7 +32,18 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
-from gru_experiments.study.plan import BEST, FINAL, OVER_TRAINING, STATEFUL, STATELESS, TEXT, Request
+from gru_experiments.study.plan import (
+    BEST,
+    CURVE,
+    FINAL,
+    MODE,
+    OVER_TRAINING,
+    STATEFUL,
+    STATELESS,
+    TEXT,
+    WINDOWED,
+    Request,
+)
 from gru_experiments.study.scores import Split, score_chunks
 from gru_experiments.study.text_index import TrainingIndex, words
 
@@ -74,17 +88,16 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
               settings: EvaluationSettings) -> dict:
     """Adds the final weights' and the best checkpoint's figures to `summary`, logs them; the samples."""
     started = time.perf_counter()
-    progress = Progress(enabled=bool(cfg.trainer.get("enable_progress_bar", True)))
+    bars = bool(cfg.trainer.get("enable_progress_bar", True))
+    progress = Progress(enabled=bars, lines=not bars)  # without bars, a line per pass
     request = run_request(cfg, model, val, summary["train_tokens"], settings, tokenizer=tokenizer,
                           train_ids=train_ids, probe=probe)
     plan = plan_for(request)
-    if plan.budget is None:  # no budget bounds it: say what it asks for before it starts
-        print(f"evaluation: every figure exact (evaluation.budget=null), {plan.forward_tokens:,} forward tokens "
-              f"({plan.forward_tokens / max(summary['train_tokens'], 1):,.1f} per token trained), a bar per pass")
+    print(describe_plan(plan, summary["train_tokens"], settings), flush=True)
     evaluation = evaluate(request, plan, progress)
     summary |= evaluation.summary()
     summary["best"] = score_best(cfg, summary, train_ids, val, model.device, settings,
-                                 Progress(progress.enabled, "evaluation, best checkpoint"))
+                                 Progress(progress.enabled, "evaluation, best checkpoint", progress.lines))
     prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
     chars, temperature = settings.samples.chars, settings.samples.temperature
     samples = side_by_side_samples(model, tokenizer, prompts, max_new_tokens=tokens_for_chars(chars, val),
@@ -100,6 +113,35 @@ def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logg
     if logger:
         log_evaluation(logger, evaluation, summary, samples)
     return samples
+
+
+def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
+    """One line before the evaluation runs: its forward tokens by entry and, within a budget, what it samples or
+    leaves out, and the key that scores everything."""
+    by_owner = {}
+    for p, owner in zip(plan.passes, plan.owners):
+        by_owner[owner] = by_owner.get(owner, 0) + p.forward_tokens
+    parts = ", ".join(f"{owner} {tokens:,}" for owner, tokens in by_owner.items() if tokens)
+    line = (f"evaluation: {plan.forward_tokens:,} forward tokens ({parts}; "
+            f"{plan.forward_tokens / max(train_tokens, 1):,.2f} per token trained), ")
+    if plan.budget is None:
+        return line + "every figure exact (evaluation.budget=null)"
+    sampled = [f for f in plan.figures if f.kind in (MODE, CURVE) and f.targets < plan.split_targets]
+    names = [f.name for f in sampled if f.kind == MODE] + (["the context curve"] if any(
+        f.kind == CURVE for f in sampled) else [])
+    listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + (names[-1] if names else "")
+    left = [f"{listed} sampled, with their standard errors"] if names else []
+    text = next((p for p, owner in zip(plan.passes, plan.owners) if owner == TEXT), None)
+    asked = settings.text
+    if text is None and asked.samples and plan.figure(STATEFUL) is not None:
+        left.append("no text statistics")
+    elif text is not None and (text.targets < asked.samples or (asked.drift_chars and not text.drift)):
+        left.append(f"text statistics on {text.targets} of {asked.samples} samples per setting"
+                    + (", no drift" if asked.drift_chars and not text.drift else ""))
+    if "recall" in by_owner:
+        left.append("the recall figures exact, outside the budget")
+    return line + f"within evaluation.budget={settings.budget} ({plan.budget:,} forward tokens)" + (
+        f": {'; '.join(left)} (evaluation.budget=null: everything)" if left else ", everything exact")
 
 
 def score_best(cfg: DictConfig, summary: dict, train_ids, val: Split, device, settings: EvaluationSettings,
@@ -158,9 +200,68 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
     logger.save()
 
 
-# Forward tokens/s of the evaluation (windows in big batches) over the training tokens/s (forward,
-# backward, AdamW), measured side by side (benchmarks/RESULTS.md). The lowest, so that the estimate errs long.
-EVAL_FORWARD_SPEEDUP = 1.5
+# The seconds of a plan's passes on this machine, from a quick calibration (EvaluationClock): the forward passes of
+# the model at the shapes the passes run (a batch of windows; the text statistics' sampling steps), timed once.
+CALIBRATION_REPEATS = 3  # each shape timed this many times after a warm-up, the fastest kept
+
+
+_CLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class EvaluationClock:
+    """Seconds per forward token of `model` on this machine, by the shape of the call, measured on first use (a few
+    forward passes: well under a second for the study's models), so that the estimate says time, not tokens."""
+
+    def __init__(self, model, seq_len: int):
+        self.model, self.seq_len, self._seconds = model, int(seq_len), {}
+
+    @classmethod
+    def of(cls, model, seq_len: int) -> "EvaluationClock":
+        """The model's clock, measured once per process (every estimate of a run reads the same)."""
+        clock = _CLOCKS.get(model)
+        if clock is None or clock.seq_len != int(seq_len):
+            clock = _CLOCKS[model] = cls(model, seq_len)
+        return clock
+
+    def call(self, rows: int, length: int) -> float:
+        """The seconds of one forward pass of `rows` x `length` tokens from a zero state (no gradient)."""
+        key = (max(1, int(rows)), max(1, int(length)))
+        if key not in self._seconds:
+            import torch
+
+            from gru_experiments.study.generation import eval_mode
+
+            tokens = torch.zeros(key, dtype=torch.long, device=self.model.device)  # the global RNG untouched
+            times = []
+            with torch.no_grad(), eval_mode(self.model):
+                for _ in range(CALIBRATION_REPEATS + 1):
+                    started = time.perf_counter()
+                    self.model(tokens)
+                    times.append(time.perf_counter() - started)
+            self._seconds[key] = min(times[1:])
+        return self._seconds[key]
+
+    def per_token(self, rows: int, length: int) -> float:
+        return self.call(rows, length) / (max(1, rows) * max(1, length))
+
+    def pass_seconds(self, p) -> float:
+        """A pass's seconds: its forward tokens at the rate of its shape (the text statistics': text_seconds)."""
+        if p.kind == TEXT:
+            return self.text_seconds(p)
+        if not p.forward_tokens:
+            return 0.0
+        length = getattr(p, "window", 0) or getattr(p, "chunk", 0) or self.seq_len
+        length = min(length, self.seq_len * 8)
+        return p.forward_tokens * self.per_token(max(1, WINDOW_BATCH_TOKENS // length), length)
+
+    def text_seconds(self, p) -> float:
+        """The text statistics' sampling (TextPass.calls): a step per token generated, in windowed mode a window
+        of tokens per row, else one."""
+        return sum(forward * self.per_token(rows, self.seq_len) if mode == WINDOWED else steps * self.call(rows, 1)
+                   for mode, rows, steps, forward in p.calls)
+
+    def plan_seconds(self, plan) -> float:
+        return sum(self.pass_seconds(p) for p in plan.passes)
 
 
 def format_estimate(seconds: float) -> str:
@@ -200,34 +301,42 @@ class CostEstimate(Callback):
             trainer.estimated_stepping_batches
         steps_left = max(int(total_steps) - trainer.global_step, 0)
         tokens_per_step = self.cfg.data.batch_size * self.cfg.data.seq_len
-        forward_seconds = step_seconds / tokens_per_step / EVAL_FORWARD_SPEEDUP  # per forward token
         epochs = max(int(trainer.max_epochs or 1) - trainer.current_epoch, 1)
         per_epoch = getattr(trainer, "num_training_batches", None)
         if isinstance(per_epoch, int) and per_epoch > 0:  # max_steps may end training before the epochs do
             epochs = max(min(epochs, math.ceil(int(total_steps) / per_epoch) - trainer.current_epoch), 1)
-        evaluation = self.evaluation_forward_tokens(self.model, int(total_steps) * tokens_per_step)
+        clock = EvaluationClock.of(self.model, self.cfg.data.seq_len)
+        final, best = self.plans(self.model, int(total_steps) * tokens_per_step)
         epoch_tokens = recipe_length(self.cfg)[1] * tokens_per_step
         modes = plan_for(self.modes.request(self.model) if self.modes is not None else
                          run_request(self.cfg, self.model, self.val, epoch_tokens, self.settings, OVER_TRAINING))
-        validation = self.val.n_targets + modes.forward_tokens  # the chunked pass (val_loss), then the modes
+        chunks = self.val.n_targets * clock.per_token(self.cfg.data.get("eval_batch_size", 64), self.cfg.data.seq_len)
         estimate = {"step_seconds": step_seconds, "steps_left": steps_left,
                     "train_seconds": steps_left * step_seconds,
-                    "validation_seconds": epochs * validation * forward_seconds,
-                    "eval_forward_tokens": evaluation, "eval_seconds": evaluation * forward_seconds}
+                    "validation_seconds": epochs * (chunks + clock.plan_seconds(modes)),
+                    "eval_forward_tokens": final.forward_tokens, "eval_seconds": clock.plan_seconds(final),
+                    "best_forward_tokens": best.forward_tokens, "best_seconds": clock.plan_seconds(best)}
         estimate["total_seconds"] = (estimate["train_seconds"] + estimate["validation_seconds"]
                                      + estimate["eval_seconds"])
         return estimate
 
-    def evaluation_forward_tokens(self, model, training_tokens: int) -> int:
-        """The final weights' plan and the best checkpoint's (counted as if it were not the final one)."""
+    def plans(self, model, training_tokens: int):
+        """The final weights' plan, and the best checkpoint's (run only where it is not the final one)."""
         final = run_request(self.cfg, model, self.val, training_tokens, self.settings, tokenizer=self.tokenizer,
                             train_ids=self.train_ids, probe=self.probe)
-        return plan_for(final).forward_tokens + plan_for(replace(final, purpose=BEST)).forward_tokens
+        return plan_for(final), plan_for(replace(final, purpose=BEST))
+
+    def evaluation_forward_tokens(self, model, training_tokens: int) -> int:
+        """The forward tokens of the final weights' plan: those the end-of-run evaluation runs."""
+        return self.plans(model, training_tokens)[0].forward_tokens
 
     @staticmethod
     def describe(e: dict) -> str:
         return (f"estimated time left: {format_estimate(e['total_seconds'])} = training "
                 f"{format_estimate(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
                 f"+ validation {format_estimate(e['validation_seconds'])} + end-of-run evaluation "
-                f"{format_estimate(e['eval_seconds'])} ({e['eval_forward_tokens'] / 1e6:.1f}M forward tokens; "
-                "evaluation.budget bounds it)")
+                f"{format_estimate(e['eval_seconds'])} ("
+                + (f"{e['eval_seconds']:.0f} s, " if e['eval_seconds'] >= 90 else "")
+                + f"{e['eval_forward_tokens']:,} forward tokens; "
+                f"evaluation.budget bounds it), and {format_estimate(e['best_seconds'])} more "
+                f"({e['best_forward_tokens']:,}) if the best checkpoint is not the final weights")

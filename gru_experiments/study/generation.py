@@ -38,12 +38,14 @@ class Progress:
     the rate the model runs; off with trainer.enable_progress_bar=false. `with progress.phase(name, total) as
     tick: ...; tick(tokens_run)`."""
 
-    def __init__(self, enabled: bool = True, prefix: str = "evaluation"):
-        self.enabled, self.prefix = enabled, prefix
+    def __init__(self, enabled: bool = True, prefix: str = "evaluation", lines: bool = False):
+        self.enabled, self.prefix, self.lines = enabled, prefix, lines  # lines: without bars, a line per pass
 
     @contextlib.contextmanager
     def phase(self, name: str, total: int) -> Iterator[Callable[[int], None]]:
         if not self.enabled:
+            if self.lines:
+                print(f"{self.prefix}: {name}, {int(total):,} tokens", flush=True)
             yield lambda _: None
             return
         from tqdm.auto import tqdm
@@ -272,6 +274,27 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
             return choose(logits)
 
         return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, counted, window)
+
+
+def generate_decodings(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int,
+                       decodings: Sequence[Decoding], seed: int = 0, window: int | None = None,
+                       plain: Tensor | None = None) -> list[Tensor]:
+    """`generate` for each of `decodings`, as one batch of len(decodings) x num_samples rows: each decoding's rows
+    draw from their own generator seeded with `seed`, as `generate` would, in one sequence of forward passes
+    instead of one per decoding (the text statistics' settings: a windowed step costs a whole window)."""
+    validate_sampling({"num_samples": num_samples, "max_new_tokens": max_new_tokens, "window": window},
+                      model.vocab_size)
+    prompt_ids, rows = list(prompt_ids), len(decodings) * num_samples
+    check_generation_fits(model, len(prompt_ids), max_new_tokens, rows, mode, window)
+    device = model.device
+    prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(rows, -1)
+    choosers = [make_chooser(d, generator=torch.Generator(device=device).manual_seed(seed), plain=plain)
+                for d in decodings]
+
+    def choose(logits: Tensor) -> Tensor:
+        return torch.cat([c(part) for c, part in zip(choosers, logits.split(num_samples))])
+
+    return list(sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, choose, window).split(num_samples))
 
 
 def prompt_seed(seed: int, prompt: str) -> int:

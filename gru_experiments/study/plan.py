@@ -390,7 +390,7 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
     if whole and not (windowed and whole_window):
         units.append(Unit(whole_context, lambda ps, i: [point(w, cost, ps, None, i) for w in whole], cost == 1,
                           priority=p["curve"]))
-    if long:  # a reference pass at seq_len, then one per point
+    if long:  # a reference pass at seq_len, then one per point; optional: it takes what the figures before it leave
         units.append(Unit(lambda s: [windows(w, [w], s, True) for w in (seq_len, *long)],
-                          partial(_long_figures, long), False, priority=p["curve"]))
+                          partial(_long_figures, long), False, optional=True, priority=p["curve"]))
     return units, keep

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from gru_experiments.data.tokenizers import encode_prompt
+from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.study.generation import (
     MODES_BY_CONTEXT,
     NO_PROGRESS,
@@ -19,7 +19,8 @@ from gru_experiments.study.generation import (
     WINDOWED,
     Decoding,
     Progress,
-    sample_texts,
+    generate_decodings,
+    prompt_seed,
     spellable_prompts,
     tokens_for_chars,
 )
@@ -113,12 +114,19 @@ class _Draws:
 
     def draw(self, mode: str, decoding: Decoding, tick) -> list[str]:
         """The continuations (prompts cut off), prompt by prompt."""
-        texts = []
+        return self.draw_all(mode, {None: decoding}, tick)[None]
+
+    def draw_all(self, mode: str, decodings: dict, tick) -> dict:
+        """{name: draw(mode, decoding)} for every decoding of `decodings`, all of a prompt's in one batch
+        (generation.generate_decodings: the same draws, one sequence of forward passes per prompt)."""
+        texts, plain = {name: [] for name in decodings}, plain_tokens(self.tokenizer)
         for prompt, n in self.shares:
-            [drawn] = sample_texts(self.model, self.tokenizer, [prompt], mode=mode, max_new_tokens=self.tokens,
-                                   num_samples=n, decoding=decoding, seed=self.seed, window=self.window)
-            texts += [text[len(prompt):] for text in drawn]
-            tick(n * self.row_cost(mode, prompt))
+            drawn = generate_decodings(self.model, encode_prompt(self.tokenizer, prompt), mode=mode,
+                                       max_new_tokens=self.tokens, num_samples=n, decodings=list(decodings.values()),
+                                       seed=prompt_seed(self.seed, prompt), window=self.window, plain=plain)
+            for name, rows in zip(decodings, drawn):
+                texts[name] += [self.tokenizer.decode(row) for row in rows.tolist()]
+            tick(len(decodings) * n * self.row_cost(mode, prompt))
         return texts
 
 
@@ -194,6 +202,7 @@ class TextPass(Pass):
     kind: ClassVar[str] = TEXT
     drift: int = 0
     settings: TextSettings | None = None
+    calls: tuple = ()  # (mode, rows, steps, forward tokens) of each batch it generates: its time (runs/scoring.py)
 
     @classmethod
     def plan(cls, model, tokenizer, val: Split, settings: TextSettings, stride: int) -> "TextPass":
@@ -203,14 +212,18 @@ class TextPass(Pass):
         main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
         cost = (len(DECODERS) * sum(main.cost(mode) for mode in MODES_BY_CONTEXT)
                 + (sum(long.cost(mode) for mode in DRIFT_MODES) if drift else 0))
-        return cls(samples, cost, stride, drift=drift, settings=cut)
+        calls = [(mode, len(DECODERS) * n, main.tokens, len(DECODERS) * n * main.row_cost(mode, prompt))
+                 for mode in MODES_BY_CONTEXT for prompt, n in main.shares]
+        calls += [(mode, n, long.tokens, n * long.row_cost(mode, prompt))
+                  for mode in (DRIFT_MODES if drift else ()) for prompt, n in long.shares]
+        return cls(samples, cost, stride, drift=drift, settings=cut, calls=tuple(calls))
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         started = time.perf_counter()
         val = request.val
         measured = measure_text(request.model, request.tokenizer, request.load_text_index(),
                                 request.tokenizer.decode(val.ids.tolist()), self.settings, val_ids=val.ids,
-                                progress=Progress(progress.enabled, "text statistics"))
+                                progress=Progress(progress.enabled, "text statistics", progress.lines))
         return {None: measured | {"seconds": time.perf_counter() - started}}
 
 
@@ -253,7 +266,7 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
     for mode in MODES_BY_CONTEXT:
         costs[mode] = len(DECODERS) * main.cost(mode)
         with progress.phase(_phase(mode, window), costs[mode]) as tick:
-            texts[mode] = {name: main.draw(mode, decoding, tick) for name, decoding in DECODERS.items()}
+            texts[mode] = main.draw_all(mode, DECODERS, tick)
     drift_texts = {}
     for mode in DRIFT_MODES if s.drift_chars and s.drift_samples else ():
         costs[f"drift {mode}"] = drift.cost(mode)
