@@ -46,10 +46,12 @@ def test_the_continuous_cache_is_the_direct_sum_over_the_last_n_positions(monkey
     monkeypatch.setattr(cache_module, "CHUNK_ELEMENTS", 2 * 2 * 8)  # many query chunks, each against its keys
     sizes, thetas = [3, 8, 16], [0.0, 0.3, 1.5]
     fast = continuous_cache(hidden, targets, sizes, thetas)
+    every_third = continuous_cache(hidden, targets, sizes, thetas, stride=3)  # a CPU's sample: every 3rd query
     for k, size in enumerate(sizes):
         for j, theta in enumerate(thetas):
-            torch.testing.assert_close(fast[k, j].double(), _loop_continuous(hidden, targets, size, theta),
-                                       rtol=1e-5, atol=1e-5)
+            direct = _loop_continuous(hidden, targets, size, theta)
+            torch.testing.assert_close(fast[k, j].double(), direct, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(every_third[k, j].double(), direct[:, ::3], rtol=1e-5, atol=1e-5)
 
 
 def test_the_count_cache_is_the_direct_count_of_the_last_n_tokens():
@@ -148,6 +150,8 @@ def test_a_short_run_s_summary_has_the_cache_figures(compose_config, small_shake
         assert key in on_disk and on_disk[key] == summary[key]
     record = on_disk["cache"]
     assert record["kind"] == "continuous" and record["window"] == 16 and record["sizes"][0] == 16
+    assert record["every"] == cache_module.CPU_STRIDE  # a CPU under a budget: every 4th position queried
+    assert record["fit_targets"] + record["test_targets"] <= math.ceil(3001 / cache_module.CPU_STRIDE)
     assert record["longest"] == on_disk["cache_size"] == record["sizes"][-1] >= 128
     assert math.isfinite(on_disk["cache_gain_bpc"]) and on_disk["cache_gain_se"] > 0
     assert "continuous cache over the last N tokens" in capsys.readouterr().out

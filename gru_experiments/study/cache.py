@@ -33,6 +33,10 @@ SHARPNESS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # θ's grid, in 
 BIGRAM_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # β's grid (the count cache)
 LAMBDAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # λ's grid
 CHUNK_ELEMENTS = 1 << 23  # query x key scores per chunk (memory only)
+# On a CPU under a budget the cache scores every CPU_STRIDE-th position (fitted and reported on those, with their
+# standard errors): its exponentials (every θ, every key of the last 4,096) are the evaluation's costliest part
+# there, ~56 s at Astra-α on one thread for every position. On a GPU, or with evaluation.budget=null: every one.
+CPU_STRIDE = 4
 
 
 @dataclass(frozen=True)
@@ -66,29 +70,32 @@ def cache_sizes(window: int, longest_history: int) -> list[int]:
     return sorted(n for n in sizes if n < longest_history)
 
 
-def continuous_cache(hidden: Tensor, targets: Tensor, sizes: list[int], thetas: list[float]) -> Tensor:
-    """log p_cache(target) (len(sizes), len(thetas), R, L), float32, of R segments of L positions side by side:
-    hidden (R, L, C) the state at each input, targets (R, L) the token after it (the key's value, and the
-    query's target); position p's cache: the positions p - N .. p - 1 of its segment (-inf: none holds the
-    target, or none is there). Chunks of queries against their last max(sizes) keys, the sizes' sums nested
-    (each band of distances once)."""
+def continuous_cache(hidden: Tensor, targets: Tensor, sizes: list[int], thetas: list[float],
+                     stride: int = 1) -> Tensor:
+    """log p_cache(target) (len(sizes), len(thetas), R, ceil(L / stride)), float32, of R segments of L positions
+    side by side, at every stride-th position (the queries; every position is a key): hidden (R, L, C) the state
+    at each input, targets (R, L) the token after it (the key's value, and the query's target); position p's
+    cache: the positions p - N .. p - 1 of its segment (-inf: none holds the target, or none is there). Chunks
+    of queries against their last max(sizes) keys, the sizes' sums nested (each band of distances once)."""
     R, L, _ = hidden.shape
     longest, device = max(sizes), hidden.device
-    out = torch.full((len(sizes), len(thetas), R, L), -math.inf, dtype=torch.float32, device=device)
+    out = torch.full((len(sizes), len(thetas), R, -(-L // stride)), -math.inf, dtype=torch.float32, device=device)
     edges = [0, *sizes]  # band k: distances edges[k] + 1 .. edges[k + 1] (columns edges[k] .. edges[k + 1] - 1)
-    step = max(1, CHUNK_ELEMENTS // max(1, R * longest))
+    step = stride * max(1, CHUNK_ELEMENTS // max(1, R * longest))
     distance = torch.arange(1, longest + 1, device=device)
     for a in range(0, L, step):
         b = min(L, a + step)
         k0 = max(0, a - longest)
-        queries, keys = hidden[:, a:b].float(), hidden[:, k0:b].float()
+        at = torch.arange(a, b, stride, device=device)  # the query positions of this chunk
+        queries, keys = hidden[:, at].float(), hidden[:, k0:b].float()
         scores = torch.bmm(queries, keys.transpose(1, 2))  # (R, B, W)
-        column = torch.arange(b - a, device=device).unsqueeze(1) + (a - k0) - distance  # (B, longest): key i - k0
+        column = (at - k0).unsqueeze(1) - distance  # (B, longest): key p - d, as a column of keys
         valid = column >= 0
         column = column.clamp(min=0).expand(R, -1, -1)
         aligned = scores.gather(2, column)  # (R, B, longest): query p against key p - d, d = 1 .. longest
-        match = targets[:, k0:b].gather(1, column.reshape(R, -1)).view_as(column) == targets[:, a:b].unsqueeze(2)
+        match = targets[:, k0:b].gather(1, column.reshape(R, -1)).view_as(column) == targets[:, at].unsqueeze(2)
         hit = match.float()
+        a, b = a // stride, a // stride + at.numel()  # the queries' columns of `out`
         for j, theta in enumerate(thetas):
             z = (aligned * theta).masked_fill(~valid, -math.inf)
             den = num = torch.full((R, b - a), -math.inf, device=device)
@@ -154,8 +161,10 @@ class CacheFigures:
         if "by_size" not in r:
             return f"cache: not measured ({r['note']})"
         parameter = "θ" if r["kind"] == "continuous" else "β"
+        every = f" (every {r['every']}th)" if r.get("every", 1) > 1 else ""
         lines = [f"{r['kind']} cache over the last N tokens, λ and {parameter} fitted on the first half of the "
-                 f"{r['halves_of']} ({r['fit_targets']:,} targets), scored on the second ({r['test_targets']:,}; "
+                 f"{r['halves_of']} ({r['fit_targets']:,} targets{every}), scored on the second "
+                 f"({r['test_targets']:,}; "
                  f"the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "
                  f"cache({r['window']}), paired:",
                  f"{'N':>6} {'λ':>5} {parameter:>8} {'bits/char':>10} {'gain':>16} {'past the window':>18}"]
@@ -174,8 +183,10 @@ def _finite(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def cache_figures(states: StreamStates, split: Split, window: int, count: bool = False) -> CacheFigures:
-    """The cache figures from a stateful pass's states (count: the count cache, whatever the states)."""
+def cache_figures(states: StreamStates, split: Split, window: int, count: bool = False,
+                  stride: int = 1) -> CacheFigures:
+    """The cache figures from a stateful pass's states (count: the count cache, whatever the states), on every
+    stride-th position of the continuous cache (every position a key)."""
     n, ids = split.n_targets, split.ids
     rows, length, device = states.rows, states.length, states.nll.device
     positions = rows.to(device).unsqueeze(1) * length + torch.arange(length, device=device) + 1  # (R, L) targets
@@ -194,7 +205,11 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
         sizes = cache_sizes(window, hidden.shape[1])
         squared = hidden[scored].float().pow(2).sum(-1).mean().item() if sizes else 1.0
         grid = tuple(c / max(squared, 1e-12) for c in SHARPNESS)
-        log_cache = continuous_cache(hidden, targets, sizes, list(grid))[..., scored] if sizes else None
+        sampled = scored.clone()
+        sampled[:, torch.arange(sampled.shape[1], device=device) % stride != 0] = False
+        queried = sampled[:, ::stride]  # the queries continuous_cache scores, of those the scored ones
+        log_cache = continuous_cache(hidden, targets, sizes, list(grid), stride)[..., queried] if sizes else None
+        scored = sampled
     if not sizes:
         return CacheFigures({"note": f"no cache size fits: the longest history is under the window ({window})"})
     positions, model_nll = positions[scored], states.nll.reshape(scored.shape)[scored].double()
@@ -223,7 +238,8 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
                               "past_window_bpc": None if past is None else _finite(past.bpc),
                               "past_window_se": None if past is None else _finite(past.bpc_se)}
     return CacheFigures({"kind": "count" if count else "continuous", "window": window, "sizes": sizes,
-                         "longest": sizes[-1], "halves_of": halves, "fit_targets": int(fit.sum()),
+                         "longest": sizes[-1], "halves_of": halves, "every": 1 if count else stride,
+                         "fit_targets": int(fit.sum()),
                          "test_targets": model.tokens,
                          "model_bpc": model.bpc, "streams_kept": int(rows.numel()), "by_size": by_size})
 
@@ -244,7 +260,8 @@ class CacheEntry(Entry):
             return CacheFigures({"note": "the stateful figure was a sample of windows (a finite-context model "
                                          "under the budget): no states kept"})
         split = replace(request.val, ids=request.val.ids.to(states.nll.device))
-        return cache_figures(states, split, request.settings.seq_len)
+        exact = request.settings.budget is None or states.nll.device.type != "cpu"
+        return cache_figures(states, split, request.settings.seq_len, stride=1 if exact else CPU_STRIDE)
 
     def summary(self, result: CacheFigures) -> dict:
         return result.summary()
