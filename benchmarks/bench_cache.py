@@ -3,6 +3,8 @@ kept, and the cache's fit and figures, on Tiny Shakespeare's validation split (1
 Astra-α's and Astra-γ's sizes (untrained weights: the cost does not depend on them).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_cache.py [--device cuda] [--models astra_alpha astra_gamma]
+    python benchmarks/bench_cache.py --stride 1      # every position queried (a CPU run's default: CPU_STRIDE)
+    python benchmarks/bench_cache.py --quick        # a smoke run: Astra-α on the split's first 6,000 targets
 """
 
 import argparse
@@ -13,7 +15,7 @@ import torch
 from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.cache import cache_figures
+from gru_experiments.study.cache import CPU_STRIDE, cache_figures
 from gru_experiments.study.scores import Split, score_stateful
 
 # conf/model/: Astra-α and Astra-γ's architectures
@@ -34,23 +36,32 @@ def timed(fn, device):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", nargs="+", default=["astra_alpha", "astra_gamma"])
+    parser.add_argument("--models", nargs="+", default=["astra_alpha", "astra_gamma"], choices=sorted(SIZES))
+    parser.add_argument("--stride", type=int, default=None,
+                        help="query every N-th position (default: as the evaluation, 1 on a GPU, CPU_STRIDE on a CPU)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: Astra-α on the first 6,000 targets")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.stride is not None and args.stride < 1:
+        parser.error(f"--stride must be an integer >= 1, got {args.stride}")
+    stride = args.stride or (1 if device.type == "cuda" else CPU_STRIDE)
+    if args.quick:
+        args.models = ["astra_alpha"]
     text = read_corpus(SHIPPED_CORPUS)
     tokenizer = CharTokenizer(sorted(set(text)))
     _, val_text = split_text(text, 0.9)
-    split = Split(torch.tensor(tokenizer.encode(val_text)), tokenizer.token_char_lengths).to(device)
+    ids = torch.tensor(tokenizer.encode(val_text[:6_001] if args.quick else val_text))
+    split = Split(ids, tokenizer.token_char_lengths).to(device)
     for name in args.models:
         model = RecurrentLM(tokenizer.vocab_size, "gru", **SIZES[name]).to(device).eval()
         run = lambda keep: score_stateful(model, split, 128, 64, targets_after=128, keep_states=keep)  # noqa: E731
         run(False)  # warm-up
         _, plain = timed(lambda: run(False), device)
         kept, with_states = timed(lambda: run(True), device)
-        figures, cache = timed(lambda: cache_figures(kept.states, split, 128), device)
+        figures, cache = timed(lambda: cache_figures(kept.states, split, 128, stride=stride), device)
         longest = figures.record["longest"]
         print(f"{name} on {device}: stateful pass {plain:.2f} s, with its states kept {with_states:.2f} s; the cache "
-              f"(N = 128..{longest}, {len(figures.record['sizes'])} sizes) {cache:.2f} s; states "
+              f"(N = 128..{longest}, {len(figures.record['sizes'])} sizes, every {stride} position) {cache:.2f} s; states "
               f"{kept.states.hidden.numel() * 2 / 2**20:.0f} MiB", flush=True)
 
 

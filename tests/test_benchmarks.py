@@ -25,6 +25,8 @@ SMOKE = [
     ("bench_evaluation.py", ["--quick", "--data-dir", "{data}", "data.path={corpus}"], "| astra_alpha |"),
     ("transformer_early_lr.py", ["--quick"], "validation bpc"),
     ("bench_smoke.py", ["--quick", "--data-dir", "{data}"], "| astra_alpha |"),
+    ("bench_gpu.py", ["--device", "cpu", "--quick", "--models", "astra_alpha"], "graphed / eager"),
+    ("bench_cache.py", ["--device", "cpu", "--quick"], "the cache (N = 128.."),
     pytest.param("bench_inputs.py", ["--quick"], "exit 2", marks=pytest.mark.slow),  # three train.py runs, ~40 s
 ]
 
@@ -35,7 +37,8 @@ def every_script() -> set[str]:
 
 def test_every_benchmark_script_has_a_smoke_test():
     tested = {case.values[0] if hasattr(case, "values") else case[0] for case in SMOKE}
-    assert every_script() - tested == {"gpu_study.sh", "gpu_jobs.py"}  # tests/test_gpu_study.py runs those
+    # tests/test_gpu_study.py runs those (gpu_check.sh: GPU only, its refusal on a CPU)
+    assert every_script() - tested == {"gpu_study.sh", "gpu_jobs.py", "gpu_check.sh"}
 
 
 @pytest.mark.parametrize("script, arguments, shows", SMOKE)

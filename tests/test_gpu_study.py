@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import CONF, REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -135,3 +136,13 @@ def test_gpu_jobs_runs_the_lstms_tuning_then_its_recall_pairs_on_a_cpu(small_sha
                          + [f"{n:02d}_recall_lstm_alpha_{mode}_{probe}" for n, (mode, probe) in
                             enumerate([(m, p) for m in ("windows", "streams") for p in ("recall", "none")], 28)])
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu_check.sh would run in full")
+def test_gpu_check_on_a_machine_without_cuda_says_so_in_one_line(tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OUT": str(tmp_path)}
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == ("gpu_check.sh: no CUDA device (torch.cuda.is_available() is False): this "
+                                     "script is for a GPU")
