@@ -61,7 +61,8 @@ def main():
         figures, cache = timed(lambda: cache_figures(kept.states, split, 128, stride=stride), device)
         longest = figures.record["longest"]
         print(f"{name} on {device}: stateful pass {plain:.2f} s, with its states kept {with_states:.2f} s; the cache "
-              f"(N = 128..{longest}, {len(figures.record['sizes'])} sizes, every {stride} position) {cache:.2f} s; states "
+              f"(N = 128..{longest}, {len(figures.record['sizes'])} sizes, every {stride} position) {cache:.2f} s; "
+              "states "
               f"{kept.states.hidden.numel() * 2 / 2**20:.0f} MiB", flush=True)
 
 
