@@ -50,12 +50,12 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    # imported here so --help and --cfg stay fast (a SIGINT while torch loads: still the one line above)
+    from gru_experiments.runs.distributed import needs_own_process, run_in_own_process
+    from gru_experiments.runs.training import train
+
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again: Lightning stops gracefully
     with job(cfg, report=True):  # failures: see gru_experiments/runs/jobs.py
-        # imported here so --help and --cfg stay fast
-        from gru_experiments.runs.distributed import needs_own_process, run_in_own_process
-        from gru_experiments.runs.training import train
-
         if needs_own_process(cfg):  # DDP in a multirun job: see gru_experiments/runs/distributed.py
             run_in_own_process(cfg, __file__)
         else:

@@ -92,10 +92,10 @@ def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(co
     out = capsys.readouterr().out
     assert ("optim.warmup_steps=50 is not shorter than this run's 2 steps: the learning rate never leaves its warmup "
             "(it ends at 3.9% of model.lr)") in out
-    exact = next(line for line in out.splitlines() if line.startswith("evaluation: every figure exact"))
+    exact = next(line for line in out.splitlines() if line.startswith("evaluation: ") and "exact" in line)
     assert out.index(exact) < out.index("evaluation of the final weights")  # before the work, not after
-    assert re.fullmatch(r"evaluation: every figure exact \(evaluation.budget=null\), [\d,]+ forward tokens "
-                        r"\([\d,.]+ per token trained\), a bar per pass", exact)
+    assert re.fullmatch(r"evaluation: [\d,]+ forward tokens \(.+; [\d,.]+ per token trained\), every figure exact "
+                        r"\(evaluation.budget=null\)", exact)
 
 
 def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path, tiny_corpus):

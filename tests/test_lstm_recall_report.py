@@ -8,7 +8,7 @@ from test_controls_report import STREAMS_128, WINDOWS_128, recall_record
 from test_findings import summary
 from test_reporting import make_job
 
-from gru_experiments.report.recall_report import lstm_longer_finding, lstm_pairs
+from gru_experiments.report.lstm_recall import lstm_longer_finding, lstm_pairs
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
 

@@ -14,6 +14,7 @@ from gru_experiments.report import (
     cache_report,
     context_classes,
     lr_sweep,
+    lstm_recall,
     overfitting,
     recall_report,
     scale,
@@ -224,7 +225,7 @@ SECTIONS: list[Section] = [
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
-    scale.SECTION, overfitting.SECTION, recall_report.LSTM_SECTION, cache_report.SECTION,
+    scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache_report.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
 ]

@@ -1,0 +1,88 @@
+"""The LSTM's memory against the GRU's (the original study's Leviathan claim): each LSTM recall run beside the GRU
+recall run of its size and training, their horizons and per-distance recall compared (finding 18; the runs:
+experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
+
+import math
+
+from gru_experiments.report.recall_report import distances, recall_jobs, recall_point, run_horizon
+from gru_experiments.report.section import Findings, Section, cannot, verdict
+from gru_experiments.study.generation import STATEFUL
+
+SAME_SIZE = 1.1  # an LSTM and a GRU are twins when their parameter counts differ by at most this factor
+LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Leviathan claim, that an LSTM's cell "
+                       "state keeps long-range dependencies better than a GRU, put to the planted-recall control at "
+                       "equal size: a hand-written LSTM beside the GRU of its size, trained alike "
+                       "(experiment=recall_lstm_*).")
+
+
+def lstm_pairs(jobs) -> list[tuple]:
+    """(LSTM, GRU) recall runs of one size (parameters within SAME_SIZE), tokenizer, training mode and window:
+    each LSTM with the GRU nearest its size; ordered by size, then training."""
+    runs = [job for job in recall_jobs(jobs) if job.number("parameters") and distances(job)]
+    pairs = []
+    for lstm in (job for job in runs if job.values.get("family") == "lstm"):
+        twins = [gru for gru in runs if gru.values.get("family") == "gru"
+                 and gru.values.get("tokenizer") == lstm.values.get("tokenizer")
+                 and gru.training_mode == lstm.training_mode and gru.training_window == lstm.training_window
+                 and max(gru.number("parameters"), lstm.number("parameters"))
+                 <= SAME_SIZE * min(gru.number("parameters"), lstm.number("parameters"))]
+        if twins:
+            pairs.append((lstm, min(twins, key=lambda g: abs(g.number("parameters") - lstm.number("parameters")))))
+    return sorted(pairs, key=lambda pair: (pair[1].number("parameters"), pair[0].training))
+
+
+def _reach(h: dict) -> float:
+    """Where the stateful curve rises through 2 bits, as a number: inf when never, 0 when at once."""
+    crossing = h["crosses_2_bits"]
+    return crossing if crossing is not None else math.inf if h["crossing"].startswith("below") else 0.0
+
+
+def _horizon_text(h: dict) -> str:
+    crossing = ("never" if h["crossing"].startswith("below") else "at once") if h["crosses_2_bits"] is None \
+        else f"d ≈ {h['crosses_2_bits']:,.0f}"
+    return f"under 1 bit up to d = {h['remembered'] or 'none'}, 2 bits at {crossing}"
+
+
+def _lstm_part(lstm, gru) -> tuple[int, str]:
+    """(+1 the LSTM keeps the key longer, -1 shorter, 0 no difference shown; the evidence) of one pair."""
+    hl, hg = run_horizon(lstm, STATEFUL), run_horizon(gru, STATEFUL)
+    longer = (_reach(hl), hl["remembered"] or 0) > (_reach(hg), hg["remembered"] or 0)
+    shorter = (_reach(hl), hl["remembered"] or 0) < (_reach(hg), hg["remembered"] or 0)
+    parts, better, worse = [], 0, 0
+    for d in distances(lstm):
+        a, b = recall_point(lstm, d, STATEFUL), recall_point(gru, d, STATEFUL)
+        if a is None or b is None:
+            continue
+        change, se = a[0] - b[0], math.hypot(a[1], b[1])
+        better, worse = better + (change < -2 * se), worse + (change > 2 * se)
+        parts.append(f"d = {d}: {change:+.3f} ± {se:.3f}")
+    outcome = 1 if longer and better and not worse else -1 if shorter and worse and not better else 0
+    text = (f"{lstm.name} ({lstm.number('parameters'):,.0f} parameters) against {gru.name} "
+            f"({gru.number('parameters'):,.0f}), trained on {lstm.training}: stateful horizon LSTM "
+            f"{_horizon_text(hl)}, GRU {_horizon_text(hg)}; LSTM - GRU bits per recalled key "
+            + ("; ".join(parts) or "at no common distance")
+            + f" (LSTM better by two standard errors at {better}, worse at {worse}): "
+            + {1: "the LSTM keeps it longer", -1: "the GRU keeps it longer", 0: "no difference shown"}[outcome])
+    return outcome, text
+
+
+@LSTM_RECALL.claim("An LSTM keeps a key longer than a GRU of the same size")
+def lstm_longer_finding(jobs) -> tuple[str, str]:
+    """Per pair of equal size and training: is the LSTM's stateful horizon longer, and its recall better than
+    the GRU's by two standard errors at some distance and worse at none?"""
+    pairs = lstm_pairs(jobs)
+    if not pairs:
+        return cannot("an LSTM and a GRU of the same size, tokenizer and training, both run with the probe "
+                      "(python sweep.py experiments=recall_horizon probe=recall,none)")
+    results = [_lstm_part(lstm, gru) for lstm, gru in pairs]
+    longer, shorter = sum(o == 1 for o, _ in results), sum(o == -1 for o, _ in results)
+    evidence = ("Stateful recall, bits per recalled key, LSTM - GRU ± the hypot of their standard errors, and each "
+                "run's memory horizon: " + "; ".join(t for _, t in results) + ". Rule: the LSTM keeps a key longer "
+                "in a pair when its horizon is longer (2 bits crossed later, else under 1 bit further) and its "
+                "recall is below the GRU's by more than two standard errors of the difference at some distance and "
+                f"above it at none (and the other way round for the GRU). The LSTM longer in {longer} of "
+                f"{len(pairs)} pairs, the GRU in {shorter}.")
+    return verdict(longer, len(pairs), shorter), evidence
+
+
+SECTION = Section("the LSTM's memory", lambda jobs, plots: [], findings=LSTM_RECALL)
