@@ -28,7 +28,7 @@ def _share_busy_cores() -> None:
     if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
         return
     cores, load = os.cpu_count() or 1, os.getloadavg()[0]
-    idle = int(cores - load + 0.5)
+    idle = cores - int(load + 0.25)  # a core counts as busy from a load of 0.75 (a run just ended leaves ~0.5)
     if cores > 1 and idle < cores:
         threads = max(1, idle)
         os.environ["OMP_NUM_THREADS"] = str(threads)
