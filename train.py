@@ -7,6 +7,7 @@ ckpt_path=last and ckpt_path=RUN_DIR mean the same.
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 
@@ -19,20 +20,37 @@ def _interrupted_while_starting(signum, frame):
 signal.signal(signal.SIGINT, _interrupted_while_starting)  # main() hands SIGINT back to Lightning's handling
 
 
+def _busy_cores(cores: int) -> float:
+    """How many cores other processes keep busy now: /proc/stat's busy share over a quarter of a second (this
+    process sleeps meanwhile); elsewhere the 1-minute load average."""
+    def sample():
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+    try:
+        idle_a, all_a = sample()
+        time.sleep(0.25)
+        idle_b, all_b = sample()
+        return cores * (1 - (idle_b - idle_a) / max(all_b - all_a, 1))
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
 def _share_busy_cores() -> None:
-    """Before torch starts its threads: OpenMP's passive wait (threads that sleep between parallel regions instead
-    of spinning: beside a busy process, spinning threads made a step of Astra-alpha fifty times slower, 9.8 s against
-    0.18 s at two threads); on a machine whose cores are already busy (the load average), one thread per idle core,
-    said in one line. OMP_WAIT_POLICY and OMP_NUM_THREADS set by the user: left as they are."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
+    """Before torch starts its threads: on a machine whose cores other processes keep busy, one thread per idle core
+    and OpenMP's passive wait (threads that sleep between parallel regions: spinning threads beside a busy process
+    made a step of Astra-alpha fifty times slower, 9.8 s against 0.18 s at two threads), said in one line. An idle
+    machine keeps torch's defaults (every core, OpenMP's own wait: passive waiting made a quiet run's small
+    per-step matmuls slower at two threads than at one). OMP_NUM_THREADS set by the user: left as it is."""
+    if "OMP_NUM_THREADS" in os.environ:
         return
-    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
-    idle = cores - int(load + 0.25)  # a core counts as busy from a load of 0.75 (a run just ended leaves ~0.5)
-    if cores > 1 and idle < cores:
-        threads = max(1, idle)
+    cores = os.cpu_count() or 1
+    busy = int(_busy_cores(cores) + 0.25)  # a core counts as busy from three quarters of its time
+    if cores > 1 and busy >= 1:
+        threads = max(1, cores - busy)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        print(f"train.py: the machine is busy (load average {load:.1f} on {cores} cores): {threads} thread(s) and "
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        print(f"train.py: {busy} of the {cores} cores are busy with other work: {threads} thread(s) and "
               f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, so that sharing slows the run in proportion; "
               "OMP_NUM_THREADS=N chooses", flush=True)
 
