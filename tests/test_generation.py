@@ -356,8 +356,11 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     # multiple of the run's own training tokens, read from its summary).
     summary = json.loads((run_dir / "summary.json").read_text())
     assert evaluation["settings"]["plan"] == summary["mode_evaluation"]["plan"]
-    for key in ["stateful_nll", "stateless_nll", "windowed_nll", "bigram_nll"]:
+    for key in ["stateful_nll", "stateless_nll", "windowed_nll", "bigram_nll", "cache_gain_bpc"]:
         assert evaluation[key] == pytest.approx(summary[key], rel=1e-5)
+    for size, figures in summary["cache"]["by_size"].items():  # the cache, rescored
+        assert evaluation["cache"]["by_size"][size]["bpc"] == pytest.approx(figures["bpc"], rel=1e-5)
+    assert "continuous cache over the last N tokens" in result.stdout
     # ... and the same context curve, point by point.
     assert set(evaluation["context_curve"]) == set(summary["context_curve"])
     for key, value in summary["context_curve"].items():

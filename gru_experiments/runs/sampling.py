@@ -208,10 +208,11 @@ def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data
                           EvaluationSettings.of(cfg.evaluation, int(data_cfg.seq_len)), tokenizer=tokenizer,
                           train_ids=train_ids)
     evaluation = evaluate(request, progress=Progress(), skip=(TEXT,))
-    print(f"{display_path(source)}: {evaluation.modes.describe()}")
-    modes = evaluation.summary()
-    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source), "settings": modes["mode_evaluation"],
-              **evaluation.modes.metrics(), "context_curve": modes["context_curve"],
+    modes, *others = evaluation.descriptions()  # the modes', then every other entry's (the cache's)
+    print(f"{display_path(source)}: {modes}" + "".join(f"\n{other}" for other in others))
+    figures = evaluation.summary()
+    result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source),
+              "settings": figures.pop("mode_evaluation"), **evaluation.modes.metrics(), **figures,
               "seconds": time.perf_counter() - started}
     write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
     print(f"saved: {display_path(Path(cfg.paths.output_dir) / 'evaluation.json')}")
