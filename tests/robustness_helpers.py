@@ -91,3 +91,20 @@ def error_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: "), stderr
     return lines[-1]
+
+
+class Interrupted(Exception):
+    """A training run cut off by a test at a chosen step (interrupt_at), as a kill would."""
+
+
+def interrupt_at(monkeypatch, step: int) -> None:
+    """Every LanguageModelTask raises Interrupted after training step `step`."""
+    from gru_experiments.runs.task import LanguageModelTask
+    original = LanguageModelTask.on_train_batch_end
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.global_step == step:
+            raise Interrupted(f"interrupted at step {step}")
+
+    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", on_train_batch_end)

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from robustness_helpers import TINY, error_line, fingerprint, run_script
+from robustness_helpers import TINY, Interrupted, error_line, fingerprint, interrupt_at, run_script
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs import training
@@ -85,21 +85,6 @@ def test_the_command_line_refuses_a_bad_patience_in_one_line(tmp_path):
     done = run_script(tmp_path, *TINY, "early_stopping.patience=-3")
     assert done.returncode == 2
     assert "early_stopping.patience" in error_line(done.stderr)
-
-
-class Interrupted(Exception):
-    pass
-
-
-def interrupt_at(monkeypatch, step: int) -> None:
-    original = LanguageModelTask.on_train_batch_end
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        original(self, outputs, batch, batch_idx)
-        if self.global_step == step:
-            raise Interrupted(f"interrupted at step {step}")
-
-    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", on_train_batch_end)
 
 
 def stopping_state(checkpoint: Path) -> dict:

@@ -16,9 +16,11 @@ from omegaconf import OmegaConf
 from robustness_helpers import (
     TINY,
     TRAIN_PY,
+    Interrupted,
     assert_untouched,
     error_line,
     fingerprint,
+    interrupt_at,
     run_killed_after_checkpoint,
     run_script,
 )
@@ -55,21 +57,6 @@ def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert all(torch.isfinite(t).all() for t in wa.values())
     assert a["val_loss"] < 3.8  # it learned something (a uniform guess is ln(54) = 4.0)
-
-
-class Interrupted(Exception):
-    pass
-
-
-def interrupt_at(monkeypatch, step: int) -> None:
-    original = LanguageModelTask.on_train_batch_end
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        original(self, outputs, batch, batch_idx)
-        if self.global_step == step:
-            raise Interrupted(f"interrupted at step {step}")
-
-    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", on_train_batch_end)
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_result(compose_config, tiny_corpus, tmp_path, monkeypatch):
