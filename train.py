@@ -14,7 +14,10 @@ from pathlib import Path
 def _interrupted_while_starting(signum, frame):
     """Ctrl-C (or timeout --signal=INT) before the run started: one line, not a traceback from inside an import."""
     sys.stderr.write("train.py: interrupted (SIGINT) while starting, before training began\n")
-    raise SystemExit(130)
+    sys.stderr.flush()
+    # Nothing is written yet; an exception raised into a half-done import (numpy's, say) could be caught there
+    # and leave a broken module behind, so: out at once.
+    os._exit(130)
 
 
 signal.signal(signal.SIGINT, _interrupted_while_starting)  # main() hands SIGINT back to Lightning's handling
