@@ -199,10 +199,11 @@ def test_graphed_training_through_lightning_equals_eager_across_validations(trai
     from gru_experiments.runs import task as task_module
     from gru_experiments.runs.training import train
 
-    def run(emulated: bool):
+    def run(emulated: bool, key: bool = True):
         cfg = compose_config(f"data.path={tiny_corpus}", "preset=smoke", "model.epochs=4", "logger=csv",
                              "evaluation.text.samples=0", "trainer.accelerator=cpu", f"training={training}",
-                             f"paths.output_dir={tmp_path / ('graphed' if emulated else 'eager')}")
+                             f"cuda_graphs={str(key).lower()}",
+                             f"paths.output_dir={tmp_path / ('graphed' if emulated else 'eager') / str(key)}")
         with monkeypatch.context() as patch:
             if emulated:
                 made = []
@@ -220,8 +221,10 @@ def test_graphed_training_through_lightning_equals_eager_across_validations(trai
                     made.append(self)
                 patch.setattr(graphs.GraphedTrainingStep, "__init__", init)
             summary = train(cfg)
-            if emulated:
-                assert made and made[0].captured and made[0].steps == 20
+            if emulated and key:
+                assert made and made[0].captured and made[0].steps == 20 and summary["cuda_graphs"]
+            elif emulated:  # cuda_graphs=false: no graphed step at all
+                assert not made and not summary["cuda_graphs"]
         history = Path(summary["run_dir"], "history.csv").read_text().splitlines()
         return summary, [line for line in history if ",val/loss," in line]
 
@@ -231,3 +234,5 @@ def test_graphed_training_through_lightning_equals_eager_across_validations(trai
     assert graphed_vals == eager_vals
     assert graphed["train_loss"] == pytest.approx(eager["train_loss"], rel=1e-6)
     assert graphed["stateful_bpc"] == pytest.approx(eager["stateful_bpc"], rel=1e-6)
+    if training == "windows":
+        run(True, key=False)

@@ -31,12 +31,18 @@ _enabled = ContextVar("cuda_graphs", default=True)
 
 @contextmanager
 def cuda_graphs(enabled: bool):
-    """Inference forwards replayed from graphs (on CUDA) inside this block or not: a run's `cuda_graphs`."""
+    """The training step and inference forwards replayed from graphs (on CUDA) inside this block or not: a run's
+    `cuda_graphs`, set once around its training and evaluation (runs/training.py)."""
     token = _enabled.set(bool(enabled))
     try:
         yield
     finally:
         _enabled.reset(token)
+
+
+def enabled() -> bool:
+    """Whether the enclosing `cuda_graphs` block (if any) asks for graphs: they are on unless it says false."""
+    return _enabled.get()
 
 
 def map_state(fn, state):
@@ -189,15 +195,15 @@ class GraphedForward:
         self.model = model
         self.graphs: dict = {}
         self.seen: set = set()
-        self.weights: list[int] = []  # the parameters' addresses the graphs read
+        self.weights: int | None = None  # where the parameters live (the first one's address): what graphs read
         self.failed: str | None = None
 
     def __call__(self, tokens: Tensor, state=None):
         if (not (tokens.is_cuda and _enabled.get()) or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
                 or self.failed is not None):
             return self.model(tokens, state)
-        weights = [p.data_ptr() for p in self.model.parameters()]
-        if weights != self.weights:  # moved or replaced since the captures: they read the old memory
+        weights = next(self.model.parameters()).data_ptr()  # once per call: the sampler's step, so one address
+        if weights != self.weights:  # moved since the captures (.to() moves them all): they read the old memory
             self.graphs, self.seen, self.weights = {}, set(), weights
         key = (tuple(tokens.shape), tokens.dtype, state_key(state), self.model.training,
                id(getattr(self.model, "matmul_precision", None)))

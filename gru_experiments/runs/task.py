@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from gru_experiments.data.tokenizers import plain_tokens, tokenizer_from_state
 from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.models import cuda_graphs
 from gru_experiments.models.cuda_graphs import GraphedTrainingStep, map_state
 from gru_experiments.models.protocol import build_model
 from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
@@ -42,7 +43,7 @@ class LanguageModelTask(L.LightningModule):
         self.train_seconds = 0.0
         self.carried_state = None  # training=streams: the state after the last chunk, detached
         self.recall_cue, self.recall_weight = None, 1.0  # weigh_recall
-        self.cuda_graphs, self.graphed_step = False, None  # use_cuda_graphs; on_train_start builds the step
+        self.graphed_step = None  # on_train_start builds it where cuda_graphs applies
         self.run_config: dict | None = None  # the run's config (unresolved), kept in its checkpoints for a resume
 
     def weigh_recall(self, cue: int, weight: float) -> None:
@@ -98,14 +99,11 @@ class LanguageModelTask(L.LightningModule):
             loss = (losses * weights).sum() / weights.sum()
         return loss, state
 
-    def use_cuda_graphs(self, enabled: bool) -> None:
-        """cuda_graphs: capture the training step's forward and backward in a CUDA graph (models/cuda_graphs.py)
-        on one CUDA device; elsewhere the eager step (with a line saying why under DDP)."""
-        self.cuda_graphs = bool(enabled)
-
     def on_train_start(self) -> None:
+        """cuda_graphs (runs/training.py's block): the training step's forward and backward captured in a CUDA graph
+        (models/cuda_graphs.py) on one CUDA device; elsewhere the eager step (with a line saying why under DDP)."""
         self.graphed_step = None
-        if not self.cuda_graphs or self.device.type != GRAPH_DEVICE:
+        if not cuda_graphs.enabled() or self.device.type != GRAPH_DEVICE:
             return
         if self.trainer.world_size > 1:  # DDP reduces gradients in backward hooks, outside any graph
             print(f"cuda_graphs: not used under DDP ({self.trainer.world_size} processes); training eagerly")

@@ -183,7 +183,6 @@ def fit_or_count(run: Run, current) -> None:
                                            cfg.trainer.get("precision"), run.trainer)
     print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
           f"matmuls in {run.precision['matmul_dtype']}")
-    task.use_cuda_graphs(OmegaConf.select(cfg, "cuda_graphs", default=True))  # the training step's graph
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
         run.counted_checkpoint = count_and_save(run.trainer, task, run.data, run.folder)
         run.parameters = count_parameters(task.model)
