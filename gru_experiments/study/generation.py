@@ -258,27 +258,16 @@ def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int
              decoding: Decoding = Decoding(), seed: int = 0, window: int | None = None,
              plain: Tensor | None = None, progress: Progress = NO_PROGRESS) -> Tensor:
     """`num_samples` continuations of one prompt as one batch (num_samples, N), of the tokens `plain` allows.
-    Every generation path comes through here: a nonsense size or a request too large for the device
-    raises a UserError before anything is allocated. The draws come from a generator seeded with `seed`
+    Every generation path comes through here or generate_decodings: a nonsense size or a request too large for
+    the device raises a UserError before anything is allocated. The draws come from a generator seeded with `seed`
     alone: the same seed, the same text (on the same device). `progress`: a bar in tokens generated."""
-    validate_sampling({"num_samples": num_samples, "max_new_tokens": max_new_tokens, "window": window},
-                      model.vocab_size)
-    prompt_ids = list(prompt_ids)
-    check_generation_fits(model, len(prompt_ids), max_new_tokens, num_samples, mode, window)
-    device = model.device
-    prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
-    choose = make_chooser(decoding, generator=torch.Generator(device=device).manual_seed(seed), plain=plain)
-    with progress.phase(mode, total=num_samples * max_new_tokens) as tick:
-        def counted(logits: Tensor) -> Tensor:  # every sampler chooses once per step: its bar moves there
-            tick(len(logits))
-            return choose(logits)
-
-        return sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, counted, window)
+    return generate_decodings(model, prompt_ids, mode=mode, max_new_tokens=max_new_tokens, num_samples=num_samples,
+                              decodings=[decoding], seed=seed, window=window, plain=plain, progress=progress)[0]
 
 
 def generate_decodings(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int,
                        decodings: Sequence[Decoding], seed: int = 0, window: int | None = None,
-                       plain: Tensor | None = None) -> list[Tensor]:
+                       plain: Tensor | None = None, progress: Progress = NO_PROGRESS) -> list[Tensor]:
     """`generate` for each of `decodings`, as one batch of len(decodings) x num_samples rows: each decoding's rows
     draw from their own generator seeded with `seed`, as `generate` would, in one sequence of forward passes
     instead of one per decoding (the text statistics' settings: a windowed step costs a whole window)."""
@@ -290,11 +279,12 @@ def generate_decodings(model, prompt_ids: Sequence[int], *, mode: str, max_new_t
     prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(rows, -1)
     choosers = [make_chooser(d, generator=torch.Generator(device=device).manual_seed(seed), plain=plain)
                 for d in decodings]
+    with progress.phase(mode, total=rows * max_new_tokens) as tick:
+        def choose(logits: Tensor) -> Tensor:  # every sampler chooses once per step: its bar moves there
+            tick(len(logits))
+            return torch.cat([c(part) for c, part in zip(choosers, logits.split(num_samples))])
 
-    def choose(logits: Tensor) -> Tensor:
-        return torch.cat([c(part) for c, part in zip(choosers, logits.split(num_samples))])
-
-    return list(sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, choose, window).split(num_samples))
+        return list(sample_tokens(model, prompt.contiguous(), max_new_tokens, mode, choose, window).split(num_samples))
 
 
 def prompt_seed(seed: int, prompt: str) -> int:
