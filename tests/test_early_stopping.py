@@ -144,9 +144,9 @@ def test_a_run_that_stopped_early_resumes_without_training_on(compose_config, ov
     summary = train(compose_config(*base, f"paths.output_dir={run}", f"resume={run}"))
     assert steps == []
     said = [line for line in capsys.readouterr().out.splitlines() if "stopped early at step" in line]
-    assert said[0] == (f"{run} stopped early at step {stopped:,} (no improvement for {PATIENCE} validations, "
-                       f"patience {PATIENCE}; best {float(state['best_score']):.4f} at step {state['best_step']:,}): "
-                       "not training on; finishing its evaluation")
+    assert said[0] == (f"{run} stopped early at step {stopped:,} (val/loss did not improve for {PATIENCE} validations "
+                       f"in a row (patience {PATIENCE}); its best, {float(state['best_score']):.4f}, was at step "
+                       f"{state['best_step']}): not training on; finishing its evaluation")
     assert summary["resumed_from_step"] == stopped
     assert_stopped_early(summary)
 

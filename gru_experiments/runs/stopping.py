@@ -41,7 +41,8 @@ class EarlyStopping(LightningEarlyStopping):
         return should_stop, reason
 
     def state_dict(self) -> dict:
-        return super().state_dict() | {"best_step": self.best_step, "stopped_step": self.stopped_step}
+        return super().state_dict() | {"best_step": self.best_step, "stopped_step": self.stopped_step,
+                                       "monitor": self.monitor, "min_delta": abs(self.min_delta)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
@@ -53,13 +54,7 @@ class EarlyStopping(LightningEarlyStopping):
 
     def reason(self) -> str | None:
         """Why it stopped, in a sentence; None while it has not."""
-        if not self.stopped:
-            return None
-        if self.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
-            by = f" by more than {abs(self.min_delta):g}" if self.min_delta else ""
-            return (f"{self.monitor} did not improve{by} for {self.wait_count} validations in a row (patience "
-                    f"{self.patience}); its best, {float(self.best_score):.4f}, was at step {self.best_step}")
-        return self.stopping_reason_message
+        return stop_description(self.state_dict()) if self.stopped else None
 
 
 def settings(cfg) -> dict | None:
@@ -95,12 +90,14 @@ def stopping_summary(cfg, callback: EarlyStopping | None) -> dict:
 
 
 def stop_description(state: dict) -> str:
-    """A stopped state (stopped_state) in a few words."""
-    best, step = state.get("best_score"), state.get("best_step")
-    at = f" at step {step:,}" if step is not None else ""
-    return (f"no improvement for {state.get('wait_count')} validations, patience {state.get('patience')}; best "
-            f"{float(best):.4f}{at}") if state.get("stopping_reason") == EarlyStoppingReason.PATIENCE_EXHAUSTED.value \
-        else str(state.get("stopping_reason_message"))
+    """Why a stopped EarlyStopping (its state: the callback's own, or a checkpoint's) stopped, in a sentence."""
+    if state.get("stopping_reason") != EarlyStoppingReason.PATIENCE_EXHAUSTED.value:
+        return str(state.get("stopping_reason_message"))
+    by = f" by more than {state['min_delta']:g}" if state.get("min_delta") else ""
+    step = state.get("best_step")
+    return (f"{state.get('monitor', 'the monitored score')} did not improve{by} for {state.get('wait_count')} "
+            f"validations in a row (patience {state.get('patience')}); its best, {float(state.get('best_score')):.4f}, "
+            f"was at step {'?' if step is None else step}")
 
 
 def stopped_state(checkpoint: dict) -> dict | None:
