@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gru_experiments.models.protocol import LanguageModel, layer_outputs
+from gru_experiments.models.protocol import LayeredLM
 from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 CELLS = ("mingru", "minlstm")
@@ -109,7 +109,7 @@ class MinRNNLayer(nn.Module):
         return f"{self.cell}, {self.linear.in_features}, {self.hidden_size}"
 
 
-class MinRNNLM(LanguageModel):
+class MinRNNLM(LayeredLM):
     """tokens -> embedding -> pre-LayerNorm residual minGRU/minLSTM layers -> LayerNorm -> head."""
 
     def __init__(self, vocab_size: int, cell: str = "mingru", embedding_dim: int = 109, hidden_size: int = 109,
@@ -126,21 +126,6 @@ class MinRNNLM(LanguageModel):
         self.dropout = nn.Dropout(dropout)  # on each layer's output, before the residual sum; never on the state
         self.norm = nn.LayerNorm(hidden_size)
         self.head = nn.Linear(hidden_size, vocab_size)
-
-    @property
-    def family(self) -> str:
-        return self.cell
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embedding.num_embeddings
-
-    def unit_states(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, list[Tensor]]:
-        """The protocol's, at once: each layer's output is its h at every step."""
-        return layer_outputs(self, self.layers, tokens, state)
-
-    def initial_state(self, batch_size: int, device=None) -> list[Tensor]:
-        return [layer.initial_state(batch_size, device) for layer in self.layers]
 
     def forward(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list]:
         """tokens (B, T) -> logits (B, T, vocab), new state (one (B, H) tensor per layer)."""

@@ -146,6 +146,30 @@ def layer_outputs(model: LanguageModel, layers, tokens: Tensor, state=None) -> t
     return logits, state, captured
 
 
+class LayeredLM(LanguageModel):
+    """A family of recurrent `layers` over an `embedding`, each layer returning (every step's state, its final
+    state), named by its `cell` (RecurrentLM, MinRNNLM): their state is one entry per layer."""
+
+    cell: str
+    embedding: nn.Embedding
+    layers: nn.ModuleList
+
+    @property
+    def family(self) -> str:
+        return self.cell
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding.num_embeddings
+
+    def unit_states(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, list[Tensor]]:
+        """The protocol's, at once: each layer's output is its h at every step."""
+        return layer_outputs(self, self.layers, tokens, state)
+
+    def initial_state(self, batch_size: int, device=None) -> list:
+        return [layer.initial_state(batch_size, device) for layer in self.layers]
+
+
 # --- building a family from its config or checkpoint -------------------------------------
 def model_class(target: str, *, from_checkpoint: bool = False) -> type[LanguageModel]:
     """The LanguageModel class `target` names; a checkpoint's only inside this package (an import runs code)."""

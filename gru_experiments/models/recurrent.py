@@ -6,11 +6,11 @@ from torch import Tensor, nn
 
 from gru_experiments.models.cells import CELLS
 from gru_experiments.models.precision import MatmulPrecision, linear
-from gru_experiments.models.protocol import LanguageModel, layer_outputs
+from gru_experiments.models.protocol import LayeredLM
 from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 
-class RecurrentLM(LanguageModel):
+class RecurrentLM(LayeredLM):
     def __init__(self, vocab_size: int, cell: str = "gru", embedding_dim: int = 64, hidden_size: int = 128,
                  num_layers: int = 1, dropout: float = 0.1, layer_norm: bool = False, implementation: str = "fast"):
         super().__init__()
@@ -46,21 +46,6 @@ class RecurrentLM(LanguageModel):
         if self.matmul_precision.for_weight(self.head.weight) is not None:
             names.append("head.weight")
         return names
-
-    @property
-    def family(self) -> str:
-        return self.cell
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embedding.num_embeddings
-
-    def unit_states(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, list[Tensor]]:
-        """The protocol's, at once: each layer's output is its h at every step."""
-        return layer_outputs(self, self.layers, tokens, state)
-
-    def initial_state(self, batch_size: int, device=None) -> list:
-        return [layer.initial_state(batch_size, device) for layer in self.layers]
 
     def forward(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list]:
         """tokens (B, T) -> logits (B, T, vocab), new state (one entry per layer)."""
