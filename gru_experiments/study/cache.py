@@ -1,32 +1,23 @@
-"""The cache figure (docs/evaluation.md, *The cache*): the model's stateful distribution interpolated with a cache
-over its own last N positions, p = (1 - λ) p_model + λ p_cache, N from 128 to 4,096 tokens.
-
-- A model with hidden states: the continuous cache (Grave, Joulin & Usunier 2017),
-  p_cache(w) ∝ Σ_{t-N <= i < t} 1[x_{i+1} = w] exp(θ h_t·h_i), h the final hidden states (the output of the
-  model's last norm before its head: `scores.final_states`) the stateful pass kept (`StatesKeptPass`).
-- A counted model (the n-grams: no hidden state): the count cache (Kuhn & De Mori 1990), the unigram and bigram
-  counts of the last N tokens, p_cache(w) = β c(x_t w) / c(x_t) + (1 - β) c(w) / N (the unigram alone where x_t
-  is not in the cache).
-
-λ and θ (or β) are fitted per N on a grid over the first half of the validation split (targets at positions
-<= n / 2) and the figures reported on its second half, paired target by target (scores.paired_difference)
-against the model alone, and against the cache at N = the training window ("past the window"). Everything
-reuses the stateful pass's states and NLLs; the cache costs matmuls of query chunks against their last N keys.
+"""The cache figure: the model's stateful distribution interpolated with a cache over its own last N positions,
+p = (1 - λ) p_model + λ p_cache: the continuous cache over the final hidden states (Grave, Joulin & Usunier
+2017) or, for a counted model, the count cache (Kuhn & De Mori 1990); λ and θ (or β) fitted per N on the first
+half of the split, the figures paired on the second. It reuses the stateful pass's states and NLLs
+(docs/evaluation.md, *The cache*: the formulas, the halves and the cost).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-from typing import ClassVar
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX
-from gru_experiments.study.generation import NO_PROGRESS, STATEFUL
+from gru_experiments.files import finite_or_null
+from gru_experiments.study.generation import STATEFUL
 from gru_experiments.study.plan import FINAL, Entry, Plan, Request, StatefulPass
-from gru_experiments.study.scores import Score, Split, StreamStates, paired_difference, score_stateful, score_subset
+from gru_experiments.study.scores import Score, Split, StreamStates, paired_difference, score_subset
 
 SMALLEST, LONGEST = 128, 4096  # the cache sizes: powers of 2 from SMALLEST to LONGEST, and the training window
 SHARPNESS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # θ's grid, in units of 1 / the mean squared norm of h
@@ -39,17 +30,6 @@ CHUNK_ELEMENTS = 1 << 23  # query x key scores per chunk (memory only)
 CPU_STRIDE = 4
 
 
-@dataclass(frozen=True)
-class StatesKeptPass(StatefulPass):
-    """The stateful pass keeping every target's NLL and the final hidden states (the figures unchanged)."""
-
-    def run(self, request, progress=NO_PROGRESS) -> dict:
-        with progress.phase(self.label, self.targets) as tick:
-            return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
-                                         targets_after=self.keep_after, tick=tick, stride=self.stride,
-                                         keep_states=True)}
-
-
 def keep_final_states(plan: Plan) -> Plan:
     """The plan with its stateful figure's pass keeping the states (when it is a StatefulPass: a finite-context
     model's sampled stateful figure runs windows, and has no cache figure); its cost unchanged."""
@@ -57,8 +37,7 @@ def keep_final_states(plan: Plan) -> Plan:
     if figure is None or type(plan.passes[figure.passes[0]]) is not StatefulPass:
         return plan
     passes = list(plan.passes)
-    old = passes[figure.passes[0]]
-    passes[figure.passes[0]] = StatesKeptPass(**{f.name: getattr(old, f.name) for f in fields(old)})
+    passes[figure.passes[0]] = replace(passes[figure.passes[0]], keep_states=True)
     return replace(plan, passes=tuple(passes))
 
 
@@ -163,9 +142,8 @@ class CacheFigures:
         parameter = "θ" if r["kind"] == "continuous" else "β"
         every = f" (every {r['every']}th)" if r.get("every", 1) > 1 else ""
         lines = [f"{r['kind']} cache over the last N tokens, λ and {parameter} fitted on the first half of the "
-                 f"{r['halves_of']} ({r['fit_targets']:,} targets{every}), scored on the second "
-                 f"({r['test_targets']:,}; "
-                 f"the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "
+                 f"{r['halves_of']} ({r['fit_targets']:,} targets{every}), scored on the second ({r['test_targets']:,};"
+                 f" the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "
                  f"cache({r['window']}), paired:",
                  f"{'N':>6} {'λ':>5} {parameter:>8} {'bits/char':>10} {'gain':>16} {'past the window':>18}"]
         for n, f in r["by_size"].items():
@@ -177,10 +155,6 @@ class CacheFigures:
 
 def _pm(value: float | None, se: float | None) -> str:
     return "" if value is None else f"{value:+.4f} ± {se:.4f}" if se is not None else f"{value:+.4f}"
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
 
 
 def cache_figures(states: StreamStates, split: Split, window: int, count: bool = False,
@@ -225,30 +199,29 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
     model = score_subset(Score(positions=positions, target_nll=model_nll), test, split)
     by_size, scored_at = {}, {}
     for k, size in enumerate(sizes):
-        best = min(((lam, j) for j in range(len(grid)) for lam in LAMBDAS),
-                   key=lambda c: float(interpolate(model_nll[fit], log_cache[k, c[1]][fit], c[0]).sum()))
-        lam, j = best
+        lam, j = min(((lam, j) for j in range(len(grid)) for lam in LAMBDAS),
+                     key=lambda c: float(interpolate(model_nll[fit], log_cache[k, c[1]][fit], c[0]).sum()))
         cache = score_subset(Score(positions=positions, target_nll=interpolate(model_nll, log_cache[k, j], lam)),
                              test, split)
         scored_at[size] = cache
         gain = paired_difference(cache, model, split)
         past = paired_difference(cache, scored_at[window], split) if size > window else None
         by_size[str(size)] = {"lambda": lam, "parameter": grid[j], "sharpness": None if count else SHARPNESS[j],
-                              "bpc": cache.bpc, "gain_bpc": _finite(gain.bpc), "gain_se": _finite(gain.bpc_se),
-                              "past_window_bpc": None if past is None else _finite(past.bpc),
-                              "past_window_se": None if past is None else _finite(past.bpc_se)}
+                              "bpc": cache.bpc, "gain_bpc": finite_or_null(gain.bpc),
+                              "gain_se": finite_or_null(gain.bpc_se),
+                              "past_window_bpc": None if past is None else finite_or_null(past.bpc),
+                              "past_window_se": None if past is None else finite_or_null(past.bpc_se)}
     return CacheFigures({"kind": "count" if count else "continuous", "window": window, "sizes": sizes,
                          "longest": sizes[-1], "halves_of": halves, "every": 1 if count else stride,
-                         "fit_targets": int(fit.sum()),
-                         "test_targets": model.tokens,
-                         "model_bpc": model.bpc, "streams_kept": int(rows.numel()), "by_size": by_size})
+                         "fit_targets": int(fit.sum()), "test_targets": model.tokens, "model_bpc": model.bpc,
+                         "streams_kept": int(rows.numel()), "by_size": by_size})
 
 
 class CacheEntry(Entry):
     """The cache figure, from the stateful pass's kept states (evaluation.plan_for keeps them: keep_final_states);
     it owns no pass, and reads the plan's (reads_every_pass)."""
     name = "cache"
-    reads_every_pass: ClassVar[bool] = True
+    reads_every_pass = True  # the stateful pass's states
 
     def run(self, request: Request, plan: Plan, results: list[dict]) -> CacheFigures | None:
         figure = plan.figure(STATEFUL)
@@ -263,8 +236,4 @@ class CacheEntry(Entry):
         exact = request.settings.budget is None or states.nll.device.type != "cpu"
         return cache_figures(states, split, request.settings.seq_len, stride=1 if exact else CPU_STRIDE)
 
-    def summary(self, result: CacheFigures) -> dict:
-        return result.summary()
-
-    def describe(self, result: CacheFigures) -> str:
-        return result.describe()
+    summary, describe = staticmethod(CacheFigures.summary), staticmethod(CacheFigures.describe)

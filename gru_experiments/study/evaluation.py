@@ -150,6 +150,7 @@ class ModeEvaluation:
 class ModesEntry(Entry):
     """The modes, the bigram, the context curve and stateful - windowed: the plan's own passes."""
     name = "modes"
+    reads_every_pass = True  # its figures index every pass of the plan
 
     def run(self, request: Request, plan: Plan, results: list[dict]) -> ModeEvaluation:
         classes = None
@@ -211,9 +212,7 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
     out = {}
     for entry in ENTRIES:
         own = [r for r, owner in zip(results, plan.owners) if owner == entry.name]
-        if entry.name == ModesEntry.name:  # the modes' figures index every pass of the plan
-            out[entry.name] = entry.run(request, plan, results)
-        elif getattr(entry, "reads_every_pass", False):  # the cache: the stateful pass's states
+        if entry.reads_every_pass:
             out[entry.name] = entry.run(request, plan, results)
         elif own and entry.name not in skip:
             out[entry.name] = entry.run(request, plan, own)
@@ -233,18 +232,24 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
     return ModeEvaluation(plan, scores, curve, gain)
 
 
-def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
-    """A point of the context curve (curve_record's); past seq_len, the seq_len point plus its
-    paired difference from a reference pass, so its error is the difference's alone (docs/evaluation.md)."""
-    own = plan.passes[figure.passes[-1]]
+def _point_scores(figure, plan: Plan, results: list[dict]) -> tuple[Score, Score | None]:
+    """A curve point's Score and, past seq_len, its reference pass's at seq_len (None up to seq_len): such a
+    point is the seq_len point plus its paired difference from the reference, so its error is the difference's
+    alone (docs/evaluation.md)."""
     if len(figure.passes) == 2:  # (the reference pass at seq_len, this point's own)
-        (base, base_se, *_), reference = done[plan.seq_len], results[figure.passes[0]][plan.seq_len]
-        score = results[figure.passes[1]][figure.context]
-        difference = paired_difference(score, reference, val)
-        return (base + difference.bpc, math.hypot(difference.sampling_se, base_se), score.tokens, own.stride,
-                figure.forward_tokens)
-    score = score_at(results[figure.passes[0]], figure.context)
-    return score.bpc, score.sampling_se, score.tokens, own.stride, figure.forward_tokens
+        return results[figure.passes[1]][figure.context], results[figure.passes[0]][plan.seq_len]
+    return score_at(results[figure.passes[0]], figure.context), None
+
+
+def _curve_point(figure, results, done: dict, plan: Plan, val: Split) -> tuple:
+    """A point of the context curve (curve_record's), `done` holding the points before it."""
+    score, reference = _point_scores(figure, plan, results)
+    stride = plan.passes[figure.passes[-1]].stride
+    if reference is None:
+        return score.bpc, score.sampling_se, score.tokens, stride, figure.forward_tokens
+    (base, base_se, *_), difference = done[plan.seq_len], paired_difference(score, reference, val)
+    return (base + difference.bpc, math.hypot(difference.sampling_se, base_se), score.tokens, stride,
+            figure.forward_tokens)
 
 
 # --- the context curve (bits per character given only the last w tokens, docs/evaluation.md): its record in
@@ -350,12 +355,6 @@ def curve_by_class(plan: Plan, results: list[dict], scores: dict[str, Score], cl
     return by_class
 
 
-def _kept(result: dict, context) -> Score | None:
-    """The pass's Score at `context` (scores.score_at), when it kept its targets."""
-    score = score_at(result, context)
-    return score if score.positions is not None else None
-
-
 def _figures(score: Score) -> tuple[float | None, float | None]:
     """(bpc, its standard error); None for what a class too small for it lacks (no target; one target's se)."""
     if not score.tokens:
@@ -364,17 +363,16 @@ def _figures(score: Score) -> tuple[float | None, float | None]:
 
 
 def _point(figure, plan: Plan, results, curve: dict, se: dict, mask, val: Split) -> tuple[float, float] | None:
-    if len(figure.passes) == 2:  # past seq_len: the class's seq_len point + its paired difference
-        reference = _kept(results[figure.passes[0]], plan.seq_len)
-        score = _kept(results[figure.passes[1]], figure.context)
-        base = str(plan.seq_len)
-        if reference is None or score is None or curve.get(base) is None:
-            return None
-        difference = paired_difference(score_subset(score, mask, val), reference, val)
-        if not difference.tokens:
-            return None
-        spread = None if se[base] is None or not math.isfinite(difference.bpc_se) else math.hypot(difference.bpc_se,
-                                                                                                   se[base])
-        return curve[base] + difference.bpc, spread
-    score = _kept(results[figure.passes[0]], figure.context)
-    return None if score is None else _figures(score_subset(score, mask, val))
+    """A curve point on one class's targets (curve_by_class's); None where its passes kept no targets."""
+    score, reference = _point_scores(figure, plan, results)
+    if score.positions is None or (reference is not None and reference.positions is None):
+        return None
+    if reference is None:
+        return _figures(score_subset(score, mask, val))
+    base = str(plan.seq_len)  # past seq_len: the class's seq_len point + its paired difference
+    difference = paired_difference(score_subset(score, mask, val), reference, val)
+    if curve.get(base) is None or not difference.tokens:
+        return None
+    spread = None if se[base] is None or not math.isfinite(difference.bpc_se) else math.hypot(difference.bpc_se,
+                                                                                               se[base])
+    return curve[base] + difference.bpc, spread

@@ -66,6 +66,7 @@ class Entry:
     """One kind of figure, registered in evaluation.ENTRIES: the passes it asks of the plan (`units`), its
     result from theirs (`run`), its part of summary.json and of the log (docs/evaluation.md)."""
     name = "entry"
+    reads_every_pass = False  # run given every pass's result (the modes', the cache's), not its own passes'
 
     def units(self, request: Request) -> list["Unit"]:
         return []
@@ -126,10 +127,12 @@ class Pass:
 @dataclass(frozen=True)
 class StatefulPass(Pass):
     """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th stream,
-    whole. keep_after: keep the targets with at least this many tokens of their stream before them."""
+    whole. keep_after: keep the targets with at least this many tokens of their stream before them;
+    keep_states: every target's NLL and the final hidden states too (the cache's: cache.keep_final_states)."""
     kind: ClassVar[str] = "stateful"
     chunk: int = 0
     streams: int = 1
+    keep_states: bool = False
 
     @classmethod
     def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
@@ -146,7 +149,8 @@ class StatefulPass(Pass):
     def run(self, request, progress=NO_PROGRESS) -> dict:
         with progress.phase(self.label, self.targets) as tick:
             return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
-                                         targets_after=self.keep_after, tick=tick, stride=self.stride)}
+                                         targets_after=self.keep_after, tick=tick, stride=self.stride,
+                                         keep_states=self.keep_states)}
 
 
 @dataclass(frozen=True)
@@ -322,12 +326,6 @@ def _order(f: Figure) -> tuple:
     return (1, f.context) if f.kind == CURVE else (2, 0)
 
 
-def _curve_points(context: int | None, lengths: list[int], beyond: list[int]):
-    """The curve's points at or past the model's whole context (one at most), the rest up to seq_len, past it."""
-    whole = [w for w in lengths + beyond if context is not None and w >= context]
-    return whole, [w for w in lengths if w not in whole], [w for w in beyond if w not in whole]
-
-
 def _long_figures(long: list[int], passes, i: int) -> list[Figure]:
     """The curve's points past seq_len: the reference pass (passes[0]) counted once, with the first point."""
     return [Figure(f"curve {w}", w, w, q.targets, q.forward_tokens + (passes[0].forward_tokens if j == 0 else 0),
@@ -341,7 +339,8 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
     (`lengths`) and past it (`beyond`)."""
     context, cost, p = model.context, model.tokens_per_prediction, PRIORITY
     whole_window = context is not None and context <= window  # a window holds all it sees
-    whole, short, long = _curve_points(context, lengths, beyond)
+    whole = [w for w in lengths + beyond if context is not None and w >= context]  # one at most (curve_lengths)
+    short, long = [w for w in lengths if w not in whole], [w for w in beyond if w not in whole]
     # The windowed figure's windows give the short points too; its targets pair with stateful's.
     shares = windowed and not whole_window and window == seq_len
     keep = window if curve and windowed else None
