@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gru_experiments.models.cuda_graphs import map_state
 from gru_experiments.study.generation import MODES_BY_CONTEXT, eval_mode, plain_logits
 from gru_experiments.study.scores import (
     Score,
@@ -31,15 +32,12 @@ def surprisal(model, split: Split, seq_len: int, window: int,
     evaluation's scoring functions: stateful (one stream in chunks of seq_len), windowed (the last `window`
     tokens), stateless (`table`: stateless_log_probs)."""
     scores = {"stateful": score_stateful(model, split, seq_len, streams=1, targets_after=0),
-              "windowed": score_windowed(model, split, window, targets=True)}
+              "windowed": score_windowed(model, split, window, targets=True),
+              "stateless": score_table(table, split, targets=True)}
     bits = {}
     for mode, score in scores.items():
         bits[mode] = torch.full((split.ids.numel(),), math.nan, dtype=torch.float64)
         bits[mode][score.positions.cpu()] = score.target_nll.cpu() / math.log(2)
-    scores["stateless"] = score_table(table, split)
-    previous, targets = split.ids[:-1], split.ids[1:]
-    bits["stateless"] = torch.cat([torch.tensor([math.nan], dtype=torch.float64),
-                                   -table.to(split.ids.device)[previous, targets].cpu() / math.log(2)])
     return scores, bits
 
 
@@ -102,13 +100,6 @@ def correlation_ranking(units: Tensor, feature: Tensor) -> Tensor:
 
 # --- the probe's key ------------------------------------------------------------------------------
 
-def _repeat_state(state, k: int):
-    """A batch-1 recurrent state (a list per layer of h, or (h, c)) as k identical rows."""
-    if isinstance(state, Tensor):
-        return state.expand(k, *state.shape[1:]).contiguous()
-    return type(state)(_repeat_state(s, k) for s in state)
-
-
 @torch.no_grad()
 def key_spread(model, ids: Tensor, first_key: int, keys: Tensor, length: int, seq_len: int) -> Tensor:
     """What every unit carries of the key at `first_key` in ids (N,): the standard deviation, over one run
@@ -117,7 +108,7 @@ def key_spread(model, ids: Tensor, first_key: int, keys: Tensor, length: int, se
     if first_key:
         with eval_mode(model):
             _, state = model(ids[None, :first_key])
-        state = _repeat_state(state, keys.numel())
+        state = map_state(lambda s: s.expand(keys.numel(), *s.shape[1:]).contiguous(), state)  # a row per key
     variants = ids[first_key:first_key + length].repeat(keys.numel(), 1)
     variants[:, 0] = keys
     # Reduced chunk by chunk: K runs of a long text at every unit would not fit a big model's memory.

@@ -299,11 +299,13 @@ def stateless_log_probs(model, plain: Tensor | None = None) -> Tensor:
     return F.log_softmax(plain_logits(logits[:, 0].double(), plain), dim=-1)
 
 
-def score_table(log_probs: Tensor, split: Split) -> Score:
-    """Every target of the split scored by a first-order table: log_probs[previous, target]."""
-    previous, targets = split.ids[:-1], split.ids[1:]
-    return _score_nll(-log_probs.to(split.ids.device)[previous, targets], targets, split.char_lengths).of(
-        split.n_targets)
+def score_table(log_probs: Tensor, split: Split, targets: bool = False) -> Score:
+    """Every target of the split scored by a first-order table: log_probs[previous, target]. targets=True keeps
+    every target's NLL."""
+    previous, ids = split.ids[:-1], split.ids[1:]
+    nll = -log_probs.to(split.ids.device)[previous, ids]
+    score = _score_nll(nll, ids, split.char_lengths).of(split.n_targets)
+    return score.with_targets([torch.arange(1, ids.numel() + 1, device=ids.device)], [nll]) if targets else score
 
 
 def score_stateless(model, split: Split) -> Score:
@@ -383,9 +385,7 @@ def score_contexts(model, split: Split, window: int, contexts, stride: int = 1, 
 
 
 def _positions(targets: range, device) -> Tensor:
-    if not len(targets):
-        return torch.empty(0, dtype=torch.long, device=device)
-    return torch.arange(targets.start, targets.stop, targets.step, device=device, dtype=torch.long)
+    return torch.arange(targets.start, max(targets.start, targets.stop), targets.step, device=device)
 
 
 def score_at(result: dict, context) -> Score:
