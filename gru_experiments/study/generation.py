@@ -292,18 +292,22 @@ def prompt_seed(seed: int, prompt: str) -> int:
     return (seed + zlib.crc32(prompt.encode("utf-8"))) % 2**63
 
 
+def continuations(model, tokenizer, prompt: str, decodings: Sequence[Decoding], *, seed: int,
+                  **settings) -> list[list[str]]:
+    """Per decoding, the texts generate_decodings continues `prompt` with, drawn with `prompt_seed`: plain
+    text, never one of the tokenizer's extra symbols (the recall probe's: tokenizers.plain_tokens)."""
+    drawn = generate_decodings(model, encode_prompt(tokenizer, prompt), decodings=decodings,
+                               seed=prompt_seed(seed, prompt), plain=plain_tokens(tokenizer), **settings)
+    return [[tokenizer.decode(row) for row in rows.tolist()] for rows in drawn]
+
+
 def sample_texts(model, tokenizer, prompts: Sequence[str], *, mode: str, max_new_tokens: int,
                  num_samples: int = 1, decoding: Decoding = Decoding(), seed: int = 0,
                  window: int | None = None, progress: Progress = NO_PROGRESS) -> list[list[str]]:
-    """For each prompt, `num_samples` texts (prompt + continuation), drawn with `prompt_seed`: plain text,
-    never one of the tokenizer's extra symbols (the recall probe's: tokenizers.plain_tokens); a bar each."""
-    texts, plain = [], plain_tokens(tokenizer)
-    for prompt in prompts:
-        generated = generate(model, encode_prompt(tokenizer, prompt), mode=mode, max_new_tokens=max_new_tokens,
-                             num_samples=num_samples, decoding=decoding, seed=prompt_seed(seed, prompt),
-                             window=window, plain=plain, progress=progress)
-        texts.append([prompt + tokenizer.decode(row) for row in generated.tolist()])
-    return texts
+    """For each prompt, `num_samples` texts (prompt + its continuations); a bar each."""
+    return [[prompt + text for text in continuations(
+        model, tokenizer, prompt, [decoding], seed=seed, mode=mode, max_new_tokens=max_new_tokens,
+        num_samples=num_samples, window=window, progress=progress)[0]] for prompt in prompts]
 
 
 def tokens_for_chars(chars: int, split) -> int:

@@ -41,9 +41,8 @@ def words(text: str) -> list[str]:
 def is_word_char(text: str, i: int) -> bool:
     """A letter, or an apostrophe between two letters."""
     c = text[i]
-    if c.isalpha():
-        return True
-    return c in APOSTROPHES and 0 < i < len(text) - 1 and text[i - 1].isalpha() and text[i + 1].isalpha()
+    return c.isalpha() or (c in APOSTROPHES and 0 < i < len(text) - 1 and text[i - 1].isalpha()
+                           and text[i + 1].isalpha())
 
 
 def span_fingerprints(text: str, width: int = SPAN) -> Tensor:

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
+from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.study.generation import (
     MODES_BY_CONTEXT,
     NO_PROGRESS,
@@ -19,8 +19,7 @@ from gru_experiments.study.generation import (
     WINDOWED,
     Decoding,
     Progress,
-    generate_decodings,
-    prompt_seed,
+    continuations,
     spellable_prompts,
     tokens_for_chars,
 )
@@ -119,13 +118,12 @@ class _Draws:
     def draw_all(self, mode: str, decodings: dict, tick) -> dict:
         """{name: draw(mode, decoding)} for every decoding of `decodings`, all of a prompt's in one batch
         (generation.generate_decodings: the same draws, one sequence of forward passes per prompt)."""
-        texts, plain = {name: [] for name in decodings}, plain_tokens(self.tokenizer)
+        texts = {name: [] for name in decodings}
         for prompt, n in self.shares:
-            drawn = generate_decodings(self.model, encode_prompt(self.tokenizer, prompt), mode=mode,
-                                       max_new_tokens=self.tokens, num_samples=n, decodings=list(decodings.values()),
-                                       seed=prompt_seed(self.seed, prompt), window=self.window, plain=plain)
+            drawn = continuations(self.model, self.tokenizer, prompt, list(decodings.values()), seed=self.seed,
+                                  mode=mode, max_new_tokens=self.tokens, num_samples=n, window=self.window)
             for name, rows in zip(decodings, drawn):
-                texts[name] += [self.tokenizer.decode(row) for row in rows.tolist()]
+                texts[name] += rows
             tick(len(decodings) * n * self.row_cost(mode, prompt))
         return texts
 
@@ -210,13 +208,11 @@ class TextPass(Pass):
         drift = settings.drift_samples if settings.drift_chars and stride == 1 else 0  # the drift only when exact
         cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
         main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
-        cost = (len(DECODERS) * sum(main.cost(mode) for mode in MODES_BY_CONTEXT)
-                + (sum(long.cost(mode) for mode in DRIFT_MODES) if drift else 0))
         calls = [(mode, len(DECODERS) * n, main.tokens, len(DECODERS) * n * main.row_cost(mode, prompt))
                  for mode in MODES_BY_CONTEXT for prompt, n in main.shares]
         calls += [(mode, n, long.tokens, n * long.row_cost(mode, prompt))
                   for mode in (DRIFT_MODES if drift else ()) for prompt, n in long.shares]
-        return cls(samples, cost, stride, drift=drift, settings=cut, calls=tuple(calls))
+        return cls(samples, sum(call[3] for call in calls), stride, drift=drift, settings=cut, calls=tuple(calls))
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         started = time.perf_counter()

@@ -26,9 +26,7 @@ def ngrams(items: Sequence, n: int) -> list[tuple]:
 def word_validity(sample: str, vocabulary: AbstractSet[str]) -> float | None:
     """The share of the sample's words (with repeats) in the training split's `vocabulary`; None: no word."""
     sample_words = words(sample)
-    if not sample_words:
-        return None
-    return sum(w in vocabulary for w in sample_words) / len(sample_words)
+    return sum(w in vocabulary for w in sample_words) / len(sample_words) if sample_words else None
 
 
 def seq_rep_4(sample: str) -> float | None:
@@ -65,10 +63,7 @@ def distinct_2(samples: Sequence[str]) -> float | None:
 
 def line_lengths(text: str) -> list[int]:
     """The lengths of the text's lines, the pieces cut by its ends included. "ab\\n\\ncde\\n" -> [2, 0, 3]."""
-    pieces = text.split("\n")
-    if pieces[-1] == "":
-        pieces.pop()
-    return [len(piece) for piece in pieces]
+    return [len(piece) for piece in text.removesuffix("\n").split("\n")] if text else []
 
 
 def ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
