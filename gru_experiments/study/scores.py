@@ -317,7 +317,7 @@ def score_bigram(train_ids: Tensor, split: Split) -> Score:
     """The baseline: an add-one smoothed bigram counted from the training split."""
     device = split.ids.device
     bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
-    return score_table(stateless_log_probs(bigram, split.plain), split)
+    return score_stateless(bigram, split)
 
 
 def score_windowed(model, split: Split, window: int, targets: bool = False) -> Score:
