@@ -347,10 +347,8 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
 
     windows = partial(WindowsPass.plan, model, n)  # (size, contexts, stride, kept)
 
-    def whole_context(stride: int) -> list[Pass]:  # every target from all the model can see
-        if stride == 1:
-            return [OnePass.plan(model, n, keep=curve)]
-        return [windows(context, [context], stride, curve)]
+    def whole_context(stride: int) -> list[Pass]:  # every target from all the model can see: one pass, or windows
+        return [OnePass.plan(model, n, keep=curve) if stride == 1 else windows(context, [context], stride, curve)]
 
     def stateful(stride: int) -> list[Pass]:
         """A finite-context model's every stride-th target from its context; a recurrent one's streams."""
