@@ -29,7 +29,7 @@ from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
 from gru_experiments.runs.checks import check_sizes, validate
-from gru_experiments.runs.jobs import job
+from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
@@ -86,13 +86,6 @@ def train(cfg: DictConfig) -> dict:
                                     run.task.tokenizer, run.corpus.probe, run.settings)
                 write(run, summary, samples, current)
         return summary
-
-
-def is_first_rank() -> bool:
-    """Not one of the ranks 1.. that DDP starts (each runs train() too): only the first holds the run folder's lock."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    return getattr(rank_zero_only, "rank", 0) == 0
 
 
 def prepare(cfg: DictConfig, held=None) -> Run:
