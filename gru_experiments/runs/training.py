@@ -64,7 +64,6 @@ class Run:
     checkpoints: tuple = ()
     logger: object = None
     precision: dict | None = None
-    counted_checkpoint: str | None = None
     stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
 
 
@@ -177,7 +176,7 @@ def fit_or_count(run: Run, current) -> None:
     print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
           f"matmuls in {run.precision['matmul_dtype']}")
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
-        run.counted_checkpoint = count_and_save(run.trainer, task, run.data, run.folder)
+        count_and_save(run.trainer, task, run.data, run.folder)
         run.parameters = count_parameters(task.model)
         print(f"counted {task.train_tokens:,} training tokens in {task.train_seconds:.2f} s; "
               f"stored numbers: {run.parameters:,}")
@@ -235,8 +234,8 @@ def summarize(run: Run, current) -> dict:
         "device": str(trainer.strategy.root_device),
         **run.precision,
         "cuda_graphs": task.graphed_step is not None and task.graphed_step.captured,  # the step replayed
-        "checkpoint": run.counted_checkpoint or next(
-            (c.last_model_path for c in run.checkpoints if c.last_model_path), None),
+        "checkpoint": (next((c.last_model_path for c in run.checkpoints if c.last_model_path), None)
+                       if model.trainable else str(run.folder.checkpoint)),  # counted: saved by count_and_save
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.folder.path),
         "corpus": str(run.corpus.source),  # what it trained on (data.path, or the bundled corpus's name)
@@ -284,13 +283,12 @@ def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
     trainer.save_checkpoint(run.checkpoint)
 
 
-def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> str:
+def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> None:
     """A counted model's "training": count the training split (timed), validate once and save last.ckpt through
-    the trainer (as any other checkpoint); its path."""
+    the trainer (as any other checkpoint)."""
     started = time.perf_counter()
     task.model.fit(datamodule.train_ids)
     task.train_seconds = time.perf_counter() - started
     task.train_tokens = datamodule.train_ids.numel()
     trainer.validate(task, datamodule=datamodule, verbose=False)
     trainer.save_checkpoint(run.checkpoint)
-    return str(run.checkpoint)
