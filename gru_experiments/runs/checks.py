@@ -229,19 +229,18 @@ def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
 
 def model_family(architecture) -> str | None:
     """The family an architecture builds (summary.json's "family"), or None: records never raise."""
-    from gru_experiments.models.protocol import meta_model
-
-    try:
-        return meta_model(architecture).family
-    except Exception:  # noqa: BLE001 - bookkeeping never raises
-        return None
+    return _model_fact(architecture, lambda model: model.family)
 
 
 def model_recurrent(architecture) -> bool | None:
     """Whether an architecture's model carries a state (summary.json's "recurrent", the protocol's), or None."""
+    return _model_fact(architecture, lambda model: bool(model.recurrent))
+
+
+def _model_fact(architecture, fact):
     from gru_experiments.models.protocol import meta_model
 
     try:
-        return bool(meta_model(architecture).recurrent)
+        return fact(meta_model(architecture))
     except Exception:  # noqa: BLE001 - bookkeeping never raises
         return None

@@ -48,7 +48,7 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
         yield current
     except BaseException as error:
         if record and (multirun_job() or isinstance(error, TrainingDiverged)) and isinstance(error, Exception) \
-                and _is_global_zero():
+                and is_first_rank():
             # Bookkeeping must never hide the error it reports.
             with suppress(Exception):
                 current.logger = record_failure(cfg, current.logger, error, current.seconds)
@@ -135,8 +135,10 @@ def multirun_job() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def _is_global_zero() -> bool:
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # only when there is a failure to record
+def is_first_rank() -> bool:
+    """Not one of the ranks 1.. that DDP starts (each runs the job too): only the first records a failure and holds
+    the run folder's lock."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only  # only when asked: imports lightning
 
     return getattr(rank_zero_only, "rank", 0) == 0
 

@@ -152,8 +152,7 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     text_out = "\n".join(lines)
     print(text_out)
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(output_dir / "samples.txt", text_out)
+    atomic_write(output_dir / "samples.txt", text_out)  # the folder made with it
     record = {"checkpoint": str(Path(checkpoint).resolve()), "model": hp.model_name,
               "run_dir": str(run.path.resolve()) if run else None, "settings": settings,
               "seed": cfg.seed, "prompts": prompts, "results": results}
@@ -214,8 +213,8 @@ def score_checkpoint(cfg: DictConfig, model, tokenizer, run: RunDir | None, data
     result = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(source),
               "settings": figures.pop("mode_evaluation"), **evaluation.modes.metrics(), **figures,
               "seconds": time.perf_counter() - started}
-    write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
-    print(f"saved: {display_path(Path(cfg.paths.output_dir) / 'evaluation.json')}")
+    path = write_json(Path(cfg.paths.output_dir) / "evaluation.json", result)
+    print(f"saved: {display_path(path)}")
     return result
 
 
@@ -252,8 +251,7 @@ def measure_checkpoint_text(cfg: DictConfig, model, tokenizer, splits: Splits, s
     record = {"checkpoint": str(Path(checkpoint).resolve()), "data": str(splits.source), **record,
               "seconds": time.perf_counter() - started}
     print(format_text_statistics(record))
-    path = Path(cfg.paths.output_dir) / "stats.json"
-    write_json(path, record)
+    path = write_json(Path(cfg.paths.output_dir) / "stats.json", record)
     print(f"saved: {display_path(path)} ({record['seconds']:.1f} s)")
     return record
 

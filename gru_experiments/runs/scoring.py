@@ -68,7 +68,6 @@ class ModesOverTraining(Callback):
         self.tokenizer = tokenizer if train_text is not None else None
         # what the word validity reads of a training index: its words (counted here without the rest)
         self.index = SimpleNamespace(vocabulary=frozenset(words(train_text))) if self.tokenizer is not None else None
-        self.last: dict | None = None  # the latest validation's summary
 
     def request(self, model):
         return run_request(self.cfg, model, self.val, self.epoch_tokens, self.settings, OVER_TRAINING,
@@ -77,11 +76,11 @@ class ModesOverTraining(Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        self.last = evaluate(self.request(pl_module.model)).summary()
+        figures = evaluate(self.request(pl_module.model)).summary()
         for mode in (STATEFUL, STATELESS):
-            pl_module.log(f"val/{mode}_bpc", self.last[f"{mode}_bpc"])
-            if self.last.get(f"{mode}_word_validity") is not None:
-                pl_module.log(f"val/{mode}_word_validity", self.last[f"{mode}_word_validity"])
+            pl_module.log(f"val/{mode}_bpc", figures[f"{mode}_bpc"])
+            if figures.get(f"{mode}_word_validity") is not None:
+                pl_module.log(f"val/{mode}_word_validity", figures[f"{mode}_word_validity"])
 
 
 def score_run(cfg: DictConfig, model, train_ids, val: Split, summary: dict, logger, tokenizer, probe,

@@ -29,7 +29,7 @@ from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
 from gru_experiments.runs.checks import check_sizes, validate
-from gru_experiments.runs.jobs import job
+from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
@@ -64,7 +64,6 @@ class Run:
     checkpoints: tuple = ()
     logger: object = None
     precision: dict | None = None
-    counted_checkpoint: str | None = None
     stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
 
 
@@ -86,13 +85,6 @@ def train(cfg: DictConfig) -> dict:
                                     run.task.tokenizer, run.corpus.probe, run.settings)
                 write(run, summary, samples, current)
         return summary
-
-
-def is_first_rank() -> bool:
-    """Not one of the ranks 1.. that DDP starts (each runs train() too): only the first holds the run folder's lock."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    return getattr(rank_zero_only, "rank", 0) == 0
 
 
 def prepare(cfg: DictConfig, held=None) -> Run:
@@ -184,7 +176,7 @@ def fit_or_count(run: Run, current) -> None:
     print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
           f"matmuls in {run.precision['matmul_dtype']}")
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
-        run.counted_checkpoint = count_and_save(run.trainer, task, run.data, run.folder)
+        count_and_save(run.trainer, task, run.data, run.folder)
         run.parameters = count_parameters(task.model)
         print(f"counted {task.train_tokens:,} training tokens in {task.train_seconds:.2f} s; "
               f"stored numbers: {run.parameters:,}")
@@ -242,8 +234,8 @@ def summarize(run: Run, current) -> dict:
         "device": str(trainer.strategy.root_device),
         **run.precision,
         "cuda_graphs": task.graphed_step is not None and task.graphed_step.captured,  # the step replayed
-        "checkpoint": run.counted_checkpoint or next(
-            (c.last_model_path for c in run.checkpoints if c.last_model_path), None),
+        "checkpoint": (next((c.last_model_path for c in run.checkpoints if c.last_model_path), None)
+                       if model.trainable else str(run.folder.checkpoint)),  # counted: saved by count_and_save
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.folder.path),
         "corpus": str(run.corpus.source),  # what it trained on (data.path, or the bundled corpus's name)
@@ -291,13 +283,12 @@ def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
     trainer.save_checkpoint(run.checkpoint)
 
 
-def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> str:
+def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> None:
     """A counted model's "training": count the training split (timed), validate once and save last.ckpt through
-    the trainer (as any other checkpoint); its path."""
+    the trainer (as any other checkpoint)."""
     started = time.perf_counter()
     task.model.fit(datamodule.train_ids)
     task.train_seconds = time.perf_counter() - started
     task.train_tokens = datamodule.train_ids.numel()
     trainer.validate(task, datamodule=datamodule, verbose=False)
     trainer.save_checkpoint(run.checkpoint)
-    return str(run.checkpoint)
