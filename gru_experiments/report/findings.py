@@ -195,7 +195,15 @@ def carried_state_finding(jobs) -> tuple[str, str]:
     return (verdict(supported, len(pairs), contradicted), evidence)
 
 
-SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter counts differ by at most this factor
+SAME_SIZE = 1.1  # two models are of one size when their parameter counts differ by at most this factor
+
+
+def nearest_in_size(job, others):
+    """Of `others` of the job's size (parameters within SAME_SIZE), the nearest to it; None if none is."""
+    size = job.number("parameters")
+    near = [other for other in others
+            if max(other.number("parameters"), size) <= SAME_SIZE * min(other.number("parameters"), size)]
+    return min(near, key=lambda other: abs(other.number("parameters") - size), default=None)
 
 
 def size_pairs(jobs) -> list[tuple]:
@@ -207,11 +215,9 @@ def size_pairs(jobs) -> list[tuple]:
                 and job.number("parameters")]
     pairs = []
     for gru in of("gru"):
-        rivals = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")
-                  and max(t.number("parameters"), gru.number("parameters"))
-                  <= SAME_SIZE * min(t.number("parameters"), gru.number("parameters"))]
-        if rivals:
-            pairs.append((gru, min(rivals, key=lambda t: abs(t.number("parameters") - gru.number("parameters")))))
+        same = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")]
+        if (rival := nearest_in_size(gru, same)) is not None:
+            pairs.append((gru, rival))
     return sorted(pairs, key=lambda pair: pair[0].number("parameters"))
 
 

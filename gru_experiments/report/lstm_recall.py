@@ -4,11 +4,11 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 
 import math
 
+from gru_experiments.report.findings import nearest_in_size
 from gru_experiments.report.recall_report import distances, recall_jobs, recall_point, run_horizon
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.generation import STATEFUL
 
-SAME_SIZE = 1.1  # an LSTM and a GRU are twins when their parameter counts differ by at most this factor
 LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Leviathan claim, that an LSTM's cell "
                        "state keeps long-range dependencies better than a GRU, put to the planted-recall control at "
                        "equal size: a hand-written LSTM beside the GRU of its size, trained alike "
@@ -16,18 +16,16 @@ LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Le
 
 
 def lstm_pairs(jobs) -> list[tuple]:
-    """(LSTM, GRU) recall runs of one size (parameters within SAME_SIZE), tokenizer, training mode and window:
+    """(LSTM, GRU) recall runs of one size (findings.nearest_in_size), tokenizer, training mode and window:
     each LSTM with the GRU nearest its size; ordered by size, then training."""
     runs = [job for job in recall_jobs(jobs) if job.number("parameters") and distances(job)]
     pairs = []
     for lstm in (job for job in runs if job.values.get("family") == "lstm"):
-        twins = [gru for gru in runs if gru.values.get("family") == "gru"
+        alike = [gru for gru in runs if gru.values.get("family") == "gru"
                  and gru.values.get("tokenizer") == lstm.values.get("tokenizer")
-                 and gru.training_mode == lstm.training_mode and gru.training_window == lstm.training_window
-                 and max(gru.number("parameters"), lstm.number("parameters"))
-                 <= SAME_SIZE * min(gru.number("parameters"), lstm.number("parameters"))]
-        if twins:
-            pairs.append((lstm, min(twins, key=lambda g: abs(g.number("parameters") - lstm.number("parameters")))))
+                 and gru.training_mode == lstm.training_mode and gru.training_window == lstm.training_window]
+        if (gru := nearest_in_size(lstm, alike)) is not None:
+            pairs.append((lstm, gru))
     return sorted(pairs, key=lambda pair: (pair[1].number("parameters"), pair[0].training))
 
 
