@@ -4,6 +4,7 @@ the notebook's closing claim (7: GRUs against transformers). The sections' findi
 """
 
 import math
+from statistics import fmean
 
 from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.section import Findings, cannot, verdict
@@ -22,11 +23,6 @@ def _reset_cost(job) -> float | None:
     """Bits per character lost by resetting the state at every step (stateless - stateful)."""
     stateful, stateless = job.number("stateful_bpc"), job.number("stateless_bpc")
     return None if stateful is None or stateless is None else stateless - stateful
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
 
 
 @STUDY.claim("Training loss alone cannot validate a recurrent model")
@@ -67,7 +63,7 @@ def stateless_finding(jobs) -> tuple[str, str]:
                     for job in judged)
     evidence = (f"Stateless (every target from its previous token alone, the context curve's 1-token point) is "
                 f"worse than the count bigram for {len(worse)} of {len(judged)} recurrent models (stateless vs "
-                f"bigram bpc: {gap}); resetting the state costs {_mean(costs):.3f} bits per character on average "
+                f"bigram bpc: {gap}); resetting the state costs {fmean(costs):.3f} bits per character on average "
                 f"(from {min(costs):.3f} to {max(costs):.3f}).")
     if len(worse) < len(judged):
         evidence += (" Where stateless beats the bigram counts, the network is still a first-order model, "
@@ -88,7 +84,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
     if not judged:
         return cannot("no recurrent model with stateful and stateless figures")
-    state_gain = _mean(_reset_cost(job) for job in judged)
+    state_gain = fmean(_reset_cost(job) for job in judged)
     parts = [f"Carrying the state gains {state_gain:.3f} bits per character on average ({len(judged)} models)"]
     checks, missing = [], []
     # Epochs: the stateful figure at the first validation against the stateless one at the last.
@@ -101,7 +97,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
                      f"{len(over_training)} models ("
                      + ", ".join(f"{job.model} {sf[0][1]:.4f} at step {sf[0][0]} vs {sl[-1][1]:.4f} at step {sl[-1][0]}"
                                  for job, sf, sl in over_training) + ")")
-        stateless_training = _mean(sl[0][1] - sl[-1][1] for _, _, sl in over_training)
+        stateless_training = fmean(sl[0][1] - sl[-1][1] for _, _, sl in over_training)
         parts.append(f"training from the first validation to the last improved stateless by {stateless_training:.3f} "
                      f"on average")
     else:
@@ -136,7 +132,7 @@ def subword_finding(jobs) -> tuple[str, str]:
         names = {"char": "character", "spm": "subword (spm)"}
         return cannot(f"no {' and no '.join(names[k] for k in absent)} model with stateful and stateless "
                       f"figures, so the two cannot be compared")
-    char, spm = (_mean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
+    char, spm = (fmean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
     evidence = (f"Resetting the state costs subword models {spm:.3f} and character models {char:.3f} bits per "
                 f"character on average ({len(groups['spm'])} and {len(groups['char'])} models).")
     if spm <= char:
