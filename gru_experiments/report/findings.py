@@ -242,13 +242,9 @@ def transformer_finding(jobs) -> tuple[str, str]:
         g, t = gru.number("stateful_bpc"), transformer.number("stateful_bpc")
         se = math.hypot(gru.number("stateful_bpc_se") or 0.0, transformer.number("stateful_bpc_se") or 0.0)
         difference = g - t
-        if difference > 2 * se:
-            behind += 1
-            outcome = "the transformer is better"
-        elif difference < -2 * se:
-            outcome = "the GRU is better"
-        else:
-            outcome = "a tie within two standard errors"
+        behind += difference > 2 * se
+        outcome = ("the transformer is better" if difference > 2 * se else "the GRU is better" if difference < -2 * se
+                   else "a tie within two standard errors")
         parts.append(f"{gru.name} ({gru.number('parameters'):,.0f} parameters; {_recipe(gru, jobs)}) {g:.4f} in "
                      f"{_minutes(gru)} of training against {transformer.name} "
                      f"({transformer.number('parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "
