@@ -225,7 +225,7 @@ def _minutes(job) -> str:
 def _recipe(job, jobs) -> str:
     """The recipe and learning rate it was trained with, and how many runs of its size it is the best of."""
     lr = job.values.get("lr")
-    chosen = rivals(job, jobs)
+    chosen = len(rivals(job, jobs))
     return (f"recipe {job.recipe or '?'}, lr {lr:g}" if isinstance(lr, (int, float)) else "no recipe") + (
         f", the best of {chosen} runs on the validation split" if chosen > 1 else "")
 
