@@ -5,7 +5,7 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 import math
 
 from gru_experiments.report.findings import nearest_in_size
-from gru_experiments.report.recall_report import distances, recall_jobs, recall_point, run_horizon
+from gru_experiments.report.recall_report import changes, distances, recall_jobs, run_horizon
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.generation import STATEFUL
 
@@ -46,14 +46,9 @@ def _lstm_part(lstm, gru) -> tuple[int, str]:
     hl, hg = run_horizon(lstm, STATEFUL), run_horizon(gru, STATEFUL)
     longer = (_reach(hl), hl["remembered"] or 0) > (_reach(hg), hg["remembered"] or 0)
     shorter = (_reach(hl), hl["remembered"] or 0) < (_reach(hg), hg["remembered"] or 0)
-    parts, better, worse = [], 0, 0
-    for d in distances(lstm):
-        a, b = recall_point(lstm, d, STATEFUL), recall_point(gru, d, STATEFUL)
-        if a is None or b is None:
-            continue
-        change, se = a[0] - b[0], math.hypot(a[1], b[1])
-        better, worse = better + (change < -2 * se), worse + (change > 2 * se)
-        parts.append(f"d = {d}: {change:+.3f} ± {se:.3f}")
+    found = changes(lstm, gru)
+    better, worse = sum(c < -2 * se for *_, (c, se) in found), sum(c > 2 * se for *_, (c, se) in found)
+    parts = [f"d = {d}: {c:+.3f} ± {se:.3f}" for d, _, _, (c, se) in found]
     outcome = 1 if longer and better and not worse else -1 if shorter and worse and not better else 0
     text = (f"{lstm.name} ({lstm.number('parameters'):,.0f} parameters) against {gru.name} "
             f"({gru.number('parameters'):,.0f}), trained on {lstm.training}: stateful horizon LSTM "
