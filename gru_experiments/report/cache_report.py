@@ -128,10 +128,6 @@ def long_range_finding(jobs) -> tuple[str, str]:
     return verdict(bought, len(judged), against), evidence
 
 
-SECTION = Section("cache", cache_section, columns={
-    "corpus": lambda job: job.values.get("corpus"),
-    "cache_size": lambda job: job.number("cache_size"),
-    "cache_gain_bpc": lambda job: job.number("cache_gain_bpc"),
-    "cache_gain_se": lambda job: job.number("cache_gain_se"),
-    "cache_past_window_bpc": lambda job: job.number("cache_past_window_bpc"),
-    "cache_past_window_se": lambda job: job.number("cache_past_window_se")}, findings=CACHE)
+FIGURES = ("cache_size", "cache_gain_bpc", "cache_gain_se", "cache_past_window_bpc", "cache_past_window_se")
+SECTION = Section("cache", cache_section, findings=CACHE, columns={
+    "corpus": lambda job: job.values.get("corpus"), **{key: (lambda job, key=key: job.number(key)) for key in FIGURES}})

@@ -4,6 +4,7 @@ the notebook's closing claim (7: GRUs against transformers). The sections' findi
 """
 
 import math
+from statistics import fmean
 
 from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.section import Findings, cannot, verdict
@@ -22,11 +23,6 @@ def _reset_cost(job) -> float | None:
     """Bits per character lost by resetting the state at every step (stateless - stateful)."""
     stateful, stateless = job.number("stateful_bpc"), job.number("stateless_bpc")
     return None if stateful is None or stateless is None else stateless - stateful
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
 
 
 @STUDY.claim("Training loss alone cannot validate a recurrent model")
@@ -67,7 +63,7 @@ def stateless_finding(jobs) -> tuple[str, str]:
                     for job in judged)
     evidence = (f"Stateless (every target from its previous token alone, the context curve's 1-token point) is "
                 f"worse than the count bigram for {len(worse)} of {len(judged)} recurrent models (stateless vs "
-                f"bigram bpc: {gap}); resetting the state costs {_mean(costs):.3f} bits per character on average "
+                f"bigram bpc: {gap}); resetting the state costs {fmean(costs):.3f} bits per character on average "
                 f"(from {min(costs):.3f} to {max(costs):.3f}).")
     if len(worse) < len(judged):
         evidence += (" Where stateless beats the bigram counts, the network is still a first-order model, "
@@ -88,7 +84,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
     if not judged:
         return cannot("no recurrent model with stateful and stateless figures")
-    state_gain = _mean(_reset_cost(job) for job in judged)
+    state_gain = fmean(_reset_cost(job) for job in judged)
     parts = [f"Carrying the state gains {state_gain:.3f} bits per character on average ({len(judged)} models)"]
     checks, missing = [], []
     # Epochs: the stateful figure at the first validation against the stateless one at the last.
@@ -101,7 +97,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
                      f"{len(over_training)} models ("
                      + ", ".join(f"{job.model} {sf[0][1]:.4f} at step {sf[0][0]} vs {sl[-1][1]:.4f} at step {sl[-1][0]}"
                                  for job, sf, sl in over_training) + ")")
-        stateless_training = _mean(sl[0][1] - sl[-1][1] for _, _, sl in over_training)
+        stateless_training = fmean(sl[0][1] - sl[-1][1] for _, _, sl in over_training)
         parts.append(f"training from the first validation to the last improved stateless by {stateless_training:.3f} "
                      f"on average")
     else:
@@ -136,7 +132,7 @@ def subword_finding(jobs) -> tuple[str, str]:
         names = {"char": "character", "spm": "subword (spm)"}
         return cannot(f"no {' and no '.join(names[k] for k in absent)} model with stateful and stateless "
                       f"figures, so the two cannot be compared")
-    char, spm = (_mean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
+    char, spm = (fmean(_reset_cost(job) for job in groups[kind]) for kind in ("char", "spm"))
     evidence = (f"Resetting the state costs subword models {spm:.3f} and character models {char:.3f} bits per "
                 f"character on average ({len(groups['spm'])} and {len(groups['char'])} models).")
     if spm <= char:
@@ -195,7 +191,15 @@ def carried_state_finding(jobs) -> tuple[str, str]:
     return (verdict(supported, len(pairs), contradicted), evidence)
 
 
-SAME_SIZE = 1.1  # a GRU and a transformer face each other when their parameter counts differ by at most this factor
+SAME_SIZE = 1.1  # two models are of one size when their parameter counts differ by at most this factor
+
+
+def nearest_in_size(job, others):
+    """Of `others` of the job's size (parameters within SAME_SIZE), the nearest to it; None if none is."""
+    size = job.number("parameters")
+    near = [other for other in others
+            if max(other.number("parameters"), size) <= SAME_SIZE * min(other.number("parameters"), size)]
+    return min(near, key=lambda other: abs(other.number("parameters") - size), default=None)
 
 
 def size_pairs(jobs) -> list[tuple]:
@@ -207,11 +211,9 @@ def size_pairs(jobs) -> list[tuple]:
                 and job.number("parameters")]
     pairs = []
     for gru in of("gru"):
-        rivals = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")
-                  and max(t.number("parameters"), gru.number("parameters"))
-                  <= SAME_SIZE * min(t.number("parameters"), gru.number("parameters"))]
-        if rivals:
-            pairs.append((gru, min(rivals, key=lambda t: abs(t.number("parameters") - gru.number("parameters")))))
+        same = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")]
+        if (rival := nearest_in_size(gru, same)) is not None:
+            pairs.append((gru, rival))
     return sorted(pairs, key=lambda pair: pair[0].number("parameters"))
 
 
@@ -223,7 +225,7 @@ def _minutes(job) -> str:
 def _recipe(job, jobs) -> str:
     """The recipe and learning rate it was trained with, and how many runs of its size it is the best of."""
     lr = job.values.get("lr")
-    chosen = rivals(job, jobs)
+    chosen = len(rivals(job, jobs))
     return (f"recipe {job.recipe or '?'}, lr {lr:g}" if isinstance(lr, (int, float)) else "no recipe") + (
         f", the best of {chosen} runs on the validation split" if chosen > 1 else "")
 
@@ -240,13 +242,9 @@ def transformer_finding(jobs) -> tuple[str, str]:
         g, t = gru.number("stateful_bpc"), transformer.number("stateful_bpc")
         se = math.hypot(gru.number("stateful_bpc_se") or 0.0, transformer.number("stateful_bpc_se") or 0.0)
         difference = g - t
-        if difference > 2 * se:
-            behind += 1
-            outcome = "the transformer is better"
-        elif difference < -2 * se:
-            outcome = "the GRU is better"
-        else:
-            outcome = "a tie within two standard errors"
+        behind += difference > 2 * se
+        outcome = ("the transformer is better" if difference > 2 * se else "the GRU is better" if difference < -2 * se
+                   else "a tie within two standard errors")
         parts.append(f"{gru.name} ({gru.number('parameters'):,.0f} parameters; {_recipe(gru, jobs)}) {g:.4f} in "
                      f"{_minutes(gru)} of training against {transformer.name} "
                      f"({transformer.number('parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "

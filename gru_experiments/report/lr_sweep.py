@@ -23,22 +23,19 @@ def arms(jobs: list[JobResult]) -> dict[tuple, dict[float, JobResult]]:
     return found if any(len(by_lr) > 1 for by_lr in found.values()) else {}
 
 
+def scored(job: JobResult) -> bool:
+    return job.status == "completed" and job.number(SCORE) is not None
+
+
 def at_best(jobs: list[JobResult]) -> list[JobResult]:
     """The completed jobs, each family at each size and training mode reduced to its best (the first of a tie), in
     launch order."""
-    return [job for job in jobs if job.status == "completed" and job.number(SCORE) is not None
-            and job is min(_same_size(job, jobs), key=lambda other: other.number(SCORE))]
+    return [job for job in jobs if scored(job) and job is min(rivals(job, jobs), key=lambda other: other.number(SCORE))]
 
 
-def rivals(job: JobResult, jobs: list[JobResult]) -> int:
-    """How many completed jobs of its family, size and training mode `at_best` chose it among."""
-    return len(_same_size(job, jobs))
-
-
-def _same_size(job: JobResult, jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs with a figure of its family, tokenizer, size and training mode, in launch order."""
-    return [other for other in jobs if other.status == "completed" and other.number(SCORE) is not None
-            and _size(other) == _size(job)]
+def rivals(job: JobResult, jobs: list[JobResult]) -> list[JobResult]:
+    """The jobs `at_best` chooses it among: the scored ones of its family, tokenizer, size and training mode."""
+    return [other for other in jobs if scored(other) and _size(other) == _size(job)]
 
 
 def _size(job: JobResult) -> tuple:
@@ -66,7 +63,7 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
              "every family. Training time: the row's mean.", ""]
     rows = []
     for (name, mode, recipe), by_lr in found.items():
-        done = {lr: job for lr, job in by_lr.items() if job.status == "completed" and job.number(SCORE) is not None}
+        done = {lr: job for lr, job in by_lr.items() if scored(job)}
         best = min(done, key=lambda lr: done[lr].number(SCORE)) if done else None
         seconds = [job.number("train_seconds") for job in done.values() if job.number("train_seconds")]
         rows.append([name, mode, recipe, *(_cell(by_lr[lr], lr == best) if lr in by_lr else "" for lr in rates),
@@ -74,11 +71,11 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
                      f"{sum(seconds) / len(seconds) / 60:.1f} min" if seconds else MISSING])
     lines += table(["model", "training", "recipe", *(f"lr {lr:g}" for lr in rates), "best lr", "training time"],
                    rows, "lllr")
-    chosen = [job for job in at_best(jobs) if rivals(job, jobs) > 1 and job.number("lr") is not None]
+    chosen = [job for job in at_best(jobs) if len(rivals(job, jobs)) > 1 and job.number("lr") is not None]
     if chosen:
         lines += ["", "Each family at its best (the lowest stateful figure of its size): "
                   + "; ".join(f"{job.name}, recipe {job.recipe}, lr {job.number('lr'):g}: {job.number(SCORE):.4f}"
-                              f" (best of {rivals(job, jobs)})" for job in chosen) + "."]
+                              f" (best of {len(rivals(job, jobs))})" for job in chosen) + "."]
     lines += ["", image("stateful bits per character against the learning rate", PLOT_LR, plots,
                         "no learning-rate plot.")]
     return lines
@@ -87,9 +84,7 @@ def lr_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
 def plot_lr(jobs: list[JobResult], path: Path) -> Path | None:
     """Stateful bits per character against the learning rate (log scale), a line per model and recipe."""
     lines = {arm: sorted((lr, job.number(SCORE), job.number(f"{SCORE}_se") or 0.0) for lr, job in by_lr.items()
-                         if job.status == "completed" and job.number(SCORE) is not None)
-             for arm, by_lr in arms(jobs).items()}
-    lines = {arm: points for arm, points in lines.items() if points}
+                         if scored(job)) for arm, by_lr in arms(jobs).items() if any(map(scored, by_lr.values()))}
     if not lines:
         return None
     fig, ax = subplots(figsize=(6.4, 4.2))

@@ -4,11 +4,11 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 
 import math
 
-from gru_experiments.report.recall_report import distances, recall_jobs, recall_point, run_horizon
+from gru_experiments.report.findings import nearest_in_size
+from gru_experiments.report.recall_report import changes, distances, recall_jobs, run_horizon
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.generation import STATEFUL
 
-SAME_SIZE = 1.1  # an LSTM and a GRU are twins when their parameter counts differ by at most this factor
 LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Leviathan claim, that an LSTM's cell "
                        "state keeps long-range dependencies better than a GRU, put to the planted-recall control at "
                        "equal size: a hand-written LSTM beside the GRU of its size, trained alike "
@@ -16,18 +16,16 @@ LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Le
 
 
 def lstm_pairs(jobs) -> list[tuple]:
-    """(LSTM, GRU) recall runs of one size (parameters within SAME_SIZE), tokenizer, training mode and window:
+    """(LSTM, GRU) recall runs of one size (findings.nearest_in_size), tokenizer, training mode and window:
     each LSTM with the GRU nearest its size; ordered by size, then training."""
     runs = [job for job in recall_jobs(jobs) if job.number("parameters") and distances(job)]
     pairs = []
     for lstm in (job for job in runs if job.values.get("family") == "lstm"):
-        twins = [gru for gru in runs if gru.values.get("family") == "gru"
+        alike = [gru for gru in runs if gru.values.get("family") == "gru"
                  and gru.values.get("tokenizer") == lstm.values.get("tokenizer")
-                 and gru.training_mode == lstm.training_mode and gru.training_window == lstm.training_window
-                 and max(gru.number("parameters"), lstm.number("parameters"))
-                 <= SAME_SIZE * min(gru.number("parameters"), lstm.number("parameters"))]
-        if twins:
-            pairs.append((lstm, min(twins, key=lambda g: abs(g.number("parameters") - lstm.number("parameters")))))
+                 and gru.training_mode == lstm.training_mode and gru.training_window == lstm.training_window]
+        if (gru := nearest_in_size(lstm, alike)) is not None:
+            pairs.append((lstm, gru))
     return sorted(pairs, key=lambda pair: (pair[1].number("parameters"), pair[0].training))
 
 
@@ -48,14 +46,9 @@ def _lstm_part(lstm, gru) -> tuple[int, str]:
     hl, hg = run_horizon(lstm, STATEFUL), run_horizon(gru, STATEFUL)
     longer = (_reach(hl), hl["remembered"] or 0) > (_reach(hg), hg["remembered"] or 0)
     shorter = (_reach(hl), hl["remembered"] or 0) < (_reach(hg), hg["remembered"] or 0)
-    parts, better, worse = [], 0, 0
-    for d in distances(lstm):
-        a, b = recall_point(lstm, d, STATEFUL), recall_point(gru, d, STATEFUL)
-        if a is None or b is None:
-            continue
-        change, se = a[0] - b[0], math.hypot(a[1], b[1])
-        better, worse = better + (change < -2 * se), worse + (change > 2 * se)
-        parts.append(f"d = {d}: {change:+.3f} ± {se:.3f}")
+    found = changes(lstm, gru)
+    better, worse = sum(c < -2 * se for *_, (c, se) in found), sum(c > 2 * se for *_, (c, se) in found)
+    parts = [f"d = {d}: {c:+.3f} ± {se:.3f}" for d, _, _, (c, se) in found]
     outcome = 1 if longer and better and not worse else -1 if shorter and worse and not better else 0
     text = (f"{lstm.name} ({lstm.number('parameters'):,.0f} parameters) against {gru.name} "
             f"({gru.number('parameters'):,.0f}), trained on {lstm.training}: stateful horizon LSTM "

@@ -1,12 +1,6 @@
-"""When each model starts to overfit (report.md's *Overfitting onset*, its finding): for every trained model of
-a sweep, the step of its best validation (the best checkpoint's, summary.json's `best.step`) against its recipe,
-and how far its final weights fall from it (final - best validation bits per character); and the original study's
-table judged wherever its models ran: overfitting onset late for Astra-γ, medium for Scribe-γ, early for
-Leviathan ("validation loss reaches minimum within 3 epochs").
-
-The onset is the best step as a share of the recipe's steps: early up to a third, medium up to two thirds, late
-beyond (a model whose best is its last step of a whole recipe never overfit: late). A run cut short (early stopping,
-trainer.max_steps) with its best at its last step says only that the onset is later than that.
+"""When each model starts to overfit (report.md's *Overfitting onset*, its finding): each trained model's step
+of best validation (summary.json's `best.step`) as a share of its recipe's steps, and how far its final weights fall
+from it; the original study's table (late for Astra-γ, medium for Scribe-γ, early for Leviathan) judged by them.
 """
 
 from gru_experiments.report.common import MISSING, escape, table
@@ -19,8 +13,7 @@ NAMES = {"astra_gamma": "Astra-γ", "scribe_gamma": "Scribe-γ", "leviathan": "L
 
 
 def judged(job) -> bool:
-    """A completed trained model (with a learning rate) whose best checkpoint and final weights have a
-    validation figure."""
+    """A completed trained model whose best checkpoint and final weights have a validation figure."""
     return (job.status == "completed" and job.values.get("lr") is not None and job.best("step") is not None
             and job.best("val_bpc") is not None and job.number("val_bpc") is not None
             and bool(job.number("train_steps")))

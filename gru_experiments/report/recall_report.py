@@ -47,6 +47,20 @@ def recall_point(job, distance: int, inference: str) -> tuple[float, float, int 
     return finite(entry["bits"]), finite(entry.get("se")) or 0.0, None if targets is None else int(targets)
 
 
+def points(job, inference: str, window: int | None = None, lies: str | None = None) -> list[tuple[int, tuple]]:
+    """(distance, recall_point) where `inference` has a figure; only the distances that lie `lies` ("inside",
+    "past") against `window`, where given."""
+    return [(d, p) for d in distances(job) if (lies is None or where(d, window) == lies)
+            and (p := recall_point(job, d, inference)) is not None]
+
+
+def changes(a, b, window: int | None = None, lies: str | None = None) -> list[tuple]:
+    """(distance, a's stateful recall, b's, (a - b, the hypot of their se's)) where both runs have one; only the
+    distances that lie `lies` against `window`, where given."""
+    return [(d, p, q, (p[0] - q[0], math.hypot(p[1], q[1]))) for d, p in points(a, STATEFUL, window, lies)
+            if (q := recall_point(b, d, STATEFUL)) is not None]
+
+
 def run_horizon(job, mode: str) -> dict:
     """The job's horizon in `mode`, computed from the curve for a record from before recall.horizon."""
     record = recall_record(job) or {}
@@ -107,11 +121,11 @@ def recall_section(jobs, plots: dict[str, Path]) -> list[str]:
 # --- the figure ---------------------------------------------------------------------------------------------
 def _panel(ax, shown, inference: str, names: bool) -> None:
     for job in shown:
-        points = [(d, p) for d in distances(job) if (p := recall_point(job, d, inference)) is not None]
-        if not points:
+        found = points(job, inference)
+        if not found:
             continue
         label = f"{job.name}, {job.training}" if names else f"trained on {job.training}"
-        (line, *_) = ax.errorbar([d for d, _ in points], [p[0] for _, p in points], yerr=[p[1] for _, p in points],
+        (line, *_) = ax.errorbar([d for d, _ in found], [p[0] for _, p in found], yerr=[p[1] for _, p in found],
                                  marker="o", markersize=3, capsize=2, label=label)
         if job.training_window is not None:
             ax.axvline(job.training_window, color=line.get_color(), linestyle=":", linewidth=1)
@@ -148,22 +162,20 @@ def _at(points) -> str:
     return ", ".join(f"d = {d}: {plus_minus(bits, se)}" for d, (bits, se, _) in points)
 
 
-def _below_chance(job, inference: str, chosen) -> list[tuple[int, tuple]]:
-    """(distance, point) of the `chosen` distances where `inference` beats log2 K by two standard errors."""
-    bits = no_memory(job)
-    return [(d, p) for d in distances(job) if chosen(d) and (p := recall_point(job, d, inference)) is not None
-            and bits - p[0] > 2 * p[1]]
+def _below_chance(job, found) -> list[tuple[int, tuple]]:
+    """The (distance, point)s of `found` that beat log2 K by two standard errors."""
+    return [(d, p) for d, p in found if no_memory(job) - p[0] > 2 * p[1]]
 
 
 def _instrument_part(job) -> tuple[bool, bool, str]:
     """(detected, the windowed control fails, the evidence) of one run."""
     window, seen = job.training_window, inference_window(job)
-    detected = _below_chance(job, "stateful", lambda d: where(d, window) == "inside")
+    detected = _below_chance(job, points(job, "stateful", window, "inside"))
     part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
             "log2 K by more than two standard errors "
             + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
-    past = [(d, p) for d in distances(job) if where(d, seen) == "past" and (p := recall_point(job, d, "windowed"))]
-    leaks = _below_chance(job, "windowed", lambda d: where(d, seen) == "past")
+    past = points(job, "windowed", seen, "past")
+    leaks = _below_chance(job, past)
     if past:
         part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
                  + (f"below log2 K at d = {', '.join(str(d) for d, _ in leaks)}" if leaks else "at chance"))
@@ -193,23 +205,16 @@ def instrument_finding(jobs) -> tuple[str, str]:
 def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
     """(better, worse, distances judged, evidence) of one pair, past the training window."""
     window, bits = streams.training_window, no_memory(streams)
-    judged, better, worse, parts = 0, 0, 0, []
-    for d in distances(streams):
-        w, s = recall_point(windows, d, "stateful"), recall_point(streams, d, "stateful")
-        if where(d, window) != "past" or w is None or s is None:
-            continue
-        change, se = s[0] - w[0], math.hypot(s[1], w[1])
-        judged, better, worse = judged + 1, better + (change < -2 * se), worse + (change > 2 * se)
-        parts.append(f"d = {d}: streams {plus_minus(s[0], s[1])}, windows {plus_minus(w[0], w[1])} "
-                     f"(change {change:+.3f} ± {se:.3f})")
+    found = changes(streams, windows, window, "past")
+    better, worse = sum(c < -2 * se for *_, (c, se) in found), sum(c > 2 * se for *_, (c, se) in found)
+    parts = [f"d = {d}: streams {plus_minus(s[0], s[1])}, windows {plus_minus(w[0], w[1])} (change {c:+.3f} ± {se:.3f})"
+             for d, s, w, (c, se) in found]
     text = (f"{streams.name}, training window {window}, log2 K = "
             + ("?" if bits is None else f"{bits:.3f}") + ": " + ("; ".join(parts) or "no distance past it"))
     for other in others:
-        points = [(d, p) for d in distances(other) if where(d, window) == "past"
-                  and (p := recall_point(other, d, "stateful")) is not None]
-        if points:
-            text += f" (trained on {other.training}: {_at(points)})"
-    return better, worse, judged, text
+        if found := points(other, "stateful", window, "past"):
+            text += f" (trained on {other.training}: {_at(found)})"
+    return better, worse, len(found), text
 
 
 @RECALL.claim("Training with the state carried makes the state worth carrying, on the planted-recall corpus")
@@ -240,8 +245,7 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
 def _kept_part(job) -> tuple[bool, str]:
     """(stateful beats windowed at the first distance past the training window, the evidence) of one run."""
     window = job.training_window
-    past = [(d, s, w) for d in distances(job) if where(d, window) == "past"
-            and (s := recall_point(job, d, "stateful")) is not None and (w := recall_point(job, d, "windowed"))]
+    past = [(d, s, w) for d, s in points(job, "stateful", window, "past") if (w := recall_point(job, d, "windowed"))]
     kept = [d for d, s, w in past if w[0] - s[0] > 2 * math.hypot(s[1], w[1])]
     h = run_horizon(job, "stateful")
     crossing = ("nowhere (under 2 bits at every distance)" if h["crossing"].startswith("below") else

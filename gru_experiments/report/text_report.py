@@ -7,7 +7,7 @@ random strings (floor) and a looped phrase (ceiling); and, where drawn, the drif
 import math
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, finite, image, ordered, plus_minus, save, subplots, table
+from gru_experiments.report.common import MISSING, finish, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.generation import MODES_BY_CONTEXT
@@ -32,7 +32,7 @@ def _pair(entry) -> tuple[float, float | None] | None:
     return finite(entry["value"]), finite(entry.get("se"))
 
 
-def setting(job, mode: str, decoder: str, statistic: str) -> tuple[float, float | None] | None:
+def setting(job, mode: str, statistic: str, decoder: str = ORIGINAL_DECODER) -> tuple[float, float | None] | None:
     """(value, se) of one statistic of the samples of one mode and decoder."""
     record = text_record(job) or {}
     return _pair(((record.get("modes", {}).get(mode) or {}).get(decoder) or {}).get(statistic))
@@ -43,8 +43,8 @@ def bound(job, which: str, statistic: str) -> tuple[float, float | None] | None:
     return _pair(((text_record(job) or {}).get(which) or {}).get(statistic))
 
 
-def value(job, mode: str, decoder: str, statistic: str) -> float | None:
-    figure = setting(job, mode, decoder, statistic)
+def value(job, mode: str, statistic: str, decoder: str = ORIGINAL_DECODER) -> float | None:
+    figure = setting(job, mode, statistic, decoder)
     return None if figure is None else figure[0]
 
 
@@ -64,13 +64,13 @@ def _cell(entry) -> str:
 
 # --- results.csv --------------------------------------------------------------------------------------------
 TEXT_COLUMNS = {
-    "text_stateful_word_validity": lambda job: value(job, "stateful", ORIGINAL_DECODER, "word_validity"),
-    "text_stateless_word_validity": lambda job: value(job, "stateless", ORIGINAL_DECODER, "word_validity"),
+    "text_stateful_word_validity": lambda job: value(job, "stateful", "word_validity"),
+    "text_stateless_word_validity": lambda job: value(job, "stateless", "word_validity"),
     "text_reference_word_validity": lambda job: (bound(job, "reference", "word_validity") or (None,))[0],
-    "text_stateful_greedy_loop_rate": lambda job: value(job, "stateful", "greedy", "loop_rate"),
-    "text_stateless_greedy_loop_rate": lambda job: value(job, "stateless", "greedy", "loop_rate"),
-    "text_stateful_line_shape": lambda job: value(job, "stateful", ORIGINAL_DECODER, "line_shape"),
-    "text_stateful_copy_32": lambda job: value(job, "stateful", ORIGINAL_DECODER, "copy_32"),
+    "text_stateful_greedy_loop_rate": lambda job: value(job, "stateful", "loop_rate", "greedy"),
+    "text_stateless_greedy_loop_rate": lambda job: value(job, "stateless", "loop_rate", "greedy"),
+    "text_stateful_line_shape": lambda job: value(job, "stateful", "line_shape"),
+    "text_stateful_copy_32": lambda job: value(job, "stateful", "copy_32"),
 }  # results.csv's text columns: the figures the findings read (the original study's decoder unless named)
 
 
@@ -131,7 +131,7 @@ def _bars(ax, job, label: str, statistic: str) -> None:
     decoders = ordered([d for mode in modes for d in (record["modes"][mode] or {})], DECODERS)
     width = 0.8 / max(len(modes), 1)
     for i, mode in enumerate(modes):
-        figures = [setting(job, mode, decoder, statistic) for decoder in decoders]
+        figures = [setting(job, mode, statistic, decoder) for decoder in decoders]
         xs = [x + (i - (len(modes) - 1) / 2) * width for x in range(len(decoders))]
         ax.bar(xs, [f[0] if f else 0.0 for f in figures], width, label=mode,
                yerr=[(f[1] or 0.0) if f else 0.0 for f in figures], capsize=2)
@@ -159,10 +159,8 @@ def _drift(ax, job, label: str) -> None:
     reference = bound(job, "reference", "word_validity")
     if reference is not None:
         ax.axhline(reference[0], color="black", linewidth=1, label=f"reference {reference[0]:.3f}")
-    ax.set(title=f"{label}: drift (word_validity per stretch)", xlabel="characters into the generation",
+    finish(ax, 6, title=f"{label}: drift (word_validity per stretch)", xlabel="characters into the generation",
            ylabel="word_validity")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
 
 
 def _has_drift(job) -> bool:
@@ -208,7 +206,7 @@ def greedy_loop_finding(jobs) -> tuple[str, str]:
     parts, looping, judged = [], 0, 0
     for job in text_jobs(jobs):
         rates = {mode: figure for mode in MODES_BY_CONTEXT
-                 if (figure := setting(job, mode, "greedy", "loop_rate")) is not None}
+                 if (figure := setting(job, mode, "loop_rate", "greedy")) is not None}
         if not rates:
             continue
         judged += len(rates)
@@ -229,8 +227,7 @@ def stateless_noise_finding(jobs) -> tuple[str, str]:
     """Are stateless samples' words far rarer in the corpus than stateful samples' and the reference's?"""
     parts, noise = [], 0
     for job in text_jobs(jobs):
-        stateless, stateful = (setting(job, mode, ORIGINAL_DECODER, "word_validity")
-                               for mode in ("stateless", "stateful"))
+        stateless, stateful = (setting(job, mode, "word_validity") for mode in ("stateless", "stateful"))
         reference = bound(job, "reference", "word_validity")
         if stateless is None or stateful is None or reference is None:
             continue
@@ -255,7 +252,7 @@ def line_shape_finding(jobs) -> tuple[str, str]:
     """Is stateful text's line-length distribution as close to the corpus's as held-out text is?"""
     parts, kept = [], 0
     for job in text_jobs(jobs):
-        stateful = setting(job, "stateful", ORIGINAL_DECODER, "line_shape")
+        stateful = setting(job, "stateful", "line_shape")
         reference = bound(job, "reference", "line_shape")
         if stateful is None or reference is None:
             continue
@@ -263,7 +260,7 @@ def line_shape_finding(jobs) -> tuple[str, str]:
         kept += stateful[0] <= limit
         part = (f"{job.model}: stateful {plus_minus(*stateful)} against the reference's {plus_minus(*reference)} "
                 f"(limit {limit:.3f}: {'within' if stateful[0] <= limit else 'beyond'})")
-        stateless = setting(job, "stateless", ORIGINAL_DECODER, "line_shape")
+        stateless = setting(job, "stateless", "line_shape")
         if stateless is not None:
             part += f", stateless {plus_minus(*stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
         parts.append(part)
@@ -308,23 +305,22 @@ def copying_finding(jobs) -> tuple[str, str]:
     """Does the sweep's largest model (at least LARGE parameters) reproduce 32-character spans of its training
     text more often than held-out text happens to?"""
     judged = [job for job in text_jobs(jobs) if (finite(job.values.get("parameters")) or 0) >= LARGE
-              and setting(job, "stateful", ORIGINAL_DECODER, "copy_32") and bound(job, "reference", "copy_32")]
+              and setting(job, "stateful", "copy_32") and bound(job, "reference", "copy_32")]
     if not judged:
         return cannot(f"a model of at least {LARGE:,} parameters with the text statistics' copy_32 "
                       f"(e.g. leviathan)")
     large = max(judged, key=lambda job: finite(job.values.get("parameters")))
-    copied, reference = setting(large, "stateful", ORIGINAL_DECODER, "copy_32"), bound(large, "reference", "copy_32")
+    copied, reference = setting(large, "stateful", "copy_32"), bound(large, "reference", "copy_32")
     excess, se = copied[0] - reference[0], _se(copied, reference)
     evidence = (f"copy_32 (the share of a sample's 32-character spans found verbatim in the training split), stateful, "
                 f"decoder {ORIGINAL_DECODER}: the largest model, {large.model} "
                 f"({finite(large.values.get('parameters')):,.0f} parameters), {plus_minus(*copied)} against the "
                 f"reference's {plus_minus(*reference)} (held-out text: chance overlaps), excess {excess:+.3f} ± "
                 f"{se:.3f}")
-    others = [job for job in text_jobs(jobs)
-              if job is not large and setting(job, "stateful", ORIGINAL_DECODER, "copy_32")]
+    others = [job for job in text_jobs(jobs) if job is not large and setting(job, "stateful", "copy_32")]
     if others:
-        evidence += "; the others: " + ", ".join(
-            f"{job.model} {setting(job, 'stateful', ORIGINAL_DECODER, 'copy_32')[0]:.3f}" for job in others)
+        evidence += "; the others: " + ", ".join(f"{job.model} {value(job, 'stateful', 'copy_32'):.3f}"
+                                                 for job in others)
     evidence += (". Rule: supported when the largest model's copy_32 exceeds the reference's by more than two "
                  "standard errors of the difference.")
     return ("supported" if excess > 2 * se else "not shown by this sweep", evidence)
