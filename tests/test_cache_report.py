@@ -8,7 +8,7 @@ from test_reporting import make_job
 from gru_experiments.data.corpus import PYSTDLIB_SHA256, corpus_name
 from gru_experiments.report.cache_report import CACHE, long_range_finding, unread_finding
 from gru_experiments.report.report import build_report
-from gru_experiments.report.sweep_folder import JobResult
+from gru_experiments.report.sweep_folder import JobResult, read_job
 
 UNREAD, LONG_RANGE = list(CACHE.rules)
 
@@ -23,6 +23,11 @@ def test_the_run_s_corpus_is_named_from_its_data_config():
     assert corpus_name(None, None, None) == "tinyshakespeare"
     assert corpus_name(None, None, PYSTDLIB_SHA256) == "pystdlib"
     assert corpus_name("/x/my_text.txt.xz", None, None) == "my_text"
+
+
+def test_a_job_s_corpus_is_its_name_not_its_summary_s_path(tmp_path):
+    summary = {"status": "completed", "corpus": "/site-packages/gru_experiments/data/corpora/tinyshakespeare.txt.xz"}
+    assert read_job(make_job(tmp_path, 0, "astra_alpha", summary=summary)).values["corpus"] == "tinyshakespeare"
 
 
 def test_the_findings_follow_the_numbers_per_corpus():

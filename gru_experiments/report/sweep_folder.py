@@ -140,9 +140,10 @@ def read_job(job_dir: Path) -> JobResult:
         "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
         "steps_per_epoch": per_epoch if isinstance(per_epoch, int) else None,  # the report's epochs (overfitting)
         "optim": _select(cfg, "optim.name"),  # a run from before conf/optim: "original" (run_dir.in_todays_names)
-        "corpus": None if cfg is None else corpus_name(_select(cfg, "data.path"), _select(cfg, "data.url"),
-                                                       _select(cfg, "data.sha256")),
         **read_summary(summary),
+        # its name (pystdlib), not the summary's path to the file
+        "corpus": (summary or {}).get("corpus") if cfg is None else corpus_name(
+            _select(cfg, "data.path"), _select(cfg, "data.url"), _select(cfg, "data.sha256")),
     }
     if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)
         values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
