@@ -66,3 +66,18 @@ def test_without_twins_of_one_size_it_cannot_be_judged(tmp_path):
                                    ("lstm", "lstm", 87_174, "streams", LONGER)])  # another training than the GRU's
     verdict, evidence = lstm_longer_finding(jobs)
     assert verdict == "cannot be judged" and "experiments=recall_horizon" in evidence
+
+
+def test_distances_where_neither_recalls_do_not_count(tmp_path):
+    # An LSTM that never learned the key (log2 8 = 3 bits everywhere) beside a GRU that recalls near and is worse
+    # than chance far out (3.6 at 768, as a streams run can be): the far distance, where the LSTM pays less, says
+    # nothing of memory; the GRU keeps the key longer.
+    never = {"stateful": [(3.0, 0.01)] * 6, "windowed": WINDOWS_128["windowed"]}
+    gru = {"stateful": [(0.1, 0.01), (0.2, 0.01), (0.5, 0.02), (1.5, 0.05), (2.5, 0.05), (3.6, 0.1)],
+           "windowed": WINDOWS_128["windowed"]}
+    jobs, _ = make_runs(tmp_path, [("astra_alpha", "gru", 86_913, "streams", gru),
+                                   ("lstm", "lstm", 87_174, "streams", never)])
+    verdict, evidence = lstm_longer_finding(jobs)
+    assert "d = 384: +0.500 ± 0.051" in evidence and "d = 768" not in evidence
+    assert "(LSTM better by two standard errors at 0, worse at 5): the GRU keeps it longer" in evidence
+    assert verdict == "contradicted"

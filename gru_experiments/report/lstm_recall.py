@@ -5,7 +5,7 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 import math
 
 from gru_experiments.report.findings import nearest_in_size
-from gru_experiments.report.recall_report import changes, distances, recall_jobs, run_horizon
+from gru_experiments.report.recall_report import changes, distances, no_memory, recall_jobs, run_horizon
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.generation import STATEFUL
 
@@ -46,7 +46,11 @@ def _lstm_part(lstm, gru) -> tuple[int, str]:
     hl, hg = run_horizon(lstm, STATEFUL), run_horizon(gru, STATEFUL)
     longer = (_reach(hl), hl["remembered"] or 0) > (_reach(hg), hg["remembered"] or 0)
     shorter = (_reach(hl), hl["remembered"] or 0) < (_reach(hg), hg["remembered"] or 0)
-    found = changes(lstm, gru)
+    # only where one of the two recalls (beats log2 K by two se's): where both are at chance or below it (a model
+    # confidently wrong), neither remembers, and which pays more says nothing of memory
+    chance = no_memory(lstm)
+    found = [(d, p, q, change) for d, p, q, change in changes(lstm, gru)
+             if chance is None or any(chance - bits > 2 * se for bits, se, _ in (p, q))]
     better, worse = sum(c < -2 * se for *_, (c, se) in found), sum(c > 2 * se for *_, (c, se) in found)
     parts = [f"d = {d}: {c:+.3f} ± {se:.3f}" for d, _, _, (c, se) in found]
     outcome = 1 if longer and better and not worse else -1 if shorter and worse and not better else 0
@@ -73,7 +77,8 @@ def lstm_longer_finding(jobs) -> tuple[str, str]:
                 "run's memory horizon: " + "; ".join(t for _, t in results) + ". Rule: the LSTM keeps a key longer "
                 "in a pair when its horizon is longer (2 bits crossed later, else under 1 bit further) and its "
                 "recall is below the GRU's by more than two standard errors of the difference at some distance and "
-                f"above it at none (and the other way round for the GRU). The LSTM longer in {longer} of "
+                "above it at none (and the other way round for the GRU), at the distances where one of the two "
+                f"recalls (below log2 K by two standard errors). The LSTM longer in {longer} of "
                 f"{len(pairs)} pairs, the GRU in {shorter}.")
     return verdict(longer, len(pairs), shorter), evidence
 
