@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs, graphed
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs, graphed, hooked, weight_addresses
 from gru_experiments.models.precision import resolve
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study.generation import sample_tokens
@@ -151,15 +151,66 @@ def test_inference_graphs_give_the_eager_figures_and_samples(cell):
     def figures(enabled):
         with cuda_graphs(enabled):
             stateful = score_stateful(model, split, 64, 8)
+            kept = score_stateful(model, split, 64, 8, keep_states=True)  # hooks watch it: it runs eagerly
             windowed = score_windowed(model, split, 32)
             tokens = sample_tokens(model, prompt, 40, "stateful", lambda logits: logits.argmax(-1))
-        return stateful, windowed, tokens
+        return stateful, windowed, tokens, kept
 
     eager, replayed = figures(False), figures(True)
+    torch.testing.assert_close(replayed[3].states.hidden, eager[3].states.hidden, rtol=0, atol=0)
+    torch.testing.assert_close(replayed[3].nll, eager[3].nll, rtol=0, atol=0)
     assert graphed(model).graphs  # the graphed run replayed some shapes
     torch.testing.assert_close(replayed[0].nll, eager[0].nll, rtol=1e-6, atol=0)
     torch.testing.assert_close(replayed[1].nll, eager[1].nll, rtol=1e-6, atol=0)
     assert torch.equal(replayed[2], eager[2])
+
+
+def test_a_hooked_model_is_seen_as_hooked():
+    """The cache's recorder hooks the model's last norm: graphed inference must see it and run eagerly."""
+    from gru_experiments.study.scores import final_states
+    model = RecurrentLM(65, "gru", 16, 32, num_layers=1, layer_norm=True)
+    assert not hooked(model)
+    with final_states(model) as recorder:
+        assert recorder.active and hooked(model)
+    assert not hooked(model)
+
+
+def test_the_weight_addresses_are_every_parameter_s():
+    """A parameter placed elsewhere (not the first one) changes it: graphs captured before are not replayed."""
+    model = RecurrentLM(65, "gru", 16, 32, num_layers=2, layer_norm=True)
+    before = weight_addresses(model)
+    assert len(before) == len(list(model.parameters())) + len(list(model.buffers()))
+    model.head.weight.data = model.head.weight.data.clone()
+    assert weight_addresses(model) != before and weight_addresses(model)[0] == before[0]
+
+
+@CUDA
+def test_a_model_whose_weights_moved_is_captured_again():
+    """Lightning's teardown moves the model to the CPU and the evaluation moves it back: graphs captured before
+    read the old memory and must not be replayed."""
+    torch.manual_seed(0)
+    model = RecurrentLM(65, "gru", 16, 32, num_layers=2).cuda()
+    split = Split(torch.randint(65, (3000,), device="cuda"), torch.ones(65, dtype=torch.long, device="cuda"), None)
+    with cuda_graphs(True):
+        score_stateful(model, split, 64, 8)  # captured here
+        old = model.head.weight.data  # kept alive: a stale replay reads it, the old figures, not freed memory
+        model.head.weight.data = old * 2.0  # elsewhere now, as a move can leave any parameter but the first
+        replayed = score_stateful(model, split, 64, 8)
+    with cuda_graphs(False):
+        eager = score_stateful(model, split, 64, 8)
+    assert replayed.nll == pytest.approx(eager.nll, rel=1e-6)
+
+
+@CUDA
+def test_a_model_let_go_takes_its_graphs_with_it():
+    import gc
+    import weakref
+    model = RecurrentLM(65, "gru", 16, 32).cuda()
+    graphed(model)
+    let_go = weakref.ref(model)
+    del model
+    gc.collect()
+    assert let_go() is None
 
 
 class EmulatedGraph:

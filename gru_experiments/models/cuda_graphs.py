@@ -15,10 +15,11 @@ Neither changes a figure: a replay runs the kernels the eager call runs, on the 
 them to each other). On a CPU neither runs at all: the eager call is the only path there.
 """
 
+import itertools
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from contextvars import ContextVar
-from weakref import WeakKeyDictionary
 
 import torch
 from torch import Tensor, nn
@@ -192,36 +193,57 @@ class GraphedForward:
     set per train/eval mode. Outputs are fresh tensors, as the eager call's."""
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        # weakly: _forwards' value must not keep its key alive (a best checkpoint's model, its graphs' memory)
+        self._model = weakref.ref(model)
         self.graphs: dict = {}
         self.seen: set = set()
-        self.weights: int | None = None  # where the parameters live (the first one's address): what graphs read
+        self.weights: tuple = ()  # every parameter's and buffer's address: the memory the graphs read
         self.failed: str | None = None
 
+    @property
+    def model(self) -> nn.Module:
+        return self._model()
+
     def __call__(self, tokens: Tensor, state=None):
+        model = self.model
         if (not (tokens.is_cuda and _enabled.get()) or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
-                or self.failed is not None):
-            return self.model(tokens, state)
-        weights = next(self.model.parameters()).data_ptr()  # once per call: the sampler's step, so one address
-        if weights != self.weights:  # moved since the captures (.to() moves them all): they read the old memory
+                or self.failed is not None or hooked(model)):
+            return model(tokens, state)
+        weights = weight_addresses(model)
+        if weights != self.weights:  # moved since the captures: they would read the old, freed memory
             self.graphs, self.seen, self.weights = {}, set(), weights
-        key = (tuple(tokens.shape), tokens.dtype, state_key(state), self.model.training,
-               id(getattr(self.model, "matmul_precision", None)))
+        key = (tuple(tokens.shape), tokens.dtype, state_key(state), model.training,
+               id(getattr(model, "matmul_precision", None)))
         if key not in self.graphs:
             if key not in self.seen or len(self.graphs) >= INFERENCE_GRAPHS:
                 self.seen.add(key)
-                return self.model(tokens, state)
+                return model(tokens, state)
             try:
-                self.graphs[key] = capture(self.model, tokens, state)
+                self.graphs[key] = capture(model, tokens, state)
             except Exception as err:  # noqa: BLE001 - any failure to capture means: eager from now on
                 self.failed = failure(err)
                 print(f"cuda_graphs: the model's forward could not be captured ({self.failed}); evaluating eagerly")
-                return self.model(tokens, state)
+                return model(tokens, state)
         logits, final = self.graphs[key].replay(tokens, state)
         return logits.clone(), map_state(torch.Tensor.clone, final)
 
 
-_forwards: "WeakKeyDictionary[nn.Module, GraphedForward]" = WeakKeyDictionary()
+def weight_addresses(model: nn.Module) -> tuple:
+    """Every parameter's and buffer's address. All of them, not the first only: after .cpu() and .cuda()
+    (Lightning's teardown, then the evaluation) the allocator can put the first back where it was and the
+    others elsewhere, and a replay then reads freed memory (the first Scribe-γ run on an H200 crashed so)."""
+    return tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def hooked(model: nn.Module) -> bool:
+    """Whether a forward hook watches the model or a module in it (the cache's final_states recorder): a replay
+    runs no Python, so the hook would see nothing, and what it kept during the capture is the graph's memory."""
+    from torch.nn.modules import module
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+_forwards: "weakref.WeakKeyDictionary[nn.Module, GraphedForward]" = weakref.WeakKeyDictionary()
 
 
 def graphed(model: nn.Module) -> Callable:
