@@ -11,7 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs, graphed, hooked, weight_addresses
+from gru_experiments.models.cuda_graphs import (
+    GraphedForward,
+    GraphedTrainingStep,
+    cuda_graphs,
+    graphed,
+    hooked,
+    weight_addresses,
+)
 from gru_experiments.models.precision import resolve
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study.generation import sample_tokens
@@ -175,13 +182,18 @@ def test_a_hooked_model_is_seen_as_hooked():
     assert not hooked(model)
 
 
-def test_the_weight_addresses_are_every_parameter_s():
-    """A parameter placed elsewhere (not the first one) changes it: graphs captured before are not replayed."""
+def test_graphs_are_forgotten_when_any_weight_moved():
+    """A parameter placed elsewhere (not the first one, as after .cpu() and .cuda()) makes the next pass forget
+    the graphs captured before: they read the old memory."""
     model = RecurrentLM(65, "gru", 16, 32, num_layers=2, layer_norm=True)
     before = weight_addresses(model)
     assert len(before) == len(list(model.parameters())) + len(list(model.buffers()))
+    forward = GraphedForward(model).refresh()
+    forward.graphs, forward.seen = {"a shape": "its graph"}, {"a shape"}
+    assert forward.refresh().graphs  # nothing moved: kept
     model.head.weight.data = model.head.weight.data.clone()
     assert weight_addresses(model) != before and weight_addresses(model)[0] == before[0]
+    assert not forward.refresh().graphs and not forward.seen
 
 
 @CUDA

@@ -207,11 +207,8 @@ class GraphedForward:
     def __call__(self, tokens: Tensor, state=None):
         model = self.model
         if (not (tokens.is_cuda and _enabled.get()) or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
-                or self.failed is not None or hooked(model)):
+                or self.failed is not None):
             return model(tokens, state)
-        weights = weight_addresses(model)
-        if weights != self.weights:  # moved since the captures: they would read the old, freed memory
-            self.graphs, self.seen, self.weights = {}, set(), weights
         key = (tuple(tokens.shape), tokens.dtype, state_key(state), model.training,
                id(getattr(model, "matmul_precision", None)))
         if key not in self.graphs:
@@ -226,6 +223,15 @@ class GraphedForward:
                 return model(tokens, state)
         logits, final = self.graphs[key].replay(tokens, state)
         return logits.clone(), map_state(torch.Tensor.clone, final)
+
+    def refresh(self) -> "GraphedForward":
+        """Forgets the graphs if the weights moved since they were captured (they would read the old, freed
+        memory). Once per pass (graphed()), not per call: every address costs tens of µs, the sampler's step a
+        few hundred."""
+        weights = weight_addresses(self.model)
+        if weights != self.weights:
+            self.graphs, self.seen, self.weights = {}, set(), weights
+        return self
 
 
 def weight_addresses(model: nn.Module) -> tuple:
@@ -248,9 +254,10 @@ _forwards: "weakref.WeakKeyDictionary[nn.Module, GraphedForward]" = weakref.Weak
 
 def graphed(model: nn.Module) -> Callable:
     """The model's inference forward, replayed from CUDA graphs where that applies (GraphedForward); the model
-    itself where it cannot (on a CPU, or with cuda_graphs off): call it as the model."""
-    if not _enabled.get() or next(model.parameters(), torch.empty(0)).device.type != "cuda":
+    itself where it cannot (on a CPU, with cuda_graphs off, or while a hook watches it): call it as the model.
+    Take it once per pass (a loop over a split, a generation), after any move of the model."""
+    if not _enabled.get() or next(model.parameters(), torch.empty(0)).device.type != "cuda" or hooked(model):
         return model
     if model not in _forwards:
         _forwards[model] = GraphedForward(model)
-    return _forwards[model]
+    return _forwards[model].refresh()
