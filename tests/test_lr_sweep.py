@@ -96,6 +96,15 @@ def test_a_model_under_two_recipes_is_labelled_by_its_recipe(tmp_path):
     assert [job.model for job in jobs] == ["transformer (recipe transformer)", "transformer (recipe original)"]
 
 
+def test_runs_that_differ_in_their_seed_alone_are_labelled_by_it(tmp_path):
+    sweep = make_lr_sweep(tmp_path, [(GRU, "original", 3e-3, 2.31), (GRU, "original", 3e-3, 2.33)])
+    for num, seed in enumerate((1234, 1)):  # the second trained with seed=1
+        config = next(sweep.glob(f"{num}_*")) / ".hydra" / "config.yaml"
+        OmegaConf.save(OmegaConf.merge(OmegaConf.load(config), {"seed": seed}), config)
+    jobs, _ = collect(sweep)
+    assert [job.model for job in jobs] == ["astra_alpha (seed 1234)", "astra_alpha (seed 1)"]
+
+
 def test_a_run_still_going_is_marked_and_never_the_best(tmp_path):
     sweep = make_lr_sweep(tmp_path, [(GRU, "original", 3e-3, 2.31), (GRU, "original", 1e-2, "running"),
                                      (TRANSFORMER, "transformer", 3e-3, 2.45)])

@@ -136,6 +136,7 @@ def read_job(job_dir: Path) -> JobResult:
         "tokenizer": _select(cfg, "tokenizer.kind"),
         "training_mode": _select(cfg, "training.batching"),
         "lr": _select(cfg, "model.lr"),
+        "seed": _select(cfg, "seed"),
         # the steps of the model's own recipe; none for a counted model
         "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
         "steps_per_epoch": per_epoch if isinstance(per_epoch, int) else None,  # the report's epochs (overfitting)
@@ -187,12 +188,13 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 def name_variants(jobs: list[JobResult]) -> None:
-    """Each job's variant: the lr, recipe and probe that vary among its model's runs in one training mode."""
+    """Each job's variant: the lr, recipe, probe and seed that vary among its model's runs in one training mode."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
     for group in groups.values():
-        varies = [key for key in ("lr", "optim", "probe") if len({str(job.values.get(key)) for job in group}) > 1]
+        varies = [key for key in ("lr", "optim", "probe", "seed")
+                  if len({str(job.values.get(key)) for job in group}) > 1]
         for job in group:
             job.variant = ", ".join(_variant(job, key) for key in varies)
 
@@ -203,7 +205,7 @@ def _variant(job: JobResult, key: str) -> str:
         return f"lr {value:g}" if isinstance(value, (int, float)) else f"lr {value}"
     if key == "probe":
         return f"probe {value}" if value not in (None, "none") else "no probe"
-    return f"recipe {value}"
+    return f"seed {value}" if key == "seed" else f"recipe {value}"
 
 
 def run_label(job: JobResult, jobs: list[JobResult]) -> str:
