@@ -205,7 +205,7 @@ def _variant(job: JobResult, key: str) -> str:
         return f"lr {value:g}" if isinstance(value, (int, float)) else f"lr {value}"
     if key == "probe":
         return f"probe {value}" if value not in (None, "none") else "no probe"
-    return f"seed {value}" if key == "seed" else f"recipe {value}"
+    return f"{'recipe' if key == 'optim' else key} {value}"  # "recipe transformer", "seed 1"
 
 
 def run_label(job: JobResult, jobs: list[JobResult]) -> str:
