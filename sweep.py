@@ -8,9 +8,10 @@
     python sweep.py models=[astra_beta,transformer_beta_original]  # a model beside its variant
     python sweep.py models=grid training=windows,streams  # each model trained both ways: the training x inference grid
     python sweep.py experiments=recall_horizon probe=recall,none  # conf/experiment/ configs as the jobs
+    python sweep.py models=[astra_alpha,mingru] seeds=3  # each setting trained with seeds 1, 2 and 3 (or seed=1,2,3)
     python sweep.py report=outputs/multiruns/<sweep>  # only (re)build a sweep folder's report
 
-sweep.py's own keys are in conf/sweep.yaml (models, model_sets, experiments, experiment_sets, leviathan,
+sweep.py's own keys are in conf/sweep.yaml (models, model_sets, experiments, experiment_sets, leviathan, seeds,
 report). Every other argument is
 a train.py override and applies to every job: preset=..., data.path=..., trainer=ddp, logger=...,
 hydra/launcher=parallel|slurm, hydra.sweep.dir=DIR (the sweep folder; default outputs/multiruns/<time>).
@@ -68,6 +69,8 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     if {"models", "experiments"} <= given:
         raise UserError("models= and experiments= both pick the jobs (an experiment names its own model); give one")
     settings = OmegaConf.merge(settings, OmegaConf.from_dotlist(own))
+    if settings.seeds is not None:
+        overrides.append(seed_override(settings.seeds, overrides))
     if settings.experiments is not None:
         if settings.leviathan:  # it adds Leviathan to models=, which experiments= replaces
             raise UserError("leviathan=true adds Leviathan to models=; experiments= names its own jobs (each its "
@@ -79,6 +82,15 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     if settings.leviathan and "leviathan" not in settings.models:
         settings.models.append("leviathan")
     return settings, overrides
+
+
+def seed_override(seeds, overrides: list[str]) -> str:
+    """seeds=N as the train.py sweep seed=1,...,N; refused beside a seed= of the user's own."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise UserError(f"seeds={seeds!r}: give a whole number of seeds >= 1 (each setting trained with seeds 1..N)")
+    if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in overrides):
+        raise UserError("seeds=N and seed=... both choose the seeds: give one (seed=1,2,3 names them)")
+    return "seed=" + ",".join(str(seed) for seed in range(1, seeds + 1))
 
 
 def first_values(overrides: list[str]) -> list[str]:

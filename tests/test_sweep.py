@@ -55,8 +55,8 @@ def test_the_ladder_in_one_command(tiny_corpus, data_dir, tmp_path):
     result = run_script("sweep.py", "models=ladder", "logger=none", *tiny_overrides(tiny_corpus, data_dir),
                         f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha_original", "lstm",
-              "mingru_original", "minlstm_original", "transformer_original"]
+    ladder = ["ngram2", "ngram3", "ngram4", "ngram5", "ngram6", "ngram7", "mlp", "rnn", "astra_alpha_original",
+              "lstm_original", "mingru_original", "minlstm_original", "transformer_original"]
     rows = read_rows(sweep)
     assert [row["model"] for row in rows] == ladder and {row["status"] for row in rows} == {"completed"}
     assert [row["family"] for row in rows] == ["ngram"] * 6 + ["mlp", "rnn", "gru", "lstm", "mingru", "minlstm",
@@ -277,8 +277,8 @@ def test_a_list_of_models_is_one_multirun_in_its_order(capsys, monkeypatch, tmp_
     for argv in (["models=ladder"], ["experiments=[recall_alpha_streams,recall_beta_windows]"]):
         settings, _ = sweep_script.parse_arguments(argv)
         sweep_script.run_sweep(settings, [f"hydra.sweep.dir={tmp_path}"])
-    ladder = ("model=ngram2,ngram3,ngram4,ngram5,ngram6,ngram7,mlp,rnn,astra_alpha_original,lstm,mingru_original,"
-              "minlstm_original,transformer_original")
+    ladder = ("model=ngram2,ngram3,ngram4,ngram5,ngram6,ngram7,mlp,rnn,astra_alpha_original,lstm_original,"
+              "mingru_original,minlstm_original,transformer_original")
     assert commands[0][3] == ladder and commands[1][3] == "experiment=recall_alpha_streams,recall_beta_windows"
     settings, _ = sweep_script.parse_arguments(["models=[astra_beta,transformer_beta_original]"])
     assert list(settings.models) == ["astra_beta", "transformer_beta_original"]

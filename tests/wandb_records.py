@@ -23,6 +23,7 @@ class RunRecords:
     run_id: str = ""
     name: str = ""
     group: str = ""
+    job_type: str = ""
     history: list[dict] = field(default_factory=list)  # one dict per wandb.log call
     summary: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # the run's config, as logged (plain nested values)
@@ -73,6 +74,7 @@ def read_run(wandb_file: Path) -> RunRecords:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
+            run.job_type = record.run.job_type
             run.config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
         elif kind == "config":
             run.config.update({item.key: json.loads(item.value_json) for item in record.config.update})

@@ -3,11 +3,10 @@ there information past the training window that the model does not read (the cac
 the window against the carried state's, stateful - windowed), and does the carried state buy bits past the
 window on a text where the cache shows there is some to buy."""
 
-import math
-
 from gru_experiments.report.common import cell, escape, plus_minus, table
-from gru_experiments.report.findings import WORTH, state_gain
+from gru_experiments.report.findings import state_gain
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
+from gru_experiments.report.significance import WORTH, Difference, difference, side
 
 cache_record = Record(("cache",), holding="by_size")
 
@@ -22,9 +21,11 @@ def past_window(job) -> tuple[float, float] | None:
     return None if past is None or se is None else (past, se)
 
 
-def below(value: float, se: float) -> bool:
-    """Below zero by two standard errors and by at least WORTH bits per character."""
-    return value < -max(2 * se, WORTH)
+def gain_of(job, figure, less=None) -> Difference | None:
+    """The figure (past_window, state_gain) of each of the job's trainings, less `less`'s where given, by the
+    report's rule (significance.py): it counts as a gain when `.below` zero by two standard errors and by at least
+    WORTH bits per character."""
+    return difference(side(job, figure), None if less is None else side(job, less), worth=WORTH)
 
 
 def by_corpus(jobs) -> dict[str, list]:
@@ -80,14 +81,14 @@ def unread_finding(jobs) -> tuple[str, str]:
     for name, group in by_corpus(judged).items():
         cases = []
         for job in group:
-            (past, past_se), (gain, gain_se) = past_window(job), state_gain(job)
-            unread, unread_se = past - gain, math.hypot(past_se, gain_se)
-            if below(past, past_se) and below(unread, unread_se):
+            past, carried = gain_of(job, past_window), gain_of(job, state_gain)
+            unread = gain_of(job, past_window, less=state_gain)
+            if past.below and unread.below:
                 supported += 1
-            elif not below(past, past_se):
+            elif not past.below:
                 contradicted += 1
-            cases.append(f"{job.model}: cache past the window {past:+.4f} ± {past_se:.4f}, carried state "
-                         f"{gain:+.4f} ± {gain_se:.4f}, unread {unread:+.4f} ± {unread_se:.4f}")
+            cases.append(f"{job.model}: cache past the window {past.text()}, carried state {carried.text()}, "
+                         f"unread {unread.text()}")
         parts.append(f"on {name}, " + "; ".join(cases))
     evidence = ("The cache's gain from the positions past the training window (the cache at its longest N - at N = "
                 "the window) against the carried state's gain past it (stateful - windowed), their difference the "
@@ -105,7 +106,7 @@ def long_range_finding(jobs) -> tuple[str, str]:
                       "structure)")
     groups = by_corpus(measured)
     structured = {name: group for name, group in groups.items()
-                  if any(below(*past_window(job)) for job in group)}
+                  if any(gain_of(job, past_window).below for job in group)}
     others = ", ".join(name for name in groups if name not in structured)
     if not structured:
         return cannot(f"a corpus whose long-range structure the cache shows (none of {', '.join(groups)})")
@@ -116,10 +117,10 @@ def long_range_finding(jobs) -> tuple[str, str]:
     for name, group in structured.items():
         cases = []
         for job in (job for job in group if state_gain(job) is not None):
-            gain, se = state_gain(job)
-            bought += below(gain, se)
-            against += not below(gain, se)
-            cases.append(f"{job.model} {gain:+.4f} ± {se:.4f}")
+            carried = gain_of(job, state_gain)
+            bought += carried.below
+            against += not carried.below
+            cases.append(f"{job.model} {carried.text()}")
         parts.append(f"On {name}, stateful - windowed: " + ", ".join(cases))
     evidence = ("Text with long-range structure: a corpus on which some model's cache gains from positions past "
                 f"the window ({', '.join(structured)}" + (f"; not {others}" if others else "") + "). "

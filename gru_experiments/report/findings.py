@@ -3,11 +3,11 @@ sweep's summaries and histories: the original study's five (1-5), the project's 
 the notebook's closing claim (7: GRUs against transformers). The sections' findings are numbered on from 8.
 """
 
-import math
 from statistics import fmean
 
 from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.section import Findings, cannot, verdict
+from gru_experiments.report.significance import WORTH, difference, side, summary_figure
 from gru_experiments.report.sweep_folder import mode_pairs
 
 STUDY = Findings("Findings", "The original study's five findings, the project's sixth and the notebook's closing "
@@ -156,9 +156,6 @@ def correctness_finding(jobs) -> tuple[str, str]:
     return (verdict(len(beaten), len(larger)), evidence)
 
 
-WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (finding 6)
-
-
 def state_gain(job) -> tuple[float, float] | None:
     """Stateful - windowed bits per character, paired target by target, and its se (findings 6 and 16)."""
     gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
@@ -174,18 +171,19 @@ def carried_state_finding(jobs) -> tuple[str, str]:
         return cannot("no model trained both ways (python sweep.py models=grid training=windows,streams)")
     parts, supported, contradicted = [], 0, 0
     for windows, streams in pairs:
-        (gw, sw), (gs, ss) = state_gain(windows), state_gain(streams)
-        change, change_se = gs - gw, math.hypot(sw, ss)
-        if gs < -max(2 * ss, WORTH) and change < -max(2 * change_se, WORTH):
+        on_windows = difference(side(windows, state_gain), worth=WORTH)
+        on_streams = difference(side(streams, state_gain), worth=WORTH)
+        change = difference(side(streams, state_gain), side(windows, state_gain), worth=WORTH)
+        if on_streams.below and change.below:
             supported += 1
-        elif change > max(2 * change_se, WORTH):
+        elif change.above:
             contradicted += 1
         window = (windows.values.get("mode_evaluation") or {}).get("window", "?")
-        parts.append(f"{windows.name}: stateful - windowed ({window} tokens) {gw:+.5f} ± {sw:.5f} "
-                     f"trained on windows, {gs:+.5f} ± {ss:.5f} trained on streams (change {change:+.5f} ± "
-                     f"{change_se:.5f})")
+        parts.append(f"{windows.name}: stateful - windowed ({window} tokens) {on_windows.text(5)} "
+                     f"trained on windows, {on_streams.text(5)} trained on streams (change {change.text(5)})")
     evidence = ("Bits per character, negative where the carried state beats the window, ± one standard error "
-                "(paired by target): " + "; ".join(parts) + f". Supported for {supported} of {len(pairs)} models "
+                "(paired by target within a run; between trainings over seeds): " + "; ".join(parts)
+                + f". Supported for {supported} of {len(pairs)} models "
                 "(trained on streams, stateful - windowed below zero and below the windows-trained figure, each by "
                 f"two standard errors and by at least {WORTH} bits per character: a gain worth the state).")
     return (verdict(supported, len(pairs), contradicted), evidence)
@@ -240,17 +238,17 @@ def transformer_finding(jobs) -> tuple[str, str]:
     parts, behind = [], 0
     for gru, transformer in pairs:
         g, t = gru.number("stateful_bpc"), transformer.number("stateful_bpc")
-        se = math.hypot(gru.number("stateful_bpc_se") or 0.0, transformer.number("stateful_bpc_se") or 0.0)
-        difference = g - t
-        behind += difference > 2 * se
-        outcome = ("the transformer is better" if difference > 2 * se else "the GRU is better" if difference < -2 * se
+        gap = difference(side(gru, summary_figure("stateful_bpc")), side(transformer, summary_figure("stateful_bpc")))
+        behind += gap.above
+        outcome = ("the transformer is better" if gap.above else "the GRU is better" if gap.below
                    else "a tie within two standard errors")
         parts.append(f"{gru.name} ({gru.number('parameters'):,.0f} parameters; {_recipe(gru, jobs)}) {g:.4f} in "
                      f"{_minutes(gru)} of training against {transformer.name} "
                      f"({transformer.number('parameters'):,.0f}; {_recipe(transformer, jobs)}) {t:.4f} in "
-                     f"{_minutes(transformer)}: GRU - transformer {difference:+.4f} ± {se:.4f}, {outcome}")
+                     f"{_minutes(transformer)}: GRU - transformer {gap.text()}, {outcome}")
     evidence = ("Stateful bits per character of the final weights, GRU against the transformer of its size (each "
                 "family at its best where the sweep tuned it: learning rate and recipe chosen the same way for both), "
-                "± one standard error of the difference (the two figures' own, unpaired): " + "; ".join(parts)
+                "± one standard error of the difference (one training a side: the two figures' own, unpaired; "
+                "over seeds: the spread between trainings, paired by seed): " + "; ".join(parts)
                 + f". The GRU is better or tied at {len(pairs) - behind} of {len(pairs)} sizes.")
     return (verdict(len(pairs) - behind, len(pairs)), evidence)

@@ -5,7 +5,7 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 import math
 
 from gru_experiments.report.findings import nearest_in_size
-from gru_experiments.report.recall_report import changes, distances, no_memory, recall_jobs, run_horizon
+from gru_experiments.report.recall_report import beats_chance, changes, distances, no_memory, recall_jobs, run_horizon
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.generation import STATEFUL
 
@@ -48,11 +48,10 @@ def _lstm_part(lstm, gru) -> tuple[int, str]:
     shorter = (_reach(hl), hl["remembered"] or 0) < (_reach(hg), hg["remembered"] or 0)
     # only where one of the two recalls (beats log2 K by two se's): where both are at chance or below it (a model
     # confidently wrong), neither remembers, and which pays more says nothing of memory
-    chance = no_memory(lstm)
-    found = [(d, p, q, change) for d, p, q, change in changes(lstm, gru)
-             if chance is None or any(chance - bits > 2 * se for bits, se, _ in (p, q))]
-    better, worse = sum(c < -2 * se for *_, (c, se) in found), sum(c > 2 * se for *_, (c, se) in found)
-    parts = [f"d = {d}: {c:+.3f} ± {se:.3f}" for d, _, _, (c, se) in found]
+    found = [(d, change) for d, _, _, change in changes(lstm, gru)
+             if no_memory(lstm) is None or beats_chance(lstm, d) or beats_chance(gru, d)]
+    better, worse = sum(c.below for _, c in found), sum(c.above for _, c in found)
+    parts = [f"d = {d}: {c.text(3)}" for d, c in found]
     outcome = 1 if longer and better and not worse else -1 if shorter and worse and not better else 0
     text = (f"{lstm.name} ({lstm.number('parameters'):,.0f} parameters) against {gru.name} "
             f"({gru.number('parameters'):,.0f}), trained on {lstm.training}: stateful horizon LSTM "
@@ -73,9 +72,10 @@ def lstm_longer_finding(jobs) -> tuple[str, str]:
                       "(python sweep.py experiments=recall_horizon probe=recall,none)")
     results = [_lstm_part(lstm, gru) for lstm, gru in pairs]
     longer, shorter = sum(o == 1 for o, _ in results), sum(o == -1 for o, _ in results)
-    evidence = ("Stateful recall, bits per recalled key, LSTM - GRU ± the hypot of their standard errors, and each "
-                "run's memory horizon: " + "; ".join(t for _, t in results) + ". Rule: the LSTM keeps a key longer "
-                "in a pair when its horizon is longer (2 bits crossed later, else under 1 bit further) and its "
+    evidence = ("Stateful recall, bits per recalled key, LSTM - GRU ± the hypot of their standard errors (over "
+                "seeds: the spread between trainings), and each run's memory horizon: "
+                + "; ".join(t for _, t in results) + ". Rule: the LSTM keeps a key longer in a pair when its "
+                "horizon is longer (2 bits crossed later, else under 1 bit further) and its "
                 "recall is below the GRU's by more than two standard errors of the difference at some distance and "
                 "above it at none (and the other way round for the GRU), at the distances where one of the two "
                 f"recalls (below log2 K by two standard errors). The LSTM longer in {longer} of "

@@ -10,6 +10,7 @@ from pathlib import Path
 from gru_experiments.report.common import MISSING, figure_cell, finish, finite, image, plus_minus, save, subplots, table
 from gru_experiments.report.context_classes import class_gain, class_record
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
+from gru_experiments.report.significance import Difference, difference, side, summary_figure
 from gru_experiments.report.sweep_folder import mode_pairs
 from gru_experiments.study.generation import MODES_BY_CONTEXT, STATEFUL, WINDOWED
 from gru_experiments.study.recall import horizon
@@ -54,11 +55,34 @@ def points(job, inference: str, window: int | None = None, lies: str | None = No
             and (p := recall_point(job, d, inference)) is not None]
 
 
-def changes(a, b, window: int | None = None, lies: str | None = None) -> list[tuple]:
-    """(distance, a's stateful recall, b's, (a - b, the hypot of their se's)) where both runs have one; only the
+def recall_figure(distance: int, inference: str = STATEFUL, chance: bool = False):
+    """A `figure` for significance.side: one training's (bits per recalled key, se) at `distance` in `inference`,
+    less its log2 K where `chance` (negative: it beats a guess among the keys)."""
+    def figure(job):
+        point, keys = recall_point(job, distance, inference), no_memory(job)
+        if point is None or (chance and keys is None):
+            return None
+        return point[0] - (keys if chance else 0.0), point[1]
+    return figure
+
+
+def recall_difference(a, b, distance: int, a_inference: str = STATEFUL, b_inference: str = STATEFUL):
+    """a's recall at `distance` - b's (one run in two inference modes where a is b), over their trainings:
+    a significance.Difference, None where a side has no figure."""
+    return difference(side(a, recall_figure(distance, a_inference)), side(b, recall_figure(distance, b_inference)))
+
+
+def beats_chance(job, distance: int, inference: str = STATEFUL) -> bool:
+    """Whether the recall at `distance` is below log2 K by two standard errors (significance.difference)."""
+    found = difference(side(job, recall_figure(distance, inference, chance=True)))
+    return found is not None and found.below
+
+
+def changes(a, b, window: int | None = None, lies: str | None = None) -> list[tuple[int, tuple, tuple, Difference]]:
+    """(distance, a's stateful recall, b's, a - b: recall_difference) where both runs have one; only the
     distances that lie `lies` against `window`, where given."""
-    return [(d, p, q, (p[0] - q[0], math.hypot(p[1], q[1]))) for d, p in points(a, STATEFUL, window, lies)
-            if (q := recall_point(b, d, STATEFUL)) is not None]
+    return [(d, p, q, change) for d, p in points(a, STATEFUL, window, lies)
+            if (q := recall_point(b, d, STATEFUL)) is not None and (change := recall_difference(a, b, d)) is not None]
 
 
 def run_horizon(job, mode: str) -> dict:
@@ -155,27 +179,27 @@ def plot_recall(jobs, path: Path) -> Path | None:
 # --- the findings -------------------------------------------------------------------------------------------
 RECALL = Findings("Findings on the planted-recall control", "What a control with a known answer shows: keys planted "
                   "in the text and recalled at known distances (*Planted recall*).")
-# A difference of two figures has the standard error hypot(se1, se2).
+# Two figures are told apart by significance.difference (recall_difference, beats_chance).
 
 
 def _at(points) -> str:
     return ", ".join(f"d = {d}: {plus_minus(bits, se)}" for d, (bits, se, _) in points)
 
 
-def _below_chance(job, found) -> list[tuple[int, tuple]]:
-    """The (distance, point)s of `found` that beat log2 K by two standard errors."""
-    return [(d, p) for d, p in found if no_memory(job) - p[0] > 2 * p[1]]
+def _below_chance(job, found, inference: str) -> list[tuple[int, tuple]]:
+    """The (distance, point)s of `found` (the job's in `inference`) that beat log2 K by two standard errors."""
+    return [(d, p) for d, p in found if beats_chance(job, d, inference)]
 
 
 def _instrument_part(job) -> tuple[bool, bool, str]:
     """(detected, the windowed control fails, the evidence) of one run."""
     window, seen = job.training_window, inference_window(job)
-    detected = _below_chance(job, points(job, "stateful", window, "inside"))
+    detected = _below_chance(job, points(job, "stateful", window, "inside"), "stateful")
     part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
             "log2 K by more than two standard errors "
             + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
     past = points(job, "windowed", seen, "past")
-    leaks = _below_chance(job, past)
+    leaks = _below_chance(job, past, "windowed")
     if past:
         part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
                  + (f"below log2 K at d = {', '.join(str(d) for d, _ in leaks)}" if leaks else "at chance"))
@@ -206,9 +230,9 @@ def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
     """(better, worse, distances judged, evidence) of one pair, past the training window."""
     window, bits = streams.training_window, no_memory(streams)
     found = changes(streams, windows, window, "past")
-    better, worse = sum(c < -2 * se for *_, (c, se) in found), sum(c > 2 * se for *_, (c, se) in found)
-    parts = [f"d = {d}: streams {plus_minus(s[0], s[1])}, windows {plus_minus(w[0], w[1])} (change {c:+.3f} ± {se:.3f})"
-             for d, s, w, (c, se) in found]
+    better, worse = sum(c.below for *_, c in found), sum(c.above for *_, c in found)
+    parts = [f"d = {d}: streams {plus_minus(s[0], s[1])}, windows {plus_minus(w[0], w[1])} (change {c.text(3)})"
+             for d, s, w, c in found]
     text = (f"{streams.name}, training window {window}, log2 K = "
             + ("?" if bits is None else f"{bits:.3f}") + ": " + ("; ".join(parts) or "no distance past it"))
     for other in others:
@@ -231,7 +255,8 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
                for windows, streams in pairs]
     judged = sum(n for _, _, n, _ in results)
     evidence = ("Stateful bits per recalled key past the training window (distance longer than it), ± one standard "
-                "error, the change streams - windows ± hypot of the two: " + "; ".join(t for *_, t in results)
+                "error, the change streams - windows ± hypot of the two (over seeds: the spread between "
+                "trainings): " + "; ".join(t for *_, t in results)
                 + ". Rule: supported at a distance when streams is below windows by more than two standard errors "
                 "of the change; supported when it is at every distance past the window, partly at some, "
                 "contradicted when streams is above windows by two standard errors at every one.")
@@ -246,7 +271,7 @@ def _kept_part(job) -> tuple[bool, str]:
     """(stateful beats windowed at the first distance past the training window, the evidence) of one run."""
     window = job.training_window
     past = [(d, s, w) for d, s in points(job, "stateful", window, "past") if (w := recall_point(job, d, "windowed"))]
-    kept = [d for d, s, w in past if w[0] - s[0] > 2 * math.hypot(s[1], w[1])]
+    kept = [d for d, _, _ in past if (gap := recall_difference(job, job, d, STATEFUL, WINDOWED)) and gap.below]
     h = run_horizon(job, "stateful")
     crossing = ("nowhere (under 2 bits at every distance)" if h["crossing"].startswith("below") else
                 "already at the shortest distance" if h["crosses_2_bits"] is None else
@@ -274,7 +299,8 @@ def kept_past_window_finding(jobs) -> tuple[str, str]:
                 + (". Control, a model of its last tokens only: " + "; ".join(controls) if controls else "")
                 + ". Rule: a run keeps the key past its window when, at the first validation distance past it, "
                 "stateful recall is below windowed by more than two standard errors of the difference (hypot of "
-                f"the two); supported when every recurrent run does. Kept in {kept} of {len(parts)} runs.")
+                "the two; over seeds: the spread between trainings); supported when every recurrent run does. "
+                f"Kept in {kept} of {len(parts)} runs.")
     return (verdict(kept, len(parts), against=0), evidence)
 
 
@@ -320,12 +346,9 @@ def twin(job, jobs):
 
 
 def _cost(job, plain) -> str:
-    """Stateful bits per character with the probe - without, ± the hypot of their standard errors."""
-    a, b = job.number("stateful_bpc"), plain.number("stateful_bpc")
-    if a is None or b is None:
-        return MISSING
-    se = math.hypot(job.number("stateful_bpc_se") or 0.0, plain.number("stateful_bpc_se") or 0.0)
-    return f"{a - b:+.4f} ± {se:.4f}"
+    """Stateful bits per character with the probe - without, ± one standard error (significance.difference)."""
+    cost = difference(side(job, summary_figure("stateful_bpc")), side(plain, summary_figure("stateful_bpc")))
+    return MISSING if cost is None else cost.text(4)
 
 
 def most_helped_class(job) -> str:
@@ -345,9 +368,10 @@ def cost_section(jobs, plots: dict) -> list[str]:
         return []
     lines = ["## What the recall costs the language model", "",
              "Each run with the probe beside its twin without it (same model, training mode and window), on the plain "
-             "validation split: stateful bits per character ± se, the cost (with - without ± the two se's hypot), "
-             "stateful - windowed ± its paired se (negative: carrying the state helps) and the kind of target where it "
-             "helps most (the context curve by class: stateful - windowed on those targets).", ""]
+             "validation split: stateful bits per character ± se, the cost (with - without ± the two se's hypot; over "
+             "seeds: the spread between trainings), stateful - windowed ± its paired se (negative: carrying the state "
+             "helps) and the kind of target where it helps most (the context curve by class: stateful - windowed on "
+             "those targets).", ""]
     rows = []
     for job in shown:
         plain = twin(job, jobs)

@@ -25,7 +25,8 @@ from gru_experiments.report import training_grid as grid
 from gru_experiments.report.common import MISSING, cell, duration, escape, table
 from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
-from gru_experiments.report.sweep_folder import JobResult, Report, collect
+from gru_experiments.report.settings import group_settings, spread
+from gru_experiments.report.sweep_folder import JobResult, Report, collect, name_variants
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.generation import MODES
@@ -43,9 +44,12 @@ TABLE = [
     *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in FIGURES),
     ("tokens_per_second", "tokens/s", "{:,.0f}".format),
     ("wall_seconds", "wall time", duration),
-    ("status", "status", str),
+    ("status", "status", str), ("n", "n", str),  # n: the setting's trainings (settings.py)
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
+# A setting's figures over its trainings: the between-training standard deviation (results.csv's KEY_sd) of these,
+# beside each one's within-run standard error (KEY_se); report.md writes them "mean ± sd".
+SPREAD_KEYS = ["val_loss", "val_bpc", *(f"{mode}_bpc" for mode in FIGURES), "state_gain_bpc"]
 
 
 def derived() -> dict:
@@ -56,30 +60,39 @@ def derived() -> dict:
 
 def columns() -> list[str]:
     """results.csv's columns: the summary's keys of every job, then the sections' (`derived`)."""
-    return ["job", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in FIGURES), "state_gain_bpc",
-            "state_gain_se", "best_step", *(f"best_{key}" for key in BEST_KEYS), *derived(), "error", "run_dir"]
+    return ["job", "row", "seed", *(key for key, _, _ in TABLE), *(f"{mode}_nll" for mode in FIGURES), "state_gain_bpc",
+            "state_gain_se", *(f"{key}_sd" for key in SPREAD_KEYS), *(f"{mode}_bpc_se" for mode in FIGURES),
+            "best_step", *(f"best_{key}" for key in BEST_KEYS), *derived(), "error", "run_dir"]
 
 
 # --- writing ----------------------------------------------------------------------------
 def _cell(job: JobResult, key: str, fmt) -> str:
     if fmt is str:  # a column of words
-        value = {"status": job.status, "model": job.model, "optim": job.recipe}.get(key, job.values.get(key))
+        words = {"status": job.status, "model": job.model, "optim": job.recipe, "n": job.n}
+        value = words.get(key, job.values.get(key))
         return escape(str(value)) if value else MISSING
-    return cell(job.number(key), fmt)
+    sd = spread(job, key) if key in SPREAD_KEYS else None
+    return cell(job.number(key), lambda value: fmt(value) + ("" if sd is None else f" ± {fmt(sd)}"))
 
 
-def results_rows(jobs: list[JobResult], keys: list[str]) -> list[list]:
-    """The jobs' rows of results.csv, its `keys` columns (the W&B summary's table reads them too)."""
+def results_rows(settings: list[JobResult], keys: list[str]) -> list[list]:
+    """results.csv's rows, its `keys` columns (the W&B summary's table reads them too): a row per setting (its
+    means over its trainings, "row" setting), then, for a setting of several trainings, a row per run ("run")."""
     read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
+            "model": lambda job: job.name, "n": lambda job: job.n, "seed": lambda job: job.values.get("seed"),
+            **{f"{key}_sd": (lambda job, key=key: spread(job, key)) for key in SPREAD_KEYS},
             **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
-    return [[read[key](job) if key in read else job.values.get(key) for key in keys] for job in jobs]
+    rows = [(kind, job) for setting in settings
+            for kind, job in [("setting", setting), *(("run", run) for run in setting.runs if setting.n > 1)]]
+    return [[kind if key == "row" else read[key](job) if key in read else job.values.get(key) for key in keys]
+            for kind, job in rows]
 
 
-def results_csv(jobs: list[JobResult]) -> str:
+def results_csv(settings: list[JobResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(keys := columns())
-    for values in results_rows(jobs, keys):
+    for values in results_rows(settings, keys):
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in values])
     return out.getvalue()
 
@@ -142,16 +155,25 @@ def _samples_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]
     return lines
 
 
-def report_markdown(sweep_dir: Path, jobs: list[JobResult], overrides: list[str], plots: dict[str, Path]) -> str:
-    counts = {status: sum(job.status == status for job in jobs)
+def report_markdown(sweep_dir: Path, runs: list[JobResult], jobs: list[JobResult], overrides: list[str],
+                    plots: dict[str, Path]) -> str:
+    """report.md: `runs` every job of the sweep, `jobs` its settings (group_settings), which the sections read."""
+    counts = {status: sum(job.status == status for job in runs)
               for status in ("completed", "failed", "incomplete", "missing")}
-    total_seconds = sum(job.number("wall_seconds") or 0.0 for job in jobs)
+    total_seconds = sum(job.number("wall_seconds") or 0.0 for job in runs)
+    repeated = [job for job in jobs if job.n > 1]
     lines = [
         f"# Study report: {sweep_dir.name}", "",
-        f"Sweep folder `{sweep_dir}`: {len(jobs)} jobs, "
+        f"Sweep folder `{sweep_dir}`: {len(runs)} jobs, "
         + ", ".join(f"{n} {status}" for status, n in counts.items() if n)
         + f"; {duration(total_seconds)} of training and evaluation in all.",
     ]
+    if repeated:
+        lines += ["", f"{len(repeated)} of its {len(jobs)} settings were trained more than once (runs that differ in "
+                  "their seed alone are one setting, column n): each such setting's figures, in every table below, "
+                  "are the means over its trainings, and a bits-per-character figure of the results table is "
+                  "written \"mean ± the standard deviation between its trainings\" (results.csv: KEY_sd, beside "
+                  "the within-run standard error KEY_se, and a row per run). A setting with n = 1 is one training."]
     if overrides:
         lines += ["", f"Overrides: `{' '.join(overrides)}`"]
     lines += [
@@ -248,7 +270,9 @@ def unregister_section(name: str) -> None:
 def build_report(sweep_dir) -> Report:
     """Read the sweep folder; write results.csv, the plots and report.md into it, each whole (safe to rerun)."""
     sweep_dir = Path(sweep_dir).resolve()
-    jobs, overrides = collect(sweep_dir)
+    runs, overrides = collect(sweep_dir)
+    jobs = group_settings(runs)
+    name_variants(jobs)
     plots = {}
     for name, plot in ((name, plot) for section in SECTIONS for name, plot in section.plots.items()):
         if (written := plot(jobs, sweep_dir / name)) is not None:
@@ -256,16 +280,16 @@ def build_report(sweep_dir) -> Report:
         elif (sweep_dir / name).exists():
             (sweep_dir / name).unlink()  # a stale plot from an earlier build would contradict the report
     atomic_write(sweep_dir / RESULTS_CSV, results_csv(jobs))
-    atomic_write(sweep_dir / REPORT_MD, report_markdown(sweep_dir, jobs, overrides, plots))
+    atomic_write(sweep_dir / REPORT_MD, report_markdown(sweep_dir, runs, jobs, overrides, plots))
     files = {RESULTS_CSV: sweep_dir / RESULTS_CSV, REPORT_MD: sweep_dir / REPORT_MD, **plots}
-    return Report(sweep_dir, jobs, overrides, files)
+    return Report(sweep_dir, runs, overrides, files, jobs)
 
 
 def format_table(report: Report) -> str:
     """The results table as plain text, for the terminal."""
     shown = [column for column in TABLE if column[0] not in ("training_mode", "family", "train_loss", "val_loss")]
     rows = [[header for _, header, _ in shown]]
-    rows += [[html.unescape(_cell(job, key, fmt)) for key, _, fmt in shown] for job in report.jobs]
+    rows += [[html.unescape(_cell(job, key, fmt)) for key, _, fmt in shown] for job in report.settings]
     widths = [max(len(row[i]) for row in rows) for i in range(len(shown))]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
 
@@ -291,11 +315,12 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
                      config={"sweep_dir": str(report.sweep_dir), "overrides": report.overrides})
     try:
         keys = [key for key in columns() if key not in ("error", "run_dir")]
-        payload = {"results": wandb.Table(columns=keys, data=results_rows(report.jobs, keys))}
+        payload = {"results": wandb.Table(columns=keys, data=results_rows(report.settings, keys))}
         payload.update({f"plots/{Path(name).stem}": wandb.Image(str(path)) for name, path in report.files.items()
                         if name.endswith(".png")})
         run.log(payload)
-        run.summary.update({f"{job.model}/{key}": job.number(key) for job in completed
+        run.summary.update({f"{job.model}/{key}": job.number(key) for job in report.settings
+                            if job.status == "completed"
                             for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES))
                             if job.number(key) is not None})
         run.summary.update({"jobs_completed": len(completed), "jobs_not_completed": len(report.problems)})

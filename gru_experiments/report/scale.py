@@ -10,6 +10,7 @@ from gru_experiments.report import findings
 from gru_experiments.report.common import MISSING, cell, duration, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
+from gru_experiments.report.significance import WORTH, difference, side
 from gru_experiments.study.evaluation import curve_points
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
@@ -97,7 +98,7 @@ SCALE = Findings("Findings at scale", "What capacity changes, judged on this swe
 @SCALE.claim("The carried state's gain grows with capacity")
 def state_gain_grows_finding(jobs) -> tuple[str, str]:
     """Per tokenizer: does the largest model take more from a state older than its window than the smallest
-    does, by two standard errors of the difference and by at least findings.WORTH?"""
+    does, by two standard errors of the difference and by at least WORTH (significance.difference)?"""
     chosen = [job for job in scale_jobs(jobs) if state_gain(job) is not None]
     groups = findings.at_two_sizes(chosen)
     if not groups:
@@ -106,20 +107,19 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
     parts, grows = [], 0
     for kind, group in groups.items():
         small, large = group[0], group[-1]
-        (g_small, se_small), (g_large, se_large) = state_gain(small), state_gain(large)
-        change, change_se = g_large - g_small, math.hypot(se_small, se_large)
-        grew = change > max(2 * change_se, findings.WORTH)
-        grows += grew
+        change = difference(side(large, state_gain), side(small, state_gain), worth=WORTH)
+        grows += change.above
         sizes = ", ".join(f"{label(job)} ({job.number('parameters'):,.0f} parameters, {steps(job)} steps) "
-                          f"{state_gain(job)[0]:+.5f} ± {state_gain(job)[1]:.5f}" for job in group)
-        significant = g_large > 2 * se_large and g_large >= findings.WORTH
-        parts.append(f"{kind}: {sizes}; largest - smallest {change:+.5f} ± {change_se:.5f} "
-                     f"({'grows' if grew else 'does not grow'}; the largest "
+                          f"{difference(side(job, state_gain)).text(5)}" for job in group)
+        significant = difference(side(large, state_gain), worth=WORTH).above
+        parts.append(f"{kind}: {sizes}; largest - smallest {change.text(5)} "
+                     f"({'grows' if change.above else 'does not grow'}; the largest "
                      f"{'takes' if significant else 'takes nothing worth carrying'} from a state older than its "
                      f"window)")
     evidence = ("Windowed - stateful bits per character (what the state carried beyond the training window buys), "
-                "paired by target, ± one standard error: " + "; ".join(parts) + f". It grows, by two standard "
-                f"errors and at least {findings.WORTH} bits per character, for {grows} of {len(groups)} tokenizers.")
+                "± one standard error (paired by target within a run; between trainings over seeds): "
+                + "; ".join(parts) + f". It grows, by two standard errors and at least {WORTH} bits per character, "
+                f"for {grows} of {len(groups)} tokenizers.")
     return (verdict(grows, len(groups)), evidence)
 
 

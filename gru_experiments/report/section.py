@@ -5,6 +5,8 @@ record it reads from a summary with the jobs that have it. report.py walks the l
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gru_experiments.report.significance import recording, rests_on
+
 
 # --- findings -----------------------------------------------------------------------------------------------
 @dataclass
@@ -44,7 +46,13 @@ class Findings:
         return register
 
     def judge(self, jobs) -> list[Finding]:
-        return [Finding(claim, *rule(jobs)) for claim, rule in self.rules.items()]
+        """Each claim judged by its rule, its evidence ending with how many trainings it rests on."""
+        found = []
+        for claim, rule in self.rules.items():
+            with recording() as used:
+                judged, evidence = rule(jobs)
+            found.append(Finding(claim, judged, f"{evidence} {rests_on(used, jobs)}".rstrip()))
+        return found
 
     def markdown(self, jobs, first: int) -> list[str]:
         lines = [f"{i}. **{f.claim}**: {f.verdict}. {f.evidence}" for i, f in enumerate(self.judge(jobs), first)]

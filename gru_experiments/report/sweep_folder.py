@@ -27,9 +27,19 @@ class JobResult:
     logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
     variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
     unreadable: Path | None = None  # its summary.json, there but not a JSON object (cut off while written, edited)
+    config: dict | None = None  # its .hydra/config.yaml, unresolved (what tells its setting apart: settings.py)
 
     def __post_init__(self):
         self.values = summary_in_todays_names(self.values, started=self.status != "missing")
+
+    @property
+    def runs(self) -> list["JobResult"]:
+        """Its trainings: itself (a settings.Setting has several)."""
+        return [self]
+
+    @property
+    def n(self) -> int:
+        return 1
 
     @property
     def name(self) -> str:
@@ -88,6 +98,7 @@ class Report:
     jobs: list[JobResult]
     overrides: list[str]
     files: dict[str, Path]  # name -> written file
+    settings: list[JobResult] = field(default_factory=list)  # the jobs with each setting's runs as one (settings.py)
 
     @property
     def problems(self) -> list[JobResult]:
@@ -156,7 +167,7 @@ def read_job(job_dir: Path) -> JobResult:
     unreadable = run.summary_file if summary is None and run.summary_file.is_file() else None
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger,
-                     unreadable=unreadable)
+                     unreadable=unreadable, config=None if cfg is None else OmegaConf.to_container(cfg, resolve=False))
 
 
 def _job_order(job_dir: Path) -> tuple:
@@ -188,12 +199,14 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 def name_variants(jobs: list[JobResult]) -> None:
-    """Each job's variant: the lr, recipe, probe and seed that vary among its model's runs in one training mode."""
+    """Each job's variant: the lr, recipe, probe and seed that vary among its model's runs in one training mode
+    (a setting of several trainings has no seed of its own: its runs' seeds do not name it)."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
     for group in groups.values():
         varies = [key for key in ("lr", "optim", "probe", "seed")
+                  if key != "seed" or all(job.n == 1 for job in group)
                   if len({str(job.values.get(key)) for job in group}) > 1]
         for job in group:
             job.variant = ", ".join(_variant(job, key) for key in varies)

@@ -4,11 +4,11 @@ A run's record: per inference mode × decoder, each statistic ± se; the same of
 random strings (floor) and a looped phrase (ceiling); and, where drawn, the drift of long generations.
 """
 
-import math
 from pathlib import Path
 
 from gru_experiments.report.common import MISSING, finish, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
+from gru_experiments.report.significance import Difference, difference, side
 from gru_experiments.report.sweep_folder import run_label
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN
@@ -195,9 +195,18 @@ LARGE = 1_000_000  # parameters: the least for "a large model"
 NO_TEXT = "no completed job with the text statistics (summary.json's text)"
 
 
-def _se(*figures) -> float:
-    """The standard error of a difference of figures (value, se): hypot of theirs (a missing one: 0)."""
-    return math.hypot(*((figure[1] or 0.0) for figure in figures))
+def text_figure(source: str, statistic: str, less: float = 0.0):
+    """A `figure` for significance.side: one training's statistic (value less `less`, se) of the samples of mode
+    `source` (decoder ORIGINAL_DECODER), or of the reference, the floor or the ceiling (`source` one of BOUNDS)."""
+    def figure(job):
+        found = bound(job, source, statistic) if source in BOUNDS else setting(job, source, statistic)
+        return None if found is None else (found[0] - less, found[1])
+    return figure
+
+
+def gap(job, a: str, b: str, statistic: str, less: float = 0.0) -> Difference | None:
+    """a's statistic less `less` - b's over the job's trainings (a and b: modes or BOUNDS), by the report's rule."""
+    return difference(side(job, text_figure(a, statistic, less)), side(job, text_figure(b, statistic)))
 
 
 @TEXT.claim("Greedy decoding loops whatever the mode")
@@ -231,19 +240,18 @@ def stateless_noise_finding(jobs) -> tuple[str, str]:
         reference = bound(job, "reference", "word_validity")
         if stateless is None or stateful is None or reference is None:
             continue
-        gaps = [(other[0] - stateless[0], _se(other, stateless)) for other in (stateful, reference)]
-        noise += all(gap > 2 * se for gap, se in gaps)
+        gaps = [gap(job, other, "stateless", "word_validity") for other in ("stateful", "reference")]
+        noise += all(found.above for found in gaps)
         floor = bound(job, "floor", "word_validity")
         parts.append(f"{job.model}: stateless {plus_minus(*stateless)}, stateful {plus_minus(*stateful)} (gap "
-                     f"{gaps[0][0]:+.3f} ± {gaps[0][1]:.3f}), reference {plus_minus(*reference)} (gap "
-                     f"{gaps[1][0]:+.3f} ± {gaps[1][1]:.3f})"
+                     f"{gaps[0].text(3)}), reference {plus_minus(*reference)} (gap {gaps[1].text(3)})"
                      + (f", random floor {floor[0]:.3f}" if floor else ""))
     if not parts:
         return cannot(NO_TEXT + " and the stateless, stateful and reference word_validity")
     evidence = (f"word_validity (the share of a sample's words found in the training split), decoder "
                 f"{ORIGINAL_DECODER}: " + "; ".join(parts) + ". Rule: supported for a model when stateless is below "
                 "both stateful and the reference by more than two standard errors of the difference (hypot of the "
-                f"two). It is for {noise} of {len(parts)} models.")
+                f"two; over seeds: the spread between trainings). It is for {noise} of {len(parts)} models.")
     return (verdict(noise, len(parts)), evidence)
 
 
@@ -256,10 +264,11 @@ def line_shape_finding(jobs) -> tuple[str, str]:
         reference = bound(job, "reference", "line_shape")
         if stateful is None or reference is None:
             continue
-        limit = reference[0] + LINE_SLACK + 2 * _se(stateful, reference)
-        kept += stateful[0] <= limit
+        beyond = gap(job, "stateful", "reference", "line_shape", less=LINE_SLACK)  # above: beyond the limit
+        limit = reference[0] + LINE_SLACK + 2 * beyond.se  # the stateful figure that beyond.above passes
+        kept += not beyond.above
         part = (f"{job.model}: stateful {plus_minus(*stateful)} against the reference's {plus_minus(*reference)} "
-                f"(limit {limit:.3f}: {'within' if stateful[0] <= limit else 'beyond'})")
+                f"(limit {limit:.3f}: {'beyond' if beyond.above else 'within'})")
         stateless = setting(job, "stateless", "line_shape")
         if stateless is not None:
             part += f", stateless {plus_minus(*stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
@@ -311,19 +320,18 @@ def copying_finding(jobs) -> tuple[str, str]:
                       f"(e.g. leviathan)")
     large = max(judged, key=lambda job: finite(job.values.get("parameters")))
     copied, reference = setting(large, "stateful", "copy_32"), bound(large, "reference", "copy_32")
-    excess, se = copied[0] - reference[0], _se(copied, reference)
+    excess = gap(large, "stateful", "reference", "copy_32")
     evidence = (f"copy_32 (the share of a sample's 32-character spans found verbatim in the training split), stateful, "
                 f"decoder {ORIGINAL_DECODER}: the largest model, {large.model} "
                 f"({finite(large.values.get('parameters')):,.0f} parameters), {plus_minus(*copied)} against the "
-                f"reference's {plus_minus(*reference)} (held-out text: chance overlaps), excess {excess:+.3f} ± "
-                f"{se:.3f}")
+                f"reference's {plus_minus(*reference)} (held-out text: chance overlaps), excess {excess.text(3)}")
     others = [job for job in text_jobs(jobs) if job is not large and setting(job, "stateful", "copy_32")]
     if others:
         evidence += "; the others: " + ", ".join(f"{job.model} {value(job, 'stateful', 'copy_32'):.3f}"
                                                  for job in others)
     evidence += (". Rule: supported when the largest model's copy_32 exceeds the reference's by more than two "
                  "standard errors of the difference.")
-    return ("supported" if excess > 2 * se else "not shown by this sweep", evidence)
+    return ("supported" if excess.above else "not shown by this sweep", evidence)
 
 
 SECTION = Section("generated text", text_section, columns=TEXT_COLUMNS, plots={PLOT_TEXT: plot_text}, findings=TEXT)

@@ -4,6 +4,7 @@ learning curves in its own history.csv, whatever the logger (the sweep report dr
 """
 
 import csv
+import hashlib
 import math
 import netrc
 import os
@@ -95,6 +96,18 @@ def sweep_group(group: str | None, sweep_dir) -> str:
     return group or Path(sweep_dir).resolve().name
 
 
+def setting_name() -> str | None:
+    """A multirun job's setting: its command-line overrides but the seed ("model=astra_alpha,training=streams"),
+    shared by the runs that differ in their seed alone; W&B's job_type, at most 64 characters (a hash past 55)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if multirun_sweep_dir() is None:
+        return None
+    name = ",".join(o for o in HydraConfig.get().overrides.task if not o.split("=", 1)[0].lstrip("+~") == "seed")
+    name = name or "default"
+    return name if len(name) <= 64 else f"{name[:55]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
 def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: str | None = None,
                  csv_version: str | None = None):
     """The configured Lightning logger (False: logger=none) with the resolved config. A resume passes its W&B run
@@ -108,6 +121,8 @@ def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: st
             kwargs["id"] = wandb_id
         if logger_cfg.get("group") is None and (sweep_dir := multirun_sweep_dir()):
             kwargs["group"] = sweep_group(None, sweep_dir)  # all jobs of one sweep in one W&B group
+        if logger_cfg.get("job_type") is None and (setting := setting_name()):
+            kwargs["job_type"] = setting  # a setting's seeds side by side: W&B groups the runs by it
         os.makedirs(logger_cfg.save_dir, exist_ok=True)
     if logger_cfg._target_.endswith("CSVLogger") and csv_version:
         kwargs["version"] = csv_version

@@ -1,0 +1,90 @@
+"""Settings: the completed runs of a sweep that differ in their seed alone, one row of the report each.
+
+A setting's figures are the means over its trainings (nested records too, element by element: the context curve,
+the recall points, the history), each top-level figure with its between-training standard deviation beside it
+(`KEY_sd`); its `runs` keep every training for the significance rule (significance.py), which pairs them by seed.
+A run that is not completed, or whose seed is unknown or repeats one of its setting's, stays a setting of its own.
+"""
+
+import math
+from dataclasses import dataclass, field
+from statistics import fmean, stdev
+
+from gru_experiments.report.common import finite
+from gru_experiments.report.sweep_folder import JobResult
+
+# What tells settings apart beside the job's config (which a sweep's job folder records, seed removed).
+SETTING_KEYS = ("model", "training_mode", "seq_len", "lr", "optim", "probe", "corpus", "tokenizer", "family")
+
+
+def setting_key(job: JobResult) -> tuple:
+    """Everything that tells a run's setting apart: its config without the seed, and the summary's SETTING_KEYS."""
+    config = {key: value for key, value in (job.config or {}).items() if key != "seed"}
+    return (repr(sorted(config.items())), *(repr(job.values.get(key)) for key in SETTING_KEYS))
+
+
+def mean_of(values: list):
+    """The element-wise mean of records of one shape (numbers, dicts, lists); equal values stay as they are
+    (an int stays an int), what is not a number is the first record's."""
+    first = values[0]
+    if all(value == first for value in values[1:]):
+        return first
+    if all(finite(value) is not None for value in values):
+        return fmean(values)
+    if all(isinstance(value, dict) for value in values):
+        return {key: mean_of([value[key] for value in values]) for key in first if all(key in v for v in values)}
+    if all(isinstance(value, (list, tuple)) and len(value) == len(first) for value in values):
+        return type(first)(mean_of(list(column)) for column in zip(*values))
+    return first
+
+
+@dataclass
+class Setting(JobResult):
+    """A setting of two trainings or more: a JobResult whose values are the means over `runs`."""
+
+    trainings: list = field(default_factory=list)  # its runs, each a JobResult
+
+    @classmethod
+    def of(cls, runs: list[JobResult]) -> "Setting":
+        first = runs[0]
+        values = mean_of([run.values for run in runs])
+        for key in first.values:
+            points = [finite(run.values.get(key)) for run in runs]
+            if None not in points and len({*points}) > 1 and not key.endswith(("_se", "_sd")):
+                values[f"{key}_sd"] = stdev(points)
+        values.update(seed=None, seeds=[run.values.get("seed") for run in runs])
+        history = {metric: mean_of([run.history.get(metric, []) for run in runs]) for metric in first.history}
+        return cls(job=first.job, status="completed", values=values, run_dir=first.run_dir, history=history,
+                   samples=first.samples, logger=first.logger, config=first.config, trainings=runs)
+
+    @property
+    def runs(self) -> list[JobResult]:
+        return self.trainings
+
+    @property
+    def n(self) -> int:
+        return len(self.trainings)
+
+
+def group_settings(jobs: list[JobResult]) -> list[JobResult]:
+    """The jobs with each setting's completed runs (distinct known seeds) as one Setting, where its first run was."""
+    groups: dict[tuple, list[JobResult]] = {}
+    for job in jobs:
+        if job.status == "completed" and job.values.get("seed") is not None:
+            groups.setdefault(setting_key(job), []).append(job)
+    merged = {id(runs[0]): Setting.of(runs) for runs in groups.values()
+              if len(runs) > 1 and len({str(run.values["seed"]) for run in runs}) == len(runs)}
+    members = {id(run) for setting in merged.values() for run in setting.runs}
+    return [merged.get(id(job), job) for job in jobs if id(job) in merged or id(job) not in members]
+
+
+def spread(job: JobResult, key: str) -> float | None:
+    """The between-training standard deviation of a top-level figure (None for a single training)."""
+    value = job.values.get(f"{key}_sd") if job.n > 1 else None
+    return value if finite(value) is not None else (0.0 if job.n > 1 and job.number(key) is not None else None)
+
+
+def standard_error(job: JobResult, key: str) -> float | None:
+    """The figure's standard error as the report states it: between trainings for a setting, else within the run."""
+    sd = spread(job, key)
+    return sd / math.sqrt(job.n) if sd is not None else job.number(f"{key}_se")

@@ -1,0 +1,139 @@
+"""When the report tells two figures apart: the one rule every finding calls (`difference`), and the line that
+says how many trainings a finding rests on.
+
+A side is {seed: (value, within-run standard error)}, one entry per training (`side`). With two trainings or more
+on each side, a difference's standard error comes from the spread between trainings, paired by seed where both
+sides share two seeds or more (the seed fixes the initial weights and the batches, so pairing removes what the two
+trainings share); with one training on a side it falls back to the figures' own within-run standard errors
+(targets or planted keys), which say nothing of a second training. A difference is shown when it exceeds twice its
+standard error and, where the claim names one, the least difference worth having (WORTH).
+"""
+
+import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from statistics import fmean, stdev
+
+WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (findings 6, 16, 17)
+
+_used: ContextVar[list | None] = ContextVar("differences_used", default=None)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """a - b (or a against zero), its standard error, and what that error rests on."""
+
+    value: float
+    se: float
+    trainings: tuple[int, int]  # trainings on each side (b's is 0 for a difference against zero)
+    paired: bool  # paired by seed (the between-training rule over the seeds both sides share)
+    worth: float = 0.0
+
+    @property
+    def over_seeds(self) -> bool:
+        """Whether the standard error is the between-training one (two trainings or more a side)."""
+        return min(n for n in self.trainings if n) >= 2
+
+    @property
+    def below(self) -> bool:
+        """a is below b by more than twice the standard error and by at least `worth`."""
+        return self.value < -max(2 * self.se, self.worth)
+
+    @property
+    def above(self) -> bool:
+        return self.value > max(2 * self.se, self.worth)
+
+    @property
+    def shown(self) -> bool:
+        return self.below or self.above
+
+    def text(self, digits: int = 4) -> str:
+        """"+0.0123 ± 0.0040" (± one standard error)."""
+        return f"{self.value:+.{digits}f} ± {self.se:.{digits}f}"
+
+
+def side(item, figure) -> dict:
+    """{seed: (value, se)} of each of `item`'s trainings (a setting's runs, or a single job) that has the figure;
+    `figure(job)` gives (value, se) or None."""
+    found = {}
+    for i, run in enumerate(item.runs):
+        got = figure(run)
+        if got is not None and got[0] is not None:
+            seed = run.values.get("seed")
+            found[seed if seed is not None and seed not in found else f"run {i}"] = (got[0], got[1] or 0.0)
+    return found
+
+
+def summary_figure(key: str, se_key: str | None = None):
+    """A `figure` for `side`: the summary's `key` and its standard error (`key`_se unless `se_key`)."""
+    return lambda job: (job.number(key), job.number(se_key or f"{key}_se") or 0.0)
+
+
+def _mean_and_se(values: dict) -> tuple[float, float]:
+    """The mean over trainings and its between-training standard error (sd / sqrt n)."""
+    points = [value for value, _ in values.values()]
+    return fmean(points), stdev(points) / math.sqrt(len(points))
+
+
+def _within(values: dict) -> tuple[float, float]:
+    """The mean over trainings and the standard error from the within-run errors alone."""
+    return (fmean(value for value, _ in values.values()),
+            math.sqrt(sum(se * se for _, se in values.values())) / len(values))
+
+
+def difference(a: dict, b: dict | None = None, worth: float = 0.0) -> Difference | None:
+    """a - b (b None: a against zero) by the report's one rule; None when a side has no training."""
+    if not a or (b is not None and not b):
+        return None
+    n_a, n_b = len(a), (len(b) if b is not None else 0)
+    shared = [seed for seed in a if b is not None and seed in b and not str(seed).startswith("run ")]
+    if n_a >= 2 and (b is None or n_b >= 2):
+        if b is not None and len(shared) >= 2:
+            gaps = [a[seed][0] - b[seed][0] for seed in shared]
+            found = Difference(fmean(gaps), stdev(gaps) / math.sqrt(len(gaps)), (len(shared), len(shared)), True,
+                               worth)
+        else:
+            (mean_a, se_a), (mean_b, se_b) = _mean_and_se(a), (_mean_and_se(b) if b is not None else (0.0, 0.0))
+            found = Difference(mean_a - mean_b, math.hypot(se_a, se_b), (n_a, n_b), False, worth)
+    else:
+        (mean_a, se_a), (mean_b, se_b) = _within(a), (_within(b) if b is not None else (0.0, 0.0))
+        found = Difference(mean_a - mean_b, math.hypot(se_a, se_b), (n_a, n_b), False, worth)
+    if (used := _used.get()) is not None:
+        used.append(found)
+    return found
+
+
+@contextmanager
+def recording():
+    """The differences computed inside the block (a finding's rule), for `rests_on`."""
+    token = _used.set([])
+    try:
+        yield _used.get()
+    finally:
+        _used.reset(token)
+
+
+def _count(ns) -> str:
+    low, high = min(ns), max(ns)
+    return f"{low}" if low == high else f"{low} to {high}"
+
+
+def rests_on(used: list[Difference], jobs) -> str:
+    """The sentence a finding ends with: how many trainings its comparisons (else its settings) rest on."""
+    if used:
+        over_seeds = [d for d in used if d.over_seeds]
+        if len(over_seeds) == len(used):
+            paired = sum(d.paired for d in used)
+            sizes = [n for d in used for n in d.trainings if n]
+            return (f"Rests on {_count(sizes)} trainings a side ({len(used)} comparisons; "
+                    + (f"{paired} paired by seed; " if paired else "")
+                    + "standard errors from the spread between trainings).")
+        single = len(used) - len(over_seeds)
+        return (f"Rests on one training each ({single} of {len(used)} comparisons with a single training on a side: "
+                "the within-run standard errors, which say nothing of a second training).")
+    ns = [len(job.runs) for job in jobs if getattr(job, "status", "completed") == "completed"]
+    if not ns:
+        return ""
+    return ("Rests on one training each." if max(ns) == 1
+            else f"Rests on {_count(ns)} trainings a setting (its means over seeds).")

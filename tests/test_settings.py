@@ -1,0 +1,159 @@
+"""Verdicts over trainings: runs that differ in their seed alone are one setting (its means, its spread between
+trainings), the one rule that tells two figures apart (significance.py), sweep.py's seeds=N and the W&B job_type
+that a setting's runs share."""
+
+from __future__ import annotations
+
+import csv
+import math
+from statistics import fmean, stdev
+
+import pytest
+from omegaconf import OmegaConf
+from test_findings import finding_lines, summary
+from test_reporting import make_job
+from wandb_records import offline_runs
+
+import sweep as sweep_script
+from gru_experiments.errors import UserError
+from gru_experiments.report.report import build_report
+from gru_experiments.report.section import Findings
+from gru_experiments.report.significance import difference, recording, rests_on
+from gru_experiments.report.sweep_folder import JobResult
+
+# model -> stateful bpc of its trainings with seeds 1, 2, 3
+STATEFUL = {"astra_alpha": [2.30, 2.32, 2.37], "mingru": [2.40, 2.38, 2.45]}
+
+
+def seeded_job(sweep, num, model, seed, stateful, config=None):
+    job = make_job(sweep, num, model, summary=summary(model, "char", 86_913, stateful, 3.7, 3.58))
+    cfg = OmegaConf.load(job / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.merge(cfg, {"seed": seed, **(config or {})}), job / ".hydra" / "config.yaml")
+    return job
+
+
+@pytest.fixture
+def seed_sweep(tmp_path):
+    """Two models, three seeds each, launched model-major as Hydra's multirun does."""
+    sweep = tmp_path / "seeds"
+    for i, (model, values) in enumerate(STATEFUL.items()):
+        for j, stateful in enumerate(values):
+            seeded_job(sweep, 3 * i + j, model, j + 1, stateful)
+    return sweep
+
+
+def rows_of(sweep):
+    with open(sweep / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_setting_is_its_runs_mean_and_spread_and_models_are_never_pooled(seed_sweep):
+    report = build_report(seed_sweep)
+    assert [(job.name, job.n) for job in report.settings] == [("astra_alpha", 3), ("mingru", 3)]
+    settings = [row for row in rows_of(seed_sweep) if row["row"] == "setting"]
+    assert [(row["model"], row["n"]) for row in settings] == [("astra_alpha", "3"), ("mingru", "3")]
+    for row in settings:
+        values = STATEFUL[row["model"]]
+        assert float(row["stateful_bpc"]) == pytest.approx(fmean(values))
+        assert float(row["stateful_bpc_sd"]) == pytest.approx(stdev(values))
+    runs = [row for row in rows_of(seed_sweep) if row["row"] == "run"]
+    assert [(row["model"], row["seed"], float(row["stateful_bpc"])) for row in runs] == [
+        (model, str(seed), value) for model, values in STATEFUL.items() for seed, value in enumerate(values, 1)]
+    text = (seed_sweep / "report.md").read_text()
+    results = text.split("## Results", 1)[1].split("\n## ", 1)[0]
+    mean, sd = fmean(STATEFUL["astra_alpha"]), stdev(STATEFUL["astra_alpha"])
+    assert sum(line.startswith("| astra_alpha |") for line in results.splitlines()) == 1
+    assert f"| {mean:.4f} ± {sd:.4f} |" in results and results.rstrip().endswith("| completed | 3 |")
+    assert all("Rests on" in line for line in finding_lines(text))
+
+
+def test_the_seed_tells_runs_apart_and_a_repeated_seed_is_not_a_second_training(tmp_path):
+    sweep = tmp_path / "repeat"
+    seeded_job(sweep, 0, "astra_alpha", 1, 2.30)
+    seeded_job(sweep, 1, "astra_alpha", 1, 2.40)  # the same seed again: not one setting of two trainings
+    seeded_job(sweep, 2, "astra_alpha", 2, 2.35, config={"model": {"lr": 0.02}})  # another config: another setting
+    report = build_report(sweep)
+    assert [job.n for job in report.settings] == [1, 1, 1]
+    assert [row["row"] for row in rows_of(sweep)] == ["setting"] * 3
+
+
+def sides(a, b):
+    return dict(enumerate(a, 1)), (None if b is None else dict(enumerate(b, 1)))
+
+
+def test_one_rule_paired_by_seed_between_trainings_within_run_for_one_each():
+    # Paired by seed: each training's gap is -0.02, so the spread of the gaps is nil and the gap shown.
+    a, b = sides([(2.30, 0.001), (2.40, 0.001), (2.35, 0.001)], [(2.32, 0.001), (2.42, 0.001), (2.37, 0.001)])
+    paired = difference(a, b)
+    assert paired.paired and paired.value == pytest.approx(-0.02) and paired.se == pytest.approx(0.0, abs=1e-12)
+    assert paired.below and paired.over_seeds
+    # No shared seeds: the two means' between-training errors; the within-run errors play no part.
+    unpaired = difference(a, {seed + 10: value for seed, value in b.items()})
+    assert not unpaired.paired and not unpaired.shown
+    assert unpaired.se == pytest.approx(math.hypot(stdev([2.30, 2.40, 2.35]) / 3 ** 0.5,
+                                                   stdev([2.32, 2.42, 2.37]) / 3 ** 0.5))
+    # One training a side: today's within-run rule, the hypot of the two figures' own errors.
+    single = difference({1: (2.30, 0.003)}, {1: (2.32, 0.004)})
+    assert single.se == pytest.approx(0.005) and single.below and not single.over_seeds
+    # Against zero, with the least difference worth having.
+    assert not difference({1: (-0.004, 0.0001)}, worth=0.005).below
+    assert difference({1: (-0.006, 0.0001)}, worth=0.005).below
+
+
+def test_trainings_that_disagree_hide_a_gap_the_within_run_error_would_show():
+    a, b = sides([(2.30, 0.001), (2.45, 0.001), (2.31, 0.001)], [(2.35, 0.001), (2.33, 0.001), (2.40, 0.001)])
+    assert not difference(a, b).shown  # -0.0067 ± 0.06 between trainings
+    assert difference({1: a[1]}, {1: b[1]}).below  # -0.05 ± 0.0014 within one training each
+
+
+def test_every_finding_says_what_it_rests_on():
+    group = Findings("test", "")
+
+    @group.claim("a gap")
+    def _(jobs):
+        difference({1: (1.0, 0.1), 2: (1.2, 0.1)}, {1: (0.9, 0.1), 2: (1.0, 0.1)})
+        return "supported", "Evidence."
+
+    @group.claim("counts")
+    def _(jobs):
+        return "supported", "Counted."
+
+    jobs = [JobResult("0_a", "completed", {"model": "a"})]
+    first, second = group.judge(jobs)
+    assert first.evidence.startswith("Evidence. Rests on 2 trainings a side (1 comparisons; 1 paired by seed")
+    assert second.evidence == "Counted. Rests on one training each."
+    with recording() as used:
+        difference({1: (1.0, 0.1)}, {1: (0.9, 0.1)})
+    assert rests_on(used, jobs).startswith("Rests on one training each")
+
+
+def test_seeds_is_the_seed_sweep():
+    _, overrides = sweep_script.parse_arguments(["models=[astra_alpha,mingru]", "seeds=3", "preset=smoke"])
+    assert overrides == ["preset=smoke", "seed=1,2,3"]
+    for argv, match in ((["seeds=0"], "whole number"), (["seeds=abc"], "whole number"),
+                        (["seeds=2", "seed=5,6"], "both choose the seeds")):
+        with pytest.raises(UserError, match=match):
+            sweep_script.parse_arguments(argv)
+
+
+@pytest.mark.slow
+def test_a_seed_sweep_reports_each_model_once_over_its_seeds_and_wb_groups_them(tiny_corpus, data_dir, tmp_path):
+    from test_sweep import run_script, tiny_overrides
+
+    sweep = tmp_path / "seeds"
+    result = run_script("sweep.py", "models=[astra_alpha,mingru]", "seeds=3", "logger=wandb",
+                        *tiny_overrides(tiny_corpus, data_dir), f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    rows = rows_of(sweep)
+    settings = [row for row in rows if row["row"] == "setting"]
+    assert [(row["model"], row["n"]) for row in settings] == [("astra_alpha", "3"), ("mingru", "3")]
+    for row in settings:
+        runs = [float(r["stateful_bpc"]) for r in rows if r["row"] == "run" and r["model"] == row["model"]]
+        assert len(runs) == 3 and len(set(runs)) == 3  # three trainings, each its own
+        assert float(row["stateful_bpc"]) == pytest.approx(fmean(runs))
+        assert float(row["stateful_bpc_sd"]) == pytest.approx(stdev(runs))
+    assert all("Rests on" in line for line in finding_lines((sweep / "report.md").read_text()))
+    runs = [run for run in offline_runs(sweep) if run.name != "summary"]
+    assert sorted((run.job_type, run.config["seed"]) for run in runs) == sorted(
+        (f"model={model}", seed) for model in ("astra_alpha", "mingru") for seed in (1, 2, 3))
+    assert len({run.group for run in runs}) == 1
