@@ -11,11 +11,12 @@ from statistics import fmean, stdev
 import pytest
 from omegaconf import OmegaConf
 from test_findings import finding_lines, summary
-from test_reporting import make_job
+from test_reporting import assert_valid_png, make_job
 from wandb_records import offline_runs
 
 import sweep as sweep_script
 from gru_experiments.errors import UserError
+from gru_experiments.report.plots import PLOT_BPC, PLOT_CONTEXT, context_curve_series
 from gru_experiments.report.report import build_report
 from gru_experiments.report.section import Findings
 from gru_experiments.report.significance import difference, recording, rests_on
@@ -65,6 +66,11 @@ def test_a_setting_is_its_runs_mean_and_spread_and_models_are_never_pooled(seed_
     assert sum(line.startswith("| astra_alpha |") for line in results.splitlines()) == 1
     assert f"| {mean:.4f} ± {sd:.4f} |" in results and results.rstrip().endswith("| completed | 3 |")
     assert all("Rests on" in line for line in finding_lines(text))
+    # The plots draw the spread: the context curve's band is the sd between trainings at each context.
+    band = dict(context_curve_series(report.settings)["astra_alpha"]["band"])
+    assert band[8] == pytest.approx(stdev([value + 0.02 for value in STATEFUL["astra_alpha"]]))
+    for name in (PLOT_CONTEXT, PLOT_BPC):
+        assert_valid_png(report.files[name])
 
 
 def test_the_seed_tells_runs_apart_and_a_repeated_seed_is_not_a_second_training(tmp_path):

@@ -79,13 +79,15 @@ def subplots(*args, **kwargs):
     return _pyplot().subplots(*args, **kwargs)
 
 
-def grouped_bars(ax, series: dict, digits: int = 2) -> None:
+def grouped_bars(ax, series: dict, digits: int = 2, errors: dict | None = None) -> None:
     """A group of bars at each x (0, 1, ...), a bar per series ({label: values}), each labelled with its value
-    (a missing value: an empty bar labelled —)."""
+    (a missing value: an empty bar labelled —); `errors` ({label: values}, None where none) draws error bars."""
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
         xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(values))]
-        bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label)
+        spread = [value or 0.0 for value in (errors or {}).get(label) or []]
+        bars = ax.bar(xs, [value or 0.0 for value in values], width, label=label, yerr=spread if any(spread) else None,
+                      capsize=3 if any(spread) else 0)
         for bar, value in zip(bars, values):
             ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (bar.get_x() + bar.get_width() / 2,
                         bar.get_height()), ha="center", va="bottom", fontsize=7, xytext=(0, 1),

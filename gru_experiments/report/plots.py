@@ -2,9 +2,11 @@
 the context curve, the modes over training, bits per character by mode and the learning curves."""
 
 from pathlib import Path
+from statistics import stdev
 
 from gru_experiments.report.common import MISSING, duration, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
+from gru_experiments.report.settings import spread
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.evaluation import FIGURES, curve_points
 
@@ -19,7 +21,9 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     if not rungs:
         return None
     fig, ax = subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
-    grouped_bars(ax, {mode: [job.number(f"{mode}_bpc") for job in rungs] for mode in ("stateful", "stateless")})
+    modes = ("stateful", "stateless")
+    grouped_bars(ax, {mode: [job.number(f"{mode}_bpc") for job in rungs] for mode in modes},
+                 errors={mode: [spread(job, f"{mode}_bpc") for job in rungs] for mode in modes})
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
     if bigram is not None:
         ax.axhline(bigram, color="gray", linestyle="--", linewidth=1, label=f"bigram counts ({bigram:.2f})")
@@ -27,7 +31,8 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
     tallest = max(job.number(key) or 0.0 for job in rungs for key in ("stateful_bpc", "stateless_bpc"))
     ax.set_ylim(0, max(tallest, bigram or 0.0) * 1.25)  # room for the legend above the bars
-    finish(ax, 8, "y", title="The ladder: validation bits per character (parameters or stored counts below)",
+    finish(ax, 8, "y", title="The ladder: validation bits per character (parameters or stored counts below; "
+           "error bars: the sd between a setting's trainings)",
            ylabel="bits per character (lower is better)")
     return save(fig, path)
 
@@ -42,7 +47,8 @@ def plot_bpc_by_mode(jobs: list[JobResult], path: Path) -> Path | None:
     if not shown:
         return None
     fig, ax = subplots(figsize=(max(6.0, 1.3 * len(shown) + 2), 4.2))
-    grouped_bars(ax, {label: [job.number(key) for job in shown] for key, label in zip(keys, labels)})
+    grouped_bars(ax, {label: [job.number(key) for job in shown] for key, label in zip(keys, labels)},
+                 errors={label: [spread(job, key) for job in shown] for key, label in zip(keys, labels)})
     ax.set_xticks(range(len(shown)), [job.model for job in shown], rotation=20, ha="right")
     finish(ax, 8, "y", title="Validation bits per character by inference mode",
            ylabel="bits per character (lower is better)")
@@ -70,11 +76,21 @@ def plot_curves(jobs: list[JobResult], path: Path) -> Path | None:
 
 
 def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
-    """{model: {"windows": [(w, bpc), ...], "stateful": bpc}} of every completed model but the n-grams."""
+    """{model: {"windows": [(w, bpc), ...], "stateful": bpc, "band": [(w, sd), ...]}} of every completed model
+    but the n-grams; the band is the sd between a setting's trainings at each w (empty for one training)."""
     return {job.model: {"windows": [(int(key), value) for key, value in points if key.isdigit()],
-                        "stateful": dict(points).get("stateful")}
+                        "stateful": dict(points).get("stateful"), "band": _curve_spread(job)}
             for job in jobs if job.status == "completed" and job.values.get("family") != "ngram"
             and (points := curve_points(job.values.get("context_curve")))}
+
+
+def _curve_spread(job: JobResult) -> list[tuple[int, float]]:
+    """[(w, the sd of bpc at w between the setting's trainings)], where every training has the point."""
+    if job.n < 2:
+        return []
+    curves = [dict(curve_points(run.values.get("context_curve"))) for run in job.runs]
+    shared = [key for key in curves[0] if key.isdigit() and all(isinstance(c.get(key), float) for c in curves)]
+    return [(int(key), stdev(c[key] for c in curves)) for key in shared]
 
 
 def baselines(jobs: list[JobResult]) -> dict[str, float]:
@@ -97,9 +113,9 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
     if not series:
         return None
     return save_curves(path, {model: (s["windows"], s["stateful"]) for model, s in series.items()},
-                       "Bits per character against the context given (final weights)",
-                       "tokens of context (from the initial state); stateful: the state carried", baselines(jobs),
-                       ticks=True)
+                       "Bits per character against the context given (final weights; band: ± the sd between "
+                       "a setting's trainings)", "tokens of context (from the initial state); stateful: the state "
+                       "carried", baselines(jobs), ticks=True, bands={model: s["band"] for model, s in series.items()})
 
 
 def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **style) -> None:
@@ -110,14 +126,20 @@ def curve_to_stateful(ax, xs, ys, stateful: float | None, stateful_x: float, **s
         ax.plot([stateful_x], [stateful], marker="*", markersize=9, color=line.get_color())
 
 
-def save_curves(path: Path, curves: dict, title: str, xlabel: str, baselines: dict | None = None, ticks=False) -> Path:
+def save_curves(path: Path, curves: dict, title: str, xlabel: str, baselines: dict | None = None, ticks=False,
+                bands: dict | None = None) -> Path:
     """Context curves ({label: ([(context, bpc), ...], stateful bpc)}) on a log2 axis, each with its stateful
-    figure at 4x the longest context; `baselines` ({label: bpc}) as lines; `ticks`: a tick at each context."""
+    figure at 4x the longest context; `baselines` ({label: bpc}) as lines; `ticks`: a tick at each context;
+    `bands` ({label: [(context, sd), ...]}) shades ± sd about a curve."""
     fig, ax = subplots(figsize=(7.5, 4.5))
     contexts = sorted({x for points, _ in curves.values() for x, _ in points})
     for label, (points, stateful) in curves.items():
         xs, ys = zip(*points)
         curve_to_stateful(ax, xs, ys, stateful, contexts[-1] * 4, label=label)
+        if band := dict((bands or {}).get(label) or []):
+            shaded = [(x, y, band[x]) for x, y in points if x in band]
+            ax.fill_between([x for x, _, _ in shaded], [y - sd for _, y, sd in shaded],
+                            [y + sd for _, y, sd in shaded], alpha=0.2, color=ax.lines[-1].get_color())
     for (label, value), style in zip((baselines or {}).items(), ["--", "-.", ":", "--"]):
         ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
     ax.set_xscale("log", base=2)
