@@ -36,13 +36,18 @@ class Difference:
         return min(n for n in self.trainings if n) >= 2
 
     @property
+    def threshold(self) -> float:
+        """How far from zero the difference must be to be shown: twice its standard error, at least `worth`."""
+        return max(2 * self.se, self.worth)
+
+    @property
     def below(self) -> bool:
-        """a is below b by more than twice the standard error and by at least `worth`."""
-        return self.value < -max(2 * self.se, self.worth)
+        """a is below b by more than the threshold."""
+        return self.value < -self.threshold
 
     @property
     def above(self) -> bool:
-        return self.value > max(2 * self.se, self.worth)
+        return self.value > self.threshold
 
     @property
     def shown(self) -> bool:

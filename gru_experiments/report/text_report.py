@@ -265,7 +265,7 @@ def line_shape_finding(jobs) -> tuple[str, str]:
         if stateful is None or reference is None:
             continue
         beyond = gap(job, "stateful", "reference", "line_shape", less=LINE_SLACK)  # above: beyond the limit
-        limit = reference[0] + LINE_SLACK + 2 * beyond.se  # the stateful figure that beyond.above passes
+        limit = reference[0] + LINE_SLACK + beyond.threshold  # the stateful figure that beyond.above passes
         kept += not beyond.above
         part = (f"{job.model}: stateful {plus_minus(*stateful)} against the reference's {plus_minus(*reference)} "
                 f"(limit {limit:.3f}: {'beyond' if beyond.above else 'within'})")
