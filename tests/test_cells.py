@@ -183,3 +183,27 @@ def test_step_continues_a_sequence(cls):
     torch.testing.assert_close(torch.cat([y_a, y_b], 1), y_full)
     y_t, _ = layer.step(x[:, 0], layer.initial_state(2))
     torch.testing.assert_close(y_t, y_full[:, 0])
+
+
+def test_forget_bias_opens_the_lstm_forget_gate_and_zero_changes_nothing():
+    """architecture.forget_bias (Jozefowicz et al. 2015): b_f starts 1 higher, every other weight as without it;
+    the default, 0, is the model every LSTM figure so far was trained with."""
+    from gru_experiments.errors import UserError
+    from gru_experiments.models.recurrent import RecurrentLM
+
+    def built(**kwargs):
+        torch.manual_seed(0)
+        return RecurrentLM(65, "lstm", 8, 16, num_layers=2, **kwargs)
+
+    plain, zero, opened = built(), built(forget_bias=0), built(forget_bias=1)
+    H = 16
+    for p, z, o in zip(plain.state_dict().items(), zero.state_dict().values(), opened.state_dict().values()):
+        name, p = p
+        assert torch.equal(p, z)
+        if name.endswith("input_bias"):
+            assert torch.allclose(o[H:2 * H] - p[H:2 * H], torch.ones(H)) and torch.equal(o[:H], p[:H])
+            assert torch.equal(o[2 * H:], p[2 * H:])
+        else:
+            assert torch.equal(o, p)
+    with pytest.raises(UserError, match="forget_bias"):
+        RecurrentLM(65, "gru", 8, 16, forget_bias=1)

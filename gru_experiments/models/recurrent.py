@@ -12,15 +12,20 @@ from gru_experiments.validation import check_dropout, check_ints, check_setting
 
 class RecurrentLM(LayeredLM):
     def __init__(self, vocab_size: int, cell: str = "gru", embedding_dim: int = 64, hidden_size: int = 128,
-                 num_layers: int = 1, dropout: float = 0.1, layer_norm: bool = False, implementation: str = "fast"):
+                 num_layers: int = 1, dropout: float = 0.1, layer_norm: bool = False, implementation: str = "fast",
+                 forget_bias: float = 0.0):
         super().__init__()
         check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
         check_ints(embedding_dim=embedding_dim, hidden_size=hidden_size, num_layers=num_layers)
         check_dropout(dropout)  # the implementation: the layers check it
+        check_setting(isinstance(forget_bias, (int, float)) and not isinstance(forget_bias, bool)
+                      and (cell == "lstm" or forget_bias == 0), "forget_bias", forget_bias,
+                      "a number, added to the LSTM's forget-gate bias (0 for the GRU and the RNN, which have none)")
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
-        self.layers = nn.ModuleList(CELLS[cell](embedding_dim if i == 0 else hidden_size, hidden_size, implementation)
-                                    for i in range(num_layers))
+        gate = {"forget_bias": forget_bias} if cell == "lstm" else {}
+        self.layers = nn.ModuleList(CELLS[cell](embedding_dim if i == 0 else hidden_size, hidden_size, implementation,
+                                                **gate) for i in range(num_layers))
         # Dropout on each layer's output sequence: between layers, and before the head.
         # The recurrent state itself is never dropped.
         self.dropout = nn.Dropout(dropout)

@@ -16,6 +16,7 @@ from gru_experiments.report import (
     lr_sweep,
     lstm_recall,
     overfitting,
+    past_window,
     recall_report,
     scale,
     text_report,
@@ -247,7 +248,7 @@ SECTIONS: list[Section] = [
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
-    scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache_report.SECTION,
+    scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache_report.SECTION, past_window.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
 ]

@@ -19,7 +19,7 @@ from gru_experiments.study.generation import STATEFUL
 from gru_experiments.study.plan import FINAL, Entry, Plan, Request, StatefulPass
 from gru_experiments.study.scores import Score, Split, StreamStates, paired_difference, score_subset
 
-SMALLEST, LONGEST = 128, 4096  # the cache sizes: powers of 2 from SMALLEST to LONGEST, and the training window
+SMALLEST, LONGEST = 128, 4096  # the cache sizes: powers of 2 from SMALLEST to LONGEST, and the windowed context
 SHARPNESS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # θ's grid, in units of 1 / the mean squared norm of h
 BIGRAM_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # β's grid (the count cache)
 LAMBDAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # λ's grid
@@ -43,8 +43,8 @@ def keep_final_states(plan: Plan) -> Plan:
 
 # --- the caches' log p_cache(target), every target at once ----------------------------------------------
 def cache_sizes(window: int, longest_history: int) -> list[int]:
-    """N: the training window and the powers of 2 from SMALLEST to LONGEST, each below `longest_history` (the
-    most positions a target can have before it)."""
+    """N: the window (the windowed mode's context) and the powers of 2 from SMALLEST to LONGEST, each below
+    `longest_history` (the most positions a target can have before it)."""
     sizes = {window} | {2 ** k for k in range(SMALLEST.bit_length() - 1, LONGEST.bit_length())}
     return sorted(n for n in sizes if n < longest_history)
 
@@ -234,6 +234,7 @@ class CacheEntry(Entry):
                                          "under the budget): no states kept"})
         split = replace(request.val, ids=request.val.ids.to(states.nll.device))
         exact = request.settings.budget is None or states.nll.device.type != "cpu"
-        return cache_figures(states, split, request.settings.seq_len, stride=1 if exact else CPU_STRIDE)
+        # "Past the window": past the windowed mode's context (evaluation.window; by default the training window).
+        return cache_figures(states, split, plan.window, stride=1 if exact else CPU_STRIDE)
 
     summary, describe = staticmethod(CacheFigures.summary), staticmethod(CacheFigures.describe)
