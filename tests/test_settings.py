@@ -73,6 +73,17 @@ def test_a_setting_is_its_runs_mean_and_spread_and_models_are_never_pooled(seed_
         assert_valid_png(report.files[name])
 
 
+def test_each_findings_verdict_from_each_seed_alone_beside_its_verdict_over_seeds(seed_sweep, tmp_path):
+    text = build_report(seed_sweep).files["report.md"].read_text()
+    verdicts = text.split("## Verdicts over trainings", 1)[1].split("\n## ", 1)[0]
+    assert "| # | finding | seed 1 alone | seed 2 alone | seed 3 alone | over seeds | changes |" in verdicts
+    assert ("| 2 | A GRU without carried state is functionally non-recurrent | supported | supported | supported |"
+            in verdicts)
+    single = tmp_path / "single"
+    seeded_job(single, 0, "astra_alpha", 1, 2.30)
+    assert "## Verdicts over trainings" not in build_report(single).files["report.md"].read_text()
+
+
 def test_the_seed_tells_runs_apart_and_a_repeated_seed_is_not_a_second_training(tmp_path):
     sweep = tmp_path / "repeat"
     seeded_job(sweep, 0, "astra_alpha", 1, 2.30)

@@ -241,10 +241,37 @@ def _findings_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str
     return lines + [""]
 
 
+def _one_training(jobs: list[JobResult], seed) -> list[JobResult]:
+    """The settings as that seed's training alone would have given them (a setting without it, as it is)."""
+    return [next((run for run in job.runs if run.values.get("seed") == seed), job) for job in jobs]
+
+
+def _verdicts_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
+    """Each finding's verdict from each seed's trainings alone beside its verdict over all of them."""
+    jobs = [job for job in jobs if job.status == "completed"]
+    seeds = sorted({run.values.get("seed") for job in jobs if job.n > 1 for run in job.runs}, key=str)
+    if not seeds:
+        return []
+    groups = [section.findings for section in SECTIONS if section.findings is not None]
+    over = [finding for group in groups for finding in group.judge(jobs)]
+    alone = {seed: [f.verdict for group in groups for f in group.judge(_one_training(jobs, seed))] for seed in seeds}
+    rows = [[str(i), escape(finding.claim), *(alone[seed][i - 1] for seed in seeds), f"**{finding.verdict}**",
+             "yes" if any(alone[seed][i - 1] != finding.verdict for seed in seeds) else ""]
+            for i, finding in enumerate(over, 1) if finding.verdict != "cannot be judged"]
+    changed = sum(row[-1] == "yes" for row in rows)
+    return ["## Verdicts over trainings", "",
+            f"Each finding judged by one training of every setting (each seed's alone) beside its verdict over all of "
+            f"them (the *Findings* above); {changed} of the {len(rows)} findings this sweep can judge change with "
+            "the training they rest on. Findings it cannot judge are left out.", "",
+            *table(["#", "finding", *(f"seed {seed} alone" for seed in seeds), "over seeds", "changes"], rows, "rl"),
+            ""]
+
+
 # --- the sections, in report.md's order -------------------------------------------------------------------
 SECTIONS: list[Section] = [
     figures.LADDER, lr_sweep.SECTION, grid.SECTION,
     Section("findings", _findings_section, findings=STUDY),
+    Section("verdicts over trainings", _verdicts_section),
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
