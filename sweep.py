@@ -45,7 +45,11 @@ def named_list(value, sets, kind: str, known: list[str]) -> list[str]:
     unknown = [name for name in value if name not in known]
     if unknown or not value:
         raise UserError(f"unknown {kind}(s) {unknown or 'none given'}; available: {', '.join(known)}")
-    return list(value)
+    repeated = sorted({name for name in value if value.count(name) > 1}, key=value.index)
+    if repeated:
+        print(f"sweep.py: {kind}s= names {', '.join(repeated)} more than once: each is trained once (seeds=N trains "
+              "every setting N times)", flush=True)
+    return list(dict.fromkeys(value))
 
 
 def config_names(group: str) -> list[str]:
@@ -65,6 +69,12 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
                             "experiments=[a,b,...] (see conf/sweep.yaml)")
         else:
             overrides.append(arg)
+    for arg in own:  # report= and models= given empty read as null: the whole default study would start
+        key, _, value = arg.partition("=")
+        if not value.strip().strip("'\""):
+            what = "the sweep folder to report on (report=outputs/multiruns/<time>)" if key == "report" else "a value"
+            raise UserError(f"{arg!r} gives {key} no value, and the whole default study would start: give {what}, "
+                            f"or leave {key} out")
     given = {arg.split("=", 1)[0] for arg in own}
     if {"models", "experiments"} <= given:
         raise UserError("models= and experiments= both pick the jobs (an experiment names its own model); give one")
@@ -152,8 +162,11 @@ def main(argv: list[str]) -> int:
         return 0
     settings, overrides = parse_arguments(argv)
     if settings.report:
+        from gru_experiments.report.sweep_folder import check_sweep_folder
+
         if overrides:
             raise UserError(f"report=... only builds a report; these would be ignored: {overrides}")
+        check_sweep_folder(Path(settings.report))  # a report is written into a sweep's folder, no other
         write_report(Path(settings.report))  # the report itself says what failed or is missing
         return 0
     started = time.perf_counter()

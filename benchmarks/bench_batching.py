@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_recurrence import Parser, machine_info, positive_int
+from bench_recurrence import Parser, machine_info, model_config, positive_int, trained_model
 from omegaconf import OmegaConf
 
 from gru_experiments.data.batches import RandomWindowBatches, StreamBatches
@@ -26,12 +26,9 @@ from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus
 from gru_experiments.data.tokenizers import build_tokenizer
 from gru_experiments.runs.task import LanguageModelTask
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
 
 def architecture(name: str) -> dict:
-    config = OmegaConf.load(CONF / "model" / f"{name}.yaml")
-    return OmegaConf.to_container(config.get("model", config).architecture)
+    return OmegaConf.to_container(model_config(name).model.architecture, resolve=True)
 
 
 def trainer_free_task(name: str, vocab_size: int) -> tuple[LanguageModelTask, torch.optim.Optimizer]:
@@ -60,7 +57,7 @@ def time_steps(task, optimizer, batches, steps: int) -> float:
 
 def main() -> None:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="astra_alpha")
+    parser.add_argument("--model", type=trained_model, default="astra_alpha")
     parser.add_argument("--steps", type=positive_int, default=40, help="training steps per mode per round")
     parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--batch", type=positive_int, default=64)

@@ -11,6 +11,7 @@ import argparse
 import time
 
 import torch
+from bench_recurrence import Parser, device_arg
 
 from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
 from gru_experiments.data.tokenizers import CharTokenizer
@@ -34,14 +35,14 @@ def timed(fn, device):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", type=device_arg, default="auto", help="auto (a GPU where there is one), cpu, cuda")
     parser.add_argument("--models", nargs="+", default=["astra_alpha", "astra_gamma"], choices=sorted(SIZES))
     parser.add_argument("--stride", type=int, default=None,
                         help="query every N-th position (default: as the evaluation, 1 on a GPU, CPU_STRIDE on a CPU)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: Astra-α on the first 6,000 targets")
     args = parser.parse_args()
-    device = torch.device(args.device)
+    device = args.device
     if args.stride is not None and args.stride < 1:
         parser.error(f"--stride must be an integer >= 1, got {args.stride}")
     stride = args.stride or (1 if device.type == "cuda" else CPU_STRIDE)

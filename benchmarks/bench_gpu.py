@@ -22,24 +22,19 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_recurrence import Parser, device_arg, model_config, positive_int, trained_model  # noqa: E402
+
 from gru_experiments.models.cuda_graphs import GraphedTrainingStep, cuda_graphs  # noqa: E402
 from gru_experiments.models.precision import resolve  # noqa: E402
 from gru_experiments.models.protocol import build_model, count_parameters  # noqa: E402
 
 MODES = ("eager", "graphed", "cudnn")
-
-
-def model_config(name: str):
-    """The model's composed config (its architecture, vocabulary and batch shape), as train.py composes it."""
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
-        return compose("train", [f"model={name}"])
 
 
 class CudnnLM(nn.Module):
@@ -157,24 +152,31 @@ def inference(model_name: str, cfg, vocab: int, device, quick: bool) -> None:
               f"({seconds[False] / seconds[True]:.1f}x), same result: {same}", flush=True)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["astra_gamma", "scribe_gamma", "leviathan"])
+def arguments(argv=None) -> argparse.Namespace:
+    """The command line; a value the benchmark cannot use is refused in one line (Parser)."""
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", type=trained_model, default=["astra_gamma", "scribe_gamma", "leviathan"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--steps", type=int, default=30, help="steps per timing (default 30)")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per mode, interleaved (default 3)")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=positive_int, default=30, help="steps per timing (default 30)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timings per mode, interleaved (default 3)")
+    parser.add_argument("--device", type=device_arg, default="cuda")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 repeat, batch 4 x 16")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--inference", action="store_true", help="the evaluation's passes and the sampler instead")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.repeats < 1:
-        parser.error("--steps and --repeats must be at least 1")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device (torch.cuda.is_available() is False): --device cpu runs it on the CPU")
+    if "cudnn" in args.modes and not args.inference:  # nn.GRU / nn.LSTM of the model's shape
+        for name in args.models:
+            if model_config(name).model.architecture.get("cell") not in ("gru", "lstm"):
+                parser.error(f"argument --models: {name} is no GRU or LSTM of RecurrentLM's shape, which the cudnn "
+                             "mode builds as nn.GRU / nn.LSTM: leave it out with --modes eager graphed")
     if args.quick:
         args.steps, args.repeats = 2, 1
+    return args
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
+    device = args.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"bench_gpu: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     rows = []

@@ -18,7 +18,7 @@ import argparse
 import time
 
 import torch
-from bench_recurrence import REPO, Parser, interleaved, machine_info, positive_int, sync
+from bench_recurrence import REPO, Parser, device_arg, int_list, interleaved, machine_info, positive_int, sync
 from omegaconf import OmegaConf
 
 from gru_experiments.models.minrnn import MinRNNLayer
@@ -79,16 +79,16 @@ def scan_microseconds(length: int, repeats: int, device) -> dict[str, float]:
 
 def main(argv=None) -> None:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--windows", default="128,512")
-    p.add_argument("--scan-lengths", default="32,128,512,2048")
+    p.add_argument("--windows", type=int_list, default="128,512")
+    p.add_argument("--scan-lengths", type=int_list, default="32,128,512,2048")
     p.add_argument("--steps", type=positive_int, default=5)
     p.add_argument("--threads", type=positive_int, default=None)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--quick", action="store_true", help="a smoke run: window 16, scans of 8 and 16 steps, 1 step")
     args = p.parse_args(argv)
     if args.quick:
-        args.windows, args.scan_lengths, args.steps = "16", "8,16", 1
-    device = torch.device(args.device)
+        args.windows, args.scan_lengths, args.steps = [16], [8, 16], 1
+    device = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     print("\n## Training, batch 64 (tokens/s, medians of interleaved steps)\n")
     print("| window | " + " | ".join(MODELS) + " | mingru, step loop | minlstm, step loop |")
     print("|--:|" + "--:|" * (len(MODELS) + 2))
-    for window in (int(w) for w in args.windows.split(",")):
+    for window in args.windows:
         tokens = torch.randint(0, 65, (64, window + 1), device=device)
         steps = {}
         for name in MODELS:
@@ -111,7 +111,7 @@ def main(argv=None) -> None:
               flush=True)
     print("\n## One minGRU layer (109 wide, batch 64), forward + backward: µs per token\n")
     print("| steps | scan | step loop | loop / scan |\n|--:|--:|--:|--:|")
-    for length in (int(n) for n in args.scan_lengths.split(",")):
+    for length in args.scan_lengths:
         cost = scan_microseconds(length, args.steps, device)
         print(f"| {length} | {cost['scan']:.2f} | {cost['loop']:.2f} | {cost['loop'] / cost['scan']:.1f}x |",
               flush=True)

@@ -110,6 +110,46 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1 (--windows 128,512), refused in one line otherwise."""
+    parts = [part.strip() for part in str(text).split(",")]
+    if not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise argparse.ArgumentTypeError(f"must be integers >= 1, comma-separated (e.g. 128,512), got {text!r}")
+    return [int(part) for part in parts]
+
+
+def device_arg(text: str) -> torch.device:
+    """An argparse type: a device this machine has (models/devices.py): --device banana, or cuda without a GPU, is
+    refused in one line, not by torch with a traceback."""
+    from gru_experiments.models.devices import InvalidDevice, resolve_device
+
+    try:
+        return resolve_device(text, "--device")
+    except InvalidDevice as error:
+        raise argparse.ArgumentTypeError(error.reason) from None
+
+
+def model_config(name: str):
+    """A model's train config (architecture, recipe, tokenizer, batch shape), composed as train.py composes it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=[f"model={name}"])
+
+
+def trained_model(text: str) -> str:
+    """An argparse type: a model of conf/model/ that an optimizer trains (a counted n-gram has no training step)."""
+    from gru_experiments.models.protocol import meta_model
+
+    names = sorted(path.stem for path in (REPO / "conf" / "model").glob("*.yaml"))
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"no model {text!r} in conf/model/: give one of {', '.join(names)}")
+    if not meta_model(model_config(text).model.architecture).trainable:
+        raise argparse.ArgumentTypeError(f"{text} is a counted model (its weights are counted from the text, with no "
+                                         "optimizer or training step): give a trained one")
+    return text
+
+
 ORDER = ["astra_alpha", "astra_beta", "astra_gamma", "scribe_alpha", "scribe_beta", "scribe_gamma", "leviathan"]
 
 
@@ -249,14 +289,14 @@ def main(argv=None) -> None:
     p.add_argument("--no-sampling", action="store_true")
     p.add_argument("--no-builtin", action="store_true", help="leave out nn.GRU / nn.LSTM (training table)")
     p.add_argument("--reference", action="store_true", help="also time the readable reference (training, 2 steps)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="Astra-α, Astra-β, Scribe-α; fewer repetitions (~1 min)")
     args = p.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = args.device
     default_models = ["astra_alpha", "astra_beta", "scribe_alpha"] if args.quick else ORDER
     names = args.models.split(",") if args.models else default_models
     shapes = load_shapes(names)

@@ -20,22 +20,28 @@ The groups, each a folder under outputs/multiruns/ that `python sweep.py report=
 Small recurrent models are bound by kernel launches, not by the GPU's arithmetic, so a GPU is best used by many
 processes at once (one CPU thread each). Not `sweep.py hydra/launcher=parallel`: a device lease needs a
 deadline that leaves resumable checkpoints, and the recall runs wait for their family's best rate. A run still
-going at the deadline is stopped with SIGINT (it keeps its last.ckpt: `python train.py resume=RUN` continues
-it); a job not started by then is listed as not run.
+going at the deadline is stopped with SIGINT (it keeps its last.ckpt); a job not started by then is listed as not
+run. The same command on the next lease goes on where this one stopped, a folder holding one run: a job that
+finished (its summary.json) is skipped, one the deadline cut is resumed from its last.ckpt (`train.py resume=RUN`,
+its train.log appended to), one cut before its first checkpoint (nothing to resume) is moved aside to
+<root>/cut/<group>/ and started again.
 Exit status: the number of jobs that did not complete.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+
+from gru_experiments.errors import UserError
+from gru_experiments.runs.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 RATES = ("1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
@@ -50,6 +56,7 @@ TUNED_RECALL = {"mingru": ("recall_mingru_windows", "recall_mingru_streams"),
                 "lstm": ("recall_lstm_alpha_windows", "recall_lstm_alpha_streams")}
 
 
+
 @dataclass
 class Job:
     name: str
@@ -57,14 +64,13 @@ class Job:
     overrides: list[str]
     family: str | None = None  # a learning-rate run of this minimal family
     process: subprocess.Popen | None = None
-    started: float = 0.0
+    started: float | None = None
     ended: float | None = None
     status: str = "waiting"
     log: Path = field(default=None)
 
     def summary(self) -> dict:
-        path = self.folder / "summary.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return RunDir(self.folder).summary() or {}
 
 
 def lr_jobs(root: Path, families=TUNED) -> list[Job]:
@@ -87,7 +93,51 @@ def best_rate(jobs: list[Job], family: str) -> str | None:
     return min(scored)[1] if scored else None
 
 
-def main(argv=None) -> int:
+def start(job: Job, new_run: list[str], resume_with: list[str], env: dict) -> str | None:
+    """Start the job's train.py, its output appended to its train.log; a folder holds one run (docs/robustness.md):
+    resumed where the run in it was cut (its last.ckpt, no summary.json, `resume_with` this command's accelerator and
+    steps), afresh where it holds none (a run cut before its first checkpoint is moved aside first: `move_aside`).
+    What it did, or None where it started nothing: the job finished (its status read from its summary.json), or
+    another process trains in its folder."""
+    run = RunDir(job.folder)
+    if run.summary_file.is_file():
+        job.status = job.summary().get("status", "unreadable summary.json")
+        return None
+    if run.checkpoint.is_file():
+        command, did = [f"resume={job.folder}", *resume_with], "resumed from its last.ckpt"
+    else:
+        if run.holds_run() and not move_aside(job):
+            return None
+        command, did = [*job.overrides, *new_run, f"hydra.run.dir={job.folder}"], "started"
+    job.folder.mkdir(parents=True, exist_ok=True)
+    job.log = job.folder / "train.log"
+    with job.log.open("a") as log:
+        job.process = subprocess.Popen([sys.executable, "train.py", *command], cwd=REPO, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)
+    job.started, job.status = time.monotonic(), "running"
+    return did
+
+
+def move_aside(job: Job) -> bool:
+    """A run cut before its first checkpoint has nothing to resume: its folder moves to <root>/cut/<group>/<name>_<time>
+    (nothing deleted, and out of the group's sweep report), so that the job starts afresh. False, said in a line,
+    where another process trains in it."""
+    aside = job.folder.parents[1] / "cut" / job.folder.parent.name / f"{job.folder.name}_{datetime.now():%Y%m%d_%H%M%S}"
+    try:
+        with RunDir(job.folder).hold("move it aside"):
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            job.folder.rename(aside)
+    except UserError as error:
+        job.status = "in use"
+        print(f"gpu_jobs.py: {job.name}: {error}", flush=True)
+        return False
+    print(f"gpu_jobs.py: {job.name} was cut before its first checkpoint (nothing to resume): moved to {aside}; "
+          "it starts again", flush=True)
+    return True
+
+
+def parse_arguments(argv) -> argparse.Namespace | None:
+    """The arguments, or None (said in one line) where --jobs or --steps is below 1."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=14, help="runs at once")
     p.add_argument("--deadline", type=float, default=570, help="seconds from start: running jobs get SIGINT")
@@ -105,61 +155,77 @@ def main(argv=None) -> int:
         if value is not None and value < 1:
             print(f"gpu_jobs.py: {flag} {value}: must be an integer >= 1"
                   + (" (leave --steps out for each recipe's own steps)" if flag == "--steps" else ""), file=sys.stderr)
-            return 2
+            return None
+    return args
 
-    common = [f"trainer.accelerator={args.accelerator}", "logger=csv", *args.overrides]
-    if args.steps is not None:
-        common.append(f"trainer.max_steps={args.steps}")
+
+def planned(args) -> tuple[list[Job], dict[str, bool]]:
+    """The jobs in the order they start, and the families whose recall pairs wait for their best rate."""
     families = {None: TUNED, "lr": TUNED, "minimal": MINIMAL, "lstm": ("lstm",)}.get(args.only, ())
     lr = lr_jobs(args.root, families)
     queue = recall_jobs(args.root, GRU_RECALL, 0) if args.only in (None, "recall") else []
     beta = recall_jobs(args.root, LSTM_BETA_RECALL, 2 * len(GRU_RECALL)) if args.only in (None, "lstm") else []
     # The longest runs (Astra-β's and its LSTM's) first, then the learning-rate runs, then Astra-α's and the
     # transformer's pairs.
-    queue = queue[:4] + beta + lr + queue[4:]
-    pending = {family: args.only != "lr" for family in families}
+    return queue[:4] + beta + lr + queue[4:], {family: args.only != "lr" for family in families}
+
+
+def run_until_deadline(args, queue: list[Job], pending: dict[str, bool]) -> tuple[list[Job], list[Job]]:
+    """The jobs, args.jobs at a time, until none is left or the deadline passes: (done, stopped at the deadline)."""
+    new_run = [f"trainer.accelerator={args.accelerator}", "logger=csv", *args.overrides]
+    resume_with = [f"trainer.accelerator={args.accelerator}"]  # the rest is the run's own (its .hydra/)
+    for steps in ([f"trainer.max_steps={args.steps}"] if args.steps is not None else []):
+        new_run, resume_with = [*new_run, steps], [*resume_with, steps]
     done: list[Job] = []
     running: list[Job] = []
-    start = time.monotonic()
+    start_time = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def say(text: str) -> None:
-        print(f"[{time.monotonic() - start:6.0f} s] {text}", flush=True)
+        print(f"[{time.monotonic() - start_time:6.0f} s] {text}", flush=True)
 
     while queue or running:
-        for job in list(running):
-            if job.process.poll() is not None:
-                running.remove(job)
-                job.ended = time.monotonic()
-                job.status = job.summary().get("status", f"exit {job.process.returncode}")
-                done.append(job)
-                bpc = job.summary().get("stateful_bpc")
-                say(f"{job.name}: {job.status} in {job.ended - job.started:.0f} s"
-                    + (f", stateful {bpc:.4f}" if isinstance(bpc, float) else "") + f" ({job.log})")
-        for family, waiting in pending.items():
-            if waiting and not any(j.family == family for j in queue + running):
-                pending[family] = False
-                rate = best_rate(done, family)
-                if rate is None:
-                    say(f"{family}: no completed learning-rate run, so no recall runs")
-                    continue
-                say(f"{family}: best rate {rate}; its recall pairs start")
-                first = 20 + 4 * TUNED.index(family)
-                queue[:0] = recall_jobs(args.root, TUNED_RECALL[family], first, [f"model.lr={rate}"])
-        if time.monotonic() - start > args.deadline:
+        for job in [job for job in running if job.process.poll() is not None]:
+            running.remove(job)
+            job.ended = time.monotonic()
+            job.status = job.summary().get("status", f"exit {job.process.returncode}")
+            done.append(job)
+            bpc = job.summary().get("stateful_bpc")
+            say(f"{job.name}: {job.status} in {job.ended - job.started:.0f} s"
+                + (f", stateful {bpc:.4f}" if isinstance(bpc, float) else "") + f" ({job.log})")
+        queue[:0] = recall_pairs_due(args.root, pending, queue + running, done, say)
+        if time.monotonic() - start_time > args.deadline:
             break
         while queue and len(running) < args.jobs:
             job = queue.pop(0)
-            job.folder.mkdir(parents=True, exist_ok=True)
-            job.log = job.folder / "train.log"
-            command = [sys.executable, "train.py", *job.overrides, *common, f"hydra.run.dir={job.folder}"]
-            job.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=job.log.open("w"),
-                                           stderr=subprocess.STDOUT)
-            job.started, job.status = time.monotonic(), "running"
-            running.append(job)
-            say(f"{job.name}: started ({len(running)} running, {len(queue)} waiting)")
+            did = start(job, new_run, resume_with, env)
+            (running if did else done).append(job)
+            if did:
+                say(f"{job.name}: {did} ({len(running)} running, {len(queue)} waiting)")
+            elif job.status != "in use":
+                say(f"{job.name}: finished ({job.status}): skipped")
         time.sleep(2)
+    stop(running, say)
+    return done, running
 
+
+def recall_pairs_due(root: Path, pending: dict[str, bool], unfinished: list[Job], done: list[Job], say) -> list[Job]:
+    """The recall pairs of each family whose learning-rate runs have all ended, at its best rate."""
+    due = []
+    for family, waiting in pending.items():
+        if waiting and not any(j.family == family for j in unfinished):
+            pending[family] = False
+            rate = best_rate(done, family)
+            if rate is None:
+                say(f"{family}: no completed learning-rate run, so no recall runs")
+                continue
+            say(f"{family}: best rate {rate}; its recall pairs start")
+            due += recall_jobs(root, TUNED_RECALL[family], 20 + 4 * TUNED.index(family), [f"model.lr={rate}"])
+    return due
+
+
+def stop(running: list[Job], say) -> None:
+    """SIGINT to every job still running (each keeps its last.ckpt for the next lease's resume)."""
     for job in running:
         job.process.send_signal(signal.SIGINT)
         say(f"{job.name}: stopped at the deadline (SIGINT)")
@@ -169,15 +235,27 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             job.process.kill()
         job.status = "stopped"
+
+
+def print_table(done: list[Job], running: list[Job], queue: list[Job]) -> None:
     print("\n| job | status | stateful bpc | windowed | stateless | seconds |\n|---|---|--:|--:|--:|--:|")
     for job in done + running:
         s = job.summary()
         cells = [f"{s[k]:.4f}" if isinstance(s.get(k), float) else "" for k in
                  ("stateful_bpc", "windowed_bpc", "stateless_bpc")]
-        seconds = (job.ended or time.monotonic()) - job.started
-        print(f"| {job.name} | {job.status} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+        seconds = "" if job.started is None else f"{(job.ended or time.monotonic()) - job.started:.0f}"
+        print(f"| {job.name} | {job.status} | " + " | ".join(cells) + f" | {seconds} |")
     for job in queue:
         print(f"| {job.name} | not run | | | | |")
+
+
+def main(argv=None) -> int:
+    args = parse_arguments(argv)
+    if args is None:
+        return 2
+    queue, pending = planned(args)
+    done, running = run_until_deadline(args, queue, pending)
+    print_table(done, running, queue)
     return sum(job.status != "completed" for job in done + running) + len(queue)
 
 

@@ -165,13 +165,10 @@ def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
     else:
         raise UserError(f"no run folder or checkpoint file at {run_or_checkpoint}")
 
-    from gru_experiments.runs.sampling import resolve_device
+    from gru_experiments.models.devices import resolve_device
     from gru_experiments.runs.task import load_checkpoint
 
-    try:
-        device = resolve_device(device)
-    except RuntimeError as error:
-        raise UserError(f"unknown device {device!r}: {str(error).splitlines()[0]}") from None
+    device = resolve_device(device)  # a name torch does not know, or a device this machine lacks: one line
     task = load_checkpoint(checkpoint, map_location=device)
     model = task.model.to(device).eval()
     return TrainedModel(model, task.tokenizer, name=task.hparams.get("model_name") or "model",
@@ -229,8 +226,8 @@ def _one_line(error: Exception) -> str:
 
 
 def _run_job(config) -> dict:
-    """Hydra's own run_job, as train.py's: the run folder, its .hydra/ record and HydraConfig set
-    (paths.output_dir is ${hydra:runtime.output_dir}); train.log written by `_job_log`."""
+    """Hydra's own run_job, as train.py's: the run folder and HydraConfig set (paths.output_dir is
+    ${hydra:runtime.output_dir}; train() records its .hydra/); train.log written by `_job_log`."""
     from hydra._internal.callbacks import Callbacks
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobStatus, run_job
@@ -245,8 +242,8 @@ def _run_job(config) -> dict:
         with _job_log(Path(HydraConfig.get().runtime.output_dir) / f"{config.hydra.job.name}.log"):
             try:
                 return train_run(task_cfg)
-            except UserError:
-                discard_untouched_run_dir(task_cfg.paths.log_dir)  # input errors leave no run folder
+            except UserError as error:
+                discard_untouched_run_dir(task_cfg.paths.log_dir, error)  # input errors leave no run folder
                 raise
 
     with read_write(config.hydra), open_dict(config.hydra):

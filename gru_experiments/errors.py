@@ -7,6 +7,11 @@ class UserError(Exception):
     """A problem with the user's input; the message says what to do about it."""
 
 
+class RunFolderTaken(UserError):
+    """The run folder holds another run, or another process trains in it: the refusal leaves it as it was (no
+    failure record written into it, nothing removed)."""
+
+
 class TrainingDiverged(UserError):
     """The loss or the weights became non-finite; the last good checkpoint is kept."""
 

@@ -74,7 +74,7 @@ def test_off_by_default_and_bad_settings_refused_in_one_line(compose_config, ove
                             ("early_stopping.min_delta=-1", "early_stopping.min_delta"),
                             ("early_stopping.mode=lowest", "early_stopping.mode"),
                             ("early_stopping.monitor=train/loss", "early_stopping.monitor"),
-                            ("+early_stopping.pateince=3", "early_stopping: .*pateince")):
+                            ("+early_stopping.pateince=3", "unknown key early_stopping.pateince")):
         with pytest.raises(UserError, match=match):
             train(compose_config(*TINY, f"data.path={overfittable}", "early_stopping.patience=2", override,
                                  f"paths.output_dir={run}"))

@@ -3,11 +3,12 @@ that names what to do."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
-from gru_experiments.data.corpus import prepare_corpus, read_corpus
+from gru_experiments.data.corpus import PYSTDLIB_SHA256, load_corpus, prepare_corpus, read_corpus
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import validate
 
@@ -47,3 +48,33 @@ def test_a_long_prompt_is_cut_in_the_progress_bars_label():
     assert shown_prompt("ROMEO: ") == "'ROMEO: '"
     label = shown_prompt("x" * 100_000)
     assert len(label) < 80 and label.endswith("(100,000 characters)")
+
+
+def test_a_utf8_byte_order_mark_is_dropped_with_one_line(tmp_path, compose_config, tiny_corpus, capsys):
+    """As Python's utf-8-sig reads it: the mark is no character of the text (it joined the vocabulary, and every
+    split boundary moved by it); the corpus's sha256 is still the file's."""
+    corpus = tmp_path / "bom.txt"
+    corpus.write_bytes(b"\xef\xbb\xbf" + tiny_corpus.read_bytes())
+    cfg = compose_config(f"data.path={corpus}")
+    prepared = prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tokenizers")
+    assert "\ufeff" not in prepared.tokenizer.state_dict()["chars"]
+    assert f"corpus {corpus} starts with a UTF-8 byte-order mark: dropped" in capsys.readouterr().out
+    assert prepared.sha256 == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    plain = compose_config(f"data.path={tiny_corpus}")
+    assert prepared.train_ids.equal(prepare_corpus(plain.data, plain.tokenizer, tmp_path / "tokenizers").train_ids)
+    assert "byte-order mark" not in capsys.readouterr().out
+
+
+def test_data_sha256_is_checked_and_never_falls_back_to_tiny_shakespeare(compose_config, tiny_corpus):
+    """data.sha256 given: with data.path it must be the file's; without, it must name a shipped corpus (or come with
+    data.url): a hash that names nothing was read as Tiny Shakespeare."""
+    sha256 = hashlib.sha256(tiny_corpus.read_bytes()).hexdigest()
+    assert load_corpus(compose_config(f"data.path={tiny_corpus}", f"data.sha256={sha256}").data).sha256 == sha256
+    with pytest.raises(UserError, match=f"corpus file {tiny_corpus} has sha256 {sha256}, but data.sha256={'0' * 64}: "
+                                        "it is not the text that hash names"):
+        load_corpus(compose_config(f"data.path={tiny_corpus}", f"data.sha256={'0' * 64}").data)
+    for named in ([], ["data=pystdlib"]):
+        with pytest.raises(UserError, match=f"data.sha256={'1' * 64} names no corpus shipped in the package "
+                                            r"\(tinyshakespeare: 86c4.*, pystdlib: 0580.*\), and no data.url"):
+            load_corpus(compose_config(*named, f"data.sha256={'1' * 64}").data)
+    assert load_corpus(compose_config("data=pystdlib").data).sha256 == PYSTDLIB_SHA256

@@ -94,6 +94,34 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(compose_config, tin
     assert_same_run(run, uninterrupted)
 
 
+# Issue 62: a checkpoint written at an epoch's end (checkpoint.every_n_steps=0, or a kill between that checkpoint and
+# the next step's) resumes as exactly as one written mid-epoch, with trainer.max_steps too (Lightning restarted the
+# finished epoch under max_steps and counted it twice: the run stopped one epoch short, with another loss).
+# 3 epochs of 4 steps; (every_n_steps, the step the run is cut off after, the step of its last.ckpt).
+CUTS = ((0, 5, 4), (3, 8, 6))  # an epoch's end; mid-epoch
+
+
+@pytest.mark.parametrize("max_steps", [None, 12, 10])
+def test_a_resume_from_an_epoch_end_or_a_mid_epoch_checkpoint_is_exact(compose_config, tiny_corpus, tmp_path,
+                                                                       monkeypatch, max_steps):
+    base = [*TINY, f"data.path={tiny_corpus}", "data.seq_len=16", "model.steps_per_epoch=4", "model.epochs=3",
+            *([f"trainer.max_steps={max_steps}"] if max_steps else [])]
+    reference = train(compose_config(*base, f"paths.output_dir={tmp_path / 'reference'}"))
+    assert reference["train_steps"] == (max_steps or 12)
+    for every, cut, saved in CUTS:
+        run = tmp_path / f"cut{cut}"
+        config = [*base, f"checkpoint.every_n_steps={every}", f"paths.output_dir={run}"]
+        interrupt_at(monkeypatch, cut)
+        with pytest.raises(Interrupted):
+            train(compose_config(*config))
+        monkeypatch.undo()
+        assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == saved
+        summary = train(compose_config(*config, f"resume={run}"))
+        assert (summary["resumed_from_step"], summary["train_steps"]) == (saved, reference["train_steps"])
+        assert [summary[key] for key in ("train_loss", "val_loss", "val_bpc")] == \
+            [reference[key] for key in ("train_loss", "val_loss", "val_bpc")], (every, cut)
+
+
 def test_resume_restores_the_wandb_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """The run id is stored in the checkpoint and the resumed run logs to the same W&B run
     (offline here: both offline run folders carry the same id)."""

@@ -4,6 +4,7 @@ the config is missing or damaged), or refuses in one line; never today's default
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -14,9 +15,11 @@ import torch
 from omegaconf import OmegaConf
 from robustness_helpers import (
     TINY,
+    Interrupted,
     assert_untouched,
     error_line,
     fingerprint,
+    interrupt_at,
     run_killed_after_checkpoint,
     run_script,
     start_script,
@@ -25,6 +28,7 @@ from robustness_helpers import (
 from gru_experiments.errors import UserError
 from gru_experiments.runs.resume import ResumePoint, saved_config
 from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.runs.training import train
 
 # 6 steps at batch 4 (not today's default), last.ckpt every 2: killed right after the checkpoint of step 2.
 STEPS = 6
@@ -145,3 +149,76 @@ def test_the_checkpoint_records_the_runs_config(interrupted):
     """What saved_config falls back on: the config of the part that wrote the checkpoint, read without running code."""
     saved = torch.load(interrupted / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert saved["run_config"]["data"]["batch_size"] == 4 and not saved["run_config"]["logger"]  # logger=none
+
+
+# --- issue 62: nothing lost -------------------------------------------------------------------------------------------
+
+def test_a_resume_applies_every_override_it_takes_null_included(compose_config):
+    """`key=null` on a resume is applied like any other value (it was dropped: `evaluation.budget=null` scored at the
+    run's budget, `early_stopping.patience=null` kept the run's patience); a group chosen alike keeps the run's keys."""
+    from gru_experiments.runs.resume import resumed_config
+
+    saved = compose_config(*TINY, "evaluation.budget=0.05", "early_stopping.patience=50", "evaluation.curve_longest=64")
+    overrides = ["resume=RUN", "evaluation.budget=null", "early_stopping.patience=null",
+                 "evaluation.curve_longest=null", "evaluation=default"]
+    chosen = {"evaluation": "default", "early_stopping": "default", "model": "astra_alpha", "logger": "none"}
+    cfg = resumed_config(saved, compose_config(*overrides), overrides, chosen, chosen)
+    assert (cfg.evaluation.budget, cfg.early_stopping.patience, cfg.evaluation.curve_longest) == (None, None, None)
+    assert cfg.evaluation.streams == saved.evaluation.streams and cfg.model.lr == saved.model.lr
+
+
+def test_a_resume_with_evaluation_budget_null_scores_everything(interrupted, tmp_path):
+    root, run = copy_of(interrupted, tmp_path)
+    result = run_script(root, f"resume={run}", "evaluation.budget=null", "evaluation.curve_longest=null",
+                        "evaluation.text.samples=0")
+    assert result.returncode == 0, result.stderr
+    assert "every figure exact (evaluation.budget=null)" in result.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["mode_evaluation"]["budget"] is None and summary["mode_evaluation"]["windowed_stride"] == 1
+    record = OmegaConf.load(next((run / ".hydra").glob("resumed_*/config.yaml")))
+    assert (record.evaluation.budget, record.evaluation.curve_longest) == (None, None)
+
+
+def test_a_resume_refuses_a_corpus_that_changed_since(compose_config, tiny_corpus, tmp_path, monkeypatch):
+    """The checkpoint and summary.json record the corpus's sha256; a resume on another text (the run's data.path
+    edited since) is refused in one line before any work, the run folder as it was; on the same text it resumes."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(tiny_corpus.read_bytes())
+    sha256 = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    config = [*RECIPE, f"data.path={corpus}", f"paths.output_dir={tmp_path / 'run'}"]
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(Interrupted):
+        train(compose_config(*config))
+    monkeypatch.undo()
+    run = tmp_path / "run"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)["corpus_sha256"] == sha256
+    corpus.write_text(corpus.read_text().replace("gato", "gata"))  # the same characters: the vocabulary alike
+    before = fingerprint(run)
+    with pytest.raises(UserError, match=f"the corpus changed since run {run} trained on it: {corpus} has sha256 "
+                                        f"[0-9a-f]{{64}}, but checkpoint .* was trained on sha256 {sha256}; a resume "
+                                        "continues on the run's own corpus: restore that text"):
+        train(compose_config(*config, f"resume={run}"))
+    assert_untouched(before, fingerprint(run))
+    corpus.write_bytes(tiny_corpus.read_bytes())
+    assert train(compose_config(*config, f"resume={run}"))["corpus_sha256"] == sha256
+    assert json.loads((run / "summary.json").read_text())["corpus_sha256"] == sha256
+
+
+DAMAGES = {"a weight": ("state_dict", "model.head.bias"), "Lightning's version": ("pytorch-lightning_version",)}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_checkpoint_without_a_weight_or_lightnings_version_is_refused_in_one_line(interrupted, tmp_path, damage):
+    """Refused before anything is written (no .hydra/resumed_* record), not a traceback from inside Lightning's load."""
+    root, run = copy_of(interrupted, tmp_path)
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    *parents, key = DAMAGES[damage]
+    del (checkpoint[parents[0]] if parents else checkpoint)[key]
+    torch.save(checkpoint, run / "checkpoints" / "last.ckpt")
+    before = fingerprint(run)
+    result = run_script(root, f"resume={run}")
+    assert result.returncode == 2, result.stderr
+    assert (f"is not a gru-experiments training checkpoint (it lacks {key})" if not parents else
+            f"is damaged: it lacks the weights {key}; it cannot be resumed") in error_line(result.stderr)
+    assert_untouched(before, fingerprint(run))
+    assert not list((run / ".hydra").glob("resumed_*"))

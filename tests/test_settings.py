@@ -84,6 +84,18 @@ def test_each_findings_verdict_from_each_seed_alone_beside_its_verdict_over_seed
     assert "## Verdicts over trainings" not in build_report(single).files["report.md"].read_text()
 
 
+def test_sweeps_run_side_by_side_are_reported_together(tmp_path, capsys):
+    """Two lanes, each its own sweep folder (multirun.yaml), one parent: report=PARENT makes one setting of them."""
+    parent = tmp_path / "study"
+    for lane, seeds in (("lane_a", (1, 2)), ("lane_b", (3,))):
+        for num, seed in enumerate(seeds):
+            seeded_job(parent / lane, num, "astra_alpha", seed, STATEFUL["astra_alpha"][seed - 1])
+        OmegaConf.save({"hydra": {"overrides": {"task": ["model=astra_alpha"]}}}, parent / lane / "multirun.yaml")
+    assert sweep_script.main([f"report={parent}"]) == 0
+    [setting] = [row for row in rows_of(parent) if row["row"] == "setting"]
+    assert setting["n"] == "3" and float(setting["stateful_bpc"]) == pytest.approx(fmean(STATEFUL["astra_alpha"]))
+
+
 def test_the_seed_tells_runs_apart_and_a_repeated_seed_is_not_a_second_training(tmp_path):
     sweep = tmp_path / "repeat"
     seeded_job(sweep, 0, "astra_alpha", 1, 2.30)

@@ -291,11 +291,13 @@ def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
 
 
 def test_report_of_a_folder_without_results_says_so(tmp_path):
-    (tmp_path / "notes.txt").write_text("not a sweep")
+    """A sweep folder (Hydra's multirun.yaml) whose jobs never started; a folder that is no sweep's:
+    tests/test_answered_inputs.py."""
+    (tmp_path / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: []\n")
     result = run_script("sweep.py", f"report={tmp_path}", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: no results in {tmp_path}: no job folders")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multirun.yaml"]  # nothing written
 
 
 def test_only_multirun_ddp_jobs_run_in_their_own_process(compose_config, monkeypatch):

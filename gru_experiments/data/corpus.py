@@ -23,6 +23,8 @@ SHIPPED_CORPUS = CORPORA / "tinyshakespeare.txt.xz"
 SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
 PYSTDLIB_SHA256 = "0580ce98cfae237574409a8795e9ef8178eecde50b7c1c985f0ae59bb2121230"
 SHIPPED = {SHIPPED_SHA256: SHIPPED_CORPUS, PYSTDLIB_SHA256: CORPORA / "pystdlib.txt.xz"}
+SHIPPED_NAMES = {sha: path.name.removesuffix(".txt.xz") for sha, path in SHIPPED.items()}
+BYTE_ORDER_MARK = "\ufeff"
 
 
 def sha256_of(path: Path) -> str:
@@ -52,6 +54,11 @@ def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir
         return Path(path).expanduser()
     if sha256 in SHIPPED:
         return SHIPPED[sha256]
+    if not url and sha256:  # never another text than the one named: not Tiny Shakespeare in its place
+        shipped = ", ".join(f"{name}: {sha}" for sha, name in SHIPPED_NAMES.items())
+        raise UserError(f"data.sha256={sha256} names no corpus shipped in the package ({shipped}), and no data.url "
+                        "is given to download it: give data.path=FILE (data.sha256 then checks it), or leave "
+                        "data.sha256 out for Tiny Shakespeare")
     if not url:
         return SHIPPED_CORPUS
     cached = Path(cache_dir) / Path(url.split("?")[0]).name
@@ -69,12 +76,35 @@ def corpus_name(path: str | None, url: str | None, sha256: str | None) -> str:
     """A run's corpus as the report names it: a shipped one's name (tinyshakespeare, pystdlib), else its file's."""
     if path:
         return Path(path).name.removesuffix(".xz").removesuffix(".txt")
-    shipped = SHIPPED.get(sha256) or (SHIPPED_CORPUS if not url else None)
-    return shipped.name.removesuffix(".txt.xz") if shipped else Path(url.split("?")[0]).name
+    return SHIPPED_NAMES.get(sha256) or (SHIPPED_NAMES[SHIPPED_SHA256] if not url else Path(url.split("?")[0]).name)
+
+
+@dataclass(frozen=True)
+class CorpusText:
+    source: Path
+    text: str  # without a UTF-8 byte-order mark
+    sha256: str  # of the file's plain bytes (an .xz file's decompressed): `sha256sum FILE` for a plain text file
+
+
+def load_corpus(data_cfg) -> CorpusText:
+    """The corpus data_cfg names (`corpus_path`), read, and checked against data.sha256 where that is given with
+    data.path (a shipped corpus is checked against its own, a download as it is fetched)."""
+    source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
+    corpus = read_corpus_text(source)
+    if data_cfg.path and data_cfg.get("sha256") and corpus.sha256 != data_cfg.sha256:
+        raise UserError(f"corpus file {source} has sha256 {corpus.sha256}, but data.sha256={data_cfg.sha256}: it is "
+                        "not the text that hash names (changed since?); give that text, or the file's sha256, or "
+                        "leave data.sha256 out")
+    return corpus
 
 
 def read_corpus(path: Path) -> str:
     """The corpus text (`.xz` decompressed, the shipped one checked); UserError if missing, empty or not UTF-8."""
+    return read_corpus_text(path).text
+
+
+def read_corpus_text(path: Path) -> CorpusText:
+    """read_corpus's text with its sha256; a UTF-8 byte-order mark is dropped, saying so in a line."""
     if not path.exists():
         raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
     if not path.is_file():
@@ -96,11 +126,16 @@ def read_corpus(path: Path) -> str:
         raise UserError(f"corpus file is not UTF-8 text: {path} looks like UTF-16 (a byte-order mark, or a NUL byte "
                         "every other byte); convert it first, e.g. iconv -f utf-16 -t utf-8") from None
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise UserError(f"corpus file is not UTF-8 text: {path} (byte 0x{data[err.start]:02x} at offset {err.start}, "
                         f"line {line}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+    if text.startswith(BYTE_ORDER_MARK):  # as Python's utf-8-sig reads it: a mark of the encoding, not a character
+        text = text[len(BYTE_ORDER_MARK):]
+        print(f"corpus {path} starts with a UTF-8 byte-order mark: dropped (it marks the encoding and is no "
+              "character of the text)")
+    return CorpusText(path, text, expected or hashlib.sha256(data).hexdigest())
 
 
 def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source) -> None:
@@ -125,18 +160,19 @@ class Corpus:
     val_ids: Tensor  # (N_val,) int64: the plain split (the probe's plantings are in probe.validation)
     source: Path
     probe: Probe | None = None  # probe=recall: data/recall_probe.py
+    sha256: str | None = None  # of the corpus file (CorpusText.sha256): summary.json and checkpoints record it
 
 
 def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSettings | None = None,
-                   seed: int = 0) -> Corpus:
-    """Load, split, fit the tokenizer, encode both splits; with `probe`, the recall probe seeded `seed`. The char
-    vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8 text trains) and the
-    probe's; SentencePiece learns its pieces from the training split only."""
+                   seed: int = 0, loaded: CorpusText | None = None) -> Corpus:
+    """Load (or take `loaded`: load_corpus's), split, fit the tokenizer, encode both splits; with `probe`, the recall
+    probe seeded `seed`. The char vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8
+    text trains) and the probe's; SentencePiece learns its pieces from the training split only."""
     if probe is not None and tokenizer_cfg.kind != "char":
         raise UserError(NEEDS_CHAR)
     settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
-    source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.sha256, data_cfg.cache_dir)
-    text = read_corpus(source)
+    loaded = loaded or load_corpus(data_cfg)
+    source, text = loaded.source, loaded.text
     if (crlf := text.count("\r\n")) and tokenizer_cfg.kind == "char":
         print(f"corpus {source} has Windows line ends ({crlf:,} of \\r\\n): \\r is a character of its own in the "
               "vocabulary, predicted before every line end; to leave it out, convert the file first, e.g. dos2unix")
@@ -148,7 +184,7 @@ def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSet
     extra = [symbols.opening, symbols.closing, *symbols.keys] if symbols else []
     tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, extra, **settings)
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
-    corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source)
+    corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source, sha256=loaded.sha256)
     check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)
     if probe is not None:
         corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)

@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import corpus_name
-from gru_experiments.errors import NoResultsError
+from gru_experiments.errors import NoResultsError, UserError
 from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
@@ -33,7 +33,7 @@ class JobResult:
         self.values = summary_in_todays_names(self.values, started=self.status != "missing")
 
     @property
-    def runs(self) -> list["JobResult"]:
+    def runs(self) -> list:
         """Its trainings: itself (a settings.Setting has several)."""
         return [self]
 
@@ -174,6 +174,19 @@ def _job_order(job_dir: Path) -> tuple:
     hydra = job_dir / ".hydra" / "hydra.yaml"
     num = _select(OmegaConf.load(hydra), "hydra.job.num") if hydra.is_file() else None
     return (num if isinstance(num, int) else math.inf, job_dir.name)
+
+
+def check_sweep_folder(folder: Path) -> None:
+    """sweep.py report=FOLDER: a folder a multirun wrote (Hydra's multirun.yaml in it), or a folder of such folders
+    (sweeps run side by side, reported together), so that a report is never written into another folder (a single
+    run's, or outputs/runs/<model>/ of many single runs). `collect` says what a path that is not a folder is."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / "multirun.yaml").is_file() or any(folder.glob("*/multirun.yaml")):
+        return
+    single = (folder / ".hydra").is_dir() or (folder / "checkpoints").is_dir()
+    raise UserError(f"{folder} is {'the folder of a single run' if single else 'not a sweep folder'}: it has no "
+                    "multirun.yaml, which Hydra writes into every sweep's folder (python sweep.py ..., python train.py "
+                    "-m ...); give a sweep's folder (outputs/multiruns/<time>): nothing was written")
 
 
 def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:

@@ -1,8 +1,9 @@
 """Checkpoint files: read without running code, written atomically, never with broken weights.
 
 `read_checkpoint` (weights_only, the one reader), `AtomicCheckpointIO` (the Trainer's writer),
-`StepCheckpoint` (last.ckpt every N steps) and `TrainingState` (the random states and the W&B run id):
-what each guards against, docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
+`StepCheckpoint` (last.ckpt every N steps), `TrainingState` (the random states and the W&B run id) and
+`EpochEndResumes` (an epoch-end checkpoint resumes exactly under trainer.max_steps too): what each guards
+against, docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
 """
 
 import pickle
@@ -14,6 +15,8 @@ from pathlib import Path
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.loop import _Loop
 
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import atomic_file
@@ -26,7 +29,7 @@ class NonFiniteWeights(TrainingDiverged):
 
 # What every checkpoint the project writes contains; resuming needs the training state too.
 MODEL_KEYS = ("state_dict", "hyper_parameters", "tokenizer")
-TRAINING_KEYS = MODEL_KEYS + ("optimizer_states", "lr_schedulers", "loops")
+TRAINING_KEYS = MODEL_KEYS + ("optimizer_states", "lr_schedulers", "loops", "pytorch-lightning_version")
 
 
 def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_KEYS, mmap: bool = False) -> dict:
@@ -113,6 +116,25 @@ def _vocabulary(state: dict) -> dict:
             if key != "extra"}
 
 
+def weight_shapes(state_dict) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of a state_dict's tensors (read memory-mapped, their data stays on disk); {} for no mapping."""
+    if not isinstance(state_dict, dict):
+        return {}
+    return {name: tuple(t.shape) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+
+
+def weights_mismatch(saved: dict, expected: dict) -> str | None:
+    """What a checkpoint's weights (`weight_shapes`) lack, add or shape otherwise than the model's; None: they fit."""
+    missing = [name for name in expected if name not in saved]
+    extra = [name for name in saved if name not in expected]
+    shaped = [f"{name} {list(saved[name])} (the model's: {list(shape)})" for name, shape in expected.items()
+              if name in saved and saved[name] != shape]
+    parts = [f"{what} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" for what, names in (
+        ("it lacks the weights", missing), ("it holds weights the model does not have:", extra),
+        ("it holds", shaped)) if names]
+    return "; ".join(parts) or None
+
+
 def non_finite_weights(state_dict: dict) -> list[str]:
     return [name for name, t in state_dict.items()
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
@@ -155,6 +177,29 @@ class StepCheckpoint(ModelCheckpoint):
         if batch_idx + 1 == trainer.num_training_batches:
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+class EpochEndResumes(_FitLoop):
+    """Lightning's fit loop, but a checkpoint written at an epoch's end resumes as a finished epoch whether or not
+    trainer.max_steps is set. Lightning (2.5, 2.6) restarts a finished epoch where max_steps is set: it replays the
+    epoch's end, which counts the epoch a second time, and the run stops one epoch short (docs/internals.md,
+    *Checkpoints*). `resume_epoch_ends_exactly` puts it in a Trainer."""
+
+    @_Loop.restarting.setter
+    def restarting(self, restarting: bool) -> None:
+        # Lightning's own rule without max_steps: an epoch that ran to its end (its end hooks were running when the
+        # checkpoint was written) is not restarted; the next epoch starts afresh.
+        progress = self.epoch_progress.current
+        _Loop.restarting.fset(self, restarting and not progress.ready == progress.started == progress.processed)
+
+
+def resume_epoch_ends_exactly(trainer):
+    """`trainer`, its fit loop an `EpochEndResumes` (its epoch loop and limits the same)."""
+    loop = trainer.fit_loop
+    exact = EpochEndResumes(trainer, min_epochs=loop.min_epochs, max_epochs=loop.max_epochs)
+    exact.epoch_loop = loop.epoch_loop
+    trainer.fit_loop = exact
+    return trainer
 
 
 class TrainingState(Callback):

@@ -2,6 +2,7 @@
 raises a UserError naming the key, the value and what is allowed (the engine: validation.py).
 """
 
+import importlib.util
 import inspect
 from typing import NamedTuple, get_args
 
@@ -36,14 +37,6 @@ TRAIN_RULES = [
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
     Rule("training.batching", lambda v: v in ("windows", "streams"), "windows or streams (data.BATCHINGS)",
          may_be_absent=True),
-    # early_stopping (conf/early_stopping/): Lightning's EarlyStopping; absent in a config from before it
-    Rule("early_stopping.patience", int_at_least(1),
-         "null (off) or an integer >= 1 (validations in a row without improvement before training stops)",
-         optional=True),
-    Rule("early_stopping.min_delta", non_negative_number, "a number >= 0", may_be_absent=True),
-    Rule("early_stopping.monitor", lambda v: v in ("val/loss", "val/bpc"), "val/loss or val/bpc",
-         may_be_absent=True),
-    Rule("early_stopping.mode", lambda v: v in ("min", "max"), "min or max", may_be_absent=True),
     Rule("training.recall_weight", lambda v: is_number(v) and v >= 1,
          "a number >= 1 (probe=recall: the loss's weight on a recall target; 1: every target the same)",
          may_be_absent=True),
@@ -74,10 +67,26 @@ def precision_rule() -> Rule:
     return Rule("trainer.precision", lambda v: v in allowed, f"one of {names}", optional=True)
 
 
+def check_precision(cfg, trained: bool) -> None:
+    """trainer.precision: a value Lightning takes, its package installed, and for a model trained by AdamW (`trained`)
+    not float16 weights: AdamW's state would be float16 too, where its eps (1e-8) is 0."""
+    check_rules(cfg, [precision_rule()])
+    precision = str(select(cfg, "trainer.precision"))
+    if precision.startswith("transformer-engine") and importlib.util.find_spec("transformer_engine") is None:
+        raise UserError(f"trainer.precision={precision} needs NVIDIA's Transformer Engine, and the transformer_engine "
+                        "package is not installed (it runs on NVIDIA GPUs only: pip install "
+                        "'transformer_engine[pytorch]'); bf16-mixed or 16-mixed need nothing more")
+    if precision == "16-true" and trained:
+        raise UserError("trainer.precision=16-true keeps the weights and AdamW's state in float16, where AdamW's eps "
+                        "(1e-8) is 0 and so is the running square of any gradient below about 0.008: the first "
+                        "update divides by zero and the weights become NaN or inf, whatever model.lr; use 16-mixed "
+                        "(float16 compute, float32 weights), bf16-mixed or bf16-true")
+
+
 # Groups whose keys this project reads as the chosen option's file names them: a key added to one on the command
-# line (+group.key=value; Hydra refuses a new key without the +) is read by nothing. trainer, model, logger and
-# early_stopping hand their keys on to Lightning, the model's class and the logger, which say what they take
-# (early_stopping's is built in training.prepare, before anything is written); probe: check_probe.
+# line (+group.key=value; Hydra refuses a new key without the +) is read by nothing. trainer, model and logger
+# hand their keys on to Lightning, the model's class and the logger, which say what they take; early_stopping's
+# (Lightning's EarlyStopping's) are checked in stopping.check_settings; probe: check_probe.
 OWN_GROUPS = ("data", "evaluation", "training", "tokenizer", "optim", "checkpoint", "paths")
 
 
@@ -129,10 +138,13 @@ class Checked(NamedTuple):
 def validate(cfg) -> Checked:
     from hydra.core.hydra_config import HydraConfig
 
+    from gru_experiments.runs.stopping import check_settings  # imports Lightning: only when validating
+
     check_added_keys()
     if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
         check_choices(HydraConfig.get().overrides.task)
     check_rules(cfg, TRAIN_RULES)
+    check_settings(cfg)  # early_stopping: its keys, Lightning's included (runs/stopping.py)
     if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
         raise UserError("trainer.max_epochs: a run's epochs are its model's, model.epochs (trainer.max_steps cuts "
                         "them short)")
@@ -145,7 +157,7 @@ def validate(cfg) -> Checked:
               "that the probe plants): every target weighs the same in this run")
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
-    check_rules(cfg, [precision_rule()])
+    check_precision(cfg, trained=recipe is not None)
     if str(select(cfg, "logger._target_")).endswith("WandbLogger"):
         from gru_experiments.runs.loggers import wandb_mode
 
@@ -220,6 +232,7 @@ def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
         raise UserError(f"data.batch_size={batch_size} x data.seq_len={seq_len} is {batch_size * seq_len:,} tokens a "
                         f"batch, more than the training split's {train_tokens:,}: set data.batch_size to at most "
                         f"{max(train_tokens // seq_len, 1):,}")
+    EvaluationSettings.of(cfg.evaluation, seq_len).check_streams(val_tokens - 1)
     window = select(cfg, "evaluation.window")
     if is_int(window) and window >= val_tokens - 1:
         raise UserError(f"evaluation.window={window:,} is not shorter than the validation split ({val_tokens - 1:,} "

@@ -39,7 +39,7 @@ def run_in_own_process(cfg: DictConfig, script: str) -> dict:
         output_dir = Path(hydra_cfg.runtime.output_dir)
         command = [sys.executable, str(Path(script).resolve()), *hydra_cfg.overrides.task,
                    f'hydra.run.dir="{output_dir}"',
-                   "hydra.output_subdir=null"]  # the multirun already wrote this job's .hydra/
+                   f"hydra.job.num={hydra_cfg.job.num}"]  # in the .hydra/ it records: the job's place in the sweep
         logger_cfg = cfg.get("logger")
         if logger_cfg and "group" in logger_cfg:  # keep the sweep's W&B group in the single run
             command.append(f'logger.group="{sweep_group(logger_cfg.group, multirun_sweep_dir())}"')

@@ -18,9 +18,9 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.errors import TrainingDiverged, UserError
+from gru_experiments.errors import RunFolderTaken, TrainingDiverged, UserError
 from gru_experiments.files import disk_error
-from gru_experiments.runs.run_dir import RunDir  # also registers conf/hydra's run_folder resolver
+from gru_experiments.runs.run_dir import HYDRA, RunDir  # also registers conf/hydra's run_folder resolver
 
 EXIT_USER_ERROR = 2
 EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
@@ -47,8 +47,9 @@ def job(cfg=None, argv: list[str] | None = None, *, record: bool = False, report
     try:
         yield current
     except BaseException as error:
-        if record and (multirun_job() or isinstance(error, TrainingDiverged)) and isinstance(error, Exception) \
-                and is_first_rank():
+        # A folder that another run or process holds (RunFolderTaken) gets no failure record: it is not this job's.
+        recordable = isinstance(error, Exception) and not isinstance(error, RunFolderTaken)
+        if record and recordable and (multirun_job() or isinstance(error, TrainingDiverged)) and is_first_rank():
             # Bookkeeping must never hide the error it reports.
             with suppress(Exception):
                 current.logger = record_failure(cfg, current.logger, error, current.seconds)
@@ -81,6 +82,8 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
         "run_dir": str(run.path),
     }
     run.write_summary(summary)
+    if not (run.path / HYDRA).is_dir():  # failed before train() recorded it: the sweep report finds a job by it
+        run.record_config(cfg)
     logger = logger or build_logger(cfg.get("logger"), cfg)
     if is_wandb(logger):
         logger.experiment.summary.update({"status": "failed", "error": summary["error"]})
@@ -99,7 +102,7 @@ def _exit_with_one_line(error, cfg, status: int = EXIT_USER_ERROR) -> None:
     print(message, file=sys.stderr, flush=True)
     if multirun_job():
         raise JobFailed(f"error: multirun job {HydraConfig.get().job.num} failed: {one_line(error)}") from None
-    discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if isinstance(cfg, DictConfig) else None)
+    discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if isinstance(cfg, DictConfig) else None, error)
     sys.exit(status)
 
 
@@ -146,10 +149,11 @@ def is_first_rank() -> bool:
 HYDRA_RECORD = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
-def discard_untouched_run_dir(log_dir=None) -> bool:
+def discard_untouched_run_dir(log_dir=None, error=None) -> bool:
     """Remove this Hydra run's folder if it holds only what Hydra wrote at the start (.hydra/, an empty log), so
-    input errors leave no empty run folders; then its parents left empty, below `log_dir`."""
-    if not HydraConfig.initialized():
+    input errors leave no empty run folders; then its parents left empty, below `log_dir`. Never after `error` a
+    RunFolderTaken: the folder is another run's, or another process's."""
+    if not HydraConfig.initialized() or isinstance(error, RunFolderTaken):
         return False
     hydra = HydraConfig.get()
     run_dir = Path(hydra.runtime.output_dir)

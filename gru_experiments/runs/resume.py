@@ -68,11 +68,13 @@ class ResumePoint:
     planned_steps: int | None = None  # the step the run was to stop at when it wrote the checkpoint (task.py)
     stopped_early: str | None = None  # why its early stopping stopped it (runs/stopping.py); None: it did not
     run_config: dict | None = None  # the config of the part that wrote it (unresolved; None before checkpoints kept it)
+    corpus_sha256: str | None = None  # the corpus it trained on (data/corpus.py; None before checkpoints kept it)
+    weights: dict | None = None  # {name: shape} of its state_dict (checkpoints.weight_shapes)
 
     @classmethod
     def read(cls, run: RunDir) -> ResumePoint:
         """Refuses (UserError) a checkpoint that is unreadable, unsafe or not a training checkpoint."""
-        from gru_experiments.runs.checkpoints import TRAINING_KEYS, read_checkpoint, wandb_run_id
+        from gru_experiments.runs.checkpoints import TRAINING_KEYS, read_checkpoint, wandb_run_id, weight_shapes
         from gru_experiments.runs.stopping import stop_description, stopped_state
 
         saved = read_checkpoint(run.checkpoint, require=TRAINING_KEYS, mmap=True)
@@ -82,12 +84,14 @@ class ResumePoint:
                    wandb_run_id=wandb_run_id(saved),
                    planned_steps=(saved.get("train_statistics") or {}).get("planned_steps"),
                    stopped_early=stop_description(stopped) if stopped else None,
-                   run_config=saved.get("run_config"))
+                   run_config=saved.get("run_config"), corpus_sha256=saved.get("corpus_sha256"),
+                   weights=weight_shapes(saved["state_dict"]))
 
-    def check(self, hyper_parameters: dict, tokenizer) -> None:
+    def check(self, hyper_parameters: dict, tokenizer, weights: dict | None = None) -> None:
         """The checkpoint must hold the model this config builds: same tokenizer and architecture (its learning
-        rate and recipe: check_config)."""
-        from gru_experiments.runs.checkpoints import check_tokenizer
+        rate and recipe: check_config), and with `weights` ({name: shape} of the model's) every weight of it, so that
+        Lightning's load cannot fail halfway."""
+        from gru_experiments.runs.checkpoints import check_tokenizer, weights_mismatch
 
         check_tokenizer({"tokenizer": self.tokenizer, "hyper_parameters": self.hyper_parameters}, self.checkpoint,
                         tokenizer=tokenizer)
@@ -96,6 +100,18 @@ class ResumePoint:
                 raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
                                 f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
                                 "resume with the run's own model settings")
+        if weights is not None and (problem := weights_mismatch(self.weights or {}, weights)):
+            raise UserError(f"checkpoint {self.checkpoint} is damaged: {problem}; it cannot be resumed (resume from "
+                            "a good copy of it, or start a new run)")
+
+    def check_corpus(self, corpus) -> None:
+        """The corpus (data/corpus.CorpusText) must be the text the run trained on, by the sha256 its checkpoint
+        recorded (a checkpoint from before the record: the tokenizer's vocabulary, in `check`)."""
+        if self.corpus_sha256 is not None and corpus.sha256 != self.corpus_sha256:
+            raise UserError(f"the corpus changed since run {self.run.path} trained on it: {corpus.source} has sha256 "
+                            f"{corpus.sha256}, but checkpoint {self.checkpoint} was trained on sha256 "
+                            f"{self.corpus_sha256}; a resume continues on the run's own corpus: restore that text "
+                            "(or start a new run)")
 
     def check_config(self, cfg, named: tuple[str, ...] | None = None) -> None:
         """What a resume may not change, read from the composed config alone, so that train.py refuses it before
@@ -164,8 +180,10 @@ def step_limit(cfg) -> int | None:
 # --- the run's own config ------------------------------------------------------------
 
 # What the checkpoint's training depends on beyond the model, its tokenizer, learning rate and recipe (checked
-# against the checkpoint itself): a resume that names one with another value is refused.
-KEPT = ("seed", "data.path", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe")
+# against the checkpoint itself): a resume that names one with another value is refused. Early stopping's state is
+# filed under its monitor and mode (Lightning's state_key): another of either would drop the wait count and the best.
+KEPT = ("seed", "data.path", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe",
+        "early_stopping.monitor", "early_stopping.mode")
 # What every run's saved config has had, since the first: a config.yaml without one of them is damaged (cut off).
 ALWAYS_SAVED = ("seed", "model.name", "model.architecture", "data.seq_len", "data.batch_size", "tokenizer", "trainer")
 COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's
@@ -279,7 +297,8 @@ def resumed_config(saved, composed, overrides: list[str], choices=None, today=No
     merged, touched = OmegaConf.merge(plain, saved), []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group.lstrip("+~")
-        if key in COMMAND_KEYS or key.startswith("hydra") or choices.get(key) == override.value():
+        # a group the run chose alike keeps the run's keys (a plain key, null included, is applied)
+        if key in COMMAND_KEYS or key.startswith("hydra") or (key in choices and choices[key] == override.value()):
             continue
         if override.is_delete():
             parent, _, leaf = key.rpartition(".")
@@ -309,12 +328,6 @@ def record_resume(run: RunDir, cfg) -> None:
     """This resume's config in .hydra/resumed_<time>/ (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes
     them), once every check has passed; the first part's .hydra/ stays as it was. Nothing without Hydra
     (train(cfg) called directly)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return
-    hydra = HydraConfig.instance().cfg
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
-    run.write_config_record(cfg, hydra, hydra.hydra.overrides.task, subdir=f"{HYDRA}/resumed_{stamp}")
+    run.record_config(cfg, subdir=f"{HYDRA}/resumed_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S_%f')}")
 
 

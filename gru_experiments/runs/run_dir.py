@@ -14,15 +14,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gru_experiments.errors import UserError
+from gru_experiments.errors import RunFolderTaken, UserError
 from gru_experiments.files import read_json, write_json
+from gru_experiments.runs.folder_lock import folder_lock
 
 SUMMARY, SAMPLES, HISTORY = "summary.json", "samples.json", "history.csv"
 EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/sampling.explore_run)
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = Path(CHECKPOINTS) / "last.ckpt"
 HYDRA = ".hydra"
-LOCK = ".run.lock"  # held by the one process that trains in the folder (RunDir.hold)
 
 
 class RunDir:
@@ -108,33 +108,55 @@ class RunDir:
         """When it last wrote its summary or its last checkpoint (0 if neither exists)."""
         return max((p.stat().st_mtime for p in (self.summary_file, self.checkpoint) if p.is_file()), default=0.0)
 
-    # --- one process at a time -------------------------------------------------------------
+    # --- one run, one process at a time -------------------------------------------------------
     @contextmanager
     def hold(self, what: str = "train in it"):
-        """The folder's lock (.run.lock, an OS lock that a killed process drops), held for the block: a run folder
-        is trained in by one process at a time. UserError, in one line, if another process holds it."""
-        from filelock import FileLock, Timeout
-
-        self.path.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.path / LOCK), timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise UserError(f"{self.path} is in use: another process is training in it (it holds {LOCK}), so this "
-                            f"command cannot {what}; wait for that one to end (or stop it), then resume") from None
-        try:
+        """The folder's lock (runs/folder_lock.py: an OS lock on the folder itself, which a killed process drops),
+        held for the block: a run folder is trained in by one process at a time. RunFolderTaken, in one line, if
+        another process holds it."""
+        with folder_lock(self.path, f"{self.path} is in use: another process is training in it (it holds the "
+                                    f"folder's lock), so this command cannot {what}; wait for that one to end (or "
+                                    "stop it), then run this command again"):
             yield self
-        finally:
-            lock.release()
+
+    def holds_run(self) -> bool:
+        """Whether a run has trained here: its summary, learning curves, checkpoints or config record."""
+        traces = (self.summary_file, self.history_file, self.path / HYDRA)
+        return any(p.exists() for p in traces) or self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.iterdir())
+
+    def refuse_new_run(self) -> None:
+        """A new run trains in a folder of its own: RunFolderTaken, in one line naming resume=, where this one holds
+        a run already (nothing in it is changed)."""
+        if not self.holds_run():
+            return
+        if self.finished:
+            held, then = "a finished run (its summary.json)", "resume= continues only a run that did not finish"
+        elif self.checkpoint.is_file():
+            held, then = (f"a run that did not finish (its {LAST_CHECKPOINT})",
+                          f"continue it with: python train.py resume={self.path}")
+        else:
+            held, then = "a run that stopped before its first checkpoint", "it has no checkpoint to resume= from"
+        raise RunFolderTaken(f"{self.path} holds {held}, and a run folder holds one run: {then}; a new run goes in "
+                             "a folder of its own (leave hydra.run.dir out, or name a new folder)")
 
     # --- writing ------------------------------------------------------------------------
     def write_summary(self, summary: dict) -> Path:
         return write_json(self.summary_file, summary)
 
+    def record_config(self, config, subdir: str = HYDRA) -> Path | None:
+        """This job's config record (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes them) in `subdir`
+        (.hydra, or .hydra/resumed_<time> for a resume): Hydra records nothing when a training job starts
+        (conf/hydra/default.yaml), so train() records it here once the folder is its own and every check has
+        passed. Returns that folder; None without Hydra (train(cfg) called directly)."""
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        hydra = HydraConfig.instance().cfg
+        return self.write_config_record(config, hydra, hydra.hydra.overrides.task, subdir)
+
     def write_config_record(self, config, hydra_config, overrides, subdir: str = HYDRA) -> Path:
-        """config.yaml, hydra.yaml and overrides.yaml in `subdir` (.hydra, or .hydra/resumed_<time>
-        for a resume), as Hydra writes them when it starts a job (the Python API's train() has no
-        Hydra app to do it). Returns that folder."""
+        """config.yaml, hydra.yaml and overrides.yaml in `subdir`. Returns that folder."""
         record = self.path / subdir
         record.mkdir(parents=True, exist_ok=True)
         for name, content in (("config.yaml", config), ("hydra.yaml", hydra_config), ("overrides.yaml", overrides)):
@@ -177,9 +199,7 @@ def run_folder(resume, log_dir, model_name: str, stamp: str) -> str:
     return str(Path(str(log_dir)) / "runs" / model_name / stamp)
 
 
-# A resume writes no .hydra/ when it starts: resume.record_resume records it once every check has passed.
 OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
-OmegaConf.register_new_resolver("config_record", lambda resume: None if resume is not None else HYDRA, replace=True)
 
 
 def find_checkpoint(model_name: str, log_dir: str | Path, ckpt: str | None = None, run: str | None = None) -> Path:

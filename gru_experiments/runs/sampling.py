@@ -26,7 +26,8 @@ from gru_experiments.data.recall_probe import (
 )
 from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.errors import UserError
-from gru_experiments.files import atomic_write, write_json
+from gru_experiments.files import atomic_write, utf8_text, write_json
+from gru_experiments.models.devices import resolve_device
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.scoring import run_request
 from gru_experiments.runs.task import load_checkpoint
@@ -60,23 +61,49 @@ def read_prompts(prompt=None, prompt_file: str | None = None) -> list[str]:
     if prompt is not None and prompt_file:
         raise UserError("give prompt=... or prompt_file=..., not both")
     if prompt_file:
-        path = Path(prompt_file).expanduser()
-        if not path.is_file():
-            raise UserError(f"prompt file not found: {prompt_file}")
-        prompts = [unescape(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        prompts = [unescape(line) for line in read_text_file(prompt_file, "prompt_file").splitlines() if line]
         if not prompts:
             raise UserError(f"no prompts in {prompt_file} (one per line)")
         return prompts
     if prompt is None:
         return list(STUDY_PROMPTS)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not prompts:
+        raise UserError("prompt=[] gives no prompt to sample from: give one (prompt='ROMEO: '), a list, or "
+                        "prompt_file=FILE; leave prompt out for the study's three")
     return [unescape(str(p)) for p in prompts]
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+def read_text_file(name, key: str) -> str:
+    """The UTF-8 text of the file `key` names (prompt_file, explore_file); else one line saying what is wrong."""
+    path = Path(str(name)).expanduser()
+    if not path.is_file():
+        raise UserError(f"{key} not found: {name}")
+    try:
+        return utf8_text(path.read_bytes())
+    except ValueError as error:
+        raise UserError(f"{key}={name} is not UTF-8 text: {error}") from None
+
+
+# sample.py's own keys, checked before the checkpoint is read (the sampling settings: generation.validate_sampling)
+SAMPLE_RULES = [
+    *(Rule(key, lambda v: isinstance(v, bool), "true or false", may_be_absent=True)
+      for key in ("evaluate", "stats", "explore")),
+    Rule("cpu_threads", int_at_least(1), "null (torch's default) or an integer >= 1", optional=True),
+]
+
+
+def sampled_run(cfg: DictConfig, checkpoint: Path) -> RunDir | None:
+    """The run whose config and summary go with the checkpoint: run=, else the checkpoint's own folder. ckpt= of one
+    run beside run= of another is refused (as train.py refuses resume= and ckpt_path= of two runs)."""
+    own = RunDir.of_checkpoint(checkpoint)
+    if not cfg.get("run"):
+        return own
+    run = RunDir(Path(cfg.run).expanduser())
+    if cfg.get("ckpt") and own is not None and own.path.resolve() != run.path.resolve():
+        raise UserError(f"ckpt={cfg.ckpt} is a checkpoint of the run {display_path(own.path)}, but run={cfg.run} names "
+                        "another run: give one of them (run= samples its last checkpoint)")
+    return run
 
 
 def training_data_settings(run: RunDir | None, fallback: DictConfig, reads_corpus: bool = False) -> DictConfig:
@@ -102,12 +129,13 @@ def training_data_settings(run: RunDir | None, fallback: DictConfig, reads_corpu
 def load_run(cfg: DictConfig, checkpoint: Path, reads_corpus: bool):
     """sample.py's checkpoint on cfg.device (in eval mode), with its run (run=, else the checkpoint's folder)
     and the data settings it trained with: (task, device, run, data settings)."""
+    check_rules(cfg, SAMPLE_RULES)
     device = resolve_device(cfg.device)
+    run = sampled_run(cfg, checkpoint)
     if cfg.get("cpu_threads"):
-        torch.set_num_threads(int(cfg.cpu_threads))
+        torch.set_num_threads(cfg.cpu_threads)
     task = load_checkpoint(checkpoint, map_location=device)
     task.model.to(device).eval()
-    run = RunDir(Path(cfg.run).expanduser()) if cfg.get("run") else RunDir.of_checkpoint(checkpoint)
     return task, device, run, training_data_settings(run, cfg.data, reads_corpus=reads_corpus)
 
 
@@ -159,18 +187,28 @@ def sample(cfg: DictConfig, checkpoint: Path) -> dict:
     write_json(output_dir / "sampling.json", record)
     print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
 
+    return record | scored(cfg, task, run, data_cfg, checkpoint, splits)
+
+
+def scored(cfg: DictConfig, task, run: RunDir | None, data_cfg, checkpoint: Path, splits: Splits | None) -> dict:
+    """evaluate=true's figures ("evaluation": evaluation.json) and stats=true's ("text": stats.json), those asked."""
+    record = {}
     if cfg.evaluate:
-        record["evaluation"] = score_checkpoint(cfg, model, tokenizer, run, data_cfg, checkpoint, splits)
+        record["evaluation"] = score_checkpoint(cfg, task.model, task.tokenizer, run, data_cfg, checkpoint, splits)
     if cfg.get("stats"):
-        record["text"] = measure_checkpoint_text(cfg, model, tokenizer, splits, int(data_cfg.seq_len), checkpoint)
+        record["text"] = measure_checkpoint_text(cfg, task.model, task.tokenizer, splits, int(data_cfg.seq_len),
+                                                 checkpoint)
     return record
 
 
-def splits_needed(cfg: DictConfig, data_cfg, tokenizer, device) -> Splits | None:
-    """The corpus evaluate=true or stats=true needs, read (and refused) before any sampling."""
-    if not (cfg.evaluate or cfg.get("stats")):
+def splits_needed(cfg: DictConfig, data_cfg, tokenizer, device, always: bool = False) -> Splits | None:
+    """The corpus evaluate=true or stats=true needs (`always`: explore=true's too), read (and the settings that do
+    not fit it refused) before any sampling."""
+    if not (always or cfg.evaluate or cfg.get("stats")):
         return None
     splits = read_splits(data_cfg, tokenizer, device)
+    if cfg.evaluate:
+        EvaluationSettings.of(cfg.evaluation, int(data_cfg.seq_len)).check_streams(splits.val_ids.numel() - 1)
     if cfg.get("stats"):
         check_stats_fit(cfg, splits)
     return splits
@@ -264,23 +302,23 @@ EXPLORE_RULES = [
 ]
 
 
-def explore_run(cfg: DictConfig, checkpoint: Path) -> Path:
+def explore_run(cfg: DictConfig, checkpoint: Path) -> dict:
+    """The run's page; with evaluate=true and stats=true, their figures too (as sample.py's own, without samples)."""
     check_rules(cfg, EXPLORE_RULES)  # explore's keys, before the checkpoint is read
+    validate_stats(cfg)
     if cfg.get("explore_text") is not None and cfg.get("explore_file"):
         raise UserError("give explore_text=... or explore_file=..., not both")
     task, device, run, data_cfg = load_run(cfg, checkpoint, reads_corpus=True)
-    splits = read_splits(data_cfg, task.tokenizer, device)
-    return write_explore_page(cfg, task.model, task.tokenizer, run, data_cfg, splits, checkpoint)
+    splits = splits_needed(cfg, data_cfg, task.tokenizer, device, always=True)
+    page = write_explore_page(cfg, task.model, task.tokenizer, run, data_cfg, splits, checkpoint)
+    return {"explore": page, **scored(cfg, task, run, data_cfg, checkpoint, splits)}
 
 
 def explore_text(cfg: DictConfig, val_text: str) -> str:
     if cfg.get("explore_text") is not None:
         return unescape(str(cfg.explore_text))
     if cfg.get("explore_file"):
-        path = Path(cfg.explore_file).expanduser()
-        if not path.is_file():
-            raise UserError(f"explore_file not found: {cfg.explore_file}")
-        return path.read_text(encoding="utf-8")
+        return read_text_file(cfg.explore_file, "explore_file")
     if cfg.explore_start >= len(val_text) - 1:
         raise UserError(f"invalid explore_start={cfg.explore_start}: the validation split has {len(val_text):,} "
                         "characters")

@@ -6,14 +6,18 @@ run's record of it in summary.json: `stopping_summary`.
 
 from __future__ import annotations
 
+import inspect
+
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
+from gru_experiments.validation import MISSING, Rule, check_rules, int_at_least, is_number, non_negative_number, select
 
 NOT_STOPPED = EarlyStoppingReason.NOT_STOPPED.value
+LOSSES = ("val/loss", "val/bpc")  # what it may monitor: each a loss, lower is better
 
 
 class EarlyStopping(LightningEarlyStopping):
@@ -55,6 +59,58 @@ class EarlyStopping(LightningEarlyStopping):
     def reason(self) -> str | None:
         """Why it stopped, in a sentence; None while it has not."""
         return stop_description(self.state_dict()) if self.stopped else None
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool)
+
+
+# Every key of the group, checked before any work (a wrong value would otherwise fail, or silently do nothing, at
+# the first validation): the four conf/early_stopping/default.yaml sets, and Lightning's that pass through to it.
+RULES = [
+    Rule("patience", int_at_least(1),
+         "null (off) or an integer >= 1 (validations in a row without improvement before training stops)",
+         optional=True),
+    Rule("min_delta", non_negative_number, "a number >= 0", may_be_absent=True),
+    Rule("monitor", lambda v: v in LOSSES, " or ".join(LOSSES), may_be_absent=True),
+    Rule("mode", lambda v: v in ("min", "max"), "min or max", may_be_absent=True),
+    *(Rule(key, _is_bool, "true or false", may_be_absent=True)
+      for key in ("verbose", "strict", "check_finite", "log_rank_zero_only")),
+    *(Rule(key, is_number, "null (off) or a number, in the monitored metric's units", optional=True)
+      for key in ("stopping_threshold", "divergence_threshold")),
+    Rule("check_on_train_epoch_end", lambda v: v is False,
+         "false (the check runs at each validation's end, before that validation's checkpoints are written, so that "
+         "they hold the stop; true or null would check at the training epoch's end, after them)", may_be_absent=True),
+]
+
+
+def defaults() -> dict:
+    """Each key the callback takes, with its default (ours, else Lightning's)."""
+    parameters = {**inspect.signature(LightningEarlyStopping.__init__).parameters,
+                  **inspect.signature(EarlyStopping.__init__).parameters}
+    return {name: parameter.default for name, parameter in parameters.items() if name not in ("self", "kwargs")}
+
+
+def check_settings(cfg) -> None:
+    """The early_stopping group before any work: each key's value, mode against the monitored loss, and a line for
+    settings that do nothing while early stopping is off (patience null). A config from before the group: nothing."""
+    group = select(cfg, "early_stopping")
+    if group is MISSING or group is None:
+        return
+    known = ["_target_", *defaults()]
+    check_rules(group, RULES, "early_stopping.", known=known, owner="early_stopping (Lightning's EarlyStopping)")
+    monitor, mode = group.get("monitor", "val/loss"), group.get("mode", "min")
+    if mode == "max":
+        raise UserError(f"early_stopping.mode=max with early_stopping.monitor={monitor}: a loss improves as it falls, "
+                        "so max would take each improvement for a step back and stop a run that is learning; leave "
+                        "early_stopping.mode=min")
+    if group.get("patience") is None:
+        default = defaults()
+        unused = [f"early_stopping.{key}={value}" for key, value in group.items()
+                  if key not in ("_target_", "patience", "check_on_train_epoch_end") and value != default.get(key)]
+        if unused:
+            print(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect: early stopping is off "
+                  "(early_stopping.patience=null); early_stopping.patience=N turns it on")
 
 
 def settings(cfg) -> dict | None:

@@ -45,6 +45,7 @@ class LanguageModelTask(L.LightningModule):
         self.recall_cue, self.recall_weight = None, 1.0  # weigh_recall
         self.graphed_step = None  # on_train_start builds it where cuda_graphs applies
         self.run_config: dict | None = None  # the run's config (unresolved), kept in its checkpoints for a resume
+        self.corpus_sha256: str | None = None  # the corpus's (data/corpus.py), kept in its checkpoints for a resume
 
     def weigh_recall(self, cue: int, weight: float) -> None:
         """probe=recall: the loss weighs each recall target (after `cue`) `weight` times every other target, for a
@@ -187,6 +188,8 @@ class LanguageModelTask(L.LightningModule):
         }
         if self.run_config is not None:  # what a resume falls back on where .hydra/config.yaml is lost or damaged
             checkpoint["run_config"] = self.run_config
+        if self.corpus_sha256 is not None:  # a resume refuses another text (resume.ResumePoint.check_corpus)
+            checkpoint["corpus_sha256"] = self.corpus_sha256
         if self.carried_state is not None:  # streams: every rank's carried state (ranks read their own streams)
             checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
 

@@ -21,13 +21,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data.batches import CorpusDataModule
-from gru_experiments.data.corpus import prepare_corpus
+from gru_experiments.data.corpus import load_corpus, prepare_corpus
 from gru_experiments.errors import TrainingDiverged
 from gru_experiments.files import write_json
 from gru_experiments.models.cuda_graphs import cuda_graphs
 from gru_experiments.models.precision import apply_matmul_precision
 from gru_experiments.models.protocol import count_parameters
-from gru_experiments.runs.checkpoints import AtomicCheckpointIO, NonFiniteWeights, StepCheckpoint, TrainingState
+from gru_experiments.runs.checkpoints import (
+    AtomicCheckpointIO,
+    NonFiniteWeights,
+    StepCheckpoint,
+    TrainingState,
+    resume_epoch_ends_exactly,
+    weight_shapes,
+)
 from gru_experiments.runs.checks import check_sizes, validate
 from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
@@ -72,9 +79,13 @@ def train(cfg: DictConfig) -> dict:
     recorded by jobs.job (a multirun job's summary.json says "failed"); the checkpoints stay for resume=."""
     with job(cfg, record=True) as current, ExitStack() as held:  # held: the run folder's lock (RunDir.hold)
         quiet_console()
+        new_run = cfg.get("resume") is None and is_first_rank()  # a resume takes the folder in prepare
+        if new_run:
+            RunDir(cfg.paths.output_dir).refuse_new_run()  # a folder holds one run: refused before any work
         run = prepare(cfg, held)
-        if run.resume is None and is_first_rank():  # a resume took it in prepare
+        if new_run:
             held.enter_context(run.folder.hold())
+            run.folder.refuse_new_run()  # again, held: another process may have trained there meanwhile
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
         with cuda_graphs(OmegaConf.select(run.cfg, "cuda_graphs", default=True)):
             fit_or_count(run, current)
@@ -94,8 +105,11 @@ def prepare(cfg: DictConfig, held=None) -> Run:
     cfg, resume = resume_run(cfg, held if is_first_rank() else None)
     checked = validate(cfg)  # bad values fail here, before any work; the settings are built once, here
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    loaded = load_corpus(cfg.data)  # read and checked against data.sha256
+    if resume is not None:
+        resume.check_corpus(loaded)  # the text the run trained on, before any tokenizer is built for another
     corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers",
-                            probe=checked.probe, seed=cfg.seed)
+                            probe=checked.probe, seed=cfg.seed, loaded=loaded)
     tokenizer = corpus.tokenizer
     recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
     task = LanguageModelTask(
@@ -103,6 +117,7 @@ def prepare(cfg: DictConfig, held=None) -> Run:
         vocab_size=tokenizer.vocab_size, optim=checked.recipe.to_dict() if recipe["lr"] else None,
         model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
     )
+    task.corpus_sha256 = corpus.sha256  # in every checkpoint: a resume refuses another text
     if corpus.probe is not None:
         task.weigh_recall(corpus.probe.symbol_ids.closing, OmegaConf.select(cfg, "training.recall_weight", default=1))
     model = task.model
@@ -115,7 +130,8 @@ def prepare(cfg: DictConfig, held=None) -> Run:
                             probe=corpus.probe)
     check_sizes(cfg, model, data.train_ids.numel(), data.val_ids.numel())
     if resume is not None:
-        resume.check(task.hparams, tokenizer)
+        # a counted model is counted afresh: its tables take their shapes from the counting
+        resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
     run = Run(cfg, resume, RunDir(cfg.paths.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
               batching, checked.evaluation, parameters=count_parameters(model) if model.trainable else None,
               stopping=build_early_stopping(cfg) if model.trainable else None)
@@ -143,8 +159,11 @@ def fit_or_count(run: Run, current) -> None:
     """The run folder, loggers, checkpoints and callbacks; then training (or counting)."""
     cfg, task, resume = run.cfg, run.task, run.resume
     run.folder.path.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
-    if resume is not None:
-        record_resume(run.folder, cfg)
+    if is_first_rank():  # the job's config record, now that the folder is its own and every check has passed
+        if resume is not None:
+            record_resume(run.folder, cfg)
+        else:
+            run.folder.record_config(cfg)
     task.run_config = OmegaConf.to_container(cfg, resolve=False)  # in every checkpoint: resume.saved_config
     run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir,
                                            OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
@@ -168,8 +187,8 @@ def fit_or_count(run: Run, current) -> None:
         print(f"{run.folder.path} stopped early at step {resume.step:,} ({resume.stopped_early}): not training on; "
               "finishing its evaluation")
         limit = {"max_steps": resume.step}  # Lightning restores the checkpoint and trains nothing
-    run.trainer = instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger, plugins=[checkpoint_io],
-                              callbacks=callbacks, **limit)
+    run.trainer = resume_epoch_ends_exactly(instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger,
+                                                        plugins=[checkpoint_io], callbacks=callbacks, **limit))
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
     run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
                                            cfg.trainer.get("precision"), run.trainer)
@@ -239,6 +258,7 @@ def summarize(run: Run, current) -> dict:
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.folder.path),
         "corpus": str(run.corpus.source),  # what it trained on (data.path, or the bundled corpus's name)
+        "corpus_sha256": run.corpus.sha256,  # of that file's text (a resume checks it)
         "resumed_from_step": run.resume and run.resume.step,
         # early_stopping, stopped_early, stopped_at_step, stop_reason, early_stopping_best_step (runs/stopping.py)
         **stopping_summary(cfg, run.stopping),

@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from gru_experiments.errors import UserError
 from gru_experiments.study.cache import CacheEntry, keep_final_states
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
@@ -84,6 +85,15 @@ class EvaluationSettings:
         return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],
                    _from(TextSettings, e["text"], "evaluation.text.", window=window),
                    _from(SampleConfig, e["samples"], "evaluation.samples."))
+
+    def check_streams(self, targets: int) -> None:
+        """At as many streams as the validation split has targets, each stream is one target scored from a zero
+        state (scores.stream_layout): "stateful" would be the stateless figure under another name; refused."""
+        if self.streams >= targets > 1:
+            raise UserError(f"evaluation.streams={self.streams:,} is not below the validation split's {targets:,} "
+                            "targets: each stream would hold one target, scored from a zero state, so the stateful "
+                            f"figures would be the stateless ones; set evaluation.streams below {targets:,} (the "
+                            "state is carried along each stream, of targets / streams tokens; the default is 64)")
 
 
 @dataclass
