@@ -122,6 +122,63 @@ def test_a_resume_from_an_epoch_end_or_a_mid_epoch_checkpoint_is_exact(compose_c
             [reference[key] for key in ("train_loss", "val_loss", "val_bpc")], (every, cut)
 
 
+
+# history.csv across a resume: 2 epochs of 8 steps, last.ckpt every 4 steps, the mean train/loss every 3 steps. Cut off
+# after step 6 (the resume restarts from step 4: rows 5 and 6 come again, and the mean at step 6 spans the cut), or in
+# the evaluation after the last step (training done: the resume trains nothing); and a counted model cut off in its
+# evaluation (its resume counts and validates again, at step 0, where history.csv has its validation already).
+HISTORY_RECIPE = [*TINY, "data.seq_len=16", "model.steps_per_epoch=8", "model.epochs=2", "checkpoint.every_n_steps=4",
+                  "trainer.log_every_n_steps=3"]
+COUNTED = [*TINY, "data.seq_len=16", "model=ngram2"]
+HISTORY_CUTS = {"training": (HISTORY_RECIPE, 4), "evaluation": (HISTORY_RECIPE, 16), "counted": (COUNTED, 0)}
+
+
+def history_rows(run: Path) -> list[tuple[int, str, float]]:
+    rows = [line.split(",") for line in (run / "history.csv").read_text().splitlines()]
+    assert rows[0] == ["step", "epoch", "metric", "value"]
+    return [(int(step), metric, float(value)) for step, _, metric, value in rows[1:]]
+
+
+@pytest.mark.parametrize("cut", HISTORY_CUTS)
+def test_a_resumed_runs_history_is_the_uninterrupted_runs(compose_config, tiny_corpus, tmp_path, monkeypatch, cut):
+    recipe, saved = HISTORY_CUTS[cut]
+    base = [*recipe, f"data.path={tiny_corpus}"]
+    uninterrupted = tmp_path / "uninterrupted"
+    train(compose_config(*base, f"paths.output_dir={uninterrupted}"))
+    expected = history_rows(uninterrupted)
+    assert [row[0] for row in expected if row[1] == "train/loss"] == ([] if saved == 0 else [3, 6, 9, 12, 15, 16])
+
+    run = tmp_path / "run"  # compose_config's output folder
+    if cut == "training":
+        interrupt_at(monkeypatch, 6)
+    else:
+        monkeypatch.setattr("gru_experiments.runs.training.score_run", lambda *a, **k: (_ for _ in ()).throw(
+            Interrupted("interrupted in the evaluation")))
+    with pytest.raises(Interrupted):
+        train(compose_config(*base))
+    monkeypatch.undo()
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == saved
+    train(compose_config(*base, f"resume={run}"))
+
+    resumed = history_rows(run)
+    keys = [(step, metric) for step, metric, _ in resumed]
+    assert len(keys) == len(set(keys)), f"duplicate (step, metric) rows: {keys}"
+    assert keys == [(step, metric) for step, metric, _ in expected]
+    assert all(a[2] == pytest.approx(b[2], rel=1e-6, abs=1e-6) for a, b in zip(resumed, expected)), (resumed, expected)
+
+
+def test_history_is_cut_back_to_the_checkpoints_step(tmp_path):
+    """loggers.keep_history_until: the rows at or before the step, a row a kill cut short dropped; the metrics kept
+    at the step."""
+    from gru_experiments.runs.loggers import keep_history_until
+
+    path = tmp_path / "history.csv"
+    assert keep_history_until(path, 4) == set() and not path.exists()
+    path.write_bytes(b"step,epoch,metric,value\r\n3,0,train/loss,3.6\r\n4,0,val/loss,nan\r\n6,0,train/loss,2.7\r\n"
+                     b"4,1,val/bpc,2.")  # the last row cut short by a kill
+    assert keep_history_until(path, 4) == {"val/loss"}
+    assert path.read_bytes() == b"step,epoch,metric,value\r\n3,0,train/loss,3.6\r\n4,0,val/loss,nan\r\n"
+
 def test_resume_restores_the_wandb_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """The run id is stored in the checkpoint and the resumed run logs to the same W&B run
     (offline here: both offline run folders carry the same id)."""

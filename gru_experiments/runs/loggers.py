@@ -5,6 +5,7 @@ learning curves in its own history.csv, whatever the logger (the sweep report dr
 
 import csv
 import hashlib
+import io
 import math
 import netrc
 import os
@@ -16,6 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
+from gru_experiments.files import atomic_write
 
 # The modes wandb accepts (wandb.sdk.wandb_settings.Settings.mode): online, offline and disabled
 # (docs.wandb.ai: "What is the difference between wandb.init modes?"), and its older spellings.
@@ -139,13 +141,30 @@ VAL_METRICS = ("val/loss", "val/bpc", "val/stateful_bpc", "val/stateless_bpc", "
 
 
 class MetricsHistory(Callback):
-    """The mean training loss every log_every_n_steps and the validation metrics (rank zero)."""
+    """The mean training loss every log_every_n_steps and the validation metrics (rank zero). The loss's running sums
+    travel in the checkpoint, so a resumed run's first mean is the uninterrupted run's (and its rows: `setup`)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resumed_at: int | None = None):
         self.path = Path(path)
         self._loss_sum, self._loss_count = 0.0, 0  # a tensor once training runs: no host sync per step
+        self._resumed_at, self._written = resumed_at, None  # a resume's step; the metrics history.csv holds there
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """A resume from the checkpoint of step `resumed_at`, before training continues: history.csv cut back to that
+        step (once, rank zero); a metric it holds at that step is not written twice (a counted model's resume counts
+        and validates again)."""
+        if self._resumed_at is not None and self._written is None and trainer.is_global_zero:
+            self._written = keep_history_until(self.path, self._resumed_at)
+
+    def state_dict(self) -> dict:
+        return {"loss_sum": float(self._loss_sum), "loss_count": self._loss_count}  # a host sync per checkpoint
+
+    def load_state_dict(self, state: dict) -> None:
+        self._loss_sum, self._loss_count = state["loss_sum"], state["loss_count"]
 
     def _append(self, trainer, rows: list[tuple[str, float]]) -> None:
+        if trainer.global_step == self._resumed_at and self._written:
+            rows = [(name, value) for name, value in rows if name not in self._written]
         if not trainer.is_global_zero or not rows:
             return
         new_file = not self.path.exists()
@@ -175,6 +194,32 @@ class MetricsHistory(Callback):
             return
         metrics = trainer.callback_metrics
         self._append(trainer, [(name, float(metrics[name])) for name in VAL_METRICS if name in metrics])
+
+
+def keep_history_until(path: Path, step: int) -> set[str]:
+    """history.csv cut back, atomically, to its rows at or before `step` (a resume's checkpoint: the resumed run
+    writes the later ones again), rows a kill cut short dropped; the metrics it keeps at `step`. Nothing without it."""
+    path = Path(path)
+    if not path.is_file():
+        return set()
+    rows = [_whole_row(line) for line in path.read_text(encoding="utf-8", errors="replace").splitlines(True)[1:]]
+    kept = [row for row in rows if row is not None and int(row[0]) <= step]
+    text = io.StringIO()
+    csv.writer(text).writerows([FIELDS, *kept])
+    atomic_write(path, text.getvalue())
+    return {row[2] for row in kept if int(row[0]) == step}
+
+
+def _whole_row(line: str) -> list[str] | None:
+    """A history.csv line's fields; None for one a kill cut short (no line end, a field missing or half written)."""
+    try:
+        row = next(csv.reader([line]), [])
+        if line.endswith("\n") and len(row) == len(FIELDS):
+            int(row[0]), float(row[3])
+            return row
+    except (csv.Error, ValueError):
+        pass
+    return None
 
 
 def read_history(path: Path) -> dict[str, list[tuple[int, float]]]:

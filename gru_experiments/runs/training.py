@@ -178,9 +178,9 @@ def fit_or_count(run: Run, current) -> None:
     tokenizer = run.corpus.tokenizer
     modes = ModesOverTraining(cfg, run.val, epoch_tokens, run.settings, tokenizer,
                               tokenizer.decode(run.corpus.train_ids.tolist()))
-    callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file), modes,
-                 CostEstimate(run.val, cfg, run.settings, model=task.model, tokenizer=tokenizer, modes=modes,
-                              train_ids=run.corpus.train_ids, probe=run.corpus.probe),
+    callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
+                 modes, CostEstimate(run.val, cfg, run.settings, model=task.model, tokenizer=tokenizer, modes=modes,
+                                     train_ids=run.corpus.train_ids, probe=run.corpus.probe),
                  *([run.stopping] if run.stopping is not None else [])]
     limit = {}
     if resume is not None and resume.stopped_early is not None:  # stopped early, then cut off in its evaluation
