@@ -51,7 +51,8 @@ class Findings:
         for claim, rule in self.rules.items():
             with recording() as used:
                 judged, evidence = rule(jobs)
-            found.append(Finding(claim, judged, f"{evidence} {rests_on(used, jobs)}".rstrip()))
+            basis = "" if judged == "cannot be judged" else rests_on(used, jobs)
+            found.append(Finding(claim, judged, f"{evidence} {basis}".rstrip()))
         return found
 
     def markdown(self, jobs, first: int) -> list[str]:

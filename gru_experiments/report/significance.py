@@ -135,8 +135,13 @@ def rests_on(used: list[Difference], jobs) -> str:
                     + (f"{paired} paired by seed; " if paired else "")
                     + "standard errors from the spread between trainings).")
         single = len(used) - len(over_seeds)
-        return (f"Rests on one training each ({single} of {len(used)} comparisons with a single training on a side: "
-                "the within-run standard errors, which say nothing of a second training).")
+        if not over_seeds:
+            return ("Rests on one training each (the within-run standard errors, which say nothing of a second "
+                    "training).")
+        sizes = [n for d in over_seeds for n in d.trainings if n]
+        return (f"Rests on {_count(sizes)} trainings a side in {len(over_seeds)} of {len(used)} comparisons (the "
+                f"spread between trainings) and one training on a side in {single} (its within-run standard "
+                "errors, which say nothing of a second training).")
     ns = [len(job.runs) for job in jobs if getattr(job, "status", "completed") == "completed"]
     if not ns:
         return ""
