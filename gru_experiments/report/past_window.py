@@ -64,8 +64,12 @@ def past_window_finding(jobs) -> tuple[str, str]:
     shown = studied(jobs)
     recurrent = [job for job in shown if job.recurrent and (job.training_window or 0) > window(job)]
     if not recurrent:
+        scored = [job for job in jobs if job.recurrent and window(job) and job.training_window]
+        longest = max(scored, key=lambda job: job.training_window, default=None)
         return cannot("a recurrent model trained past its windowed context (python sweep.py experiments=past_window "
-                      "seeds=3)")
+                      "seeds=3)" + ("" if longest is None else f"; the longest training window here, "
+                                    f"{longest.training_window}, is within the windowed mode's {window(longest)} "
+                                    "(a smoke run trains on windows of 32: add evaluation.window=16)"))
     parts, over_seeds, single = [], 0, 0
     for name, group in by_corpus(shown).items():
         gains = {id(job): difference(side(job, state_gain), worth=WORTH) for job in group}

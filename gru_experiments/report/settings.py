@@ -18,9 +18,11 @@ SETTING_KEYS = ("model", "training_mode", "seq_len", "lr", "optim", "probe", "co
 
 
 def setting_key(job: JobResult) -> tuple:
-    """Everything that tells a run's setting apart: its config without the seed, and the summary's SETTING_KEYS."""
+    """Everything that tells a run's setting apart: its config and its command line (experiment=..., a choice the
+    config does not name) without the seed, and the summary's SETTING_KEYS."""
     config = {key: value for key, value in (job.config or {}).items() if key != "seed"}
-    return (repr(sorted(config.items())), *(repr(job.values.get(key)) for key in SETTING_KEYS))
+    command = sorted(o for o in job.overrides if o.split("=", 1)[0].lstrip("+~") != "seed")
+    return (repr(sorted(config.items())), repr(command), *(repr(job.values.get(key)) for key in SETTING_KEYS))
 
 
 def mean_of(values: list):
@@ -55,7 +57,8 @@ class Setting(JobResult):
         values.update(seed=None, seeds=[run.values.get("seed") for run in runs])
         history = {metric: mean_of([run.history.get(metric, []) for run in runs]) for metric in first.history}
         return cls(job=first.job, status="completed", values=values, run_dir=first.run_dir, history=history,
-                   samples=first.samples, logger=first.logger, config=first.config, trainings=runs)
+                   samples=first.samples, logger=first.logger, config=first.config, overrides=first.overrides,
+                   trainings=runs)
 
     @property
     def runs(self) -> list[JobResult]:

@@ -28,6 +28,7 @@ class JobResult:
     variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
     unreadable: Path | None = None  # its summary.json, there but not a JSON object (cut off while written, edited)
     config: dict | None = None  # its .hydra/config.yaml, unresolved (what tells its setting apart: settings.py)
+    overrides: list[str] = field(default_factory=list)  # its command line (.hydra/overrides.yaml): experiment=...
 
     def __post_init__(self):
         self.values = summary_in_todays_names(self.values, started=self.status != "missing")
@@ -167,7 +168,15 @@ def read_job(job_dir: Path) -> JobResult:
     unreadable = run.summary_file if summary is None and run.summary_file.is_file() else None
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger,
-                     unreadable=unreadable, config=None if cfg is None else OmegaConf.to_container(cfg, resolve=False))
+                     unreadable=unreadable, config=None if cfg is None else OmegaConf.to_container(cfg, resolve=False),
+                     overrides=_overrides(job_dir))
+
+
+def _overrides(job_dir: Path) -> list[str]:
+    """The job's command-line overrides as Hydra recorded them ([] where it did not)."""
+    path = job_dir / ".hydra" / "overrides.yaml"
+    found = OmegaConf.load(path) if path.is_file() else None
+    return [str(o) for o in found] if OmegaConf.is_list(found) else []
 
 
 def _job_order(job_dir: Path) -> tuple:
