@@ -44,6 +44,7 @@ from gru_experiments.errors import UserError
 from gru_experiments.runs.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
+ACCELERATORS = ("gpu", "cuda", "cpu", "auto")  # Lightning's names for the machines this script runs on
 RATES = ("1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
 MINIMAL = ("mingru", "minlstm")
 TUNED = (*MINIMAL, "lstm")  # the families tuned at α over RATES, then compared on the recall probe at their best
@@ -137,7 +138,7 @@ def move_aside(job: Job) -> bool:
 
 
 def parse_arguments(argv) -> argparse.Namespace | None:
-    """The arguments, or None (said in one line) where --jobs or --steps is below 1."""
+    """The arguments, or None (said in one line) where --jobs or --steps is below 1 or the accelerator unusable."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=14, help="runs at once")
     p.add_argument("--deadline", type=float, default=570, help="seconds from start: running jobs get SIGINT")
@@ -156,7 +157,22 @@ def parse_arguments(argv) -> argparse.Namespace | None:
             print(f"gpu_jobs.py: {flag} {value}: must be an integer >= 1"
                   + (" (leave --steps out for each recipe's own steps)" if flag == "--steps" else ""), file=sys.stderr)
             return None
+    if (problem := accelerator_problem(args.accelerator)) is not None:
+        print(f"gpu_jobs.py: --accelerator {args.accelerator}: {problem}", file=sys.stderr)
+        return None
     return args
+
+
+def accelerator_problem(accelerator: str) -> str | None:
+    """Why the jobs could not run on `accelerator` here, checked before any job starts (as gpu_study.sh does)."""
+    if accelerator not in ACCELERATORS:
+        return f"not an accelerator: give one of {', '.join(ACCELERATORS)}"
+    import torch
+
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False): this script is for a GPU (--accelerator cpu: " \
+               "the plumbing on a CPU)"
+    return None
 
 
 def planned(args) -> tuple[list[Job], dict[str, bool]]:

@@ -146,3 +146,16 @@ def test_gpu_check_on_a_machine_without_cuda_says_so_in_one_line(tmp_path):
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == ("gpu_check.sh: no CUDA device (torch.cuda.is_available() is False): this "
                                      "script is for a GPU")
+
+
+def test_gpu_jobs_refuses_an_unknown_accelerator_or_a_missing_gpu_before_any_job(tmp_path, capsys, monkeypatch):
+    """As gpu_study.sh does: one line, exit status 2, no job folder (this CPU build of torch sees no GPU)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu_jobs
+
+    assert gpu_jobs.main(["--accelerator", "banana", "--root", str(tmp_path)]) == 2
+    assert "--accelerator banana: not an accelerator: give one of gpu, cuda, cpu, auto" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert gpu_jobs.main(["--root", str(tmp_path)]) == 2
+        assert "--accelerator gpu: no CUDA device" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
