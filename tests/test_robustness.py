@@ -118,7 +118,7 @@ def test_valid_precisions_pass():
     ("missing", r"corpus file not found: .*missing\.txt \(data\.path\)"),
     ("folder", r"corpus path is not a file"),
     ("empty", r"corpus file is empty: .*empty\.txt"),
-    ("latin1", r"corpus file is not UTF-8 text: .*latin1\.txt \(byte 0xe0 at offset 9, line 1\); convert it"),
+    ("latin1", r"corpus file is not UTF-8 text: .*latin1\.txt \(byte 0xe0 at offset 9, line 1; convert it"),
     ("short", r"corpus too short: the training split of .*short\.txt has 12 characters, fewer than one training "
               r"window plus one \(data\.seq_len \+ 1 = 33\)"),
 ])

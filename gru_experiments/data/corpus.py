@@ -13,7 +13,7 @@ from torch import Tensor
 from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
 from gru_experiments.data.tokenizers import build_tokenizer
 from gru_experiments.errors import UserError
-from gru_experiments.files import atomic_file
+from gru_experiments.files import atomic_file, utf8_text
 
 # The corpora shipped in the package (xz -9e) so training needs no network, by the sha256 of their plain text. The
 # default: Tiny Shakespeare. data=pystdlib (conf/data/pystdlib.yaml names its sha256): 46 modules of CPython 3.11.7's
@@ -121,18 +121,11 @@ def read_corpus_text(path: Path) -> CorpusText:
                         "reinstall the package or train on a local file: data.path=FILE")
     if not data:
         raise UserError(f"corpus file is empty: {path}")
-    head = data[:4096]
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4:
-        raise UserError(f"corpus file is not UTF-8 text: {path} looks like UTF-16 (a byte-order mark, or a NUL byte "
-                        "every other byte); convert it first, e.g. iconv -f utf-16 -t utf-8") from None
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"corpus file is not UTF-8 text: {path} (byte 0x{data[err.start]:02x} at offset {err.start}, "
-                        f"line {line}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
-    if text.startswith(BYTE_ORDER_MARK):  # as Python's utf-8-sig reads it: a mark of the encoding, not a character
-        text = text[len(BYTE_ORDER_MARK):]
+        text = utf8_text(data)  # a byte-order mark dropped, as Python's utf-8-sig reads it
+    except ValueError as err:
+        raise UserError(f"corpus file is not UTF-8 text: {path} ({err})") from None
+    if data.startswith(BYTE_ORDER_MARK.encode()):  # a mark of the encoding, not a character: said, as CRLF is
         print(f"corpus {path} starts with a UTF-8 byte-order mark: dropped (it marks the encoding and is no "
               "character of the text)")
     return CorpusText(path, text, expected or hashlib.sha256(data).hexdigest())
