@@ -29,7 +29,7 @@ def own_length_gain(job) -> float | None:
     points = dict(curve_points(job.values.get("context_curve")))
     at = points.get(str(job.training_window))
     stateful = job.number("stateful_bpc")
-    return None if at is None or stateful is None or job.training_window <= window(job) else stateful - at
+    return None if at is None or stateful is None or (job.training_window or 0) <= window(job) else stateful - at
 
 
 def past_window_section(jobs, plots) -> list[str]:

@@ -6,7 +6,6 @@ the recall points, the history), each top-level figure with its between-training
 A run that is not completed, or whose seed is unknown or repeats one of its setting's, stays a setting of its own.
 """
 
-import math
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 
@@ -86,8 +85,3 @@ def spread(job: JobResult, key: str) -> float | None:
     value = job.values.get(f"{key}_sd") if job.n > 1 else None
     return value if finite(value) is not None else (0.0 if job.n > 1 and job.number(key) is not None else None)
 
-
-def standard_error(job: JobResult, key: str) -> float | None:
-    """The figure's standard error as the report states it: between trainings for a setting, else within the run."""
-    sd = spread(job, key)
-    return sd / math.sqrt(job.n) if sd is not None else job.number(f"{key}_se")
