@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gru_experiments.data.corpus import PYSTDLIB_SHA256, load_corpus, prepare_corpus, read_corpus
+from gru_experiments.data.corpus import load_corpus, prepare_corpus, read_corpus
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import validate
 
@@ -75,6 +75,7 @@ def test_data_sha256_is_checked_and_never_falls_back_to_tiny_shakespeare(compose
         load_corpus(compose_config(f"data.path={tiny_corpus}", f"data.sha256={'0' * 64}").data)
     for named in ([], ["data=pystdlib"]):
         with pytest.raises(UserError, match=f"data.sha256={'1' * 64} names no corpus shipped in the package "
-                                            r"\(tinyshakespeare: 86c4.*, pystdlib: 0580.*\), and no data.url"):
+                                            r"\(pystdlib: 0580.*, tinyshakespeare: 86c4.*\), and no data.url"):
             load_corpus(compose_config(*named, f"data.sha256={'1' * 64}").data)
-    assert load_corpus(compose_config("data=pystdlib").data).sha256 == PYSTDLIB_SHA256
+    pystdlib = compose_config("data=pystdlib").data
+    assert load_corpus(pystdlib).sha256 == pystdlib.sha256 and load_corpus(pystdlib).source.name == "pystdlib.txt.xz"

@@ -22,7 +22,7 @@ from pathlib import Path
 CORPORA = Path(__file__).resolve().parent.parent / "gru_experiments" / "data" / "corpora"
 OUT = CORPORA / "pystdlib.txt.xz"
 LICENCE = CORPORA / "pystdlib.LICENSE.txt"
-SHA256 = "0580ce98cfae237574409a8795e9ef8178eecde50b7c1c985f0ae59bb2121230"  # of the text (corpus.PYSTDLIB_SHA256)
+SHA256 = "0580ce98cfae237574409a8795e9ef8178eecde50b7c1c985f0ae59bb2121230"  # of the text (conf/data/pystdlib.yaml)
 MODULES = [
     "aifc", "ast", "base64", "bz2", "cgi", "cmd", "codeop", "configparser", "copy", "csv", "decimal", "doctest",
     "fileinput", "getpass", "graphlib", "hmac", "imp", "keyword", "lzma", "mimetypes", "nntplib", "numbers",

@@ -1,6 +1,7 @@
 """The corpus: where it comes from (a local file, an opt-in download, or one shipped in `corpora/`: Tiny Shakespeare,
 or the Python standard library's source as `data=pystdlib`), how it is checked, split and encoded (`prepare_corpus`)."""
 
+import functools
 import hashlib
 import lzma
 import urllib.request
@@ -15,16 +16,25 @@ from gru_experiments.data.tokenizers import build_tokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_file, utf8_text
 
-# The corpora shipped in the package (xz -9e) so training needs no network, by the sha256 of their plain text. The
-# default: Tiny Shakespeare. data=pystdlib (conf/data/pystdlib.yaml names its sha256): 46 modules of CPython 3.11.7's
-# standard library (PSF licence, corpora/pystdlib.LICENSE.txt), built by tools/build_pystdlib_corpus.py.
+# The corpora shipped in the package (xz -9e) so training needs no network: every `corpora/*.txt.xz`, found by the
+# sha256 of its plain text, so that a corpus is its file and one YAML naming that hash (conf/data/pystdlib.yaml): no
+# list here to edit. The default: Tiny Shakespeare. data=pystdlib: 46 modules of CPython 3.11.7's standard library
+# (PSF licence, corpora/pystdlib.LICENSE.txt), built by tools/build_pystdlib_corpus.py.
 CORPORA = Path(__file__).resolve().parent / "corpora"
 SHIPPED_CORPUS = CORPORA / "tinyshakespeare.txt.xz"
 SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
-PYSTDLIB_SHA256 = "0580ce98cfae237574409a8795e9ef8178eecde50b7c1c985f0ae59bb2121230"
-SHIPPED = {SHIPPED_SHA256: SHIPPED_CORPUS, PYSTDLIB_SHA256: CORPORA / "pystdlib.txt.xz"}
-SHIPPED_NAMES = {sha: path.name.removesuffix(".txt.xz") for sha, path in SHIPPED.items()}
 BYTE_ORDER_MARK = "\ufeff"
+
+
+@functools.cache
+def shipped_corpora() -> dict[str, Path]:
+    """{sha256 of the plain text: file} of every corpus shipped in `corpora/` (read once a process: ~50 ms each)."""
+    return {hashlib.sha256(lzma.decompress(path.read_bytes())).hexdigest(): path
+            for path in sorted(CORPORA.glob("*.txt.xz"))}
+
+
+def shipped_name(path: Path) -> str:
+    return path.name.removesuffix(".txt.xz")
 
 
 def sha256_of(path: Path) -> str:
@@ -52,10 +62,12 @@ def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir
     before it shipped), else the cached download of `url` (opt-in), else SHIPPED_CORPUS."""
     if path:
         return Path(path).expanduser()
-    if sha256 in SHIPPED:
-        return SHIPPED[sha256]
+    if sha256 == SHIPPED_SHA256:  # the default's own hash: no need to read the others
+        return SHIPPED_CORPUS
+    if sha256 and sha256 in shipped_corpora():
+        return shipped_corpora()[sha256]
     if not url and sha256:  # never another text than the one named: not Tiny Shakespeare in its place
-        shipped = ", ".join(f"{name}: {sha}" for sha, name in SHIPPED_NAMES.items())
+        shipped = ", ".join(f"{shipped_name(path)}: {sha}" for sha, path in shipped_corpora().items())
         raise UserError(f"data.sha256={sha256} names no corpus shipped in the package ({shipped}), and no data.url "
                         "is given to download it: give data.path=FILE (data.sha256 then checks it), or leave "
                         "data.sha256 out for Tiny Shakespeare")
@@ -76,7 +88,11 @@ def corpus_name(path: str | None, url: str | None, sha256: str | None) -> str:
     """A run's corpus as the report names it: a shipped one's name (tinyshakespeare, pystdlib), else its file's."""
     if path:
         return Path(path).name.removesuffix(".xz").removesuffix(".txt")
-    return SHIPPED_NAMES.get(sha256) or (SHIPPED_NAMES[SHIPPED_SHA256] if not url else Path(url.split("?")[0]).name)
+    if sha256 == SHIPPED_SHA256 or not (url or sha256):
+        return shipped_name(SHIPPED_CORPUS)
+    if shipped := shipped_corpora().get(sha256):
+        return shipped_name(shipped)
+    return Path(url.split("?")[0]).name if url else shipped_name(SHIPPED_CORPUS)
 
 
 @dataclass(frozen=True)
@@ -115,7 +131,7 @@ def read_corpus_text(path: Path) -> CorpusText:
             data = lzma.decompress(data)
         except lzma.LZMAError as err:
             raise UserError(f"corpus file is not valid xz: {path} ({err})") from None
-    expected = next((sha for sha, shipped in SHIPPED.items() if shipped == path), None)
+    expected = SHIPPED_SHA256 if path == SHIPPED_CORPUS else None  # the default, checked on every read
     if expected and (got := hashlib.sha256(data).hexdigest()) != expected:
         raise UserError(f"the shipped corpus {path} is damaged: sha256 {got}, expected {expected}; "
                         "reinstall the package or train on a local file: data.path=FILE")
