@@ -84,6 +84,15 @@ def small_shakespeare(tmp_path_factory, shakespeare) -> Path:
     return path
 
 
+def finding_line(report_md: str, claim: str) -> str:
+    """report.md's line of the finding of that claim, under the number the report gives it (report.finding_number):
+    a test finds a finding by its claim, so one added before it moves its number and breaks no test."""
+    from gru_experiments.report.report import finding_number
+
+    start = f"{finding_number(claim)}. **{claim}**: "
+    return next(line for line in report_md.splitlines() if line.startswith(start))
+
+
 def strict_json(text: str):
     """JSON as RFC 8259 has it: NaN, Infinity and -Infinity are refused (Python's json takes them)."""
     def refuse(constant):

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import finding_line
 from test_findings import make_sweep, summary
 from test_reporting import assert_valid_png, make_job
 
@@ -226,18 +227,18 @@ def test_the_recall_table_and_figure(tmp_path):
 def test_the_recall_findings_state_their_figures_and_rules(tmp_path):
     text = build_report(make_recall_sweep(tmp_path)).files["report.md"].read_text()
     instrument, carried, kept = numbered_lines(text, "Findings on the planted-recall control")
-    assert instrument.startswith(f"8. **{list(RECALL.rules)[0]}**: supported.")
+    assert instrument == finding_line(text, list(RECALL.rules)[0]) and ": supported." in instrument
     assert ("astra_alpha trained on windows (128) (log2 K = 3.000): stateful below log2 K by more than two "
             "standard errors at d = 16: 0.200 ± 0.050, "
             "d = 48: 0.400 ± 0.060, d = 96: 0.900 ± 0.100; windowed past its window (64 tokens) at d = 96: "
             "3.000 ± 0.050") in instrument
     assert "at chance" in instrument and "Detected in 3 of 3 runs" in instrument
-    assert carried.startswith(f"9. **{list(RECALL.rules)[1]}**: partly supported.")
+    assert carried == finding_line(text, list(RECALL.rules)[1]) and ": partly supported." in carried
     se = math.hypot(0.1, 0.05)
     assert f"d = 192: streams 1.200 ± 0.100, windows 3.000 ± 0.050 (change -1.800 ± {se:.3f})" in carried
     assert "Streams better at 2 of 3 distances, worse at 0" in carried
     assert "(trained on windows (512): d = 192: 0.800 ± 0.100" in carried
-    assert kept.startswith(f"10. **{list(RECALL.rules)[2]}**: partly supported.")
+    assert kept == finding_line(text, list(RECALL.rules)[2]) and ": partly supported." in kept
     assert ("astra_alpha trained on streams (128): stateful below windowed by more than two standard errors of the "
             "difference at 2 of 3 distances past the window (d = 192: stateful 1.200 ± 0.100, windowed 3.000 ± 0.050); "
             "stateful under 1 bit up to d = 96, crossing 2 bits at d ≈ 384 (3.0× the window)") in kept

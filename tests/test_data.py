@@ -207,10 +207,10 @@ def test_a_new_shipped_corpus_is_its_file_and_one_yaml(tmp_path, monkeypatch):
     import lzma
     import shutil
 
+    from conftest import CONF
     from hydra import compose, initialize_config_dir
 
     from gru_experiments.data import corpus as data
-    from conftest import CONF
 
     corpora = tmp_path / "corpora"
     shutil.copytree(data.CORPORA, corpora)

@@ -234,11 +234,18 @@ def _findings_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str
     jobs = [job for job in jobs if job.status == "completed"]
     if not jobs:
         return ["", f"## {STUDY.heading}", "", STUDY.intro, "", "No completed job: nothing to judge.", ""]
-    lines, first = [], 1
+    lines = []
     for group in (section.findings for section in SECTIONS if section.findings is not None):
+        first = finding_number(next(iter(group.rules))) if group.rules else 1  # a group of no claim numbers none
         lines += ["", *group.markdown(jobs, first)]
-        first += len(group.rules)
     return lines + [""]
+
+
+def finding_number(claim: str) -> int:
+    """The number report.md gives the finding of that claim: the registered sections' findings, numbered on (so a
+    finding added before it moves it, and whatever reads a finding finds it by its claim)."""
+    claims = [claim for section in SECTIONS if section.findings is not None for claim in section.findings.rules]
+    return claims.index(claim) + 1
 
 
 def _one_training(jobs: list[JobResult], seed) -> list[JobResult]:
