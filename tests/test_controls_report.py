@@ -181,8 +181,8 @@ def make_recall_sweep(root: Path, runs=(("windows", 128, WINDOWS_128), ("streams
     sweep = root / "recall"
     for num, (mode, seq_len, figures, *extra) in enumerate(runs):
         values = summary("astra_alpha", "char", 86_913, 2.31, 3.78, 3.58) | {
-            "training_mode": mode, "mode_evaluation": {"seq_len": seq_len, "window": 64}, "probe": "recall",
-            "recall": recall_record(figures, seq_len), **(extra[0] if extra else {})}
+            "training_mode": mode, "seq_len": seq_len, "mode_evaluation": {"seq_len": seq_len, "window": 64},
+            "probe": "recall", "recall": recall_record(figures, seq_len), **(extra[0] if extra else {})}
         make_job(sweep, num, "astra_alpha", summary=values)
     return sweep
 
@@ -190,7 +190,7 @@ def make_recall_sweep(root: Path, runs=(("windows", 128, WINDOWS_128), ("streams
 def test_the_memory_horizon_and_the_cost_to_the_language_model(tmp_path):
     sweep = make_recall_sweep(tmp_path)
     plain = summary("astra_alpha", "char", 86_913, 2.25, 3.76, 3.58) | {
-        "training_mode": "windows", "mode_evaluation": {"seq_len": 128, "window": 64}, "probe": None,
+        "training_mode": "windows", "seq_len": 128, "mode_evaluation": {"seq_len": 128, "window": 64}, "probe": None,
         "stateful_bpc_se": 0.003, "state_gain_bpc": 0.0001, "state_gain_se": 0.0002}
     make_job(sweep, 3, "astra_alpha", summary=plain)  # the windows (128) run's twin without the probe
     text = build_report(sweep).files["report.md"].read_text()
@@ -275,7 +275,7 @@ def _with(figures: dict, mode: str, index: int, point: tuple) -> dict:
     ((("windows", 512, WINDOWS_512), ("streams", 128, STREAMS_128)),
      ("supported", "cannot be judged", "partly supported")),
     # only the transformer, a model of its last tokens: the new finding has no recurrent run to judge
-    ((("windows", 128, WINDOWS_128, {"context": 128, "family": "transformer"}),),
+    ((("windows", 128, WINDOWS_128, {"context": 128, "recurrent": False, "family": "transformer"}),),
      ("supported", "cannot be judged", "cannot be judged")),
 ])
 def test_the_recall_findings_follow_the_numbers(tmp_path, runs, verdicts):
@@ -339,7 +339,7 @@ def test_runs_of_one_model_at_two_windows_are_told_apart(tmp_path):
                                                  ("windows", 512, (-0.20, 0.004)))):
         values = summary("astra_alpha", "char", 86_913, 2.30 + gain[0], 3.78, 3.58) | {
             "training_mode": mode, "windowed_bpc": 2.30, "state_gain_bpc": gain[0], "state_gain_se": gain[1],
-            "mode_evaluation": {"seq_len": seq_len, "window": 128}}
+            "seq_len": seq_len, "mode_evaluation": {"seq_len": seq_len, "window": 128}}
         values["context_curve"]["by_class"] = by_class()
         make_job(sweep, num, "astra_alpha", summary=values)
     text = build_report(sweep).files["report.md"].read_text()

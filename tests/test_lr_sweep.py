@@ -28,7 +28,8 @@ def make_lr_sweep(root: Path, runs) -> Path:
         job = sweep / f"{num}_{model}"
         (job / ".hydra").mkdir(parents=True)
         OmegaConf.save({"model": {"name": model, "lr": lr, "architecture": {"cell": family}},
-                        "optim": {"name": recipe}, "tokenizer": {"kind": "char"}, "logger": {}},
+                        "optim": {"name": recipe}, "tokenizer": {"kind": "char"}, "training": {"batching": "windows"},
+                        "logger": {}},
                        job / ".hydra" / "config.yaml")
         OmegaConf.save({"hydra": {"job": {"num": num}}}, job / ".hydra" / "hydra.yaml")
         if stateful == "running":

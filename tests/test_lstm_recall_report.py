@@ -25,7 +25,7 @@ def make_runs(root, runs):
     sweep = root / "lstm_recall"
     for num, (model, family, parameters, mode, figures) in enumerate(runs):
         values = summary(model, "char", parameters, 2.31, 3.78, 3.58) | {
-            "family": family, "training_mode": mode, "mode_evaluation": {"seq_len": 128, "window": 64},
+            "family": family, "training_mode": mode, "seq_len": 128, "mode_evaluation": {"seq_len": 128, "window": 64},
             "probe": "recall", "recall": recall_record(figures, 128)}
         make_job(sweep, num, model, summary=values)
     return collect(sweep)[0], sweep

@@ -46,7 +46,6 @@ from gru_experiments.data.recall_probe import (
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import validate
-from gru_experiments.runs.run_dir import in_todays_names
 
 
 def single_phase(distances, gap: int, min_targets: int = 200, keys: int = 16) -> ProbeSettings:
@@ -354,13 +353,6 @@ def test_the_earlier_schedules_are_variants_validated_like_the_default(compose_c
     assert dense.phases == (Phase((4, 8, 16, 32, 64, 128, 256), 8),)  # as recall_dense planted its training split
     for variant in (sparse, dense):
         assert variant.validation == default.validation and variant.keys == default.keys
-
-
-def test_a_run_folders_probe_group_from_before_the_phases_reads_as_one_phase():
-    old = {"name": "recall", "keys": 16, "distances": [4, 8, 16], "gap": 8, "min_targets": 100}  # recall_dense's kind
-    settings = ProbeSettings.from_config(in_todays_names(OmegaConf.create({"probe": old})).probe)  # a run folder's
-    assert settings == single_phase((4, 8, 16), 8, 100, 16)
-    assert settings.phases == (Phase((4, 8, 16), 8, 0.0),) and settings.validation.distances == (4, 8, 16)
 
 
 @pytest.mark.parametrize("override, message", [

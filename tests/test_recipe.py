@@ -1,6 +1,6 @@
 """The optimiser recipe (runs/recipe.py, conf/optim/): the warmup and cosine against nanoGPT's get_lr,
 the original recipe's schedule torch's CosineAnnealingLR bit for bit, which weights decay, AdamW's settings, the
-refused values, every model config's recipe, checkpoints from before conf/optim, and a tiny run."""
+refused values, every model config's recipe, and a tiny run."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.runs.checks import validate
 from gru_experiments.runs.recipe import Recipe, WarmupCosine
-from gru_experiments.runs.run_dir import in_todays_names
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
 
@@ -243,6 +242,16 @@ def test_the_recipes_list_is_the_study_ladder():
     assert {*TRANSFORMER_RECIPE, "astra_alpha", "scribe_alpha", "leviathan", "mlp"} <= set(TRAINED_MODELS)
 
 
+@pytest.mark.parametrize("variant", ["astra_alpha_original", "transformer_original", "transformer_beta_original"])
+def test_each_original_variant_is_its_base_model_at_the_original_studys_rate(compose_config, variant):
+    """model=<variant>: the base model at the original study's learning rate (and, for the transformers, its
+    recipe), under its own name (what tools/upgrade_run_folder.py renames model=<base>_seed to)."""
+    cfg, base = compose_config(f"model={variant}"), compose_config(f"model={variant.removesuffix('_original')}")
+    assert cfg.model.name == variant and cfg.optim.name == "original"
+    assert cfg.model.lr == {"transformer_beta_original": 2e-3}.get(variant, 3e-3)
+    assert cfg.model.architecture == base.model.architecture and cfg.data == base.data
+
+
 @pytest.mark.parametrize("model, optim", [("transformer", "original"), ("astra_alpha", "transformer"),
                                           ("scribe_alpha", "transformer")])
 def test_optim_on_the_command_line_beats_the_models_choice(compose_config, model, optim):
@@ -250,23 +259,6 @@ def test_optim_on_the_command_line_beats_the_models_choice(compose_config, model
     assert compose_config(f"model={model}", f"optim={optim}").optim.name == optim
     cfg = compose_config(f"model={model}", f"optim={optim}", "optim.floor=0.25")
     assert Recipe.from_config(cfg.optim) == dataclasses.replace(shipped(optim), floor=0.25)
-
-
-# --- checkpoints from before conf/optim ---------------------------------------------------
-
-@pytest.mark.parametrize("weight_decay", [0.01, 0.05])
-def test_a_checkpoint_from_before_conf_optim_gets_the_original_recipe(weight_decay):
-    """hyper-parameters with weight_decay and no optim, in today's names as read_checkpoint reads them: the original
-    recipe at that decay, saved as optim (no weight_decay), so the task's hparams rebuild the same recipe."""
-    architecture = {"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru", "embedding_dim": 4,
-                    "hidden_size": 6, "num_layers": 1, "dropout": 0.0}
-    hyper_parameters = in_todays_names({"architecture": architecture, "vocab_size": V, "lr": 3e-3,
-                                        "weight_decay": weight_decay, "epochs": 1})
-    task = LanguageModelTask(**hyper_parameters)
-    assert task.recipe == dataclasses.replace(shipped("original"), weight_decay=weight_decay)
-    assert "optim" in task.hparams and "weight_decay" not in task.hparams
-    assert Recipe.from_config(task.hparams["optim"]) == task.recipe
-    assert LanguageModelTask(**task.hparams).recipe == task.recipe
 
 
 # --- a tiny run ---------------------------------------------------------------------------

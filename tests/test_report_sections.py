@@ -1,6 +1,6 @@
 """The report as a registry of sections: a section registered from a test file alone, with no change to
 any package file, reaches results.csv and report.md (its columns, its markdown, its plot, its findings,
-numbered on); and an old run folder reads as a new one (JobResult's one upgrade step)."""
+numbered on)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_findings import make_sweep
 from gru_experiments.report import report
 from gru_experiments.report.report import SECTIONS, build_report, register_section, unregister_section
 from gru_experiments.report.section import Findings, Section
-from gru_experiments.report.sweep_folder import JobResult, collect, mode_pairs
+from gru_experiments.report.sweep_folder import JobResult, mode_pairs
 
 NAME = "parameters per bit"
 DEMO = Findings("Findings on the demonstration", "What the registered section claims.")
@@ -77,29 +77,9 @@ def test_a_section_goes_where_it_is_registered_and_leaves_no_trace(tmp_path):
             register_section(taken)
 
 
-def test_an_old_summary_is_upgraded_once_on_reading():
-    old = JobResult("0_astra_alpha_seed", "completed", {"model": "astra_alpha_seed", "optim": "seed", "lr": 0.01,
-                                                        "mode_evaluation": {"seq_len": 128, "window": 64}})
-    new = JobResult("0_astra_alpha_original", "completed", {"model": "astra_alpha_original", "optim": "original",
-                                                            "lr": 0.01, "training_mode": "windows", "seq_len": 128})
-    for job in (old, new):
-        assert (job.name, job.recipe, job.training_mode, job.training_window, job.training) == (
-            "astra_alpha_original", "original", "windows", 128, "windows (128)")
-    recall_only = JobResult("1_a", "completed", {"model": "a", "recall": {"seq_len": 256, "by_distance": {}}})
-    assert recall_only.training_window == 256  # before mode_evaluation carried it: the recall record's
-    assert JobResult("", "missing", {"model": "a"}).training_mode is None  # never started: no training to name
-
-
 def test_one_pairing_of_a_models_training_modes():
     def job(num, model, mode, window):
         return JobResult(f"{num}_{model}", "completed", {"model": model, "training_mode": mode, "seq_len": window})
     jobs = [job(0, "a", "windows", 128), job(1, "a", "windows", 128), job(2, "a", "streams", 128),
             job(3, "a", "windows", 512), job(4, "b", "streams", 128), job(5, "b", "windows", 128)]
     assert [(w.job, s.job) for w, s in mode_pairs(jobs)] == [("1_a", "2_a"), ("5_b", "4_b")]  # twins: the later
-
-
-def test_old_sweep_folders_plan_and_read_the_new_names(tmp_path):
-    sweep = make_sweep(tmp_path, models=[("astra_alpha_seed", "char", 86_913, 2.31, 3.78, 3.58)])
-    (sweep / "multirun.yaml").write_text("hydra:\n  overrides:\n    task:\n    - model=astra_alpha_seed\n")
-    jobs, _ = collect(sweep)
-    assert [(job.name, job.status) for job in jobs] == [("astra_alpha_original", "completed")]  # not also missing

@@ -18,6 +18,7 @@ from gru_experiments.report.sweep_folder import planned_models
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROMPTS = ["ROMEO: ", "KING: ", "FIRST CITIZEN: "]
+RECURRENT = "gru_experiments.models.recurrent.RecurrentLM"
 
 
 def assert_valid_png(path: Path) -> None:
@@ -38,7 +39,8 @@ def make_job(sweep: Path, num: int, model: str, cell="gru", tokenizer="char", su
     (job / ".hydra").mkdir(parents=True)
     logger_cfg = ({"_target_": "lightning.pytorch.loggers.WandbLogger", "project": "gru-test", "group": None,
                    "name": "${model.name}"} if logger == "wandb" else {})
-    OmegaConf.save({"model": {"name": model, "architecture": {"cell": cell}}, "tokenizer": {"kind": tokenizer},
+    OmegaConf.save({"model": {"name": model, "architecture": {"_target_": RECURRENT, "cell": cell}},
+                    "tokenizer": {"kind": tokenizer}, "training": {"batching": "windows"},
                     "paths": {"output_dir": "${hydra:runtime.output_dir}"}, "logger": logger_cfg},
                    job / ".hydra" / "config.yaml")
     OmegaConf.save({"hydra": {"job": {"num": num}}}, job / ".hydra" / "hydra.yaml")
@@ -212,30 +214,6 @@ def test_wandb_summary_run_carries_table_and_plots(tmp_path, monkeypatch):
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["completed", "failed"]
     # its best_* columns read as results.csv's (the best checkpoint's figures, not summary keys of that name)
     assert [row[table["columns"].index("best_val_bpc")] for row in table["data"]] == [2.2, None]
-
-
-def test_a_run_folder_whose_summary_says_cell_still_reports_its_family(tmp_path):
-    """summary.json said "cell" for the family before the rename (and a failure record took
-    model.architecture.cell, null for the MLP): such folders load and report as before."""
-    sweep = tmp_path / "old"
-    old = {key if key != "family" else "cell": value for key, value in
-           completed("lstm", "lstm", "char", 2.4, context=None, train_seconds=10.0).items()}
-    make_job(sweep, 0, "lstm", cell="lstm", summary=old)
-    make_job(sweep, 1, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.3, context=None,
-                                                        train_seconds=20.0))
-    mlp = make_job(sweep, 2, "mlp", summary={"status": "failed", "model": "mlp", "cell": None, "tokenizer": "char",
-                                             "error": "RuntimeError: boom", "wall_seconds": 1.0})
-    OmegaConf.save({"model": {"name": "mlp", "architecture": {"_target_": "gru_experiments.models.mlp.BengioMLP"}},
-                    "tokenizer": {"kind": "char"}}, mlp / ".hydra" / "config.yaml")
-    report = build_report(sweep)
-    assert [(job.name, job.values["family"]) for job in report.jobs] == [
-        ("lstm", "lstm"), ("astra_alpha", "gru"), ("mlp", "mlp")]
-    assert all("cell" not in job.values for job in report.jobs)
-    rows = read_csv(sweep / "results.csv")
-    assert [row["family"] for row in rows] == ["lstm", "gru", "mlp"] and "cell" not in rows[0]
-    text = report.files["report.md"].read_text()
-    assert "| lstm | windows | lstm | char | 86,913 |" in text
-    assert "| lstm | lstm | unbounded | 86,913 | 2.3500 |" in text  # the ladder: two families
 
 
 def test_ladder_table_and_plot_for_a_sweep_of_several_families(tmp_path):

@@ -13,7 +13,7 @@ from gru_experiments.errors import NoResultsError, UserError
 from gru_experiments.report.common import finite
 from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
-from gru_experiments.runs.run_dir import UNNAMED_CLASS, RunDir, summary_in_todays_names
+from gru_experiments.runs.run_dir import RunDir
 
 
 @dataclass
@@ -29,9 +29,6 @@ class JobResult:
     unreadable: Path | None = None  # its summary.json, there but not a JSON object (cut off while written, edited)
     config: dict | None = None  # its .hydra/config.yaml, unresolved (what tells its setting apart: settings.py)
     overrides: list[str] = field(default_factory=list)  # its command line (.hydra/overrides.yaml): experiment=...
-
-    def __post_init__(self):
-        self.values = summary_in_todays_names(self.values, started=self.status != "missing")
 
     @property
     def runs(self) -> list:
@@ -49,7 +46,7 @@ class JobResult:
 
     @property
     def recipe(self) -> str | None:
-        """Its optimiser recipe's name (conf/optim/), None for a counted model or an older run."""
+        """Its optimiser recipe's name (conf/optim/), None for a counted model."""
         return self.values.get("optim") if self.values.get("lr") is not None else None
 
     @property
@@ -111,14 +108,6 @@ def _select(cfg, key: str):
     return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
 
 
-def _architecture(cfg) -> dict | None:
-    """The config's model.architecture; an older one that names no class: RecurrentLM's (run_dir.UNNAMED_CLASS)."""
-    architecture = _select(cfg, "model.architecture") if cfg is not None else None
-    if not hasattr(architecture, "keys"):
-        return None
-    return {"_target_": UNNAMED_CLASS, **OmegaConf.to_container(architecture, resolve=False)}
-
-
 def planned_models(overrides: list[str]) -> list[str]:
     """The models a sweep was started with, from its `model=a,b,c` override."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -126,21 +115,20 @@ def planned_models(overrides: list[str]) -> list[str]:
     for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
         names = (list(override.sweep_string_iterator()) if override.is_sweep_override()
                  else [override.get_value_element_as_str()])
-        return [summary_in_todays_names({"model": name}, started=False)["model"] for name in names]  # an old sweep's
+        return names
     return []
 
 
 def read_summary(summary) -> dict:
-    """A job's summary.json as today's: an older one says "cell" for "family"."""
-    summary = dict(summary) if isinstance(summary, dict) else {}
-    if "cell" in summary:
-        summary.setdefault("family", summary.pop("cell"))
-    return summary
+    """A job's summary.json as a dict of its values ({} for none)."""
+    return dict(summary) if isinstance(summary, dict) else {}
 
 
-def read_job(job_dir: Path) -> JobResult:
+def read_job(job_dir: Path, sweep_dir: Path | None = None) -> JobResult:
+    """The job in `job_dir`; UserError, in one line naming the script that upgrades `sweep_dir` (default the job's
+    folder), for a job of an older layout (run_dir.refuse_older_layout)."""
     run = RunDir(job_dir)
-    cfg = run.config()
+    cfg = run.config(upgrade=sweep_dir)
     summary = run.summary()
     epochs, per_epoch = _select(cfg, "model.epochs"), _select(cfg, "model.steps_per_epoch")
     values = {
@@ -152,16 +140,16 @@ def read_job(job_dir: Path) -> JobResult:
         # the steps of the model's own recipe; none for a counted model
         "recipe_steps": epochs * per_epoch if isinstance(epochs, int) and isinstance(per_epoch, int) else None,
         "steps_per_epoch": per_epoch if isinstance(per_epoch, int) else None,  # the report's epochs (overfitting)
-        "optim": _select(cfg, "optim.name"),  # a run from before conf/optim: "original" (run_dir.in_todays_names)
+        "optim": _select(cfg, "optim.name"),
         **read_summary(summary),
         # its name (pystdlib), not the summary's path to the file
         "corpus": (summary or {}).get("corpus") if cfg is None else corpus_name(
             _select(cfg, "data.path"), _select(cfg, "data.url"), _select(cfg, "data.sha256")),
     }
-    if values.get("family") is None and cfg is not None:  # not finished, or an older run's (architecture.cell)
-        values["family"] = model_family(_select(cfg, "model.architecture")) or _select(cfg, "model.architecture.cell")
-    if not isinstance(values.get("recurrent"), bool):  # an older summary's: its context, else the config's model
-        values["recurrent"] = values["context"] is None if "context" in values else model_recurrent(_architecture(cfg))
+    if values.get("family") is None and cfg is not None:  # not finished: the config's model's
+        values["family"] = model_family(_select(cfg, "model.architecture"))
+    if not isinstance(values.get("recurrent"), bool):
+        values["recurrent"] = model_recurrent(_select(cfg, "model.architecture"))
     status = ("incomplete" if not isinstance(summary, dict) else
               "failed" if summary.get("status") == "failed" else "completed")
     logger = {key: _select(cfg, f"logger.{key}") for key in ("_target_", "project", "group")}
@@ -206,7 +194,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
     job_dirs = sorted((p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml")
                        if p.parent.parent != sweep_dir),
                       key=_job_order)
-    jobs = [read_job(job_dir) for job_dir in job_dirs]
+    jobs = [read_job(job_dir, sweep_dir) for job_dir in job_dirs]
     name_variants(jobs)
     multirun = sweep_dir / "multirun.yaml"  # Hydra's: the command-line overrides the sweep ran with
     overrides = list(_select(OmegaConf.load(multirun), "hydra.overrides.task") or []) if multirun.is_file() else []

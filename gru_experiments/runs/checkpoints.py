@@ -21,7 +21,7 @@ from lightning.pytorch.loops.loop import _Loop
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.files import atomic_file
 from gru_experiments.runs.loggers import is_wandb
-from gru_experiments.runs.run_dir import in_todays_names
+from gru_experiments.runs.run_dir import RunDir, refuse_older_layout
 
 
 class NonFiniteWeights(TrainingDiverged):
@@ -61,8 +61,9 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
     if missing:
         raise UserError(f"{path} is not a gru-experiments {'training ' if 'loops' in require else ''}checkpoint "
                         f"(it lacks {', '.join(missing)})")
-    if isinstance(checkpoint.get("hyper_parameters"), dict):  # an old checkpoint's names, today's
-        in_todays_names(checkpoint["hyper_parameters"])
+    run = RunDir.of_checkpoint(path)  # an older layout's checkpoint: its run folder is what the script upgrades
+    for record in (checkpoint.get("hyper_parameters"), checkpoint.get("run_config")):
+        refuse_older_layout(record, path, "checkpoint", run.path if run else path)
     return checkpoint
 
 

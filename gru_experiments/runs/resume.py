@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, in_todays_names, newest_run
+from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, newest_run
 from gru_experiments.validation import MISSING, is_int, select
 
 LAST = "last"
@@ -247,7 +247,7 @@ def saved_config(run: RunDir, point: ResumePoint):
             saved, problem = None, f"{where} is damaged (not a mapping of keys)"
     except (YAMLError, OmegaConfBaseException, UnicodeDecodeError, ValueError) as error:
         saved, problem = None, f"{where} is damaged ({str(error).splitlines()[0]})"
-    recorded = in_todays_names(OmegaConf.create(point.run_config)) if point.run_config else None
+    recorded = OmegaConf.create(point.run_config) if point.run_config else None
     if saved is not None:
         expected = [*ALWAYS_SAVED, *(key for key in (_keys(recorded) if recorded is not None else ())
                                      if any(_nested(key, kept) for kept in (*KEPT, "model")))]

@@ -8,11 +8,10 @@ folder's name through `model_name_for` before anything else is loaded.
 
 from __future__ import annotations
 
-import math
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import RunFolderTaken, UserError
 from gru_experiments.files import read_json, write_json
@@ -68,10 +67,14 @@ class RunDir:
         samples = read_json(self.samples_file)
         return samples if isinstance(samples, dict) else None
 
-    def config(self):
-        """The composed training config (.hydra/config.yaml, unresolved) in today's names
-        (in_todays_names: a run from before a rename says so in a line), or None."""
-        return in_todays_names(OmegaConf.load(self.config_file)) if self.config_file.is_file() else None
+    def config(self, upgrade=None):
+        """The composed training config (.hydra/config.yaml, unresolved), or None; UserError, in one line naming the
+        script that upgrades `upgrade` (default this folder), for one of an older layout (refuse_older_layout)."""
+        if not self.config_file.is_file():
+            return None
+        config = OmegaConf.load(self.config_file)
+        refuse_older_layout(config, self.path, upgrade=upgrade)
+        return config
 
     @property
     def finished(self) -> bool:
@@ -80,12 +83,13 @@ class RunDir:
         return summary is not None and summary.get("status") != "failed"
 
     def recorded_model_name(self) -> str | None:
-        """The model its summary, else its config, names (in today's names: in_todays_names), or None."""
+        """The model its summary, else its config, names, or None (a folder of an older layout is refused only
+        where it is read: finding a model's runs passes over it)."""
         summary = self.summary()
         name = summary.get("model") if summary else None
-        if not name and (config := self.config()) is not None:
-            name = OmegaConf.select(config, "model.name", throw_on_resolution_failure=False)
-        return in_todays_names({"model_name": name})["model_name"] if name else None
+        if not name and self.config_file.is_file():
+            name = OmegaConf.select(OmegaConf.load(self.config_file), "model.name", throw_on_resolution_failure=False)
+        return name or None
 
     def model_name(self) -> str | None:
         """The model it trains: its summary's, else its config's, else the folder layout's
@@ -235,7 +239,7 @@ def model_name_for(default: str, run: str | None = None, ckpt: str | None = None
             import torch  # only here: the checkpoint is memory-mapped, its hyperparameters read
 
             checkpoint = torch.load(Path(ckpt).expanduser(), map_location="cpu", weights_only=True, mmap=True)
-            return in_todays_names(checkpoint["hyper_parameters"]).get("model_name") or default
+            return checkpoint["hyper_parameters"].get("model_name") or default
     except Exception:  # a bad path is reported by the sampler itself, with a clear message
         pass
     return default
@@ -249,116 +253,50 @@ def display_path(path: str | Path) -> str:
         return str(path)
 
 
-# --- old run folders ------------------------------------------------------------------------
-# The names that changed, in this one place: what an old run folder's config, summary or checkpoint says, and
-# what it says now. Whatever reads one goes through here (RunDir, checkpoints.read_checkpoint), once, and each
-# changed name is said in one printed line.
-
-# The original study's recipe and the variants trained under it ("seed" also named the random seed).
-RECIPES = {"seed": "original"}
-# Model variants named for the recipe (*_seed), now for the original study (*_original).
-MODELS = {"astra_alpha_seed": "astra_alpha_original", "transformer_seed": "transformer_original",
-          "transformer_beta_seed": "transformer_beta_original"}
-# Flat evaluation keys, now nested (conf/evaluation/default.yaml).
-EVALUATION_KEYS = {"text_samples": "text.samples", "text_chars": "text.chars",
-                   "text_drift_chars": "text.drift_chars", "sample_chars": "samples.chars",
-                   "sample_temperature": "samples.temperature"}
-# The models' old module paths, as older checkpoints name their class, and the class of those that name none.
-MOVED_CLASSES = {
-    "gru_experiments.model.RecurrentLM": "gru_experiments.models.recurrent.RecurrentLM",
-    "gru_experiments.mlp.BengioMLP": "gru_experiments.models.mlp.BengioMLP",
-    "gru_experiments.ngram.NGramLM": "gru_experiments.models.ngram.NGramLM",
-    "gru_experiments.transformer.TransformerLM": "gru_experiments.models.transformer.TransformerLM",
-}
-UNNAMED_CLASS = "gru_experiments.models.recurrent.RecurrentLM"
-# Keys gone since (the evaluation's cost is the one key evaluation.budget; a run's epochs and steps are its model's,
-# model.epochs and model.steps_per_epoch): dropped from an old config, in a line.
-REMOVED_KEYS = ("trainer.max_epochs", "data.steps_per_epoch", "evaluation.windowed_stride", "evaluation.max_tokens",
-                "evaluation.curve_point_tokens", "evaluation.long_point_tokens", "evaluation.validation_tokens",
-                "evaluation.batch_tokens", "model.eval_max_tokens", "model.eval_long_point_tokens")
-PROBE_KEYS = ("distances", "gap", "min_targets")  # a probe from before the phases: one phase, same validation
-
-_said: set[str] = set()  # each change is printed once per process, however often the same config is read
+# --- run folders of an older layout ------------------------------------------------------------
+# The package reads today's layout only. A run folder, checkpoint or sweep written under names since renamed or
+# dropped is refused in one line naming the script that upgrades it in place, once; the renamings live in that
+# script alone (tools/upgrade_run_folder.py, docs/configuration.md: old names).
+UPGRADE_SCRIPT = "tools/upgrade_run_folder.py"
+# One key gone since from each older layout: the flat evaluation keys (issue 35), the evaluation's token counts
+# (before evaluation.budget), a probe before its phases, the recipe before conf/optim, the epochs before model.epochs
+# (trainer.max_epochs: in every config until then, so it marks one of any older layout whatever else it says).
+GONE_KEYS = ("evaluation.text_samples", "evaluation.windowed_stride", "probe.distances", "weight_decay",
+             "trainer.max_epochs")
+PACKAGE = "gru_experiments."
 
 
-def _say(old: list[str], new: list[str]) -> None:
-    verb = "is" if len(old) == 1 else "are"
-    line = f"{', '.join(old)} {verb} now {', '.join(new)} (docs/configuration.md: old names)"
-    if line not in _said:
-        _said.add(line)
-        print(line)
+def older_layout(record) -> str | None:
+    """What marks a run's config or a checkpoint's hyper-parameters (a DictConfig or dict) as of an older layout, said
+    as `key=value` (a recipe or model named for the seed, a model class from before models/ or none, a key gone
+    since), or None for today's."""
+    plain = OmegaConf.to_container(record, resolve=False) if isinstance(record, DictConfig) else record
+    if not isinstance(plain, dict):
+        return None
+
+    def get(key: str):
+        node = plain
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def old_class(key: str) -> bool:  # the package's own model class from before models/ (a user's is no old name)
+        target = str(get(key))
+        return target.startswith(PACKAGE) and not target.startswith(PACKAGE + "models.")
+
+    marks = {"optim.name": get("optim.name") == "seed",
+             "model.name": str(get("model.name")).endswith("_seed"),
+             "model_name": str(get("model_name")).endswith("_seed"),  # a checkpoint's
+             "model.architecture._target_": old_class("model.architecture._target_"),
+             "architecture._target_": old_class("architecture._target_") or (  # a checkpoint's, which names one
+                 isinstance(get("architecture"), dict) and get("architecture._target_") is None),
+             **{key: get(key) is not None for key in GONE_KEYS}}
+    return next((f"{key}={get(key)}" for key, old in marks.items() if old), None)
 
 
-def in_todays_names(cfg):
-    """A run's config or a checkpoint's hyper-parameters (a DictConfig or dict, or None) in today's names (the
-    tables above), changed in place and returned, with one printed line per changed name (a moved model class
-    path: none). Idempotent."""
-    if cfg is None:
-        return cfg
-    with open_dict(cfg) if isinstance(cfg, DictConfig) else nullcontext():
-        if isinstance(cfg.get("architecture"), dict):  # a checkpoint's hyper-parameters
-            cfg["architecture"].setdefault("_target_", UNNAMED_CLASS)
-        for architecture in (cfg.get("architecture"), OmegaConf.select(cfg, "model.architecture", default=None)
-                             if isinstance(cfg, DictConfig) else None):
-            target = architecture.get("_target_") if hasattr(architecture, "get") else None
-            if target in MOVED_CLASSES:
-                architecture["_target_"] = MOVED_CLASSES[target]
-        for group, key, table in (("optim", "name", RECIPES), ("model", "name", MODELS), (None, "model_name", MODELS)):
-            node = cfg.get(group) if group else cfg
-            old = node.get(key) if hasattr(node, "get") else None
-            if isinstance(old, str) and old in table:
-                node[key] = table[old]
-                kind = "optim" if table is RECIPES else "model"
-                _say([f"{kind}={old}"], [f"{kind}={table[old]}"])
-        evaluation = cfg.get("evaluation")
-        moved = [flat for flat in EVALUATION_KEYS if hasattr(evaluation, "keys") and flat in evaluation]
-        for flat in moved:
-            group, key = EVALUATION_KEYS[flat].split(".")
-            value = _raw(evaluation, flat)
-            del evaluation[flat]
-            if not hasattr(evaluation.get(group), "keys"):
-                evaluation[group] = {}
-            evaluation[group][key] = value
-        if moved:
-            _say([f"evaluation.{flat}" for flat in moved], [f"evaluation.{EVALUATION_KEYS[flat]}" for flat in moved])
-        if cfg.get("optim") is None and cfg.get("weight_decay") is not None:  # the recipe before conf/optim
-            cfg["optim"] = {"name": "original", "weight_decay": cfg.pop("weight_decay")}
-        probe = cfg.get("probe")
-        if hasattr(probe, "keys") and all(key in probe for key in PROBE_KEYS):
-            old = {key: _raw(probe, key) for key in PROBE_KEYS}
-            for key in PROBE_KEYS:
-                del probe[key]
-            probe["phases"] = [{"start": 0.0, "distances": old["distances"], "gap": old["gap"]}]
-            probe["validation"] = old
-            _say([f"probe.{key}" for key in PROBE_KEYS], ["one of probe.phases and probe.validation"])
-        if isinstance(cfg, DictConfig):
-            gone = [key for key in REMOVED_KEYS
-                    if OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False) is not None]
-            for key in gone:
-                parent, _, leaf = key.rpartition(".")
-                del cfg[parent][leaf]
-            if gone:
-                print(f"{', '.join(gone)}: gone since, left out (docs/configuration.md: old names)")
-    return cfg
-
-
-def _raw(node, key: str):
-    """node[key] as written: an interpolation stays one."""
-    return OmegaConf.to_container(node, resolve=False)[key] if isinstance(node, DictConfig) else node[key]
-
-
-def summary_in_todays_names(values: dict, started: bool = True) -> dict:
-    """A job's summary values as today's summary says them, whatever its age: the training mode of a run from
-    before the choice (windows), the training window of one from before summary.json's seq_len (its mode
-    evaluation's, else its recall record's), and the old recipe and model names."""
-    values = dict(values)
-    if started and not values.get("training_mode"):
-        values["training_mode"] = "windows"
-    windows = [(source if isinstance(source, dict) else {}).get("seq_len")
-               for source in (values, values.get("mode_evaluation"), values.get("recall"))]
-    values["seq_len"] = next((int(window) for window in windows if isinstance(window, (int, float))
-                              and not isinstance(window, bool) and math.isfinite(window)), None)
-    for key, names in (("optim", RECIPES), ("model", MODELS)):
-        if isinstance(values.get(key), str):
-            values[key] = names.get(values[key], values[key])
-    return values
+def refuse_older_layout(record, where, kind: str = "run folder", upgrade=None) -> None:
+    """UserError, in one line naming the script that upgrades `upgrade` (default `where`), where `record` (a config
+    or a checkpoint's hyper-parameters) is of an older layout; nothing is written."""
+    if (mark := older_layout(record)) is not None:
+        raise UserError(f"{display_path(where)}: a {kind} of an older layout ({mark}); upgrade it once with: "
+                        f"python {UPGRADE_SCRIPT} {display_path(upgrade or where)}")
