@@ -112,3 +112,14 @@ def test_a_run_still_going_is_marked_and_never_the_best(tmp_path):
     section = build_report(sweep).files["report.md"].read_text().split("## Learning rate and recipe", 1)[1]
     row = next(line for line in section.splitlines() if line.startswith("| astra_alpha |"))
     assert row.startswith("| astra_alpha | windows | original | **2.3100 ± 0.0040** | incomplete | 0.003 |")
+
+
+def test_runs_that_differ_in_their_training_window_are_labelled_by_it(tmp_path):
+    """experiments=past_window trains one model on streams of 128, 512 and 2,048: three settings, three labels
+    (one label for all three pooled their W&B summary keys and read as one row thrice)."""
+    sweep = make_lr_sweep(tmp_path, [(GRU, "original", 3e-3, 2.31), (GRU, "original", 3e-3, 2.29)])
+    for num, window in enumerate((128, 2048)):
+        path = next(sweep.glob(f"{num}_*")) / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "seq_len": window}))
+    jobs, _ = collect(sweep)
+    assert [job.model for job in jobs] == ["astra_alpha (window 128)", "astra_alpha (window 2048)"]
