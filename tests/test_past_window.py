@@ -33,11 +33,14 @@ def settings_of(sweep):
     return group_settings(runs)
 
 
-def judged(tmp_path, long_gains, base_gains=(0.0001, -0.0002)):
+def judged(tmp_path, long_gains, base_gains=(0.0001, -0.0002), streams_gains=()):
     sweep = tmp_path / f"past{len(list(tmp_path.iterdir()))}"
     num = 0
     for seed, gain in enumerate(base_gains, 1):
         past_job(sweep, num, seed, "windows", 128, gain)
+        num += 1
+    for seed, gain in enumerate(streams_gains, 1):
+        past_job(sweep, num, seed, "streams", 128, gain)
         num += 1
     for seed, gain in enumerate(long_gains, 1):
         past_job(sweep, num, seed, "streams", 2048, gain)
@@ -55,6 +58,18 @@ def test_finding_21_is_supported_only_over_seeds(tmp_path):
     # One training: the within-run rule alone, which says nothing of a second training.
     assert judged(tmp_path, [-0.020])[0] == "partly supported"
     assert judged(tmp_path, [0.0001, -0.0003, 0.0002])[0] == "not shown by this sweep"
+
+
+def test_finding_21_says_what_the_longer_path_adds_to_streams_cut_at_the_window(tmp_path):
+    """The state may read past the window from carrying it alone (the code corpus, BPTT 128): the finding says so,
+    and what the longer gradient path adds, paired by seed."""
+    verdict, evidence = judged(tmp_path, [-0.020, -0.022, -0.018], streams_gains=[-0.012, -0.016, -0.014])
+    assert verdict == "supported"
+    assert ("on streams with the gradient cut at the window (streams (128), n = 3) the state gains -0.0140 ± 0.0012 "
+            "by itself, so the longer path adds -0.0060 ± 0.0012 (shown)") in evidence
+    same = judged(tmp_path, [-0.020, -0.022, -0.018], streams_gains=[-0.019, -0.023, -0.018])[1]
+    assert "so the longer path adds +0.0000 ± 0.0006 (not shown)" in same
+    assert "gradient cut at the window" not in judged(tmp_path, [-0.020, -0.022, -0.018])[1]
 
 
 def test_without_a_training_past_the_window_finding_21_cannot_be_judged(tmp_path):

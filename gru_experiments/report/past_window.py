@@ -85,7 +85,7 @@ def past_window_finding(jobs) -> tuple[str, str]:
                      if cache is not None and cache.value < 0 else "")
         controls = [f"{job.name} ({job.training}) {gains[id(job)].text()}" for job in group if not job.recurrent]
         parts.append(f"on {name}, the best recurrent training past the window is {best.name} ({best.training}, "
-                     f"n = {best.n}): stateful - windowed {found.text()}{recovered}"
+                     f"n = {best.n}): stateful - windowed {found.text()}{recovered}" + _beyond_streams(best, group)
                      + (f"; the control, {', '.join(controls)}" if controls else ""))
     verdict = ("supported" if over_seeds else "partly supported" if single else "not shown by this sweep")
     evidence = ("Stateful - windowed bits per character (negative: the state reads past the window), ± one standard "
@@ -93,6 +93,20 @@ def past_window_finding(jobs) -> tuple[str, str]:
                 "seeds; one training alone makes it partly supported. A control below zero shows the bits past the "
                 "window can be learned at this size.")
     return verdict, evidence
+
+
+def _beyond_streams(best, group) -> str:
+    """What the longer gradient path adds to carrying the state: the best training against the same model on streams
+    whose gradient stops at the window (its own gain is the state's, with no gradient past the window)."""
+    baseline = next((job for job in group if job.name == best.name and job.training_mode == "streams"
+                     and job.training_window == window(job) and job is not best), None)
+    if baseline is None:
+        return ""
+    own, beyond = difference(side(baseline, state_gain), worth=WORTH), difference(side(best, state_gain),
+                                                                                   side(baseline, state_gain), WORTH)
+    return (f"; on streams with the gradient cut at the window ({baseline.training}, n = {baseline.n}) the state "
+            f"gains {own.text()} by itself, so the longer path adds {beyond.text()} "
+            f"({'shown' if beyond.below else 'not shown'})")
 
 
 SECTION = Section("past the window", past_window_section, findings=PAST_WINDOW)
