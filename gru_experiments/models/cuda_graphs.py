@@ -24,6 +24,8 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor, nn
 
+from gru_experiments.models.protocol import copy_state, map_state, state_key
+
 WARMUP_STEPS = 3  # eager steps before a capture: lazy initialisations (cuBLAS handles, autograd) happen there
 INFERENCE_GRAPHS = 8  # input shapes graphed per model; later shapes run eagerly (the context curve's many)
 
@@ -44,29 +46,6 @@ def cuda_graphs(enabled: bool):
 def enabled() -> bool:
     """Whether the enclosing `cuda_graphs` block (if any) asks for graphs: they are on unless it says false."""
     return _enabled.get()
-
-
-def map_state(fn, state):
-    """`fn` applied to every tensor of a model state (nested lists and tuples of tensors)."""
-    if isinstance(state, (list, tuple)):
-        return type(state)(map_state(fn, item) for item in state)
-    return fn(state) if isinstance(state, Tensor) else state
-
-
-def copy_state(target, source) -> None:
-    """Every tensor of `source` copied into its place in `target` (the same nesting)."""
-    if isinstance(target, Tensor):
-        target.copy_(source)
-    elif isinstance(target, (list, tuple)):
-        for t, s in zip(target, source, strict=True):
-            copy_state(t, s)
-
-
-def state_key(state):
-    """A state's shape, as hashable: a graph replays only inputs of its own shapes."""
-    if isinstance(state, (list, tuple)):
-        return tuple(state_key(item) for item in state)
-    return tuple(state.shape) if isinstance(state, Tensor) else state
 
 
 def release_generators() -> None:

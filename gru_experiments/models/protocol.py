@@ -1,8 +1,9 @@
 """The model protocol every family implements (`logits, state = model(tokens, state)`, `initial_state`,
 `context`, `forward_cost`, `vocab_size`), what it derives from them for every other part of the code
 (`recurrent`, `state_units`, `unit_states`), its optional members with their defaults (`set_matmul_precision`,
-`low_precision_weights`), and how a config's `architecture._target_` builds one: docs/internals.md,
-*The model protocol*. Nothing outside models/ asks which family or class a model is.
+`low_precision_weights`), the helpers over a state's nesting (`map_state`, `copy_state`, `state_key`), and how a
+config's `architecture._target_` builds one: docs/internals.md, *The model protocol*. Nothing outside models/ asks
+which family or class a model is.
 """
 
 import importlib
@@ -101,6 +102,30 @@ class LanguageModel(nn.Module):
         for tensor in (*self.parameters(), *self.buffers()):
             return tensor.device
         return torch.device("cpu")
+
+
+# --- a state's nesting: a tensor, or lists and tuples of them (per layer; an LSTM's (h, c)) ----------------
+def map_state(fn, state):
+    """`fn` applied to every tensor of a model state (nested lists and tuples of tensors)."""
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_state(fn, item) for item in state)
+    return fn(state) if isinstance(state, Tensor) else state
+
+
+def copy_state(target, source) -> None:
+    """Every tensor of `source` copied into its place in `target` (the same nesting)."""
+    if isinstance(target, Tensor):
+        target.copy_(source)
+    elif isinstance(target, (list, tuple)):
+        for t, s in zip(target, source, strict=True):
+            copy_state(t, s)
+
+
+def state_key(state):
+    """A state's shape, as hashable (a CUDA graph replays only inputs of its own shapes)."""
+    if isinstance(state, (list, tuple)):
+        return tuple(state_key(item) for item in state)
+    return tuple(state.shape) if isinstance(state, Tensor) else state
 
 
 class ContextWindow:

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from gru_experiments.data.tokenizers import plain_tokens, tokenizer_from_state
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.models import cuda_graphs
-from gru_experiments.models.cuda_graphs import GraphedTrainingStep, map_state
-from gru_experiments.models.protocol import build_model
+from gru_experiments.models.cuda_graphs import GraphedTrainingStep
+from gru_experiments.models.protocol import build_model, map_state
 from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
 from gru_experiments.runs.recipe import Recipe
 from gru_experiments.study.scores import Score, score_batch

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gru_experiments.models.cuda_graphs import map_state
+from gru_experiments.models.protocol import map_state
 from gru_experiments.study.generation import MODES_BY_CONTEXT, eval_mode, plain_logits
 from gru_experiments.study.scores import (
     Score,
