@@ -16,7 +16,7 @@ from bench_recurrence import Parser, device_arg
 from gru_experiments.data.corpus import SHIPPED_CORPUS, read_corpus, split_text
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.cache import CPU_STRIDE, cache_figures
+from gru_experiments.study.cache import CPU_STRIDE, cache_figures, stateful_states
 from gru_experiments.study.scores import Split, score_stateful
 
 # conf/model/: Astra-α and Astra-γ's architectures
@@ -55,16 +55,15 @@ def main():
     split = Split(ids, tokenizer.token_char_lengths).to(device)
     for name in args.models:
         model = RecurrentLM(tokenizer.vocab_size, "gru", **SIZES[name]).to(device).eval()
-        run = lambda keep: score_stateful(model, split, 128, 64, targets_after=128, keep_states=keep)  # noqa: E731
-        run(False)  # warm-up
-        _, plain = timed(lambda: run(False), device)
-        kept, with_states = timed(lambda: run(True), device)
-        figures, cache = timed(lambda: cache_figures(kept.states, split, 128, stride=stride), device)
+        score_stateful(model, split, 128, 64, targets_after=128)  # warm-up
+        _, plain = timed(lambda: score_stateful(model, split, 128, 64, targets_after=128), device)
+        (_, kept), with_states = timed(lambda: stateful_states(model, split, 128, 64, targets_after=128), device)
+        figures, cache = timed(lambda: cache_figures(kept, split, 128, stride=stride), device)
         longest = figures.record["longest"]
         print(f"{name} on {device}: stateful pass {plain:.2f} s, with its states kept {with_states:.2f} s; the cache "
               f"(N = 128..{longest}, {len(figures.record['sizes'])} sizes, every {stride} position) {cache:.2f} s; "
               "states "
-              f"{kept.states.hidden.numel() * 2 / 2**20:.0f} MiB", flush=True)
+              f"{kept.hidden.numel() * 2 / 2**20:.0f} MiB", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
+from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.study.evaluation import EvaluationSettings, plan_for, score_modes
 from gru_experiments.study.generation import NO_PROGRESS
@@ -45,9 +46,11 @@ def run_plan(model, train_ids, split, plan, progress=NO_PROGRESS, classes=None):
 def forward_tokens_run(model):
     """A list that collects the forward tokens `model` runs inside the block: the tokens through the
     transformer's blocks (`hidden`, which test_plan holds to its forward_cost), the tokens of every call
-    of a family whose forward_cost is a token per token. The plan's counts are checked against it."""
+    of a family whose forward_cost is a token per token (at the call it implements, forward_features or forward:
+    the other runs through it). The plan's counts are checked against it."""
     counted = []
-    name = "hidden" if isinstance(model, TransformerLM) else "forward"
+    implements = "forward_features" if type(model).forward is LanguageModel.forward else "forward"
+    name = "hidden" if isinstance(model, TransformerLM) else implements
     inner = getattr(model, name)
     setattr(model, name, lambda tokens, *rest: (counted.append(tokens.numel()), inner(tokens, *rest))[1])
     try:

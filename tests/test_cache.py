@@ -22,6 +22,7 @@ from gru_experiments.study.cache import (
     continuous_cache,
     count_cache,
     interpolate,
+    stateful_states,
 )
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.scores import Split, score_stateful
@@ -76,19 +77,18 @@ def _states(model, n=600, seed=0):
     torch.manual_seed(seed)
     ids = torch.randint(0, 7, (n,))
     split = Split(ids, torch.ones(7, dtype=torch.long))
-    kept = score_stateful(model, split, 16, 4, targets_after=16, keep_states=True)
+    kept, states = stateful_states(model, split, 16, 4, targets_after=16)
     plain = score_stateful(model, split, 16, 4, targets_after=16)
-    return split, kept, plain
+    return split, kept, plain, states
 
 
 @pytest.mark.parametrize("make", [lambda: RecurrentLM(7, "gru", embedding_dim=6, hidden_size=8, num_layers=2),
                                   lambda: TransformerLM(7, block_size=16, embedding_dim=8, num_layers=1, num_heads=2)])
 def test_keeping_the_states_leaves_the_stateful_figures_as_they_were(make):
     model = make()
-    split, kept, plain = _states(model)
+    split, kept, plain, states = _states(model)
     assert (kept.nll_sum, kept.tokens, kept.moments) == (plain.nll_sum, plain.tokens, plain.moments)
     assert torch.equal(kept.positions, plain.positions) and torch.equal(kept.target_nll, plain.target_nll)
-    states = kept.states
     assert states.hidden.shape == (4, 150, 8) and states.hidden.dtype == torch.bfloat16
     # Row 0's states are those the model's last norm gives on the stream, read directly.
     with eval_mode(model), torch.no_grad():
@@ -111,12 +111,12 @@ def test_keeping_the_states_leaves_the_stateful_figures_as_they_were(make):
 
 def test_lambda_zero_gives_the_model_s_own_figure_exactly(monkeypatch):
     model = RecurrentLM(7, "gru", embedding_dim=6, hidden_size=8, num_layers=1)
-    split, kept, _ = _states(model, n=2000)
-    nll = kept.states.nll.reshape(-1)[:100].double()
+    split, _, _, states = _states(model, n=2000)
+    nll = states.nll.reshape(-1)[:100].double()
     assert torch.equal(interpolate(nll, torch.randn(100), 0.0), nll)
     monkeypatch.setattr(cache_module, "LAMBDAS", (0.0,))
     for count in (False, True):
-        record = cache_figures(kept.states, split, 16, count=count).record
+        record = cache_figures(states, split, 16, count=count).record
         assert record["sizes"] == cache_sizes(16, 1999) == [16, 128, 256, 512, 1024]  # the streams: one segment
         for figures in record["by_size"].values():
             assert figures["bpc"] == record["model_bpc"] and figures["gain_bpc"] == 0.0
@@ -127,9 +127,9 @@ def test_the_count_cache_serves_a_counted_model():
     ids = torch.randint(0, 7, (2000,), generator=torch.Generator().manual_seed(2))
     model = NGramLM(7, order=3).fit(ids[:1500])
     split = Split(ids[1500:], torch.ones(7, dtype=torch.long))
-    score = score_stateful(model, split, 16, 4, keep_states=True)
-    assert score.states.hidden is None
-    record = cache_figures(score.states, split, 16).record
+    _, states = stateful_states(model, split, 16, 4)
+    assert states.hidden is None  # the n-gram has no final hidden states (forward_features: None)
+    record = cache_figures(states, split, 16).record
     assert record["kind"] == "count" and record["sizes"] == [16, 128, 256]
 
 

@@ -16,11 +16,12 @@ from gru_experiments.models.cuda_graphs import (
     GraphedTrainingStep,
     cuda_graphs,
     graphed,
-    hooked,
     weight_addresses,
 )
 from gru_experiments.models.precision import resolve
+from gru_experiments.models.protocol import copy_state, map_state
 from gru_experiments.models.recurrent import RecurrentLM
+from gru_experiments.study.cache import stateful_states
 from gru_experiments.study.generation import sample_tokens
 from gru_experiments.study.scores import Split, score_stateful, score_windowed
 
@@ -158,28 +159,19 @@ def test_inference_graphs_give_the_eager_figures_and_samples(cell):
     def figures(enabled):
         with cuda_graphs(enabled):
             stateful = score_stateful(model, split, 64, 8)
-            kept = score_stateful(model, split, 64, 8, keep_states=True)  # hooks watch it: it runs eagerly
+            kept = stateful_states(model, split, 64, 8)  # the cache's pass: replayed too (forward_features)
             windowed = score_windowed(model, split, 32)
             tokens = sample_tokens(model, prompt, 40, "stateful", lambda logits: logits.argmax(-1))
         return stateful, windowed, tokens, kept
 
     eager, replayed = figures(False), figures(True)
-    torch.testing.assert_close(replayed[3].states.hidden, eager[3].states.hidden, rtol=0, atol=0)
-    torch.testing.assert_close(replayed[3].nll, eager[3].nll, rtol=0, atol=0)
+    torch.testing.assert_close(replayed[3][1].hidden, eager[3][1].hidden, rtol=0, atol=0)
+    torch.testing.assert_close(replayed[3][0].nll, eager[3][0].nll, rtol=0, atol=0)
+    assert any(key[0] == "forward_features" for key in graphed(model).graphs)
     assert graphed(model).graphs  # the graphed run replayed some shapes
     torch.testing.assert_close(replayed[0].nll, eager[0].nll, rtol=1e-6, atol=0)
     torch.testing.assert_close(replayed[1].nll, eager[1].nll, rtol=1e-6, atol=0)
     assert torch.equal(replayed[2], eager[2])
-
-
-def test_a_hooked_model_is_seen_as_hooked():
-    """The cache's recorder hooks the model's last norm: graphed inference must see it and run eagerly."""
-    from gru_experiments.study.scores import final_states
-    model = RecurrentLM(65, "gru", 16, 32, num_layers=1, layer_norm=True)
-    assert not hooked(model)
-    with final_states(model) as recorder:
-        assert recorder.active and hooked(model)
-    assert not hooked(model)
 
 
 def test_graphs_are_forgotten_when_any_weight_moved():
@@ -237,9 +229,10 @@ class EmulatedGraph:
         torch.set_rng_state(rng)
         self.memory = [p.grad for p in parameters]
         self.grads: list = []
+        self.replays = 0
 
     def replay(self, *inputs):
-        from gru_experiments.models.cuda_graphs import copy_state
+        self.replays += 1
         for static, value in zip(self.inputs, inputs):
             copy_state(static, value)
         attached = [p.grad for p in self.parameters]
@@ -251,6 +244,36 @@ class EmulatedGraph:
             p.grad = kept
         copy_state(self.outputs, outputs)
         return self.outputs
+
+
+def test_the_cache_reads_a_replayed_stateful_pass(monkeypatch):
+    """The cache reads the final hidden states the protocol's forward_features returns (no hook): a final
+    evaluation's stateful pass, the cache's, replays graphs as every other pass (the capture emulated on the CPU),
+    and every figure, the cache's included, is the eager one."""
+    from evaluation_helpers import request_of
+
+    from gru_experiments.models import cuda_graphs as graphs
+    from gru_experiments.study.evaluation import evaluate
+
+    torch.manual_seed(0)
+    model = RecurrentLM(11, "gru", 8, 16, num_layers=2, layer_norm=True).eval()
+    ids = torch.randint(11, (3000,), generator=torch.Generator().manual_seed(1))
+    request = request_of(model, Split(ids, torch.ones(11, dtype=torch.long)), 16, {"streams": 4},
+                         train_ids=ids.flip(0))
+    with cuda_graphs(False):
+        eager = evaluate(request).summary()
+    captured = []
+
+    def capture(fn, *inputs):
+        captured.append(EmulatedGraph(fn, map_state(torch.Tensor.clone, inputs), []))
+        return captured[-1]
+    with monkeypatch.context() as patch, cuda_graphs(True):
+        patch.setattr(graphs.GraphedForward, "capturable", staticmethod(lambda tokens: True))
+        patch.setattr(graphs, "capture", capture)
+        replayed = evaluate(request).summary()
+    cache_pass = [graph for graph in captured if graph.fn == model.forward_features]
+    assert cache_pass and all(graph.replays for graph in cache_pass)  # its chunks replayed: no eager fallback
+    assert replayed["cache"]["kind"] == "continuous" and replayed == eager
 
 
 @pytest.mark.parametrize("training", ["windows", "streams"])
@@ -275,7 +298,7 @@ def test_graphed_training_through_lightning_equals_eager_across_validations(trai
 
                 def capture(fn, *inputs):
                     step = next(s for s in made)
-                    return EmulatedGraph(fn, graphs.map_state(torch.Tensor.clone, inputs), step.parameters)
+                    return EmulatedGraph(fn, map_state(torch.Tensor.clone, inputs), step.parameters)
                 patch.setattr(graphs, "capture", capture)
                 original = graphs.GraphedTrainingStep.__init__
 

@@ -8,8 +8,9 @@ CUDA graph records them once for one input shape and replays them. Two uses:
 - GraphedTrainingStep: a training step's forward, loss and (hand-written) backward, writing each parameter's
   gradient into the same memory at every replay. Clipping, AdamW and the schedule stay eager: a handful of
   foreach launches, untouched by the graph.
-- graphed(model): inference (no grad) forwards of a shape seen before, replayed: the stateful pass's chunks,
-  the windowed pass's batches, the stateful sampler's one-token step.
+- graphed(model): inference (no grad) forwards of a shape seen before, replayed: the stateful pass's chunks
+  (with the final hidden states its readers take, `forward_features`), the windowed pass's batches, the stateful
+  sampler's one-token step.
 
 Neither changes a figure: a replay runs the kernels the eager call runs, on the same inputs (the tests hold
 them to each other). On a CPU neither runs at all: the eager call is the only path there.
@@ -167,9 +168,9 @@ class GraphedTrainingStep:
 
 
 class GraphedForward:
-    """model(tokens, state) without grad, on CUDA, replayed from a graph for every input shape seen twice (the
-    first time runs eagerly: a shape used once is not worth a capture); at most INFERENCE_GRAPHS shapes, one
-    set per train/eval mode. Outputs are fresh tensors, as the eager call's."""
+    """model(tokens, state) and model.forward_features(tokens, state) without grad, on CUDA, replayed from a graph
+    for every input shape seen twice (the first time runs eagerly: a shape used once is not worth a capture); at
+    most INFERENCE_GRAPHS shapes, one set per train/eval mode. Outputs are fresh tensors, as the eager call's."""
 
     def __init__(self, model: nn.Module):
         # weakly: _forwards' value must not keep its key alive (a best checkpoint's model, its graphs' memory)
@@ -183,25 +184,37 @@ class GraphedForward:
     def model(self) -> nn.Module:
         return self._model()
 
+    @staticmethod
+    def capturable(tokens: Tensor) -> bool:
+        """Where a graph can be captured: on CUDA (tests stand a CPU emulation of capture and replay in)."""
+        return tokens.is_cuda
+
     def __call__(self, tokens: Tensor, state=None):
+        return self._replayed(None, tokens, state)
+
+    def forward_features(self, tokens: Tensor, state=None):
+        """The model's forward_features (the logits, the state and the final hidden states), replayed alike."""
+        return self._replayed("forward_features", tokens, state)
+
+    def _replayed(self, member: str | None, tokens: Tensor, state):
         model = self.model
-        if (not (tokens.is_cuda and _enabled.get()) or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
-                or self.failed is not None):
-            return model(tokens, state)
-        key = (tuple(tokens.shape), tokens.dtype, state_key(state), model.training,
+        forward = model if member is None else getattr(model, member)
+        if (not (self.capturable(tokens) and _enabled.get()) or torch.is_grad_enabled()
+                or torch.is_inference_mode_enabled() or self.failed is not None):
+            return forward(tokens, state)
+        key = (member, tuple(tokens.shape), tokens.dtype, state_key(state), model.training,
                id(getattr(model, "matmul_precision", None)))
         if key not in self.graphs:
             if key not in self.seen or len(self.graphs) >= INFERENCE_GRAPHS:
                 self.seen.add(key)
-                return model(tokens, state)
+                return forward(tokens, state)
             try:
-                self.graphs[key] = capture(model, tokens, state)
+                self.graphs[key] = capture(forward, tokens, state)
             except Exception as err:  # noqa: BLE001 - any failure to capture means: eager from now on
                 self.failed = failure(err)
                 print(f"cuda_graphs: the model's forward could not be captured ({self.failed}); evaluating eagerly")
-                return model(tokens, state)
-        logits, final = self.graphs[key].replay(tokens, state)
-        return logits.clone(), map_state(torch.Tensor.clone, final)
+                return forward(tokens, state)
+        return map_state(torch.Tensor.clone, self.graphs[key].replay(tokens, state))
 
     def refresh(self) -> "GraphedForward":
         """Forgets the graphs if the weights moved since they were captured (they would read the old, freed
@@ -220,22 +233,14 @@ def weight_addresses(model: nn.Module) -> tuple:
     return tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
-def hooked(model: nn.Module) -> bool:
-    """Whether a forward hook watches the model or a module in it (the cache's final_states recorder): a replay
-    runs no Python, so the hook would see nothing, and what it kept during the capture is the graph's memory."""
-    from torch.nn.modules import module
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks) or any(
-        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-
-
 _forwards: "weakref.WeakKeyDictionary[nn.Module, GraphedForward]" = weakref.WeakKeyDictionary()
 
 
 def graphed(model: nn.Module) -> Callable:
-    """The model's inference forward, replayed from CUDA graphs where that applies (GraphedForward); the model
-    itself where it cannot (on a CPU, with cuda_graphs off, or while a hook watches it): call it as the model.
+    """The model's inference forward (and its forward_features), replayed from CUDA graphs where that applies
+    (GraphedForward); the model itself where it cannot (on a CPU, or with cuda_graphs off): call it as the model.
     Take it once per pass (a loop over a split, a generation), after any move of the model."""
-    if not _enabled.get() or next(model.parameters(), torch.empty(0)).device.type != "cuda" or hooked(model):
+    if not _enabled.get() or not GraphedForward.capturable(next(model.parameters(), torch.empty(0))):
         return model
     if model not in _forwards:
         _forwards[model] = GraphedForward(model)

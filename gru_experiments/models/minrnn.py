@@ -127,8 +127,9 @@ class MinRNNLM(LayeredLM):
         self.norm = nn.LayerNorm(hidden_size)
         self.head = nn.Linear(hidden_size, vocab_size)
 
-    def forward(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list]:
-        """tokens (B, T) -> logits (B, T, vocab), new state (one (B, H) tensor per layer)."""
+    def forward_features(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, Tensor]:
+        """tokens (B, T) -> logits (B, T, vocab), new state (one (B, H) tensor per layer), the head's input
+        (B, T, H): the final LayerNorm's output."""
         x = self.embedding(tokens)
         new_state = []
         for norm, layer, h in zip(self.norms, self.layers, state or [None] * len(self.layers)):
@@ -136,4 +137,5 @@ class MinRNNLM(LayeredLM):
             y = self.dropout(y)
             x = x + y if x.shape[-1] == y.shape[-1] else y
             new_state.append(h)
-        return self.head(self.norm(x)), new_state
+        x = self.norm(x)
+        return self.head(x), new_state, x

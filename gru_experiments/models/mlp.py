@@ -32,14 +32,16 @@ class BengioMLP(FiniteContextLM):
     def vocab_size(self) -> int:
         return self.head.out_features
 
-    def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward_features(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (B, T) -> logits (B, T, V), the last k tokens, the head's input (B, T, hidden)."""
         history, new_state = self.window.extend(tokens, state)  # (B, k + T)
         B, T = tokens.shape
         k = self.context
         embedded = self.embedding(history.masked_fill(history < 0, self.vocab_size))  # (B, k + T, e)
         # Window j + 1 of k consecutive embeddings ends at token j: (B, T, e, k) -> (B, T, k · e), oldest first.
         x = embedded.unfold(1, k, 1)[:, 1:].transpose(2, 3).reshape(B, T, -1)
-        logits = self.head(self.dropout(torch.tanh(self.hidden(x))))
+        features = self.dropout(torch.tanh(self.hidden(x)))
+        logits = self.head(features)
         if self.direct is not None:
             logits = logits + self.direct(x)
-        return logits, new_state
+        return logits, new_state, features

@@ -1,9 +1,9 @@
-"""The model protocol every family implements (`logits, state = model(tokens, state)`, `initial_state`,
-`context`, `forward_cost`, `vocab_size`), what it derives from them for every other part of the code
-(`recurrent`, `state_units`, `unit_states`), its optional members with their defaults (`set_matmul_precision`,
-`low_precision_weights`), the helpers over a state's nesting (`map_state`, `copy_state`, `state_key`), and how a
-config's `architecture._target_` builds one: docs/internals.md, *The model protocol*. Nothing outside models/ asks
-which family or class a model is.
+"""The model protocol every family implements (`logits, state = model(tokens, state)`, or `forward_features`
+with the final hidden states its head reads; `initial_state`, `context`, `forward_cost`, `vocab_size`), what it
+derives from them for every other part of the code (`recurrent`, `state_units`, `unit_states`), its optional
+members with their defaults (`set_matmul_precision`, `low_precision_weights`), the helpers over a state's nesting
+(`map_state`, `copy_state`, `state_key`), and how a config's `architecture._target_` builds one:
+docs/internals.md, *The model protocol*. Nothing outside models/ asks which family or class a model is.
 """
 
 import importlib
@@ -51,7 +51,19 @@ class LanguageModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, tokens: Tensor, state=None):
-        raise NotImplementedError
+        """tokens (B, T) -> logits (B, T, V), the state after them: by default `forward_features` without its
+        features. A family implements this or `forward_features`."""
+        logits, state, _ = self.forward_features(tokens, state)
+        return logits, state
+
+    def forward_features(self, tokens: Tensor, state=None) -> tuple[Tensor, object, Tensor | None]:
+        """`forward` and the final hidden states its head reads, (B, T, C) (after the last norm: what the cache
+        compares, study/cache.py); None by default: a model without them (the n-gram counts), for which the
+        cache counts tokens instead."""
+        if type(self).forward is LanguageModel.forward:
+            raise NotImplementedError(f"{type(self).__name__} implements neither forward nor forward_features")
+        logits, state = self(tokens, state)
+        return logits, state, None
 
     # --- derived from the members above; a family overrides them only to say otherwise or to run faster ---
     @property

@@ -52,8 +52,9 @@ class RecurrentLM(LayeredLM):
             names.append("head.weight")
         return names
 
-    def forward(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list]:
-        """tokens (B, T) -> logits (B, T, vocab), new state (one entry per layer)."""
+    def forward_features(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, Tensor]:
+        """tokens (B, T) -> logits (B, T, vocab), new state (one entry per layer), the head's input (B, T, H): the
+        last layer's output after `norm`."""
         if state is None:
             state = [None] * len(self.layers)
         x = self.embedding(tokens)
@@ -63,4 +64,4 @@ class RecurrentLM(LayeredLM):
             x = self.dropout(x)
             new_state.append(layer_state)
         x = self.norm(x)
-        return linear(x, self.head.weight, self.head.bias, self.matmul_precision), new_state
+        return linear(x, self.head.weight, self.head.bias, self.matmul_precision), new_state, x

@@ -99,22 +99,27 @@ class TransformerLM(FiniteContextLM):
         seen = min(seen, self.context)
         return seen + new if seen + new <= self.context else new * self.context
 
-    def forward(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """tokens (B, T) -> logits (B, T, V), the last block_size tokens."""
+    def forward_features(self, tokens: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (B, T) -> logits (B, T, V), the last block_size tokens, the head's input (B, T, C): `ln_f`'s
+        output over the last block."""
         history, new_state = self.window.extend(tokens, state)  # (B, block + T), NO_TOKEN-padded on the left
         B, T = tokens.shape
         if tokens.numel() == 0:  # no rows or no tokens (an empty batch of windows)
-            return self.wte.weight.new_zeros(B, T, self.vocab_size), new_state
-        if int((history != NO_TOKEN).sum(1).max()) <= self.context:
-            return self.predict_last(history, T), new_state  # everything in view of every position: one pass
-        windows = history.unfold(1, self.context, 1)[:, 1:].reshape(B * T, self.context)  # position t's window
-        step = max(1, WINDOW_BATCH_TOKENS // self.context)
-        logits = torch.cat([self.predict_last(part, 1) for part in windows.split(step)])
-        return logits.view(B, T, -1), new_state
+            features = self.wte.weight.new_zeros(B, T, self.wte.embedding_dim)
+            return self.wte.weight.new_zeros(B, T, self.vocab_size), new_state, features
+        if int((history != NO_TOKEN).sum(1).max()) <= self.context:  # everything in view of every position
+            logits, features = self.predict_last(history, T)  # one pass
+        else:
+            windows = history.unfold(1, self.context, 1)[:, 1:].reshape(B * T, self.context)  # position t's window
+            step = max(1, WINDOW_BATCH_TOKENS // self.context)
+            parts = [self.predict_last(part, 1) for part in windows.split(step)]
+            logits, features = (torch.cat(outputs).view(B, T, -1) for outputs in zip(*parts))
+        return logits, new_state, features
 
-    def predict_last(self, rows: Tensor, count: int) -> Tensor:
+    def predict_last(self, rows: Tensor, count: int) -> tuple[Tensor, Tensor]:
         """The logits (N, count, V) at the last `count` tokens of each NO_TOKEN-padded row, its real tokens moved
-        to positions 0, 1, ... (the crop; what follows them, causal attention never sees)."""
+        to positions 0, 1, ... (the crop; what follows them, causal attention never sees), and the head's input
+        there (N, count, C)."""
         N, L = rows.shape
         pads = (rows == NO_TOKEN).sum(1, keepdim=True)  # (N, 1)
         index = torch.arange(L, device=rows.device) + pads
@@ -122,8 +127,8 @@ class TransformerLM(FiniteContextLM):
         length = L - int(pads.min())  # the longest row's real tokens
         x = self.hidden(aligned[:, :length])
         last = (L - pads) - count + torch.arange(count, device=rows.device)  # (N, count)
-        x = x.gather(1, last.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        return self.head(self.ln_f(x))
+        x = self.ln_f(x.gather(1, last.unsqueeze(-1).expand(-1, -1, x.shape[-1])))
+        return self.head(x), x
 
     def hidden(self, tokens: Tensor) -> Tensor:
         """The last block's output (N, T, C) of a sequence whose first token sits at position 0."""

@@ -1,8 +1,9 @@
 """The cache figure: the model's stateful distribution interpolated with a cache over its own last N positions,
 p = (1 - λ) p_model + λ p_cache: the continuous cache over the final hidden states (Grave, Joulin & Usunier
 2017) or, for a counted model, the count cache (Kuhn & De Mori 1990); λ and θ (or β) fitted per N on the first
-half of the split, the figures paired on the second. It reuses the stateful pass's states and NLLs
-(docs/evaluation.md, *The cache*: the formulas, the halves and the cost).
+half of the split, the figures paired on the second. It reads the stateful pass's NLLs and final hidden states
+(the protocol's forward_features) as that pass runs (docs/evaluation.md, *The cache*: the formulas, the halves
+and the cost).
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX
 from gru_experiments.files import finite_or_null
-from gru_experiments.study.generation import STATEFUL
-from gru_experiments.study.plan import FINAL, Entry, Plan, Request, StatefulPass
-from gru_experiments.study.scores import Score, Split, StreamStates, paired_difference, score_subset
+from gru_experiments.study.plan import FINAL, Entry, Plan, Request
+from gru_experiments.study.scores import (
+    Score,
+    Split,
+    StatefulChunk,
+    paired_difference,
+    score_stateful,
+    score_subset,
+)
 
 SMALLEST, LONGEST = 128, 4096  # the cache sizes: powers of 2 from SMALLEST to LONGEST, and the windowed context
 SHARPNESS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # θ's grid, in units of 1 / the mean squared norm of h
@@ -30,15 +37,37 @@ CHUNK_ELEMENTS = 1 << 23  # query x key scores per chunk (memory only)
 CPU_STRIDE = 4
 
 
-def keep_final_states(plan: Plan) -> Plan:
-    """The plan with its stateful figure's pass keeping the states (when it is a StatefulPass: a finite-context
-    model's sampled stateful figure runs windows, and has no cache figure); its cost unchanged."""
-    figure = plan.figure(STATEFUL)
-    if figure is None or type(plan.passes[figure.passes[0]]) is not StatefulPass:
-        return plan
-    passes = list(plan.passes)
-    passes[figure.passes[0]] = replace(passes[figure.passes[0]], keep_states=True)
-    return replace(plan, passes=tuple(passes))
+@dataclass(frozen=True)
+class StreamStates:
+    """What the cache reads of a stateful pass, per stream it ran (`rows`, every stride-th of the split's streams
+    of `length`): row r, column j is the input at rows[r] * length + j, whose target follows it; `nll` (R, L)
+    every target's NLL (nats, float32; 0 past the split's end), `hidden` (R, L, C) the final hidden states that
+    predicted them (bfloat16), None for a model without (an n-gram)."""
+    rows: Tensor
+    length: int
+    nll: Tensor
+    hidden: Tensor | None
+
+    @classmethod
+    def of_chunk(cls, chunk: StatefulChunk) -> StreamStates:
+        hidden = None if chunk.features is None else chunk.features.detach().to(torch.bfloat16)
+        return cls(chunk.rows, chunk.length, chunk.nll.float(), hidden)
+
+    @classmethod
+    def joined(cls, chunks: list[StreamStates]) -> StreamStates:
+        """A pass's chunks side by side, in order."""
+        first = chunks[0]
+        return cls(first.rows, first.length, torch.cat([c.nll for c in chunks], dim=1),
+                   None if first.hidden is None else torch.cat([c.hidden for c in chunks], dim=1))
+
+
+def stateful_states(model, split: Split, seq_len: int, streams: int, **kwargs) -> tuple[Score, StreamStates]:
+    """score_stateful (its arguments) and the states the cache reads of it, outside an evaluation (the tests,
+    benchmarks/bench_cache.py); an evaluation's stateful pass reads them through the plan (CacheEntry)."""
+    chunks = []
+    score = score_stateful(model, split, seq_len, streams, read=lambda c: chunks.append(StreamStates.of_chunk(c)),
+                           **kwargs)
+    return score, StreamStates.joined(chunks)
 
 
 # --- the caches' log p_cache(target), every target at once ----------------------------------------------
@@ -218,20 +247,20 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
 
 
 class CacheEntry(Entry):
-    """The cache figure, from the stateful pass's kept states (evaluation.plan_for keeps them: keep_final_states);
-    it owns no pass, and reads the plan's (reads_every_pass)."""
+    """The cache figure of a final evaluation, from what it reads of the stateful pass (its NLLs and final hidden
+    states, StreamStates): no pass of its own."""
     name = "cache"
-    reads_every_pass = True  # the stateful pass's states
 
-    def run(self, request: Request, plan: Plan, results: list[dict]) -> CacheFigures | None:
-        figure = plan.figure(STATEFUL)
-        if request.purpose != FINAL or figure is None:
-            return None
-        score = results[figure.passes[0]].get(None)
-        states = getattr(score, "states", None)
-        if states is None:
+    def reads_stateful(self, request: Request) -> bool:
+        return request.purpose == FINAL
+
+    read = staticmethod(StreamStates.of_chunk)
+
+    def run(self, request: Request, plan: Plan, results: list[StreamStates] | None) -> CacheFigures:
+        if results is None:
             return CacheFigures({"note": "the stateful figure was a sample of windows (a finite-context model "
                                          "under the budget): no states kept"})
+        states = StreamStates.joined(results)
         split = replace(request.val, ids=request.val.ids.to(states.nll.device))
         exact = request.settings.budget is None or states.nll.device.type != "cpu"
         # "Past the window": past the windowed mode's context (evaluation.window; by default the training window).

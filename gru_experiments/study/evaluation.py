@@ -1,5 +1,5 @@
-"""The evaluation as a registry of entries (plan.Entry: the modes, the text statistics, the word validity
-over training, the recall figures) and its entry points, `plan_for(request)` and `evaluate(request)`,
+"""The evaluation as a registry of entries (plan.Entry: the modes, the cache, the text statistics, the word
+validity over training, the recall figures) and its entry points, `plan_for(request)` and `evaluate(request)`,
 which every evaluation and the cost estimate go through, with the settings it is built from (EvaluationSettings)
 and the context curve's record. A new figure is one entry appended to ENTRIES (docs/evaluation.md).
 """
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from gru_experiments.errors import UserError
-from gru_experiments.study.cache import CacheEntry, keep_final_states
+from gru_experiments.study.cache import CacheEntry
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
     BIGRAM,
@@ -189,7 +189,7 @@ def plan_for(request: Request) -> Plan:
     plan = plan_evaluation(request.model, request.val.n_targets, seq_len=s.seq_len, window=s.window,
                            streams=s.streams, budget=budget, windowed=not training, bigram=not training,
                            curve=final, curve_longest=s.curve_longest, extra=extra)
-    return keep_final_states(plan) if final else plan  # the cache's (study/cache.py): its cost unchanged
+    return plan.read_by(tuple(entry for entry in ENTRIES if entry.reads_stateful(request)))  # its cost unchanged
 
 
 @dataclass
@@ -224,9 +224,17 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
         own = [r for r, owner in zip(results, plan.owners) if owner == entry.name]
         if entry.reads_every_pass:
             out[entry.name] = entry.run(request, plan, results)
+        elif entry.reads_stateful(request) and entry.name not in skip:
+            out[entry.name] = entry.run(request, plan, _readings(plan, results).get(entry.name))
         elif own and entry.name not in skip:
             out[entry.name] = entry.run(request, plan, own)
     return Evaluation(plan, out)
+
+
+def _readings(plan: Plan, results: list[dict]) -> dict[str, list]:
+    """What each reader read of every chunk of the stateful pass (Plan.read_by), by name; {}: none read it."""
+    score = results[plan.figure(STATEFUL).passes[0]].get(None)
+    return getattr(score, "readings", None) or {}
 
 
 def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:

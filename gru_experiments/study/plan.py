@@ -8,13 +8,14 @@ forward pass; nothing else derives a stride or a cost. `allocate` applies the bu
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import ClassVar
 
 from gru_experiments.study.generation import NO_PROGRESS, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.scores import (
     ONE_PASS_CHUNK,
+    StatefulChunk,
     chunks_cost,
     congruent,
     score_bigram,
@@ -63,16 +64,27 @@ class Request:
 
 
 class Entry:
-    """One kind of figure, registered in evaluation.ENTRIES: the passes it asks of the plan (`units`), its
-    result from theirs (`run`), its part of summary.json and of the log (docs/evaluation.md)."""
+    """One kind of figure, registered in evaluation.ENTRIES: the passes it asks of the plan (`units`), or the
+    stateful pass it reads (`reads_stateful`, `read`), its result from theirs (`run`), its part of summary.json
+    and of the log (docs/evaluation.md)."""
     name = "entry"
-    reads_every_pass = False  # run given every pass's result (the modes', the cache's), not its own passes'
+    reads_every_pass = False  # run given every pass's result (the modes'), not its own passes'
 
     def units(self, request: Request) -> list["Unit"]:
         return []
 
-    def run(self, request: Request, plan: "Plan", results: list[dict]):
-        """Its result from its own passes' results (by default: its one pass's)."""
+    def reads_stateful(self, request: Request) -> bool:
+        """Whether it reads every chunk of the stateful figure's pass in this evaluation (`read`), in that pass's
+        forward: no pass and no forward tokens of its own."""
+        return False
+
+    def read(self, chunk: StatefulChunk):
+        """What it keeps of one chunk of the stateful pass (its logits, NLLs, final hidden states), for `run`."""
+        raise NotImplementedError
+
+    def run(self, request: Request, plan: "Plan", results: list | None):
+        """Its result from its own passes' results (by default: its one pass's); a reader's from what it read of
+        every chunk (None where the stateful figure ran windows: a finite-context model's sample)."""
         return results[0][None]
 
     def summary(self, result) -> dict:
@@ -111,6 +123,16 @@ class Plan:
         """The plan for summary.json: a row per figure."""
         return [{k: v for k, v in asdict(f).items() if k not in ("passes", "kind")} for f in self.figures]
 
+    def read_by(self, readers: tuple[Entry, ...]) -> Plan:
+        """The plan with its stateful figure's pass read by `readers` (Entry.read) where that pass is a StatefulPass
+        (a finite-context model's sampled stateful figure runs windows); its figures and cost unchanged."""
+        figure = self.figure(STATEFUL)
+        if not readers or figure is None or type(self.passes[figure.passes[0]]) is not StatefulPass:
+            return self
+        passes = list(self.passes)
+        passes[figure.passes[0]] = replace(passes[figure.passes[0]], readers=readers)
+        return replace(self, passes=tuple(passes))
+
 
 # --- the passes -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -128,11 +150,11 @@ class Pass:
 class StatefulPass(Pass):
     """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th stream,
     whole. keep_after: keep the targets with at least this many tokens of their stream before them;
-    keep_states: every target's NLL and the final hidden states too (the cache's: cache.keep_final_states)."""
+    readers: the entries that read every chunk (Plan.read_by), their readings in the Score (`readings`)."""
     kind: ClassVar[str] = "stateful"
     chunk: int = 0
     streams: int = 1
-    keep_states: bool = False
+    readers: tuple[Entry, ...] = ()
 
     @classmethod
     def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
@@ -147,10 +169,15 @@ class StatefulPass(Pass):
         return "stateful" + ("" if self.stride == 1 else f", one stream in {self.stride}")
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
+        readings = {reader.name: [] for reader in self.readers}
+
+        def read(chunk: StatefulChunk) -> None:
+            for reader in self.readers:
+                readings[reader.name].append(reader.read(chunk))
         with progress.phase(self.label, self.targets) as tick:
-            return {None: score_stateful(request.model, request.val, self.chunk, self.streams,
-                                         targets_after=self.keep_after, tick=tick, stride=self.stride,
-                                         keep_states=self.keep_states)}
+            score = score_stateful(request.model, request.val, self.chunk, self.streams, targets_after=self.keep_after,
+                                   tick=tick, stride=self.stride, read=read if self.readers else None)
+        return {None: replace(score, readings=readings) if self.readers else score}
 
 
 @dataclass(frozen=True)

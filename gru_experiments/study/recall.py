@@ -21,7 +21,7 @@ ORDINARY_FIGURES = ("the ordinary figures are scored on the validation split unp
 def stateful_log_probs(model, ids: Tensor, rows: Tensor, positions: Tensor, seq_len: int, tick=None) -> Tensor:
     """log p of ids[row, position] with the state carried from each row's start."""
     out = torch.empty(rows.numel(), dtype=torch.float64)
-    for start, logits in carried_chunks(model, ids, seq_len, end=ids.shape[1] - 1, tick=tick):
+    for start, logits, _ in carried_chunks(model, ids, seq_len, end=ids.shape[1] - 1, tick=tick):
         here = (positions > start) & (positions <= start + logits.shape[1])
         if here.any():
             row, position = rows[here], positions[here]

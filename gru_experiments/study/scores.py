@@ -6,12 +6,11 @@ Two loops serve every mode, the recall figures and the run's page:
 """
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
 from gru_experiments.data.tokenizers import plain_tokens
@@ -97,7 +96,7 @@ class Score:
     positions: Tensor | None = None
     target_nll: Tensor | None = None
     population: int = 0  # the targets these were drawn from (the split's); tokens == population: exact
-    states: "StreamStates | None" = None  # score_stateful(keep_states=True): what study/cache.py reads
+    readings: dict | None = None  # a StatefulPass's readers' (plan.Entry.read), by name: what each read of every chunk
 
     def add(self, other: "Score") -> "Score":
         return Score(self.nll_sum + other.nll_sum, self.tokens + other.tokens, self.characters + other.characters,
@@ -174,16 +173,23 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 # --- The two loops every mode runs ----------------------------------------------------------
 
 @torch.no_grad()  # on a generator, torch turns gradients off around each step only, not while suspended
-def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | None = None, tick=None):
+def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | None = None, tick=None,
+                   features: bool = False):
     """The stateful loop: inputs (B, T) in chunks of seq_len from `state`, the state carried, the chunks that
-    start before `end` (default T); yields (start, logits (B, t, V)). Forward tokens: B * chunks_cost."""
+    start before `end` (default T); yields (start, logits (B, t, V), the final hidden states (B, t, C) with
+    `features` (the protocol's forward_features: None for a model without), else None). Forward tokens:
+    B * chunks_cost."""
     with eval_mode(model):
         forward = graphed(model)  # on CUDA, each chunk's shape replayed from a graph (models/cuda_graphs.py)
         for start in range(0, inputs.shape[1] if end is None else end, seq_len):
-            logits, state = forward(inputs[:, start:start + seq_len], state)
+            tokens = inputs[:, start:start + seq_len]
+            if features:
+                logits, state, hidden = forward.forward_features(tokens, state)
+            else:
+                (logits, state), hidden = forward(tokens, state), None
             if tick is not None:  # a progress bar's (generation.Progress)
                 tick(logits.shape[0] * logits.shape[1])
-            yield start, logits
+            yield start, logits, hidden
 
 
 def chunks_cost(model, length: int, seq_len: int, end: int | None = None) -> int:
@@ -210,55 +216,27 @@ def window_batches(model, ids: Tensor, ends: Tensor, length: int, rows: Tensor |
 # --- The inference modes on a whole split: the same targets ids[1:] (or every stride-th), comparable ---
 
 @dataclass(frozen=True)
-class StreamStates:
-    """What a stateful pass kept for the cache (study/cache.py), per stream it ran (`rows`, every stride-th of
-    the split's streams of `length`): row r, column j is the input at rows[r] * length + j, whose target follows
-    it; `nll` (R, L) every target's NLL (nats, float32; 0 past the split's end), `hidden` (R, L, C) the final
-    hidden states that predicted them (final_states: bfloat16), None for a model without (an n-gram)."""
+class StatefulChunk:
+    """One chunk of a stateful pass as a reader sees it (score_stateful's `read`): the columns start .. start + t
+    of the pass's `rows` (every stride-th of the split's streams of `length` tokens; row r, column j is the input
+    at rows[r] * length + j, whose target follows it). logits (R, t, V); targets (R, t), IGNORE_INDEX past the
+    split's end; nll (R, t) every target's NLL (nats, float32; 0 at IGNORE_INDEX); features (R, t, C) the final
+    hidden states that predicted them (the protocol's forward_features), None for a model without (an n-gram)."""
     rows: Tensor
     length: int
+    start: int
+    logits: Tensor
+    targets: Tensor
     nll: Tensor
-    hidden: Tensor | None
-
-
-class final_states:  # noqa: N801 (a context manager, used as a function)
-    """Records the final hidden states of every `model(tokens)` call inside it (`take()` after each: (B, T, C) in
-    bfloat16): the output of the model's last norm before its head (`ln_f`, `norm`), else the head's input; none
-    for a model with no head (an n-gram). Forward hooks only: the logits are unchanged."""
-
-    def __init__(self, model):
-        self.model, self.parts, self.handles = model, [], []
-
-    def __enter__(self):
-        m, keep = self.model, lambda t: self.parts.append(t.detach().to(torch.bfloat16))
-        norm = next((getattr(m, name) for name in ("ln_f", "norm") if isinstance(getattr(m, name, None), nn.Module)),
-                    None)
-        if norm is not None:
-            self.handles.append(norm.register_forward_hook(lambda mod, args, out: keep(out)))
-        elif isinstance(getattr(m, "head", None), nn.Module):
-            self.handles.append(m.head.register_forward_pre_hook(lambda mod, args: keep(args[0])))
-        return self
-
-    @property
-    def active(self) -> bool:
-        return bool(self.handles)
-
-    def take(self, batch: int, length: int) -> Tensor:
-        """The states recorded since the last take, as (batch, length, C) (a model may run its rows in parts)."""
-        parts, self.parts = self.parts, []
-        return torch.cat([p.reshape(-1, p.shape[-1]) for p in parts]).view(batch, length, -1)
-
-    def __exit__(self, *exc):
-        for handle in self.handles:
-            handle.remove()
+    features: Tensor | None
 
 
 def score_stateful(model, split: Split, seq_len: int, streams: int, targets_after: int | None = None,
-                   tick=None, stride: int = 1, keep_states: bool = False) -> Score:
+                   tick=None, stride: int = 1, read=None) -> Score:
     """Stateful: `streams` contiguous streams side by side in chunks of seq_len, the state carried.
     targets_after=k keeps the NLL of every target with at least k tokens of its stream before it
-    (Score.positions); stride > 1 runs every stride-th stream only, whole: a sample. keep_states: also every
-    target's NLL and the final hidden states (Score.states: StreamStates), the figures unchanged."""
+    (Score.positions); stride > 1 runs every stride-th stream only, whole: a sample. read: called with every
+    chunk (a StatefulChunk, its final hidden states included) in the same forward, the figures unchanged."""
     ids, keep = split.ids, targets_after is not None
     n_targets = split.n_targets
     streams, length = stream_layout(n_targets, streams)
@@ -268,20 +246,15 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     rows = torch.arange(0, streams, stride, device=ids.device)
     inputs, targets = inputs.view(streams, length)[rows], targets.view(streams, length)[rows]
 
-    total, nll, hidden = Score(), [], []
-    with final_states(model) if keep_states else nullcontext() as recorder:
-        for start, logits in carried_chunks(model, inputs, seq_len, tick=tick):
-            chunk = targets[:, start:start + seq_len]
-            total = total.add(score_batch(logits, chunk, split.char_lengths, split.plain))
-            if keep or keep_states:
-                nll.append(target_nll(logits, chunk, split.plain).view(rows.numel(), -1))
-            if keep_states and recorder.active:
-                hidden.append(recorder.take(*chunk.shape))
+    total, nll = Score(), []
+    for start, logits, features in carried_chunks(model, inputs, seq_len, tick=tick, features=read is not None):
+        chunk = targets[:, start:start + seq_len]
+        total = total.add(score_batch(logits, chunk, split.char_lengths, split.plain))
+        if keep or read is not None:
+            nll.append(target_nll(logits, chunk, split.plain).view(rows.numel(), -1))
+        if read is not None:
+            read(StatefulChunk(rows, length, start, logits, chunk, nll[-1], features))
     total = total.of(n_targets)
-    if keep_states:
-        states = StreamStates(rows, length, torch.cat(nll, dim=1).float() if nll else targets.new_zeros(0).float(),
-                              torch.cat(hidden, dim=1) if hidden else None)
-        total = replace(total, states=states)
     if keep and nll:  # row s, column j: the input at s * length + j, whose target is the next position
         positions = rows.unsqueeze(1) * length + torch.arange(length, device=ids.device) + 1
         warm = (torch.arange(length, device=ids.device) >= targets_after) & (positions <= n_targets)
