@@ -84,6 +84,22 @@ def is_wandb(logger) -> bool:
     return type(logger).__name__ == "WandbLogger"
 
 
+def figure_metrics(record: dict, skip=(), prefix: str = "") -> dict[str, float]:
+    """Every finite number of a summary's record as a metric named by its path in it, / between keys
+    (`cache_gain_bpc`, `cache/by_size/1024/gain_bpc`, `context_curve/128`): dicts flattened; lists, strings,
+    booleans, nulls and the paths in `skip` left out."""
+    metrics = {}
+    for key, value in record.items():
+        path = f"{prefix}{key}"
+        if path in skip:
+            continue
+        if isinstance(value, dict):
+            metrics |= figure_metrics(value, skip, f"{path}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            metrics[path] = value
+    return metrics
+
+
 def multirun_sweep_dir() -> str | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.runs.checkpoints import read_checkpoint
-from gru_experiments.runs.loggers import is_wandb
+from gru_experiments.runs.loggers import figure_metrics, is_wandb
 from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.evaluation import Evaluation, EvaluationSettings, curve_points, evaluate, plan_for
@@ -175,9 +175,12 @@ def format_best(best: dict) -> str:
 
 
 def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict) -> None:
+    """Every figure of the evaluation as a metric: the modes' under modes/, the text statistics' values under
+    text/<mode>/<decoder>/, every other number of its summary under its path there (loggers.figure_metrics: the
+    context curve's context_curve/<w>, the cache's, any entry's); the best checkpoint's under best/."""
     step, modes = summary["train_steps"], evaluation.modes
     logger.log_metrics({f"modes/{k}": v for k, v in modes.metrics().items()}, step=step)
-    logger.log_metrics({f"context_curve/{k}": v for k, v in curve_points(modes.curve)}, step=step)
+    logger.log_metrics(figure_metrics(evaluation.summary(), skip={*modes.metrics(), "text/modes"}), step=step)
     logger.log_metrics({f"best/{k}": v for k, v in summary["best"].items() if isinstance(v, (int, float))
                         and not isinstance(v, bool)}, step=step)
     text = summary.get("text") or {"modes": {}}
