@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.study.evaluation import EvaluationSettings, plan_for, score_modes
+from gru_experiments.report.report import SECTIONS, register_section, unregister_section
+from gru_experiments.study.evaluation import ENTRIES, EvaluationSettings, plan_for, score_modes
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import FINAL, Request
 
@@ -57,3 +58,29 @@ def forward_tokens_run(model):
         yield counted
     finally:
         delattr(model, name)
+
+
+@contextmanager
+def registered(entry, section):
+    """`entry` appended to evaluation.ENTRIES and `section` to report.SECTIONS inside the block (a figure and its
+    report section added from a test file alone), both taken out after it."""
+    entries, sections = list(ENTRIES), list(SECTIONS)
+    ENTRIES.append(entry)
+    register_section(section)
+    try:
+        yield
+    finally:
+        ENTRIES.remove(entry)
+        unregister_section(section.name)
+    assert ENTRIES == entries and SECTIONS == sections
+
+
+@contextmanager
+def left_out(name: str):
+    """The entry `name` taken out of evaluation.ENTRIES inside the block, and put back at its place."""
+    at = next(i for i, entry in enumerate(ENTRIES) if entry.name == name)
+    entry = ENTRIES.pop(at)
+    try:
+        yield
+    finally:
+        ENTRIES.insert(at, entry)
