@@ -204,7 +204,7 @@ def test_the_memory_horizon_and_the_cost_to_the_language_model(tmp_path):
     assert (f"| astra_alpha, windows (128) | 2.3100 | 2.2500 ± 0.0030 | +0.0600 ± {0.003:.4f} | — | "
             "0.0001 ± 0.0002 | — | — |") in cost
     assert "| astra_alpha, streams (128) | 2.3100 | — | — | — | — | — | — |" in cost  # no twin in the sweep
-    assert "| astra_alpha (no probe) | windows |" in section(text, "Results")
+    assert "| astra_alpha (window 128, no probe) | windows |" in section(text, "Results")
 
 
 def test_the_recall_table_and_figure(tmp_path):
@@ -351,4 +351,4 @@ def test_runs_of_one_model_at_two_windows_are_told_apart(tmp_path):
     assert "-0.20000" not in sixth and "**: supported." in sixth
     headings = [line for line in section(text, "Context curve by class of target").splitlines()
                 if line.startswith("### ")]
-    assert headings == ["### astra_alpha, windows (128)", "### astra_alpha (streams)", "### astra_alpha, windows (512)"]
+    assert headings == ["### astra_alpha (window 128)", "### astra_alpha (streams)", "### astra_alpha (window 512)"]

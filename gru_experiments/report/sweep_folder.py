@@ -62,11 +62,11 @@ class JobResult:
     def model(self) -> str:
         """Its label in the report: the name, marked when trained with the state carried, its variant and,
         for a run stopped before its recipe's end, its steps ("astra_gamma (2,000 of 8,000 steps)")."""
-        label = f"{self.name} (streams)" if self.training_mode == "streams" else self.name
         trained, recipe = self.number("train_steps"), self.number("recipe_steps")
         cut = f"{trained:,.0f} of {recipe:,.0f} steps" if trained and recipe and trained < recipe else ""
-        notes = ", ".join(note for note in (self.variant, cut) if note)
-        return f"{label} ({notes})" if notes else label
+        streams = "streams" if self.training_mode == "streams" else ""
+        notes = ", ".join(note for note in (streams, self.variant, cut) if note)
+        return f"{self.name} ({notes})" if notes else self.name
 
     @property
     def training_window(self) -> int | None:
