@@ -46,6 +46,7 @@ def finite(value) -> bool:
 
 
 @pytest.mark.parametrize("model", ["astra_alpha", "ngram3"])
+@pytest.mark.slow
 def test_a_corpus_whose_validation_split_has_new_characters_trains_end_to_end(tmp_path, new_chars_corpus, model):
     result = run_script(tmp_path, f"model={model}", f"data.path={new_chars_corpus}", "data.train_fraction=0.9",
                         "preset=smoke", "logger=none", "trainer.accelerator=cpu", "evaluation.samples.chars=20")

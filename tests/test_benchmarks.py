@@ -42,6 +42,7 @@ def test_every_benchmark_script_has_a_smoke_test():
 
 
 @pytest.mark.parametrize("script, arguments, shows", SMOKE)
+@pytest.mark.slow
 def test_a_benchmark_runs_in_its_smoke_mode(script, arguments, shows, tiny_corpus, data_dir, tmp_path):
     arguments = [a.replace("{corpus}", str(tiny_corpus)).replace("{data}", str(data_dir)) for a in arguments]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PROJECT_ROOT=str(tmp_path),
@@ -55,6 +56,7 @@ def test_a_benchmark_runs_in_its_smoke_mode(script, arguments, shows, tiny_corpu
 
 @pytest.mark.parametrize("script", ["bench_peak.py", "bench_recurrence.py", "bench_batching.py", "bench_minrnn.py",
                                     "bench_sampling.py", "bench_smoke.py"])
+@pytest.mark.slow
 def test_threads_below_one_are_refused_in_one_line(script):
     """--threads -1 was torch's RuntimeError with a traceback."""
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--threads", "-1"], cwd=REPO,

@@ -277,6 +277,7 @@ def test_the_cache_reads_a_replayed_stateful_pass(monkeypatch):
 
 
 @pytest.mark.parametrize("training", ["windows", "streams"])
+@pytest.mark.slow
 def test_graphed_training_through_lightning_equals_eager_across_validations(training, compose_config, tiny_corpus,
                                                                              tmp_path, monkeypatch):
     """The whole run, validations between the steps (Lightning lets .grad go before each), on the CPU with the

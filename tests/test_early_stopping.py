@@ -52,6 +52,7 @@ def assert_stopped_early(summary: dict) -> None:
     assert all(summary["best"][f"{mode}_bpc"] is not None for mode in ("stateful", "stateless", "windowed"))
 
 
+@pytest.mark.slow
 def test_the_issues_command_stops_within_a_few_validations_of_its_best(tmp_path, overfittable):
     done = run_script(tmp_path, *RECIPE, f"data.path={overfittable}", f"paths.output_dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -81,6 +82,7 @@ def test_off_by_default_and_bad_settings_refused_in_one_line(compose_config, ove
         assert not run.exists()
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_a_bad_patience_in_one_line(tmp_path):
     done = run_script(tmp_path, *TINY, "early_stopping.patience=-3")
     assert done.returncode == 2
@@ -93,6 +95,7 @@ def stopping_state(checkpoint: Path) -> dict:
     return states[0]
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_wait_count_and_the_best_score(compose_config, overfittable, tmp_path, monkeypatch):
     """Interrupted one validation after its best (its checkpoint mid-epoch: Lightning writes last.ckpt at an epoch's
     end only where the best improved), the resumed run stops where the uninterrupted one did (a resume that forgot
@@ -118,6 +121,7 @@ def test_a_resume_keeps_the_wait_count_and_the_best_score(compose_config, overfi
     assert resumed["best"]["step"] == best
 
 
+@pytest.mark.slow
 def test_a_run_that_stopped_early_resumes_without_training_on(compose_config, overfittable, tmp_path, monkeypatch,
                                                                capsys):
     """Stopped early, then cut off in its evaluation: the resume says so in one line, trains nothing and

@@ -234,6 +234,7 @@ def test_briefly_trained_gru_is_better_stateful_than_stateless(shakespeare):
     assert curve["settings"]["bpc_se"]["32"] > 0 and curve["32"] == bpc["windowed"]
 
 
+@pytest.mark.slow
 def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_config, small_shakespeare):
     cfg = compose_config(f"data.path={small_shakespeare}", "data.batch_size=4", "data.seq_len=16",
                          "trainer.max_steps=3", "model.steps_per_epoch=3", "trainer.enable_progress_bar=false",

@@ -180,6 +180,7 @@ def trained_run(tmp_path_factory, small_shakespeare):
     return train_and_explore(tmp_path_factory.mktemp("explore"), small_shakespeare), small_shakespeare
 
 
+@pytest.mark.slow
 def test_a_probe_runs_page_plants_the_probes_pairs(tmp_path, small_shakespeare):
     run_dir = train_and_explore(tmp_path, small_shakespeare, "probe=recall", "probe.validation.distances=[8,16]",
                                 "probe.validation.min_targets=2")
@@ -193,6 +194,7 @@ def test_a_probe_runs_page_plants_the_probes_pairs(tmp_path, small_shakespeare):
     assert data["title"]["planted"] and len(data["tokens"]) == 600
 
 
+@pytest.mark.slow
 def test_sample_explore_writes_a_self_contained_page(trained_run):
     run_dir, _ = trained_run
     page = (run_dir / "explore.html").read_text(encoding="utf-8")
@@ -204,6 +206,7 @@ def test_sample_explore_writes_a_self_contained_page(trained_run):
     assert data["constant"] == ["quote"]  # Tiny Shakespeare has no quotation marks or brackets
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_its_run_folder_gets_its_page_in_the_sampling_folder(trained_run, tmp_path):
     run_dir, corpus = trained_run
     loose = tmp_path / "loose.ckpt"

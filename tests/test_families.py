@@ -94,6 +94,7 @@ TINY_RECIPE = ["data.batch_size=4", "data.seq_len=32", "trainer.max_steps=2", "m
 @pytest.mark.parametrize("model,modes", [("ngram", ["stateful", "stateless", "windowed"]), ("mlp", ["stateless"]),
                                          ("rnn", ["windowed"]), ("mingru", ["stateful"]),
                                          ("minlstm", ["stateless"])])
+@pytest.mark.slow
 def test_train_writes_a_gru_runs_outputs_and_sample_py_loads_it(compose_config, tiny_corpus, tmp_path, model, modes):
     recipe = [o for o in TINY_RECIPE if model != "ngram" or "steps" not in o]
     cfg = compose_config(f"model={model}", f"data.path={tiny_corpus}", *recipe)
@@ -135,6 +136,7 @@ def test_every_family_on_sentencepiece_tokens(compose_config, tiny_corpus, model
     (["model=mlp", "model.architecture.context=100000"], "fewer than one context of mlp"),
     (["model=ngram", "model.architecture.order=100000"], "fewer than one context of ngram"),
 ])
+@pytest.mark.slow
 def test_bad_family_settings_fail_in_one_line_and_leave_nothing(compose_config, tiny_corpus, tmp_path, overrides,
                                                                  message):
     cfg = compose_config(*overrides, f"data.path={tiny_corpus}", "trainer.accelerator=cpu")

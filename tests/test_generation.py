@@ -310,6 +310,7 @@ def sampling_dirs(root: Path) -> list[Path]:
     return sorted((root / "outputs" / "samples").glob("*/*/"))
 
 
+@pytest.mark.slow
 def test_sample_py_stateful_and_stateless(trained_run):
     root, run_dir = trained_run
     # Default: the newest astra_alpha run under outputs/, stateful, the study's prompts.
@@ -335,6 +336,7 @@ def test_sample_py_stateful_and_stateless(trained_run):
     assert record["results"][0]["samples"][0].startswith("ROMEO: ")
 
 
+@pytest.mark.slow
 def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     root, run_dir = trained_run
     prompts = root / "prompts.txt"
@@ -372,6 +374,7 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
     assert "context curve" in result.stdout
 
 
+@pytest.mark.slow
 def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, small_shakespeare):
     """stats=true: the text statistics of every mode x decoder (study/text_protocol.py), printed as a
     table and saved in stats.json with the texts they come from; the training split's index is
@@ -451,6 +454,7 @@ def test_end_of_training_prompts_fall_back_to_what_the_vocabulary_spells():
      "error: num_samples=100000 x (prompt 15 + max_new_tokens=100000000) tokens would need 72.8 TiB for the token "
      "buffer alone; this machine has "),
 ])
+@pytest.mark.slow
 def test_sample_py_refuses_bad_settings_before_sampling(trained_run, overrides, message):
     root, _ = trained_run
     before, files = sampling_dirs(root), fingerprint(root)
@@ -462,6 +466,7 @@ def test_sample_py_refuses_bad_settings_before_sampling(trained_run, overrides, 
     assert_untouched(files, fingerprint(root))  # nothing written anywhere
 
 
+@pytest.mark.slow
 def test_sample_py_temperature_0_is_greedy(trained_run):
     """temperature=0 means the argmax, in sample.py as in Decoding and evaluation.samples.temperature
     (one rule: validation.temperature_rule); its text is greedy=true's, whatever the seed."""
@@ -489,6 +494,7 @@ def test_one_temperature_rule_for_sample_py_and_the_run_config():
         Decoding(temperature=-1)
 
 
+@pytest.mark.slow
 def test_sample_py_drops_unknown_prompt_characters_when_asked(trained_run):
     root, _ = trained_run
     result = run_sample(root, "max_new_tokens=5", "prompt='ROMEO ✓: '", "drop_unknown=true")

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 import sweep as sweep_script
 
 
+@pytest.mark.slow
 def test_gpu_study_runs_end_to_end_on_the_cpu(tiny_corpus, data_dir, tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "ACCELERATOR": "cpu",
            "STEPS": "2", "LOG_DIR": str(tmp_path / "outputs"), "PROJECT_ROOT": str(REPO),

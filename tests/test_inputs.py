@@ -98,6 +98,7 @@ def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(co
                         r"\(evaluation.budget=null\)", exact)
 
 
+@pytest.mark.slow
 def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path, tiny_corpus):
     """Lightning's lines came twice (Hydra's console handler and Lightning's own), with a tip advertising another
     logger, a deprecation inside Lightning, and W&B's "anonymous setting has no effect" (issue 36)."""
@@ -111,6 +112,7 @@ def test_train_py_says_each_thing_once_and_nothing_a_user_cannot_act_on(tmp_path
         assert noise not in console, noise  # the model summary (its FLOPs 0), what the run's own lines say
 
 
+@pytest.mark.slow
 def test_one_model_a_run_a_list_or_a_model_beside_an_experiment_is_refused(tmp_path):
     """model=[a,b] and experiment=[a,b] merged two configs into one run (the last winning), and experiment=X
     model=Y trained Y in X's place: each refused in one line naming the key."""
@@ -138,6 +140,7 @@ def test_the_epochs_have_one_knob_model_epochs(compose_config):
         validate(compose_config("+trainer.max_epochs=3"))
 
 
+@pytest.mark.slow
 def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_path):
     check_added_keys(["+trainer.limit_val_batches=0.5", "+model.architecture.extra=1", "data.seq_len=64",
                       "++evaluation.window=64", "++colour=red", "+hydra/launcher=parallel"],
@@ -172,6 +175,7 @@ def sample_py(root, *overrides: str):
     return run_script(root, f"run={root / 'run'}", *overrides, script=REPO / "sample.py")
 
 
+@pytest.mark.slow
 def test_unknown_top_level_keys_are_refused_by_train_py_and_sample_py(run_without_config):
     root = run_without_config
     for result, key in ((run_script(root, "+colour=red", *TINY), "colour"), (sample_py(root, "+num_chars=0"),
@@ -182,6 +186,7 @@ def test_unknown_top_level_keys_are_refused_by_train_py_and_sample_py(run_withou
     assert not list(root.glob("outputs/**/*"))  # neither a run folder nor a sampling folder left
 
 
+@pytest.mark.slow
 def test_a_run_without_its_config_is_explored_on_its_own_corpus_or_refused(run_without_config, tiny_corpus):
     """explore=true (and evaluate=true) read the corpus the run's saved config names; without one they scored
     Tiny Shakespeare in its place. Given data.path, the page goes to the run folder and no sampling folder stays."""
@@ -197,6 +202,7 @@ def test_a_run_without_its_config_is_explored_on_its_own_corpus_or_refused(run_w
     assert (root / "run" / "explore.html").is_file() and not list(root.glob("outputs/**/*"))
 
 
+@pytest.mark.slow
 def test_long_generation_shows_a_bar_per_prompt(run_without_config):
     result = sample_py(run_without_config, "prompt=[a,b]", "num_samples=2", "max_new_tokens=1500")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -79,6 +79,7 @@ def test_reported_user_error_is_one_line_and_exit_status_2(capsys):
         1 / 0
 
 
+@pytest.mark.slow
 def test_failing_train_py_job_in_a_multirun(tiny_corpus, tmp_path):
     """A real multirun: the failing job's record is in its folder, the process exits non-zero,
     and the error is one line (no traceback)."""
@@ -160,6 +161,7 @@ def _can_mount_tmpfs(path) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_run_on_a_filesystem_too_small_for_two_checkpoints_stops_with_one_line_then_resumes(
         tiny_corpus, tmp_path):
     """The real thing (as root, where tmpfs can be mounted; docs/robustness.md has the manual check):

@@ -384,6 +384,7 @@ def test_prepare_corpus_refuses_spm_before_any_work(tmp_path):
                        SETTINGS)
 
 
+@pytest.mark.slow
 def test_train_py_refuses_the_probe_with_spm_in_one_line(tmp_path, tiny_corpus):
     before = fingerprint(tmp_path)
     result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "probe=recall", "tokenizer=spm")
@@ -458,6 +459,7 @@ def test_the_data_module_sets_the_runs_steps_on_the_probe(tmp_path, tiny_corpus)
 
 
 @pytest.mark.parametrize("mode", ["windows", "streams"])
+@pytest.mark.slow
 def test_a_probe_run_killed_in_its_second_phase_resumes_to_every_figure(tmp_path, tiny_corpus, mode):
     """Killed at step 6 of 8 (phase 1 from step 4, mid-epoch), resumed: the resumed run plants what the
     uninterrupted one planted, so its summary, the recall figures included, is the uninterrupted one's."""

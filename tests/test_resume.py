@@ -59,6 +59,7 @@ def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
     assert a["val_loss"] < 3.8  # it learned something (a uniform guess is ln(54) = 4.0)
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_uninterrupted_result(compose_config, tiny_corpus, tmp_path, monkeypatch):
     base = [*RECIPE, f"data.path={tiny_corpus}"]
     uninterrupted = tmp_path / "uninterrupted"
@@ -333,6 +334,7 @@ def summary_in_run_terms(run: Path) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["windows", "streams"])
+@pytest.mark.slow
 def test_every_figure_survives_sigkill_and_resume(tmp_path, tiny_corpus, mode):
     base = [*TINY, f"data.path={tiny_corpus}", f"training={mode}", *RESUMED_RECIPE]
     assert run_script(tmp_path / "reference", *base).returncode == 0
@@ -364,6 +366,7 @@ def test_figure_differences():
     assert figure_differences({**a, "train_loss": nan}, a) == ["summary.train_loss: nan resumed, 1.0 uninterrupted"]
 
 
+@pytest.mark.slow
 def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """A refused resume changes nothing in the run folder: Hydra records nothing there, and train() refuses before
     this attempt's config record is written (resume.record_resume)."""

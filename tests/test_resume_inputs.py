@@ -61,6 +61,7 @@ def history_rows(run: Path) -> list[tuple[str, str]]:
     return [(line.split(",")[step], line.split(",")[metric]) for line in lines[1:]]
 
 
+@pytest.mark.slow
 def test_a_second_process_in_a_running_run_is_refused_in_one_line(interrupted, tmp_path):
     """A run folder is trained in by one process at a time (RunDir.hold): a resume of a run that another process holds
     is refused in one line and changes nothing; two resumes started together leave the files one resume leaves."""
@@ -84,6 +85,7 @@ def test_a_second_process_in_a_running_run_is_refused_in_one_line(interrupted, t
     assert len(rows) == len(set(rows)), rows  # no figure written twice
 
 
+@pytest.mark.slow
 def test_a_resume_without_its_saved_config_takes_the_checkpoints_record(interrupted, tmp_path, tiny_corpus):
     """.hydra/ gone, or config.yaml cut off after model.architecture: the resume trains on with the run's own batch size
     and steps (the config its checkpoint recorded), saying so in a line; not with today's defaults."""
@@ -106,6 +108,7 @@ def test_a_resume_without_its_saved_config_takes_the_checkpoints_record(interrup
         assert (record.data.batch_size, record.logger) == (4, {})  # logger=none: what later resumes inherit
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_what_the_run_itself_cannot_tell(interrupted, tmp_path, tiny_corpus):
     """An edited config.yaml, an old checkpoint without the record and no config, another corpus, and ckpt_path naming
     another run than resume: each refused in one line that names the key, the run folder left as it was."""
@@ -167,6 +170,7 @@ def test_a_resume_applies_every_override_it_takes_null_included(compose_config):
     assert cfg.evaluation.streams == saved.evaluation.streams and cfg.model.lr == saved.model.lr
 
 
+@pytest.mark.slow
 def test_a_resume_with_evaluation_budget_null_scores_everything(interrupted, tmp_path):
     root, run = copy_of(interrupted, tmp_path)
     result = run_script(root, f"resume={run}", "evaluation.budget=null", "evaluation.curve_longest=null",
@@ -208,6 +212,7 @@ DAMAGES = {"a weight": ("state_dict", "model.head.bias"), "Lightning's version":
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.slow
 def test_a_checkpoint_without_a_weight_or_lightnings_version_is_refused_in_one_line(interrupted, tmp_path, damage):
     """Refused before anything is written (no .hydra/resumed_* record), not a traceback from inside Lightning's load."""
     root, run = copy_of(interrupted, tmp_path)

@@ -236,6 +236,7 @@ def test_wandb_modes_wandb_accepts_pass(monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["", "bogus"])
+@pytest.mark.slow
 def test_train_py_with_a_bad_wandb_mode_fails_before_the_run_folder(workspace, tiny_corpus, monkeypatch, value):
     """The default logger=wandb: the error comes from validate(cfg), before any work, and no run
     folder is left behind (wandb itself would fail with a pydantic traceback after it was made)."""
@@ -407,6 +408,7 @@ SAVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     saver = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], env=dict(os.environ, PYTHONPATH=str(
@@ -463,6 +465,7 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(compo
 
 # --- the scripts themselves -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_train_py_bad_value_one_line_exit_2_nothing_damaged(workspace, tiny_corpus):
     before = fingerprint(workspace)
     result = run_script(workspace, f"data.path={tiny_corpus}", *TINY, "model.lr=-1")
@@ -476,6 +479,7 @@ WINDOW_PAST_THE_BLOCK = ("error: invalid data.seq_len=256: model transformer see
                          "(model.architecture.block_size); set data.seq_len <= 128 or a larger block_size")
 
 
+@pytest.mark.slow
 def test_train_py_refuses_a_transformer_window_longer_than_its_block(workspace, tiny_corpus):
     """Past its block every position of a transformer runs a block of its own: minutes of silence
     on a CPU. Refused in one line before any work (runs/checks.check_window)."""
@@ -523,12 +527,14 @@ def test_debug_re_raises_instead_of_exiting(monkeypatch):
         raise UserError("bad")
 
 
+@pytest.mark.slow
 def test_train_py_debug_shows_the_traceback(workspace):
     result = run_script(workspace, "model.lr=-1", "debug=true")
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "InvalidSetting: invalid model.lr=-1" in result.stderr
 
 
+@pytest.mark.slow
 def test_train_py_refuses_malicious_checkpoint_on_resume(workspace, tmp_path):
     run = workspace / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-01_000000"
     (run / ".hydra").mkdir(parents=True)
@@ -544,6 +550,7 @@ def test_train_py_refuses_malicious_checkpoint_on_resume(workspace, tmp_path):
     assert_untouched(before, fingerprint(workspace))
 
 
+@pytest.mark.slow
 def test_multirun_job_errors_fail_the_sweep_with_one_line_each(workspace, tiny_corpus):
     result = run_script(workspace, "-m", f"data.path={tiny_corpus}", *TINY, "model.lr=-1,-2")
     assert result.returncode == 1 and "Traceback" not in result.stderr

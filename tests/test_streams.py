@@ -91,6 +91,7 @@ def test_streams_shorter_than_one_chunk_are_refused():
         StreamBatches(torch.arange(5000), 64, 128, steps=1, seed=0)
 
 
+@pytest.mark.slow
 def test_train_py_batch_too_large_for_the_streams_is_one_line_and_writes_nothing(tmp_path, tiny_corpus):
     before = fingerprint(tmp_path)
     result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "training=streams", "data.batch_size=4096")
@@ -99,6 +100,7 @@ def test_train_py_batch_too_large_for_the_streams_is_one_line_and_writes_nothing
     assert_untouched(before, fingerprint(tmp_path))
 
 
+@pytest.mark.slow
 def test_bad_batching_value_is_one_line(tmp_path, tiny_corpus):
     result = run_script(tmp_path, *TINY, f"data.path={tiny_corpus}", "training.batching=carried")
     assert result.returncode == 2 and "training.batching='carried'" in error_line(result.stderr)
@@ -197,6 +199,7 @@ def test_a_resume_without_the_carried_state_would_differ(compose_config, tiny_co
 
 
 @pytest.mark.parametrize("model", ["astra_alpha", "lstm", "rnn", "mlp", "scribe_alpha"])
+@pytest.mark.slow
 def test_every_stateful_family_trains_in_streams_mode(compose_config, tiny_corpus, model):
     overrides = [*TINY, f"data.path={tiny_corpus}", f"model={model}", "training=streams", "trainer.max_steps=4",
                  "data.seq_len=16", "evaluation.curve_longest=64", "evaluation.budget=null"]  # exact: a tiny split

@@ -290,6 +290,7 @@ def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_report_of_a_folder_without_results_says_so(tmp_path):
     """A sweep folder (Hydra's multirun.yaml) whose jobs never started; a folder that is no sweep's:
     tests/test_answered_inputs.py."""

@@ -110,6 +110,7 @@ def test_every_setting_continues_the_same_prompts_with_the_same_seeds(corpus, re
     assert other_seed["texts"]["stateless"]["pure"] != recurrent_record["texts"]["stateless"]["pure"]
 
 
+@pytest.mark.slow
 def test_greedy_repeats_one_text_per_prompt(ngram_record):
     for mode in MODES_BY_CONTEXT:
         texts = ngram_record["texts"][mode]["greedy"]

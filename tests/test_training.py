@@ -24,6 +24,7 @@ def unigram_entropy_nats(text: str) -> float:
     return -sum(c / n * math.log(c / n) for c in counts.values())
 
 
+@pytest.mark.slow
 def test_short_astra_alpha_run_learns_well_below_unigram_entropy(compose_config, shakespeare, capsys):
     # The last 1% validates (11k characters): the end-of-run evaluation stays a few seconds.
     cfg = compose_config(f"data.path={shakespeare}", "trainer.max_steps=300", "model.steps_per_epoch=150",

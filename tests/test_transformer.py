@@ -152,6 +152,7 @@ def test_parameter_counts(compose_config, name, expected, rival, tolerance):
         assert cfg.data.seq_len == 128 == model.context
 
 
+@pytest.mark.slow
 def test_nanogpt_shakespeare_fast_dev_run_through_train_py(tmp_path, shakespeare):
     env = dict(os.environ, PROJECT_ROOT=str(tmp_path), PYTHONPATH=str(REPO), WANDB_MODE="disabled")
     result = subprocess.run(
@@ -225,6 +226,7 @@ def test_a_stateful_figure_past_the_block_is_sampled_from_each_targets_own_block
     assert whole.nll == pytest.approx(score_stateful(model, split, 16, 4).nll, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(compose_config, tiny_corpus, tmp_path,
                                                                                 monkeypatch):
     """A short run: the context curve stops at the block size (8), curve_longest notwithstanding; the

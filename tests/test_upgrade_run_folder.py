@@ -88,6 +88,7 @@ def old_run(tmp_path, tiny_corpus) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_an_old_run_folder_is_refused_in_one_line_naming_the_script_and_nothing_is_written(old_run, tmp_path):
     root, run = tmp_path, old_run
     (run / "summary.json").unlink()  # killed before its summary: a run resume= would continue
@@ -108,6 +109,7 @@ def test_an_old_run_folder_is_refused_in_one_line_naming_the_script_and_nothing_
     assert model_runs(root / "outputs", "astra_alpha") == []  # finding a model's runs passes over it, unrefused
 
 
+@pytest.mark.slow
 def test_the_script_upgrades_an_old_run_folder_once_and_it_then_works_as_a_new_one(old_run, tmp_path, capsys):
     root, run = tmp_path, old_run
     assert TOOL.main([str(run)]) == 0
@@ -189,6 +191,7 @@ def test_the_script_renames_each_old_name_in_a_line_and_leaves_todays_alone():
                          "seed=1"]
 
 
+@pytest.mark.slow
 def test_todays_configs_are_no_older_layout():
     """No shipped model, experiment or probe composes to what the package refuses."""
     choices = [f"{group}={path.stem}" for group in ("model", "experiment", "probe")
