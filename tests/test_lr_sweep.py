@@ -123,3 +123,9 @@ def test_runs_that_differ_in_their_training_window_are_labelled_by_it(tmp_path):
         path.write_text(json.dumps({**json.loads(path.read_text()), "seq_len": window}))
     jobs, _ = collect(sweep)
     assert [job.model for job in jobs] == ["astra_alpha (window 128)", "astra_alpha (window 2048)"]
+    path = sweep / "1_astra_alpha" / "summary.json"  # and the same training on two corpora
+    path.write_text(json.dumps({**json.loads(path.read_text()), "seq_len": 128}))
+    config = sweep / "1_astra_alpha" / ".hydra" / "config.yaml"
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(config), {"data": {"path": "/texts/code.txt"}}), config)
+    jobs, _ = collect(sweep)
+    assert [job.model for job in jobs] == ["astra_alpha (tinyshakespeare)", "astra_alpha (code)"]

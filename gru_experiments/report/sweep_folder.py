@@ -209,13 +209,13 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 
 
 def name_variants(jobs: list[JobResult]) -> None:
-    """Each job's variant: the training window, lr, recipe, probe and seed that vary among its model's runs in one
-    training mode (a setting of several trainings has no seed of its own: its runs' seeds do not name it)."""
+    """Each job's variant: the corpus, training window, lr, recipe, probe and seed that vary among its model's runs
+    in one training mode (a setting of several trainings has no seed of its own: its runs' seeds do not name it)."""
     groups: dict[tuple, list[JobResult]] = {}
     for job in jobs:
         groups.setdefault((job.name, job.training_mode), []).append(job)
     for group in groups.values():
-        varies = [key for key in ("seq_len", "lr", "optim", "probe", "seed")
+        varies = [key for key in ("corpus", "seq_len", "lr", "optim", "probe", "seed")
                   if key != "seed" or all(job.n == 1 for job in group)
                   if len({str(job.values.get(key)) for job in group}) > 1]
         for job in group:
@@ -226,6 +226,8 @@ def _variant(job: JobResult, key: str) -> str:
     value = job.values.get(key)
     if key == "lr":
         return f"lr {value:g}" if isinstance(value, (int, float)) else f"lr {value}"
+    if key == "corpus":
+        return str(value)
     if key == "seq_len":  # streams: the BPTT chunk; windows: the window
         return f"window {value}"
     if key == "probe":
