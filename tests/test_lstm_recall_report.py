@@ -83,3 +83,10 @@ def test_distances_where_neither_recalls_do_not_count(tmp_path):
     assert "d = 384: +0.500 ± 0.051" in evidence and "d = 768" not in evidence
     assert "(LSTM better by two standard errors at 0, worse at 5): the GRU keeps it longer" in evidence
     assert verdict == "contradicted"
+
+
+def test_a_horizon_over_seeds_is_written_as_a_distance():
+    """A setting's horizon is a mean over its trainings: "2,304", never "2304.0"."""
+    from gru_experiments.report.recall_report import remembered_text
+
+    assert [remembered_text({"remembered": value}) for value in (2304.0, 4096, None)] == ["2,304", "4,096", "none"]

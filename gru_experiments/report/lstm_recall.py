@@ -5,7 +5,15 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 import math
 
 from gru_experiments.report.findings import nearest_in_size
-from gru_experiments.report.recall_report import beats_chance, changes, distances, no_memory, recall_jobs, run_horizon
+from gru_experiments.report.recall_report import (
+    beats_chance,
+    changes,
+    distances,
+    no_memory,
+    recall_jobs,
+    remembered_text,
+    run_horizon,
+)
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.study.generation import STATEFUL
 
@@ -38,7 +46,7 @@ def _reach(h: dict) -> float:
 def _horizon_text(h: dict) -> str:
     crossing = ("never" if h["crossing"].startswith("below") else "at once") if h["crosses_2_bits"] is None \
         else f"d ≈ {h['crosses_2_bits']:,.0f}"
-    return f"under 1 bit up to d = {h['remembered'] or 'none'}, 2 bits at {crossing}"
+    return f"under 1 bit up to d = {remembered_text(h)}, 2 bits at {crossing}"
 
 
 def _lstm_part(lstm, gru) -> tuple[int, str]:

@@ -85,6 +85,11 @@ def changes(a, b, window: int | None = None, lies: str | None = None) -> list[tu
             if (q := recall_point(b, d, STATEFUL)) is not None and (change := recall_difference(a, b, d)) is not None]
 
 
+def remembered_text(h: dict) -> str:
+    """The longest distance recalled under 1 bit, "4,096" (a setting's mean over seeds too), else "none"."""
+    return "none" if h["remembered"] is None else f"{h['remembered']:,.0f}"
+
+
 def run_horizon(job, mode: str) -> dict:
     """The job's horizon in `mode`, computed from the curve for a record from before recall.horizon."""
     record = recall_record(job) or {}
@@ -280,7 +285,7 @@ def _kept_part(job) -> tuple[bool, str]:
             f"errors of the difference at {len(kept)} of {len(past)} distances past the window"
             + (f" (d = {past[0][0]}: stateful {plus_minus(*past[0][1][:2])}, windowed {plus_minus(*past[0][2][:2])})"
                if past else "")
-            + f"; stateful under 1 bit up to d = {h['remembered'] or 'none'}, crossing 2 bits {crossing}")
+            + f"; stateful under 1 bit up to d = {remembered_text(h)}, crossing 2 bits {crossing}")
     return bool(past) and past[0][0] in kept, text
 
 
@@ -312,7 +317,7 @@ def _horizon(job, h: dict) -> list[str]:
     """A horizon's cells (stateful's or windowed's; stateless never remembers): under 1 bit up to, 2 bits at and
     that over the training window."""
     crossing, window = h["crosses_2_bits"], job.training_window
-    return [MISSING if h["remembered"] is None else f"{h['remembered']:,}",
+    return [MISSING if h["remembered"] is None else remembered_text(h),
             ("never" if h["crossing"].startswith("below") else "at once") if crossing is None else f"{crossing:,.0f}",
             MISSING if crossing is None or not window else f"{crossing / window:.1f}×"]
 
