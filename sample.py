@@ -22,17 +22,19 @@ def main(cfg: DictConfig) -> None:
         # Found before torch is imported, so that a missing checkpoint is reported at once.
         checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.get("ckpt"), cfg.get("run"))
         from gru_experiments.runs.checks import check_added_keys
+        from gru_experiments.runs.sample_checks import validate_sample
 
         check_added_keys()  # +num_chars=0: a key nothing reads
+        spec = validate_sample(cfg)  # bad values refused before the checkpoint is read; below, the spec alone
         try:
-            if cfg.get("explore"):
+            if spec.explore:
                 from gru_experiments.runs.sampling import explore_run
 
-                explore_run(cfg, checkpoint)
+                explore_run(spec, checkpoint)
             else:
                 from gru_experiments.runs.sampling import sample
 
-                sample(cfg, checkpoint)
+                sample(spec, checkpoint)
         finally:  # explore=true writes in the run's folder, a stopped sample nothing: no empty folder left
             discard_untouched_run_dir(cfg.paths.log_dir)
 

@@ -61,7 +61,7 @@ def _share_busy_cores() -> None:
 _share_busy_cores()
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from gru_experiments.runs.jobs import job  # noqa: E402
 
@@ -77,8 +77,10 @@ def main(cfg: DictConfig) -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again: Lightning stops gracefully
     with job(cfg, report=True):  # failures: see gru_experiments/runs/jobs.py
-        if needs_own_process(cfg):  # DDP in a multirun job: see gru_experiments/runs/distributed.py
-            run_in_own_process(cfg, __file__)
+        if needs_own_process(cfg.trainer.get("strategy")):  # DDP in a multirun job: gru_experiments/runs/distributed.py
+            with job(cfg, record=True):  # records a failed child (the child, a single run, records none)
+                logger = OmegaConf.to_container(cfg.logger, resolve=True) if cfg.get("logger") else None
+                run_in_own_process(__file__, logger)
         else:
             train(cfg)
 

@@ -43,18 +43,21 @@ class TextScore:
         return asdict(self)
 
 
-# --- a trained model -------------------------------------------------------------------------
+# --- a trained model ---------------------------------------------------------------------------
 class TrainedModel:
-    """A trained model with its tokenizer, ready to generate and score text (see `load`)."""
+    """A trained model with its tokenizer, ready to generate and score text (see `load`): the public face of
+    runs/trained_run.TrainedRun, the one trained run every path loads and scores."""
 
-    def __init__(self, model, tokenizer, *, name: str, checkpoint: Path, run_dir: Path | None = None,
-                 seq_len: int | None = None):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.name = name
-        self.checkpoint = checkpoint
-        self.run_dir = run_dir
-        self.seq_len = seq_len  # the training window (data.seq_len), when the run recorded it
+    def __init__(self, run):
+        self.run = run  # runs/trained_run.TrainedRun
+
+    model = property(lambda self: self.run.model)
+    tokenizer = property(lambda self: self.run.tokenizer)
+    name = property(lambda self: self.run.name)
+    checkpoint = property(lambda self: self.run.checkpoint)
+    run_dir = property(lambda self: self.run.folder.path if self.run.folder is not None else None)
+    seq_len = property(lambda self: self.run.seq_len)  # the training window (data.seq_len), where recorded
+    device = property(lambda self: self.run.device)
 
     def __repr__(self) -> str:
         where = self.run_dir if self.run_dir is not None else self.checkpoint
@@ -62,16 +65,11 @@ class TrainedModel:
                 f"vocabulary {self.tokenizer.vocab_size}, seq_len {self.seq_len}, from {str(where)!r})")
 
     @property
-    def device(self):
-        return self.model.device
-
-    @property
     def summary(self) -> dict | None:
         """The run's summary.json, when the model came from a finished run."""
         from gru_experiments.report.sweep_folder import read_summary
-        from gru_experiments.runs.run_dir import RunDir
 
-        summary = RunDir(self.run_dir).summary() if self.run_dir is not None else None
+        summary = self.run.summary()
         return None if summary is None else read_summary(summary)
 
     def _window(self, window: int | None) -> int:
@@ -113,13 +111,19 @@ class TrainedModel:
         return texts[0] if num_samples is None else texts
 
     def score(self, text: str, mode: str = "stateful", *, window: int | None = None) -> TextScore:
-        """The text's nats per token and bits per character in `mode`, as study/scores.py scores a split
-        (windowed: `window` tokens of context, by default the training seq_len)."""
+        """The text's nats per token and bits per character in `mode`, through the evaluation door every figure
+        of the project goes through (runs/trained_run.evaluate), every target exact: stateful as one stream in
+        chunks of the training window (256 where none is recorded), windowed with `window` tokens of context (by
+        default the training seq_len)."""
+        from dataclasses import replace
+
         import torch
 
         from gru_experiments.data.tokenizers import describe_characters
+        from gru_experiments.runs.trained_run import evaluate
         from gru_experiments.study.generation import validate_sampling
-        from gru_experiments.study.scores import Split, score_stateful, score_stateless, score_windowed
+        from gru_experiments.study.plan import BEST, OVER_TRAINING
+        from gru_experiments.study.scores import Split
 
         _check_mode(mode)
         if mode == "windowed":
@@ -135,15 +139,30 @@ class TrainedModel:
         if ids.numel() < 2:
             raise UserError(f"the text is {ids.numel()} token(s) long; scoring needs at least 2 "
                             "(the first is context only)")
-        split = Split.of(ids, self.tokenizer)
-        if mode == "stateful":  # one stream: every target from the whole text before it
-            result = score_stateful(self.model, split, self.seq_len or 256, streams=1)
-        elif mode == "stateless":
-            result = score_stateless(self.model, split)
-        else:
-            result = score_windowed(self.model, split, window)
+        settings = self.run.evaluation_settings({"budget": None, "streams": 1, "window": window, "text.samples": 0},
+                                                seq_len=self.seq_len or 256)
+        # stateful and stateless: the modes over training's plan (no windowed pass); windowed: the best's (no curve)
+        evaluation = evaluate(replace(self.run, tokenizer=None), settings, Split.of(ids, self.tokenizer),
+                              training_tokens=None, purpose=BEST if mode == "windowed" else OVER_TRAINING)
+        result = evaluation.modes.scores[mode]
         return TextScore(mode=mode, nll=result.nll, bpc=result.bpc, nll_sum=result.nll_sum, tokens=result.tokens,
                          characters=result.characters, window=window if mode == "windowed" else None)
+
+    def evaluate(self, *, progress: bool = False, **changes) -> dict:
+        """The run's validation split scored in every mode, with the context curve and the cache, by the plan the
+        run was scored by at the end of its training (its evaluation group and budget; `changes`: evaluation keys
+        to change, e.g. budget=None for every figure exact): the figures of summary.json and of sample.py's
+        evaluate=true (evaluation.json), through the same door, to the last digit."""
+        from gru_experiments.runs.trained_run import evaluate
+        from gru_experiments.study.generation import Progress
+        from gru_experiments.study.plan import TEXT
+        from gru_experiments.study.scores import Split
+
+        splits = self.run.splits()
+        settings = self.run.evaluation_settings(changes)
+        return evaluate(self.run, settings, Split.of(splits.val_ids, self.tokenizer),
+                        training_tokens=self.run.training_tokens, train_ids=splits.train_ids, skip=(TEXT,),
+                        progress=Progress(enabled=progress)).summary()
 
 
 def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
@@ -159,33 +178,17 @@ def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:
         raise UserError(f"load() takes a run folder or a checkpoint file, got {type(run_or_checkpoint).__name__}")
     path = Path(run_or_checkpoint).expanduser()
     if path.is_file():
-        checkpoint, run = find_checkpoint("", ".", ckpt=str(path)), RunDir.of_checkpoint(path)
+        checkpoint, folder = find_checkpoint("", ".", ckpt=str(path)), None
     elif path.is_dir():
-        checkpoint, run = find_checkpoint("", ".", run=str(path)), RunDir(path)
+        checkpoint, folder = find_checkpoint("", ".", run=str(path)), RunDir(path.resolve())
     else:
         raise UserError(f"no run folder or checkpoint file at {run_or_checkpoint}")
 
     from gru_experiments.models.devices import resolve_device
-    from gru_experiments.runs.task import load_checkpoint
+    from gru_experiments.runs import trained_run
 
     device = resolve_device(device)  # a name torch does not know, or a device this machine lacks: one line
-    task = load_checkpoint(checkpoint, map_location=device)
-    model = task.model.to(device).eval()
-    return TrainedModel(model, task.tokenizer, name=task.hparams.get("model_name") or "model",
-                        checkpoint=Path(checkpoint).resolve(), run_dir=run.path.resolve() if run else None,
-                        seq_len=_training_seq_len(run))
-
-
-def _training_seq_len(run) -> int | None:
-    if run is None:
-        return None
-    from gru_experiments.runs.sampling import training_data_settings
-
-    data = training_data_settings(run, None)
-    if data is not None and data.get("seq_len"):
-        return int(data.seq_len)
-    seq_len = ((run.summary() or {}).get("mode_evaluation") or {}).get("seq_len")
-    return int(seq_len) if seq_len else None
+    return TrainedModel(trained_run.load(Path(checkpoint).resolve(), device, folder=folder))
 
 
 # --- training --------------------------------------------------------------------------------

@@ -23,7 +23,12 @@ def request_of(model, val, seq_len: int, settings=None, training_tokens=None, pu
         val = SimpleNamespace(n_targets=val)
     if not isinstance(settings, EvaluationSettings):
         settings = EvaluationSettings.of(defaults() | dict(settings or {}), seq_len)
+    # the bigram is planned only with the training ids it counts (plan_for): a plan's tests give them to its run
+    parts.setdefault("train_ids", TRAINING_IDS_GIVEN_TO_THE_RUN)
     return Request(model, val, settings, training_tokens, purpose, **parts)
+
+
+TRAINING_IDS_GIVEN_TO_THE_RUN = ()  # not None: the plan has its bigram; run_plan passes the real ids
 
 
 def defaults() -> dict:

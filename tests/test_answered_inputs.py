@@ -20,6 +20,7 @@ from gru_experiments.errors import UserError
 from gru_experiments.runs import sampling
 from gru_experiments.runs.checks import check_precision
 from gru_experiments.runs.run_dir import find_checkpoint
+from gru_experiments.runs.sample_checks import validate_sample
 from gru_experiments.runs.stopping import check_settings
 
 # --- sweep.py -------------------------------------------------------------------------------------------------------
@@ -114,14 +115,14 @@ def test_transformer_engine_precision_without_its_package_is_refused(compose_con
 
 def test_more_streams_than_validation_targets_are_refused_in_training(compose_config):
     from gru_experiments.models.protocol import meta_model
-    from gru_experiments.runs.checks import check_sizes
+    from gru_experiments.runs.checks import check_sizes, validate
 
-    cfg = compose_config(*TINY, "evaluation.streams=2000")
-    model = meta_model(cfg.model.architecture)
+    spec = validate(compose_config(*TINY, "evaluation.streams=2000"))
+    model = meta_model(spec.architecture)
     with pytest.raises(UserError, match=r"^evaluation.streams=2,000 is not below the validation split's 1,999 targets: "
                                         "each stream would hold one target"):
-        check_sizes(cfg, model, 18_000, 2_000)
-    check_sizes(compose_config(*TINY, "evaluation.streams=1998"), model, 18_000, 2_000)
+        check_sizes(spec, model, 18_000, 2_000)
+    check_sizes(validate(compose_config(*TINY, "evaluation.streams=1998")), model, 18_000, 2_000)
 
 
 # --- sample.py ------------------------------------------------------------------------------------------------------
@@ -184,7 +185,8 @@ def test_sample_py_settings_it_cannot_use_get_one_line_before_any_output(two_run
     checkpoint = find_checkpoint(cfg.model.name, cfg.paths.log_dir, cfg.ckpt, cfg.run)  # as sample.py finds it
     before = fingerprint(root)
     with pytest.raises(UserError) as refused:
-        (sampling.explore_run if cfg.explore else sampling.sample)(cfg, checkpoint)
+        spec = validate_sample(cfg)  # as sample.py: the settings, then the checkpoint
+        (sampling.explore_run if spec.explore else sampling.sample)(spec, checkpoint)
     assert str(refused.value).startswith(message.format(**names))
     assert_untouched(before, fingerprint(root))
 
@@ -201,7 +203,7 @@ def test_explore_with_evaluate_and_stats_does_all_three(two_runs, tiny_corpus):
     cfg = sample_config(root, tiny_corpus, f"run={run1}", "explore=true", "evaluate=true", "stats=true",
                         "explore_chars=300", "evaluation.budget=0.01", "evaluation.text.samples=1",
                         "evaluation.text.chars=32", "evaluation.text.drift_chars=0")
-    record = sampling.explore_run(cfg, run1 / "checkpoints" / "last.ckpt")
+    record = sampling.explore_run(validate_sample(cfg), run1 / "checkpoints" / "last.ckpt")
     assert record["explore"] == run1 / "explore.html" and record["explore"].is_file()
     assert record["evaluation"]["stateful_bpc"] > 0 and record["text"]["settings"]
     assert {path.name for path in (root / "samples").iterdir()} == {"evaluation.json", "stats.json"}

@@ -63,7 +63,7 @@ def test_the_plans_line_says_what_the_budget_samples_and_the_key_that_scores_eve
     from evaluation_helpers import defaults, plan_of
 
     from gru_experiments.models.recurrent import RecurrentLM
-    from gru_experiments.runs.scoring import describe_plan
+    from gru_experiments.study.cost import describe_plan
     from gru_experiments.study.evaluation import EvaluationSettings
     from gru_experiments.study.scores import Split
 

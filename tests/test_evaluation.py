@@ -19,6 +19,7 @@ from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.scoring import score_best
+from gru_experiments.runs.trained_run import load
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import CLASSES, EvaluationSettings, curve_points
 from gru_experiments.study.generation import eval_mode
@@ -273,8 +274,9 @@ def test_training_writes_the_four_figures_and_the_side_by_side_samples(compose_c
     train_text, val_text = split_text(small_shakespeare.read_text(encoding="utf-8"), cfg.data.train_fraction)
     tokenizer = CharTokenizer.from_text(train_text)
     val = Split.of(torch.tensor(tokenizer.encode(val_text)), tokenizer)
-    best = score_best(cfg, earlier, torch.tensor(tokenizer.encode(train_text)), val, torch.device("cpu"),
-                      EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len))
+    trained = load(Path(on_disk["checkpoint"]), "cpu")  # the run's final weights, as the end of training holds them
+    best = score_best(trained, earlier, val, EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len),
+                      train_ids=torch.tensor(tokenizer.encode(train_text)), eval_batch_size=cfg.data.eval_batch_size)
     assert best["step"] == 1 and not best["same_as_final"]
     for key in ["val_loss", "val_bpc", "stateful_bpc", "stateless_bpc", "windowed_bpc", "windowed_nll"]:
         assert best[key] == pytest.approx(on_disk[key], rel=1e-5), key

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from robustness_helpers import TINY, run_script
 from wandb_records import offline_runs
 
@@ -19,12 +20,18 @@ from gru_experiments.runs.loggers import build_logger
 from gru_experiments.runs.run_dir import RunDir
 
 
+def logger_of(cfg):
+    """The logger train() builds of its RunSpec: the logger group's settings and the resolved config."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return build_logger(plain["logger"], plain)
+
+
 def test_failing_multirun_job_writes_its_record_and_closes_the_wandb_run(compose_config, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(jobs, "multirun_job", lambda: True)
     cfg = compose_config("logger=wandb")
     with pytest.raises(UserError, match="the corpus vanished"), job(cfg, record=True) as current:
-        current.logger = build_logger(cfg.logger, cfg)
+        current.logger = logger_of(cfg)
         current.logger.experiment  # the W&B run starts
         raise UserError("the corpus vanished")
     import wandb
@@ -60,7 +67,7 @@ def test_a_single_run_records_nothing_and_a_success_closes_the_logger(compose_co
         raise RuntimeError("a bug")
     assert RunDir(cfg.paths.output_dir).summary() is None
     with job(cfg, record=True) as current:
-        current.logger = build_logger(cfg.logger, cfg)
+        current.logger = logger_of(cfg)
         current.logger.experiment
     import wandb
 

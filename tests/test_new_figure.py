@@ -19,6 +19,7 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.report.report import SECTIONS, build_report, register_section, unregister_section
 from gru_experiments.report.section import Section
 from gru_experiments.runs.scoring import CostEstimate
+from gru_experiments.runs.trained_run import TrainedRun
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import ENTRIES, EvaluationSettings
 from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Unit
@@ -89,10 +90,14 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
                                                                     "curve_longest": 64}, "seed": 0})
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
     settings = EvaluationSettings.of(estimate_cfg.evaluation, estimate_cfg.data.seq_len)
-    with_entry = CostEstimate(val, estimate_cfg, settings, model=model).evaluation_forward_tokens(model, 1000)
+    def estimate():
+        return CostEstimate(TrainedRun(model, None, "model"), val, settings, tokens_per_step=8 * 16,
+                            epoch_tokens=400 * 8 * 16)
+
+    with_entry = estimate().evaluation_forward_tokens(1000)
     ENTRIES.remove(ENTRIES[-1])
     try:
-        without = CostEstimate(val, estimate_cfg, settings, model=model).evaluation_forward_tokens(model, 1000)
+        without = estimate().evaluation_forward_tokens(1000)
     finally:
         ENTRIES.append(RepeatsEntry())
     assert with_entry - without == COST

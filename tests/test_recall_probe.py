@@ -523,7 +523,8 @@ def test_a_probe_run_weighs_its_recall_targets_as_training_recall_weight_says(co
 
     cfg = compose_config("probe=recall", f"data.path={tiny_corpus}", "training.recall_weight=12",
                          "probe.validation.distances=[4]", "probe.validation.min_targets=1")
-    task = prepare(cfg).task
+    task = prepare(validate(cfg)).task
     closing = task.tokenizer.encode(MARKERS[1])[0]
     assert (task.recall_cue, task.recall_weight) == (closing, 12.0)
-    assert prepare(compose_config(f"data.path={tiny_corpus}", "training.recall_weight=12")).task.recall_weight == 1
+    without_probe = validate(compose_config(f"data.path={tiny_corpus}", "training.recall_weight=12"))
+    assert prepare(without_probe).task.recall_weight == 1

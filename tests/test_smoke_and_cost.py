@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.scoring import CostEstimate
+from gru_experiments.runs.trained_run import TrainedRun
 from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
+from gru_experiments.study.cost import describe_estimate
 from gru_experiments.study.evaluation import FIGURES, EvaluationSettings
 from gru_experiments.study.plan import BEST
 from gru_experiments.study.scores import Split
@@ -68,7 +70,7 @@ def test_the_estimate_adds_training_validation_and_evaluation():
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
     cfg = _cfg()
     rng = torch.get_rng_state()
-    estimate = CostEstimate(_val(), cfg, _settings(cfg), model=model).compute(Trainer(), step_seconds=0.5)
+    estimate = _estimate(model, cfg).compute(Trainer(), step_seconds=0.5)
     assert torch.equal(torch.get_rng_state(), rng)  # its timing draws nothing: training's dropout masks stay the same
     assert estimate["steps_left"] == 900 and estimate["train_seconds"] == 450
     # The estimate times the very plans the run executes: the final weights', and the best checkpoint's apart.
@@ -79,7 +81,7 @@ def test_the_estimate_adds_training_validation_and_evaluation():
     assert estimate["eval_seconds"] > 0 and estimate["best_seconds"] > 0
     assert estimate["total_seconds"] == pytest.approx(
         estimate["train_seconds"] + estimate["validation_seconds"] + estimate["eval_seconds"])
-    assert "estimated time left" in CostEstimate.describe(estimate)
+    assert "estimated time left" in describe_estimate(estimate)
 
 
 def test_the_estimate_counts_the_validations_that_max_steps_leaves():
@@ -88,9 +90,9 @@ def test_the_estimate_counts_the_validations_that_max_steps_leaves():
         max_steps, global_step, max_epochs, current_epoch, num_training_batches = 200, 10, 20, 0, 400
 
     model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
-    one = CostEstimate(_val(), _cfg(), _settings(_cfg()), model=model).compute(Trainer(), step_seconds=0.5)
+    one = _estimate(model, _cfg()).compute(Trainer(), step_seconds=0.5)
     Trainer.max_steps = 8000
-    twenty = CostEstimate(_val(), _cfg(), _settings(_cfg()), model=model).compute(Trainer(), step_seconds=0.5)
+    twenty = _estimate(model, _cfg()).compute(Trainer(), step_seconds=0.5)
     assert twenty["validation_seconds"] == pytest.approx(20 * one["validation_seconds"])
 
 
@@ -100,6 +102,12 @@ def _val():
 
 def _settings(cfg):
     return EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
+
+
+def _estimate(model, cfg) -> CostEstimate:
+    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+    return CostEstimate(TrainedRun(model, None, "model"), _val(), _settings(cfg), tokens_per_step=tokens_per_step,
+                        epoch_tokens=cfg.model.steps_per_epoch * tokens_per_step)
 
 
 def _cfg():

@@ -305,11 +305,15 @@ def test_only_multirun_ddp_jobs_run_in_their_own_process(compose_config, monkeyp
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
     monkeypatch.setattr(distributed, "multirun_sweep_dir", lambda: "/sweeps/s1")
-    assert distributed.needs_own_process(compose_config("trainer=ddp"))
-    assert not distributed.needs_own_process(compose_config())  # strategy auto: one process
-    assert not distributed.needs_own_process(compose_config("trainer=ddp", "trainer.strategy=ddp_spawn"))
+
+    def strategy(*overrides):  # as train.py passes it
+        return compose_config(*overrides).trainer.get("strategy")
+
+    assert distributed.needs_own_process(strategy("trainer=ddp"))
+    assert not distributed.needs_own_process(strategy())  # strategy auto: one process
+    assert not distributed.needs_own_process(strategy("trainer=ddp", "trainer.strategy=ddp_spawn"))
     monkeypatch.setenv("LOCAL_RANK", "0")  # ranks started by torchrun or SLURM
-    assert not distributed.needs_own_process(compose_config("trainer=ddp"))
+    assert not distributed.needs_own_process(strategy("trainer=ddp"))
     monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setattr(distributed, "multirun_sweep_dir", lambda: None)  # a single run
-    assert not distributed.needs_own_process(compose_config("trainer=ddp"))
+    assert not distributed.needs_own_process(strategy("trainer=ddp"))

@@ -102,13 +102,14 @@ class CorpusText:
     sha256: str  # of the file's plain bytes (an .xz file's decompressed): `sha256sum FILE` for a plain text file
 
 
-def load_corpus(data_cfg) -> CorpusText:
-    """The corpus data_cfg names (`corpus_path`), read, and checked against data.sha256 where that is given with
-    data.path (a shipped corpus is checked against its own, a download as it is fetched)."""
-    source = corpus_path(data_cfg.path, data_cfg.url, data_cfg.get("sha256"), data_cfg.cache_dir)
+def load_corpus(data) -> CorpusText:
+    """The corpus the data group (a mapping: RunSpec.data) names (`corpus_path`), read, and checked against
+    data.sha256 where that is given with data.path (a shipped corpus is checked against its own, a download as it is
+    fetched)."""
+    source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
     corpus = read_corpus_text(source)
-    if data_cfg.path and data_cfg.get("sha256") and corpus.sha256 != data_cfg.sha256:
-        raise UserError(f"corpus file {source} has sha256 {corpus.sha256}, but data.sha256={data_cfg.sha256}: it is "
+    if data["path"] and data.get("sha256") and corpus.sha256 != data["sha256"]:
+        raise UserError(f"corpus file {source} has sha256 {corpus.sha256}, but data.sha256={data['sha256']}: it is "
                         "not the text that hash names (changed since?); give that text, or the file's sha256, or "
                         "leave data.sha256 out")
     return corpus
@@ -172,29 +173,31 @@ class Corpus:
     sha256: str | None = None  # of the corpus file (CorpusText.sha256): summary.json and checkpoints record it
 
 
-def prepare_corpus(data_cfg, tokenizer_cfg, tokenizer_cache_dir, probe: ProbeSettings | None = None,
+def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSettings | None = None,
                    seed: int = 0, loaded: CorpusText | None = None) -> Corpus:
     """Load (or take `loaded`: load_corpus's), split, fit the tokenizer, encode both splits; with `probe`, the recall
-    probe seeded `seed`. The char vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8
-    text trains) and the probe's; SentencePiece learns its pieces from the training split only."""
-    if probe is not None and tokenizer_cfg.kind != "char":
+    probe seeded `seed`. `data` and `tokenizer_settings`: those config groups as mappings (RunSpec's). The char
+    vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8 text trains) and the probe's;
+    SentencePiece learns its pieces from the training split only."""
+    kind = tokenizer_settings["kind"]
+    if probe is not None and kind != "char":
         raise UserError(NEEDS_CHAR)
-    settings = {k: v for k, v in dict(tokenizer_cfg).items() if k != "kind"}
-    loaded = loaded or load_corpus(data_cfg)
+    settings = {k: v for k, v in dict(tokenizer_settings).items() if k != "kind"}
+    loaded = loaded or load_corpus(data)
     source, text = loaded.source, loaded.text
-    if (crlf := text.count("\r\n")) and tokenizer_cfg.kind == "char":
+    if (crlf := text.count("\r\n")) and kind == "char":
         print(f"corpus {source} has Windows line ends ({crlf:,} of \\r\\n): \\r is a character of its own in the "
               "vocabulary, predicted before every line end; to leave it out, convert the file first, e.g. dos2unix")
-    train_text, val_text = split_text(text, data_cfg.train_fraction)
+    train_text, val_text = split_text(text, data["train_fraction"])
     # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
-    check_long_enough(len(train_text), len(val_text), data_cfg.seq_len, "characters", source)
+    check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source)
     symbols = probe_symbols(text, probe.keys) if probe is not None else None
-    fit_text = text if tokenizer_cfg.kind == "char" else train_text
+    fit_text = text if kind == "char" else train_text
     extra = [symbols.opening, symbols.closing, *symbols.keys] if symbols else []
-    tokenizer = build_tokenizer(tokenizer_cfg.kind, fit_text, tokenizer_cache_dir, extra, **settings)
+    tokenizer = build_tokenizer(kind, fit_text, tokenizer_cache_dir, extra, **settings)
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
     corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source, sha256=loaded.sha256)
-    check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data_cfg.seq_len, "tokens", source)
+    check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data["seq_len"], "tokens", source)
     if probe is not None:
         corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)
     return corpus

@@ -1,14 +1,19 @@
 """A value that would fail later or silently do something else, refused before any work starts: `validate(cfg)`
-raises a UserError naming the key, the value and what is allowed (the engine: validation.py).
+raises a UserError naming the key, the value and what is allowed (the engine: validation.py), and returns the run's
+`RunSpec`: below train(), what the config asks for is read from it, never from the config (tests/test_spec.py).
 """
 
 import importlib.util
 import inspect
-from typing import NamedTuple, get_args
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_args
+
+from omegaconf import OmegaConf
 
 from gru_experiments.data.recall_probe import ProbeSettings
 from gru_experiments.errors import UserError
-from gru_experiments.runs.recipe import Recipe
+from gru_experiments.runs.recipe import Recipe, recipe_length
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.validation import (
     MISSING,
@@ -128,14 +133,86 @@ def check_choices(overrides) -> None:
                         "(conf/experiment/); give one of the two")
 
 
-class Checked(NamedTuple):
-    """What a checked config builds, once (a counted model has no recipe; probe None: off)."""
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run as its checked config asks for it, built once (`validate`), in plain values: nothing below
+    train() reads the config itself. Its dicts are plain containers, resolved (but `config`), read and never changed."""
+    # The model: its name, seed and architecture (_target_ and the class's settings: models/protocol.py); a trained
+    # family's recipe (conf/optim/, model.lr), None for a counted one; the recipe's length (recipe.recipe_length).
+    model_name: str
+    seed: int
+    architecture: dict
     recipe: Recipe | None
+    lr: float | None
+    epochs: int
+    steps_per_epoch: int
+    # The data: the data and tokenizer groups as data/corpus.py reads them, the windows and their batches
+    # (windows | streams: conf/training/), and the recall probe (None: off) and its targets' weight in the loss.
+    data: dict
+    tokenizer: dict
+    seq_len: int
+    batch_size: int
+    eval_batch_size: int
+    batching: str
     probe: ProbeSettings | None
+    recall_weight: float
+    # The evaluation group, built; evaluation_window: evaluation.window as given (None: the training window).
     evaluation: EvaluationSettings
+    evaluation_window: int | None
+    # The trainer group (for hydra.utils.instantiate) and what the run reads of it and beside it: a smoke run
+    # (trainer.fast_dev_run), progress bars, precision, bf16 matmuls, CUDA graphs, checkpoints every N steps (0: at
+    # epoch ends only); early stopping's and the logger's settings with their _target_ (None: off).
+    trainer: dict
+    smoke: bool
+    progress_bars: bool
+    precision: str | int | None
+    low_precision_matmuls: str
+    cuda_graphs: bool
+    checkpoint_every_n_steps: int
+    early_stopping: dict | None
+    logger: dict | None
+    # Where it writes and reads: its run folder, the outputs folder, the data folder (downloads, tokenizers).
+    output_dir: Path
+    log_dir: Path
+    data_dir: Path
+    # The whole config: unresolved, as recorded (.hydra/, the checkpoints' run_config); resolved (the loggers').
+    config: dict
+    resolved_config: dict
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @classmethod
+    def of(cls, cfg, recipe: Recipe | None, probe: ProbeSettings | None, evaluation: EvaluationSettings) -> "RunSpec":
+        """The spec of a checked config, with what validation built of it."""
+        def plain(key: str):
+            node = OmegaConf.select(cfg, key, default=None)
+            return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+        epochs, steps_per_epoch = recipe_length(cfg)
+        trainer, stopping, logger = plain("trainer"), plain("early_stopping"), plain("logger")
+        return cls(
+            model_name=cfg.model.name, seed=cfg.seed, architecture=plain("model.architecture"), recipe=recipe,
+            lr=cfg.model.get("lr"), epochs=epochs, steps_per_epoch=steps_per_epoch,
+            data=plain("data"), tokenizer=plain("tokenizer"), seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size,
+            eval_batch_size=cfg.data.eval_batch_size,
+            batching=plain("training.batching") or "windows",  # "windows": configs from before training=
+            probe=probe, recall_weight=OmegaConf.select(cfg, "training.recall_weight", default=1),
+            evaluation=evaluation, evaluation_window=plain("evaluation.window"),
+            trainer=trainer, smoke=bool(trainer.get("fast_dev_run", False)),
+            progress_bars=bool(trainer.get("enable_progress_bar", True)), precision=trainer.get("precision"),
+            low_precision_matmuls=cfg.get("low_precision_matmuls") or "never",
+            cuda_graphs=OmegaConf.select(cfg, "cuda_graphs", default=True),
+            checkpoint_every_n_steps=OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0) or 0,
+            early_stopping=stopping if stopping and stopping.get("patience") is not None else None,
+            logger=logger if logger and "_target_" in logger else None,
+            output_dir=Path(cfg.paths.output_dir), log_dir=Path(cfg.paths.log_dir), data_dir=Path(cfg.paths.data_dir),
+            config=OmegaConf.to_container(cfg, resolve=False),
+            resolved_config=OmegaConf.to_container(cfg, resolve=True))
 
 
-def validate(cfg) -> Checked:
+def validate(cfg) -> RunSpec:
     from hydra.core.hydra_config import HydraConfig
 
     from gru_experiments.runs.stopping import check_settings  # imports Lightning: only when validating
@@ -162,7 +239,7 @@ def validate(cfg) -> Checked:
         from gru_experiments.runs.loggers import wandb_mode
 
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
-    return Checked(recipe, probe, evaluation)
+    return RunSpec.of(cfg, recipe, probe, evaluation)
 
 
 def check_probe(cfg) -> ProbeSettings | None:
@@ -222,9 +299,9 @@ def check_window(cfg, model) -> None:
                     f"tokens (model.architecture.{setting}); set data.seq_len <= {context} or a larger {setting}")
 
 
-def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
+def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> None:
     """A context and a batch against the training split, the windowed mode's window against the validation split."""
-    name, seq_len, batch_size = select(cfg, "model.name"), cfg.data.seq_len, cfg.data.batch_size
+    name, seq_len, batch_size = spec.model_name, spec.seq_len, spec.batch_size
     if model.context is not None and train_tokens < model.context + 1:
         raise UserError(f"the training split has {train_tokens} tokens, fewer than one context of {name} "
                         f"({model.context} tokens and the one they predict); use a longer corpus or a smaller context")
@@ -232,9 +309,9 @@ def check_sizes(cfg, model, train_tokens: int, val_tokens: int) -> None:
         raise UserError(f"data.batch_size={batch_size} x data.seq_len={seq_len} is {batch_size * seq_len:,} tokens a "
                         f"batch, more than the training split's {train_tokens:,}: set data.batch_size to at most "
                         f"{max(train_tokens // seq_len, 1):,}")
-    EvaluationSettings.of(cfg.evaluation, seq_len).check_streams(val_tokens - 1)
-    window = select(cfg, "evaluation.window")
-    if is_int(window) and window >= val_tokens - 1:
+    spec.evaluation.check_streams(val_tokens - 1)
+    window = spec.evaluation_window
+    if window is not None and window >= val_tokens - 1:
         raise UserError(f"evaluation.window={window:,} is not shorter than the validation split ({val_tokens - 1:,} "
                         "targets): no target has that much context before it, so the windowed figures would measure "
                         f"nothing; set evaluation.window below {val_tokens - 1:,}, or null (the training data.seq_len)")
@@ -257,3 +334,4 @@ def _model_fact(architecture, fact):
         return fact(meta_model(architecture))
     except Exception:  # noqa: BLE001 - bookkeeping never raises
         return None
+

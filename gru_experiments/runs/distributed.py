@@ -1,6 +1,7 @@
 """DDP inside a Hydra multirun: Lightning starts ranks 1..N-1 by re-running the current command line, which in a
 multirun job is the whole sweep. So such a job runs itself as a single run in a child process (`train.py <its
-overrides> hydra.run.dir=<job folder>`). Ranks that SLURM or torchrun start need none of this.
+overrides> hydra.run.dir=<job folder>`). Ranks that SLURM or torchrun start need none of this. train.py asks
+`needs_own_process` and runs `run_in_own_process` inside jobs.job, which records a failed child.
 """
 
 import os
@@ -8,9 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from gru_experiments.runs.jobs import job
 from gru_experiments.runs.loggers import multirun_sweep_dir, sweep_group
 from gru_experiments.runs.run_dir import RunDir
 
@@ -21,30 +19,29 @@ def ranks_started_externally() -> bool:
     return "LOCAL_RANK" in os.environ or SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
 
 
-def needs_own_process(cfg: DictConfig) -> bool:
-    """A multirun job whose Trainer would start DDP ranks by re-running the script."""
-    strategy = str(cfg.trainer.get("strategy", "auto"))
+def needs_own_process(strategy) -> bool:
+    """A multirun job whose Trainer (its trainer.strategy, `strategy`) would start DDP ranks by re-running the
+    script."""
+    strategy = str(strategy or "auto")
     script_launched_ddp = strategy.startswith("ddp") and not any(
         kind in strategy for kind in ("spawn", "fork", "notebook"))
     return script_launched_ddp and multirun_sweep_dir() is not None and not ranks_started_externally()
 
 
-def run_in_own_process(cfg: DictConfig, script: str) -> dict:
-    """Run this multirun job in a child process; its summary. A failed child raises inside jobs.job, which
-    records the failure (the child, a single run, records none)."""
+def run_in_own_process(script: str, logger: dict | None) -> dict:
+    """Run this multirun job in a child process (`logger`: the logger group's settings); its summary. A failed child
+    raises (the child, a single run, records no failure: the job around this call does)."""
     from hydra.core.hydra_config import HydraConfig
 
-    with job(cfg, record=True):
-        hydra_cfg = HydraConfig.get()
-        output_dir = Path(hydra_cfg.runtime.output_dir)
-        command = [sys.executable, str(Path(script).resolve()), *hydra_cfg.overrides.task,
-                   f'hydra.run.dir="{output_dir}"',
-                   f"hydra.job.num={hydra_cfg.job.num}"]  # in the .hydra/ it records: the job's place in the sweep
-        logger_cfg = cfg.get("logger")
-        if logger_cfg and "group" in logger_cfg:  # keep the sweep's W&B group in the single run
-            command.append(f'logger.group="{sweep_group(logger_cfg.group, multirun_sweep_dir())}"')
-        print(f"DDP in a multirun job: training in a child process: {' '.join(command)}", flush=True)
-        code = subprocess.run(command, check=False).returncode
-        if code != 0:
-            raise RuntimeError(f"the training process of {output_dir} exited with code {code}")
-        return RunDir(output_dir).summary()
+    hydra_cfg = HydraConfig.get()
+    output_dir = Path(hydra_cfg.runtime.output_dir)
+    command = [sys.executable, str(Path(script).resolve()), *hydra_cfg.overrides.task,
+               f'hydra.run.dir="{output_dir}"',
+               f"hydra.job.num={hydra_cfg.job.num}"]  # in the .hydra/ it records: the job's place in the sweep
+    if logger and "group" in logger:  # keep the sweep's W&B group in the single run
+        command.append(f'logger.group="{sweep_group(logger["group"], multirun_sweep_dir())}"')
+    print(f"DDP in a multirun job: training in a child process: {' '.join(command)}", flush=True)
+    code = subprocess.run(command, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"the training process of {output_dir} exited with code {code}")
+    return RunDir(output_dir).summary()

@@ -1,6 +1,9 @@
 """What happens when a job fails, in one place: every job runs inside `job(cfg, record=..., report=...)`, which
 records the failed run, closes the logger, and turns a UserError or a full disk into one line and an exit status
 (docs/internals.md, *When a job fails*). Imports nothing heavy, so scripts can use it first.
+
+Part of the config layer (with the entry points, runs/checks.py and runs/resume.py): it reads the job's config
+itself, since a failure is recorded whether or not that config passed validation.
 """
 
 import os
@@ -16,7 +19,7 @@ from typing import Iterator
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from gru_experiments.errors import RunFolderTaken, TrainingDiverged, UserError
 from gru_experiments.files import disk_error
@@ -83,8 +86,10 @@ def record_failure(cfg, logger, error: Exception, seconds: float):
     }
     run.write_summary(summary)
     if not (run.path / HYDRA).is_dir():  # failed before train() recorded it: the sweep report finds a job by it
-        run.record_config(cfg)
-    logger = logger or build_logger(cfg.get("logger"), cfg)
+        run.record_config(OmegaConf.to_container(cfg, resolve=False))
+    if not logger and cfg.get("logger"):
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        logger = build_logger(plain["logger"], plain)
     if is_wandb(logger):
         logger.experiment.summary.update({"status": "failed", "error": summary["error"]})
     return logger
@@ -102,14 +107,14 @@ def _exit_with_one_line(error, cfg, status: int = EXIT_USER_ERROR) -> None:
     print(message, file=sys.stderr, flush=True)
     if multirun_job():
         raise JobFailed(f"error: multirun job {HydraConfig.get().job.num} failed: {one_line(error)}") from None
-    discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if isinstance(cfg, DictConfig) else None, error)
+    discard_untouched_run_dir(OmegaConf.select(cfg, "paths.log_dir") if OmegaConf.is_config(cfg) else None, error)
     sys.exit(status)
 
 
 def disk_full_message(error: OSError, cfg) -> str:
     """The file a full disk stopped, the run's last good checkpoint and the command that resumes from it."""
     what = f"could not write {error.filename}" if error.filename else "could not write a file"
-    run_dir = OmegaConf.select(cfg, "paths.output_dir") if isinstance(cfg, DictConfig) else None
+    run_dir = OmegaConf.select(cfg, "paths.output_dir") if OmegaConf.is_config(cfg) else None
     path = RunDir(run_dir).checkpoint if run_dir else None
     if path is None or not path.is_file():
         return f"no space left on device: {what}; free some space, then run the same command again"

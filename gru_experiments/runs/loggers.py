@@ -14,7 +14,6 @@ from urllib.parse import urlparse
 
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
-from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
@@ -126,28 +125,29 @@ def setting_name() -> str | None:
     return name if len(name) <= 64 else f"{name[:55]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
-def build_logger(logger_cfg: DictConfig | None, config: DictConfig, wandb_id: str | None = None,
+def build_logger(settings: dict | None, hyperparameters: dict, wandb_id: str | None = None,
                  csv_version: str | None = None):
-    """The configured Lightning logger (False: logger=none) with the resolved config. A resume passes its W&B run
-    id, and a CSV version folder of its own (CSVLogger deletes an existing metrics.csv)."""
-    if not logger_cfg or "_target_" not in logger_cfg:
+    """The Lightning logger of the logger group's `settings` (its keys, _target_ included; False: logger=none), with
+    the run's resolved config as its `hyperparameters`. A resume passes its W&B run id, and a CSV version folder of
+    its own (CSVLogger deletes an existing metrics.csv)."""
+    if not settings or "_target_" not in settings:
         return False
-    kwargs = {}
-    if logger_cfg._target_.endswith("WandbLogger"):
+    kwargs, target = {}, settings["_target_"]
+    if target.endswith("WandbLogger"):
         kwargs["mode"] = wandb_mode()
         if wandb_id:
             kwargs["id"] = wandb_id
-        if logger_cfg.get("group") is None and (sweep_dir := multirun_sweep_dir()):
+        if settings.get("group") is None and (sweep_dir := multirun_sweep_dir()):
             kwargs["group"] = sweep_group(None, sweep_dir)  # all jobs of one sweep in one W&B group
-        if logger_cfg.get("job_type") is None and (setting := setting_name()):
+        if settings.get("job_type") is None and (setting := setting_name()):
             kwargs["job_type"] = setting  # a setting's seeds side by side: W&B groups the runs by it
-        os.makedirs(logger_cfg.save_dir, exist_ok=True)
-    if logger_cfg._target_.endswith("CSVLogger") and csv_version:
+        os.makedirs(settings["save_dir"], exist_ok=True)
+    if target.endswith("CSVLogger") and csv_version:
         kwargs["version"] = csv_version
-    logger = instantiate(logger_cfg, **kwargs)
+    logger = instantiate(settings, **kwargs)
     if is_wandb(logger) and logger._wandb_init.get("anonymous") is None:
         del logger._wandb_init["anonymous"]  # Lightning passes anonymous=None, which wandb warns has no effect
-    logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
+    logger.log_hyperparams(hyperparameters)
     return logger
 
 

@@ -86,7 +86,8 @@ class Recipe:
 
 
 def recipe_length(cfg) -> tuple[int, int]:
-    """(model.epochs, model.steps_per_epoch), for the trainer and the batches; a counted model: (1, 1)."""
+    """A config's (model.epochs, model.steps_per_epoch), for the trainer and the batches; a counted model: (1, 1)
+    unless set. Read once, into RunSpec.epochs and .steps_per_epoch (runs/checks.py)."""
     return (OmegaConf.select(cfg, "model.epochs", default=None) or 1,
             OmegaConf.select(cfg, "model.steps_per_epoch", default=None) or 1)
 

@@ -2,6 +2,9 @@
 started with (python train.py resume=last | resume=RUN_DIR): conf/hydra points the job at the run's folder
 (run_dir.run_folder); inside train(), `resume_run` builds the run's own config and checks it, and
 `record_resume` records the resume. How, and what a resume may not change: docs/internals.md, *Resuming a run*.
+
+Part of the config layer (with the entry points, runs/checks.py and runs/jobs.py): it composes the resumed run's
+config from the saved one and this command's, and checks it, before validation builds the run's spec from it.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.run_dir import CHECKPOINTS, HYDRA, LAST_CHECKPOINT, RunDir, newest_run
@@ -243,7 +246,7 @@ def saved_config(run: RunDir, point: ResumePoint):
         saved, problem = run.config(), None
         if saved is None:
             problem = f"{where} is missing"
-        elif not isinstance(saved, DictConfig):
+        elif not OmegaConf.is_dict(saved):
             saved, problem = None, f"{where} is damaged (not a mapping of keys)"
     except (YAMLError, OmegaConfBaseException, UnicodeDecodeError, ValueError) as error:
         saved, problem = None, f"{where} is damaged ({str(error).splitlines()[0]})"
@@ -278,7 +281,7 @@ def _keys(config, prefix: str = "") -> list[str]:
     keys = []
     for key in config:
         value, dotted = config._get_node(key), f"{prefix}{key}"
-        keys += _keys(value, dotted + ".") if isinstance(value, DictConfig) and len(value) else [dotted]
+        keys += _keys(value, dotted + ".") if OmegaConf.is_dict(value) and len(value) else [dotted]
     return keys
 
 
@@ -324,10 +327,10 @@ def resumed_config(saved, composed, overrides: list[str], choices=None, today=No
     return merged
 
 
-def record_resume(run: RunDir, cfg) -> None:
-    """This resume's config in .hydra/resumed_<time>/ (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes
-    them), once every check has passed; the first part's .hydra/ stays as it was. Nothing without Hydra
-    (train(cfg) called directly)."""
-    run.record_config(cfg, subdir=f"{HYDRA}/resumed_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S_%f')}")
+def record_resume(run: RunDir, config: dict) -> None:
+    """This resume's config (unresolved, a container) in .hydra/resumed_<time>/ (config.yaml, hydra.yaml,
+    overrides.yaml, as Hydra writes them), once every check has passed; the first part's .hydra/ stays as it was.
+    Nothing without Hydra (train(cfg) called directly)."""
+    run.record_config(config, subdir=f"{HYDRA}/resumed_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S_%f')}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from gru_experiments.errors import RunFolderTaken, UserError
 from gru_experiments.files import read_json, write_json
@@ -147,9 +147,10 @@ class RunDir:
     def write_summary(self, summary: dict) -> Path:
         return write_json(self.summary_file, summary)
 
-    def record_config(self, config, subdir: str = HYDRA) -> Path | None:
-        """This job's config record (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes them) in `subdir`
-        (.hydra, or .hydra/resumed_<time> for a resume): Hydra records nothing when a training job starts
+    def record_config(self, config: dict, subdir: str = HYDRA) -> Path | None:
+        """This job's config record (config.yaml of `config`, the run's config as a container, unresolved;
+        hydra.yaml, overrides.yaml; as Hydra writes them) in `subdir` (.hydra, or .hydra/resumed_<time> for a
+        resume): Hydra records nothing when a training job starts
         (conf/hydra/default.yaml), so train() records it here once the folder is its own and every check has
         passed. Returns that folder; None without Hydra (train(cfg) called directly)."""
         from hydra.core.hydra_config import HydraConfig
@@ -267,10 +268,10 @@ PACKAGE = "gru_experiments."
 
 
 def older_layout(record) -> str | None:
-    """What marks a run's config or a checkpoint's hyper-parameters (a DictConfig or dict) as of an older layout, said
+    """What marks a run's config or a checkpoint's hyper-parameters (a config or a dict) as of an older layout, said
     as `key=value` (a recipe or model named for the seed, a model class from before models/ or none, a key gone
     since), or None for today's."""
-    plain = OmegaConf.to_container(record, resolve=False) if isinstance(record, DictConfig) else record
+    plain = OmegaConf.to_container(record, resolve=False) if OmegaConf.is_config(record) else record
     if not isinstance(plain, dict):
         return None
 

@@ -1,7 +1,8 @@
 """Early stopping (conf/early_stopping/): Lightning's EarlyStopping, which also records the training step of its
 best score and of its stop, in its state (so in every checkpoint: a resume keeps them, as it keeps the wait count
-and the best score). `build_early_stopping(cfg)` makes it from the config group, or None when it is off; the
-run's record of it in summary.json: `stopping_summary`.
+and the best score). `check_settings(cfg)` checks the config group (validation: runs/checks.py);
+`build_early_stopping` makes the callback of its settings (RunSpec.early_stopping), or None when it is off; the run's
+record of it in summary.json: `stopping_summary`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import inspect
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
-from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.validation import MISSING, Rule, check_rules, int_at_least, is_number, non_negative_number, select
@@ -113,31 +113,26 @@ def check_settings(cfg) -> None:
                   "(early_stopping.patience=null); early_stopping.patience=N turns it on")
 
 
-def settings(cfg) -> dict | None:
-    """The early_stopping group's keys (without _target_), or None when it is off (absent, or patience null)."""
-    group = OmegaConf.select(cfg, "early_stopping", default=None)
-    if group is None or group.get("patience") is None:
-        return None
-    return {key: value for key, value in OmegaConf.to_container(group, resolve=True).items() if key != "_target_"}
-
-
-def build_early_stopping(cfg) -> EarlyStopping | None:
-    """The callback, or None when early stopping is off; a key its class does not take: a UserError."""
-    if settings(cfg) is None:
+def build_early_stopping(settings: dict | None) -> EarlyStopping | None:
+    """The callback of the group's `settings` (its keys, _target_ included; None: early stopping is off, no callback);
+    a key its class does not take: a UserError."""
+    if settings is None:
         return None
     try:
-        return instantiate(cfg.early_stopping)
+        return instantiate(settings)
     except Exception as err:  # noqa: BLE001 - Hydra wraps the class's TypeError
         reason = str(err.__cause__ or err).splitlines()[0]
         raise UserError(f"early_stopping: {reason} (conf/early_stopping/default.yaml lists the keys)") from None
 
 
-def stopping_summary(cfg, callback: EarlyStopping | None) -> dict:
-    """summary.json's record: early_stopping (the settings, or None: off), stopped_early, stopped_at_step,
-    stop_reason (None unless it stopped) and early_stopping_best_step (the step of its best validation)."""
+def stopping_summary(settings: dict | None, callback: EarlyStopping | None) -> dict:
+    """summary.json's record: early_stopping (the group's `settings` without _target_, or None: off), stopped_early,
+    stopped_at_step, stop_reason (None unless it stopped) and early_stopping_best_step (the step of its best
+    validation)."""
     stopped = callback is not None and callback.stopped
     return {
-        "early_stopping": settings(cfg) if callback is not None else None,  # a counted model: never stopped
+        "early_stopping": ({key: value for key, value in settings.items() if key != "_target_"}
+                           if callback is not None else None),  # a counted model: never stopped
         "stopped_early": stopped,
         "stopped_at_step": callback.stopped_step if stopped else None,
         "stop_reason": callback.reason() if stopped else None,

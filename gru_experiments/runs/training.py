@@ -1,6 +1,7 @@
-"""One training run, from a composed config to summary.json, in named steps:
+"""One training run, from a composed config to summary.json, in named steps: train(cfg) resolves a resume and
+validates the config into the run's RunSpec (runs/checks.py); every step after reads the spec, never the config.
 
-    prepare       check the config, read the corpus, build the model and the batches (nothing written)
+    prepare       read the corpus, build the model and the batches (nothing written)
     fit_or_count  the run folder, loggers and checkpoints; train the model (or count an n-gram)
     summarize     the run's record: what was trained, how, and its final validation
     score         the evaluation of the final weights and the best checkpoint, the samples (runs/scoring.py)
@@ -18,7 +19,6 @@ from pathlib import Path
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import load_corpus, prepare_corpus
@@ -35,37 +35,30 @@ from gru_experiments.runs.checkpoints import (
     resume_epoch_ends_exactly,
     weight_shapes,
 )
-from gru_experiments.runs.checks import check_sizes, validate
+from gru_experiments.runs.checks import RunSpec, check_sizes, validate
 from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
-from gru_experiments.runs.recipe import recipe_length
 from gru_experiments.runs.resume import record_resume, resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
 from gru_experiments.runs.stopping import EarlyStopping, build_early_stopping, stopping_summary
 from gru_experiments.runs.task import LanguageModelTask
-from gru_experiments.study.evaluation import EvaluationSettings
+from gru_experiments.runs.trained_run import TrainedRun
 from gru_experiments.study.scores import Split, score_chunks
 
 SMOKE_VAL_TOKENS = 1024
 
 
-def is_smoke(cfg) -> bool:
-    return bool(OmegaConf.select(cfg, "trainer.fast_dev_run", default=False))
-
-
 @dataclass
 class Run:
     """What the steps hand on."""
-    cfg: DictConfig
+    spec: RunSpec
     resume: object
     folder: RunDir
     corpus: object
     task: LanguageModelTask
     data: CorpusDataModule
     val: Split
-    batching: str
-    settings: EvaluationSettings  # the evaluation group, built once (runs/checks.validate)
     parameters: int | None = None
     trainer: L.Trainer | None = None
     checkpoints: tuple = ()
@@ -74,82 +67,86 @@ class Run:
     stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
 
 
-def train(cfg: DictConfig) -> dict:
-    """Train, score and summarise one model; bad input is refused before anything is written. A failure is
-    recorded by jobs.job (a multirun job's summary.json says "failed"); the checkpoints stay for resume=."""
+def train(cfg) -> dict:
+    """Train, score and summarise one model of its composed config (train.py's, api.train's); bad input is refused
+    before anything is written. A failure is recorded by jobs.job (a multirun job's summary.json says "failed"); the
+    checkpoints stay for resume=."""
     with job(cfg, record=True) as current, ExitStack() as held:  # held: the run folder's lock (RunDir.hold)
         quiet_console()
-        new_run = cfg.get("resume") is None and is_first_rank()  # a resume takes the folder in prepare
+        new_run = cfg.get("resume") is None and is_first_rank()  # a resume takes the folder in resume_run
         if new_run:
             RunDir(cfg.paths.output_dir).refuse_new_run()  # a folder holds one run: refused before any work
-        run = prepare(cfg, held)
+        # a resume: the run's own config, with this command's overrides; the run folder's lock taken into `held`
+        cfg, resume = resume_run(cfg, held if is_first_rank() else None)
+        run = prepare(validate(cfg), resume)  # bad values fail in validate, before any work
         if new_run:
             held.enter_context(run.folder.hold())
             run.folder.refuse_new_run()  # again, held: another process may have trained there meanwhile
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
-        with cuda_graphs(OmegaConf.select(run.cfg, "cuda_graphs", default=True)):
+        with cuda_graphs(run.spec.cuda_graphs):
             fit_or_count(run, current)
             summary = summarize(run, current)
             # Every DDP rank holds the same weights; only rank zero scores and writes.
             if run.trainer.is_global_zero:
-                samples = score_run(run.cfg, run.task.model, run.data.train_ids, run.val, summary, run.logger,
-                                    run.task.tokenizer, run.corpus.probe, run.settings)
+                samples = score_run(in_memory(run), run.val, summary, run.logger, run.spec.evaluation,
+                                    train_ids=run.data.train_ids, probe=run.corpus.probe,
+                                    eval_batch_size=run.spec.eval_batch_size, progress_bars=run.spec.progress_bars)
                 write(run, summary, samples, current)
         return summary
 
 
-def prepare(cfg: DictConfig, held=None) -> Run:
-    """Check everything and build the model and its data; write nothing (input errors leave nothing) but the run
-    folder's lock, taken into `held` on a resume."""
-    # a resume: the run's own config, with this command's overrides
-    cfg, resume = resume_run(cfg, held if is_first_rank() else None)
-    checked = validate(cfg)  # bad values fail here, before any work; the settings are built once, here
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    loaded = load_corpus(cfg.data)  # read and checked against data.sha256
+def in_memory(run: Run) -> TrainedRun:
+    """The run's weights in memory as the trained run the evaluation door takes (runs/trained_run.py)."""
+    spec = run.spec
+    return TrainedRun(run.task.model, run.corpus.tokenizer, spec.model_name, folder=run.folder, data=spec.data,
+                      evaluation=spec.resolved_config.get("evaluation"), seed=spec.seed, data_dir=spec.data_dir)
+
+
+def prepare(spec: RunSpec, resume=None) -> Run:
+    """Build the model and its data (`resume`: resume.resume_run's point, checked against them); write nothing, so
+    that input errors leave nothing."""
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+    loaded = load_corpus(spec.data)  # read and checked against data.sha256
     if resume is not None:
         resume.check_corpus(loaded)  # the text the run trained on, before any tokenizer is built for another
-    corpus = prepare_corpus(cfg.data, cfg.tokenizer, Path(cfg.paths.data_dir) / "tokenizers",
-                            probe=checked.probe, seed=cfg.seed, loaded=loaded)
+    corpus = prepare_corpus(spec.data, spec.tokenizer, spec.data_dir / "tokenizers", probe=spec.probe, seed=spec.seed,
+                            loaded=loaded)
     tokenizer = corpus.tokenizer
-    recipe = {key: cfg.model.get(key) for key in ("lr", "epochs")}  # None for a counted model
-    task = LanguageModelTask(
-        architecture=OmegaConf.to_container(cfg.model.architecture, resolve=True),
-        vocab_size=tokenizer.vocab_size, optim=checked.recipe.to_dict() if recipe["lr"] else None,
-        model_name=cfg.model.name, tokenizer=tokenizer, **recipe,
-    )
+    trained = spec.recipe is not None  # else counted: no recipe, no learning rate, no epochs
+    task = LanguageModelTask(architecture=spec.architecture, vocab_size=tokenizer.vocab_size,
+                             optim=spec.recipe.to_dict() if trained else None, model_name=spec.model_name,
+                             tokenizer=tokenizer, lr=spec.lr, epochs=spec.epochs if trained else None)
     task.corpus_sha256 = corpus.sha256  # in every checkpoint: a resume refuses another text
     if corpus.probe is not None:
-        task.weigh_recall(corpus.probe.symbol_ids.closing, OmegaConf.select(cfg, "training.recall_weight", default=1))
+        task.weigh_recall(corpus.probe.symbol_ids.closing, spec.recall_weight)
     model = task.model
-    batching = OmegaConf.select(cfg, "training.batching", default=None) or "windows"  # configs from before it
-    val_ids = corpus.val_ids[:SMOKE_VAL_TOKENS] if is_smoke(cfg) else corpus.val_ids
-    data = CorpusDataModule(corpus.train_ids, val_ids, cfg.data.batch_size,
-                            cfg.data.seq_len, recipe_length(cfg)[1], seed=cfg.seed,
-                            eval_batch_size=cfg.data.eval_batch_size,
-                            batching=batching if model.trainable else "windows",  # counted: no batches
+    val_ids = corpus.val_ids[:SMOKE_VAL_TOKENS] if spec.smoke else corpus.val_ids
+    data = CorpusDataModule(corpus.train_ids, val_ids, spec.batch_size, spec.seq_len, spec.steps_per_epoch,
+                            seed=spec.seed, eval_batch_size=spec.eval_batch_size,
+                            batching=spec.batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
-    check_sizes(cfg, model, data.train_ids.numel(), data.val_ids.numel())
+    check_sizes(spec, model, data.train_ids.numel(), data.val_ids.numel())
     if resume is not None:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
-    run = Run(cfg, resume, RunDir(cfg.paths.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
-              batching, checked.evaluation, parameters=count_parameters(model) if model.trainable else None,
-              stopping=build_early_stopping(cfg) if model.trainable else None)
+    run = Run(spec, resume, RunDir(spec.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
+              parameters=count_parameters(model) if model.trainable else None,
+              stopping=build_early_stopping(spec.early_stopping) if model.trainable else None)
     print(describe_run(run))
     return run
 
 
 def describe_run(run: Run) -> str:
-    cfg, model, tokenizer = run.cfg, run.task.model, run.corpus.tokenizer
-    lines = [f"model {cfg.model.name}: {model.family}, {tokenizer.kind} tokenizer, "
+    spec, model, tokenizer = run.spec, run.task.model, run.corpus.tokenizer
+    lines = [f"model {spec.model_name}: {model.family}, {tokenizer.kind} tokenizer, "
              f"vocabulary {tokenizer.vocab_size}, corpus {run.corpus.source}"]
-    if is_smoke(cfg):
+    if spec.smoke:
         lines.append(f"fast_dev_run: a smoke run on a small slice (the first {run.val.n_targets + 1:,} validation "
                      "tokens, a sampled evaluation): its figures say nothing about the model")
     if run.parameters is not None:  # a counted model: after counting
         lines.append(f"trainable parameters: {run.parameters:,}")
-    if run.batching == "streams" and not model.trainable:
-        lines.append(f"training=streams: {cfg.model.name} is counted, not trained; its counts are the same either way")
+    if spec.batching == "streams" and not model.trainable:
+        lines.append(f"training=streams: {spec.model_name} is counted, not trained; its counts are the same either way")
     if run.resume is not None:
         lines.append(f"resuming from {run.resume.checkpoint} (step {run.resume.step})")
     return "\n".join(lines)
@@ -157,29 +154,29 @@ def describe_run(run: Run) -> str:
 
 def fit_or_count(run: Run, current) -> None:
     """The run folder, loggers, checkpoints and callbacks; then training (or counting)."""
-    cfg, task, resume = run.cfg, run.task, run.resume
+    spec, task, resume = run.spec, run.task, run.resume
     run.folder.path.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
     if is_first_rank():  # the job's config record, now that the folder is its own and every check has passed
         if resume is not None:
-            record_resume(run.folder, cfg)
+            record_resume(run.folder, spec.config)
         else:
-            run.folder.record_config(cfg)
-    task.run_config = OmegaConf.to_container(cfg, resolve=False)  # in every checkpoint: resume.saved_config
-    run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir,
-                                           OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0))
+            run.folder.record_config(spec.config)
+    task.run_config = spec.config  # in every checkpoint: resume.saved_config
+    run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir, spec.checkpoint_every_n_steps)
     checkpoint_io = AtomicCheckpointIO()
     run.logger = current.logger = build_logger(
-        cfg.get("logger"), cfg, wandb_id=resume and resume.wandb_run_id,
+        spec.logger, spec.resolved_config, wandb_id=resume and resume.wandb_run_id,
         csv_version=None if resume is None else f"resumed_step{resume.step}")
     if run.logger and resume is None and run.parameters is not None:
         run.logger.log_metrics({"parameters": run.parameters})
-    epochs, steps_per_epoch = recipe_length(cfg)
-    epoch_tokens = steps_per_epoch * cfg.data.batch_size * cfg.data.seq_len
+    epoch_tokens = spec.steps_per_epoch * spec.tokens_per_step
     tokenizer = run.corpus.tokenizer
-    modes = ModesOverTraining(cfg, run.val, epoch_tokens, run.settings, tokenizer,
+    weights = in_memory(run)
+    modes = ModesOverTraining(weights, run.val, epoch_tokens, spec.evaluation,
                               tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
-                 modes, CostEstimate(run.val, cfg, run.settings, model=task.model, tokenizer=tokenizer, modes=modes,
+                 modes, CostEstimate(weights, run.val, spec.evaluation, tokens_per_step=spec.tokens_per_step,
+                                     epoch_tokens=epoch_tokens, eval_batch_size=spec.eval_batch_size, modes=modes,
                                      train_ids=run.corpus.train_ids, probe=run.corpus.probe),
                  *([run.stopping] if run.stopping is not None else [])]
     limit = {}
@@ -187,11 +184,10 @@ def fit_or_count(run: Run, current) -> None:
         print(f"{run.folder.path} stopped early at step {resume.step:,} ({resume.stopped_early}): not training on; "
               "finishing its evaluation")
         limit = {"max_steps": resume.step}  # Lightning restores the checkpoint and trains nothing
-    run.trainer = resume_epoch_ends_exactly(instantiate(cfg.trainer, max_epochs=epochs, logger=run.logger,
+    run.trainer = resume_epoch_ends_exactly(instantiate(spec.trainer, max_epochs=spec.epochs, logger=run.logger,
                                                         plugins=[checkpoint_io], callbacks=callbacks, **limit))
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
-    run.precision = apply_matmul_precision(task.model, cfg.get("low_precision_matmuls") or "never",
-                                           cfg.trainer.get("precision"), run.trainer)
+    run.precision = apply_matmul_precision(task.model, spec.low_precision_matmuls, spec.precision, run.trainer)
     print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
           f"matmuls in {run.precision['matmul_dtype']}")
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
@@ -219,25 +215,25 @@ def fit_or_count(run: Run, current) -> None:
 def summarize(run: Run, current) -> dict:
     """The run's record; its validation figures the last validation's if it scored the final weights on every
     target, else one more pass's."""
-    cfg, task, trainer = run.cfg, run.task, run.trainer
+    spec, task, trainer = run.spec, run.task, run.trainer
     model = task.model
     task.to(trainer.strategy.root_device)
     val = task.last_val_score
     if not (task.last_val_step == trainer.global_step and val is not None and val.tokens == run.val.n_targets):
-        val = score_chunks(model, run.val.to(task.device), cfg.data.seq_len, cfg.data.eval_batch_size)
+        val = score_chunks(model, run.val.to(task.device), spec.seq_len, spec.eval_batch_size)
     checkpoint, *_ = run.checkpoints
     return {
         "status": "completed",
-        "smoke": is_smoke(cfg),  # trainer.fast_dev_run: figures of a small slice
-        "model": cfg.model.name,
+        "smoke": spec.smoke,  # trainer.fast_dev_run: figures of a small slice
+        "model": spec.model_name,
         "family": model.family,
         "tokenizer": run.corpus.tokenizer.kind,
         "vocab_size": run.corpus.tokenizer.vocab_size,
         "parameters": run.parameters,
         "context": model.context,  # tokens the model can see; None: unbounded
         "recurrent": model.recurrent,  # it carries a state from step to step (the protocol's)
-        "training_mode": run.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
-        "seq_len": cfg.data.seq_len,  # the training window
+        "training_mode": spec.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
+        "seq_len": spec.seq_len,  # the training window
         "probe": "recall" if run.corpus.probe is not None else None,  # probe=recall: pairs planted in training
         "train_loss": task.last_epoch_train_loss if model.trainable else None,  # counted: no training loss
         "val_loss": val.nll,
@@ -246,8 +242,7 @@ def summarize(run: Run, current) -> dict:
         "train_seconds": task.train_seconds,  # the training steps (or the counting) alone
         "train_steps": trainer.global_step,
         # What evaluation.budget is a multiple of: the tokens trained (a counted model: counted).
-        "train_tokens": (trainer.global_step * cfg.data.batch_size * cfg.data.seq_len if model.trainable
-                         else task.train_tokens),
+        "train_tokens": trainer.global_step * spec.tokens_per_step if model.trainable else task.train_tokens,
         "world_size": trainer.world_size,
         "wall_seconds": current.seconds,
         "device": str(trainer.strategy.root_device),
@@ -261,7 +256,7 @@ def summarize(run: Run, current) -> dict:
         "corpus_sha256": run.corpus.sha256,  # of that file's text (a resume checks it)
         "resumed_from_step": run.resume and run.resume.step,
         # early_stopping, stopped_early, stopped_at_step, stop_reason, early_stopping_best_step (runs/stopping.py)
-        **stopping_summary(cfg, run.stopping),
+        **stopping_summary(spec.early_stopping, run.stopping),
     }
 
 

@@ -180,14 +180,17 @@ ENTRIES: list[Entry] = [ModesEntry(), CacheEntry(), TextEntry(), WordValidityEnt
 
 
 def plan_for(request: Request) -> Plan:
-    """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless)."""
+    """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless; no bigram
+    without the training ids)."""
     s = request.settings  # EvaluationSettings
     final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
     tokens = request.training_tokens
     budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
     extra = [unit for entry in ENTRIES for unit in entry.units(request)]
+    # the bigram is counted from the training split: without its ids (a text scored alone) there is none
     plan = plan_evaluation(request.model, request.val.n_targets, seq_len=s.seq_len, window=s.window,
-                           streams=s.streams, budget=budget, windowed=not training, bigram=not training,
+                           streams=s.streams, budget=budget, windowed=not training,
+                           bigram=not training and request.train_ids is not None,
                            curve=final, curve_longest=s.curve_longest, extra=extra)
     return plan.read_by(tuple(entry for entry in ENTRIES if entry.reads_stateful(request)))  # its cost unchanged
 

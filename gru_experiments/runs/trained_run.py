@@ -1,0 +1,170 @@
+"""One trained run, one way in and one evaluation door.
+
+`load(run_or_checkpoint)` is how every path reaches trained weights: the Python API (api.load), sample.py's
+sampling, evaluate=, stats= and explore=, and the end of training's best checkpoint. `evaluate(run, ...)` is how
+every path scores them: the end-of-run figures and the best checkpoint's (runs/scoring.py), sample.py's
+evaluate=true and the API's TrainedModel.evaluate and .score: one Request, its plan, one evaluation
+(study/evaluation.py). docs/internals.md draws the way through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from omegaconf import OmegaConf
+
+from gru_experiments.data.corpus import corpus_path, read_corpus, split_text
+from gru_experiments.errors import UserError
+from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.study.evaluation import Evaluation, EvaluationSettings, plan_for
+from gru_experiments.study.evaluation import evaluate as evaluate_plan
+from gru_experiments.study.generation import NO_PROGRESS
+from gru_experiments.study.plan import FINAL, Request
+from gru_experiments.study.scores import Split
+from gru_experiments.study.text_index import TrainingIndex
+
+# The evaluation group a run without a recorded config is scored by: the one training composes by default.
+DEFAULT_EVALUATION = Path(__file__).resolve().parents[2] / "conf" / "evaluation" / "default.yaml"
+
+
+class Splits(NamedTuple):
+    """The corpus the model trained on, split as it was: texts and token ids."""
+    source: Path
+    train_text: str
+    val_text: str
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+
+
+@dataclass
+class TrainedRun:
+    """Trained weights with their tokenizer and, where they came from a run folder, what that run recorded: the
+    data settings it trained with and its evaluation group (`checkpoint` None: weights in memory, at the end of
+    training). `seed` seeds the evaluation's sampled parts (the text statistics, the recall planting)."""
+    model: object
+    tokenizer: object
+    name: str
+    checkpoint: Path | None = None
+    folder: RunDir | None = None
+    data: dict | None = None  # the run's data group (its recorded config); None: not recorded
+    evaluation: dict | None = None  # the run's evaluation group; None: not recorded
+    seed: int = 0
+    data_dir: Path | None = None  # where the text statistics' training index is cached (paths.data_dir)
+    _summary: dict | None = field(default=None, repr=False)
+
+    @property
+    def device(self):
+        return self.model.device
+
+    @property
+    def seq_len(self) -> int | None:
+        """The training window: the recorded data.seq_len, else the one its summary's evaluation records."""
+        if self.data and self.data.get("seq_len"):
+            return int(self.data["seq_len"])
+        seq_len = ((self.summary() or {}).get("mode_evaluation") or {}).get("seq_len")
+        return int(seq_len) if seq_len else None
+
+    def summary(self) -> dict | None:
+        if self._summary is None and self.folder is not None:
+            self._summary = self.folder.summary()
+        return self._summary
+
+    @property
+    def training_tokens(self) -> int | None:
+        """What evaluation.budget is a multiple of (summary.json's train_tokens); None: every figure exact."""
+        return (self.summary() or {}).get("train_tokens")
+
+    def evaluation_group(self, changes: dict | None = None) -> dict:
+        """The run's evaluation group (conf/evaluation/default.yaml where it recorded none) with `changes` (dotted
+        keys under evaluation.) on top."""
+        group = OmegaConf.create(self.evaluation if self.evaluation is not None else
+                                 OmegaConf.to_container(OmegaConf.load(DEFAULT_EVALUATION)))
+        for key, value in (changes or {}).items():
+            OmegaConf.update(group, key, value, merge=False)
+        return OmegaConf.to_container(group)
+
+    def evaluation_settings(self, changes: dict | None = None, seq_len: int | None = None) -> EvaluationSettings:
+        """The plan's settings the run was scored by (`changes`: unless asked otherwise), at its training window
+        (`seq_len` where it recorded none)."""
+        seq_len = self.seq_len or seq_len
+        if seq_len is None:
+            raise UserError(f"{self.checkpoint}: its training window (data.seq_len) is unknown: no run config "
+                            "records it; give the run folder, or data.seq_len")
+        return EvaluationSettings.of(self.evaluation_group(changes), seq_len)
+
+    def splits(self, data=None) -> Splits:
+        """The corpus it trained on (`data`: these data settings instead of the recorded ones), split as it was."""
+        data = data if data is not None else self.data
+        if data is None:
+            raise UserError(f"the corpus {self.name} trained on is unknown: its run folder records no config")
+        source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
+        train_text, val_text = split_text(read_corpus(source), data["train_fraction"])
+        try:
+            train_ids, val_ids = (torch.tensor(self.tokenizer.encode(t), dtype=torch.long, device=self.device)
+                                  for t in (train_text, val_text))
+        except ValueError as error:
+            raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
+        return Splits(source, train_text, val_text, train_ids, val_ids)
+
+
+def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None) -> TrainedRun:
+    """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else
+    the checkpoint's own) recorded: the data and evaluation groups, the seed and the data folder."""
+    task = load_checkpoint(checkpoint, map_location=device)
+    model = task.model.to(device).eval()
+    folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
+    config = _recorded_config(folder)
+    name = task.hparams.get("model_name") or (folder.model_name() if folder else None) or Path(checkpoint).stem
+    data_dir = config.get("paths", {}).get("data_dir") if config else None
+    return TrainedRun(model, task.tokenizer, name, Path(checkpoint), folder, config.get("data") if config else None,
+                      config.get("evaluation") if config else None,
+                      seed if seed is not None else int((config or {}).get("seed") or 0),
+                      Path(data_dir) if data_dir else None)
+
+
+def _recorded_config(folder: RunDir | None) -> dict | None:
+    """The run's recorded config, resolved, as plain data; None where it has none or it resolves only inside
+    that run (an interpolation such as ${hydra:...}): each group is then taken where it resolves."""
+    config = folder.config() if folder is not None else None
+    if config is None:
+        return None
+    plain = {}
+    for key in ("data", "evaluation", "paths", "seed"):
+        try:
+            node = OmegaConf.select(config, key, throw_on_resolution_failure=True)
+            plain[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        except Exception:  # noqa: BLE001 - a group that does not resolve outside its run is left out
+            continue
+    return plain
+
+
+def evaluate(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
+             purpose: str = FINAL, train_ids=None, probe=None, skip: tuple[str, ...] = (), plan=None,
+             progress=NO_PROGRESS, load_text_index=None) -> Evaluation:
+    """The evaluation door: `run`'s weights scored on `val` by the plan of `settings` within the budget of
+    `training_tokens` (None: every figure exact) for `purpose` (study/plan.py: FINAL, BEST, OVER_TRAINING), the
+    entries in `skip` left out."""
+    return evaluate_plan(request(run, settings, val, training_tokens=training_tokens, purpose=purpose,
+                                 train_ids=train_ids, probe=probe, load_text_index=load_text_index),
+                         plan, progress, skip)
+
+
+def request(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
+            purpose: str = FINAL, train_ids=None, probe=None, load_text_index=None) -> Request:
+    """The evaluation Request of `run` (study/plan.py): what `evaluate` runs, and what a cost estimate prices.
+    The text statistics' training index is counted once per corpus (TrainingIndex.cached)."""
+    def index():
+        return TrainingIndex.cached(run.tokenizer.decode(train_ids.tolist()), run.data_dir or Path("data"))
+    return Request(run.model, val, settings, training_tokens, purpose, run.tokenizer, train_ids, probe, run.seed,
+                   load_text_index or index)
+
+
+def plan(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
+         purpose: str = FINAL, train_ids=None, probe=None, load_text_index=None):
+    """What `evaluate` with the same arguments runs (study/evaluation.plan_for): to describe or price it first."""
+    return plan_for(request(run, settings, val, training_tokens=training_tokens, purpose=purpose,
+                            train_ids=train_ids, probe=probe, load_text_index=load_text_index))

@@ -1,0 +1,137 @@
+"""What an evaluation costs, beside the plan it prices (study/plan.py): its forward tokens at the rate of each
+pass's shape on this machine (EvaluationClock, a quick calibration), the estimate a training prints after its first
+steps (`estimate`), and the one line that says before an evaluation what it will run (`describe_plan`).
+docs/sweeps.md."""
+
+import time
+import weakref
+
+from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
+from gru_experiments.study.evaluation import EvaluationSettings
+from gru_experiments.study.plan import CURVE, MODE, STATEFUL, TEXT, WINDOWED, Plan
+
+
+def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
+    """One line before the evaluation runs: its forward tokens by entry and, within a budget, what it samples or
+    leaves out, and the key that scores everything."""
+    by_owner = {}
+    for p, owner in zip(plan.passes, plan.owners):
+        by_owner[owner] = by_owner.get(owner, 0) + p.forward_tokens
+    parts = ", ".join(f"{owner} {tokens:,}" for owner, tokens in by_owner.items() if tokens)
+    line = (f"evaluation: {plan.forward_tokens:,} forward tokens ({parts}; "
+            f"{plan.forward_tokens / max(train_tokens, 1):,.2f} per token trained), ")
+    if plan.budget is None:
+        return line + "every figure exact (evaluation.budget=null)"
+    sampled = [f for f in plan.figures if f.kind in (MODE, CURVE) and f.targets < plan.split_targets]
+    names = [f.name for f in sampled if f.kind == MODE] + (["the context curve"] if any(
+        f.kind == CURVE for f in sampled) else [])
+    listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + (names[-1] if names else "")
+    left = [f"{listed} sampled, with their standard errors"] if names else []
+    text = next((p for p, owner in zip(plan.passes, plan.owners) if owner == TEXT), None)
+    asked = settings.text
+    if text is None and asked.samples and plan.figure(STATEFUL) is not None:
+        left.append("no text statistics")
+    elif text is not None and (text.targets < asked.samples or (asked.drift_chars and not text.drift)):
+        left.append(f"text statistics on {text.targets} of {asked.samples} samples per setting"
+                    + (", no drift" if asked.drift_chars and not text.drift else ""))
+    if "recall" in by_owner:
+        left.append("the recall figures exact, outside the budget")
+    return line + f"within evaluation.budget={settings.budget} ({plan.budget:,} forward tokens)" + (
+        f": {'; '.join(left)} (evaluation.budget=null: everything)" if left else ", everything exact")
+
+
+# The seconds of a plan's passes on this machine, from a quick calibration (EvaluationClock): the forward passes of
+# the model at the shapes the passes run (a batch of windows; the text statistics' sampling steps), timed once.
+CALIBRATION_REPEATS = 3  # each shape timed this many times after a warm-up, the fastest kept
+
+
+_CLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class EvaluationClock:
+    """Seconds per forward token of `model` on this machine, by the shape of the call, measured on first use (a few
+    forward passes: well under a second for the study's models), so that the estimate says time, not tokens."""
+
+    def __init__(self, model, seq_len: int):
+        self.model, self.seq_len, self._seconds = model, int(seq_len), {}
+
+    @classmethod
+    def of(cls, model, seq_len: int) -> "EvaluationClock":
+        """The model's clock, measured once per process (every estimate of a run reads the same)."""
+        clock = _CLOCKS.get(model)
+        if clock is None or clock.seq_len != int(seq_len):
+            clock = _CLOCKS[model] = cls(model, seq_len)
+        return clock
+
+    def call(self, rows: int, length: int) -> float:
+        """The seconds of one forward pass of `rows` x `length` tokens from a zero state (no gradient)."""
+        key = (max(1, int(rows)), max(1, int(length)))
+        if key not in self._seconds:
+            import torch
+
+            from gru_experiments.study.generation import eval_mode
+
+            tokens = torch.zeros(key, dtype=torch.long, device=self.model.device)  # the global RNG untouched
+            times = []
+            with torch.no_grad(), eval_mode(self.model):
+                for _ in range(CALIBRATION_REPEATS + 1):
+                    started = time.perf_counter()
+                    self.model(tokens)
+                    times.append(time.perf_counter() - started)
+            self._seconds[key] = min(times[1:])
+        return self._seconds[key]
+
+    def per_token(self, rows: int, length: int) -> float:
+        return self.call(rows, length) / (max(1, rows) * max(1, length))
+
+    def pass_seconds(self, p) -> float:
+        """A pass's seconds: its forward tokens at the rate of its shape (the text statistics': text_seconds)."""
+        if p.kind == TEXT:
+            return self.text_seconds(p)
+        if not p.forward_tokens:
+            return 0.0
+        length = getattr(p, "window", 0) or getattr(p, "chunk", 0) or self.seq_len
+        length = min(length, self.seq_len * 8)
+        return p.forward_tokens * self.per_token(max(1, WINDOW_BATCH_TOKENS // length), length)
+
+    def text_seconds(self, p) -> float:
+        """The text statistics' sampling (TextPass.calls): a step per token generated, in windowed mode a window
+        of tokens per row, else one."""
+        return sum(forward * self.per_token(rows, self.seq_len) if mode == WINDOWED else steps * self.call(rows, 1)
+                   for mode, rows, steps, forward in p.calls)
+
+    def plan_seconds(self, plan) -> float:
+        return sum(self.pass_seconds(p) for p in plan.passes)
+
+
+def format_estimate(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def estimate(clock: EvaluationClock, *, step_seconds: float, steps_left: int, validations: int, val_targets: int,
+             eval_batch_size: int, over_training: Plan, final: Plan, best: Plan) -> dict:
+    """The seconds left of a training: its steps at the measured rate, each validation left (the split in chunks
+    and the modes over training's plan), the final weights' plan and, where the best checkpoint is not the final
+    weights, the best checkpoint's."""
+    chunks = val_targets * clock.per_token(eval_batch_size, clock.seq_len)
+    e = {"step_seconds": step_seconds, "steps_left": steps_left, "train_seconds": steps_left * step_seconds,
+         "validation_seconds": validations * (chunks + clock.plan_seconds(over_training)),
+         "eval_forward_tokens": final.forward_tokens, "eval_seconds": clock.plan_seconds(final),
+         "best_forward_tokens": best.forward_tokens, "best_seconds": clock.plan_seconds(best)}
+    e["total_seconds"] = e["train_seconds"] + e["validation_seconds"] + e["eval_seconds"]
+    return e
+
+
+def describe_estimate(e: dict) -> str:
+    return (f"estimated time left: {format_estimate(e['total_seconds'])} = training "
+            f"{format_estimate(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
+            f"+ validation {format_estimate(e['validation_seconds'])} + end-of-run evaluation "
+            f"{format_estimate(e['eval_seconds'])} ("
+            + (f"{e['eval_seconds']:.0f} s, " if e['eval_seconds'] >= 90 else "")
+            + f"{e['eval_forward_tokens']:,} forward tokens; "
+            f"evaluation.budget bounds it), and {format_estimate(e['best_seconds'])} more "
+            f"({e['best_forward_tokens']:,}) if the best checkpoint is not the final weights")
