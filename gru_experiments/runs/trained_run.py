@@ -96,9 +96,9 @@ class TrainedRun:
                             "records it; give the run folder, or data.seq_len")
         return EvaluationSettings.of(self.evaluation_group(changes), seq_len)
 
-    def splits(self, data=None) -> Splits:
-        """The corpus it trained on (`data`: these data settings instead of the recorded ones), split as it was."""
-        data = data if data is not None else self.data
+    def splits(self) -> Splits:
+        """The corpus it trained on (its recorded data settings), split as it was."""
+        data = self.data
         if data is None:
             raise UserError(f"the corpus {self.name} trained on is unknown: its run folder records no config")
         source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
@@ -119,7 +119,7 @@ def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: 
     folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
     config = _recorded_config(folder)
     name = task.hparams.get("model_name") or (folder.model_name() if folder else None) or Path(checkpoint).stem
-    data_dir = config.get("paths", {}).get("data_dir") if config else None
+    data_dir = config.get("paths.data_dir") if config else None
     return TrainedRun(model, task.tokenizer, name, Path(checkpoint), folder, config.get("data") if config else None,
                       config.get("evaluation") if config else None,
                       seed if seed is not None else int((config or {}).get("seed") or 0),
@@ -133,7 +133,7 @@ def _recorded_config(folder: RunDir | None) -> dict | None:
     if config is None:
         return None
     plain = {}
-    for key in ("data", "evaluation", "paths", "seed"):
+    for key in ("data", "evaluation", "paths.data_dir", "seed"):
         try:
             node = OmegaConf.select(config, key, throw_on_resolution_failure=True)
             plain[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
