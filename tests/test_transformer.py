@@ -239,12 +239,12 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
 
     import gru_experiments
     from gru_experiments.data.corpus import prepare_corpus
-    from gru_experiments.runs import scoring
+    from gru_experiments.runs import trained_run
     from gru_experiments.runs.training import train
     from gru_experiments.study.plan import OVER_TRAINING
     from gru_experiments.study.scores import Split, score_contexts
 
-    validations, evaluate = [], scoring.evaluate
+    validations, evaluate = [], trained_run.evaluate_plan  # behind the evaluation door: the Request it runs
 
     def recorded(request, *args, **kwargs):  # the modes at every validation (ModesOverTraining), kept for a look
         evaluation = evaluate(request, *args, **kwargs)
@@ -252,7 +252,7 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
             validations.append(evaluation)
         return evaluation
 
-    monkeypatch.setattr(scoring, "evaluate", recorded)
+    monkeypatch.setattr(trained_run, "evaluate_plan", recorded)
     cfg = compose_config("model=transformer", f"data.path={tiny_corpus}", "model.architecture.block_size=8",
                          "data.batch_size=4", "data.seq_len=8", "trainer.max_steps=3", "model.steps_per_epoch=3",
                          "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.samples.chars=20")
