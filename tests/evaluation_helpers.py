@@ -4,7 +4,6 @@ modes' figures scored without a Request (study/evaluation.py's own steps)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
@@ -12,7 +11,7 @@ from omegaconf import OmegaConf
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.report.report import SECTIONS, register_section, unregister_section
-from gru_experiments.study.evaluation import ENTRIES, EvaluationSettings, plan_for, score_modes
+from gru_experiments.study.evaluation import DEFAULT_EVALUATION, ENTRIES, EvaluationSettings, plan_for, score_modes
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import FINAL, Request
 
@@ -33,7 +32,7 @@ TRAINING_IDS_GIVEN_TO_THE_RUN = ()  # not None: the plan has its bigram; run_pla
 
 def defaults() -> dict:
     """conf/evaluation/default.yaml's values (the budget: None, exact), for a test that gives only some."""
-    group = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "evaluation" / "default.yaml")
+    group = OmegaConf.load(DEFAULT_EVALUATION)
     return {**OmegaConf.to_container(group, resolve=False), "budget": None}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.study.evaluation import EvaluationSettings
+from gru_experiments.study.evaluation import DEFAULT_EVALUATION, EvaluationSettings
 from gru_experiments.study.generation import Decoding
 from gru_experiments.validation import Rule, check_rules, int_at_least
 
@@ -87,7 +87,7 @@ def validate_sample(cfg) -> SampleSpec:
         changes = {key.removeprefix("evaluation."): OmegaConf.select(cfg, key) for key in given
                    if key.startswith("evaluation.")}
     else:  # composed in Python (a test): every data key as given, every evaluation key that differs from the default
-        default = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "evaluation" / "default.yaml")
+        default = OmegaConf.load(DEFAULT_EVALUATION)
         data_named = True
         changes = _changed(OmegaConf.to_container(cfg.evaluation, resolve=True), OmegaConf.to_container(default))
 

@@ -20,15 +20,12 @@ from gru_experiments.data.corpus import corpus_path, read_corpus, split_text
 from gru_experiments.errors import UserError
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.study.evaluation import Evaluation, EvaluationSettings, plan_for
+from gru_experiments.study.evaluation import DEFAULT_EVALUATION, Evaluation, EvaluationSettings, plan_for
 from gru_experiments.study.evaluation import evaluate as evaluate_plan
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import FINAL, Request
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import TrainingIndex
-
-# The evaluation group a run without a recorded config is scored by: the one training composes by default.
-DEFAULT_EVALUATION = Path(__file__).resolve().parents[2] / "conf" / "evaluation" / "default.yaml"
 
 
 class Splits(NamedTuple):

@@ -7,6 +7,7 @@ and the context curve's record. A new figure is one entry appended to ENTRIES (d
 import math
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -55,6 +56,10 @@ class SampleConfig:
 
     def __post_init__(self):
         check_rules(self.__dict__, self.RULES, "evaluation.samples.")
+
+
+# The evaluation group's defaults, for a run that recorded none (a bare checkpoint) and to tell what a command changed
+DEFAULT_EVALUATION = Path(__file__).resolve().parents[2] / "conf" / "evaluation" / "default.yaml"
 
 
 @dataclass(frozen=True)
