@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from gru_experiments.models.protocol import build_model, count_parameters
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.study.generation import Decoding, make_chooser, sample_tokens
+from gru_experiments.validation import InvalidSetting
 
 REPO = Path(__file__).resolve().parents[1]
 V = 11
@@ -28,8 +29,9 @@ def build(block_size: int = 6, **settings) -> TransformerLM:
     return TransformerLM(V, block_size=block_size, **settings).eval()
 
 
-def plain_attention(attention, x: torch.Tensor) -> torch.Tensor:
-    """softmax(Q Kᵀ / √d + mask) V per head, written out from the layer's weights, then its projection."""
+def plain_attention(attention, x: torch.Tensor, alibi: bool = False) -> torch.Tensor:
+    """softmax(Q Kᵀ / √d + mask) V per head, written out from the layer's weights, then its projection; with
+    alibi, head j's score for a key i - k positions back lowered by (i - k) / 2^(8(j+1)/h), the paper's slopes."""
     T, C = x.shape
     h = attention.heads
     d = C // h
@@ -39,7 +41,12 @@ def plain_attention(attention, x: torch.Tensor) -> torch.Tensor:
     heads = []
     for j in range(h):
         s = slice(j * d, (j + 1) * d)
-        heads.append(torch.softmax(q[:, s] @ k[:, s].T / math.sqrt(d) + mask, dim=-1) @ v[:, s])
+        bias = mask.clone()
+        if alibi:
+            for i in range(T):
+                for key in range(i + 1):
+                    bias[i, key] = -(i - key) / 2 ** (8 * (j + 1) / h)
+        heads.append(torch.softmax(q[:, s] @ k[:, s].T / math.sqrt(d) + bias, dim=-1) @ v[:, s])
     return torch.cat(heads, dim=1) @ attention.proj.weight.T + attention.proj.bias
 
 
@@ -67,9 +74,27 @@ def test_the_whole_model_matches_a_plain_forward():
     torch.testing.assert_close(logits[0], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_alibi_positions_match_a_plain_forward_with_the_papers_slopes():
+    """positions=alibi: no position table; each head's scores lowered by the key's distance (Press et al. 2022)."""
+    model = build(block_size=16, num_heads=2, positions="alibi")
+    assert model.wpe is None and count_parameters(model) == count_parameters(build(block_size=16)) - 16 * 8
+    tokens = torch.randint(0, V, (1, 9))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        x = model.wte.weight[tokens[0]]
+        for block in model.blocks:
+            x = x + plain_attention(block.attention, block.ln_1(x), alibi=True)
+            x = x + block.mlp.proj(torch.nn.functional.gelu(block.mlp.fc(block.ln_2(x))))
+        expected = model.ln_f(x) @ model.wte.weight.T
+    torch.testing.assert_close(logits[0], expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(InvalidSetting, match="positions"):
+        build(positions="rope")
+
+
+@pytest.mark.parametrize("positions", ["learned", "alibi"])
 @pytest.mark.parametrize("length", [5, 14])  # within the block, and past it (each position its own window)
-def test_no_position_sees_a_later_token(length):
-    model = build(block_size=6)
+def test_no_position_sees_a_later_token(length, positions):
+    model = build(block_size=6, positions=positions)
     tokens = torch.randint(0, V, (2, length))
     with torch.no_grad():
         before, _ = model(tokens)

@@ -21,11 +21,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = attention_dropout  # on the attention weights (nanoGPT's attn_dropout)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """bias: ALiBi's (h, T, T) added to the scores, the causal mask inside it; None, plain causal attention."""
         N, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(N, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))  # (N, h, T, d)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        if bias is not None:  # (N, h, T, T): CPU's fused kernel takes a 4-D mask, 2x the speed of a 3-D one
+            bias = bias.expand(N, -1, -1, -1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None,
+                                           dropout_p=self.dropout if self.training else 0.0)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(N, T, C)))
 
 
@@ -48,9 +52,18 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(width, bias=bias)
         self.mlp = MLP(width, dropout, bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attention(self.ln_1(x))
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        x = x + self.attention(self.ln_1(x), bias)
         return x + self.mlp(self.ln_2(x))
+
+
+def alibi_bias(heads: int, length: int, device=None) -> Tensor:
+    """ALiBi (Press et al. 2022): head h's score for a key d positions back is lowered by d * 2^(-8(h+1)/heads);
+    keys ahead get -inf (the causal mask). (heads, length, length)."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
+    position = torch.arange(length, device=device)
+    distance = (position[:, None] - position[None, :]).float()  # query - key
+    return (-slopes[:, None, None] * distance).masked_fill(distance < 0, float("-inf"))
 
 
 class TransformerLM(FiniteContextLM):
@@ -58,9 +71,11 @@ class TransformerLM(FiniteContextLM):
 
     def __init__(self, vocab_size: int, block_size: int = 128, embedding_dim: int = 40, num_layers: int = 4,
                  num_heads: int = 4, dropout: float = 0.1, bias: bool = False, attention_dropout: float | None = None,
-                 tie_head: bool = True):
+                 tie_head: bool = True, positions: str = "learned"):
         """attention_dropout: None is `dropout` (nanoGPT's); above 0, half the speed on CPU (the unfused path).
-        tie_head: the head shares the token embeddings' weights (nanoGPT's)."""
+        tie_head: the head shares the token embeddings' weights (nanoGPT's). positions: "learned", a table of
+        block_size vectors (nanoGPT's); "alibi", none, each head's scores lowered by the key's distance instead
+        (docs/transformer.md: at 40 wide a learned table of 1,024 positions does not train in 2,000 steps)."""
         super().__init__()
         check_ints(block_size=block_size, embedding_dim=embedding_dim, num_layers=num_layers, num_heads=num_heads)
         check_setting(embedding_dim % num_heads == 0, "num_heads", num_heads,
@@ -70,9 +85,11 @@ class TransformerLM(FiniteContextLM):
         check_dropout(attention_dropout, "attention_dropout")
         check_setting(isinstance(bias, bool), "bias", bias, "true or false")
         check_setting(isinstance(tie_head, bool), "tie_head", tie_head, "true or false")
+        check_setting(positions in ("learned", "alibi"), "positions", positions, "learned or alibi")
         self.window = ContextWindow(block_size)
         self.wte = nn.Embedding(vocab_size, embedding_dim)
-        self.wpe = nn.Embedding(block_size, embedding_dim)
+        self.wpe = nn.Embedding(block_size, embedding_dim) if positions == "learned" else None
+        self.heads = num_heads
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(embedding_dim, num_heads, dropout, bias, attention_dropout)
                                     for _ in range(num_layers))
@@ -132,8 +149,12 @@ class TransformerLM(FiniteContextLM):
 
     def hidden(self, tokens: Tensor) -> Tensor:
         """The last block's output (N, T, C) of a sequence whose first token sits at position 0."""
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.dropout(self.wte(tokens) + self.wpe(positions))
+        T = tokens.shape[1]
+        if self.wpe is None:
+            x, bias = self.wte(tokens), alibi_bias(self.heads, T, tokens.device)
+        else:
+            x, bias = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device)), None
+        x = self.dropout(x)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, bias)
         return x
