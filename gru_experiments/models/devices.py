@@ -3,8 +3,6 @@ load(device=...) and the benchmarks' --device. auto, cpu, cuda, cuda:N or mps; a
 device this machine lacks, is an InvalidDevice (a UserError: one line), never torch's traceback or a later
 "not a readable checkpoint"."""
 
-from __future__ import annotations
-
 import torch
 
 from gru_experiments.errors import UserError

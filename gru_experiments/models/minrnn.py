@@ -115,9 +115,8 @@ class MinRNNLM(LayeredLM):
     def __init__(self, vocab_size: int, cell: str = "mingru", embedding_dim: int = 109, hidden_size: int = 109,
                  num_layers: int = 3, dropout: float = 0.1):
         super().__init__()
-        check_setting(cell in CELLS, "cell", cell, " or ".join(repr(c) for c in CELLS))
         check_ints(embedding_dim=embedding_dim, hidden_size=hidden_size, num_layers=num_layers)
-        check_dropout(dropout)
+        check_dropout(dropout)  # the cell: MinRNNLayer checks it
         self.cell = cell
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         inputs = [embedding_dim] + [hidden_size] * (num_layers - 1)

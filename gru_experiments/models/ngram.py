@@ -127,16 +127,13 @@ class NGramLM(FiniteContextLM):
     def _context_ids(self, history: Tensor) -> list[Tensor]:
         """Per order k = 2..N, the id of the (k−1)-gram before each next token of `history` (−1: never seen)."""
         V = self.vocab_size
-        B, L = history.shape
         ids = torch.zeros_like(history)  # the root (empty context) everywhere
         contexts = []
         for k in range(1, self.order):  # ids of the k-grams ending at each column
-            previous = ids
-            shifted = torch.full_like(previous, -1)
-            if k == 1:
-                shifted.zero_()
-            else:
-                shifted[:, 1:] = previous[:, :-1]
+            # Its first k − 1 tokens: the (k − 1)-gram ending a column before (the first column's k-grams stay
+            # unseen: no context kept below starts there, each starts at column >= order − k >= 1).
+            shifted = torch.full_like(ids, -1)
+            shifted[:, 1:] = ids[:, :-1]
             key = shifted * V + history
             keys = self.keys(k)
             valid = (shifted >= 0) & (history >= 0)

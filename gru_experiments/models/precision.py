@@ -68,17 +68,16 @@ def has_fast_bf16(device: torch.device | str) -> bool:
 _warned_emulated: set[str] = set()
 
 
-def warn_if_emulated(device) -> bool:
+def warn_if_emulated(device) -> None:
     """`always` on a device without native bf16: say so, once per process and device type."""
     device = torch.device(device)
     if has_fast_bf16(device) or device.type in _warned_emulated:
-        return False
+        return
     _warned_emulated.add(device.type)
     where = ("this CPU has neither avx512_bf16 nor amx_bf16" if device.type == "cpu"
              else f"this {device.type} device has no native bf16")
     log.warning(f"low_precision_matmuls=always: {where}, so bf16 matmuls are emulated there and slower than "
                 "float32; low_precision_matmuls=auto chooses float32 on it")
-    return True
 
 
 def resolve(mode: str, trainer_precision, device) -> MatmulPrecision | None:
@@ -130,7 +129,7 @@ def describe(trainer_precision: str, mode: str, model) -> dict:
             "bf16_weights": weights}
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None, precision: MatmulPrecision | None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor, precision: MatmulPrecision | None) -> Tensor:
     """`F.linear`, its matmuls in low precision where `precision` picks it for this weight."""
     dtype = precision.for_weight(weight) if precision is not None else None
     if dtype is None or dtype == x.dtype:
@@ -144,10 +143,9 @@ class _LowPrecisionLinear(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             X = x.reshape(-1, x.shape[-1]).to(dtype)
             W = weight.to(dtype)
-            y = torch.mm(X, W.t())
-            y = y.to(x.dtype) if bias is None else torch.add(y, bias)  # the bias in fp32, one pass
+            y = torch.add(torch.mm(X, W.t()), bias)  # the bias in fp32, one pass
         ctx.save_for_backward(X, W)
-        ctx.has_bias, ctx.x_shape, ctx.x_dtype = bias is not None, x.shape, x.dtype
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         return y.view(*x.shape[:-1], -1)
 
     @staticmethod
@@ -158,5 +156,5 @@ class _LowPrecisionLinear(torch.autograd.Function):
             g = flat.to(W.dtype)
             grad_x = torch.mm(g, W).to(ctx.x_dtype).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
             grad_w = torch.mm(g.t(), X).to(grad_y.dtype) if ctx.needs_input_grad[1] else None
-            grad_b = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+            grad_b = flat.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None

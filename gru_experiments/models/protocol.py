@@ -1,9 +1,7 @@
-"""The model protocol every family implements (`logits, state = model(tokens, state)`, or `forward_features`
-with the final hidden states its head reads; `initial_state`, `context`, `forward_cost`, `vocab_size`), what it
-derives from them for every other part of the code (`recurrent`, `state_units`, `unit_states`), its optional
-members with their defaults (`set_matmul_precision`, `low_precision_weights`), the helpers over a state's nesting
-(`map_state`, `copy_state`, `state_key`), and how a config's `architecture._target_` builds one:
-docs/internals.md, *The model protocol*. Nothing outside models/ asks which family or class a model is.
+"""The model protocol every family implements (`LanguageModel`: what a family defines, what the rest of the code
+derives from it, its optional members), the helpers over a state's nesting, and how a config's
+`architecture._target_` builds a model: docs/internals.md, *The model protocol*. Nothing outside models/ asks which
+family or class a model is.
 """
 
 import importlib
@@ -84,7 +82,7 @@ class LanguageModel(nn.Module):
     def unit_states(self, tokens: Tensor, state=None) -> tuple[Tensor, object, list[Tensor]]:
         """`forward`, and `state_units` after every token: (logits (B, T, V), state, one (B, T, units) tensor
         per layer; [] for a model without units). By default one token at a time; a family whose layers
-        return every step's state overrides it to run the sequence at once (`layer_outputs`)."""
+        return every step's state overrides it to run the sequence at once (`LayeredLM`)."""
         if not self.recurrent:
             logits, state = self(tokens, state)
             return logits, state, []
@@ -170,19 +168,6 @@ class FiniteContextLM(LanguageModel):
         return self.window.initial(batch_size, device)
 
 
-def layer_outputs(model: LanguageModel, layers, tokens: Tensor, state=None) -> tuple[Tensor, object, list[Tensor]]:
-    """`unit_states` for a model whose every layer in `layers` returns (every step's state (B, T, H), its final
-    state), as RecurrentLM's and MinRNNLM's do: the sequence runs at once, each layer's output captured."""
-    captured: list[Tensor] = []
-    hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0])) for layer in layers]
-    try:
-        logits, state = model(tokens, state)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return logits, state, captured
-
-
 class LayeredLM(LanguageModel):
     """A family of recurrent `layers` over an `embedding`, each layer returning (every step's state, its final
     state), named by its `cell` (RecurrentLM, MinRNNLM): their state is one entry per layer."""
@@ -200,8 +185,15 @@ class LayeredLM(LanguageModel):
         return self.embedding.num_embeddings
 
     def unit_states(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, list[Tensor]]:
-        """The protocol's, at once: each layer's output is its h at every step."""
-        return layer_outputs(self, self.layers, tokens, state)
+        """The protocol's, the sequence at once: each layer's output, captured, is its h at every step."""
+        captured: list[Tensor] = []
+        hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0])) for layer in self.layers]
+        try:
+            logits, state = self(tokens, state)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return logits, state, captured
 
     def initial_state(self, batch_size: int, device=None) -> list:
         return [layer.initial_state(batch_size, device) for layer in self.layers]

@@ -7,9 +7,7 @@ from gru_experiments.models.fast_recurrence.common import (
     StepMatmul,
     input_projection,
     input_side_grads,
-    matmul_dtypes,
     mm_t,
-    needs_grad,
     run_h_only,
     sigmoid_backward,
     step_slice,
@@ -24,17 +22,12 @@ def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_r
     """The study's GRU over x (B, T, I) from state h (B, H): outputs (B, T, H), final h.
     `precision`: which matmuls take bf16 inputs (None: autocast's choice, else none)."""
     inputs = (x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate)
-    if x.shape[1] == 1 and not needs_grad(*inputs):
-        h = _gru_one_step(x[:, 0], *inputs[1:])
-        return h.unsqueeze(1), h
-    inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
-    dtypes = matmul_dtypes(precision, x, input_weight, hidden_weight_rz, hidden_weight_candidate)
-    return run_h_only(_GRUFunction, _gru_forward, inputs, dtypes)
+    return run_h_only(_GRUFunction, _gru_forward, _gru_one_step, inputs, precision,
+                      (input_weight, hidden_weight_rz, hidden_weight_candidate))
 
 
 def _gru_one_step(x, h, W_x, b_x, W_rz, b_rz, W_h):
-    """Stateful sampling feeds one token at a time without grad: the same formulas with
-    the fewest ops (the sequence machinery would cost more than the arithmetic)."""
+    """One step without grad, for stateful sampling: the same formulas with the fewest ops."""
     H = W_h.shape[0]
     p = torch.addmm(b_x, x, W_x.t())
     h = h.to(p.dtype)

@@ -7,9 +7,7 @@ from gru_experiments.models.fast_recurrence.common import (
     StepMatmul,
     input_projection,
     input_side_grads,
-    matmul_dtypes,
     mm_t,
-    needs_grad,
     run_h_only,
     time_major,
 )
@@ -23,12 +21,7 @@ def rnn_sequence(x, h, input_weight, input_bias, hidden_weight, precision: Matmu
     """The Elman RNN over x (B, T, I) from state h (B, H): outputs (B, T, H), final h.
     `precision`: as for gru_sequence."""
     inputs = (x, h, input_weight, input_bias, hidden_weight)
-    if x.shape[1] == 1 and not needs_grad(*inputs):
-        h = _rnn_one_step(x[:, 0], *inputs[1:])
-        return h.unsqueeze(1), h
-    inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
-    dtypes = matmul_dtypes(precision, x, input_weight, hidden_weight)
-    return run_h_only(_RNNFunction, _rnn_forward, inputs, dtypes)
+    return run_h_only(_RNNFunction, _rnn_forward, _rnn_one_step, inputs, precision, (input_weight, hidden_weight))
 
 
 def _rnn_one_step(x, h, W_x, b, W_h):
