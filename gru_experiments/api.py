@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -115,8 +115,6 @@ class TrainedModel:
         of the project goes through (runs/trained_run.evaluate), every target exact: stateful as one stream in
         chunks of the training window (256 where none is recorded), windowed with `window` tokens of context (by
         default the training seq_len)."""
-        from dataclasses import replace
-
         import torch
 
         from gru_experiments.data.tokenizers import describe_characters
@@ -153,16 +151,9 @@ class TrainedModel:
         run was scored by at the end of its training (its evaluation group and budget; `changes`: evaluation keys
         to change, e.g. budget=None for every figure exact): the figures of summary.json and of sample.py's
         evaluate=true (evaluation.json), through the same door, to the last digit."""
-        from gru_experiments.runs.trained_run import evaluate
         from gru_experiments.study.generation import Progress
-        from gru_experiments.study.plan import TEXT
-        from gru_experiments.study.scores import Split
 
-        splits = self.run.splits()
-        settings = self.run.evaluation_settings(changes)
-        return evaluate(self.run, settings, Split.of(splits.val_ids, self.tokenizer),
-                        training_tokens=self.run.training_tokens, train_ids=splits.train_ids, skip=(TEXT,),
-                        progress=Progress(enabled=progress)).summary()
+        return self.run.evaluate_validation(self.run.splits(), changes, Progress(enabled=progress)).summary()
 
 
 def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:

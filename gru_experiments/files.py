@@ -21,16 +21,13 @@ def leftover_temporaries(folder: Path, name: str = "*") -> list[Path]:
 
 
 @contextmanager
-def atomic_file(path, mode: str = "wb") -> Iterator[BinaryIO]:
-    """A temporary file to write ("wb", or "w": UTF-8 text) that replaces `path` on success, with the usual
-    permissions (not mkstemp's 0600)."""
-    if mode not in ("wb", "w"):
-        raise ValueError(f"atomic_file writes a new file: mode 'wb' or 'w', not {mode!r}")
+def atomic_file(path) -> Iterator[BinaryIO]:
+    """A temporary file to write that replaces `path` on success, with the usual permissions (not mkstemp's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")  # unique, hidden
     try:
-        with open(tmp, "xb" if mode == "wb" else "x", **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+        with open(tmp, "xb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -55,7 +52,7 @@ def disk_error(error: BaseException | None) -> OSError | None:
 
 
 def atomic_write(path, content: str | bytes) -> Path:
-    with atomic_file(path, "wb") as f:
+    with atomic_file(path) as f:
         f.write(content.encode("utf-8") if isinstance(content, str) else content)
     return Path(path)
 

@@ -80,11 +80,9 @@ def check_dropout(value, key: str = "dropout") -> None:
 
 
 def select(cfg, key: str):
-    return OmegaConf.select(cfg, key, default=MISSING) if OmegaConf.is_config(cfg) else dotted_get(cfg, key)
-
-
-def dotted_get(mapping, key: str):
-    value = mapping
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.select(cfg, key, default=MISSING)
+    value = cfg
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
             return MISSING

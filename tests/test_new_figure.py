@@ -94,10 +94,10 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
         return CostEstimate(TrainedRun(model, None, "model"), val, settings, tokens_per_step=8 * 16,
                             epoch_tokens=400 * 8 * 16)
 
-    with_entry = estimate().evaluation_forward_tokens(1000)
+    with_entry = estimate().plans(1000)[0].forward_tokens
     ENTRIES.remove(ENTRIES[-1])
     try:
-        without = estimate().evaluation_forward_tokens(1000)
+        without = estimate().plans(1000)[0].forward_tokens
     finally:
         ENTRIES.append(RepeatsEntry())
     assert with_entry - without == COST

@@ -369,7 +369,7 @@ def test_figure_differences():
 @pytest.mark.slow
 def test_train_py_failed_resume_keeps_the_run(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """A refused resume changes nothing in the run folder: Hydra records nothing there, and train() refuses before
-    this attempt's config record is written (resume.record_resume)."""
+    this attempt's config record is written (run_dir.RunDir.record_config)."""
     root = tmp_path / "root"
     run = root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000"
     base = [*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=4", "model.epochs=1",

@@ -94,7 +94,7 @@ def test_validate_returns_one_frozen_spec_of_plain_values(compose_config, tmp_pa
     assert spec.early_stopping["patience"] == 2 and spec.early_stopping["_target_"].endswith("EarlyStopping")
     assert spec.logger["_target_"] == "lightning.pytorch.loggers.CSVLogger"
     assert spec.logger["save_dir"] == str(tmp_path / "run")  # resolved
-    assert (spec.output_dir, spec.log_dir, spec.data_dir) == (tmp_path / "run", tmp_path / "outputs", data_dir)
+    assert (spec.output_dir, spec.data_dir) == (tmp_path / "run", data_dir)
     # the config as recorded (unresolved) and as the loggers take it (resolved)
     assert spec.config["data"]["cache_dir"] == "${paths.data_dir}"
     assert spec.resolved_config["data"]["cache_dir"] == str(data_dir)

@@ -87,27 +87,16 @@ def tokenizer_summary(state: dict) -> str:
     return f"an unknown tokenizer ({kind!r})"
 
 
-def check_tokenizer(checkpoint: dict, path, kind: str | None = None, vocab_size: int | None = None,
-                    tokenizer=None) -> None:
-    """A UserError unless the checkpoint's tokenizer is of `kind`, of `vocab_size`, or `tokenizer` itself."""
-    state = checkpoint["tokenizer"]
-    ckpt_kind = state.get("kind")
-    hp_vocab = checkpoint["hyper_parameters"].get("vocab_size")
-    if kind is not None and ckpt_kind != kind:
-        raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but tokenizer={kind} "
-                        f"was asked for; drop the tokenizer override or use a checkpoint trained with tokenizer={kind}")
-    if vocab_size is not None and hp_vocab != vocab_size:
-        raise UserError(f"checkpoint {path} has a vocabulary of {hp_vocab}, but {vocab_size} was asked for; "
-                        "use the settings the checkpoint was trained with")
-    if tokenizer is not None:
-        if tokenizer.kind != ckpt_kind or tokenizer.vocab_size != hp_vocab:
-            raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but this config builds "
-                            f"{tokenizer_summary(tokenizer.state_dict())}; resume with the run's own tokenizer "
-                            "and data settings")
-        if _vocabulary(tokenizer.state_dict()) != _vocabulary(state):
-            raise UserError(f"checkpoint {path} was trained with a different {ckpt_kind} vocabulary of the same "
-                            "size (another corpus or tokenizer settings?); resume with the run's own data.path "
-                            "and tokenizer settings")
+def check_tokenizer(state: dict, vocab_size: int, path, tokenizer) -> None:
+    """A UserError unless the checkpoint's tokenizer (its `state`, its model's `vocab_size`) is `tokenizer`."""
+    if tokenizer.kind != state.get("kind") or tokenizer.vocab_size != vocab_size:
+        raise UserError(f"checkpoint {path} was trained with {tokenizer_summary(state)}, but this config builds "
+                        f"{tokenizer_summary(tokenizer.state_dict())}; resume with the run's own tokenizer "
+                        "and data settings")
+    if _vocabulary(tokenizer.state_dict()) != _vocabulary(state):
+        raise UserError(f"checkpoint {path} was trained with a different {tokenizer.kind} vocabulary of the same "
+                        "size (another corpus or tokenizer settings?); resume with the run's own data.path "
+                        "and tokenizer settings")
 
 
 def _vocabulary(state: dict) -> dict:
@@ -136,11 +125,6 @@ def weights_mismatch(saved: dict, expected: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-def non_finite_weights(state_dict: dict) -> list[str]:
-    return [name for name, t in state_dict.items()
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
-
-
 def atomic_torch_save(obj, path) -> None:
     with atomic_file(path) as f:
         torch.save(obj, f)
@@ -154,7 +138,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.last_saved: tuple[str, int] | None = None  # (path, global step) of the newest good checkpoint
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        bad = non_finite_weights(checkpoint.get("state_dict", {}))
+        bad = [name for name, t in checkpoint.get("state_dict", {}).items()
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
         if bad:
             kept = (f"the last good checkpoint is kept: {self.last_saved[0]} (step {self.last_saved[1]})"
                     if self.last_saved else "no checkpoint was saved before")

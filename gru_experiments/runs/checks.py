@@ -62,20 +62,15 @@ SPM_RULES = [
 ]
 
 
-def precision_rule() -> Rule:
-    """trainer.precision: what Lightning takes (16 and "16" named once)."""
+def check_precision(cfg, trained: bool) -> None:
+    """trainer.precision: a value Lightning takes, its package installed, and for a model trained by AdamW (`trained`)
+    not float16 weights: AdamW's state would be float16 too, where its eps (1e-8) is 0."""
     from lightning.fabric.plugins.precision import precision as lp
 
     allowed = get_args(lp._PRECISION_INPUT_STR) + get_args(lp._PRECISION_INPUT_INT) + get_args(
         lp._PRECISION_INPUT_STR_ALIAS)
-    names = ", ".join(dict.fromkeys(str(p) for p in allowed))
-    return Rule("trainer.precision", lambda v: v in allowed, f"one of {names}", optional=True)
-
-
-def check_precision(cfg, trained: bool) -> None:
-    """trainer.precision: a value Lightning takes, its package installed, and for a model trained by AdamW (`trained`)
-    not float16 weights: AdamW's state would be float16 too, where its eps (1e-8) is 0."""
-    check_rules(cfg, [precision_rule()])
+    names = ", ".join(dict.fromkeys(str(p) for p in allowed))  # 16 and "16" named once
+    check_rules(cfg, [Rule("trainer.precision", lambda v: v in allowed, f"one of {names}", optional=True)])
     precision = str(select(cfg, "trainer.precision"))
     if precision.startswith("transformer-engine") and importlib.util.find_spec("transformer_engine") is None:
         raise UserError(f"trainer.precision={precision} needs NVIDIA's Transformer Engine, and the transformer_engine "
@@ -171,9 +166,8 @@ class RunSpec:
     checkpoint_every_n_steps: int
     early_stopping: dict | None
     logger: dict | None
-    # Where it writes and reads: its run folder, the outputs folder, the data folder (downloads, tokenizers).
+    # Where it writes and reads: its run folder, the data folder (downloads, tokenizers).
     output_dir: Path
-    log_dir: Path
     data_dir: Path
     # The whole config: unresolved, as recorded (.hydra/, the checkpoints' run_config); resolved (the loggers').
     config: dict
@@ -186,20 +180,17 @@ class RunSpec:
     @classmethod
     def of(cls, cfg, recipe: Recipe | None, probe: ProbeSettings | None, evaluation: EvaluationSettings) -> "RunSpec":
         """The spec of a checked config, with what validation built of it."""
-        def plain(key: str):
-            node = OmegaConf.select(cfg, key, default=None)
-            return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
+        resolved = OmegaConf.to_container(cfg, resolve=True)
         epochs, steps_per_epoch = recipe_length(cfg)
-        trainer, stopping, logger = plain("trainer"), plain("early_stopping"), plain("logger")
+        trainer, stopping, logger = resolved["trainer"], resolved.get("early_stopping"), resolved.get("logger")
         return cls(
-            model_name=cfg.model.name, seed=cfg.seed, architecture=plain("model.architecture"), recipe=recipe,
+            model_name=cfg.model.name, seed=cfg.seed, architecture=resolved["model"]["architecture"], recipe=recipe,
             lr=cfg.model.get("lr"), epochs=epochs, steps_per_epoch=steps_per_epoch,
-            data=plain("data"), tokenizer=plain("tokenizer"), seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size,
-            eval_batch_size=cfg.data.eval_batch_size,
-            batching=plain("training.batching") or "windows",  # "windows": configs from before training=
+            data=resolved["data"], tokenizer=resolved.get("tokenizer"), seq_len=cfg.data.seq_len,
+            batch_size=cfg.data.batch_size, eval_batch_size=cfg.data.eval_batch_size,
+            batching=(resolved.get("training") or {}).get("batching") or "windows",  # configs from before training=
             probe=probe, recall_weight=OmegaConf.select(cfg, "training.recall_weight", default=1),
-            evaluation=evaluation, evaluation_window=plain("evaluation.window"),
+            evaluation=evaluation, evaluation_window=resolved["evaluation"].get("window"),
             trainer=trainer, smoke=bool(trainer.get("fast_dev_run", False)),
             progress_bars=bool(trainer.get("enable_progress_bar", True)), precision=trainer.get("precision"),
             low_precision_matmuls=cfg.get("low_precision_matmuls") or "never",
@@ -207,9 +198,8 @@ class RunSpec:
             checkpoint_every_n_steps=OmegaConf.select(cfg, "checkpoint.every_n_steps", default=0) or 0,
             early_stopping=stopping if stopping and stopping.get("patience") is not None else None,
             logger=logger if logger and "_target_" in logger else None,
-            output_dir=Path(cfg.paths.output_dir), log_dir=Path(cfg.paths.log_dir), data_dir=Path(cfg.paths.data_dir),
-            config=OmegaConf.to_container(cfg, resolve=False),
-            resolved_config=OmegaConf.to_container(cfg, resolve=True))
+            output_dir=Path(cfg.paths.output_dir), data_dir=Path(cfg.paths.data_dir),
+            config=OmegaConf.to_container(cfg, resolve=False), resolved_config=resolved)
 
 
 def validate(cfg) -> RunSpec:
@@ -276,7 +266,13 @@ def check_model(cfg) -> Recipe | None:
     if architecture is MISSING or not hasattr(architecture, "keys"):
         raise UserError("invalid model.architecture: must be a mapping with _target_ and the model's settings")
     model = meta_model(architecture)
-    check_window(cfg, model)
+    # A window longer than the context is refused where that costs more than a token per prediction (a transformer:
+    # seq_len x block_size tokens a window); the MLP and the n-gram take any seq_len.
+    seq_len, context = select(cfg, "data.seq_len"), model.context
+    if context is not None and model.tokens_per_prediction > 1 and is_int(seq_len) and seq_len > context:
+        setting = "block_size" if "block_size" in inspect.signature(type(model)).parameters else "context"
+        raise UserError(f"invalid data.seq_len={seq_len}: model {select(cfg, 'model.name')} sees at most {context} "
+                        f"tokens (model.architecture.{setting}); set data.seq_len <= {context} or a larger {setting}")
     if model.trainable:
         check_rules(cfg, RECIPE_RULES)
         return Recipe.from_config(cfg.optim)  # the optimiser recipe's own checks (runs/recipe.py)
@@ -286,17 +282,6 @@ def check_model(cfg) -> Recipe | None:
         raise UserError(f"model.lr is not a setting of {type(model).__name__} ({model.family}): its weights are "
                         "counted from the training split, with no optimizer, epochs or steps")
     return None
-
-
-def check_window(cfg, model) -> None:
-    """A window longer than the context is refused where that costs more than a token per prediction (a
-    transformer: seq_len x block_size tokens a window); the MLP and the n-gram take any seq_len."""
-    seq_len, context = select(cfg, "data.seq_len"), model.context
-    if context is None or model.tokens_per_prediction <= 1 or not is_int(seq_len) or seq_len <= context:
-        return
-    setting = "block_size" if "block_size" in inspect.signature(type(model)).parameters else "context"
-    raise UserError(f"invalid data.seq_len={seq_len}: model {select(cfg, 'model.name')} sees at most {context} "
-                    f"tokens (model.architecture.{setting}); set data.seq_len <= {context} or a larger {setting}")
 
 
 def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> None:

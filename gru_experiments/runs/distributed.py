@@ -13,19 +13,16 @@ from gru_experiments.runs.loggers import multirun_sweep_dir, sweep_group
 from gru_experiments.runs.run_dir import RunDir
 
 
-def ranks_started_externally() -> bool:
-    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-
-    return "LOCAL_RANK" in os.environ or SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
-
-
 def needs_own_process(strategy) -> bool:
     """A multirun job whose Trainer (its trainer.strategy, `strategy`) would start DDP ranks by re-running the
     script."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
     strategy = str(strategy or "auto")
     script_launched_ddp = strategy.startswith("ddp") and not any(
         kind in strategy for kind in ("spawn", "fork", "notebook"))
-    return script_launched_ddp and multirun_sweep_dir() is not None and not ranks_started_externally()
+    started_externally = "LOCAL_RANK" in os.environ or SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
+    return script_launched_ddp and multirun_sweep_dir() is not None and not started_externally
 
 
 def run_in_own_process(script: str, logger: dict | None) -> dict:

@@ -218,38 +218,31 @@ def keep_history_until(path: Path, step: int) -> set[str]:
     path = Path(path)
     if not path.is_file():
         return set()
-    rows = [_whole_row(line) for line in path.read_text(encoding="utf-8", errors="replace").splitlines(True)[1:]]
-    kept = [row for row in rows if row is not None and int(row[0]) <= step]
+    kept = [row for row in _whole_rows(path) if int(row[0]) <= step]
     text = io.StringIO()
     csv.writer(text).writerows([FIELDS, *kept])
     atomic_write(path, text.getvalue())
     return {row[2] for row in kept if int(row[0]) == step}
 
 
-def _whole_row(line: str) -> list[str] | None:
-    """A history.csv line's fields; None for one a kill cut short (no line end, a field missing or half written)."""
-    try:
-        row = next(csv.reader([line]), [])
-        if line.endswith("\n") and len(row) == len(FIELDS):
-            int(row[0]), float(row[3])
-            return row
-    except (csv.Error, ValueError):
-        pass
-    return None
+def _whole_rows(path: Path) -> list[list[str]]:
+    """history.csv's rows, but those a kill cut short (no line end, a field missing or half written)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(True)[1:]:
+        try:
+            row = next(csv.reader([line]), [])
+            if line.endswith("\n") and len(row) == len(FIELDS):
+                int(row[0]), float(row[3])
+                rows.append(row)
+        except (csv.Error, ValueError):
+            pass
+    return rows
 
 
 def read_history(path: Path) -> dict[str, list[tuple[int, float]]]:
     """{metric: [(step, value), ...]}; {} without the file; rows a kill cut short are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return {}
     series: dict[str, list[tuple[int, float]]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                step, value = int(row["step"]), float(row["value"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if math.isfinite(value):
-                series.setdefault(row["metric"], []).append((step, value))
+    for step, _, metric, value in _whole_rows(Path(path)) if Path(path).is_file() else []:
+        if math.isfinite(float(value)):
+            series.setdefault(metric, []).append((int(step), float(value)))
     return series

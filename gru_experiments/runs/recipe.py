@@ -86,8 +86,7 @@ class Recipe:
 
 
 def recipe_length(cfg) -> tuple[int, int]:
-    """A config's (model.epochs, model.steps_per_epoch), for the trainer and the batches; a counted model: (1, 1)
-    unless set. Read once, into RunSpec.epochs and .steps_per_epoch (runs/checks.py)."""
+    """A config's (model.epochs, model.steps_per_epoch), for the trainer and the batches; (1, 1) where unset."""
     return (OmegaConf.select(cfg, "model.epochs", default=None) or 1,
             OmegaConf.select(cfg, "model.steps_per_epoch", default=None) or 1)
 
@@ -98,8 +97,6 @@ class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
     bit, and the original recipe must give every earlier run's learning rates bit for bit."""
 
     def __init__(self, optimizer, length: int, interval: str, warmup: int = 0, floor: float = 0.0):
-        if interval not in INTERVALS:
-            raise ValueError(f"interval must be one of {INTERVALS}, not {interval!r}")
         self.interval, self.warmup = interval, int(warmup)
         peak = optimizer.param_groups[0]["lr"]
         super().__init__(optimizer, T_max=max(int(length) - self.warmup, 1), eta_min=floor * peak)

@@ -1,7 +1,7 @@
 """Continuing an interrupted run in its own folder, from checkpoints/last.ckpt, with the config it was
 started with (python train.py resume=last | resume=RUN_DIR): conf/hydra points the job at the run's folder
-(run_dir.run_folder); inside train(), `resume_run` builds the run's own config and checks it, and
-`record_resume` records the resume. How, and what a resume may not change: docs/internals.md, *Resuming a run*.
+(run_dir.run_folder); inside train(), `resume_run` builds the run's own config and checks it (RunDir.record_config
+records it). How, and what a resume may not change: docs/internals.md, *Resuming a run*.
 
 Part of the config layer (with the entry points, runs/checks.py and runs/jobs.py): it composes the resumed run's
 config from the saved one and this command's, and checks it, before validation builds the run's spec from it.
@@ -10,7 +10,6 @@ config from the saved one and this command's, and checks it, before validation b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -96,13 +95,10 @@ class ResumePoint:
         Lightning's load cannot fail halfway."""
         from gru_experiments.runs.checkpoints import check_tokenizer, weights_mismatch
 
-        check_tokenizer({"tokenizer": self.tokenizer, "hyper_parameters": self.hyper_parameters}, self.checkpoint,
-                        tokenizer=tokenizer)
-        for key in ("architecture", "vocab_size"):
-            if self.hyper_parameters.get(key) != hyper_parameters[key]:
-                raise UserError(f"checkpoint {self.checkpoint} holds a model with {key} "
-                                f"{self.hyper_parameters.get(key)}, but this config builds {hyper_parameters[key]}; "
-                                "resume with the run's own model settings")
+        check_tokenizer(self.tokenizer, self.hyper_parameters.get("vocab_size"), self.checkpoint, tokenizer)
+        if (saved := self.hyper_parameters.get("architecture")) != hyper_parameters["architecture"]:
+            raise UserError(f"checkpoint {self.checkpoint} holds a model with architecture {saved}, but this config "
+                            f"builds {hyper_parameters['architecture']}; resume with the run's own model settings")
         if weights is not None and (problem := weights_mismatch(self.weights or {}, weights)):
             raise UserError(f"checkpoint {self.checkpoint} is damaged: {problem}; it cannot be resumed (resume from "
                             "a good copy of it, or start a new run)")
@@ -132,12 +128,9 @@ class ResumePoint:
                 raise UserError(f"checkpoint {self.checkpoint} was trained with {key}={_shown(value)}, but this config "
                                 f"asks for {key}={_shown(asked.get(key))}; a run resumes with its own learning rate "
                                 f"and recipe: {advice}")
-        self.check_length(step_limit(cfg))
-
-    def check_length(self, limit: int | None) -> None:
-        """A resume trains on from its checkpoint: a step limit at or below the checkpoint's step is refused (the
-        run would train nothing and then count as finished, its remaining steps lost), but for a run whose
-        training was complete (killed in its evaluation: the resume finishes that)."""
+        # a limit at or below the checkpoint's step would train nothing and then count the run as finished, but for
+        # a run whose training was complete (killed in its evaluation: the resume finishes that)
+        limit = step_limit(cfg)
         if limit is None or limit > self.step or (limit == self.step and self.planned_steps in (None, self.step)):
             return
         own = f"; its own limit is step {self.planned_steps:,}" if self.planned_steps else ""
@@ -325,12 +318,3 @@ def resumed_config(saved, composed, overrides: list[str], choices=None, today=No
         merged[key] = composed.get(key)
     OmegaConf.set_struct(merged, True)
     return merged
-
-
-def record_resume(run: RunDir, config: dict) -> None:
-    """This resume's config (unresolved, a container) in .hydra/resumed_<time>/ (config.yaml, hydra.yaml,
-    overrides.yaml, as Hydra writes them), once every check has passed; the first part's .hydra/ stays as it was.
-    Nothing without Hydra (train(cfg) called directly)."""
-    run.record_config(config, subdir=f"{HYDRA}/resumed_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S_%f')}")
-
-

@@ -9,6 +9,8 @@ folder's name through `model_name_for` before anything else is loaded.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -24,26 +26,19 @@ LAST_CHECKPOINT = Path(CHECKPOINTS) / "last.ckpt"
 HYDRA = ".hydra"
 
 
+@dataclass(unsafe_hash=True)
 class RunDir:
     """One training run's folder (it need not exist yet)."""
+    path: Path
 
-    def __init__(self, path):
-        self.path = Path(path)
+    def __post_init__(self):
+        self.path = Path(self.path)
         self.summary_file = self.path / SUMMARY
         self.samples_file = self.path / SAMPLES
         self.history_file = self.path / HISTORY
         self.explore_file = self.path / EXPLORE
         self.checkpoint_dir = self.path / CHECKPOINTS
         self.checkpoint = self.path / LAST_CHECKPOINT  # where training keeps the last checkpoint (it may not exist)
-
-    def __repr__(self) -> str:
-        return f"RunDir({str(self.path)!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, RunDir) and self.path == other.path
-
-    def __hash__(self) -> int:
-        return hash(self.path)
 
     # --- its files ----------------------------------------------------------------------
     @property
@@ -147,17 +142,16 @@ class RunDir:
     def write_summary(self, summary: dict) -> Path:
         return write_json(self.summary_file, summary)
 
-    def record_config(self, config: dict, subdir: str = HYDRA) -> Path | None:
-        """This job's config record (config.yaml of `config`, the run's config as a container, unresolved;
-        hydra.yaml, overrides.yaml; as Hydra writes them) in `subdir` (.hydra, or .hydra/resumed_<time> for a
-        resume): Hydra records nothing when a training job starts
-        (conf/hydra/default.yaml), so train() records it here once the folder is its own and every check has
-        passed. Returns that folder; None without Hydra (train(cfg) called directly)."""
+    def record_config(self, config: dict, resumed: bool = False) -> Path | None:
+        """This job's config record (`config` unresolved) in .hydra/, a resume's in .hydra/resumed_<time>/: Hydra
+        records nothing when a training job starts (conf/hydra/default.yaml), so train() does once the folder is its
+        own and every check has passed. Returns that folder; None without Hydra (train(cfg) called directly)."""
         from hydra.core.hydra_config import HydraConfig
 
         if not HydraConfig.initialized():
             return None
         hydra = HydraConfig.instance().cfg
+        subdir = f"{HYDRA}/resumed_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S_%f')}" if resumed else HYDRA
         return self.write_config_record(config, hydra, hydra.hydra.overrides.task, subdir)
 
     def write_config_record(self, config, hydra_config, overrides, subdir: str = HYDRA) -> Path:

@@ -12,7 +12,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from gru_experiments.data.recall_probe import (
     Pairs,
@@ -28,7 +27,7 @@ from gru_experiments.files import atomic_write, utf8_text, write_json
 from gru_experiments.models.devices import resolve_device
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.sample_checks import SampleSpec
-from gru_experiments.runs.trained_run import Splits, TrainedRun, evaluate, load
+from gru_experiments.runs.trained_run import Splits, TrainedRun, load
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.generation import (
@@ -38,8 +37,6 @@ from gru_experiments.study.generation import (
     sample_texts,
     validate_sampling,
 )
-from gru_experiments.study.plan import TEXT
-from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text
 
@@ -80,43 +77,28 @@ def read_text_file(name, key: str) -> str:
         raise UserError(f"{key}={name} is not UTF-8 text: {error}") from None
 
 
-def sampled_run(spec: SampleSpec, checkpoint: Path) -> RunDir | None:
-    """The run whose config and summary go with the checkpoint: run=, else the checkpoint's own folder. ckpt= of one
-    run beside run= of another is refused (as train.py refuses resume= and ckpt_path= of two runs)."""
-    own = RunDir.of_checkpoint(checkpoint)
-    if spec.run is None:
-        return own
-    run = RunDir(spec.run)
-    if spec.ckpt is not None and own is not None and own.path.resolve() != run.path.resolve():
-        raise UserError(f"ckpt={spec.ckpt} is a checkpoint of the run {display_path(own.path)}, but run={spec.run} "
-                        "names another run: give one of them (run= samples its last checkpoint)")
-    return run
-
-
-def training_data(trained: TrainedRun, spec: SampleSpec, reads_corpus: bool = False) -> dict:
-    """The data settings the run trained with (its recorded config), else the command's; with reads_corpus, only a
-    corpus the command line names (a checkpoint names none), never the default in the run's place."""
-    if trained.data is not None:
-        return trained.data
-    if reads_corpus and not spec.data_named:
-        run = trained.folder
-        where = f"{display_path(run.config_file)} is missing" if run else "the checkpoint has no run folder"
-        raise UserError(f"the corpus the model trained on is unknown ({where}, and the checkpoint does not name it): "
-                        "give it with data.path=FILE (data.path=null: Tiny Shakespeare), and data.seq_len if the "
-                        "run's was not the default")
-    return spec.data
-
-
 def load_run(spec: SampleSpec, checkpoint: Path, reads_corpus: bool) -> TrainedRun:
     """sample.py's checkpoint on its device (in eval mode) through the one loader (trained_run.load), with its run
-    (run=, else the checkpoint's folder), the data settings it trained with and its evaluation group (the command
-    line's evaluation.* on top; the command's group where the run recorded none)."""
+    (run=, else the checkpoint's folder), the data settings it trained with (else the command's: with reads_corpus,
+    only a corpus the command line names, never the default in the run's place) and its evaluation group (the
+    command line's evaluation.* on top; the command's group where the run recorded none)."""
     device = resolve_device(spec.device)
-    folder = sampled_run(spec, checkpoint)
+    folder = own = RunDir.of_checkpoint(checkpoint)
+    if spec.run is not None:  # ckpt= of another run beside it is refused, as train.py's resume= beside ckpt_path=
+        folder = RunDir(spec.run)
+        if spec.ckpt is not None and own is not None and own.path != folder.path.resolve():
+            raise UserError(f"ckpt={spec.ckpt} is a checkpoint of the run {display_path(own.path)}, but run={spec.run} "
+                            "names another run: give one of them (run= samples its last checkpoint)")
     if spec.cpu_threads:
         torch.set_num_threads(spec.cpu_threads)
     trained = load(checkpoint, device, folder=folder, seed=spec.seed)
-    trained.data = training_data(trained, spec, reads_corpus=reads_corpus)
+    if trained.data is None:
+        if reads_corpus and not spec.data_named:
+            where = f"{display_path(folder.config_file)} is missing" if folder else "the checkpoint has no run folder"
+            raise UserError(f"the corpus the model trained on is unknown ({where}, and the checkpoint does not name "
+                            "it): give it with data.path=FILE (data.path=null: Tiny Shakespeare), and data.seq_len if "
+                            "the run's was not the default")
+        trained.data = spec.data
     if trained.evaluation is None:
         trained.evaluation = spec.evaluation
     trained.evaluation = trained.evaluation_group(spec.evaluation_changes)
@@ -195,13 +177,10 @@ def splits_needed(spec: SampleSpec, trained: TrainedRun, always: bool = False) -
 
 
 def score_checkpoint(trained: TrainedRun, splits: Splits, output_dir: Path) -> dict:
-    """Every inference mode and the context curve on the validation split through the evaluation door, by the
-    run's own plan (its evaluation group and recorded training tokens; without its run folder every figure exact),
-    the text statistics left to stats=true: evaluation.json."""
+    """Every inference mode and the context curve on the validation split, by the run's own plan (without its run
+    folder every figure exact): evaluation.json."""
     started = time.perf_counter()
-    evaluation = evaluate(trained, trained.evaluation_settings(), Split.of(splits.val_ids, trained.tokenizer),
-                          training_tokens=trained.training_tokens, train_ids=splits.train_ids, skip=(TEXT,),
-                          progress=Progress())
+    evaluation = trained.evaluate_validation(splits, progress=Progress())
     modes, *others = evaluation.descriptions()  # the modes', then every other entry's (the cache's)
     print(f"{display_path(splits.source)}: {modes}" + "".join(f"\n{other}" for other in others))
     figures = evaluation.summary()
@@ -263,12 +242,11 @@ def explore_text(spec: SampleSpec, val_text: str) -> str:
     return val_text[spec.explore_start:spec.explore_start + spec.explore_chars]
 
 
-def planted_text(run: RunDir | None, corpus_text: str, ids: torch.Tensor, hold_ids: torch.Tensor, tokenizer,
+def planted_text(probe: dict | None, corpus_text: str, ids: torch.Tensor, hold_ids: torch.Tensor, tokenizer,
                  seed: int) -> PlantedText | None:
-    """The probe's pairs planted in ids when the run trained with it, and ⟪ k before hold_ids (never asked for)."""
-    config = run.config() if run is not None else None
-    probe_cfg = config.get("probe") if config is not None else None
-    settings = ProbeSettings.from_config(OmegaConf.to_container(probe_cfg, resolve=True)) if probe_cfg else None
+    """The probe's pairs planted in ids when the run trained with it (`probe`: its probe group), and ⟪ k before
+    hold_ids (never asked for)."""
+    settings = ProbeSettings.from_config(probe) if probe else None
     if settings is None:
         return None
     symbols = SymbolIds.of(probe_symbols(corpus_text, settings.keys), tokenizer)
@@ -289,7 +267,7 @@ def write_explore_page(spec: SampleSpec, trained: TrainedRun, splits: Splits) ->
     if ids.numel() < 2:
         raise UserError("the text to explore needs at least two tokens")
     hold_ids = splits.val_ids[spec.explore_start:spec.explore_start + spec.explore_hold].cpu()
-    probe = planted_text(run, splits.train_text + splits.val_text, ids, hold_ids, tokenizer, spec.seed)
+    probe = planted_text(trained.probe, splits.train_text + splits.val_text, ids, hold_ids, tokenizer, spec.seed)
     ids = probe.planting.ids if probe else ids
     data = explore(model, tokenizer, ids.to(model.device), seq_len=trained.seq_len,
                    window=trained.evaluation_settings().window, probe=probe)

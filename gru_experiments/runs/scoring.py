@@ -7,7 +7,6 @@ clock and the arithmetic beside the plans they price: study/cost.py; docs/sweeps
 
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,14 +34,12 @@ from gru_experiments.study.text_index import words
 
 class ModesOverTraining(Callback):
     """`run`: the model in training, its tokenizer and seed; `epoch_tokens`: what evaluation.budget is a multiple
-    of here. The word validity needs the training split's text (without it, no tokenizer: no word validity)."""
+    of here; `train_text`: the training split's, for the word validity."""
 
-    def __init__(self, run: TrainedRun, val: Split, epoch_tokens: int, settings: EvaluationSettings,
-                 train_text: str | None = None):
-        self.run = run if train_text is not None else replace(run, tokenizer=None)
-        self.val, self.settings = val, settings
+    def __init__(self, run: TrainedRun, val: Split, epoch_tokens: int, settings: EvaluationSettings, train_text: str):
+        self.run, self.val, self.settings = run, val, settings
         # what the word validity reads of a training index: its words (counted here without the rest)
-        index = SimpleNamespace(vocabulary=frozenset(words(train_text))) if train_text is not None else None
+        index = SimpleNamespace(vocabulary=frozenset(words(train_text)))
         self.asked = dict(training_tokens=epoch_tokens, purpose=OVER_TRAINING, load_text_index=lambda: index)
 
     def plan(self):
@@ -194,7 +191,3 @@ class CostEstimate(Callback):
         asked = dict(training_tokens=training_tokens, train_ids=self.train_ids, probe=self.probe)
         return (plan(self.run, self.settings, self.val, **asked),
                 plan(self.run, self.settings, self.val, purpose=BEST, **asked))
-
-    def evaluation_forward_tokens(self, training_tokens: int) -> int:
-        """The forward tokens of the final weights' plan: those the end-of-run evaluation runs."""
-        return self.plans(training_tokens)[0].forward_tokens

@@ -61,10 +61,6 @@ class EarlyStopping(LightningEarlyStopping):
         return stop_description(self.state_dict()) if self.stopped else None
 
 
-def _is_bool(value) -> bool:
-    return isinstance(value, bool)
-
-
 # Every key of the group, checked before any work (a wrong value would otherwise fail, or silently do nothing, at
 # the first validation): the four conf/early_stopping/default.yaml sets, and Lightning's that pass through to it.
 RULES = [
@@ -74,7 +70,7 @@ RULES = [
     Rule("min_delta", non_negative_number, "a number >= 0", may_be_absent=True),
     Rule("monitor", lambda v: v in LOSSES, " or ".join(LOSSES), may_be_absent=True),
     Rule("mode", lambda v: v in ("min", "max"), "min or max", may_be_absent=True),
-    *(Rule(key, _is_bool, "true or false", may_be_absent=True)
+    *(Rule(key, lambda v: isinstance(v, bool), "true or false", may_be_absent=True)
       for key in ("verbose", "strict", "check_finite", "log_rank_zero_only")),
     *(Rule(key, is_number, "null (off) or a number, in the monitored metric's units", optional=True)
       for key in ("stopping_threshold", "divergence_threshold")),
@@ -126,9 +122,8 @@ def build_early_stopping(settings: dict | None) -> EarlyStopping | None:
 
 
 def stopping_summary(settings: dict | None, callback: EarlyStopping | None) -> dict:
-    """summary.json's record: early_stopping (the group's `settings` without _target_, or None: off), stopped_early,
-    stopped_at_step, stop_reason (None unless it stopped) and early_stopping_best_step (the step of its best
-    validation)."""
+    """summary.json's record of early stopping: its settings (None: off), whether, where and why it stopped, and the
+    step of its best validation."""
     stopped = callback is not None and callback.stopped
     return {
         "early_stopping": ({key: value for key, value in settings.items() if key != "_target_"}

@@ -12,7 +12,7 @@ from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.models import cuda_graphs
 from gru_experiments.models.cuda_graphs import GraphedTrainingStep
 from gru_experiments.models.protocol import build_model, map_state
-from gru_experiments.runs.checkpoints import check_tokenizer, read_checkpoint
+from gru_experiments.runs.checkpoints import read_checkpoint
 from gru_experiments.runs.recipe import Recipe
 from gru_experiments.study.scores import Score, score_batch
 
@@ -51,9 +51,6 @@ class LanguageModelTask(L.LightningModule):
         """probe=recall: the loss weighs each recall target (after `cue`) `weight` times every other target, for a
         control whose copying forms only where recall is a large enough share of the loss (the transformer)."""
         self.recall_cue, self.recall_weight = cue, float(weight)
-
-    def forward(self, tokens, state=None):
-        return self.model(tokens, state)
 
     # --- training -------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -212,12 +209,10 @@ class LanguageModelTask(L.LightningModule):
         return [map_state(lambda t, r=r: t[r], gathered) for r in range(world)]
 
 
-def load_checkpoint(path, map_location="cpu", *, tokenizer_kind: str | None = None,
-                    vocab_size: int | None = None) -> LanguageModelTask:
-    """Model and tokenizer from a checkpoint alone, read with weights_only=True; a UserError for another
-    `tokenizer_kind` or `vocab_size` than asked for, or a missing, truncated or foreign file."""
+def load_checkpoint(path, map_location="cpu") -> LanguageModelTask:
+    """Model and tokenizer from a checkpoint alone, read with weights_only=True; a UserError for a missing,
+    truncated or foreign file."""
     checkpoint = read_checkpoint(path, map_location=map_location)
-    check_tokenizer(checkpoint, path, kind=tokenizer_kind, vocab_size=vocab_size)
     try:
         tokenizer = tokenizer_from_state(checkpoint["tokenizer"])
         task = LanguageModelTask(**checkpoint["hyper_parameters"], tokenizer=tokenizer, from_checkpoint=True)

@@ -9,7 +9,7 @@ evaluate=true and the API's TrainedModel.evaluate and .score: one Request, its p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,7 +23,7 @@ from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.evaluation import DEFAULT_EVALUATION, Evaluation, EvaluationSettings, plan_for
 from gru_experiments.study.evaluation import evaluate as evaluate_plan
 from gru_experiments.study.generation import NO_PROGRESS
-from gru_experiments.study.plan import FINAL, Request
+from gru_experiments.study.plan import FINAL, TEXT, Request
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import TrainingIndex
 
@@ -51,7 +51,7 @@ class TrainedRun:
     evaluation: dict | None = None  # the run's evaluation group; None: not recorded
     seed: int = 0
     data_dir: Path | None = None  # where the text statistics' training index is cached (paths.data_dir)
-    _summary: dict | None = field(default=None, repr=False)
+    probe: dict | None = None  # the run's probe group (probe=recall: explore=true plants its pairs); None: none
 
     @property
     def device(self):
@@ -66,9 +66,7 @@ class TrainedRun:
         return int(seq_len) if seq_len else None
 
     def summary(self) -> dict | None:
-        if self._summary is None and self.folder is not None:
-            self._summary = self.folder.summary()
-        return self._summary
+        return self.folder.summary() if self.folder is not None else None
 
     @property
     def training_tokens(self) -> int | None:
@@ -107,61 +105,53 @@ class TrainedRun:
             raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
         return Splits(source, train_text, val_text, train_ids, val_ids)
 
+    def evaluate_validation(self, splits: Splits, changes: dict | None = None, progress=NO_PROGRESS) -> Evaluation:
+        """The validation split scored by the run's own plan (its evaluation group, `changes` on top, within its
+        recorded training tokens), the text statistics left to stats=true: evaluate=true's and the API's figures."""
+        return evaluate(self, self.evaluation_settings(changes), Split.of(splits.val_ids, self.tokenizer),
+                        training_tokens=self.training_tokens, train_ids=splits.train_ids, skip=(TEXT,),
+                        progress=progress)
+
 
 def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None) -> TrainedRun:
     """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else
-    the checkpoint's own) recorded: the data and evaluation groups, the seed and the data folder."""
+    the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder."""
     task = load_checkpoint(checkpoint, map_location=device)
     model = task.model.to(device).eval()
     folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
-    config = _recorded_config(folder)
-    name = task.hparams.get("model_name") or (folder.model_name() if folder else None) or Path(checkpoint).stem
-    data_dir = config.get("paths.data_dir") if config else None
-    return TrainedRun(model, task.tokenizer, name, Path(checkpoint), folder, config.get("data") if config else None,
-                      config.get("evaluation") if config else None,
-                      seed if seed is not None else int((config or {}).get("seed") or 0),
-                      Path(data_dir) if data_dir else None)
-
-
-def _recorded_config(folder: RunDir | None) -> dict | None:
-    """The run's recorded config, resolved, as plain data; None where it has none or it resolves only inside
-    that run (an interpolation such as ${hydra:...}): each group is then taken where it resolves."""
     config = folder.config() if folder is not None else None
-    if config is None:
-        return None
-    plain = {}
-    for key in ("data", "evaluation", "paths.data_dir", "seed"):
+    recorded = {}
+    for key in ("data", "evaluation", "paths.data_dir", "seed", "probe") if config is not None else ():
         try:
             node = OmegaConf.select(config, key, throw_on_resolution_failure=True)
-            plain[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-        except Exception:  # noqa: BLE001 - a group that does not resolve outside its run is left out
+            recorded[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        except Exception:  # noqa: BLE001 - a group that resolves only inside its run (${hydra:...}) is left out
             continue
-    return plain
+    name = task.hparams.get("model_name") or (folder.model_name() if folder else None) or Path(checkpoint).stem
+    data_dir = recorded.get("paths.data_dir")
+    return TrainedRun(model, task.tokenizer, name, Path(checkpoint), folder, recorded.get("data"),
+                      recorded.get("evaluation"), seed if seed is not None else int(recorded.get("seed") or 0),
+                      Path(data_dir) if data_dir else None, recorded.get("probe"))
 
 
-def evaluate(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
-             purpose: str = FINAL, train_ids=None, probe=None, skip: tuple[str, ...] = (), plan=None,
-             progress=NO_PROGRESS, load_text_index=None) -> Evaluation:
-    """The evaluation door: `run`'s weights scored on `val` by the plan of `settings` within the budget of
-    `training_tokens` (None: every figure exact) for `purpose` (study/plan.py: FINAL, BEST, OVER_TRAINING), the
+def evaluate(run: TrainedRun, settings: EvaluationSettings, val: Split, *, skip: tuple[str, ...] = (), plan=None,
+             progress=NO_PROGRESS, **asked) -> Evaluation:
+    """The evaluation door: `run`'s weights scored on `val` by the plan of `settings` (`asked`: `request`'s), the
     entries in `skip` left out."""
-    return evaluate_plan(request(run, settings, val, training_tokens=training_tokens, purpose=purpose,
-                                 train_ids=train_ids, probe=probe, load_text_index=load_text_index),
-                         plan, progress, skip)
+    return evaluate_plan(request(run, settings, val, **asked), plan, progress, skip)
 
 
 def request(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
             purpose: str = FINAL, train_ids=None, probe=None, load_text_index=None) -> Request:
-    """The evaluation Request of `run` (study/plan.py): what `evaluate` runs, and what a cost estimate prices.
-    The text statistics' training index is counted once per corpus (TrainingIndex.cached)."""
+    """The evaluation Request of `run` (study/plan.py) within the budget of `training_tokens` (None: every figure
+    exact) for `purpose` (FINAL, BEST, OVER_TRAINING). The text statistics' training index is counted once per
+    corpus (TrainingIndex.cached)."""
     def index():
         return TrainingIndex.cached(run.tokenizer.decode(train_ids.tolist()), run.data_dir or Path("data"))
     return Request(run.model, val, settings, training_tokens, purpose, run.tokenizer, train_ids, probe, run.seed,
                    load_text_index or index)
 
 
-def plan(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
-         purpose: str = FINAL, train_ids=None, probe=None, load_text_index=None):
+def plan(run: TrainedRun, settings: EvaluationSettings, val: Split, **asked):
     """What `evaluate` with the same arguments runs (study/evaluation.plan_for): to describe or price it first."""
-    return plan_for(request(run, settings, val, training_tokens=training_tokens, purpose=purpose,
-                            train_ids=train_ids, probe=probe, load_text_index=load_text_index))
+    return plan_for(request(run, settings, val, **asked))

@@ -38,7 +38,7 @@ from gru_experiments.runs.checkpoints import (
 from gru_experiments.runs.checks import RunSpec, check_sizes, validate
 from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
-from gru_experiments.runs.resume import record_resume, resume_run
+from gru_experiments.runs.resume import resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
 from gru_experiments.runs.stopping import EarlyStopping, build_early_stopping, stopping_summary
@@ -157,10 +157,7 @@ def fit_or_count(run: Run, current) -> None:
     spec, task, resume = run.spec, run.task, run.resume
     run.folder.path.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
     if is_first_rank():  # the job's config record, now that the folder is its own and every check has passed
-        if resume is not None:
-            record_resume(run.folder, spec.config)
-        else:
-            run.folder.record_config(spec.config)
+        run.folder.record_config(spec.config, resumed=resume is not None)
     task.run_config = spec.config  # in every checkpoint: resume.saved_config
     run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir, spec.checkpoint_every_n_steps)
     checkpoint_io = AtomicCheckpointIO()
@@ -170,10 +167,9 @@ def fit_or_count(run: Run, current) -> None:
     if run.logger and resume is None and run.parameters is not None:
         run.logger.log_metrics({"parameters": run.parameters})
     epoch_tokens = spec.steps_per_epoch * spec.tokens_per_step
-    tokenizer = run.corpus.tokenizer
     weights = in_memory(run)
     modes = ModesOverTraining(weights, run.val, epoch_tokens, spec.evaluation,
-                              tokenizer.decode(run.corpus.train_ids.tolist()))
+                              run.corpus.tokenizer.decode(run.corpus.train_ids.tolist()))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
                  modes, CostEstimate(weights, run.val, spec.evaluation, tokens_per_step=spec.tokens_per_step,
                                      epoch_tokens=epoch_tokens, eval_batch_size=spec.eval_batch_size, modes=modes,
