@@ -59,9 +59,9 @@ def main():
         _, plain = timed(lambda: score_stateful(model, split, 128, 64, targets_after=128), device)
         (_, kept), with_states = timed(lambda: stateful_states(model, split, 128, 64, targets_after=128), device)
         figures, cache = timed(lambda: cache_figures(kept, split, 128, stride=stride), device)
-        longest = figures.record["longest"]
+        longest = figures["longest"]
         print(f"{name} on {device}: stateful pass {plain:.2f} s, with its states kept {with_states:.2f} s; the cache "
-              f"(N = 128..{longest}, {len(figures.record['sizes'])} sizes, every {stride} position) {cache:.2f} s; "
+              f"(N = 128..{longest}, {len(figures['sizes'])} sizes, every {stride} position) {cache:.2f} s; "
               "states "
               f"{kept.hidden.numel() * 2 / 2**20:.0f} MiB", flush=True)
 

@@ -116,7 +116,7 @@ def test_lambda_zero_gives_the_model_s_own_figure_exactly(monkeypatch):
     assert torch.equal(interpolate(nll, torch.randn(100), 0.0), nll)
     monkeypatch.setattr(cache_module, "LAMBDAS", (0.0,))
     for count in (False, True):
-        record = cache_figures(states, split, 16, count=count).record
+        record = cache_figures(states, split, 16, count=count)
         assert record["sizes"] == cache_sizes(16, 1999) == [16, 128, 256, 512, 1024]  # the streams: one segment
         for figures in record["by_size"].values():
             assert figures["bpc"] == record["model_bpc"] and figures["gain_bpc"] == 0.0
@@ -129,7 +129,7 @@ def test_the_count_cache_serves_a_counted_model():
     split = Split(ids[1500:], torch.ones(7, dtype=torch.long))
     _, states = stateful_states(model, split, 16, 4)
     assert states.hidden is None  # the n-gram has no final hidden states (forward_features: None)
-    record = cache_figures(states, split, 16).record
+    record = cache_figures(states, split, 16)
     assert record["kind"] == "count" and record["sizes"] == [16, 128, 256]
 
 

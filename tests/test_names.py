@@ -8,7 +8,7 @@ gru_experiments/**/*.py, benchmarks/*.py, train.py, sample.py and sweep.py. Chec
 - bare file names (`sample.py`, `RESULTS.md`, `default.yaml`): some file of the repo has that name;
 - a markdown link or image (`[the results](docs/results.md)`): it resolves from the page's folder;
 - dotted names that start at a module of the package (`scores.Split`,
-  `gru_experiments.models.protocol.LanguageModel`, `study/cost.format_estimate`): each
+  `gru_experiments.models.protocol.LanguageModel`, `study/cost.duration`): each
   part is a submodule, or a name the module's source defines (def, class, assignment, import,
   `__all__`), or a class's method or field. `x.y` where y is a key of conf/ (`data.seq_len`,
   `evaluation.window`) is a config key, not a module, and is left alone;

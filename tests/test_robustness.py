@@ -171,7 +171,6 @@ def test_validation_split_with_characters_the_training_split_lacks_is_accepted(t
     ({"top_k": 66}, "invalid top_k=66"),
     ({"top_p": 0.0}, "invalid top_p=0.0: must be null (off) or a number in (0, 1]"),
     ({"top_p": 1.5}, "invalid top_p=1.5"),
-    ({"num_tokens": -1}, "invalid num_tokens=-1"),
     ({"num_samples": 0}, "invalid num_samples=0: must be an integer >= 1"),
     ({"num_samples": 2.5}, "invalid num_samples=2.5: must be an integer >= 1"),
     ({"num_samples": None}, "invalid num_samples=None: must be an integer >= 1"),
@@ -190,7 +189,7 @@ def test_validate_sampling_rejects(settings, expected):
 
 
 def test_validate_sampling_accepts_and_names_keys_with_prefix():
-    validate_sampling({"temperature": 0.8, "top_k": 65, "top_p": 1.0, "num_tokens": 0}, vocab_size=65)
+    validate_sampling({"temperature": 0.8, "top_k": 65, "top_p": 1.0}, vocab_size=65)
     validate_sampling({"temperature": 1, "top_k": None, "top_p": None}, vocab_size=65)
     validate_sampling({"temperature": 0}, vocab_size=65)  # 0: greedy, the argmax
     with pytest.raises(UserError, match=r"invalid sample\.top_k=1000"):
@@ -351,17 +350,6 @@ def test_broken_checkpoints(workspace, tmp_path):
         load_checkpoint(weights)
 
 
-def test_checkpoint_tokenizer_must_match_the_request(workspace):
-    path = finished_checkpoint(workspace)
-    task = load_checkpoint(path, tokenizer_kind="char", vocab_size=54)
-    assert task.tokenizer.kind == "char" and task.model.vocab_size == 54
-    with pytest.raises(UserError, match=r"was trained with a char tokenizer \(54 characters\), but tokenizer=spm "
-                                        "was asked for"):
-        load_checkpoint(path, tokenizer_kind="spm")
-    with pytest.raises(UserError, match="has a vocabulary of 54, but 65 was asked for"):
-        load_checkpoint(path, vocab_size=65)
-
-
 def test_checkpoint_writes_are_atomic_and_last_is_a_file(compose_config, tiny_corpus, tmp_path, monkeypatch):
     written = []
     original = checkpoints.atomic_torch_save
@@ -482,7 +470,7 @@ WINDOW_PAST_THE_BLOCK = ("error: invalid data.seq_len=256: model transformer see
 @pytest.mark.slow
 def test_train_py_refuses_a_transformer_window_longer_than_its_block(workspace, tiny_corpus):
     """Past its block every position of a transformer runs a block of its own: minutes of silence
-    on a CPU. Refused in one line before any work (runs/checks.check_window)."""
+    on a CPU. Refused in one line before any work (runs/checks.check_model)."""
     before = fingerprint(workspace)
     tiny = [o for o in TINY if not o.startswith("data.seq_len=")]
     result = run_script(workspace, f"data.path={tiny_corpus}", *tiny, "model=transformer", "data.seq_len=256",

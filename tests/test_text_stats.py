@@ -15,7 +15,6 @@ from gru_experiments.study.text_index import KneserNeyJudge, SpanSet, TrainingIn
 from gru_experiments.study.text_stats import (
     STATISTICS,
     distinct_2,
-    ends_in_loop,
     jackknife_se,
     ks_statistic,
     line_lengths,
@@ -71,6 +70,10 @@ def test_seq_rep_4_by_hand():
     assert seq_rep_4("a b c d a b c d") == pytest.approx(0.2)
     assert seq_rep_4("a b c d e") == 0.0
     assert seq_rep_4("a b c") is None
+
+
+def ends_in_loop(sample: str) -> bool:
+    return loop_period(sample) is not None
 
 
 def test_loop_rule_by_hand():

@@ -3,7 +3,7 @@ there information past the training window that the model does not read (the cac
 the window against the carried state's, stateful - windowed), and does the carried state buy bits past the
 window on a text where the cache shows there is some to buy."""
 
-from gru_experiments.report.common import cell, escape, plus_minus, table
+from gru_experiments.report.common import escape, group_by, plus_minus, table
 from gru_experiments.report.findings import state_gain
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.significance import WORTH, Difference, difference, side
@@ -28,17 +28,6 @@ def gain_of(job, figure, less=None) -> Difference | None:
     return difference(side(job, figure), None if less is None else side(job, less), worth=WORTH)
 
 
-def by_corpus(jobs) -> dict[str, list]:
-    groups: dict[str, list] = {}
-    for job in jobs:
-        groups.setdefault(corpus(job), []).append(job)
-    return groups
-
-
-def _pair(value, se) -> str:
-    return cell(value, lambda v: plus_minus(v, se, 4, "+"))
-
-
 def cache_section(jobs, plots) -> list[str]:
     shown = cache_record.jobs(jobs)
     if not shown:
@@ -48,12 +37,12 @@ def cache_section(jobs, plots) -> list[str]:
     for job in shown:
         record = cache_record(job)
         by_size = record["by_size"]
-        cells = [_pair(by_size[str(n)]["gain_bpc"], by_size[str(n)]["gain_se"]) if str(n) in by_size else "—"
-                 for n in sizes]
+        cells = [plus_minus(by_size[str(n)]["gain_bpc"], by_size[str(n)]["gain_se"], 4, "+") if str(n) in by_size
+                 else "—" for n in sizes]
         gain = state_gain(job)
         rows.append([escape(job.model), escape(corpus(job)), record["kind"], f"{record['model_bpc']:.4f}", *cells,
-                     _pair(job.number("cache_past_window_bpc"), job.number("cache_past_window_se")),
-                     _pair(*gain) if gain else "—"])
+                     plus_minus(job.number("cache_past_window_bpc"), job.number("cache_past_window_se"), 4, "+"),
+                     plus_minus(*gain, 4, "+") if gain else "—"])
     header = ["model", "corpus", "cache", "model alone", *(f"N = {n}" for n in sizes), "past the window",
               "stateful - windowed"]
     return ["## The cache", "",
@@ -78,7 +67,7 @@ def unread_finding(jobs) -> tuple[str, str]:
     if not judged:
         return cannot("no model with both the cache's figure past the window and stateful - windowed")
     parts, supported, contradicted = [], 0, 0
-    for name, group in by_corpus(judged).items():
+    for name, group in group_by(judged, corpus).items():
         cases = []
         for job in group:
             past, carried = gain_of(job, past_window), gain_of(job, state_gain)
@@ -104,7 +93,7 @@ def long_range_finding(jobs) -> tuple[str, str]:
     if not measured:
         return cannot("no model with the cache's figure past the window (what shows a corpus's long-range "
                       "structure)")
-    groups = by_corpus(measured)
+    groups = group_by(measured, corpus)
     structured = {name: group for name, group in groups.items()
                   if any(gain_of(job, past_window).below for job in group)}
     others = ", ".join(name for name in groups if name not in structured)
@@ -113,20 +102,19 @@ def long_range_finding(jobs) -> tuple[str, str]:
     judged = [job for group in structured.values() for job in group if state_gain(job) is not None]
     if not judged:
         return cannot(f"stateful - windowed on {', '.join(structured)}")
-    parts, bought, against = [], 0, 0
+    parts, bought = [], 0
     for name, group in structured.items():
         cases = []
         for job in (job for job in group if state_gain(job) is not None):
             carried = gain_of(job, state_gain)
             bought += carried.below
-            against += not carried.below
             cases.append(f"{job.model} {carried.text()}")
         parts.append(f"On {name}, stateful - windowed: " + ", ".join(cases))
     evidence = ("Text with long-range structure: a corpus on which some model's cache gains from positions past "
                 f"the window ({', '.join(structured)}" + (f"; not {others}" if others else "") + "). "
                 + "; ".join(parts) + f". The carried state buys bits past the window for {bought} of {len(judged)} "
                 "models there.")
-    return verdict(bought, len(judged), against), evidence
+    return verdict(bought, len(judged), len(judged) - bought), evidence
 
 
 FIGURES = ("cache_size", "cache_gain_bpc", "cache_gain_se", "cache_past_window_bpc", "cache_past_window_se")

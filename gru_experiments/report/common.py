@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from gru_experiments.files import atomic_file
+from gru_experiments.study.cost import duration  # noqa: F401 (the sections' durations: one home)
 
 MISSING = "—"
 
@@ -18,28 +19,21 @@ def finite(value) -> float | None:
     return float(value)
 
 
-def plus_minus(value: float, se: float | None, digits: int = 3, sign: str = "") -> str:
-    """"0.937 ± 0.009" ("+0.937 ± 0.009" with sign "+"); the value alone without a standard error."""
+def plus_minus(value: float | None, se: float | None, digits: int = 3, sign: str = "") -> str:
+    """"0.937 ± 0.009" ("+0.937 ± 0.009" with sign "+"); the value alone without a standard error, — without a value."""
+    if value is None:
+        return MISSING
     return f"{value:{sign}.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
 
 
 def cell(value, fmt) -> str:
-    """A table cell: `value` written by `fmt`, — where there is none."""
     return MISSING if value is None else fmt(value)
 
 
 def figure_cell(job, key: str) -> str:
     """A summary figure ± its standard error (`key`_se; state_gain_bpc's is state_gain_se) to 4 decimals."""
     se = job.number("state_gain_se" if key == "state_gain_bpc" else f"{key}_se")
-    return cell(job.number(key), lambda value: plus_minus(value, se, 4))
-
-
-def duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+    return plus_minus(job.number(key), se, 4)
 
 
 def escape(text: str) -> str:
@@ -52,6 +46,14 @@ def table(header, rows, align: str) -> list[str]:
     align = align.ljust(len(header), align[-1])
     return (["| " + " | ".join(header) + " |", "|" + "".join("---|" if a == "l" else "--:|" for a in align)]
             + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def group_by(items, key) -> dict:
+    """{key(item): its items, in their order}, the keys in the order they first come."""
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
 
 
 def ordered(keys, preferred) -> list:

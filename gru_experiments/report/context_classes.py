@@ -9,8 +9,9 @@ from gru_experiments.report.common import cell, finish, finite, image, ordered, 
 from gru_experiments.report.plots import curve_to_stateful
 from gru_experiments.report.section import Record, Section
 from gru_experiments.report.sweep_folder import run_label
+from gru_experiments.study.evaluation import CLASSES, LONG_COPY
 
-CLASSES = ("word_start", "word_inside", "line_start", "other", "long_copy")  # long_copy: an overlay
+SHOWN = (*CLASSES, LONG_COPY)  # the partition's classes, then the overlay
 PLOT_CLASSES = "context_by_class.png"
 
 
@@ -26,7 +27,7 @@ def class_gain(job, name: str, key: str) -> float | None:
 
 
 CLASS_COLUMNS = {f"{name}_state_gain_{key}": (lambda job, name=name, key=key: class_gain(job, name, key))
-                 for name in ("long_copy", "word_start") for key in ("bpc", "se")}  # results.csv's class columns
+                 for name in (LONG_COPY, "word_start") for key in ("bpc", "se")}  # results.csv's class columns
 
 
 def class_points(entry: dict) -> tuple[list[tuple[int, float, float | None]], tuple[float, float | None] | None]:
@@ -42,14 +43,13 @@ def _row(name: str, entry: dict, contexts: list[int]) -> list[str]:
     points, stateful = class_points(entry)
     by_context = {w: (bpc, se) for w, bpc, se in points}
     gain = entry.get("state_gain") or {}
-    figure = lambda bpc, se: cell(bpc, lambda bpc: plus_minus(bpc, se or None))  # noqa: E731 (se 0: exact, every target)
+    figures = [by_context.get(w, (None, None)) for w in contexts] + [stateful or (None, None)]
     return [name, cell(finite(entry.get("targets")), "{:,.0f}".format),
-            *(figure(*by_context.get(w, (None, None))) for w in contexts), figure(*(stateful or (None, None))),
-            cell(finite(gain.get("bpc")), lambda bpc: plus_minus(bpc, finite(gain.get("se")), 4, "+"))]
+            *(plus_minus(bpc, se or None) for bpc, se in figures),  # se 0: exact (every target), none written
+            plus_minus(finite(gain.get("bpc")), finite(gain.get("se")), 4, "+")]
 
 
 def class_section(jobs, plots: dict[str, Path]) -> list[str]:
-    """report.md's *Context curve by class of target* ([] when no job's curve has classes)."""
     shown = class_jobs(jobs)
     if not shown:
         return []
@@ -62,7 +62,7 @@ def class_section(jobs, plots: dict[str, Path]) -> list[str]:
              "carried state helps). Final weights.", ""]
     for job in shown:
         record = class_record(job)
-        names = ordered(record, CLASSES)
+        names = ordered(record, SHOWN)
         contexts = sorted({w for name in names for w, _, _ in class_points(record[name] or {})[0]})
         lines += [f"### {run_label(job, jobs)}", ""]
         lines += table(["class", "targets", *(str(w) for w in contexts), "stateful", "state gain"],
@@ -76,12 +76,12 @@ def _class_panel(ax, job, label: str) -> None:
     record = class_record(job)
     ticks = sorted({w for entry in record.values() for w, _, _ in class_points(entry or {})[0]})
     stateful_x = max(ticks, default=1) * 4
-    for name in ordered(record, CLASSES):
+    for name in ordered(record, SHOWN):
         points, stateful = class_points(record[name] or {})
         if not points:
             continue
         curve_to_stateful(ax, [w for w, _, _ in points], [bpc for _, bpc, _ in points], stateful and stateful[0],
-                          stateful_x, linestyle="--" if name == "long_copy" else "-", label=name)
+                          stateful_x, linestyle="--" if name == LONG_COPY else "-", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"], fontsize=7)
     finish(ax, 6, title=label, xlabel="tokens of context (from the initial state)", ylabel="bits per character")

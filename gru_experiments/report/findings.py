@@ -5,6 +5,7 @@ the notebook's closing claim (7: GRUs against transformers). The sections' findi
 
 from statistics import fmean
 
+from gru_experiments.report.common import group_by
 from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.section import Findings, cannot, verdict
 from gru_experiments.report.significance import WORTH, difference, side, summary_figure
@@ -73,8 +74,7 @@ def stateless_finding(jobs) -> tuple[str, str]:
 
 def at_two_sizes(jobs) -> dict[str, list]:
     """{tokenizer: its jobs, in their order} of each tokenizer whose jobs have two parameter counts or more."""
-    groups = {kind: [job for job in jobs if (job.values.get("tokenizer") or "?") == kind]
-              for kind in dict.fromkeys(job.values.get("tokenizer") or "?" for job in jobs)}
+    groups = group_by(jobs, lambda job: job.values.get("tokenizer") or "?")
     return {kind: group for kind, group in groups.items() if len({job.number("parameters") for job in group}) > 1}
 
 
@@ -192,27 +192,18 @@ def carried_state_finding(jobs) -> tuple[str, str]:
 SAME_SIZE = 1.1  # two models are of one size when their parameter counts differ by at most this factor
 
 
-def nearest_in_size(job, others):
-    """Of `others` of the job's size (parameters within SAME_SIZE), the nearest to it; None if none is."""
-    size = job.number("parameters")
-    near = [other for other in others
-            if max(other.number("parameters"), size) <= SAME_SIZE * min(other.number("parameters"), size)]
-    return min(near, key=lambda other: abs(other.number("parameters") - size), default=None)
-
-
-def size_pairs(jobs) -> list[tuple]:
-    """(GRU, transformer) of each size: one tokenizer, parameters within SAME_SIZE, each family at_best."""
-    jobs = at_best(jobs)
-
-    def of(family):
-        return [job for job in jobs if job.values.get("family") == family and job.number("stateful_bpc") is not None
-                and job.number("parameters")]
+def pairs_of_size(jobs, family: str, rival: str, alike=lambda job, other: True) -> list[tuple]:
+    """(job, other) for each job of `family`: the job of family `rival`, of its tokenizer and `alike` it, nearest its
+    size, where one is of its size (parameters within SAME_SIZE)."""
     pairs = []
-    for gru in of("gru"):
-        same = [t for t in of("transformer") if t.values.get("tokenizer") == gru.values.get("tokenizer")]
-        if (rival := nearest_in_size(gru, same)) is not None:
-            pairs.append((gru, rival))
-    return sorted(pairs, key=lambda pair: pair[0].number("parameters"))
+    for job in (job for job in jobs if job.values.get("family") == family):
+        size = job.number("parameters")
+        near = [other for other in jobs if other.values.get("family") == rival and alike(job, other)
+                and other.values.get("tokenizer") == job.values.get("tokenizer")
+                and max(other.number("parameters"), size) <= SAME_SIZE * min(other.number("parameters"), size)]
+        if near:
+            pairs.append((job, min(near, key=lambda other: abs(other.number("parameters") - size))))
+    return pairs
 
 
 def _minutes(job) -> str:
@@ -231,7 +222,8 @@ def _recipe(job, jobs) -> str:
 @STUDY.claim("GRUs remain competitive with transformers")
 def transformer_finding(jobs) -> tuple[str, str]:
     """(7) At each size, the GRU's stateful bits per character against the transformer's, ± se."""
-    pairs = size_pairs(jobs)
+    scored = [job for job in at_best(jobs) if job.number("stateful_bpc") is not None and job.number("parameters")]
+    pairs = sorted(pairs_of_size(scored, "gru", "transformer"), key=lambda pair: pair[0].number("parameters"))
     if not pairs:
         return cannot("no GRU and transformer of the same size and tokenizer (python sweep.py models=ladder, "
                       "models=beta)")

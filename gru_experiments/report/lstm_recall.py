@@ -4,7 +4,7 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 
 import math
 
-from gru_experiments.report.findings import nearest_in_size
+from gru_experiments.report.findings import pairs_of_size
 from gru_experiments.report.recall_report import (
     beats_chance,
     changes,
@@ -24,16 +24,11 @@ LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Le
 
 
 def lstm_pairs(jobs) -> list[tuple]:
-    """(LSTM, GRU) recall runs of one size (findings.nearest_in_size), tokenizer, training mode and window:
+    """(LSTM, GRU) recall runs of one size (findings.pairs_of_size), tokenizer, training mode and window:
     each LSTM with the GRU nearest its size; ordered by size, then training."""
     runs = [job for job in recall_jobs(jobs) if job.number("parameters") and distances(job)]
-    pairs = []
-    for lstm in (job for job in runs if job.values.get("family") == "lstm"):
-        alike = [gru for gru in runs if gru.values.get("family") == "gru"
-                 and gru.values.get("tokenizer") == lstm.values.get("tokenizer")
-                 and gru.training_mode == lstm.training_mode and gru.training_window == lstm.training_window]
-        if (gru := nearest_in_size(lstm, alike)) is not None:
-            pairs.append((lstm, gru))
+    pairs = pairs_of_size(runs, "lstm", "gru", lambda lstm, gru: (gru.training_mode, gru.training_window)
+                          == (lstm.training_mode, lstm.training_window))
     return sorted(pairs, key=lambda pair: (pair[1].number("parameters"), pair[0].training))
 
 

@@ -19,17 +19,11 @@ def judged(job) -> bool:
             and bool(job.number("train_steps")))
 
 
-def onset_jobs(jobs) -> list:
-    return [job for job in jobs if judged(job)]
-
-
-def fall(job) -> float:
-    """Final - best validation bits per character: how far the final weights fall from the best."""
+def fall(job) -> float:  # how far the final weights fall from the best (validation bpc)
     return job.number("val_bpc") - job.best("val_bpc")
 
 
 def length(job) -> int:
-    """The recipe's steps, else (unknown) the steps trained."""
     return job.number("recipe_steps") or job.number("train_steps")
 
 
@@ -60,7 +54,7 @@ def describe(job) -> str:
 
 
 def overfitting_section(jobs, plots) -> list[str]:
-    chosen = onset_jobs(jobs)
+    chosen = [job for job in jobs if judged(job)]
     if not chosen:
         return []
     rows = []
@@ -89,8 +83,8 @@ OVERFITTING = Findings("Findings on overfitting", "When each model starts to ove
 @OVERFITTING.claim("Overfitting onset is late for Astra-γ, medium for Scribe-γ and early for Leviathan")
 def onset_finding(jobs) -> tuple[str, str]:
     """The original study's table, model by model, wherever the model ran; "not run" where it did not."""
-    chosen = onset_jobs(jobs)
-    parts, agree, counted, against, absent = [], 0, 0, 0, []
+    chosen = [job for job in jobs if judged(job)]
+    parts, agree, counted, absent = [], 0, 0, []
     for name, claimed in ORIGINAL.items():
         runs = [job for job in chosen if job.name == name]
         if not runs:
@@ -104,7 +98,6 @@ def onset_finding(jobs) -> tuple[str, str]:
                 continue
             counted += 1
             agree += found == claimed
-            against += found != claimed
             parts.append(f"{describe(job)} (claimed {claimed}: {'agrees' if found == claimed else 'differs'})")
     if not counted:
         return cannot(f"a run of Astra-γ, Scribe-γ or Leviathan past its onset ({'; '.join(parts)}; "
@@ -114,7 +107,7 @@ def onset_finding(jobs) -> tuple[str, str]:
                 f"up to {MEDIUM:.0%}, late beyond): " + "; ".join(parts) + f". The onset agrees with the table for "
                 f"{agree} of {counted} runs judged" + (f"; not run: {', '.join(absent)}" if absent else "") + "."
                 + (" The other models of this sweep: " + "; ".join(others) + "." if others else ""))
-    return verdict(agree, counted, against), evidence
+    return verdict(agree, counted, counted - agree), evidence
 
 
 SECTION = Section("overfitting onset", overfitting_section, findings=OVERFITTING, columns={

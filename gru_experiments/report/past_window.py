@@ -3,8 +3,8 @@ past the windowed mode's context (streams with a long BPTT, long windows) beside
 finding 21: does a gradient path past the window teach the state to read past it? Every figure is of a setting
 (its means over seeds, settings.py) and every comparison goes through significance.py."""
 
-from gru_experiments.report.cache_report import by_corpus, corpus, past_window
-from gru_experiments.report.common import MISSING, cell, duration, escape, table
+from gru_experiments.report.cache_report import corpus, past_window
+from gru_experiments.report.common import MISSING, cell, duration, escape, group_by, table
 from gru_experiments.report.findings import state_gain
 from gru_experiments.report.section import Findings, Section, cannot
 from gru_experiments.report.significance import WORTH, difference, side
@@ -71,7 +71,7 @@ def past_window_finding(jobs) -> tuple[str, str]:
                                     f"{longest.training_window}, is within the windowed mode's {window(longest)} "
                                     "(a smoke run trains on windows of 32: add evaluation.window=16)"))
     parts, over_seeds, single = [], 0, 0
-    for name, group in by_corpus(shown).items():
+    for name, group in group_by(shown, corpus).items():
         gains = {id(job): difference(side(job, state_gain), worth=WORTH) for job in group}
         trained_past = [job for job in group if job in recurrent]
         if not trained_past:

@@ -30,7 +30,6 @@ def no_memory(job) -> float | None:
 
 
 def inference_window(job) -> int | None:
-    """The windowed inference mode's window (the recall record's "window")."""
     window = finite((recall_record(job) or {}).get("window"))
     return None if window is None else int(window)
 
@@ -121,7 +120,6 @@ def _settings(job) -> str:
 
 
 def recall_section(jobs, plots: dict[str, Path]) -> list[str]:
-    """report.md's *Planted recall* section ([] when no job has a recall record)."""
     shown = recall_jobs(jobs)
     if not shown:
         return []
@@ -138,7 +136,7 @@ def recall_section(jobs, plots: dict[str, Path]) -> list[str]:
         bits = no_memory(job)
         rows.append([str(distance), f"{job.name}, {job.training}" if names else job.training,
                      where(distance, job.training_window),
-                     *(MISSING if p is None else plus_minus(p[0], p[1]) for p in points),
+                     *(plus_minus(*(p or (None, None))[:2]) for p in points),
                      _targets(points), MISSING if bits is None else f"{bits:.3f}"])
     lines += table(["distance", "training", "training window", *MODES_BY_CONTEXT, "targets", "log2 K"], rows, "rllr")
     lines += [""] + [_settings(job) for job in shown]
@@ -191,23 +189,18 @@ def _at(points) -> str:
     return ", ".join(f"d = {d}: {plus_minus(bits, se)}" for d, (bits, se, _) in points)
 
 
-def _below_chance(job, found, inference: str) -> list[tuple[int, tuple]]:
-    """The (distance, point)s of `found` (the job's in `inference`) that beat log2 K by two standard errors."""
-    return [(d, p) for d, p in found if beats_chance(job, d, inference)]
-
-
 def _instrument_part(job) -> tuple[bool, bool, str]:
     """(detected, the windowed control fails, the evidence) of one run."""
     window, seen = job.training_window, inference_window(job)
-    detected = _below_chance(job, points(job, "stateful", window, "inside"), "stateful")
+    detected = [(d, p) for d, p in points(job, "stateful", window, "inside") if beats_chance(job, d, "stateful")]
     part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
             "log2 K by more than two standard errors "
             + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
     past = points(job, "windowed", seen, "past")
-    leaks = _below_chance(job, past, "windowed")
+    leaks = [d for d, _ in past if beats_chance(job, d, "windowed")]
     if past:
         part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
-                 + (f"below log2 K at d = {', '.join(str(d) for d, _ in leaks)}" if leaks else "at chance"))
+                 + (f"below log2 K at d = {', '.join(map(str, leaks))}" if leaks else "at chance"))
     else:
         part += "; no distance past the windowed mode's window to check it against"
     return bool(detected), bool(leaks), part
@@ -323,7 +316,6 @@ def _horizon(job, h: dict) -> list[str]:
 
 
 def horizon_section(jobs, plots: dict) -> list[str]:
-    """report.md's *Memory horizon* table ([] without a run with the probe)."""
     shown = recall_jobs(jobs)
     if not shown:
         return []
@@ -367,7 +359,6 @@ def most_helped_class(job) -> str:
 
 
 def cost_section(jobs, plots: dict) -> list[str]:
-    """report.md's *What the recall costs* table ([] without a run with the probe)."""
     shown = recall_jobs(jobs)
     if not shown:
         return []

@@ -140,8 +140,7 @@ def _samples_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]
         return lines + [f"{MISSING} no job wrote samples.json.", ""]
     for job in with_samples:
         samples = job.samples
-        prompts = list(samples.get("prompts") or [])
-        stateful, stateless = list(samples.get("stateful") or []), list(samples.get("stateless") or [])
+        prompts, stateful, stateless = (list(samples.get(key) or []) for key in ("prompts", "stateful", "stateless"))
         pick = lambda texts, i: escape(str(texts[i])) if i < len(texts) and texts[i] is not None else MISSING  # noqa: E731
         rows = [[f"`{escape(str(prompt)).strip()}`", pick(stateful, i), pick(stateless, i)]
                 for i, prompt in enumerate(prompts)]

@@ -9,7 +9,7 @@ A run that is not completed, or whose seed is unknown or repeats one of its sett
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 
-from gru_experiments.report.common import finite
+from gru_experiments.report.common import finite, group_by
 from gru_experiments.report.sweep_folder import JobResult
 
 # What tells settings apart beside the job's config (which a sweep's job folder records, seed removed).
@@ -70,10 +70,8 @@ class Setting(JobResult):
 
 def group_settings(jobs: list[JobResult]) -> list[JobResult]:
     """The jobs with each setting's completed runs (distinct known seeds) as one Setting, where its first run was."""
-    groups: dict[tuple, list[JobResult]] = {}
-    for job in jobs:
-        if job.status == "completed" and job.values.get("seed") is not None:
-            groups.setdefault(setting_key(job), []).append(job)
+    groups = group_by([job for job in jobs if job.status == "completed" and job.values.get("seed") is not None],
+                      setting_key)
     merged = {id(runs[0]): Setting.of(runs) for runs in groups.values()
               if len(runs) > 1 and len({str(run.values["seed"]) for run in runs}) == len(runs)}
     members = {id(run) for setting in merged.values() for run in setting.runs}

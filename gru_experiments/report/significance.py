@@ -42,7 +42,6 @@ class Difference:
 
     @property
     def below(self) -> bool:
-        """a is below b by more than the threshold."""
         return self.value < -self.threshold
 
     @property
@@ -70,9 +69,9 @@ def side(item, figure) -> dict:
     return found
 
 
-def summary_figure(key: str, se_key: str | None = None):
-    """A `figure` for `side`: the summary's `key` and its standard error (`key`_se unless `se_key`)."""
-    return lambda job: (job.number(key), job.number(se_key or f"{key}_se") or 0.0)
+def summary_figure(key: str):
+    """A `figure` for `side`: the summary's `key` and its standard error (`key`_se)."""
+    return lambda job: (job.number(key), job.number(f"{key}_se") or 0.0)
 
 
 def _mean_and_se(values: dict) -> tuple[float, float]:
@@ -93,16 +92,13 @@ def difference(a: dict, b: dict | None = None, worth: float = 0.0) -> Difference
         return None
     n_a, n_b = len(a), (len(b) if b is not None else 0)
     shared = [seed for seed in a if b is not None and seed in b and not str(seed).startswith("run ")]
-    if n_a >= 2 and (b is None or n_b >= 2):
-        if b is not None and len(shared) >= 2:
-            gaps = [a[seed][0] - b[seed][0] for seed in shared]
-            found = Difference(fmean(gaps), stdev(gaps) / math.sqrt(len(gaps)), (len(shared), len(shared)), True,
-                               worth)
-        else:
-            (mean_a, se_a), (mean_b, se_b) = _mean_and_se(a), (_mean_and_se(b) if b is not None else (0.0, 0.0))
-            found = Difference(mean_a - mean_b, math.hypot(se_a, se_b), (n_a, n_b), False, worth)
+    over_seeds = n_a >= 2 and (b is None or n_b >= 2)
+    if over_seeds and len(shared) >= 2:
+        gaps = [a[seed][0] - b[seed][0] for seed in shared]
+        found = Difference(fmean(gaps), stdev(gaps) / math.sqrt(len(gaps)), (len(shared), len(shared)), True, worth)
     else:
-        (mean_a, se_a), (mean_b, se_b) = _within(a), (_within(b) if b is not None else (0.0, 0.0))
+        mean_and_se = _mean_and_se if over_seeds else _within
+        (mean_a, se_a), (mean_b, se_b) = mean_and_se(a), (mean_and_se(b) if b is not None else (0.0, 0.0))
         found = Difference(mean_a - mean_b, math.hypot(se_a, se_b), (n_a, n_b), False, worth)
     if (used := _used.get()) is not None:
         used.append(found)
@@ -128,20 +124,18 @@ def rests_on(used: list[Difference], jobs) -> str:
     """The sentence a finding ends with: how many trainings its comparisons (else its settings) rest on."""
     if used:
         over_seeds = [d for d in used if d.over_seeds]
+        sizes = [n for d in over_seeds for n in d.trainings if n]
         if len(over_seeds) == len(used):
             paired = sum(d.paired for d in used)
-            sizes = [n for d in used for n in d.trainings if n]
             return (f"Rests on {_count(sizes)} trainings a side ({len(used)} comparisons; "
                     + (f"{paired} paired by seed; " if paired else "")
                     + "standard errors from the spread between trainings).")
-        single = len(used) - len(over_seeds)
         if not over_seeds:
             return ("Rests on one training each (the within-run standard errors, which say nothing of a second "
                     "training).")
-        sizes = [n for d in over_seeds for n in d.trainings if n]
         return (f"Rests on {_count(sizes)} trainings a side in {len(over_seeds)} of {len(used)} comparisons (the "
-                f"spread between trainings) and one training on a side in {single} (its within-run standard "
-                "errors, which say nothing of a second training).")
+                f"spread between trainings) and one training on a side in {len(used) - len(over_seeds)} (its "
+                "within-run standard errors, which say nothing of a second training).")
     ns = [len(job.runs) for job in jobs if getattr(job, "status", "completed") == "completed"]
     if not ns:
         return ""

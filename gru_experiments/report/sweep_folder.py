@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import corpus_name
 from gru_experiments.errors import NoResultsError, UserError
-from gru_experiments.report.common import finite
+from gru_experiments.report.common import finite, group_by
 from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.run_dir import RunDir
@@ -40,8 +40,7 @@ class JobResult:
         return 1
 
     @property
-    def name(self) -> str:
-        """The model's config name."""
+    def name(self) -> str:  # the model's config name
         return self.values.get("model") or self.job
 
     @property
@@ -113,9 +112,8 @@ def planned_models(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
-        names = (list(override.sweep_string_iterator()) if override.is_sweep_override()
-                 else [override.get_value_element_as_str()])
-        return names
+        return (list(override.sweep_string_iterator()) if override.is_sweep_override()
+                else [override.get_value_element_as_str()])
     return []
 
 
@@ -211,10 +209,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
 def name_variants(jobs: list[JobResult]) -> None:
     """Each job's variant: the corpus, training window, lr, recipe, probe and seed that vary among its model's runs
     in one training mode (a setting of several trainings has no seed of its own: its runs' seeds do not name it)."""
-    groups: dict[tuple, list[JobResult]] = {}
-    for job in jobs:
-        groups.setdefault((job.name, job.training_mode), []).append(job)
-    for group in groups.values():
+    for group in group_by(jobs, lambda job: (job.name, job.training_mode)).values():
         varies = [key for key in ("corpus", "seq_len", "lr", "optim", "probe", "seed")
                   if key != "seed" or all(job.n == 1 for job in group)
                   if len({str(job.values.get(key)) for job in group}) > 1]
@@ -242,7 +237,6 @@ def run_label(job: JobResult, jobs: list[JobResult]) -> str:
 
 # --- the ladder: models of several families side by side ----------------------------------
 def ladder_jobs(jobs: list[JobResult]) -> list[JobResult]:
-    """The completed jobs, in launch order, when they span more than one model family; else []."""
     done = [job for job in jobs if job.status == "completed"]
     return done if len({job.values.get("family") for job in done}) > 1 else []
 

@@ -6,7 +6,7 @@ random strings (floor) and a looped phrase (ceiling); and, where drawn, the drif
 
 from pathlib import Path
 
-from gru_experiments.report.common import MISSING, finish, finite, image, ordered, plus_minus, save, subplots, table
+from gru_experiments.report.common import finish, finite, image, ordered, plus_minus, save, subplots, table
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.significance import Difference, difference, side
 from gru_experiments.report.sweep_folder import run_label
@@ -58,8 +58,7 @@ def text_rows(record: dict) -> list[tuple[str, dict]]:
 
 
 def _cell(entry) -> str:
-    figure = _pair(entry)
-    return MISSING if figure is None else plus_minus(*figure)
+    return plus_minus(*(_pair(entry) or (None, None)))
 
 
 # --- results.csv --------------------------------------------------------------------------------------------
@@ -101,7 +100,7 @@ def _drift_table(record: dict) -> list[str]:
 
 
 def text_section(jobs, plots: dict[str, Path]) -> list[str]:
-    """report.md's *Generated text* section: a table per run with a text record ([] when none has)."""
+    """A table per run with a text record."""
     shown = text_jobs(jobs)
     if not shown:
         return []

@@ -44,7 +44,7 @@ def grid_section(jobs, plots: dict[str, Path]) -> list[str]:
              "inference mode; validation bits per character, final weights. Stateful - windowed is paired "
              "target by target (± one standard error); negative where the carried state beats the window.", ""]
     rows = [[name, mode, *(cell(job.number(f"{m}_bpc"), "{:.4f}".format) for m in MODES_BY_CONTEXT),
-             cell(job.number("state_gain_bpc"), lambda gain: plus_minus(gain, job.number("state_gain_se"), 5, "+")),
+             plus_minus(job.number("state_gain_bpc"), job.number("state_gain_se"), 5, "+"),
              cell(job.number("train_seconds"), duration)]
             for name, modes in grid.items() for mode, job in modes.items()]
     lines += table(["model", "training", *MODES_BY_CONTEXT, "stateful - windowed", "training time"], rows, "llr")

@@ -39,10 +39,8 @@ CPU_STRIDE = 4
 
 @dataclass(frozen=True)
 class StreamStates:
-    """What the cache reads of a stateful pass, per stream it ran (`rows`, every stride-th of the split's streams
-    of `length`): row r, column j is the input at rows[r] * length + j, whose target follows it; `nll` (R, L)
-    every target's NLL (nats, float32; 0 past the split's end), `hidden` (R, L, C) the final hidden states that
-    predicted them (bfloat16), None for a model without (an n-gram)."""
+    """What the cache keeps of a stateful pass: its chunks (scores.StatefulChunk: rows, length, nll; the features
+    as `hidden`, in bfloat16) side by side, (R, L) and (R, L, C) for the whole of every stream it ran."""
     rows: Tensor
     length: int
     nll: Tensor
@@ -55,7 +53,6 @@ class StreamStates:
 
     @classmethod
     def joined(cls, chunks: list[StreamStates]) -> StreamStates:
-        """A pass's chunks side by side, in order."""
         first = chunks[0]
         return cls(first.rows, first.length, torch.cat([c.nll for c in chunks], dim=1),
                    None if first.hidden is None else torch.cat([c.hidden for c in chunks], dim=1))
@@ -152,44 +149,14 @@ def interpolate(model_nll: Tensor, log_cache: Tensor, lam: float) -> Tensor:
                             torch.full_like(model_nll, -math.inf) if lam == 0 else math.log(lam) + log_cache)
 
 
-@dataclass
-class CacheFigures:
-    """The cache's figures on the second half (`record`: summary.json's "cache"), or why there are none."""
-    record: dict
-
-    def summary(self) -> dict:
-        record, longest = self.record, str(self.record.get("longest"))
-        at = record.get("by_size", {}).get(longest, {})
-        return {"cache_size": record.get("longest"), "cache_gain_bpc": at.get("gain_bpc"),
-                "cache_gain_se": at.get("gain_se"), "cache_past_window_bpc": at.get("past_window_bpc"),
-                "cache_past_window_se": at.get("past_window_se"), "cache": record}
-
-    def describe(self) -> str:
-        r = self.record
-        if "by_size" not in r:
-            return f"cache: not measured ({r['note']})"
-        parameter = "θ" if r["kind"] == "continuous" else "β"
-        every = f" (every {r['every']}th)" if r.get("every", 1) > 1 else ""
-        lines = [f"{r['kind']} cache over the last N tokens, λ and {parameter} fitted on the first half of the "
-                 f"{r['halves_of']} ({r['fit_targets']:,} targets{every}), scored on the second ({r['test_targets']:,};"
-                 f" the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "
-                 f"cache({r['window']}), paired:",
-                 f"{'N':>6} {'λ':>5} {parameter:>8} {'bits/char':>10} {'gain':>16} {'past the window':>18}"]
-        for n, f in r["by_size"].items():
-            past = "" if f["past_window_bpc"] is None else _pm(f["past_window_bpc"], f["past_window_se"])
-            lines.append(f"{n:>6} {f['lambda']:>5.2f} {f['parameter']:>8.3g} {f['bpc']:>10.4f} "
-                         f"{_pm(f['gain_bpc'], f['gain_se']):>16} {past:>18}")
-        return "\n".join(lines)
-
-
 def _pm(value: float | None, se: float | None) -> str:
     return "" if value is None else f"{value:+.4f} ± {se:.4f}" if se is not None else f"{value:+.4f}"
 
 
-def cache_figures(states: StreamStates, split: Split, window: int, count: bool = False,
-                  stride: int = 1) -> CacheFigures:
-    """The cache figures from a stateful pass's states (count: the count cache, whatever the states), on every
-    stride-th position of the continuous cache (every position a key)."""
+def cache_figures(states: StreamStates, split: Split, window: int, count: bool = False, stride: int = 1) -> dict:
+    """The cache's figures on the second half (summary.json's "cache"), or why there are none, from a stateful pass's
+    states (count: the count cache, whatever the states), on every stride-th position of the continuous cache (every
+    position a key)."""
     n, ids = split.n_targets, split.ids
     rows, length, device = states.rows, states.length, states.nll.device
     positions = rows.to(device).unsqueeze(1) * length + torch.arange(length, device=device) + 1  # (R, L) targets
@@ -214,7 +181,7 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
         log_cache = continuous_cache(hidden, targets, sizes, list(grid), stride)[..., queried] if sizes else None
         scored = sampled
     if not sizes:
-        return CacheFigures({"note": f"no cache size fits: the longest history is under the window ({window})"})
+        return {"note": f"no cache size fits: the longest history is under the window ({window})"}
     positions, model_nll = positions[scored], states.nll.reshape(scored.shape)[scored].double()
     cut, halves = n // 2, "split"
     first = int((positions <= cut).sum())
@@ -222,7 +189,7 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
         cut, halves = int(positions.median()), "kept targets"
     fit = positions <= cut
     if not bool(fit.any()) or bool(fit.all()):
-        return CacheFigures({"note": "too few targets kept to fit on some and score the others"})
+        return {"note": "too few targets kept to fit on some and score the others"}
     test = torch.zeros(n + 1, dtype=torch.bool, device=device)
     test[cut + 1:] = True
     model = score_subset(Score(positions=positions, target_nll=model_nll), test, split)
@@ -240,10 +207,10 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
                               "gain_se": finite_or_null(gain.bpc_se),
                               "past_window_bpc": None if past is None else finite_or_null(past.bpc),
                               "past_window_se": None if past is None else finite_or_null(past.bpc_se)}
-    return CacheFigures({"kind": "count" if count else "continuous", "window": window, "sizes": sizes,
-                         "longest": sizes[-1], "halves_of": halves, "every": 1 if count else stride,
-                         "fit_targets": int(fit.sum()), "test_targets": model.tokens, "model_bpc": model.bpc,
-                         "streams_kept": int(rows.numel()), "by_size": by_size})
+    return {"kind": "count" if count else "continuous", "window": window, "sizes": sizes, "longest": sizes[-1],
+            "halves_of": halves, "every": 1 if count else stride, "fit_targets": int(fit.sum()),
+            "test_targets": model.tokens, "model_bpc": model.bpc, "streams_kept": int(rows.numel()),
+            "by_size": by_size}
 
 
 class CacheEntry(Entry):
@@ -256,14 +223,35 @@ class CacheEntry(Entry):
 
     read = staticmethod(StreamStates.of_chunk)
 
-    def run(self, request: Request, plan: Plan, results: list[StreamStates] | None) -> CacheFigures:
+    def run(self, request: Request, plan: Plan, results: list[StreamStates] | None) -> dict:
         if results is None:
-            return CacheFigures({"note": "the stateful figure was a sample of windows (a finite-context model "
-                                         "under the budget): no states kept"})
+            return {"note": "the stateful figure was a sample of windows (a finite-context model under the budget): "
+                            "no states kept"}
         states = StreamStates.joined(results)
         split = replace(request.val, ids=request.val.ids.to(states.nll.device))
         exact = request.settings.budget is None or states.nll.device.type != "cpu"
         # "Past the window": past the windowed mode's context (evaluation.window; by default the training window).
         return cache_figures(states, split, plan.window, stride=1 if exact else CPU_STRIDE)
 
-    summary, describe = staticmethod(CacheFigures.summary), staticmethod(CacheFigures.describe)
+    def summary(self, record: dict) -> dict:
+        longest = str(record.get("longest"))
+        at = record.get("by_size", {}).get(longest, {})
+        return {"cache_size": record.get("longest"), "cache_gain_bpc": at.get("gain_bpc"),
+                "cache_gain_se": at.get("gain_se"), "cache_past_window_bpc": at.get("past_window_bpc"),
+                "cache_past_window_se": at.get("past_window_se"), "cache": record}
+
+    def describe(self, r: dict) -> str:
+        if "by_size" not in r:
+            return f"cache: not measured ({r['note']})"
+        parameter = "θ" if r["kind"] == "continuous" else "β"
+        every = f" (every {r['every']}th)" if r.get("every", 1) > 1 else ""
+        lines = [f"{r['kind']} cache over the last N tokens, λ and {parameter} fitted on the first half of the "
+                 f"{r['halves_of']} ({r['fit_targets']:,} targets{every}), scored on the second ({r['test_targets']:,};"
+                 f" the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "
+                 f"cache({r['window']}), paired:",
+                 f"{'N':>6} {'λ':>5} {parameter:>8} {'bits/char':>10} {'gain':>16} {'past the window':>18}"]
+        for n, f in r["by_size"].items():
+            past = "" if f["past_window_bpc"] is None else _pm(f["past_window_bpc"], f["past_window_se"])
+            lines.append(f"{n:>6} {f['lambda']:>5.2f} {f['parameter']:>8.3g} {f['bpc']:>10.4f} "
+                         f"{_pm(f['gain_bpc'], f['gain_se']):>16} {past:>18}")
+        return "\n".join(lines)

@@ -6,9 +6,12 @@ docs/sweeps.md."""
 import time
 import weakref
 
+import torch
+
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.evaluation import EvaluationSettings
-from gru_experiments.study.plan import CURVE, MODE, STATEFUL, TEXT, WINDOWED, Plan
+from gru_experiments.study.generation import eval_mode
+from gru_experiments.study.plan import CURVE, MODE, TEXT, WINDOWED, Plan
 
 
 def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
@@ -29,7 +32,7 @@ def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
     left = [f"{listed} sampled, with their standard errors"] if names else []
     text = next((p for p, owner in zip(plan.passes, plan.owners) if owner == TEXT), None)
     asked = settings.text
-    if text is None and asked.samples and plan.figure(STATEFUL) is not None:
+    if text is None and asked.samples:
         left.append("no text statistics")
     elif text is not None and (text.targets < asked.samples or (asked.drift_chars and not text.drift)):
         left.append(f"text statistics on {text.targets} of {asked.samples} samples per setting"
@@ -40,11 +43,7 @@ def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
         f": {'; '.join(left)} (evaluation.budget=null: everything)" if left else ", everything exact")
 
 
-# The seconds of a plan's passes on this machine, from a quick calibration (EvaluationClock): the forward passes of
-# the model at the shapes the passes run (a batch of windows; the text statistics' sampling steps), timed once.
 CALIBRATION_REPEATS = 3  # each shape timed this many times after a warm-up, the fastest kept
-
-
 _CLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -64,13 +63,8 @@ class EvaluationClock:
         return clock
 
     def call(self, rows: int, length: int) -> float:
-        """The seconds of one forward pass of `rows` x `length` tokens from a zero state (no gradient)."""
         key = (max(1, int(rows)), max(1, int(length)))
         if key not in self._seconds:
-            import torch
-
-            from gru_experiments.study.generation import eval_mode
-
             tokens = torch.zeros(key, dtype=torch.long, device=self.model.device)  # the global RNG untouched
             times = []
             with torch.no_grad(), eval_mode(self.model):
@@ -104,12 +98,13 @@ class EvaluationClock:
         return sum(self.pass_seconds(p) for p in plan.passes)
 
 
-def format_estimate(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def duration(seconds: float) -> str:
+    """Seconds as the estimates and the report write them: "9.5 s", "4 min 05 s", "1 h 02 min"."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
 
 
 def estimate(clock: EvaluationClock, *, step_seconds: float, steps_left: int, validations: int, val_targets: int,
@@ -127,11 +122,11 @@ def estimate(clock: EvaluationClock, *, step_seconds: float, steps_left: int, va
 
 
 def describe_estimate(e: dict) -> str:
-    return (f"estimated time left: {format_estimate(e['total_seconds'])} = training "
-            f"{format_estimate(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
-            f"+ validation {format_estimate(e['validation_seconds'])} + end-of-run evaluation "
-            f"{format_estimate(e['eval_seconds'])} ("
+    return (f"estimated time left: {duration(e['total_seconds'])} = training "
+            f"{duration(e['train_seconds'])} ({e['steps_left']:,} steps at {e['step_seconds']:.3g} s) "
+            f"+ validation {duration(e['validation_seconds'])} + end-of-run evaluation "
+            f"{duration(e['eval_seconds'])} ("
             + (f"{e['eval_seconds']:.0f} s, " if e['eval_seconds'] >= 90 else "")
             + f"{e['eval_forward_tokens']:,} forward tokens; "
-            f"evaluation.budget bounds it), and {format_estimate(e['best_seconds'])} more "
+            f"evaluation.budget bounds it), and {duration(e['best_seconds'])} more "
             f"({e['best_forward_tokens']:,}) if the best checkpoint is not the final weights")

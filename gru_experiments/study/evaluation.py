@@ -1,7 +1,6 @@
-"""The evaluation as a registry of entries (plan.Entry: the modes, the cache, the text statistics, the word
-validity over training, the recall figures) and its entry points, `plan_for(request)` and `evaluate(request)`,
-which every evaluation and the cost estimate go through, with the settings it is built from (EvaluationSettings)
-and the context curve's record. A new figure is one entry appended to ENTRIES (docs/evaluation.md).
+"""The evaluation as a registry of entries (ENTRIES: a new figure is one entry appended, docs/evaluation.md) and
+its entry points, `plan_for(request)` and `evaluate(request)`, which every evaluation and the cost estimate go
+through; the settings it is built from and the context curve's record.
 """
 
 import math
@@ -42,7 +41,6 @@ FIGURES = (STATEFUL, STATELESS, WINDOWED, BIGRAM)
 # --- the evaluation's settings, each part a frozen dataclass holding its rules (defaults: conf/evaluation/
 # default.yaml), built once per run from the checked config; a bad value is one UserError naming the key
 def _from(cls, node, prefix: str, **more):
-    """An instance of dataclass `cls` from its config group `node`, whose keys are those of cls.RULES."""
     check_rules(node, [], prefix, known=[rule.key for rule in cls.RULES])
     return cls(**node, **more)
 
@@ -227,22 +225,18 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
     plan = plan or plan_for(request)
     request = replace(request, val=request.val.to(request.model.device))
     results = [{} if owner in skip else p.run(request, progress) for p, owner in zip(plan.passes, plan.owners)]
+    # what each reader read of every chunk of the stateful pass (Plan.read_by), by name; {}: none read it
+    readings = getattr(results[plan.figure(STATEFUL).passes[0]].get(None), "readings", None) or {}
     out = {}
     for entry in ENTRIES:
         own = [r for r, owner in zip(results, plan.owners) if owner == entry.name]
         if entry.reads_every_pass:
             out[entry.name] = entry.run(request, plan, results)
         elif entry.reads_stateful(request) and entry.name not in skip:
-            out[entry.name] = entry.run(request, plan, _readings(plan, results).get(entry.name))
+            out[entry.name] = entry.run(request, plan, readings.get(entry.name))
         elif own and entry.name not in skip:
             out[entry.name] = entry.run(request, plan, own)
     return Evaluation(plan, out)
-
-
-def _readings(plan: Plan, results: list[dict]) -> dict[str, list]:
-    """What each reader read of every chunk of the stateful pass (Plan.read_by), by name; {}: none read it."""
-    score = results[plan.figure(STATEFUL).passes[0]].get(None)
-    return getattr(score, "readings", None) or {}
 
 
 def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:

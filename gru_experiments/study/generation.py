@@ -1,7 +1,6 @@
-"""Generating text with a trained model in the study's three inference modes (docs/internals.md,
-*Generating text*). The samplers take a `choose` function (logits (B, V) -> ids (B,): `make_chooser`)
-and use only the model's state interface (`logits, state = model(tokens, state)`). It also holds what every
-pass shares: `eval_mode`, the mode names and the progress bars (`Progress`).
+"""Generating text with a trained model in the study's three inference modes (docs/internals.md, *Generating
+text*), through the model's state interface alone; and what every pass shares: `eval_mode`, the mode names and the
+progress bars.
 """
 
 import contextlib
@@ -24,7 +23,6 @@ MODES_BY_CONTEXT = (STATEFUL, WINDOWED, STATELESS)  # most context first: the or
 
 @contextlib.contextmanager
 def eval_mode(model):
-    """The model in eval mode (no dropout) inside the block, its previous mode restored after it."""
     was_training = model.training
     model.eval()
     try:
@@ -75,7 +73,6 @@ def validate_sampling(settings, vocab_size: int | None, prefix: str = "") -> Non
         temperature_rule(),
         Rule("top_k", *top_k, optional=True),
         Rule("top_p", lambda v: is_number(v) and 0 < v <= 1, "null (off) or a number in (0, 1]", optional=True),
-        Rule("num_tokens", int_at_least(0), "an integer >= 0", optional=True),
         Rule("num_samples", int_at_least(1), "an integer >= 1", may_be_absent=True),
         Rule("max_new_tokens", int_at_least(1), "an integer >= 1", may_be_absent=True),
         Rule("window", int_at_least(1), "null or an integer >= 1 (tokens of context)", optional=True),
@@ -176,7 +173,6 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
 # --- will it fit? ---------------------------------------------------------------------------
 
 def _state_bytes(state) -> int:
-    """Bytes of a model state (a tensor, or lists/tuples of them: per layer h, or (h, c))."""
     if isinstance(state, Tensor):
         return state.numel() * state.element_size()
     if isinstance(state, (list, tuple)):
@@ -233,10 +229,10 @@ def format_bytes(n: float) -> str:
 
 
 def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
-                          window: int | None = None, device=None) -> None:
+                          window: int | None = None) -> None:
     """UserError, before anything is allocated (not a failure mid-way, or hours of swap), when the request's
     buffers (`generation_bytes`) exceed the memory of the model's device."""
-    available = memory_available(device if device is not None else model.device)
+    available = memory_available(model.device)
     if available is None:
         return
     limit, where = available

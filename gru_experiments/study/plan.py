@@ -127,7 +127,7 @@ class Plan:
         """The plan with its stateful figure's pass read by `readers` (Entry.read) where that pass is a StatefulPass
         (a finite-context model's sampled stateful figure runs windows); its figures and cost unchanged."""
         figure = self.figure(STATEFUL)
-        if not readers or figure is None or type(self.passes[figure.passes[0]]) is not StatefulPass:
+        if not readers or type(self.passes[figure.passes[0]]) is not StatefulPass:
             return self
         passes = list(self.passes)
         passes[figure.passes[0]] = replace(passes[figure.passes[0]], readers=readers)

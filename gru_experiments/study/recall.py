@@ -107,7 +107,6 @@ def horizon(by_distance: dict, mode: str) -> dict:
 
 
 def bits_and_se(bits: Tensor) -> dict:
-    """{"bits": mean, "se": standard error of the mean, "targets": n}."""
     n = bits.numel()
     se = float(bits.std(unbiased=True) / math.sqrt(n)) if n > 1 else None
     return {"bits": float(bits.mean()) if n else None, "se": se, "targets": n}

@@ -80,7 +80,6 @@ class Split:
 
     @property
     def characters(self) -> int:
-        """Characters of the whole split (all its tokens)."""
         return int(self.char_lengths.to(self.ids.device)[self.ids].sum().item())
 
 
@@ -173,12 +172,12 @@ def score_chunks(model, split: Split, seq_len: int, batch_size: int) -> Score:
 # --- The two loops every mode runs ----------------------------------------------------------
 
 @torch.no_grad()  # on a generator, torch turns gradients off around each step only, not while suspended
-def carried_chunks(model, inputs: Tensor, seq_len: int, state=None, end: int | None = None, tick=None,
-                   features: bool = False):
-    """The stateful loop: inputs (B, T) in chunks of seq_len from `state`, the state carried, the chunks that
-    start before `end` (default T); yields (start, logits (B, t, V), the final hidden states (B, t, C) with
+def carried_chunks(model, inputs: Tensor, seq_len: int, end: int | None = None, tick=None, features: bool = False):
+    """The stateful loop: inputs (B, T) in chunks of seq_len from the initial state, the state carried, the chunks
+    that start before `end` (default T); yields (start, logits (B, t, V), the final hidden states (B, t, C) with
     `features` (the protocol's forward_features: None for a model without), else None). Forward tokens:
     B * chunks_cost."""
+    state = None
     with eval_mode(model):
         forward = graphed(model)  # on CUDA, each chunk's shape replayed from a graph (models/cuda_graphs.py)
         for start in range(0, inputs.shape[1] if end is None else end, seq_len):

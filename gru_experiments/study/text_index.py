@@ -1,7 +1,5 @@
-"""What the text statistics (text_stats.py) need from a corpus's training split, counted once per corpus:
-`words` (the one word rule: `word_matches`, `is_word_char`), `SpanSet` (copy_32), `KneserNeyJudge`
-(reference_bpc), all three in a `TrainingIndex` cached by the split's sha256 (docs/internals.md, *The
-training split's index*).
+"""What the text statistics need from a corpus's training split, counted once per corpus and cached by its sha256
+(`TrainingIndex`; docs/internals.md, *The training split's index*), and the one word rule (`words`).
 """
 
 import hashlib
@@ -39,7 +37,6 @@ def words(text: str) -> list[str]:
 
 
 def is_word_char(text: str, i: int) -> bool:
-    """A letter, or an apostrophe between two letters."""
     c = text[i]
     return c.isalpha() or (c in APOSTROPHES and 0 < i < len(text) - 1 and text[i - 1].isalpha()
                            and text[i + 1].isalpha())
@@ -77,7 +74,6 @@ class SpanSet:
         return self.fingerprints[at] == queries
 
     def share_found(self, text: str) -> float | None:
-        """The share of the text's spans the set holds; None for a text shorter than one span."""
         hits = self.found(text)
         return hits.double().mean().item() if hits.numel() else None
 
@@ -100,7 +96,6 @@ class KneserNeyJudge:
         return judge
 
     def encode(self, text: str) -> Tensor:
-        """Character ids, every character outside the training alphabet mapped to `unseen`."""
         return torch.tensor([self._ids.get(c, self.unseen) for c in text], dtype=torch.long)
 
     @torch.no_grad()
@@ -115,13 +110,10 @@ class KneserNeyJudge:
         return total / math.log(2)
 
     def bpc(self, text: str) -> float | None:
-        """Bits per scored character; None for a text of fewer than two characters."""
         return self.bits(text) / (len(text) - 1) if len(text) >= 2 else None
 
 
 class TrainingIndex:
-    """A training split's `vocabulary`, `spans`, `judge`, `alphabet` and `most_common_word`."""
-
     def __init__(self, train_text: str, order: int = JUDGE_ORDER, span: int = SPAN):
         counts = Counter(words(train_text))
         self.vocabulary = frozenset(counts)

@@ -67,7 +67,6 @@ class TextSettings:
     seed: int = 0
     drift_samples: int = 2
     stretch_chars: int = STRETCH_CHARS
-    prompts: tuple[str, ...] = STUDY_PROMPTS
     RULES: ClassVar = [
         Rule("samples", lambda v: is_int(v) and 0 <= v <= MAX_TEXT_SAMPLES,
              f"an integer from 0 (no text statistics) to {MAX_TEXT_SAMPLES:,}"),
@@ -142,7 +141,7 @@ def drift_stretches(texts: list[str], stretch: int, index: TrainingIndex, refere
 
 def _draws(model, tokenizer, val: Split, s: TextSettings) -> tuple[_Draws, _Draws]:
     """How the samples and the drift's generations are drawn (the same in measure_text and its cost)."""
-    prompts = spellable_prompts(tokenizer, s.prompts, val.ids)
+    prompts = spellable_prompts(tokenizer, STUDY_PROMPTS, val.ids)
     window = min(s.window, model.context) if getattr(model, "context", None) else s.window
     main = _Draws(model, tokenizer, share_samples(s.samples, prompts), tokens_for_chars(s.chars, val), window, s.seed)
     drift = _Draws(model, tokenizer, share_samples(max(s.drift_samples, 1), prompts),
@@ -207,7 +206,7 @@ class TextPass(Pass):
         samples = -(-settings.samples // stride)
         drift = settings.drift_samples if settings.drift_chars and stride == 1 else 0  # the drift only when exact
         cut = replace(settings, samples=samples, drift_chars=settings.drift_chars if drift else 0)
-        main, long = _draws(model, tokenizer, val, replace(cut, drift_samples=max(drift, 1)))
+        main, long = _draws(model, tokenizer, val, cut)
         calls = [(mode, len(DECODERS) * n, main.tokens, len(DECODERS) * n * main.row_cost(mode, prompt))
                  for mode in MODES_BY_CONTEXT for prompt, n in main.shares]
         calls += [(mode, n, long.tokens, n * long.row_cost(mode, prompt))

@@ -50,11 +50,7 @@ def loop_period(sample: str, repeats: int = LOOP_REPEATS, min_chars: int = LOOP_
     return None
 
 
-def ends_in_loop(sample: str) -> bool:
-    return loop_period(sample) is not None
-
-
-# --- per-setting statistics (loop_rate: the mean of ends_in_loop, text_statistics) ---------------------------
+# --- per-setting statistics (loop_rate: the share of samples with a loop_period, text_statistics) -------------
 def distinct_2(samples: Sequence[str]) -> float | None:
     """Distinct word bigrams / word bigrams, none across samples; None without a bigram."""
     grams = [g for sample in samples for g in ngrams(words(sample), 2)]
@@ -87,7 +83,6 @@ def _line_shape(sample_lines: Sequence[list[int]], reference_lines: Sequence[lis
 
 # --- a setting's figures, with standard errors -------------------------------------------------------
 def standard_deviation(values: Sequence[float]) -> float | None:
-    """The sample standard deviation (n − 1 in the denominator); None for fewer than two values."""
     n = len(values)
     if n < 2:
         return None
@@ -96,7 +91,6 @@ def standard_deviation(values: Sequence[float]) -> float | None:
 
 
 def value_and_se(values: Iterable[float | None]) -> dict:
-    """{"value": mean, "se": sd / sqrt(n)} of the values that are not None."""
     defined = [v for v in values if v is not None]
     if not defined:
         return {"value": None, "se": None}
@@ -133,7 +127,7 @@ def text_statistics(samples: Sequence[str], index: TrainingIndex, reference: Seq
     figures = {
         "word_validity": value_and_se(word_validity(s, index.vocabulary) for s in samples),
         "seq_rep_4": value_and_se(seq_rep_4(s) for s in samples),
-        "loop_rate": value_and_se(float(ends_in_loop(s)) for s in samples),
+        "loop_rate": value_and_se(float(loop_period(s) is not None) for s in samples),
         "distinct_2": {"value": distinct_2(samples), "se": jackknife_se(distinct_2, samples)},
         "copy_32": value_and_se(index.spans.share_found(s) for s in samples),  # its 32-character spans found
         "line_shape": {"value": None, "se": None},
