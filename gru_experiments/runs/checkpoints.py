@@ -1,9 +1,10 @@
 """Checkpoint files: read without running code, written atomically, never with broken weights.
 
 `read_checkpoint` (weights_only, the one reader), `AtomicCheckpointIO` (the Trainer's writer),
-`StepCheckpoint` (last.ckpt every N steps), `TrainingState` (the random states and the W&B run id) and
-`EpochEndResumes` (an epoch-end checkpoint resumes exactly under trainer.max_steps too): what each guards
-against, docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
+`RunCheckpoint` (its state follows a moved run folder), `StepCheckpoint` (last.ckpt every N steps),
+`TrainingState` (the random states and the W&B run id) and `EpochEndResumes` (an epoch-end checkpoint resumes
+exactly under trainer.max_steps too): what each guards against, docs/internals.md, *Checkpoints*; the user's side,
+docs/robustness.md.
 """
 
 import pickle
@@ -155,7 +156,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path, map_location=map_location or "cpu", require=TRAINING_KEYS)
 
 
-class StepCheckpoint(ModelCheckpoint):
+class RunCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint whose state follows its run folder: resumed in a copied or moved folder, it keeps the best
+    score and finds the best and last checkpoints in the new place. (Lightning keeps only best_model_path there,
+    the old folder's, and forgets the score, so the next validation would count as the best.)"""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        old, new = Path(state_dict.get("dirpath") or self.dirpath), Path(self.dirpath)
+        if old != new:
+            def moved(path):
+                return str(new / Path(path).name) if path and Path(path).parent == old else path
+
+            state_dict = state_dict | {
+                "dirpath": str(new), "best_model_path": moved(state_dict.get("best_model_path")),
+                "kth_best_model_path": moved(state_dict.get("kth_best_model_path")),
+                "last_model_path": moved(state_dict.get("last_model_path")),
+                "best_k_models": {moved(path): score for path, score in state_dict.get("best_k_models", {}).items()}}
+        super().load_state_dict(state_dict)
+
+
+class StepCheckpoint(RunCheckpoint):
     """ModelCheckpoint(every_n_train_steps=N) but at an epoch's last batch, whose checkpoint would not resume as
     the run goes on (the epoch-end one, moments later, takes its place): docs/internals.md, *Checkpoints*."""
 

@@ -30,6 +30,7 @@ from gru_experiments.models.protocol import count_parameters
 from gru_experiments.runs.checkpoints import (
     AtomicCheckpointIO,
     NonFiniteWeights,
+    RunCheckpoint,
     StepCheckpoint,
     TrainingState,
     resume_epoch_ends_exactly,
@@ -275,7 +276,7 @@ def write(run: Run, summary: dict, samples: dict, current) -> None:
 def checkpoint_callbacks(dirpath: Path, every_n_steps: int) -> tuple[ModelCheckpoint, ...]:
     """The best checkpoint by val/loss and last.ckpt, at every epoch end and every `every_n_steps` steps (so that
     a kill loses little); both write the same last.ckpt (no -v1 copies)."""
-    best = ModelCheckpoint(dirpath=dirpath, filename="best-epoch{epoch}-step{step}", auto_insert_metric_name=False,
+    best = RunCheckpoint(dirpath=dirpath, filename="best-epoch{epoch}-step{step}", auto_insert_metric_name=False,
                            monitor="val/loss", mode="min", save_top_k=1, save_last=True,
                            enable_version_counter=False)
     if not every_n_steps:
