@@ -57,6 +57,22 @@ def test_the_callback_records_its_best_and_its_stop_by_training_step():
     assert stop_description(state) == callback.reason()
 
 
+def test_a_resume_counts_on_under_its_own_patience():
+    """resume=RUN early_stopping.patience=4: the wait count goes on from the checkpoint, the patience is the
+    command's (Lightning would restore the saved one and ignore the command)."""
+    callback, trainer = build_early_stopping(SETTINGS), stand_in_trainer()
+    for step, loss in ((200, 3.0), (400, 3.1)):
+        validate(callback, trainer, step, loss)
+    resumed, trainer = build_early_stopping(SETTINGS | {"patience": 4}), stand_in_trainer()
+    resumed.load_state_dict(callback.state_dict())
+    assert (resumed.patience, resumed.wait_count, resumed.best_step) == (4, 1, 200)
+    for step in (600, 800):
+        validate(resumed, trainer, step, 3.2)
+        assert not trainer.should_stop  # patience 2, saved in the checkpoint, would have stopped at 600
+    validate(resumed, trainer, 1000, 3.2)
+    assert trainer.should_stop and resumed.stopped_step == 1000
+
+
 def test_a_run_that_never_stopped_and_a_model_without_the_callback():
     callback, trainer = build_early_stopping(SETTINGS), stand_in_trainer()
     validate(callback, trainer, 200, 3.0)

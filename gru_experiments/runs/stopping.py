@@ -49,7 +49,9 @@ class EarlyStopping(LightningEarlyStopping):
                                        "monitor": self.monitor, "min_delta": abs(self.min_delta)}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        patience = self.patience  # the resume's own (early_stopping.patience=N), where Lightning restores the saved
         super().load_state_dict(state_dict)
+        self.patience = patience
         self.best_step, self.stopped_step = state_dict.get("best_step"), state_dict.get("stopped_step")
 
     @property
