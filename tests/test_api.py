@@ -92,6 +92,22 @@ def test_train_errors_are_one_line_and_leave_nothing(tmp_path):
     assert not (tmp_path / "outputs" / "runs").exists()
 
 
+def test_train_quotes_a_root_hydra_would_not_parse_and_refuses_to_run_inside_hydra(tmp_path):
+    # A root Hydra's override grammar would not parse (a quote, a comma) is quoted: it composes, and the run is
+    # refused for its own bad value, before anything is written.
+    root = tmp_path / "it's, mine"
+    assert one_line_error(gru_experiments.train, ["trainer.max_steps=0", "logger=none"], root=root).startswith(
+        "invalid trainer.max_steps=0: must be -1 (no limit) or an integer >= 1")
+    assert not (root / "outputs" / "runs").exists()
+    from hydra import initialize_config_dir
+
+    from gru_experiments.api import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        assert one_line_error(gru_experiments.train, ["logger=none"]) == (
+            "train() composes its own config; call it outside a Hydra app or initialize() block")
+
+
 # --- load ------------------------------------------------------------------------------------
 def test_load_a_run_folder_a_checkpoint_or_the_summary(trained, lm, tmp_path):
     _, summary = trained
@@ -109,6 +125,10 @@ def test_load_a_run_folder_a_checkpoint_or_the_summary(trained, lm, tmp_path):
     shutil.copy(run_dir / "checkpoints" / "last.ckpt", bare)
     alone = gru_experiments.load(bare)
     assert alone.run_dir is None and alone.seq_len is None and alone.summary is None
+    # Its repr says what it is and where it came from: the run folder, else the checkpoint.
+    assert repr(lm) == (f"TrainedModel('astra_alpha': gru, char tokenizer, vocabulary 65, seq_len 32, "
+                        f"from {str(run_dir)!r})")
+    assert repr(alone).endswith(f"seq_len None, from {str(bare.resolve())!r})")
     assert "window=N" in one_line_error(alone.generate, "KING: ", "windowed", max_new_tokens=3)
     assert alone.generate("KING: ", "windowed", window=4, max_new_tokens=3, seed=1) == \
         lm.generate("KING: ", "windowed", window=4, max_new_tokens=3, seed=1)
@@ -216,6 +236,7 @@ def test_generate_refuses_bad_settings_in_one_line(lm, kwargs, fragment):
 
 def test_generate_refuses_characters_the_vocabulary_lacks(lm):
     assert "drop_unknown=True" in one_line_error(lm.generate, "KING ☃: ", max_new_tokens=3)
+    assert one_line_error(lm.generate, b"KING: ", max_new_tokens=3) == "the prompt must be a string, got bytes"
     assert lm.generate("KING ☃: ", max_new_tokens=3, drop_unknown=True).startswith("KING : ")
 
 
@@ -225,6 +246,7 @@ def test_score_refuses_bad_input_in_one_line(lm):
     one_line_error(lm.score, "")
     assert "lacks" in one_line_error(lm.score, "KING ☃ RICHARD")
     assert "window" in one_line_error(lm.score, TEXT, "windowed", window=0)
+    assert one_line_error(lm.score, [TEXT]) == "the text must be a string, got list"
 
 
 # --- the package ---------------------------------------------------------------------------

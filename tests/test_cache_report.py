@@ -26,6 +26,8 @@ def test_the_run_s_corpus_is_named_from_its_data_config():
     assert corpus_name(None, None, None) == "tinyshakespeare"
     assert corpus_name(None, None, PYSTDLIB_SHA256) == "pystdlib"  # a shipped file, found by its hash
     assert corpus_name("/x/my_text.txt.xz", None, None) == "my_text"
+    # a download of another text: the file's name in its URL, without the query
+    assert corpus_name(None, "https://example.org/texts/sonnets.txt?raw=1", "ab" * 32) == "sonnets.txt"
 
 
 def test_a_job_s_corpus_is_its_name_not_its_summary_s_path(tmp_path):
@@ -59,6 +61,11 @@ def test_the_findings_follow_the_numbers_per_corpus():
 def test_the_findings_say_what_is_missing():
     bare = [JobResult("0_a", "completed", {"model": "a", "family": "gru"})]
     assert unread_finding(bare)[0] == long_range_finding(bare)[0] == "cannot be judged"
+    # A corpus with structure past the window, but no stateful - windowed of any model on it: the second finding
+    # names the figure it lacks.
+    cache_alone = [job("astra_alpha", "pystdlib", -0.05, 0.003, None, None)]
+    verdict, evidence = long_range_finding(cache_alone)
+    assert verdict == "cannot be judged" and "stateful - windowed on pystdlib" in evidence
 
 
 @pytest.mark.parametrize("kind", ["continuous", "count"])

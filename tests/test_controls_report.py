@@ -157,6 +157,23 @@ def test_the_text_findings_say_what_is_missing(tmp_path):
     assert found[4].verdict == "cannot be judged" and "at least 1,000,000 parameters" in found[4].evidence
 
 
+def test_a_text_record_without_the_figures_a_finding_reads_is_passed_over(tmp_path):
+    """A run whose text record holds no mode's figures (nor the reference's) leaves the first three findings to the
+    runs that have them: judged on astra_alpha alone, leviathan named in none."""
+    sweep = tmp_path / "bare"
+    bare = text_record()
+    bare["modes"], bare["reference"] = {}, {}
+    make_job(sweep, 0, "astra_alpha", summary=summary("astra_alpha", "char", 86_913, 2.31, 3.78, 3.58) | {
+        "text": text_record()})
+    make_job(sweep, 1, "leviathan", summary=summary("leviathan", "char", 12_000_000, 2.31, 3.78, 3.58) | {
+        "text": bare}, history=word_validity_history(0.60, 0.31))
+    jobs, _ = collect(sweep)
+    greedy, noise, shape = TEXT.judge(jobs)[:3]
+    assert [greedy.verdict, noise.verdict, shape.verdict] == ["supported"] * 3
+    assert "3 of 3 (model, mode) settings" in greedy.evidence and "It is for 1 of 1 models" in noise.evidence
+    assert not any("leviathan" in finding.evidence for finding in (greedy, noise, shape))
+
+
 # --- the planted-recall control ---------------------------------------------------------------------------
 DISTANCES = (16, 48, 96, 192, 384, 768)
 CHANCE = 3.0  # log2 of 8 keys

@@ -276,6 +276,132 @@ def test_the_cache_reads_a_replayed_stateful_pass(monkeypatch):
     assert replayed["cache"]["kind"] == "continuous" and replayed == eager
 
 
+
+def emulate_capture(monkeypatch, graphs, captured: list) -> None:
+    """GraphedTrainingStep captures on the CPU, each capture an EmulatedGraph (appended to `captured`)."""
+    monkeypatch.setattr(graphs.GraphedTrainingStep, "capturable", staticmethod(lambda inputs: True))
+
+    def capture(fn, *inputs):
+        step = fn.__self__  # the step's bound _forward_backward: its parameters are the graph's
+        captured.append(EmulatedGraph(fn, map_state(torch.Tensor.clone, inputs), step.parameters))
+        return captured[-1]
+    monkeypatch.setattr(graphs, "capture", capture)
+
+
+def test_a_training_step_replayed_from_an_emulated_capture_equals_the_eager_step(monkeypatch):
+    """After its warmup the step is captured once (saying so), then every step of that shape replays the graph: the
+    eager step's loss and gradients, the gradients in the graph's memory, the loss a copy the next replay leaves."""
+    from gru_experiments.models import cuda_graphs as graphs
+
+    torch.manual_seed(0)
+    model = RecurrentLM(11, "gru", 8, 16, num_layers=2, dropout=0.0)
+    captured, said = [], []
+    emulate_capture(monkeypatch, graphs, captured)
+    step = GraphedTrainingStep(loss_of(model), model.parameters(), warmup=1, say=said.append)
+    losses = []
+    for i, (inputs, targets) in enumerate(batches(11, 4, "cpu")):
+        loss, _ = step(inputs, targets)
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        expected, _ = loss_of(model)(inputs, targets)
+        expected.backward()
+        assert float(loss) == pytest.approx(float(expected.detach()), rel=1e-6), i
+        for p, g in zip(model.parameters(), grads):
+            torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
+        losses.append(loss)
+    (graph,) = captured
+    assert step.captured and step.failed is None and graph.replays == 3  # steps 2, 3 and 4
+    assert said == ["cuda_graphs: the training step is captured at step 2 and replayed from then on"]
+    assert len({float(loss) for loss in losses}) == 4  # each step's own loss, not the graph's last output
+    assert not any(p.grad is g for p, g in zip(step.parameters, graph.memory))  # the eager check's own gradients
+    step(*batches(11, 1, "cpu", seed=1)[0])
+    assert all(p.grad is g for p, g in zip(step.parameters, graph.memory))  # a replay puts the graph's back
+
+
+def test_a_capture_that_breaks_off_releases_the_generators_and_leaves_every_step_eager(monkeypatch):
+    """CUDA refusing the capture (a stand-in for torch.cuda.graph): the CUDA generators are handed a copy of their
+    state (they would believe they are still capturing), the step says why in one line, once, and trains eagerly;
+    the inference forward says so too and evaluates eagerly from then on."""
+    from gru_experiments.models import cuda_graphs as graphs
+
+    class Generator:
+        def __init__(self):
+            self.set_to = []
+
+        def clone_state(self):
+            return "a copy of its state"
+
+        def graphsafe_set_state(self, state):
+            self.set_to.append(state)
+
+    class RefusedCapture:
+        def __init__(self, graph):
+            pass
+
+        def __enter__(self):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors...")
+
+        def __exit__(self, *exc):
+            return False
+
+    torch.manual_seed(0)  # before the stand-in generators: where CUDA is, it seeds every CUDA generator too
+    model = RecurrentLM(11, "gru", 8, 16, dropout=0.0)
+    generator = Generator()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", RefusedCapture)
+    monkeypatch.setattr(torch.cuda, "default_generators", (generator,))
+    monkeypatch.setattr(graphs.GraphedTrainingStep, "capturable", staticmethod(lambda inputs: True))
+    said = []
+    step = GraphedTrainingStep(loss_of(model), model.parameters(), warmup=0, say=said.append)
+    for inputs, targets in batches(11, 3, "cpu"):
+        loss, _ = step(inputs, targets)
+        expected, _ = loss_of(model)(inputs, targets)
+        assert float(loss) == float(expected.detach()) and all(p.grad is not None for p in model.parameters())
+    refused = "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert not step.captured and step.failed == refused and generator.set_to == ["a copy of its state"]
+    assert said == [f"cuda_graphs: the training step could not be captured ({refused}); training eagerly"]
+
+    monkeypatch.setattr(graphs.GraphedForward, "capturable", staticmethod(lambda tokens: True))
+    forward, tokens = graphs.GraphedForward(model.eval()).refresh(), torch.randint(11, (2, 5))
+    with torch.no_grad(), cuda_graphs(True):
+        eager, _ = model(tokens)
+        outputs = [forward(tokens)[0] for _ in range(3)]  # seen, then the capture refused, then eager at once
+    assert all(torch.equal(logits, eager) for logits in outputs)
+    assert forward.failed == refused and not forward.graphs and generator.set_to == ["a copy of its state"] * 2
+
+
+def test_the_training_step_is_graphed_on_one_device_and_eager_under_ddp(monkeypatch, capsys):
+    """LanguageModelTask.on_train_start (the graphs' device a CPU here, as in the test below): one process builds the
+    graphed step, which training_step then runs; several (DDP reduces gradients outside any graph) train eagerly,
+    with a line saying why."""
+    from types import SimpleNamespace
+
+    from gru_experiments.runs import task as task_module
+    from gru_experiments.runs.task import LanguageModelTask
+
+    monkeypatch.setattr(task_module, "GRAPH_DEVICE", "cpu")
+    task = LanguageModelTask({"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru",
+                              "embedding_dim": 8, "hidden_size": 16, "dropout": 0.0}, 11, lr=1e-3,
+                             optim={"name": "original"})
+    inputs, targets = batches(11, 1, "cpu")[0]
+    with cuda_graphs(True):
+        task.trainer = SimpleNamespace(world_size=2)
+        task.on_train_start()
+        assert task.graphed_step is None
+        assert capsys.readouterr().out == "cuda_graphs: not used under DDP (2 processes); training eagerly\n"
+        task.trainer = SimpleNamespace(world_size=1)
+        task.on_train_start()
+    assert isinstance(task.graphed_step, GraphedTrainingStep) and capsys.readouterr().out == ""
+    logged = {}
+    monkeypatch.setattr(task, "log", lambda name, value, **kwargs: logged.update({name: value}), raising=False)
+    monkeypatch.setattr(task, "optimizers", lambda: SimpleNamespace(param_groups=[{"lr": 1e-3}]), raising=False)
+    task.on_train_batch_start((inputs, targets), 0)
+    loss = task.training_step((inputs, targets), 0)
+    assert task.graphed_step.steps == 1 and all(p.grad is not None for p in task.parameters())  # its backward ran
+    expected, _ = task.training_loss(inputs, targets)
+    assert float(loss) == pytest.approx(float(expected.detach())) and logged["train/loss"] is loss
+    assert task.last_epoch_train_loss == pytest.approx(float(expected.detach()))
+
 @pytest.mark.parametrize("training", ["windows", "streams"])
 @pytest.mark.slow
 def test_graphed_training_through_lightning_equals_eager_across_validations(training, compose_config, tiny_corpus,

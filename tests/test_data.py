@@ -124,6 +124,10 @@ def test_the_default_corpus_is_the_shipped_one_read_offline_and_sha_checked(tmp_
     packed = tmp_path / "t.txt.xz"
     packed.write_bytes(lzma.compress("héllo\n".encode()))
     assert data.read_corpus(packed) == "héllo\n"
+    # One that is no xz (a plain text named .xz, a download cut short) is refused in one line.
+    packed.write_bytes(lzma.compress("héllo\n".encode())[:-8])
+    with pytest.raises(UserError, match=f"^corpus file is not valid xz: {packed} \\(.+\\)$"):
+        data.read_corpus(packed)
 
 
 def test_data_pystdlib_is_the_shipped_code_corpus_with_its_licence_and_a_char_vocabulary(compose_config, tmp_path):

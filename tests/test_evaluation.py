@@ -3,6 +3,7 @@ the bigram baseline against counts by hand, and the study's claim on a briefly t
 
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -113,6 +114,13 @@ def test_windowed_extremes_are_stateless_and_stateful(model, ids):
     assert score_windowed(model, split(ids), 1).nll == pytest.approx(score_stateless(model, split(ids)).nll)
     assert score_windowed(model, split(ids), 1000).nll == pytest.approx(
         score_stateful(model, split(ids), 5, 1).nll)
+    # A window of no token, a context past the window or a stride of none: refused, never a figure.
+    with pytest.raises(ValueError, match="^window must be >= 1, got 0$"):
+        score_windowed(model, split(ids), 0)
+    for contexts, stride in (([1, 7], 1), ([0], 1), ([2], 0)):
+        with pytest.raises(ValueError, match=re.escape(f"contexts must lie in 1..6 and stride be >= 1, got "
+                                                       f"{contexts} and {stride}")):
+            score_contexts(model, split(ids), 6, contexts, stride)
 
 
 def test_bigram_counts_by_hand():

@@ -146,6 +146,32 @@ def test_bad_family_settings_fail_in_one_line_and_leave_nothing(compose_config, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (["model=ngram", "+model.lr=0.1"], "model.lr is not a setting of NGramLM (ngram): its weights are counted from "
+                                       "the training split, with no optimizer, epochs or steps"),
+    (["model=mlp", "model.architecture.context=1000", "data.seq_len=16"],
+     "the training split has 900 tokens, fewer than one context of mlp (1000 tokens and the one they predict)"),
+    (["model.architecture=null"], "invalid model.architecture: must be a mapping with _target_ and the model's "
+                                  "settings"),
+], ids=["lr_of_a_counted_model", "context_past_the_split", "no_architecture"])
+def test_bad_family_settings_are_refused_by_the_checks_before_any_work(compose_config, tmp_path, overrides,
+                                                                        message):
+    """The checks the slow test above reaches through train(), called as train() calls them: validate, then the
+    sizes against the corpus (1,000 characters here) in prepare, which writes nothing."""
+    from conftest import make_text
+
+    from gru_experiments.runs.checks import validate
+    from gru_experiments.runs.training import prepare
+
+    corpus = tmp_path / "short.txt"
+    corpus.write_text(make_text(1000), encoding="utf-8")
+    cfg = compose_config(*overrides, f"data.path={corpus}", "trainer.accelerator=cpu")
+    with pytest.raises(UserError) as error:
+        prepare(validate(cfg))
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_checkpoint_may_only_name_a_family_inside_the_package():
     from gru_experiments.models.protocol import build_model
 

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
-from robustness_helpers import TINY, run_script
+from robustness_helpers import TINY, fingerprint, run_script
 from wandb_records import offline_runs
 
 from gru_experiments.errors import UserError
@@ -85,6 +85,61 @@ def test_reported_user_error_is_one_line_and_exit_status_2(capsys):
     with pytest.raises(ZeroDivisionError), job(report=True):
         1 / 0
 
+
+
+def test_a_failed_job_without_its_logger_builds_one_to_hold_its_record(compose_config, monkeypatch):
+    """A multirun job that failed before train() built its logger: record_failure builds the config's own (csv here)
+    and hands it back, so that job() closes it."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    monkeypatch.setattr(jobs, "multirun_job", lambda: True)
+    cfg = compose_config("logger=csv")
+    with pytest.raises(UserError, match="no corpus"), job(cfg, record=True) as current:
+        raise UserError("no corpus")
+    assert isinstance(current.logger, CSVLogger) and current.logger.save_dir == cfg.paths.output_dir
+    assert RunDir(cfg.paths.output_dir).summary()["error"] == "UserError: no corpus"
+
+
+def hydra_job(monkeypatch, output_dir, mode=None):
+    """A stand-in for Hydra's config of a running job (number 3, named train, in `output_dir`)."""
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+
+    running = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(output_dir)), mode=mode or RunMode.RUN,
+                              job=SimpleNamespace(name="train", num=3))
+    monkeypatch.setattr(jobs, "HydraConfig", SimpleNamespace(initialized=lambda: True, get=lambda: running))
+
+
+def test_a_multirun_jobs_user_error_fails_the_job_in_one_line_naming_it(monkeypatch, capsys):
+    from hydra.types import RunMode
+
+    hydra_job(monkeypatch, "unused", RunMode.MULTIRUN)
+    with pytest.raises(jobs.JobFailed, match=r"^error: multirun job 3 failed: data.path: no such file$"), \
+            job({"debug": False}, report=True):
+        raise UserError("data.path: no such\nfile")
+    assert capsys.readouterr().err == "error: data.path: no such file\n"
+
+
+def test_only_a_run_folder_with_nothing_but_hydras_record_is_discarded(monkeypatch, tmp_path):
+    """discard_untouched_run_dir after an input error: .hydra/ with Hydra's three files and an empty log go, and the
+    folders left empty above them up to the log folder; a folder with anything else of its own stays whole."""
+    log_dir, run = tmp_path / "outputs", tmp_path / "outputs" / "runs" / "astra_alpha" / "2000"
+    hydra_job(monkeypatch, run)
+
+    def start(*extra: tuple[str, str]) -> dict:
+        for name, text in (("train.log", ""), (".hydra/config.yaml", "seed: 1"), (".hydra/hydra.yaml", "{}"), *extra):
+            (run / name).parent.mkdir(parents=True, exist_ok=True)
+            (run / name).write_text(text)
+        return fingerprint(run)
+
+    for extra in (("history.csv", "step\n"), ("train.log", "training\n"), (".hydra/notes.txt", "mine")):
+        before = start(extra)
+        assert not jobs.discard_untouched_run_dir(log_dir)
+        assert fingerprint(run) == before
+        (run / extra[0]).unlink() if extra[0] != "train.log" else (run / extra[0]).write_text("")
+    assert jobs.discard_untouched_run_dir(log_dir)
+    assert not run.exists() and list(log_dir.iterdir()) == []
 
 @pytest.mark.slow
 def test_failing_train_py_job_in_a_multirun(tiny_corpus, tmp_path):

@@ -170,6 +170,7 @@ def test_counting_a_corpus_is_fast_and_vectorised():
 
 
 def test_bad_settings_and_a_corpus_shorter_than_one_ngram():
+    assert repr(NGramLM(5, 3, "add_one")) == "NGramLM(vocab_size=5, order=3, smoothing='add_one')"  # its settings
     with pytest.raises(InvalidSetting, match=r"invalid order=0: must be an integer >= 1"):
         NGramLM(5, order=0)
     with pytest.raises(InvalidSetting, match="smoothing"):

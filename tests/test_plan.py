@@ -275,3 +275,19 @@ def test_a_costly_stateful_figure_is_sampled_within_the_budget():
     by_hand = [score_stateful(model, Split(ids[s:s + 76], split.char_lengths), 8, 1) for s in (0, 150)]
     assert sample.nll_sum == pytest.approx(sum(score.nll_sum for score in by_hand), rel=1e-6)
     assert score_windowed(model, split, 8).tokens == 299
+
+
+def test_an_entry_that_sets_only_its_name_plans_and_reads_nothing_and_writes_no_log_line():
+    """plan.Entry's defaults, what a new figure (tests/test_new_figure.py) overrides: no passes of its own, no chunk
+    of the stateful pass read (asked for one, it says so), its result under its name, no line for the log."""
+    from gru_experiments.study.plan import Entry, Request
+
+    class Named(Entry):
+        name = "named"
+
+    entry, request = Named(), Request(model=None, val=None, settings=None)
+    assert entry.units(request) == [] and not entry.reads_stateful(request)
+    with pytest.raises(NotImplementedError):
+        entry.read(None)
+    assert entry.run(request, None, [{None: 0.5}]) == 0.5
+    assert entry.summary(0.5) == {"named": 0.5} and entry.describe(0.5) is None

@@ -170,6 +170,18 @@ def test_auto_chooses_bf16_from_the_cpu_flags(flags, native, tmp_path, monkeypat
         assert "neither avx512_bf16 nor amx_bf16" in emulated[0].getMessage()
 
 
+def test_without_cpu_flags_torchs_own_probes_decide(tmp_path, monkeypatch):
+    """No /proc/cpuinfo (macOS, Windows): no flags, and torch's probes of AVX-512 BF16 and AMX answer; a device
+    neither CPU nor CUDA (mps) has no fast bf16 here."""
+    assert precision.cpu_flags(str(tmp_path / "no_cpuinfo")) == set()
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set())
+    for avx512_bf16, amx, native in ((False, False, False), (False, True, True), (True, False, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+        assert precision.has_fast_bf16("cpu") == native
+    assert not precision.has_fast_bf16("mps")
+
+
 def test_the_flags_of_this_machine_are_read():
     """cpu_flags reads the real /proc/cpuinfo where there is one (the choice above then follows it)."""
     try:

@@ -148,6 +148,21 @@ def test_the_curve_by_class_counts_every_target_once(small_text="to be or not to
         assert gain["targets"] <= by_class[name]["targets"] and math.isfinite(gain["bpc"])
 
 
+def test_a_class_without_targets_has_no_figures(text="to be or not to be, that is the question; " * 40):
+    """A text of one line: no target starts a line, so line_start's curve is None up to seq_len and has no point
+    past it (that point builds on the seq_len one), where the other classes have every point."""
+    tokenizer = CharTokenizer.from_text(text)
+    split = Split.of(torch.tensor(tokenizer.encode(text)), tokenizer)
+    model = RecurrentLM(tokenizer.vocab_size, "gru", embedding_dim=4, hidden_size=8, num_layers=1)
+    plan = plan_evaluation(model, split.n_targets, seq_len=16, window=16, streams=4, budget=None, curve_longest=64)
+    by_class = run_plan(model, split.ids, split, plan, classes=split_classes(split.ids, tokenizer, 16, 64)).curve[
+        "by_class"]
+    empty = by_class["line_start"]
+    assert empty["targets"] == 0 and empty["state_gain"] == {"bpc": None, "se": None, "targets": 0}
+    assert set(empty["curve"]) == {"1", "2", "4", "8", "16", "stateful"} and set(empty["curve"].values()) == {None}
+    assert {"32", "64"} <= set(by_class["word_inside"]["curve"]) and by_class["word_inside"]["curve"]["64"] > 0
+
+
 def test_training_with_the_probe_writes_the_recall_figures(compose_config, small_shakespeare):
     cfg = compose_config(f"data.path={small_shakespeare}", "probe=recall",
                          "probe.validation.distances=[8,24,64]", "probe.validation.min_targets=20",

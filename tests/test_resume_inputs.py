@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -227,3 +228,155 @@ def test_a_checkpoint_without_a_weight_or_lightnings_version_is_refused_in_one_l
             f"is damaged: it lacks the weights {key}; it cannot be resumed") in error_line(result.stderr)
     assert_untouched(before, fingerprint(run))
     assert not list((run / ".hydra").glob("resumed_*"))
+
+
+# --- the checks of a resume without a training (the trainings above that reach them are slow) ------------------------
+
+def point_of(run: Path, cfg, **fields) -> ResumePoint:
+    """What ResumePoint.read makes of a char-tokenized run's checkpoint at step 4, trained with `cfg`'s learning rate
+    and recipe, without a checkpoint file."""
+    from gru_experiments.data.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.from_text("abc \n")
+    return ResumePoint(**{
+        "run": RunDir(run), "checkpoint": run / "checkpoints" / "last.ckpt", "step": 4, "wandb_run_id": None,
+        "hyper_parameters": {"vocab_size": tokenizer.vocab_size, "architecture": {"_target_": "m", "width": 8},
+                             "lr": cfg.model.lr, "optim": OmegaConf.to_container(cfg.optim)},
+        "tokenizer": tokenizer.state_dict(), "weights": {"head.weight": (5, 8), "head.bias": (5,)}, **fields})
+
+
+def test_a_checkpoint_that_lacks_a_weight_of_the_model_is_refused_before_lightning_loads_it(compose_config, tmp_path):
+    from gru_experiments.data.tokenizers import CharTokenizer
+
+    point = point_of(tmp_path, compose_config(*TINY))
+    tokenizer, hyper_parameters = CharTokenizer.from_text("abc \n"), {"architecture": {"_target_": "m", "width": 8}}
+    point.check(hyper_parameters, tokenizer, {"head.weight": (5, 8), "head.bias": (5,)})  # the model's own weights
+    with pytest.raises(UserError, match=re.escape(
+            f"checkpoint {point.checkpoint} is damaged: it lacks the weights embed.weight; it holds head.weight "
+            "[5, 8] (the model's: [5, 16]); it cannot be resumed")):
+        point.check(hyper_parameters, tokenizer, {"head.weight": (5, 16), "head.bias": (5,), "embed.weight": (5, 16)})
+
+
+def test_a_step_limit_at_or_below_the_checkpoints_step_is_refused(compose_config, tmp_path):
+    """A limit that would train nothing is refused, naming the run's own limit; one at the checkpoint's step of a run
+    whose training was complete (killed in its evaluation) is taken: the resume finishes that."""
+    from gru_experiments.runs.resume import step_limit
+
+    cfg = compose_config(*TINY, "trainer.max_steps=3")
+    with pytest.raises(UserError, match=re.escape(
+            "is at step 4, but this resume would stop training at step 3 (trainer.max_steps, or model.epochs x "
+            "model.steps_per_epoch): it would train nothing and the run would count as finished; its own limit is "
+            "step 6; resume with a step limit above 4, or without one")):
+        point_of(tmp_path, cfg, planned_steps=6).check_config(cfg)
+    point_of(tmp_path, cfg, step=3, planned_steps=3).check_config(cfg)  # complete: its evaluation is what is left
+    assert step_limit(cfg) == 3
+    assert step_limit(compose_config(*TINY, "trainer.max_steps=3", "trainer.fast_dev_run=true")) is None
+
+
+def interrupted_folder(tmp_path: Path) -> Path:
+    """A run folder as a kill leaves it: a last checkpoint (its content unread here), no summary."""
+    run = tmp_path / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"checkpoint")
+    return run
+
+
+def test_resume_run_refuses_a_multirun_and_two_runs_named(compose_config, tmp_path, monkeypatch):
+    from gru_experiments.runs import jobs
+    from gru_experiments.runs.resume import resume_run
+
+    run = interrupted_folder(tmp_path)
+    with pytest.raises(UserError, match=f"resume={run} and ckpt_path={tmp_path} name two runs .*: give one of them"):
+        resume_run(compose_config(*TINY, f"resume={run}", f"ckpt_path={tmp_path}"))
+    monkeypatch.setattr(jobs, "multirun_job", lambda: True)
+    with pytest.raises(UserError, match=r"^resume continues a single run; drop -m/--multirun$"):
+        resume_run(compose_config(*TINY, f"resume={run}"))
+
+
+def test_a_run_that_finished_while_the_resume_waited_for_its_lock_is_refused(compose_config, tmp_path, monkeypatch):
+    """The process that held the folder finished the run meanwhile (a stand-in for its lock writes the summary)."""
+    from contextlib import ExitStack, contextmanager
+
+    from gru_experiments.runs.resume import resume_run
+
+    run = interrupted_folder(tmp_path)
+
+    @contextmanager
+    def held_until_finished(self, what):
+        self.write_summary({"status": "completed"})
+        yield self
+
+    monkeypatch.setattr(RunDir, "hold", held_until_finished)
+    with ExitStack() as held, pytest.raises(UserError, match=re.escape(
+            f"run {run} finished while this command waited for it (it has a summary.json): nothing to resume")):
+        resume_run(compose_config(*TINY, f"resume={run}"), held)
+
+
+def test_a_resume_removes_the_temporary_files_of_a_save_cut_short(compose_config, tmp_path, monkeypatch, capsys):
+    """Without Hydra (train(cfg) called directly) the run resumes with cfg as given; the checkpoint a kill cut short
+    (.last.ckpt.<pid>.<random>.tmp) is removed, the last good one kept."""
+    from gru_experiments.runs.resume import resume_run
+
+    run = interrupted_folder(tmp_path)
+    leftover = run / "checkpoints" / ".last.ckpt.123.0a1b2c3d.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    cfg = compose_config(*TINY, f"resume={run}")
+    monkeypatch.setattr(ResumePoint, "read", classmethod(lambda cls, found: point_of(found.path, cfg)))
+    resumed, point = resume_run(cfg)
+    assert resumed is cfg and point.run == RunDir(run) and point.step == 4
+    assert not leftover.exists() and (run / "checkpoints" / "last.ckpt").read_bytes() == b"checkpoint"
+    assert capsys.readouterr().out == f"resuming {run} from {run / 'checkpoints' / 'last.ckpt'}\n"
+
+
+def saved_run(tmp_path: Path, cfg, config_text: str | None = None) -> tuple[RunDir, Path]:
+    """A run folder whose .hydra/config.yaml is `cfg` (or `config_text`): the run and that file."""
+    config = tmp_path / "run" / ".hydra" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    if config_text is None:
+        OmegaConf.save(cfg, config)
+    else:
+        config.write_text(config_text)
+    return RunDir(tmp_path / "run"), config
+
+
+@pytest.mark.parametrize("text, problem", [
+    (None, "is missing"),
+    ("- a list\n- of keys\n", "is damaged (not a mapping of keys)"),
+    ("seed: [1234\n", "is damaged (while parsing a flow sequence)"),
+    ("seed: 1234\nmodel:\n  name: astra_alpha\n", "is damaged (cut off: it lacks model.architecture, data.seq_len, "
+                                                  "data.batch_size, ...)"),
+], ids=["missing", "not_a_mapping", "not_yaml", "cut_off"])
+def test_a_missing_or_damaged_saved_config_gives_way_to_the_checkpoints_record(compose_config, tmp_path, capsys, text,
+                                                                                problem):
+    cfg = compose_config(*TINY, "data.batch_size=4")
+    run, config = saved_run(tmp_path, cfg, text)
+    if text is None:
+        config.unlink()
+    point = point_of(run.path, cfg, run_config=OmegaConf.to_container(cfg, resolve=False))
+    resumed = saved_config(run, point)
+    assert resumed.data.batch_size == 4 and resumed.model.name == "astra_alpha"
+    assert capsys.readouterr().out == (f"{config} {problem}: resuming with the config that checkpoint "
+                                       f"{point.checkpoint} recorded\n")
+    with pytest.raises(UserError, match=re.escape(
+            f"{config} {problem}, and checkpoint {point.checkpoint} is from before checkpoints recorded their config")):
+        saved_config(run, point_of(run.path, cfg))  # and no record to fall back on
+
+
+def test_a_saved_config_edited_since_the_checkpoint_is_refused_naming_the_key(compose_config, tmp_path):
+    cfg = compose_config(*TINY, "data.batch_size=4")
+    run, config = saved_run(tmp_path, compose_config(*TINY, "data.batch_size=4", "data.seq_len=64"))
+    point = point_of(run.path, cfg, run_config=OmegaConf.to_container(cfg, resolve=False))
+    with pytest.raises(UserError, match=re.escape(
+            f"{config} says data.seq_len=64, but checkpoint {point.checkpoint} was trained with data.seq_len=32: the "
+            "saved config was edited since, and a resume continues the run as it was; restore data.seq_len=32 there")):
+        saved_config(run, point)
+
+
+def test_a_resume_deletes_the_keys_its_command_deletes(compose_config):
+    from gru_experiments.runs.resume import resumed_config
+
+    saved = OmegaConf.create(OmegaConf.to_container(compose_config(*TINY)))  # as saved_config reads it: no struct
+    overrides = ["resume=RUN", "~early_stopping.min_delta", "~probe.keys"]  # the run has no probe.keys: nothing to do
+    cfg = resumed_config(saved, compose_config(*TINY, *overrides[1:2]), overrides)
+    assert "min_delta" not in cfg.early_stopping and "min_delta" in saved.early_stopping
+    assert cfg.early_stopping.monitor == saved.early_stopping.monitor and cfg.probe == saved.probe

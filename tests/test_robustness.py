@@ -350,6 +350,57 @@ def test_broken_checkpoints(workspace, tmp_path):
         load_checkpoint(weights)
 
 
+def test_a_folder_or_another_vocabulary_is_refused_in_one_line(tmp_path):
+    """read_checkpoint on a folder, and check_tokenizer on a checkpoint whose vocabulary has this config's kind and
+    size but other characters (another corpus) or whose tokenizer kind is unknown: each one line naming the file."""
+    from gru_experiments.runs.checkpoints import check_tokenizer, weight_shapes
+
+    (tmp_path / "last.ckpt").mkdir()
+    with pytest.raises(UserError, match=f"^checkpoint path is not a file: {tmp_path / 'last.ckpt'}$"):
+        read_checkpoint(tmp_path / "last.ckpt")
+    ours, theirs = CharTokenizer.from_text("abc"), CharTokenizer.from_text("xyz")
+    check_tokenizer(ours.state_dict(), ours.vocab_size, "run.ckpt", CharTokenizer.from_text("cab"))  # the same
+    with pytest.raises(UserError, match=re.escape(
+            "checkpoint run.ckpt was trained with a different char vocabulary of the same size (another corpus or "
+            "tokenizer settings?); resume with the run's own data.path")):
+        check_tokenizer(theirs.state_dict(), theirs.vocab_size, "run.ckpt", ours)
+    with pytest.raises(UserError, match=re.escape(
+            "checkpoint run.ckpt was trained with an unknown tokenizer ('bytes'), but this config builds a char "
+            "tokenizer (3 characters)")):
+        check_tokenizer({"kind": "bytes"}, 256, "run.ckpt", ours)
+    assert weight_shapes(None) == {} and weight_shapes({"w": torch.zeros(2, 3), "n": 4}) == {"w": (2, 3)}
+
+
+def test_a_checkpoint_that_does_not_build_its_model_is_refused_in_one_line(tmp_path):
+    """load_checkpoint on a checkpoint that reads but does not build: a model class outside the package (never
+    imported), weights of another model, a tokenizer of another size than the model's vocabulary."""
+    architecture = {"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru", "embedding_dim": 8,
+                    "hidden_size": 8}
+    tokenizer = CharTokenizer.from_text("abcdef")
+    task = LanguageModelTask(architecture, tokenizer.vocab_size, lr=1e-3, optim={"name": "original"},
+                             tokenizer=tokenizer)
+    good = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+            "tokenizer": tokenizer.state_dict()}
+
+    def saved(name: str, **changes) -> Path:
+        torch.save({**good, **changes}, tmp_path / name)
+        return tmp_path / name
+
+    assert load_checkpoint(saved("good.ckpt")).model.vocab_size == 6
+    outside = {**good["hyper_parameters"], "architecture": {**architecture, "_target_": "os.system"}}
+    for name, changes, refused in (
+            ("outside.ckpt", {"hyper_parameters": outside}, "refusing to build 'os.system' from a checkpoint: only "
+                                                             "classes in gru_experiments are built"),
+            ("other.ckpt", {"state_dict": {}}, "Error(s) in loading state_dict for LanguageModelTask:"),
+            ("sizes.ckpt", {"tokenizer": CharTokenizer.from_text("abc").state_dict()},
+             "is inconsistent: its tokenizer has 3 symbols but its model 6")):
+        path = saved(name, **changes)
+        with pytest.raises(UserError) as error:
+            load_checkpoint(path)
+        assert str(error.value).startswith(str(path)) and refused in str(error.value)
+        assert "\n" not in str(error.value)
+
+
 def test_checkpoint_writes_are_atomic_and_last_is_a_file(compose_config, tiny_corpus, tmp_path, monkeypatch):
     written = []
     original = checkpoints.atomic_torch_save

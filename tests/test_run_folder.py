@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -55,6 +56,34 @@ def test_a_new_run_into_a_folder_that_holds_a_run_is_refused_and_changes_nothing
         assert f"{copy} holds a" in line and "resume=" in line, line
         assert (f"python train.py resume={copy}" in line) == (name == "cut"), line
         assert snapshot(copy) == before
+
+
+
+@pytest.mark.parametrize("left, held, then", [
+    ({".hydra/config.yaml": "seed: 1"}, "a run that stopped before its first checkpoint",
+     "it has no checkpoint to resume= from"),
+    ({"checkpoints/last.ckpt": "", "history.csv": ""}, "a run that did not finish (its checkpoints/last.ckpt)",
+     "continue it with: python train.py resume={run}"),
+    ({"checkpoints/last.ckpt": "", "summary.json": '{"status": "completed"}'}, "a finished run (its summary.json)",
+     "resume= continues only a run that did not finish"),
+])
+def test_refuse_new_run_names_what_the_folder_holds(tmp_path, left, held, then):
+    """RunDir.refuse_new_run without a training (the test above, through train.py, is slow): the one line for each
+    run a folder may hold, and nothing in it changed; an empty folder, or one with an empty checkpoints/, is free."""
+    from gru_experiments.errors import RunFolderTaken
+
+    run = RunDir(tmp_path / "run")
+    (run.path / "checkpoints").mkdir(parents=True)
+    run.refuse_new_run()
+    for name, text in left.items():
+        (run.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (run.path / name).write_text(text)
+    before = snapshot(run.path)
+    with pytest.raises(RunFolderTaken, match="^" + re.escape(
+            f"{run.path} holds {held}, and a run folder holds one run: {then.format(run=run.path)}; a new run goes "
+            "in a folder of its own (leave hydra.run.dir out, or name a new folder)") + "$"):
+        run.refuse_new_run()
+    assert snapshot(run.path) == before
 
 
 @pytest.mark.slow

@@ -115,6 +115,19 @@ def test_newest_run_is_one_notion_for_finished_and_unfinished_runs(tmp_path):
     assert model_name_for("astra_beta", run=str(in_sweep.path)) == "astra_alpha"
 
 
+def test_a_sampling_runs_folder_is_named_for_the_model_its_checkpoint_records(tmp_path):
+    """model_name_for with a checkpoint outside a run folder: the model its hyper-parameters name, read memory-mapped;
+    the configured model where the checkpoint names none or cannot be read (the sampler reports that itself)."""
+    import torch
+
+    named, unnamed = tmp_path / "named.ckpt", tmp_path / "unnamed.ckpt"
+    torch.save({"hyper_parameters": {"model_name": "leviathan"}, "state_dict": {}}, named)
+    torch.save({"hyper_parameters": {}, "state_dict": {}}, unnamed)
+    assert model_name_for("astra_alpha", ckpt=str(named)) == "leviathan"
+    assert model_name_for("astra_alpha", ckpt=str(unnamed)) == "astra_alpha"
+    assert model_name_for("astra_alpha", ckpt=str(tmp_path / "gone.ckpt")) == "astra_alpha"
+
+
 def test_find_checkpoint_errors(tmp_path):
     with pytest.raises(UserError, match="checkpoint not found"):
         find_checkpoint("astra_alpha", tmp_path, ckpt=str(tmp_path / "nope.ckpt"))

@@ -158,6 +158,20 @@ def test_every_finding_says_what_it_rests_on():
         difference({1: (1.0, 0.1)}, {1: (0.9, 0.1)})
         difference({1: (1.0, 0.1), 2: (1.1, 0.1)}, {1: (0.9, 0.1), 2: (1.0, 0.1)})
     assert rests_on(used, jobs).startswith("Rests on 2 trainings a side in 1 of 2 comparisons")
+    assert rests_on([], [JobResult("0_a", "failed", {"model": "a"})]) == ""  # no completed run: nothing to say
+
+
+def test_a_settings_mean_goes_element_by_element_and_keeps_what_is_no_number():
+    """settings.mean_of through a record's lists (the recall points: [distance, accuracy] pairs) and tuples; what
+    does not average (text, lists of another length) is the first training's."""
+    from gru_experiments.report.settings import mean_of
+
+    points = [[[8, 0.5], [16, 0.25]], [[8, 0.75], [16, 0.25]]]
+    assert mean_of(points) == [[8, 0.625], [16, 0.25]]
+    assert mean_of([(1.0, "gru"), (2.0, "gru")]) == (1.5, "gru")
+    assert mean_of([{"curve": [1.0, 2.0], "note": "a"}, {"curve": [3.0, 4.0], "note": "b"}]) == \
+        {"curve": [2.0, 3.0], "note": "a"}
+    assert mean_of([[1.0, 2.0], [3.0]]) == [1.0, 2.0]
 
 
 def test_seeds_is_the_seed_sweep():

@@ -96,6 +96,33 @@ def test_the_estimate_counts_the_validations_that_max_steps_leaves():
     assert twenty["validation_seconds"] == pytest.approx(20 * one["validation_seconds"])
 
 
+def test_the_modes_are_scored_at_each_validation_but_lightnings_sanity_check():
+    """runs/scoring.ModesOverTraining, the trainer and the module stand-ins: nothing logged in the sanity check;
+    at a validation the stateful and stateless bpc, the stateless one the exact figure."""
+    from types import SimpleNamespace
+
+    from conftest import make_text
+
+    from gru_experiments.data.tokenizers import CharTokenizer
+    from gru_experiments.runs.scoring import ModesOverTraining
+    from gru_experiments.study.scores import score_stateless
+
+    text = make_text(3000)
+    tokenizer = CharTokenizer.from_text(text)
+    torch.manual_seed(0)
+    model = RecurrentLM(tokenizer.vocab_size, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
+    val = Split.of(torch.tensor(tokenizer.encode(text[2000:])), tokenizer)
+    callback = ModesOverTraining(TrainedRun(model, tokenizer, "model"), val, 8 * 16 * 400, _settings(_cfg()),
+                                 text[:2000])
+    logged = {}
+    module = SimpleNamespace(log=lambda name, value: logged.update({name: value}))
+    callback.on_validation_epoch_end(SimpleNamespace(sanity_checking=True), module)
+    assert logged == {}
+    callback.on_validation_epoch_end(SimpleNamespace(sanity_checking=False), module)
+    assert set(logged) == {"val/stateful_bpc", "val/stateless_bpc"} and math.isfinite(logged["val/stateful_bpc"])
+    assert logged["val/stateless_bpc"] == pytest.approx(score_stateless(model, val).bpc)
+
+
 def _val():
     return Split(torch.zeros(1001, dtype=torch.long), torch.ones(11, dtype=torch.long))
 

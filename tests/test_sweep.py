@@ -317,3 +317,34 @@ def test_only_multirun_ddp_jobs_run_in_their_own_process(compose_config, monkeyp
     monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setattr(distributed, "multirun_sweep_dir", lambda: None)  # a single run
     assert not distributed.needs_own_process(strategy("trainer=ddp"))
+
+
+def test_a_multirun_ddp_job_trains_in_a_child_that_keeps_its_folder_number_and_group(tmp_path, monkeypatch, capsys):
+    """distributed.run_in_own_process with Hydra's job config a stand-in and a child script that records its
+    arguments and writes the summary a run would: the job's overrides, folder, number and the sweep's W&B group on
+    its command line; the child's summary handed back; a child that fails raises, naming the folder."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    job_dir = tmp_path / "sweep" / "2_astra_alpha"
+    job_dir.mkdir(parents=True)
+    job = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(job_dir)), job=SimpleNamespace(num=2),
+                          overrides=SimpleNamespace(task=["model=astra_alpha", "trainer=ddp"]))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: job))
+    monkeypatch.setattr(distributed, "multirun_sweep_dir", lambda: str(tmp_path / "sweep"))
+    child = tmp_path / "child.py"
+    child.write_text("import json, pathlib, sys\n"
+                     "run = pathlib.Path(sys.argv[-3].split('=', 1)[1].strip('\"'))\n"
+                     "(run / 'summary.json').write_text(json.dumps({'status': 'completed', 'argv': sys.argv[1:]}))\n"
+                     "sys.exit(int(run.name.startswith('3')))\n")
+    summary = distributed.run_in_own_process(str(child), {"_target_": "WandbLogger", "group": None})
+    expected = ["model=astra_alpha", "trainer=ddp", f'hydra.run.dir="{job_dir}"', "hydra.job.num=2",
+                'logger.group="sweep"']
+    assert summary == {"status": "completed", "argv": expected}
+    assert capsys.readouterr().out.startswith("DDP in a multirun job: training in a child process: ")
+    failing = tmp_path / "sweep" / "3_astra_alpha"
+    failing.mkdir()
+    job.runtime.output_dir = str(failing)
+    with pytest.raises(RuntimeError, match=f"^the training process of {failing} exited with code 1$"):
+        distributed.run_in_own_process(str(child), None)

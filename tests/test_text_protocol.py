@@ -218,3 +218,50 @@ def test_the_index_is_counted_once_per_training_split_and_cached(tmp_path):
     assert TrainingIndex.from_state_dict(torch.load(path, weights_only=True)).vocabulary == counted.vocabulary
     TrainingIndex.cached(train + "x", tmp_path, order=3)  # another split, another file
     assert len(list(tmp_path.glob("text_index_*.pt"))) == 2
+
+
+# --- the text entry inside an evaluation (the end of a run: only the slow trainings reach it) ---------------------
+
+def text_request(tiny_corpus, val_chars: int | None = None, **text):
+    """A final evaluation's Request of a counted 3-gram on tiny_corpus, its validation split cut to `val_chars`."""
+    from evaluation_helpers import request_of
+
+    from gru_experiments.study.scores import Split
+
+    whole = tiny_corpus.read_text(encoding="utf-8")
+    train, val = split_text(whole, 0.9)
+    tokenizer = CharTokenizer.from_text(whole)
+    train_ids = torch.tensor(tokenizer.encode(train))
+    model = NGramLM(tokenizer.vocab_size, order=3).fit(train_ids)
+    val = val[:val_chars]
+    text = {"samples": 2, "chars": 40, "drift_chars": 0, **text}
+    request = request_of(model, Split.of(torch.tensor(tokenizer.encode(val)), tokenizer), 16,
+                         {"text": text, "curve_longest": None}, tokenizer=tokenizer, seed=5,
+                         train_ids=train_ids, load_text_index=lambda: TrainingIndex(train))
+    return request, val
+
+
+def test_an_evaluation_measures_the_text_as_measure_text_does(tiny_corpus):
+    """TextEntry plans a TextPass, whose run is measure_text with the request's seed on the split's own text; the
+    summary leaves the texts out (samples.json keeps them) and adds the time the pass took."""
+    from gru_experiments.study.evaluation import evaluate
+
+    request, val = text_request(tiny_corpus)
+    evaluation = evaluate(request)
+    assert "text" in evaluation.plan.owners
+    record = evaluation.summary()["text"]
+    expected = measure_text(request.model, request.tokenizer, request.load_text_index(), val,
+                            TextSettings(window=16, samples=2, chars=40, drift_chars=0, seed=5))
+    assert "texts" not in record and "texts" in expected and record["seconds"] > 0
+    assert {key: record[key] for key in ("settings", "modes", "reference", "floor", "ceiling", "drift")} == \
+           {key: expected[key] for key in ("settings", "modes", "reference", "floor", "ceiling", "drift")}
+
+
+def test_a_split_shorter_than_a_sample_leaves_the_text_out_with_a_line(tiny_corpus, capsys):
+    from gru_experiments.study.evaluation import evaluate
+
+    request, _ = text_request(tiny_corpus, val_chars=200, chars=300)
+    evaluation = evaluate(request)
+    assert "text" not in evaluation.plan.owners and "text" not in evaluation.summary()
+    assert ("text statistics left out: the validation split has 200 characters, fewer than a sample's "
+            "evaluation.text.chars=300") in capsys.readouterr().out

@@ -115,6 +115,8 @@ def test_ks_and_line_shape_by_hand():
     assert line_shape(["ab\ncd\n"], ["xy\nzw"]) == 0.0
     assert line_shape(["ab\nc"], ["abc\nd"]) == pytest.approx(0.5)  # {2, 1} against {3, 1}
     assert line_shape([""], ["abc"]) is None
+    with pytest.raises(ValueError, match="^the KS statistic needs two non-empty samples$"):
+        ks_statistic([], [1, 2])
 
 
 def test_reference_bpc_by_hand():
@@ -151,6 +153,8 @@ def test_standard_errors_by_hand():
 
 def test_helpers():
     assert looped_text("the son, ", 20) == "the son, the son, th"
+    with pytest.raises(ValueError, match="^looped_text needs a non-empty phrase$"):
+        looped_text("", 20)
     text = uniform_random_text("ab\n", 1000, seed=3)
     assert len(text) == 1000 and set(text) == set("ab\n") and text == uniform_random_text("ab\n", 1000, seed=3)
     val = "".join(chr(0x4E00 + i) for i in range(10_000))  # every character once: a slice's start is unique
