@@ -1,4 +1,4 @@
-"""The helpers every section of the report writes with: numbers and text ("value ± se", durations, table
+"""The helpers every section of the report writes with: numbers and text ("value ± se", table
 cells), markdown tables, and figures (bars with their values, a PNG saved the same way every time)."""
 
 import html
@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 from gru_experiments.files import atomic_file
-from gru_experiments.study.cost import duration  # noqa: F401 (the sections' durations: one home)
 
 MISSING = "—"
 

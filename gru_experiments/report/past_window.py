@@ -4,10 +4,11 @@ finding 21: does a gradient path past the window teach the state to read past it
 (its means over seeds, settings.py) and every comparison goes through significance.py."""
 
 from gru_experiments.report.cache_report import corpus, past_window
-from gru_experiments.report.common import MISSING, cell, duration, escape, group_by, table
+from gru_experiments.report.common import MISSING, cell, escape, group_by, table
 from gru_experiments.report.findings import state_gain
 from gru_experiments.report.section import Findings, Section, cannot
 from gru_experiments.report.significance import WORTH, difference, side
+from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import curve_points
 
 

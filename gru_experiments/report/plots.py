@@ -4,10 +4,11 @@ the context curve, the modes over training, bits per character by mode and the l
 from pathlib import Path
 from statistics import stdev
 
-from gru_experiments.report.common import MISSING, duration, escape, finish, grouped_bars, image, save, subplots, table
+from gru_experiments.report.common import MISSING, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.settings import spread
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
+from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES, curve_points
 
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"

@@ -23,12 +23,13 @@ from gru_experiments.report import (
 )
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
-from gru_experiments.report.common import MISSING, cell, duration, escape, table
+from gru_experiments.report.common import MISSING, cell, escape, table
 from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
 from gru_experiments.report.settings import group_settings, spread
 from gru_experiments.report.sweep_folder import JobResult, Report, collect, name_variants
 from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES
 from gru_experiments.study.generation import MODES
 

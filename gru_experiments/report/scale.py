@@ -7,10 +7,11 @@ import math
 from pathlib import Path
 
 from gru_experiments.report import findings
-from gru_experiments.report.common import MISSING, cell, duration, escape, figure_cell, image, table
+from gru_experiments.report.common import MISSING, cell, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.report.significance import WORTH, difference, side
+from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import curve_points
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 

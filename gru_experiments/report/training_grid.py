@@ -5,9 +5,10 @@ every inference mode, with stateful - windowed: what carrying the state buys bey
 
 from pathlib import Path
 
-from gru_experiments.report.common import cell, duration, finish, grouped_bars, image, plus_minus, save, subplots, table
+from gru_experiments.report.common import cell, finish, grouped_bars, image, plus_minus, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
+from gru_experiments.study.cost import duration
 from gru_experiments.study.generation import MODES_BY_CONTEXT
 
 ORDER = {"windows": 0, "streams": 1}  # the grid's order of the training modes; any other comes last
