@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gru_experiments.errors import UserError
-from gru_experiments.models.ngram import MIN_DISCOUNT, NGramLM
+from gru_experiments.models.ngram import MIN_DISCOUNT, SMOOTHINGS, NGramLM
 from gru_experiments.models.protocol import NO_TOKEN, InvalidSetting
 from gru_experiments.study.scores import Split, score_bigram
 
@@ -177,3 +177,9 @@ def test_bad_settings_and_a_corpus_shorter_than_one_ngram():
         NGramLM(5, smoothing="witten_bell")
     with pytest.raises(UserError, match="fewer than one 6-gram"):
         NGramLM(5, 6).fit(torch.tensor([1, 2, 3]))
+
+
+@pytest.mark.parametrize("smoothing", SMOOTHINGS)
+def test_a_model_never_fitted_says_so_in_one_line(smoothing):
+    with pytest.raises(UserError, match=r"the 3-gram model has counted nothing: fit it"):
+        NGramLM(5, 3, smoothing)(torch.tensor([[0, 1, 2]]))

@@ -96,6 +96,9 @@ class NGramLM(FiniteContextLM):
         device = self.keys_1.device
         if self._tables is not None and self._tables["device"] == device:
             return self._tables
+        if not self.keys_1.numel():  # no counts: a model built but never fitted (nor loaded from a fitted one)
+            raise UserError(f"the {self.order}-gram model has counted nothing: fit it on the training split first "
+                            "(NGramLM.fit, as train.py does)")
         V = self.vocab_size
         orders = range(1, self.order + 1) if self.smoothing == "kneser_ney" else [self.order]
         per_order = {}
