@@ -5,6 +5,7 @@ that a setting's runs share."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 from statistics import fmean, stdev
 
@@ -208,3 +209,34 @@ def test_a_seed_sweep_reports_each_model_once_over_its_seeds_and_wb_groups_them(
     assert len(by_type) == 2 and all(sorted(seeds) == [1, 2, 3] for seeds in by_type.values())
     assert sorted(job_type.split(",")[0] for job_type in by_type) == ["model=astra_alpha", "model=mingru"]
     assert len({run.group for run in runs}) == 1
+
+
+def test_a_run_resumed_on_another_machine_is_still_a_training_of_its_setting(tmp_path):
+    sweep = tmp_path / "resumed"
+    for seed, stateful in enumerate(STATEFUL["astra_alpha"], 1):  # seed 3 trained on a GPU, the others anywhere
+        seeded_job(sweep, seed - 1, "astra_alpha", seed, stateful,
+                   config={"trainer": {"accelerator": "gpu" if seed == 3 else "auto", "max_steps": -1}})
+    # seed 1 resumed on the CPU: its newest record is the resume's own command (resume=, no progress bar)
+    job = sweep / "0_astra_alpha"
+    record = job / ".hydra" / "resumed_2026-11-28_05-18-00_000000"
+    record.mkdir()
+    resumed = {"resume": str(job), "trainer": {"accelerator": "cpu", "enable_progress_bar": False}}
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(job / ".hydra" / "config.yaml"), resumed), record / "config.yaml")
+    assert [(setting.name, setting.n) for setting in build_report(sweep).settings] == [("astra_alpha", 3)]
+    # what it trained still tells settings apart
+    seeded_job(sweep, 3, "astra_alpha", 4, 2.31, config={"trainer": {"accelerator": "auto", "max_steps": 500}})
+    assert [setting.n for setting in build_report(sweep).settings] == [3, 1]
+
+
+def test_a_settings_text_table_names_each_trainings_seed(tmp_path):
+    from test_controls_report import text_record  # a text record of 12 samples, its settings' seed 0
+
+    sweep = tmp_path / "text_seeds"
+    for seed, stateful in enumerate(STATEFUL["astra_alpha"], 1):
+        job = seeded_job(sweep, seed - 1, "astra_alpha", seed, stateful)
+        record = text_record()
+        record["settings"]["seed"] = seed
+        values = json.loads((job / "summary.json").read_text()) | {"text": record}
+        (job / "summary.json").write_text(json.dumps(values))
+    text = build_report(sweep).files["report.md"].read_text()
+    assert "12 samples of 300 characters per setting, seeds 1, 2, 3; windowed: the last 128 tokens" in text

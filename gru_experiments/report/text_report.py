@@ -74,11 +74,14 @@ TEXT_COLUMNS = {
 
 
 # --- report.md ----------------------------------------------------------------------------------------------
-def _settings_line(record: dict) -> str:
+def _settings_line(job) -> str:
+    record = text_record(job)
     s = record.get("settings") or {}
     seconds = finite(record.get("seconds"))
-    return (f"{s.get('samples', '?')} samples of {s.get('chars', '?')} characters per setting, seed "
-            f"{s.get('seed', '?')}; windowed: the last {s.get('window', '?')} tokens"
+    seeds = [((text_record(run) or {}).get("settings") or {}).get("seed", "?") for run in job.runs]  # each training's
+    return (f"{s.get('samples', '?')} samples of {s.get('chars', '?')} characters per setting, "
+            f"{'seeds ' + ', '.join(map(str, seeds)) if len(seeds) > 1 else f'seed {seeds[0]}'}; "
+            f"windowed: the last {s.get('window', '?')} tokens"
             + ("" if seconds is None else f"; measured in {seconds:.0f} s") + ".")
 
 
@@ -113,7 +116,7 @@ def text_section(jobs, plots: dict[str, Path]) -> list[str]:
         record = text_record(job)
         rows = text_rows(record)
         statistics = ordered([name for _, figures in rows for name in figures], STATISTICS)
-        lines += [f"### {run_label(job, jobs)}", "", _settings_line(record), ""]
+        lines += [f"### {run_label(job, jobs)}", "", _settings_line(job), ""]
         lines += table(["setting", *statistics], [[label, *(_cell(figures.get(name)) for name in statistics)]
                                                   for label, figures in rows], "lr")
         lines += _drift_table(record) + [""]
