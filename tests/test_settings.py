@@ -240,3 +240,18 @@ def test_a_settings_text_table_names_each_trainings_seed(tmp_path):
         (job / "summary.json").write_text(json.dumps(values))
     text = build_report(sweep).files["report.md"].read_text()
     assert "12 samples of 300 characters per setting, seeds 1, 2, 3; windowed: the last 128 tokens" in text
+
+
+def test_wandbs_job_type_leaves_out_how_a_run_ran_as_the_report_does(monkeypatch):
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from gru_experiments.runs import loggers
+
+    overrides = ["model=mingru", "seed=2", "trainer.accelerator=gpu", "logger=wandb",
+                 "+trainer.enable_progress_bar=false", "model.lr=0.02", "trainer.max_steps=500"]
+    monkeypatch.setattr(loggers, "multirun_sweep_dir", lambda: "/tmp/sweep")
+    hydra = SimpleNamespace(overrides=SimpleNamespace(task=overrides))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hydra))
+    assert loggers.setting_name() == "model=mingru,model.lr=0.02,trainer.max_steps=500"

@@ -11,31 +11,25 @@ from statistics import fmean, stdev
 
 from gru_experiments.report.common import finite, group_by
 from gru_experiments.report.sweep_folder import JobResult
+from gru_experiments.runs.loggers import how_it_ran
 
-# What tells settings apart beside the job's config (which a sweep's job folder records, seed removed).
+# What tells settings apart beside the job's config (which a sweep's job folder records, how it ran removed).
 SETTING_KEYS = ("model", "training_mode", "seq_len", "lr", "optim", "probe", "corpus", "tokenizer", "family")
-# What says how a run ran, not what it trained or measured: a run resumed on another machine, with a progress bar or
-# another logger, is still a training of its setting (a resume records its own command, resume= included).
-HOW_IT_RAN = ("seed", "resume", "ckpt_path", "logger", "paths", "cuda_graphs", "trainer.accelerator",
-              "trainer.devices", "trainer.enable_progress_bar", "trainer.enable_model_summary")
 
 
 def setting_key(job: JobResult) -> tuple:
-    """Everything that tells a run's setting apart: its config and its command line (experiment=..., a choice the
-    config does not name) without HOW_IT_RAN, and the summary's SETTING_KEYS."""
-    command = sorted(o for o in job.overrides if not _how_it_ran(o.split("=", 1)[0].lstrip("+~")))
+    """Everything that tells a run's setting apart: its newest config record and its command line (experiment=...,
+    a choice the config does not name) without what says how it ran (loggers.HOW_IT_RAN: the seed, a resume's own
+    keys, the device), and the summary's SETTING_KEYS."""
+    command = sorted(o for o in job.overrides if not how_it_ran(o.split("=", 1)[0]))
     return (repr(_what_it_trained(job.config or {})), repr(command),
             *(repr(job.values.get(key)) for key in SETTING_KEYS))
-
-
-def _how_it_ran(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in HOW_IT_RAN)
 
 
 def _what_it_trained(config: dict, prefix: str = "") -> list:
     """The config's items, nested ones as lists, sorted, without HOW_IT_RAN's keys."""
     return sorted((key, _what_it_trained(value, f"{prefix}{key}.") if isinstance(value, dict) else value)
-                  for key, value in config.items() if not _how_it_ran(f"{prefix}{key}"))
+                  for key, value in config.items() if not how_it_ran(f"{prefix}{key}"))
 
 
 def mean_of(values: list):

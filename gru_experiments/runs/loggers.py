@@ -113,14 +113,26 @@ def sweep_group(group: str | None, sweep_dir) -> str:
     return group or Path(sweep_dir).resolve().name
 
 
+# What says how a run ran, not what it trained or measured: runs that differ in these alone are trainings of one
+# setting (W&B's job_type here, the report's rows in report/settings.py), resumed on another device or not.
+HOW_IT_RAN = ("seed", "resume", "ckpt_path", "logger", "paths", "cuda_graphs", "trainer.accelerator",
+              "trainer.devices", "trainer.enable_progress_bar", "trainer.enable_model_summary")
+
+
+def how_it_ran(key: str) -> bool:
+    """Whether a dotted config key (or an override's, + or ~ stripped) is one of HOW_IT_RAN or below one."""
+    key = key.lstrip("+~")
+    return any(key == k or key.startswith(k + ".") for k in HOW_IT_RAN)
+
+
 def setting_name() -> str | None:
-    """A multirun job's setting: its command-line overrides but the seed ("model=astra_alpha,training=streams"),
+    """A multirun job's setting: its command-line overrides but HOW_IT_RAN ("model=astra_alpha,training=streams"),
     shared by the runs that differ in their seed alone; W&B's job_type, at most 64 characters (a hash past 55)."""
     from hydra.core.hydra_config import HydraConfig
 
     if multirun_sweep_dir() is None:
         return None
-    name = ",".join(o for o in HydraConfig.get().overrides.task if not o.split("=", 1)[0].lstrip("+~") == "seed")
+    name = ",".join(o for o in HydraConfig.get().overrides.task if not how_it_ran(o.split("=", 1)[0]))
     name = name or "default"
     return name if len(name) <= 64 else f"{name[:55]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
