@@ -80,7 +80,7 @@ def _settings_line(job) -> str:
     seconds = finite(record.get("seconds"))
     seeds = [((text_record(run) or {}).get("settings") or {}).get("seed", "?") for run in job.runs]  # each training's
     return (f"{s.get('samples', '?')} samples of {s.get('chars', '?')} characters per setting, "
-            f"{'seeds ' + ', '.join(map(str, seeds)) if len(seeds) > 1 else f'seed {seeds[0]}'}; "
+            f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}; "
             f"windowed: the last {s.get('window', '?')} tokens"
             + ("" if seconds is None else f"; measured in {seconds:.0f} s") + ".")
 
