@@ -24,7 +24,7 @@ from gru_experiments.runs.trained_run import load
 from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import CLASSES, EvaluationSettings, curve_points
 from gru_experiments.study.generation import eval_mode
-from gru_experiments.study.plan import context_lengths, plan_evaluation
+from gru_experiments.study.plan import curve_lengths, plan_evaluation
 from gru_experiments.study.scores import (
     Score,
     Split,
@@ -162,7 +162,8 @@ def test_one_pass_of_windows_scores_every_shorter_context(model, ids, stride):
 def test_context_curve_points_exact_or_on_a_systematic_sample(model, ids):
     """Exact, every point is the windowed figure at its context; within a budget, the points share the
     windowed pass's stride, each the same targets as score_contexts at that stride, with its error."""
-    assert context_lengths(128) == [1, 2, 4, 8, 16, 32, 64, 128] and context_lengths(12) == [1, 2, 4, 8, 12]
+    up_to = lambda seq_len: curve_lengths(None, seq_len, None, 10**6)[0]  # noqa: E731
+    assert up_to(128) == [1, 2, 4, 8, 16, 32, 64, 128] and up_to(12) == [1, 2, 4, 8, 12]
     settings = OmegaConf.create({"budget": None, "streams": 1, "curve_longest": None})
     exact = run_plan(model, ids, split(ids), plan_of(model, 149, 6, settings, None)).curve
     for w in [1, 2, 4, 6]:

@@ -241,15 +241,11 @@ def paired_targets(a: Pass, b: Pass, n: int) -> int:
 
 
 # --- the curve's points ---------------------------------------------------------------------------
-def context_lengths(max_window: int) -> list[int]:
-    """1, 2, 4, ... below max_window, then max_window itself (the training window)."""
-    return [2 ** k for k in range((max_window - 1).bit_length())] + [max_window]
-
-
 def curve_lengths(context: int | None, seq_len: int, longest: int | None, n: int) -> tuple[list[int], list[int]]:
-    """The curve's points up to the training window and past it (2, 4, 8 ... times seq_len up to `longest`,
-    within the split); a finite-context model's stops at the first point that holds its whole context."""
-    lengths, beyond, w = context_lengths(seq_len), [], 2 * seq_len
+    """The curve's points up to the training window (1, 2, 4 ... below seq_len, then seq_len) and past it (2, 4,
+    8 ... times seq_len up to `longest`, within the split); a finite-context model's stops at the first point that
+    holds its whole context."""
+    lengths, beyond, w = [2 ** k for k in range((seq_len - 1).bit_length())] + [seq_len], [], 2 * seq_len
     while longest and w <= longest and w < n:
         beyond.append(w)
         w *= 2
