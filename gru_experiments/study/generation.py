@@ -16,6 +16,7 @@ from torch import Tensor
 from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.errors import UserError
 from gru_experiments.models.cuda_graphs import graphed
+from gru_experiments.models.protocol import map_state
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
 MODES = STATEFUL, STATELESS, WINDOWED = "stateful", "stateless", "windowed"  # the inference modes, named here only
@@ -172,14 +173,6 @@ def sample_tokens(model, prompt: Tensor, max_new_tokens: int, mode: str, choose:
 
 # --- will it fit? ---------------------------------------------------------------------------
 
-def _state_bytes(state) -> int:
-    if isinstance(state, Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, (list, tuple)):
-        return sum(_state_bytes(part) for part in state)
-    return 0
-
-
 def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: int, mode: str,
                      window: int | None = None) -> dict[str, int]:
     """A lower bound on the memory the sampler of `mode` allocates at once, by buffer: the token ids, the
@@ -195,12 +188,13 @@ def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: i
             fed = min(fed, max(1, model.context))
     else:
         fed = 1
-    try:  # one sample's state, built where it costs nothing
-        state = _state_bytes(model.initial_state(1, device="meta"))
+    state = []  # the bytes of each tensor of one sample's state, built where it costs nothing
+    try:
+        map_state(lambda s: state.append(s.numel() * s.element_size()), model.initial_state(1, device="meta"))
     except Exception:  # a model that cannot build its state on the meta device: count none
-        state = 0
+        state = []
     return {"token buffer": B * total_len * 8, "logits": B * fed * V * 4, "probabilities": B * V * 4,
-            "model state": B * state}
+            "model state": B * sum(state)}
 
 
 def memory_available(device) -> tuple[int, str] | None:
