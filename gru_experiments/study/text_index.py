@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.files import atomic_file
 from gru_experiments.models.ngram import NGramLM
 
@@ -84,15 +83,14 @@ class KneserNeyJudge:
     (docs/internals.md, *The training split's index*). Built uncounted; `counted` counts one."""
 
     def __init__(self, alphabet: str, order: int = JUDGE_ORDER):
-        self.tokenizer = CharTokenizer.from_text(alphabet)
-        self.unseen = self.tokenizer.vocab_size
-        self._ids = {c: i for i, c in enumerate(self.tokenizer.chars)}
+        self._ids = {c: i for i, c in enumerate(sorted(set(alphabet)))}
+        self.unseen = len(self._ids)
         self.model = NGramLM(self.unseen + 1, order=order, smoothing="kneser_ney").eval()
 
     @classmethod
     def counted(cls, train_text: str, order: int = JUDGE_ORDER) -> "KneserNeyJudge":
         judge = cls(train_text, order)
-        judge.model.fit(torch.tensor(judge.tokenizer.encode(train_text), dtype=torch.long))
+        judge.model.fit(judge.encode(train_text))  # every character seen: its own id
         return judge
 
     def encode(self, text: str) -> Tensor:
