@@ -278,18 +278,13 @@ def curve_record(plan, points: dict[int, tuple], stateful) -> dict:
     """{"1": bpc, ..., "stateful": bpc, "settings": per point its targets, stride, forward tokens and s.e.}
     from `points`, {context: (bpc, its sampling error (0: exact), targets, stride, the forward tokens of its
     own pass (0: it came with another figure's))}."""
-    curve, settings = {}, {"max_window": plan.seq_len, "split_targets": plan.split_targets, "budget": plan.budget,
-                           "longest": max(points), "targets": {}, "stride": {}, "forward_tokens": {}, "bpc_se": {}}
-    for w, (bpc, se, targets, stride, forward_tokens) in sorted(points.items()):
-        key = str(w)
-        curve[key] = bpc
-        settings["targets"][key], settings["stride"][key] = targets, stride
-        settings["forward_tokens"][key], settings["bpc_se"][key] = forward_tokens, se
-    curve["stateful"] = stateful.bpc
-    settings["targets"]["stateful"], settings["stride"]["stateful"] = stateful.tokens, 1
-    settings["bpc_se"]["stateful"] = stateful.sampling_se
-    curve["settings"] = settings
-    return curve
+    fields = ("bpc", "bpc_se", "targets", "stride", "forward_tokens")  # of a point's tuple
+    column = {name: {str(w): point[i] for w, point in sorted(points.items())} for i, name in enumerate(fields)}
+    settings = {"max_window": plan.seq_len, "split_targets": plan.split_targets, "budget": plan.budget,
+                "longest": max(points), "targets": column["targets"] | {"stateful": stateful.tokens},
+                "stride": column["stride"] | {"stateful": 1}, "forward_tokens": column["forward_tokens"],
+                "bpc_se": column["bpc_se"] | {"stateful": stateful.sampling_se}}
+    return column["bpc"] | {"stateful": stateful.bpc, "settings": settings}
 
 
 def curve_points(curve: dict | None) -> list[tuple[str, float]]:
