@@ -175,11 +175,9 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
         sizes = cache_sizes(window, hidden.shape[1])
         squared = hidden[scored].float().pow(2).sum(-1).mean().item() if sizes else 1.0
         grid = tuple(c / max(squared, 1e-12) for c in SHARPNESS)
-        sampled = scored.clone()
-        sampled[:, torch.arange(sampled.shape[1], device=device) % stride != 0] = False
-        queried = sampled[:, ::stride]  # the queries continuous_cache scores, of those the scored ones
+        scored = scored & (torch.arange(scored.shape[1], device=device) % stride == 0)  # every stride-th
+        queried = scored[:, ::stride]  # the queries continuous_cache scores, of those the scored ones
         log_cache = continuous_cache(hidden, targets, sizes, list(grid), stride)[..., queried] if sizes else None
-        scored = sampled
     if not sizes:
         return {"note": f"no cache size fits: the longest history is under the window ({window})"}
     positions, model_nll = positions[scored], states.nll.reshape(scored.shape)[scored].double()
