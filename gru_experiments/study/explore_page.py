@@ -21,11 +21,9 @@ def encode_layers(activations: torch.Tensor, sizes: list[int], rankings: dict) -
     layers, offset = [], 0
     for layer, size in enumerate(sizes):
         units = list(range(size))
-        if size > MAX_UNITS:
+        if size > MAX_UNITS:  # those the rankings name, then the others, each in order (a stable sort)
             named = {unit for rows in rankings.values() for lay, unit, *_ in rows if lay == layer}
-            rest = (u for u in range(size) if u not in named)
-            named = sorted(named)[:MAX_UNITS]
-            units = sorted(named + [next(rest) for _ in range(MAX_UNITS - len(named))])
+            units = sorted(sorted(units, key=lambda u: u not in named)[:MAX_UNITS])
         block = activations[:, offset + torch.tensor(units)]
         scale = block.abs().max(0).values.clamp(min=1e-8)
         q = (block / scale * 127).round().clamp(-127, 127).to(torch.int8)
