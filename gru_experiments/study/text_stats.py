@@ -124,18 +124,16 @@ def line_shape_se(samples: Sequence[str], reference: Sequence[str]) -> float | N
 def text_statistics(samples: Sequence[str], index: TrainingIndex, reference: Sequence[str] | None = None) -> dict:
     """{name: {"value", "se"}} for the names in STATISTICS; line_shape against `reference` (None: none)."""
     samples = list(samples)
-    figures = {
+    return {
         "word_validity": value_and_se(word_validity(s, index.vocabulary) for s in samples),
         "seq_rep_4": value_and_se(seq_rep_4(s) for s in samples),
         "loop_rate": value_and_se(float(loop_period(s) is not None) for s in samples),
         "distinct_2": {"value": distinct_2(samples), "se": jackknife_se(distinct_2, samples)},
         "copy_32": value_and_se(index.spans.share_found(s) for s in samples),  # its 32-character spans found
-        "line_shape": {"value": None, "se": None},
+        "line_shape": {"value": None, "se": None} if reference is None else
+                      {"value": line_shape(samples, reference), "se": line_shape_se(samples, reference)},
         "reference_bpc": value_and_se(index.judge.bpc(s) for s in samples),  # under the judge (KneserNeyJudge)
     }
-    if reference is not None:
-        figures["line_shape"] = {"value": line_shape(samples, reference), "se": line_shape_se(samples, reference)}
-    return figures
 
 
 # --- reference, floor and ceiling -------------------------------------------------------------------
