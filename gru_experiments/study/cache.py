@@ -242,7 +242,7 @@ class CacheEntry(Entry):
         if "by_size" not in r:
             return f"cache: not measured ({r['note']})"
         parameter = "θ" if r["kind"] == "continuous" else "β"
-        every = f" (every {r['every']}th)" if r.get("every", 1) > 1 else ""
+        every = f" (every {r['every']}th)" if r["every"] > 1 else ""
         lines = [f"{r['kind']} cache over the last N tokens, λ and {parameter} fitted on the first half of the "
                  f"{r['halves_of']} ({r['fit_targets']:,} targets{every}), scored on the second ({r['test_targets']:,};"
                  f" the model alone {r['model_bpc']:.4f} bits/char); gain: cache - model, past the window: cache(N) - "

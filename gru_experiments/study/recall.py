@@ -120,7 +120,7 @@ def format_recall(record: dict) -> str:
     for d, figures in record["by_distance"].items():
         cells = " ".join(f"{figures[m]['bits']:>8.3f} ±{figures[m]['se'] or 0:<6.3f}" for m in MODES_BY_CONTEXT)
         lines.append(f"{d:>8} {cells} {figures['stateful']['targets']:>8}")
-    for mode, h in (record.get("horizon") or {}).items():
+    for mode, h in record["horizon"].items():
         crossed = h["crosses_2_bits"]
         lines.append(f"{mode} horizon: under 1 bit up to d = {h['remembered'] or 'none'}; 2 bits crossed at "
                      + (f"d = {crossed:,.0f} ({h['crossing']})" if crossed else h["crossing"]))
