@@ -159,10 +159,8 @@ class StatefulPass(Pass):
     @classmethod
     def plan(cls, model, n: int, chunk: int, streams: int, keep_after: int | None, stride: int = 1) -> "StatefulPass":
         streams, length = stream_layout(n, streams)
-        rows = range(0, streams, stride)
-        forward = len(rows) * chunks_cost(model, length, chunk)
-        targets = sum(max(0, min(length, n - s * length)) for s in rows)
-        return cls(targets, forward, stride, keep_after, chunk, streams)
+        forward = len(range(0, streams, stride)) * chunks_cost(model, length, chunk)
+        return cls(warm_targets(n, streams, stride, 0), forward, stride, keep_after, chunk, streams)  # all they hold
 
     @property
     def label(self) -> str:  # its progress bar's
