@@ -32,10 +32,11 @@ def lstm_pairs(jobs) -> list[tuple]:
     return sorted(pairs, key=lambda pair: (pair[1].number("parameters"), pair[0].training))
 
 
-def _reach(h: dict) -> float:
-    """Where the stateful curve rises through 2 bits, as a number: inf when never, 0 when at once."""
+def _reach(h: dict) -> tuple:
+    """A horizon's reach, to compare two: where it rises through 2 bits (inf: never, 0: at once), then under 1 bit."""
     crossing = h["crosses_2_bits"]
-    return crossing if crossing is not None else math.inf if h["crossing"].startswith("below") else 0.0
+    return (crossing if crossing is not None else math.inf if h["crossing"].startswith("below") else 0.0,
+            h["remembered"] or 0)
 
 
 def _horizon_text(h: dict) -> str:
@@ -47,8 +48,7 @@ def _horizon_text(h: dict) -> str:
 def _lstm_part(lstm, gru) -> tuple[int, str]:
     """(+1 the LSTM keeps the key longer, -1 shorter, 0 no difference shown; the evidence) of one pair."""
     hl, hg = run_horizon(lstm, STATEFUL), run_horizon(gru, STATEFUL)
-    longer = (_reach(hl), hl["remembered"] or 0) > (_reach(hg), hg["remembered"] or 0)
-    shorter = (_reach(hl), hl["remembered"] or 0) < (_reach(hg), hg["remembered"] or 0)
+    longer, shorter = _reach(hl) > _reach(hg), _reach(hl) < _reach(hg)
     # only where one of the two recalls (beats log2 K by two se's): where both are at chance or below it (a model
     # confidently wrong), neither remembers, and which pays more says nothing of memory
     found = [(d, change) for d, _, _, change in changes(lstm, gru)

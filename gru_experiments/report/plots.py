@@ -4,12 +4,13 @@ the context curve, the modes over training, bits per character by mode and the l
 from pathlib import Path
 from statistics import stdev
 
-from gru_experiments.report.common import MISSING, escape, finish, grouped_bars, image, save, subplots, table
+from gru_experiments.report.common import MISSING, cell, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
 from gru_experiments.report.settings import spread
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES, curve_points
+from gru_experiments.study.generation import MODES
 
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
 PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"
@@ -191,11 +192,10 @@ def _context(job: JobResult) -> str:
 
 
 def ladder_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
-    number = lambda job, key, fmt: MISSING if job.number(key) is None else fmt(job.number(key))  # noqa: E731
     rows = [[escape(job.model), escape(str(job.values.get("family") or MISSING)), _context(job),
-             number(job, "parameters", "{:,}".format), number(job, "stateful_bpc", "{:.4f}".format),
-             number(job, "stateless_bpc", "{:.4f}".format), number(job, "windowed_bpc", "{:.4f}".format),
-             number(job, "train_seconds", duration)] for job in ladder_jobs(jobs)]
+             cell(job.number("parameters"), "{:,}".format),
+             *(cell(job.number(f"{mode}_bpc"), "{:.4f}".format) for mode in MODES),
+             cell(job.number("train_seconds"), duration)] for job in ladder_jobs(jobs)]
     if not rows:
         return []
     lines = ["", "## The ladder", "",

@@ -71,10 +71,6 @@ class Setting(JobResult):
     def runs(self) -> list[JobResult]:
         return self.trainings
 
-    @property
-    def n(self) -> int:
-        return len(self.trainings)
-
 
 def group_settings(jobs: list[JobResult]) -> list[JobResult]:
     """The jobs with each setting's completed runs (distinct known seeds) as one Setting, where its first run was."""

@@ -74,16 +74,12 @@ def summary_figure(key: str):
     return lambda job: (job.number(key), job.number(f"{key}_se") or 0.0)
 
 
-def _mean_and_se(values: dict) -> tuple[float, float]:
-    """The mean over trainings and its between-training standard error (sd / sqrt n)."""
-    points = [value for value, _ in values.values()]
-    return fmean(points), stdev(points) / math.sqrt(len(points))
-
-
-def _within(values: dict) -> tuple[float, float]:
-    """The mean over trainings and the standard error from the within-run errors alone."""
-    return (fmean(value for value, _ in values.values()),
-            math.sqrt(sum(se * se for _, se in values.values())) / len(values))
+def _mean_and_se(values: dict, over_seeds: bool) -> tuple[float, float]:
+    """The mean over trainings and its standard error: between trainings (sd / sqrt n) over seeds, else from the
+    within-run errors alone."""
+    points, ses = zip(*values.values())
+    se = stdev(points) / math.sqrt(len(points)) if over_seeds else math.sqrt(sum(se * se for se in ses)) / len(ses)
+    return fmean(points), se
 
 
 def difference(a: dict, b: dict | None = None, worth: float = 0.0) -> Difference | None:
@@ -97,8 +93,8 @@ def difference(a: dict, b: dict | None = None, worth: float = 0.0) -> Difference
         gaps = [a[seed][0] - b[seed][0] for seed in shared]
         found = Difference(fmean(gaps), stdev(gaps) / math.sqrt(len(gaps)), (len(shared), len(shared)), True, worth)
     else:
-        mean_and_se = _mean_and_se if over_seeds else _within
-        (mean_a, se_a), (mean_b, se_b) = mean_and_se(a), (mean_and_se(b) if b is not None else (0.0, 0.0))
+        mean_a, se_a = _mean_and_se(a, over_seeds)
+        mean_b, se_b = _mean_and_se(b, over_seeds) if b is not None else (0.0, 0.0)
         found = Difference(mean_a - mean_b, math.hypot(se_a, se_b), (n_a, n_b), False, worth)
     if (used := _used.get()) is not None:
         used.append(found)

@@ -37,7 +37,7 @@ class JobResult:
 
     @property
     def n(self) -> int:
-        return 1
+        return len(self.runs)
 
     @property
     def name(self) -> str:  # the model's config name
@@ -97,10 +97,6 @@ class Report:
     files: dict[str, Path]  # name -> written file
     settings: list[JobResult] = field(default_factory=list)  # the jobs with each setting's runs as one (settings.py)
 
-    @property
-    def problems(self) -> list[JobResult]:
-        return [job for job in self.jobs if job.status != "completed"]
-
 
 # --- reading a sweep folder --------------------------------------------------------------
 def _select(cfg, key: str):
@@ -141,10 +137,9 @@ def read_job(job_dir: Path, sweep_dir: Path | None = None) -> JobResult:
         "optim": _select(cfg, "optim.name"),
         **read_summary(summary),
         # its name (pystdlib), not the summary's path to the file
-        "corpus": (summary or {}).get("corpus") if cfg is None else corpus_name(
-            _select(cfg, "data.path"), _select(cfg, "data.url"), _select(cfg, "data.sha256")),
+        "corpus": corpus_name(_select(cfg, "data.path"), _select(cfg, "data.url"), _select(cfg, "data.sha256")),
     }
-    if values.get("family") is None and cfg is not None:  # not finished: the config's model's
+    if values.get("family") is None:  # not finished: the config's model's
         values["family"] = model_family(_select(cfg, "model.architecture"))
     if not isinstance(values.get("recurrent"), bool):
         values["recurrent"] = model_recurrent(_select(cfg, "model.architecture"))
@@ -154,7 +149,7 @@ def read_job(job_dir: Path, sweep_dir: Path | None = None) -> JobResult:
     unreadable = run.summary_file if summary is None and run.summary_file.is_file() else None
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger,
-                     unreadable=unreadable, config=None if cfg is None else OmegaConf.to_container(cfg, resolve=False),
+                     unreadable=unreadable, config=OmegaConf.to_container(cfg, resolve=False),
                      overrides=_overrides(job_dir))
 
 
