@@ -97,10 +97,6 @@ class ProbeSettings:
     phases: tuple[Phase, ...]
     validation: ValidationPairs
 
-    def __post_init__(self):
-        check_rules(self.__dict__, [KEYS_RULE], "probe.")
-        object.__setattr__(self, "phases", tuple(self.phases))
-
     @classmethod
     def from_config(cls, probe_cfg) -> ProbeSettings | None:
         """The settings of a `probe` config group, checked; None for probe=none or no group."""
