@@ -97,10 +97,6 @@ class ProbeSettings:
     phases: tuple[Phase, ...]
     validation: ValidationPairs
 
-    def __post_init__(self):
-        check_rules(self.__dict__, [KEYS_RULE], "probe.")
-        object.__setattr__(self, "phases", tuple(self.phases))
-
     @classmethod
     def from_config(cls, probe_cfg) -> ProbeSettings | None:
         """The settings of a `probe` config group, checked; None for probe=none or no group."""
@@ -204,8 +200,8 @@ class PlantedSplit:
     steps), `steps` set by the trainer. A planted pass is longer than the split; the run's steps stay the
     recipe's (data/batches.py)."""
 
-    def __init__(self, ids: Tensor, phases: Sequence[Phase], symbols: SymbolIds, seed: int, name: str = "train"):
-        self.ids, self.phases, self.symbols, self.seed, self.name = ids.cpu(), tuple(phases), symbols, seed, name
+    def __init__(self, ids: Tensor, phases: Sequence[Phase], symbols: SymbolIds, seed: int):
+        self.ids, self.phases, self.symbols, self.seed = ids.cpu(), tuple(phases), symbols, seed
         self.steps = 1
         self._last: tuple[tuple[int, int], Planting] | None = None
 
@@ -215,7 +211,7 @@ class PlantedSplit:
     def planting(self, pass_index: int, step: int = 0) -> Planting:
         key = (pass_index, self.phase_at(step))
         if self._last is None or self._last[0] != key:
-            generator = planting_generator(self.seed, self.name, *key)
+            generator = planting_generator(self.seed, "train", *key)
             self._last = (key, plant(self.ids, self.phases[key[1]], self.symbols, generator))
         return self._last[1]
 
@@ -239,15 +235,15 @@ def fitting_pairs(pairs: ValidationPairs, tokens: int) -> tuple[ValidationPairs,
     return kept, [d for d in pairs.distances if d not in fits]
 
 
-def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: SymbolIds, seed: int,
-                         name: str = "validation") -> list[Planting]:
+def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: SymbolIds, seed: int) -> list[Planting]:
     """Cut plantings of the validation split until every distance has pairs.min_targets recall targets (at most
     MAX_VALIDATION_PLANTINGS)."""
     plantings: list[Planting] = []
     counts = torch.zeros(len(pairs.distances), dtype=torch.long)
     distances = torch.tensor(pairs.distances)
     while int(counts.min()) < pairs.min_targets and len(plantings) < MAX_VALIDATION_PLANTINGS:
-        plantings.append(plant(val_ids, pairs, symbols, planting_generator(seed, name, len(plantings)), cut=True))
+        generator = planting_generator(seed, "validation", len(plantings))
+        plantings.append(plant(val_ids, pairs, symbols, generator, cut=True))
         counts += (plantings[-1].distances[:, None] == distances).sum(0)
     return plantings
 

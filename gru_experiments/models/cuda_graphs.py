@@ -1,19 +1,8 @@
-"""CUDA graphs: a model's fixed-shape work recorded once and replayed as one launch (docs/performance.md,
-*CUDA graphs*).
-
-The hand-written recurrence launches a handful of small kernels per time step and layer, each from Python: a
-training step of Astra-γ is ~5,000 launches, and on a GPU the launches, not the arithmetic, set its speed. A
-CUDA graph records them once for one input shape and replays them. Two uses:
-
-- GraphedTrainingStep: a training step's forward, loss and (hand-written) backward, writing each parameter's
-  gradient into the same memory at every replay. Clipping, AdamW and the schedule stay eager: a handful of
-  foreach launches, untouched by the graph.
-- graphed(model): inference (no grad) forwards of a shape seen before, replayed: the stateful pass's chunks
-  (with the final hidden states its readers take, `forward_features`), the windowed pass's batches, the stateful
-  sampler's one-token step.
-
-Neither changes a figure: a replay runs the kernels the eager call runs, on the same inputs (the tests hold
-them to each other). On a CPU neither runs at all: the eager call is the only path there.
+"""CUDA graphs: a model's fixed-shape work recorded once and replayed as one launch, since on a GPU the hand-written
+recurrence's many small launches, not its arithmetic, set its speed (docs/performance.md, *CUDA graphs*).
+GraphedTrainingStep replays a training step's forward, loss and backward (clipping, AdamW and the schedule stay
+eager); graphed(model) the inference forwards of a shape seen before. Neither changes a figure: a replay runs the
+eager call's kernels on the same inputs. On a CPU neither runs.
 """
 
 import itertools

@@ -52,10 +52,7 @@ def has_fast_bf16(device: torch.device | str) -> bool:
     """Whether this device multiplies bf16 in hardware, not by emulation."""
     device = torch.device(device)
     if device.type == "cuda":
-        try:
-            return torch.cuda.is_bf16_supported(including_emulation=False)
-        except TypeError:  # older torch: no including_emulation
-            return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":
         flags = cpu_flags()
         if not flags:  # no /proc/cpuinfo: ask torch's own probes (torch >= 2.3)

@@ -55,11 +55,9 @@ class RecurrentLM(LayeredLM):
     def forward_features(self, tokens: Tensor, state: list | None = None) -> tuple[Tensor, list, Tensor]:
         """tokens (B, T) -> logits (B, T, vocab), new state (one entry per layer), the head's input (B, T, H): the
         last layer's output after `norm`."""
-        if state is None:
-            state = [None] * len(self.layers)
         x = self.embedding(tokens)
         new_state = []
-        for layer, layer_state in zip(self.layers, state):
+        for layer, layer_state in zip(self.layers, state or [None] * len(self.layers)):
             x, layer_state = layer(x, layer_state)
             x = self.dropout(x)
             new_state.append(layer_state)

@@ -127,21 +127,16 @@ sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
 tanh_backward = torch.ops.aten.tanh_backward.grad_input
 
 
-def run_h_only(function, forward, one_step, inputs, precision: MatmulPrecision | None, weights):
+def run_h_only(function, one_step, inputs, precision: MatmulPrecision | None, weights):
     """A layer whose state is its output (GRU, RNN) over x = inputs[0]: one step without grad by `one_step` (stateful
-    sampling: the sequence machinery would cost more than the arithmetic), else its autograd Function, or without
-    grad its bare forward. `weights`: those whose matmuls `precision` may run in bf16."""
+    sampling: the sequence machinery would cost more than the arithmetic), else its autograd Function (without grad
+    too: it then records nothing). `weights`: those whose matmuls `precision` may run in bf16."""
     x = inputs[0]
     if x.shape[1] == 1 and not needs_grad(*inputs):
         h = one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), h
     inputs = tuple(t.to(x.dtype) for t in inputs)  # cast outside the Function: autograd casts the grads back
-    dtypes = matmul_dtypes(precision, x, *weights)
-    if needs_grad(*inputs):
-        outputs = function.apply(*inputs, dtypes)
-    else:
-        with torch.autocast(x.device.type, enabled=False):
-            outputs = forward(*inputs, dtypes)[0][1:]
+    outputs = function.apply(*inputs, matmul_dtypes(precision, x, *weights))
     # outputs is time-major; the batch-first view costs nothing. The final state is
     # the last output (a view: its gradient flows into the outputs' gradient).
     return outputs.transpose(0, 1), outputs[-1]

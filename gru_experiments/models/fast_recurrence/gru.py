@@ -22,7 +22,7 @@ def gru_sequence(x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_r
     """The study's GRU over x (B, T, I) from state h (B, H): outputs (B, T, H), final h.
     `precision`: which matmuls take bf16 inputs (None: autocast's choice, else none)."""
     inputs = (x, h, input_weight, input_bias, hidden_weight_rz, hidden_bias_rz, hidden_weight_candidate)
-    return run_h_only(_GRUFunction, _gru_forward, _gru_one_step, inputs, precision,
+    return run_h_only(_GRUFunction, _gru_one_step, inputs, precision,
                       (input_weight, hidden_weight_rz, hidden_weight_candidate))
 
 

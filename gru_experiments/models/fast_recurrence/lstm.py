@@ -26,13 +26,7 @@ def lstm_sequence(x, state, input_weight, input_bias, hidden_weight, precision: 
         h, c = _lstm_one_step(x[:, 0], *inputs[1:])
         return h.unsqueeze(1), (h, c)
     inputs = tuple(t.to(x.dtype) for t in inputs)
-    dtypes = matmul_dtypes(precision, x, input_weight, hidden_weight)
-    if needs_grad(*inputs):
-        outputs, c_last = _LSTMFunction.apply(*inputs, dtypes)
-    else:
-        with torch.autocast(x.device.type, enabled=False):
-            Hs, Cs, _, _, _ = _lstm_forward(*inputs, dtypes)
-        outputs, c_last = Hs[1:], Cs[-1]
+    outputs, c_last = _LSTMFunction.apply(*inputs, matmul_dtypes(precision, x, input_weight, hidden_weight))
     return outputs.transpose(0, 1), (outputs[-1], c_last)
 
 

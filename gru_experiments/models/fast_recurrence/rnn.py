@@ -21,7 +21,7 @@ def rnn_sequence(x, h, input_weight, input_bias, hidden_weight, precision: Matmu
     """The Elman RNN over x (B, T, I) from state h (B, H): outputs (B, T, H), final h.
     `precision`: as for gru_sequence."""
     inputs = (x, h, input_weight, input_bias, hidden_weight)
-    return run_h_only(_RNNFunction, _rnn_forward, _rnn_one_step, inputs, precision, (input_weight, hidden_weight))
+    return run_h_only(_RNNFunction, _rnn_one_step, inputs, precision, (input_weight, hidden_weight))
 
 
 def _rnn_one_step(x, h, W_x, b, W_h):
