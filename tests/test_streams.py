@@ -61,6 +61,9 @@ def test_trainer_epochs_continue_the_pass_and_the_position_round_trips():
     first = list(reader)  # one Trainer epoch: 7 of the pass's 49 chunks
     state = reader.state_dict()
     assert state == {"pass_index": 0, "chunk": 7, "step": 7}
+    older = StreamBatches(ids, 4, 10, steps=7, seed=0)
+    older.load_state_dict({"pass_index": 0, "chunk": 7})  # a checkpoint from before the step was kept
+    assert older.state_dict() == state
     second = list(reader)
     assert torch.equal(second[0][0], first[-1][0] + 10) and not second[0][2]  # the next chunk, carried on
     restored = StreamBatches(ids, 4, 10, steps=7, seed=0)

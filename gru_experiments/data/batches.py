@@ -86,7 +86,7 @@ class RandomWindowBatches:
         return {"epoch": self.epoch, "read": self.read}
 
     def load_position(self, state: dict) -> None:
-        self.epoch, self.read = int(state["epoch"]), int(state["read"])
+        self.epoch, self.read = int(state.get("epoch", 0)), int(state.get("read", 0))  # older checkpoints: none
 
 
 class EvalBatches:
@@ -164,7 +164,9 @@ class StreamBatches:
         return {"pass_index": self.pass_index, "chunk": self.chunk, "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
-        self.pass_index, self.chunk, self.step = int(state["pass_index"]), int(state["chunk"]), int(state["step"])
+        self.pass_index, self.chunk = int(state["pass_index"]), int(state["chunk"])
+        # An older checkpoint keeps no step: every pass before it had the split's chunks.
+        self.step = int(state.get("step", self.pass_index * self.chunks_per_pass + self.chunk))
 
 
 def run_steps(trainer, steps_per_epoch: int) -> int:
