@@ -167,10 +167,9 @@ class RunCheckpoint(ModelCheckpoint):
             def moved(path):
                 return str(new / Path(path).name) if path and Path(path).parent == old else path
 
-            state_dict = state_dict | {
-                "dirpath": str(new), "best_model_path": moved(state_dict.get("best_model_path")),
-                "kth_best_model_path": moved(state_dict.get("kth_best_model_path")),
-                "last_model_path": moved(state_dict.get("last_model_path")),
+            paths = ("best_model_path", "kth_best_model_path", "last_model_path")
+            state_dict = state_dict | {key: moved(state_dict.get(key)) for key in paths} | {
+                "dirpath": str(new),
                 "best_k_models": {moved(path): score for path, score in state_dict.get("best_k_models", {}).items()}}
         super().load_state_dict(state_dict)
 
@@ -229,15 +228,10 @@ class TrainingState(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         torch.set_rng_state(state["torch_rng"])
-        random.setstate(_as_tuples(state["python_rng"]))
+        random.setstate(state["python_rng"])  # weights_only loading keeps its tuples
         cuda = state.get("cuda_rng")
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-
-
-def _as_tuples(value):
-    # random.setstate needs tuples; be lenient if a list comes back from the checkpoint.
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def wandb_run_id(checkpoint: dict) -> str | None:
