@@ -129,8 +129,7 @@ class TrainedModel:
             validate_sampling({"window": window}, self.tokenizer.vocab_size)
         if not isinstance(text, str):
             raise UserError(f"the text must be a string, got {type(text).__name__}")
-        unknown = self.tokenizer.unknown_characters(text)
-        if unknown:
+        if unknown := self.tokenizer.unknown_characters(text):
             raise UserError(f"the text has characters this model's {self.tokenizer.kind} vocabulary lacks: "
                             f"{describe_characters(unknown)}")
         ids = torch.tensor(self.tokenizer.encode(text), dtype=torch.long, device=self.device)

@@ -43,8 +43,7 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        refused = _refused_object(str(err))
-        if refused:
+        if refused := _refused_object(str(err)):
             # Nothing in the file has run: the restricted unpickler stops at the first
             # object it does not allow, before calling anything.
             raise UserError(
@@ -58,8 +57,7 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
         raise UserError(f"{path} is not a readable checkpoint (truncated or not a checkpoint file): {reason}") from None
     if not isinstance(checkpoint, dict):
         raise UserError(f"{path} is not a gru-experiments checkpoint (it holds a {type(checkpoint).__name__})")
-    missing = [key for key in require if key not in checkpoint]
-    if missing:
+    if missing := [key for key in require if key not in checkpoint]:
         raise UserError(f"{path} is not a gru-experiments {'training ' if 'loops' in require else ''}checkpoint "
                         f"(it lacks {', '.join(missing)})")
     run = RunDir.of_checkpoint(path)  # an older layout's checkpoint: its run folder is what the script upgrades
