@@ -134,20 +134,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def __init__(self):
         super().__init__()
-        self.last_saved: tuple[str, int] | None = None  # (path, global step) of the newest good checkpoint
+        self.kept: str | None = None  # the newest good checkpoint, as a divergence's message names it
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         bad = [name for name, t in checkpoint.get("state_dict", {}).items()
                if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
         if bad:
-            kept = (f"the last good checkpoint is kept: {self.last_saved[0]} (step {self.last_saved[1]})"
-                    if self.last_saved else "no checkpoint was saved before")
             raise NonFiniteWeights(
                 f"training diverged: weights became non-finite ({', '.join(bad[:3])}"
-                f"{', ...' if len(bad) > 3 else ''}) at step {checkpoint.get('global_step')}; not saved, {kept}; "
-                "try a lower model.lr")
+                f"{', ...' if len(bad) > 3 else ''}) at step {checkpoint.get('global_step')}; not saved, "
+                f"{self.kept or 'no checkpoint was saved before'}; try a lower model.lr")
         atomic_torch_save(checkpoint, path)
-        self.last_saved = (str(path), int(checkpoint.get("global_step", -1)))
+        self.kept = f"the last good checkpoint is kept: {path} (step {int(checkpoint.get('global_step', -1))})"
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         # weights_only is forced: Lightning's resume path never unpickles code either.
