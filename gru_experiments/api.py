@@ -129,8 +129,7 @@ class TrainedModel:
             validate_sampling({"window": window}, self.tokenizer.vocab_size)
         if not isinstance(text, str):
             raise UserError(f"the text must be a string, got {type(text).__name__}")
-        unknown = self.tokenizer.unknown_characters(text)
-        if unknown:
+        if unknown := self.tokenizer.unknown_characters(text):
             raise UserError(f"the text has characters this model's {self.tokenizer.kind} vocabulary lacks: "
                             f"{describe_characters(unknown)}")
         ids = torch.tensor(self.tokenizer.encode(text), dtype=torch.long, device=self.device)
@@ -191,6 +190,8 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from gru_experiments.runs.jobs import one_line
+
     if isinstance(overrides, str):
         raise UserError(f"train() takes a list of overrides, e.g. [{overrides!r}], not a string")
     overrides = [str(o) for o in (overrides or [])]
@@ -211,12 +212,9 @@ def train(overrides: Sequence[str] | None = None, *, root: str | os.PathLike | N
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="train"):
             config = compose(config_name="train", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as error:
-        raise UserError(f"the overrides {given} do not compose: {_one_line(error)}") from None
+        reason = one_line(str(error).split("Config search path")[0])  # Hydra's search path says nothing here
+        raise UserError(f"the overrides {given} do not compose: {reason}") from None
     return _run_job(config)
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split("Config search path")[0].split())
 
 
 def _run_job(config) -> dict:

@@ -97,9 +97,7 @@ def check_rules(cfg, rules: list[Rule], prefix: str = "", known=None, owner: str
         raise UserError(f"unknown key {prefix}{unknown[0]}: {owner or prefix.rstrip('.')} takes {', '.join(known)}")
     for rule in rules:
         value = select(cfg, rule.key)
-        if (value is MISSING or value is None) and rule.optional:
-            continue
-        if value is MISSING and rule.may_be_absent:
+        if value is MISSING and (rule.optional or rule.may_be_absent) or value is None and rule.optional:
             continue
         if value is MISSING or not rule.check(value):
             raise InvalidSetting(rule.key, value, rule.allowed, prefix)

@@ -43,8 +43,7 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        refused = _refused_object(str(err))
-        if refused:
+        if refused := _refused_object(str(err)):
             # Nothing in the file has run: the restricted unpickler stops at the first
             # object it does not allow, before calling anything.
             raise UserError(
@@ -58,8 +57,7 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
         raise UserError(f"{path} is not a readable checkpoint (truncated or not a checkpoint file): {reason}") from None
     if not isinstance(checkpoint, dict):
         raise UserError(f"{path} is not a gru-experiments checkpoint (it holds a {type(checkpoint).__name__})")
-    missing = [key for key in require if key not in checkpoint]
-    if missing:
+    if missing := [key for key in require if key not in checkpoint]:
         raise UserError(f"{path} is not a gru-experiments {'training ' if 'loops' in require else ''}checkpoint "
                         f"(it lacks {', '.join(missing)})")
     run = RunDir.of_checkpoint(path)  # an older layout's checkpoint: its run folder is what the script upgrades
@@ -136,20 +134,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def __init__(self):
         super().__init__()
-        self.last_saved: tuple[str, int] | None = None  # (path, global step) of the newest good checkpoint
+        self.kept: str | None = None  # the newest good checkpoint, as a divergence's message names it
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         bad = [name for name, t in checkpoint.get("state_dict", {}).items()
                if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
         if bad:
-            kept = (f"the last good checkpoint is kept: {self.last_saved[0]} (step {self.last_saved[1]})"
-                    if self.last_saved else "no checkpoint was saved before")
             raise NonFiniteWeights(
                 f"training diverged: weights became non-finite ({', '.join(bad[:3])}"
-                f"{', ...' if len(bad) > 3 else ''}) at step {checkpoint.get('global_step')}; not saved, {kept}; "
-                "try a lower model.lr")
+                f"{', ...' if len(bad) > 3 else ''}) at step {checkpoint.get('global_step')}; not saved, "
+                f"{self.kept or 'no checkpoint was saved before'}; try a lower model.lr")
         atomic_torch_save(checkpoint, path)
-        self.last_saved = (str(path), int(checkpoint.get("global_step", -1)))
+        self.kept = f"the last good checkpoint is kept: {path} (step {int(checkpoint.get('global_step', -1))})"
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         # weights_only is forced: Lightning's resume path never unpickles code either.
@@ -167,10 +163,9 @@ class RunCheckpoint(ModelCheckpoint):
             def moved(path):
                 return str(new / Path(path).name) if path and Path(path).parent == old else path
 
-            state_dict = state_dict | {
-                "dirpath": str(new), "best_model_path": moved(state_dict.get("best_model_path")),
-                "kth_best_model_path": moved(state_dict.get("kth_best_model_path")),
-                "last_model_path": moved(state_dict.get("last_model_path")),
+            paths = ("best_model_path", "kth_best_model_path", "last_model_path")
+            state_dict = state_dict | {key: moved(state_dict.get(key)) for key in paths} | {
+                "dirpath": str(new),
                 "best_k_models": {moved(path): score for path, score in state_dict.get("best_k_models", {}).items()}}
         super().load_state_dict(state_dict)
 
@@ -229,15 +224,10 @@ class TrainingState(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         torch.set_rng_state(state["torch_rng"])
-        random.setstate(_as_tuples(state["python_rng"]))
+        random.setstate(state["python_rng"])  # weights_only loading keeps its tuples
         cuda = state.get("cuda_rng")
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-
-
-def _as_tuples(value):
-    # random.setstate needs tuples; be lenient if a list comes back from the checkpoint.
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def wandb_run_id(checkpoint: dict) -> str | None:

@@ -11,7 +11,7 @@ from typing import get_args
 
 from omegaconf import OmegaConf
 
-from gru_experiments.data.recall_probe import ProbeSettings
+from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe, recipe_length
 from gru_experiments.study.evaluation import EvaluationSettings
@@ -248,8 +248,6 @@ def check_probe(cfg) -> ProbeSettings | None:
     if name != "recall":
         raise UserError(f"invalid probe.name={name!r}: must be none or recall (the probe is chosen with the group: "
                         "probe=recall)")
-    from gru_experiments.data.recall_probe import NEEDS_CHAR
-
     if not given:
         raise UserError("probe.name=recall names the probe but sets none of its keys: the probe is chosen with "
                         "its config group, probe=recall (probe.name is that group's record of itself)")

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.errors import RunFolderTaken, TrainingDiverged, UserError
 from gru_experiments.files import disk_error
-from gru_experiments.runs.run_dir import HYDRA, RunDir  # also registers conf/hydra's run_folder resolver
+from gru_experiments.runs.run_dir import HYDRA, HYDRA_RECORD, RunDir  # also registers conf/hydra's run_folder resolver
 
 EXIT_USER_ERROR = 2
 EXIT_DISK_FULL = 3  # the disk (or quota) filled up: free space, then resume
@@ -149,9 +149,6 @@ def is_first_rank() -> bool:
     from lightning.fabric.utilities.rank_zero import rank_zero_only  # only when asked: imports lightning
 
     return getattr(rank_zero_only, "rank", 0) == 0
-
-
-HYDRA_RECORD = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
 def discard_untouched_run_dir(log_dir=None, error=None) -> bool:

@@ -18,12 +18,14 @@ from omegaconf import OmegaConf
 from gru_experiments.errors import RunFolderTaken, UserError
 from gru_experiments.files import read_json, write_json
 from gru_experiments.runs.folder_lock import folder_lock
+from gru_experiments.validation import MISSING, select
 
 SUMMARY, SAMPLES, HISTORY = "summary.json", "samples.json", "history.csv"
 EXPLORE = "explore.html"  # sample.py explore=true: the run's page (runs/sampling.explore_run)
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = Path(CHECKPOINTS) / "last.ckpt"
 HYDRA = ".hydra"
+HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what a job records in it
 
 
 @dataclass(unsafe_hash=True)
@@ -158,7 +160,7 @@ class RunDir:
         """config.yaml, hydra.yaml and overrides.yaml in `subdir`. Returns that folder."""
         record = self.path / subdir
         record.mkdir(parents=True, exist_ok=True)
-        for name, content in (("config.yaml", config), ("hydra.yaml", hydra_config), ("overrides.yaml", overrides)):
+        for name, content in zip(HYDRA_RECORD, (config, hydra_config, overrides)):
             OmegaConf.save(content, record / name)
         return record
 
@@ -270,10 +272,7 @@ def older_layout(record) -> str | None:
         return None
 
     def get(key: str):
-        node = plain
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
+        return None if (value := select(plain, key)) is MISSING else value
 
     def old_class(key: str) -> bool:  # the package's own model class from before models/ (a user's is no old name)
         target = str(get(key))

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.study.evaluation import DEFAULT_EVALUATION, EvaluationSettings
-from gru_experiments.study.generation import Decoding
+from gru_experiments.study.generation import Decoding, validate_sampling
 from gru_experiments.validation import Rule, check_rules, int_at_least
 
 # sample.py's own keys, checked before the checkpoint is read (the sampling settings: generation.validate_sampling)
@@ -66,8 +66,6 @@ def validate_sample(cfg) -> SampleSpec:
     """sample.py's keys, the sampling settings and the evaluation group, refused in one line before any checkpoint
     is read; the command line's data and evaluation keys noted."""
     from hydra.core.hydra_config import HydraConfig
-
-    from gru_experiments.study.generation import validate_sampling
 
     check_rules(cfg, SAMPLE_RULES)
     explore = bool(cfg.get("explore"))

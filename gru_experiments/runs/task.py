@@ -191,12 +191,10 @@ class LanguageModelTask(L.LightningModule):
             checkpoint["carried_state"] = self._gather_ranks(self.carried_state)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        stats = checkpoint.get("train_statistics")
-        if stats:
+        if stats := checkpoint.get("train_statistics"):
             self._epoch_loss = [stats["epoch_loss_sum"], stats["epoch_loss_count"]]
             self.train_tokens, self.train_seconds = stats["train_tokens"], stats["train_seconds"]
-        ranks = checkpoint.get("carried_state")
-        if ranks:
+        if ranks := checkpoint.get("carried_state"):
             rank = self.trainer.global_rank if self._trainer is not None else 0
             self.carried_state = map_state(lambda t: t.to(self.device), ranks[rank])
 

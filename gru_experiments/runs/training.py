@@ -202,9 +202,7 @@ def fit_or_count(run: Run, current) -> None:
     except TrainingDiverged as err:
         if isinstance(err, NonFiniteWeights):
             raise  # its message already says which checkpoint was kept
-        saved = checkpoint_io.last_saved  # (path, step) of the last good checkpoint, or None
-        kept = f", the last good checkpoint is kept: {saved[0]} (step {saved[1]})" if saved else \
-            " before any checkpoint was saved"
+        kept = f", {checkpoint_io.kept}" if checkpoint_io.kept else " before any checkpoint was saved"
         raise TrainingDiverged(f"{err}; stopped{kept}; try a lower model.lr") from err
     keep_final_weights(run.trainer, run.folder, run.checkpoints)
 
