@@ -358,7 +358,7 @@ def log_to_wandb(report: Report, mode: str, project: str | None = None, group: s
                             if job.status == "completed"
                             for key in ("val_bpc", *(f"{mode}_bpc" for mode in FIGURES))
                             if job.number(key) is not None})
-        run.summary.update({"jobs_completed": len(completed), "jobs_not_completed": len(report.jobs) - len(completed)})
+        run.summary.update({"jobs_completed": len(completed), "jobs_not_completed": len(report.problems)})
     finally:
         run.finish()
     return run

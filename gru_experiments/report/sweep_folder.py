@@ -97,6 +97,10 @@ class Report:
     files: dict[str, Path]  # name -> written file
     settings: list[JobResult] = field(default_factory=list)  # the jobs with each setting's runs as one (settings.py)
 
+    @property
+    def problems(self) -> list[JobResult]:
+        return [job for job in self.jobs if job.status != "completed"]
+
 
 # --- reading a sweep folder --------------------------------------------------------------
 def _select(cfg, key: str):
