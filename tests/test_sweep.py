@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import CONF, REPO
 from hydra import compose, initialize_config_dir
-from test_reporting import assert_valid_png
+from test_reporting import assert_valid_png, completed, make_job
 from wandb_records import offline_runs
 
 import sweep as sweep_script
@@ -282,6 +282,20 @@ def test_a_list_of_models_is_one_multirun_in_its_order(capsys, monkeypatch, tmp_
     assert commands[0][3] == ladder and commands[1][3] == "experiment=recall_alpha_streams,recall_beta_windows"
     settings, _ = sweep_script.parse_arguments(["models=[astra_beta,transformer_beta_original]"])
     assert list(settings.models) == ["astra_beta", "transformer_beta_original"]
+
+
+def test_a_sweep_with_a_job_not_completed_exits_1_naming_it(capsys, monkeypatch, tmp_path):
+    """sweep.py's ending, in-process (the jobs stubbed): the report is written, and a failed job makes the exit
+    status 1 with one line naming it; a sweep whose jobs all completed exits 0."""
+    (tmp_path / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: []\n")
+    make_job(tmp_path, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1))
+    monkeypatch.setattr(sweep_script, "run_sweep", lambda settings, overrides: (tmp_path, 0))
+    assert sweep_script.main([]) == 0
+    make_job(tmp_path, 1, "mingru", summary={"status": "failed", "model": "mingru", "error": "RuntimeError: boom"})
+    assert sweep_script.main([]) == 1
+    err = capsys.readouterr().err
+    assert "sweep.py: not every job completed: mingru (failed); see the report" in err
+    assert (tmp_path / "report.md").is_file()
 
 
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
