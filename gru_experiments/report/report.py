@@ -28,6 +28,7 @@ from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
 from gru_experiments.report.settings import group_settings, spread
 from gru_experiments.report.sweep_folder import JobResult, Report, collect, name_variants
+from gru_experiments.runs.loggers import names_wandb, sweep_group
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES
@@ -330,15 +331,13 @@ def format_table(report: Report) -> str:
 
 
 def wandb_jobs(report: Report) -> list[JobResult]:
-    return [job for job in report.jobs if str(job.logger.get("_target_") or "").endswith("WandbLogger")]
+    return [job for job in report.jobs if names_wandb(job.logger.get("_target_"))]
 
 
 def log_to_wandb(report: Report, mode: str, project: str | None = None, group: str | None = None):
     """A "summary" run in the sweep's W&B group: the results table, the plots, each model's numbers. Its
     id is fixed per sweep folder, so building the report again updates it. Returns the finished run."""
     import wandb
-
-    from gru_experiments.runs.loggers import sweep_group
 
     logged, completed = wandb_jobs(report), [job for job in report.jobs if job.status == "completed"]
     first = logged[0].logger if logged else {}

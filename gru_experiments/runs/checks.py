@@ -11,6 +11,7 @@ from typing import get_args
 
 from omegaconf import OmegaConf
 
+from gru_experiments.data.batches import BATCHINGS
 from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe, recipe_length
@@ -40,7 +41,7 @@ TRAIN_RULES = [
     Rule("cuda_graphs", lambda v: isinstance(v, bool), "true or false (true: on CUDA, the training step replayed "
          "from a CUDA graph)", may_be_absent=True),
     Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
-    Rule("training.batching", lambda v: v in ("windows", "streams"), "windows or streams (data.BATCHINGS)",
+    Rule("training.batching", lambda v: v in BATCHINGS, " or ".join(BATCHINGS) + " (data.BATCHINGS)",
          may_be_absent=True),
     Rule("training.recall_weight", lambda v: is_number(v) and v >= 1,
          "a number >= 1 (probe=recall: the loss's weight on a recall target; 1: every target the same)",
@@ -225,9 +226,9 @@ def validate(cfg) -> RunSpec:
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
     check_precision(cfg, trained=recipe is not None)
-    if str(select(cfg, "logger._target_")).endswith("WandbLogger"):
-        from gru_experiments.runs.loggers import wandb_mode
+    from gru_experiments.runs.loggers import names_wandb, wandb_mode  # imports Lightning: only when validating
 
+    if names_wandb(select(cfg, "logger._target_")):
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
     return RunSpec.of(cfg, recipe, probe, evaluation)
 

@@ -83,6 +83,11 @@ def is_wandb(logger) -> bool:
     return type(logger).__name__ == "WandbLogger"
 
 
+def names_wandb(target) -> bool:
+    """Whether a logger group's _target_ builds W&B's logger (a logger built: is_wandb)."""
+    return str(target).endswith("WandbLogger")
+
+
 def figure_metrics(record: dict, skip=(), prefix: str = "") -> dict[str, float]:
     """Every finite number of a summary's record as a metric named by its path in it, / between keys
     (`cache_gain_bpc`, `cache/by_size/1024/gain_bpc`, `context_curve/128`): dicts flattened; lists, strings,
@@ -145,7 +150,7 @@ def build_logger(settings: dict | None, hyperparameters: dict, wandb_id: str | N
     if not settings or "_target_" not in settings:
         return False
     kwargs, target = {}, settings["_target_"]
-    if target.endswith("WandbLogger"):
+    if names_wandb(target):
         kwargs["mode"] = wandb_mode()
         if wandb_id:
             kwargs["id"] = wandb_id
