@@ -206,7 +206,9 @@ class RunSpec:
 def validate(cfg) -> RunSpec:
     from hydra.core.hydra_config import HydraConfig
 
-    from gru_experiments.runs.stopping import check_settings  # imports Lightning: only when validating
+    # these import Lightning: only when validating
+    from gru_experiments.runs.loggers import names_wandb, wandb_mode
+    from gru_experiments.runs.stopping import check_settings
 
     check_added_keys()
     if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
@@ -226,8 +228,6 @@ def validate(cfg) -> RunSpec:
     if select(cfg, "tokenizer.kind") == "spm":
         check_rules(cfg, SPM_RULES)
     check_precision(cfg, trained=recipe is not None)
-    from gru_experiments.runs.loggers import names_wandb, wandb_mode  # imports Lightning: only when validating
-
     if names_wandb(select(cfg, "logger._target_")):
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
     return RunSpec.of(cfg, recipe, probe, evaluation)
