@@ -2,6 +2,7 @@
 added with + that nothing reads, and one model a run."""
 
 import pytest
+from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import check_added_keys, check_choices
@@ -21,10 +22,14 @@ def test_an_added_key_nothing_reads_is_refused_in_one_line(override, message):
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize("overrides", [["model=lstm", "+model.architecture.forget_bias=1.0"], ["++data.extra=1"],
-                                       ["+probe=recall"], ["seed=3"]])
-def test_what_something_reads_passes(overrides):
-    check_added_keys(overrides, GROUPS)  # a model's key (its class says), ++ (deliberate), a group, a plain value
+@pytest.mark.parametrize("overrides, key, value", [
+    (["model=lstm", "model.architecture.forget_bias=1.0"], "model.architecture.forget_bias", 1.0),  # no +
+    (["++data.extra=1"], "data.extra", 1),  # ++: deliberate
+    (["seed=3"], "seed", 3),  # a plain value
+])
+def test_what_something_reads_passes_and_arrives(compose_config, overrides, key, value):
+    check_added_keys(overrides, GROUPS)
+    assert OmegaConf.select(compose_config(*overrides), key) == value
 
 
 def test_one_model_a_run():

@@ -1,5 +1,7 @@
 """Every model config composes, has the study's exact parameter count, and trains a step."""
 
+import importlib
+import inspect
 import json
 from pathlib import Path
 
@@ -75,3 +77,14 @@ def test_every_model_trains_one_step_on_tiny_data(compose_config, tiny_corpus, t
 
 def cfg_tokenizer(compose_config, name: str) -> str:
     return compose_config(f"model={name}").tokenizer.kind
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_every_setting_with_a_default_is_in_the_model_yaml(compose_config, name):
+    """A key the model's class accepts, with a default, is written in its YAML with that default: overriding it
+    then needs no `+` (model.architecture.forget_bias=1, not +model.architecture.forget_bias=1)."""
+    architecture = compose_config(f"model={name}").model.architecture
+    module, _, cls = architecture._target_.rpartition(".")
+    parameters = inspect.signature(getattr(importlib.import_module(module), cls).__init__).parameters.values()
+    defaults = {p.name for p in parameters if p.default is not inspect.Parameter.empty}
+    assert defaults - set(architecture) == set(), f"conf/model/{name}.yaml lacks these keys"

@@ -65,9 +65,11 @@ def test_probe_keys_that_would_do_nothing_are_refused(compose_config, overrides,
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_the_probe_groups_pass(compose_config):
-    for probe in ("none", "recall", "recall_sparse"):
-        validate(compose_config(f"probe={probe}"))
+def test_the_probe_groups_pass_and_are_read(compose_config):
+    assert validate(compose_config("probe=none")).probe is None
+    for probe in ("recall", "recall_sparse"):
+        cfg = compose_config(f"probe={probe}")
+        assert validate(cfg).probe.keys == cfg.probe["keys"] > 0  # the spec carries the chosen probe's settings
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -109,9 +109,10 @@ def test_invalid_values_are_caught_before_any_work(workspace, tiny_corpus, capsy
     assert_untouched(before, fingerprint(workspace))
 
 
-def test_valid_precisions_pass():
+def test_valid_precisions_pass_to_the_trainer():
     for precision in ["32-true", "bf16-mixed", "16-mixed", "64-true", 32, "bf16"]:
-        validate(compose_in(Path("/tmp"), f"trainer.precision={precision}"))
+        spec = validate(compose_in(Path("/tmp"), f"trainer.precision={precision}"))
+        assert spec.precision == spec.trainer["precision"] == precision
 
 
 @pytest.mark.parametrize("case, expected", [

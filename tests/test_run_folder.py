@@ -140,6 +140,8 @@ def test_a_lock_file_that_is_a_folder_or_a_dangling_link_stops_nothing(interrupt
         lock.mkdir() if kind == "folder" else lock.symlink_to(tmp_path / "gone" / "lock")
         result = run_script(root, f"resume={run}")
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        summary = json.loads((run / "summary.json").read_text())
+        assert (summary["status"], summary["train_steps"]) == ("completed", STEPS)  # resumed to its end
 
 
 def test_where_a_folder_cannot_be_locked_a_lock_file_does_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
