@@ -261,7 +261,7 @@ def test_the_recall_findings_state_their_figures_and_rules(tmp_path):
             "stateful under 1 bit up to d = 96, crossing 2 bits at d ≈ 384 (3.0× the window)") in kept
     assert "astra_alpha trained on windows (512): stateful below windowed by more than two standard errors of the " \
            "difference at 0 of 1 distances past the window" in kept and "Kept in 1 of 3 runs" in kept
-    # finding 6 on real text is still judged by its own rule (here: no state gains, so it cannot be)
+    # the streams finding on real text is still judged by its own rule (here: no state gains, so it cannot be)
     sixth = numbered_lines(text, "Findings")[5]
     assert "cannot be judged" in sixth
 
@@ -349,7 +349,7 @@ def test_a_sweep_without_the_new_records_still_reports(tmp_path):
 
 # --- three runs of one model: windows (128), streams (128), windows (512) ----------------------------------
 def test_runs_of_one_model_at_two_windows_are_told_apart(tmp_path):
-    """The grid and finding 6 pair the streams run with the windows run of its own window; every section
+    """The grid and the streams finding pair the streams run with the windows run of its own window; every section
     per run heads a run by its training where the model's name alone is ambiguous."""
     sweep = tmp_path / "three"
     for num, (mode, seq_len, gain) in enumerate((("windows", 128, (0.002, 0.001)), ("streams", 128, (-0.05, 0.004)),

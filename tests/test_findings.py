@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import finding_line
 from test_reporting import assert_valid_png, make_job
 
 from gru_experiments.report.findings import STUDY
@@ -54,6 +55,9 @@ def make_sweep(root: Path, models=MODELS, **changes) -> Path:
                  history=history(values["stateful"] + 0.5, values["stateful"], values["stateless"] + 0.2,
                                  values["stateless"]))
     return sweep
+
+
+SUBWORD = "Subword models amplify inference-time errors"
 
 
 def finding_lines(report_md: str) -> list[str]:
@@ -114,8 +118,8 @@ def test_findings_change_when_the_numbers_do(tmp_path):
     # The subword model now loses 2.0 bits per character without its state, and overfits.
     after = finding_lines(build_report(make_sweep(tmp_path / "b", scribe_alpha=dict(
         stateless=4.25, best_step=600, best_val=2.168))).files["report.md"].read_text())
-    assert "contradicted" in before[3] and after[3].startswith("4. **Subword models amplify inference-time errors**: "
-                                                               "supported")
+    assert "contradicted" in before[3] and after[3] == finding_line("\n".join(after), SUBWORD)
+    assert after[3].split("**: ", 1)[1].startswith("supported")
     assert "subword models 2.000" in after[3]
     assert "1 of 3" in after[0] and "best 2.1680 at step 600" in after[0] and after[0] != before[0]
     assert "3 of 3" in after[1] and "supported" in after[1]
@@ -167,8 +171,8 @@ def test_the_training_grid_and_the_sixth_finding(tmp_path):
     assert "| astra_beta | streams | 2.2200 | 2.3000 | 3.7800 | -0.08000 ± 0.00500 | 3 min 23 s |" in grid
     assert "windowed: the last 128 tokens; the context curve's longest point: 1024 tokens" in grid
     assert f"]({PLOT_GRID})" in grid
-    sixth = finding_lines(text)[5]
-    assert sixth.startswith("6. **Training with the state carried makes the state worth carrying**: supported.")
+    sixth = finding_line(text, "Training with the state carried makes the state worth carrying")
+    assert sixth.split("**: ", 1)[1].startswith("supported.")
     assert ("astra_alpha: stateful - windowed (128 tokens) +0.00200 ± 0.00100 trained on windows, "
             "-0.05000 ± 0.00400") in sixth
     # The report tells the two trainings of a model apart.
@@ -210,8 +214,8 @@ def test_the_seventh_finding_pairs_sizes_and_follows_the_numbers(tmp_path, alpha
         ("astra_beta", "gru", 715_713, 2.0958, 0.0045, 2076.0), ("transformer_beta", "transformer", 715_440,
                                                                   beta_transformer, 0.0055, 1500.0),
         ("astra_gamma", "gru", 4_383_041, 1.9, 0.004, 9000.0)])  # no transformer of its size: not judged
-    line = finding_lines(build_report(sweep).files["report.md"].read_text())[6]
-    assert line.startswith(f"7. **GRUs remain competitive with transformers**: {verdict}.")
+    line = finding_line(build_report(sweep).files["report.md"].read_text(), "GRUs remain competitive with transformers")
+    assert line.split("**: ", 1)[1].startswith(f"{verdict}.")
     se = (0.0050 ** 2 + 0.0060 ** 2) ** 0.5
     assert (f"astra_alpha (86,913 parameters; no recipe) 2.3078 in 3.5 min of training against transformer "
             f"(84,880; no recipe) {alpha_transformer:.4f} in 5.0 min: "

@@ -1,5 +1,6 @@
 """The report's learning-rate sweep (report/lr_sweep.py): the table of model x recipe x learning rate, the
-labels that tell the runs apart, and finding 7 with each family at its best, over fabricated sweep folders."""
+labels that tell the runs apart, and the GRU-against-transformer finding with each family at its best, over
+fabricated sweep folders."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Past the window (experiments=past_window): its section and finding 21 follow the settings' numbers, judged over
-seeds; the set composes at Astra-α's tokens per step; the smoke study runs every training and judges finding 21."""
+"""Past the window (experiments=past_window): its section and its finding follow the settings' numbers, judged over
+seeds; the set composes at Astra-α's tokens per step; the smoke study runs every training and judges its finding."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def judged(tmp_path, long_gains, base_gains=(0.0001, -0.0002), streams_gains=())
     return past_window_finding(settings_of(sweep))
 
 
-def test_finding_21_is_supported_only_over_seeds(tmp_path):
+def test_the_past_window_finding_is_supported_only_over_seeds(tmp_path):
     verdict, evidence = judged(tmp_path, [-0.020, -0.022, -0.018])
     assert verdict == "supported"
     assert "astra_alpha (streams (2048), n = 3)" in evidence and "-0.0200 ± 0.0012" in evidence
@@ -60,7 +60,7 @@ def test_finding_21_is_supported_only_over_seeds(tmp_path):
     assert judged(tmp_path, [0.0001, -0.0003, 0.0002])[0] == "not shown by this sweep"
 
 
-def test_finding_21_says_what_the_longer_path_adds_to_streams_cut_at_the_window(tmp_path):
+def test_the_past_window_finding_says_what_the_longer_path_adds_to_streams_cut_at_the_window(tmp_path):
     """The state may read past the window from carrying it alone (the code corpus, BPTT 128): the finding says so,
     and what the longer gradient path adds, paired by seed."""
     verdict, evidence = judged(tmp_path, [-0.020, -0.022, -0.018], streams_gains=[-0.012, -0.016, -0.014])
@@ -72,7 +72,7 @@ def test_finding_21_says_what_the_longer_path_adds_to_streams_cut_at_the_window(
     assert "gradient cut at the window" not in judged(tmp_path, [-0.020, -0.022, -0.018])[1]
 
 
-def test_without_a_training_past_the_window_finding_21_cannot_be_judged(tmp_path):
+def test_without_a_training_past_the_window_its_finding_cannot_be_judged(tmp_path):
     sweep = tmp_path / "base"
     for seed in (1, 2):
         past_job(sweep, seed, seed, "windows", 128, 0.0)
@@ -93,7 +93,7 @@ def test_the_set_keeps_astra_alphas_tokens_per_step_and_scores_the_window_at_128
 
 
 @pytest.mark.slow
-def test_the_smoke_study_runs_every_training_and_judges_finding_21(tiny_corpus, data_dir, tmp_path):
+def test_the_smoke_study_runs_every_training_and_judges_its_finding(tiny_corpus, data_dir, tmp_path):
     """The smoke preset trains every job on windows of 32: the windowed mode at 16 puts each training past it, and a
     validation split of 5% in 4 streams gives the paired stateful - windowed its targets."""
     from test_sweep import read_rows, run_script, tiny_overrides

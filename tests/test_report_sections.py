@@ -83,3 +83,22 @@ def test_one_pairing_of_a_models_training_modes():
     jobs = [job(0, "a", "windows", 128), job(1, "a", "windows", 128), job(2, "a", "streams", 128),
             job(3, "a", "windows", 512), job(4, "b", "streams", 128), job(5, "b", "windows", 128)]
     assert [(w.job, s.job) for w, s in mode_pairs(jobs)] == [("1_a", "2_a"), ("5_b", "4_b")]  # twins: the later
+
+
+def test_a_claim_inserted_first_moves_every_finding_by_one(tmp_path):
+    """Findings are numbered by position alone: a claim registered before all the others takes number 1, and each
+    other finding's line in report.md keeps its text under the next number."""
+    sweep = make_sweep(tmp_path)
+    claims = [claim for section in SECTIONS if section.findings for claim in section.findings.rules]
+    before = {claim: report.finding_number(claim) for claim in claims}
+    plain = build_report(sweep).files["report.md"].read_text()
+    register_section(Section(NAME, lambda jobs, plots: [], findings=DEMO), before=SECTIONS[0].name)
+    try:
+        text = build_report(sweep).files["report.md"].read_text()
+        assert report.finding_number("Every model has parameters") == 1
+        assert {claim: report.finding_number(claim) for claim in claims} == {c: n + 1 for c, n in before.items()}
+        for claim, number in before.items():
+            old = next(line for line in plain.splitlines() if line.startswith(f"{number}. **{claim}**: "))
+            assert f"{number + 1}. **{claim}**: {old.split('**: ', 1)[1]}" in text.splitlines()
+    finally:
+        unregister_section(NAME)

@@ -1,4 +1,4 @@
-"""The report's *Scale* section and finding 16 (report/scale.py), over fabricated sweep folders of the scale
+"""The report's *Scale* section and its finding (report/scale.py), over fabricated sweep folders of the scale
 study (python sweep.py experiments=scale): the table's figures are the summaries', the cut runs say so, the
 curves share one axis of characters, and the finding follows the numbers."""
 
@@ -70,7 +70,7 @@ def test_a_subword_curve_is_drawn_in_characters(tmp_path):
     assert chars_per_token(jobs[0]) == pytest.approx(1.0)
 
 
-def test_finding_16_follows_the_gain_by_size(tmp_path):
+def test_the_scale_finding_follows_the_gain_by_size(tmp_path):
     text = build_report(make_scale_sweep(tmp_path)).files["report.md"].read_text()
     line = finding_line(text, "The carried state's gain grows with capacity")
     # char: gamma gains 0.0198 ± 0.0010 more than alpha (grows); spm: 0.0002 ± 0.0007 (does not): partly.

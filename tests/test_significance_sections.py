@@ -1,5 +1,5 @@
 """The sections' findings tell figures apart by significance.difference: over a setting of several trainings the
-spread between them decides, not the within-run standard errors (finding 16, report/scale.py, as the example)."""
+spread between them decides, not the within-run standard errors (report/scale.py's finding as the example)."""
 
 from __future__ import annotations
 

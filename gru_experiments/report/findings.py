@@ -1,6 +1,7 @@
 """The study's findings (report.md's *Findings*), each a rule registered by its claim and judged by one
-sweep's summaries and histories: the original study's five (1-5), the project's sixth (training=streams) and
-the notebook's closing claim (7: GRUs against transformers). The sections' findings are numbered on from 8.
+sweep's summaries and histories: the original study's five, the project's own on training=streams and
+the notebook's closing claim (GRUs against transformers). report.md numbers every finding by its position alone
+(report.finding_number): the sections' findings are numbered on after these.
 """
 
 from statistics import fmean
@@ -157,7 +158,8 @@ def correctness_finding(jobs) -> tuple[str, str]:
 
 
 def state_gain(job) -> tuple[float, float] | None:
-    """Stateful - windowed bits per character, paired target by target, and its se (findings 6 and 16)."""
+    """Stateful - windowed bits per character, paired target by target, and its se (the state-gain findings:
+    here and report/scale.py)."""
     gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
     return None if gain is None or se is None else (gain, se)
 

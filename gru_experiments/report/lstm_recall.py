@@ -1,5 +1,5 @@
 """The LSTM's memory against the GRU's (the original study's Leviathan claim): each LSTM recall run beside the GRU
-recall run of its size and training, their horizons and per-distance recall compared (finding 18; the runs:
+recall run of its size and training, their horizons and per-distance recall compared (its claim below; the runs:
 experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 
 import math

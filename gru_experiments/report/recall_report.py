@@ -241,8 +241,8 @@ def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
 
 @RECALL.claim("Training with the state carried makes the state worth carrying, on the planted-recall corpus")
 def recall_carried_state_finding(jobs) -> tuple[str, str]:
-    """(Finding 6 on the planted corpus.) Past the training window, is stateful recall better after training
-    on streams than after training on windows of the same length?"""
+    """(The streams finding, on the planted corpus.) Past the training window, is stateful recall better after
+    training on streams than after training on windows of the same length?"""
     pairs = mode_pairs(recall_jobs(jobs))
     if not pairs:
         return cannot("planted-recall runs of one model trained on windows and on streams with the same "

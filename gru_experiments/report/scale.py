@@ -1,4 +1,4 @@
-"""The study at scale (report.md's *Scale*, `scale_context_curve.png`, finding 16): the recurrent models of a
+"""The study at scale (report.md's *Scale*, `scale_context_curve.png`, its claim below): the recurrent models of a
 sweep at two sizes or more (`python sweep.py experiments=scale`) by parameter count. The state's gain here is
 windowed - stateful (summary.json's `state_gain_bpc` negated: positive where the carried state helps).
 """

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from statistics import fmean, stdev
 
-WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (findings 6, 16, 17)
+WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (the state-gain findings)
 
 _used: ContextVar[list | None] = ContextVar("differences_used", default=None)
 

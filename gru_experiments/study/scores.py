@@ -128,7 +128,7 @@ class Score:
     @property
     def bpc_se(self) -> float:
         """Standard error of `bpc` as a ratio estimator over independent targets; a whole-split figure has
-        it too: it is what separates two models' figures (finding 7)."""
+        it too: it is what separates two models' figures (*GRUs remain competitive with transformers*)."""
         n = self.tokens
         if n < 2 or not self.characters:
             return float("nan")
