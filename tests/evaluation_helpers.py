@@ -11,7 +11,14 @@ from omegaconf import OmegaConf
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.report.report import SECTIONS, register_section, unregister_section
-from gru_experiments.study.evaluation import DEFAULT_EVALUATION, ENTRIES, EvaluationSettings, plan_for, score_modes
+from gru_experiments.study.evaluation import (
+    DEFAULT_EVALUATION,
+    ENTRIES,
+    EvaluationSettings,
+    plan_for,
+    register_entry,
+    score_modes,
+)
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import FINAL, Request
 
@@ -69,13 +76,14 @@ def registered(entry, section):
     """`entry` appended to evaluation.ENTRIES and `section` to report.SECTIONS inside the block (a figure and its
     report section added from a test file alone), both taken out after it."""
     entries, sections = list(ENTRIES), list(SECTIONS)
-    ENTRIES.append(entry)
-    register_section(section)
-    try:
+    try:  # registered inside: a registration refused (a name taken) takes out only what this block added
+        register_entry(entry)
+        register_section(section)
         yield
     finally:
-        ENTRIES.remove(entry)
-        unregister_section(section.name)
+        ENTRIES[:] = [known for known in ENTRIES if known is not entry]
+        if section in SECTIONS:
+            unregister_section(section.name)
     assert ENTRIES == entries and SECTIONS == sections
 
 

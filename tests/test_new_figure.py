@@ -11,12 +11,12 @@ from typing import ClassVar
 
 import pytest
 import torch
-from evaluation_helpers import defaults
+from evaluation_helpers import defaults, left_out, registered
 from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import split_text
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.report.report import SECTIONS, build_report, register_section, unregister_section
+from gru_experiments.report.report import build_report
 from gru_experiments.report.section import Section
 from gru_experiments.runs.scoring import CostEstimate
 from gru_experiments.runs.trained_run import TrainedRun
@@ -58,15 +58,10 @@ class RepeatsEntry(Entry):
 @pytest.fixture
 def repeats():
     """The entry and its section registered for one test, and taken out after it."""
-    entries, sections = list(ENTRIES), list(SECTIONS)
-    ENTRIES.append(RepeatsEntry())
-    register_section(Section("repeats", lambda jobs, plots: ["## Repeats", "", *(
-        f"- {job.model}: {job.number('repeats'):,.0f} repeated targets" for job in jobs), ""],
-        columns={"repeats": lambda job: job.values["repeats"]}))
-    yield
-    ENTRIES.remove(next(e for e in ENTRIES if e.name == "repeats"))
-    unregister_section("repeats")
-    assert ENTRIES == entries and SECTIONS == sections
+    with registered(RepeatsEntry(), Section("repeats", lambda jobs, plots: ["## Repeats", "", *(
+            f"- {job.model}: {job.number('repeats'):,.0f} repeated targets" for job in jobs), ""],
+            columns={"repeats": lambda job: job.values["repeats"]})):
+        yield
 
 
 def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_corpus, tmp_path, repeats, capsys):
@@ -95,11 +90,8 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
                             epoch_tokens=400 * 8 * 16)
 
     with_entry = estimate().plans(1000)[0].forward_tokens
-    ENTRIES.remove(ENTRIES[-1])
-    try:
+    with left_out("repeats"):
         without = estimate().plans(1000)[0].forward_tokens
-    finally:
-        ENTRIES.append(RepeatsEntry())
     assert with_entry - without == COST
     # The report: a sweep folder of that one job.
     (sweep / "0_astra_alpha" / ".hydra").mkdir()
@@ -110,3 +102,13 @@ def test_a_registered_pass_and_section_reach_every_output(compose_config, tiny_c
     assert int(rows[0]["repeats"]) == on_disk["repeats"]
     assert f"## Repeats\n\n- astra_alpha: {on_disk['repeats']:,} repeated targets\n" in Path(
         built.files["report.md"]).read_text()
+
+
+def test_a_figure_name_taken_is_refused_and_leaks_nothing(repeats):
+    """A second entry of a registered name is refused (its results and summary are keyed by it), and the failed
+    registration takes out only what it added: the first stays, and no other test sees the second."""
+    entries = list(ENTRIES)
+    with pytest.raises(ValueError, match="'repeats': the name is taken"):
+        with registered(RepeatsEntry(), Section("repeats again", lambda jobs, plots: [])):
+            pytest.fail("the block ran with a name taken")
+    assert ENTRIES == entries and [entry.name for entry in ENTRIES].count("repeats") == 1

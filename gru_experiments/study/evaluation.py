@@ -182,6 +182,19 @@ class ModesEntry(Entry):
 ENTRIES: list[Entry] = [ModesEntry(), CacheEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
 
 
+def register_entry(entry: Entry) -> Entry:
+    """Add a figure at the end of ENTRIES. Its name keys its results and its summary: a name taken is refused, as
+    a report section's is (report.register_section)."""
+    if any(known.name == entry.name for known in ENTRIES):
+        raise ValueError(f"evaluation entry {entry.name!r}: the name is taken")
+    ENTRIES.append(entry)
+    return entry
+
+
+def unregister_entry(name: str) -> None:
+    ENTRIES[:] = [entry for entry in ENTRIES if entry.name != name]
+
+
 def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless; no bigram
     without the training ids)."""
