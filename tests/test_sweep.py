@@ -103,7 +103,7 @@ def test_smoke_study_on_tiny_shakespeare(shakespeare, data_dir, tmp_path):
     findings = report.split("## Findings", 1)[1].split("\n## ", 1)[0]
     assert ([line[:3] for line in findings.splitlines() if line[:1].isdigit()]
             == [f"{i}. " for i in range(1, len(STUDY.rules) + 1)])
-    assert "cannot be judged" not in findings.split("4. ", 1)[1].split("\n")[0]  # char and spm models both ran
+    assert "cannot be judged" not in finding_line(report, "Subword models amplify inference-time errors")  # char, spm
 
     # W&B: every job its own offline run in the sweep's group, holding its metrics.
     for row in rows:

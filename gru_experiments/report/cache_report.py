@@ -4,9 +4,8 @@ the window against the carried state's, stateful - windowed), and does the carri
 window on a text where the cache shows there is some to buy."""
 
 from gru_experiments.report.common import escape, group_by, plus_minus, table
-from gru_experiments.report.findings import state_gain
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
-from gru_experiments.report.significance import WORTH, Difference, difference, side
+from gru_experiments.report.significance import WORTH, Difference, difference, side, state_gain
 
 cache_record = Record(("cache",), holding="by_size")
 

@@ -6,10 +6,17 @@ the notebook's closing claim (GRUs against transformers). report.md numbers ever
 
 from statistics import fmean
 
-from gru_experiments.report.common import group_by
 from gru_experiments.report.lr_sweep import at_best, rivals
 from gru_experiments.report.section import Findings, cannot, verdict
-from gru_experiments.report.significance import WORTH, difference, side, summary_figure
+from gru_experiments.report.significance import (
+    WORTH,
+    at_two_sizes,
+    difference,
+    pairs_of_size,
+    side,
+    state_gain,
+    summary_figure,
+)
 from gru_experiments.report.sweep_folder import mode_pairs
 
 STUDY = Findings("Findings", "The original study's five findings, the project's sixth and the notebook's closing "
@@ -29,7 +36,7 @@ def _reset_cost(job) -> float | None:
 
 @STUDY.claim("Training loss alone cannot validate a recurrent model")
 def training_loss_finding(jobs) -> tuple[str, str]:
-    """(1) Did validation get worse after its best while the training loss kept falling?"""
+    """Did validation get worse after its best while the training loss kept falling?"""
     judged = [job for job in _recurrent(jobs)
               if job.number("val_bpc") is not None and job.best("val_bpc") is not None]
     if not judged:
@@ -54,7 +61,7 @@ def training_loss_finding(jobs) -> tuple[str, str]:
 
 @STUDY.claim("A GRU without carried state is functionally non-recurrent")
 def stateless_finding(jobs) -> tuple[str, str]:
-    """(2) Reset at every step, the model is a first-order table: is it any better than counting?"""
+    """Reset at every step, the model is a first-order table: is it any better than counting?"""
     judged = [job for job in _recurrent(jobs)
               if _reset_cost(job) is not None and job.number("bigram_bpc") is not None]
     if not judged:
@@ -73,15 +80,9 @@ def stateless_finding(jobs) -> tuple[str, str]:
     return (verdict(len(worse), len(judged)), evidence)
 
 
-def at_two_sizes(jobs) -> dict[str, list]:
-    """{tokenizer: its jobs, in their order} of each tokenizer whose jobs have two parameter counts or more."""
-    groups = group_by(jobs, lambda job: job.values.get("tokenizer") or "?")
-    return {kind: group for kind, group in groups.items() if len({job.number("parameters") for job in group}) > 1}
-
-
 @STUDY.claim("Correct inference gains more than extra depth or epochs")
 def inference_vs_scale_finding(jobs) -> tuple[str, str]:
-    """(3) The state's gain against the gain of more training (epochs) and of a bigger model."""
+    """The state's gain against the gain of more training (epochs) and of a bigger model."""
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
     if not judged:
         return cannot("no recurrent model with stateful and stateless figures")
@@ -125,7 +126,7 @@ def inference_vs_scale_finding(jobs) -> tuple[str, str]:
 
 @STUDY.claim("Subword models amplify inference-time errors")
 def subword_finding(jobs) -> tuple[str, str]:
-    """(4) Does resetting the state cost subword models more than character models?"""
+    """Does resetting the state cost subword models more than character models?"""
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None]
     groups = {kind: [job for job in judged if job.values.get("tokenizer") == kind] for kind in ("char", "spm")}
     absent = [kind for kind, group in groups.items() if not group]
@@ -143,7 +144,7 @@ def subword_finding(jobs) -> tuple[str, str]:
 
 @STUDY.claim("Correctness precedes scale")
 def correctness_finding(jobs) -> tuple[str, str]:
-    """(5) Does the smallest model used correctly (stateful) beat every larger one used statelessly?"""
+    """Does the smallest model used correctly (stateful) beat every larger one used statelessly?"""
     judged = [job for job in _recurrent(jobs) if _reset_cost(job) is not None and job.number("parameters")]
     if len({job.number("parameters") for job in judged}) < 2:
         return cannot("recurrent models of at least two sizes with stateful and stateless figures")
@@ -157,16 +158,9 @@ def correctness_finding(jobs) -> tuple[str, str]:
     return (verdict(len(beaten), len(larger)), evidence)
 
 
-def state_gain(job) -> tuple[float, float] | None:
-    """Stateful - windowed bits per character, paired target by target, and its se (the state-gain findings:
-    here and report/scale.py)."""
-    gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
-    return None if gain is None or se is None else (gain, se)
-
-
 @STUDY.claim("Training with the state carried makes the state worth carrying")
 def carried_state_finding(jobs) -> tuple[str, str]:
-    """(6) Does training with the state carried make carrying it at inference pay (stateful - windowed)?"""
+    """Does training with the state carried make carrying it at inference pay (stateful - windowed)?"""
     judged = _recurrent(jobs) + [job for job in jobs if job.values.get("family") == "mlp"]
     pairs = mode_pairs([job for job in judged if state_gain(job) is not None])
     if not pairs:
@@ -191,23 +185,6 @@ def carried_state_finding(jobs) -> tuple[str, str]:
     return (verdict(supported, len(pairs), contradicted), evidence)
 
 
-SAME_SIZE = 1.1  # two models are of one size when their parameter counts differ by at most this factor
-
-
-def pairs_of_size(jobs, family: str, rival: str, alike=lambda job, other: True) -> list[tuple]:
-    """(job, other) for each job of `family`: the job of family `rival`, of its tokenizer and `alike` it, nearest its
-    size, where one is of its size (parameters within SAME_SIZE)."""
-    pairs = []
-    for job in (job for job in jobs if job.values.get("family") == family):
-        size = job.number("parameters")
-        near = [other for other in jobs if other.values.get("family") == rival and alike(job, other)
-                and other.values.get("tokenizer") == job.values.get("tokenizer")
-                and max(other.number("parameters"), size) <= SAME_SIZE * min(other.number("parameters"), size)]
-        if near:
-            pairs.append((job, min(near, key=lambda other: abs(other.number("parameters") - size))))
-    return pairs
-
-
 def _minutes(job) -> str:
     seconds = job.number("train_seconds")
     return "?" if seconds is None else f"{seconds / 60:.1f} min"
@@ -223,7 +200,7 @@ def _recipe(job, jobs) -> str:
 
 @STUDY.claim("GRUs remain competitive with transformers")
 def transformer_finding(jobs) -> tuple[str, str]:
-    """(7) At each size, the GRU's stateful bits per character against the transformer's, ± se."""
+    """At each size, the GRU's stateful bits per character against the transformer's, ± se."""
     scored = [job for job in at_best(jobs) if job.number("stateful_bpc") is not None and job.number("parameters")]
     pairs = sorted(pairs_of_size(scored, "gru", "transformer"), key=lambda pair: pair[0].number("parameters"))
     if not pairs:

@@ -4,7 +4,6 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 
 import math
 
-from gru_experiments.report.findings import pairs_of_size
 from gru_experiments.report.recall_report import (
     beats_chance,
     changes,
@@ -15,6 +14,7 @@ from gru_experiments.report.recall_report import (
     run_horizon,
 )
 from gru_experiments.report.section import Findings, Section, cannot, verdict
+from gru_experiments.report.significance import pairs_of_size
 from gru_experiments.study.generation import STATEFUL
 
 LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Leviathan claim, that an LSTM's cell "
@@ -24,7 +24,7 @@ LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Le
 
 
 def lstm_pairs(jobs) -> list[tuple]:
-    """(LSTM, GRU) recall runs of one size (findings.pairs_of_size), tokenizer, training mode and window:
+    """(LSTM, GRU) recall runs of one size (significance.pairs_of_size), tokenizer, training mode and window:
     each LSTM with the GRU nearest its size; ordered by size, then training."""
     runs = [job for job in recall_jobs(jobs) if job.number("parameters") and distances(job)]
     pairs = pairs_of_size(runs, "lstm", "gru", lambda lstm, gru: (gru.training_mode, gru.training_window)

@@ -5,9 +5,8 @@ its finding: does a gradient path past the window teach the state to read past i
 
 from gru_experiments.report.cache_report import corpus, past_window
 from gru_experiments.report.common import MISSING, cell, escape, group_by, table
-from gru_experiments.report.findings import state_gain
 from gru_experiments.report.section import Findings, Section, cannot
-from gru_experiments.report.significance import WORTH, difference, side
+from gru_experiments.report.significance import WORTH, difference, side, state_gain
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import curve_points
 
@@ -61,7 +60,7 @@ PAST_WINDOW = Findings("Findings past the window", "Whether a training that send
 
 @PAST_WINDOW.claim("A gradient path past the window teaches the state to read past it")
 def past_window_finding(jobs) -> tuple[str, str]:
-    """(21) Does some recurrent training reach stateful - windowed below -WORTH, shown over seeds?"""
+    """Does some recurrent training reach stateful - windowed below -WORTH, shown over seeds?"""
     shown = studied(jobs)
     recurrent = [job for job in shown if job.recurrent and (job.training_window or 0) > window(job)]
     if not recurrent:

@@ -6,7 +6,7 @@ windowed - stateful (summary.json's `state_gain_bpc` negated: positive where the
 import math
 from pathlib import Path
 
-from gru_experiments.report import findings
+from gru_experiments.report import significance
 from gru_experiments.report.common import MISSING, cell, escape, figure_cell, image, table
 from gru_experiments.report.plots import save_curves
 from gru_experiments.report.section import Findings, Section, cannot, verdict
@@ -25,14 +25,14 @@ def scale_jobs(jobs) -> list:
     judged = [job for job in jobs if job.status == "completed" and job.recurrent
               and job.training_mode == "windows" and job.values.get("probe") in (None, "none")
               and job.number("parameters") and job.number("stateful_bpc") is not None]
-    if not findings.at_two_sizes(judged):
+    if not significance.at_two_sizes(judged):
         return []
     return sorted(judged, key=lambda job: (job.values.get("tokenizer") or "?", job.number("parameters")))
 
 
 def state_gain(job) -> tuple[float, float] | None:
     """What the carried state buys over the training window: windowed - stateful bits per character, ± se."""
-    found = findings.state_gain(job)
+    found = significance.state_gain(job)
     return None if found is None else (-found[0], found[1])
 
 
@@ -101,7 +101,7 @@ def state_gain_grows_finding(jobs) -> tuple[str, str]:
     """Per tokenizer: does the largest model take more from a state older than its window than the smallest
     does, by two standard errors of the difference and by at least WORTH (significance.difference)?"""
     chosen = [job for job in scale_jobs(jobs) if state_gain(job) is not None]
-    groups = findings.at_two_sizes(chosen)
+    groups = significance.at_two_sizes(chosen)
     if not groups:
         return cannot("recurrent models of one tokenizer at two sizes with the paired stateful - windowed figure "
                       "(python sweep.py experiments=scale)")

@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from statistics import fmean, stdev
 
+from gru_experiments.report.common import group_by
+
 WORTH = 0.005  # bits per character: the least gain that makes the state worth carrying (the state-gain findings)
 
 _used: ContextVar[list | None] = ContextVar("differences_used", default=None)
@@ -137,3 +139,34 @@ def rests_on(used: list[Difference], jobs) -> str:
         return ""
     return ("Rests on one training each." if max(ns) == 1
             else f"Rests on {_count(ns)} trainings a setting (its means over seeds).")
+
+
+# --- what several sections' findings compare ---------------------------------------------------------------
+def state_gain(job) -> tuple[float, float] | None:
+    """Stateful - windowed bits per character, paired target by target, and its se (the state-gain findings:
+    report/findings.py, report/scale.py)."""
+    gain, se = job.number("state_gain_bpc"), job.number("state_gain_se")
+    return None if gain is None or se is None else (gain, se)
+
+
+def at_two_sizes(jobs) -> dict[str, list]:
+    """{tokenizer: its jobs, in their order} of each tokenizer whose jobs have two parameter counts or more."""
+    groups = group_by(jobs, lambda job: job.values.get("tokenizer") or "?")
+    return {kind: group for kind, group in groups.items() if len({job.number("parameters") for job in group}) > 1}
+
+
+SAME_SIZE = 1.1  # two models are of one size when their parameter counts differ by at most this factor
+
+
+def pairs_of_size(jobs, family: str, rival: str, alike=lambda job, other: True) -> list[tuple]:
+    """(job, other) for each job of `family`: the job of family `rival`, of its tokenizer and `alike` it, nearest its
+    size, where one is of its size (parameters within SAME_SIZE)."""
+    pairs = []
+    for job in (job for job in jobs if job.values.get("family") == family):
+        size = job.number("parameters")
+        near = [other for other in jobs if other.values.get("family") == rival and alike(job, other)
+                and other.values.get("tokenizer") == job.values.get("tokenizer")
+                and max(other.number("parameters"), size) <= SAME_SIZE * min(other.number("parameters"), size)]
+        if near:
+            pairs.append((job, min(near, key=lambda other: abs(other.number("parameters") - size))))
+    return pairs
