@@ -6,7 +6,7 @@ import pytest
 from test_reporting import make_job
 
 from gru_experiments.data.corpus import corpus_name
-from gru_experiments.report.cache_report import CACHE, long_range_finding, unread_finding
+from gru_experiments.report.cache import CACHE, long_range_finding, unread_finding
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import JobResult, read_job
 

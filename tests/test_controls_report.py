@@ -15,10 +15,10 @@ from test_findings import make_sweep, summary
 from test_reporting import assert_valid_png, make_job
 
 from gru_experiments.report.context_classes import PLOT_CLASSES
-from gru_experiments.report.recall_report import PLOT_RECALL, RECALL
+from gru_experiments.report.recall import PLOT_RECALL, RECALL
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
-from gru_experiments.report.text_report import PLOT_TEXT, TEXT
+from gru_experiments.report.text import PLOT_TEXT, TEXT
 
 DECODERS = ("greedy", "temperature_0.8", "top_k_30", "top_p_0.9", "pure")
 STATISTICS = ("word_validity", "seq_rep_4", "loop_rate", "distinct_2", "copy_32", "line_shape", "reference_bpc")

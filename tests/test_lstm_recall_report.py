@@ -1,4 +1,4 @@
-"""The finding "an LSTM keeps a key longer than a GRU of the same size" (report/recall_report.py), over fabricated
+"""The finding "an LSTM keeps a key longer than a GRU of the same size" (report/recall.py), over fabricated
 planted-recall runs: each LSTM paired with the GRU of its size and training, judged by the stateful horizon and
 the per-distance figures with their standard errors."""
 
@@ -87,6 +87,6 @@ def test_distances_where_neither_recalls_do_not_count(tmp_path):
 
 def test_a_horizon_over_seeds_is_written_as_a_distance():
     """A setting's horizon is a mean over its trainings: "2,304", never "2304.0"."""
-    from gru_experiments.report.recall_report import remembered_text
+    from gru_experiments.report.recall import remembered_text
 
     assert [remembered_text({"remembered": value}) for value in (2304.0, 4096, None)] == ["2,304", "4,096", "none"]

@@ -10,7 +10,7 @@ from test_reporting import make_job
 
 from gru_experiments.report.past_window import past_window_finding
 from gru_experiments.report.report import build_report
-from gru_experiments.report.settings import group_settings
+from gru_experiments.report.seed_groups import group_settings
 from gru_experiments.report.sweep_folder import collect
 
 CLAIM = "A gradient path past the window teaches the state to read past it"

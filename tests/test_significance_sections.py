@@ -4,7 +4,7 @@ spread between them decides, not the within-run standard errors (report/scale.py
 from __future__ import annotations
 
 from gru_experiments.report.scale import SCALE
-from gru_experiments.report.settings import Setting
+from gru_experiments.report.seed_groups import Setting
 from gru_experiments.report.sweep_folder import JobResult
 
 SEEDS = (1, 2, 3)

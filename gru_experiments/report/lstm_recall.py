@@ -4,7 +4,7 @@ experiment=recall_lstm_*, docs/results.md#the-planted-recall-control)."""
 
 import math
 
-from gru_experiments.report.recall_report import (
+from gru_experiments.report.recall import (
     beats_chance,
     changes,
     distances,

@@ -3,7 +3,7 @@ past the windowed mode's context (streams with a long BPTT, long windows) beside
 its finding: does a gradient path past the window teach the state to read past it? Every figure is of a setting
 (its means over seeds, settings.py) and every comparison goes through significance.py."""
 
-from gru_experiments.report.cache_report import corpus, past_window
+from gru_experiments.report.cache import corpus, past_window
 from gru_experiments.report.common import MISSING, cell, escape, group_by, table
 from gru_experiments.report.section import Findings, Section, cannot
 from gru_experiments.report.significance import WORTH, difference, side, state_gain

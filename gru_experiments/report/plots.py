@@ -6,7 +6,7 @@ from statistics import stdev
 
 from gru_experiments.report.common import MISSING, cell, escape, finish, grouped_bars, image, save, subplots, table
 from gru_experiments.report.section import Section
-from gru_experiments.report.settings import spread
+from gru_experiments.report.seed_groups import spread
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES, curve_points

@@ -11,22 +11,22 @@ from pathlib import Path
 
 from gru_experiments.files import atomic_write
 from gru_experiments.report import (
-    cache_report,
+    cache,
     context_classes,
     lr_sweep,
     lstm_recall,
     overfitting,
     past_window,
-    recall_report,
+    recall,
     scale,
-    text_report,
+    text,
 )
 from gru_experiments.report import plots as figures
 from gru_experiments.report import training_grid as grid
 from gru_experiments.report.common import MISSING, cell, escape, table
 from gru_experiments.report.findings import STUDY
 from gru_experiments.report.section import Section
-from gru_experiments.report.settings import group_settings, spread
+from gru_experiments.report.seed_groups import group_settings, spread
 from gru_experiments.report.sweep_folder import JobResult, Report, collect, name_variants
 from gru_experiments.runs.loggers import names_wandb, sweep_group
 from gru_experiments.runs.run_dir import RunDir
@@ -282,8 +282,8 @@ SECTIONS: list[Section] = [
     Section("verdicts over trainings", _verdicts_section),
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
-    recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
-    scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache_report.SECTION, past_window.SECTION,
+    recall.SECTION, recall.HORIZON, recall.COST, text.SECTION,
+    scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache.SECTION, past_window.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
 ]

@@ -119,7 +119,7 @@ def sweep_group(group: str | None, sweep_dir) -> str:
 
 
 # What says how a run ran, not what it trained or measured: runs that differ in these alone are trainings of one
-# setting (W&B's job_type here, the report's rows in report/settings.py), resumed on another device or not.
+# setting (W&B's job_type here, the report's rows in report/seed_groups.py), resumed on another device or not.
 HOW_IT_RAN = ("seed", "resume", "ckpt_path", "logger", "paths", "cuda_graphs", "trainer.accelerator",
               "trainer.devices", "trainer.enable_progress_bar", "trainer.enable_model_summary")
 

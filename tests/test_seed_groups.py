@@ -165,7 +165,7 @@ def test_every_finding_says_what_it_rests_on():
 def test_a_settings_mean_goes_element_by_element_and_keeps_what_is_no_number():
     """settings.mean_of through a record's lists (the recall points: [distance, accuracy] pairs) and tuples; what
     does not average (text, lists of another length) is the first training's."""
-    from gru_experiments.report.settings import mean_of
+    from gru_experiments.report.seed_groups import mean_of
 
     points = [[[8, 0.5], [16, 0.25]], [[8, 0.75], [16, 0.25]]]
     assert mean_of(points) == [[8, 0.625], [16, 0.25]]
