@@ -4,11 +4,19 @@ that names what to do."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
 
-from gru_experiments.data.corpus import load_corpus, prepare_corpus, read_corpus
+from gru_experiments.data.corpus import (
+    SHIPPED_SHA256,
+    load_corpus,
+    prepare_corpus,
+    read_corpus,
+    shipped_corpora,
+    shipped_name,
+)
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import validate
 
@@ -73,9 +81,11 @@ def test_data_sha256_is_checked_and_never_falls_back_to_tiny_shakespeare(compose
     with pytest.raises(UserError, match=f"corpus file {tiny_corpus} has sha256 {sha256}, but data.sha256={'0' * 64}: "
                                         "it is not the text that hash names"):
         load_corpus(compose_config(f"data.path={tiny_corpus}", f"data.sha256={'0' * 64}").data)
+    shipped = ", ".join(f"{shipped_name(path)}: {sha}" for sha, path in shipped_corpora().items())  # whatever ships
+    assert SHIPPED_SHA256 in shipped  # the default corpus among them
     for named in ([], ["data=pystdlib"]):
-        with pytest.raises(UserError, match=f"data.sha256={'1' * 64} names no corpus shipped in the package "
-                                            r"\(pystdlib: 0580.*, tinyshakespeare: 86c4.*\), and no data.url"):
+        with pytest.raises(UserError, match=re.escape(f"data.sha256={'1' * 64} names no corpus shipped in the package "
+                                                      f"({shipped}), and no data.url")):
             load_corpus(compose_config(*named, f"data.sha256={'1' * 64}").data)
     pystdlib = compose_config("data=pystdlib").data
     assert load_corpus(pystdlib).sha256 == pystdlib.sha256 and load_corpus(pystdlib).source.name == "pystdlib.txt.xz"
