@@ -131,16 +131,28 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
 
 
 def run_sweep(settings: DictConfig, overrides: list[str]) -> tuple[Path, int]:
-    """The multirun of train.py over the experiments, else the models, with `overrides`."""
+    """The multirun of train.py over the experiments, else the models, with `overrides`, in a sweep folder of its own
+    (runs/sweep_dir.py: its lock held meanwhile): a folder that holds this sweep already is continued (its cut jobs
+    resumed, then the multirun, where a completed job skips itself), one that holds another is refused."""
+    from gru_experiments.runs.sweep_dir import SweepDir, task_overrides
+
     key, jobs = ("model", settings.models) if settings.experiments is None else ("experiment", settings.experiments)
     sweep_dir = resolve_sweep_dir(f"{key}={jobs[0]}", overrides)
     command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(jobs),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
-    print(f"sweep.py: {len(jobs)} configs into {sweep_dir}\n  {' '.join(command)}", flush=True)
-    # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
-    # others; train.py then exits non-zero, and the report says which job failed.
-    returncode = subprocess.run(command, check=False).returncode
-    return sweep_dir, returncode
+    folder = SweepDir(sweep_dir)
+    with folder.claim(task_overrides(command[3:])) as continued:
+        failed = 0
+        for run in folder.cut_jobs() if continued else ():
+            print(f"sweep.py: resuming the cut job {run.path.name}", flush=True)
+            failed += subprocess.run([sys.executable, str(ROOT / "train.py"), f"resume={run.path}"],
+                                     check=False).returncode != 0
+        print(f"sweep.py: {len(jobs)} configs into {sweep_dir}{' (continued)' if continued else ''}\n  "
+              f"{' '.join(command)}", flush=True)
+        # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
+        # others; train.py then exits non-zero, and the report says which job failed.
+        returncode = subprocess.run(command, check=False).returncode
+    return sweep_dir, returncode or int(failed > 0)
 
 
 def write_report(sweep_dir: Path):

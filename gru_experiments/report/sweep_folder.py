@@ -14,6 +14,7 @@ from gru_experiments.report.common import finite, group_by
 from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.runs.sweep_dir import MULTIRUN, recorded_overrides
 
 
 @dataclass
@@ -154,14 +155,7 @@ def read_job(job_dir: Path, sweep_dir: Path | None = None) -> JobResult:
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger,
                      unreadable=unreadable, config=OmegaConf.to_container(cfg, resolve=False),
-                     overrides=_overrides(job_dir))
-
-
-def _overrides(job_dir: Path) -> list[str]:
-    """The job's command-line overrides as Hydra recorded them ([] where it did not)."""
-    path = job_dir / ".hydra" / "overrides.yaml"
-    found = OmegaConf.load(path) if path.is_file() else None
-    return [str(o) for o in found] if OmegaConf.is_list(found) else []
+                     overrides=recorded_overrides(job_dir / ".hydra" / "overrides.yaml"))
 
 
 def _job_order(job_dir: Path) -> tuple:
@@ -175,7 +169,7 @@ def check_sweep_folder(folder: Path) -> None:
     (sweeps run side by side, reported together), so that a report is never written into another folder (a single
     run's, or outputs/runs/<model>/ of many single runs). `collect` says what a path that is not a folder is."""
     folder = Path(folder)
-    if not folder.is_dir() or (folder / "multirun.yaml").is_file() or any(folder.glob("*/multirun.yaml")):
+    if not folder.is_dir() or (folder / MULTIRUN).is_file() or any(folder.glob(f"*/{MULTIRUN}")):
         return
     single = (folder / ".hydra").is_dir() or (folder / "checkpoints").is_dir()
     raise UserError(f"{folder} is {'the folder of a single run' if single else 'not a sweep folder'}: it has no "
@@ -193,8 +187,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
                       key=_job_order)
     jobs = [read_job(job_dir, sweep_dir) for job_dir in job_dirs]
     name_variants(jobs)
-    multirun = sweep_dir / "multirun.yaml"  # Hydra's: the command-line overrides the sweep ran with
-    overrides = list(_select(OmegaConf.load(multirun), "hydra.overrides.task") or []) if multirun.is_file() else []
+    overrides = recorded_overrides(sweep_dir / MULTIRUN)  # Hydra's: the command-line overrides the sweep ran with
     started = {job.name for job in jobs}
     jobs += [JobResult(job="", status="missing", values={"model": name})
              for name in planned_models(overrides) if name not in started]
