@@ -179,17 +179,24 @@ def main(argv: list[str]) -> int:
         if overrides:
             raise UserError(f"report=... only builds a report; these would be ignored: {overrides}")
         check_sweep_folder(Path(settings.report))  # a report is written into a sweep's folder, no other
-        write_report(Path(settings.report))  # the report itself says what failed or is missing
+        report = write_report(Path(settings.report))  # the report itself says what failed or is missing
+        if report.problems:
+            print(not_completed(report.problems), file=sys.stderr)
         return 0
     started = time.perf_counter()
     sweep_dir, returncode = run_sweep(settings, overrides)
     report = write_report(sweep_dir)
     print(f"sweep.py: {len(report.jobs)} jobs in {time.perf_counter() - started:.0f} s")
     if report.problems or returncode != 0:
-        names = ", ".join(f"{job.model} ({job.status})" for job in report.problems) or f"train.py exit {returncode}"
-        print(f"sweep.py: not every job completed: {names}; see the report", file=sys.stderr)
+        print(not_completed(report.problems, returncode), file=sys.stderr)
         return 1
     return 0
+
+
+def not_completed(jobs, returncode: int = 0) -> str:
+    """The line naming each job not completed, with its folder."""
+    names = ", ".join(f"{job.model} ({job.status}{f', {job.job}' if job.job else ''})" for job in jobs)
+    return f"sweep.py: not every job completed: {names or f'train.py exit {returncode}'}; see the report"
 
 
 if __name__ == "__main__":

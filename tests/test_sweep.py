@@ -127,7 +127,7 @@ def test_a_failing_job_is_marked_and_the_others_complete(tiny_corpus, data_dir, 
     result = run_script("sweep.py", "models=[scribe_alpha,astra_alpha]", *tiny_overrides(tiny_corpus, data_dir),
                         "logger=wandb", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 1
-    assert "not every job completed: scribe_alpha (failed)" in result.stderr
+    assert "not every job completed: scribe_alpha (failed, 0_scribe_alpha)" in result.stderr
 
     failed, done = read_rows(sweep)
     assert (failed["model"], failed["status"], done["model"], done["status"]) == (
@@ -294,7 +294,7 @@ def test_a_sweep_with_a_job_not_completed_exits_1_naming_it(capsys, monkeypatch,
     make_job(tmp_path, 1, "mingru", summary={"status": "failed", "model": "mingru", "error": "RuntimeError: boom"})
     assert sweep_script.main([]) == 1
     err = capsys.readouterr().err
-    assert "sweep.py: not every job completed: mingru (failed); see the report" in err
+    assert "sweep.py: not every job completed: mingru (failed, 1_mingru); see the report" in err
     assert (tmp_path / "report.md").is_file()
 
 
