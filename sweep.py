@@ -94,10 +94,16 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     return settings, overrides
 
 
+MAX_SEEDS = 100  # seeds=N's bound (conf/sweep.yaml): 100,000 seeds printed a 100,000-seed command, then an OSError
+
+
 def seed_override(seeds, overrides: list[str]) -> str:
-    """seeds=N as the train.py sweep seed=1,...,N; refused beside a seed= of the user's own."""
+    """seeds=N as the train.py sweep seed=1,...,N; refused beside a seed= of the user's own, or above MAX_SEEDS."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise UserError(f"seeds={seeds!r}: give a whole number of seeds >= 1 (each setting trained with seeds 1..N)")
+    if seeds > MAX_SEEDS:
+        raise UserError(f"seeds={seeds}: at most {MAX_SEEDS} trainings of each setting (seeds=N trains every setting "
+                        "N times, one job each); give fewer seeds, or several sweeps with seed=a,b,c")
     if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in overrides):
         raise UserError("seeds=N and seed=... both choose the seeds: give one (seed=1,2,3 names them)")
     return "seed=" + ",".join(str(seed) for seed in range(1, seeds + 1))

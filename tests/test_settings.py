@@ -179,7 +179,8 @@ def test_seeds_is_the_seed_sweep():
     _, overrides = sweep_script.parse_arguments(["models=[astra_alpha,mingru]", "seeds=3", "preset=smoke"])
     assert overrides == ["preset=smoke", "seed=1,2,3"]
     for argv, match in ((["seeds=0"], "whole number"), (["seeds=abc"], "whole number"),
-                        (["seeds=2", "seed=5,6"], "both choose the seeds")):
+                        (["seeds=2", "seed=5,6"], "both choose the seeds"),
+                        (["seeds=100000"], r"^seeds=100000: at most 100 trainings of each setting")):
         with pytest.raises(UserError, match=match):
             sweep_script.parse_arguments(argv)
 
