@@ -311,11 +311,8 @@ def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> Non
                         f"batch, more than the training split's {train_tokens:,}: set data.batch_size to at most "
                         f"{max(train_tokens // seq_len, 1):,}")
     spec.evaluation.check_streams(val_tokens - 1)
-    window = spec.evaluation_window
-    if window is not None and window >= val_tokens - 1:
-        raise UserError(f"evaluation.window={window:,} is not shorter than the validation split ({val_tokens - 1:,} "
-                        "targets): no target has that much context before it, so the windowed figures would measure "
-                        f"nothing; set evaluation.window below {val_tokens - 1:,}, or null (the training data.seq_len)")
+    if spec.evaluation_window is not None:  # a window given (null: the training window, checked above)
+        spec.evaluation.check_window(val_tokens - 1)
 
 
 def model_family(architecture) -> str | None:
