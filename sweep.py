@@ -30,7 +30,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.jobs import job
+from gru_experiments.runs.jobs import command_line, job
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
         return 0
-    settings, overrides = parse_arguments(argv)
+    settings, overrides = parse_arguments(command_line(["sweep.py", *argv])[1:])  # ~/ expanded (runs/jobs.py)
     if settings.report:
         from gru_experiments.report.sweep_folder import check_sweep_folder
 

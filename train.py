@@ -86,4 +86,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from gru_experiments.runs.jobs import command_line
+
+    with job(argv=sys.argv, report=True):  # ~/ expanded, a value Hydra's lexer refuses: one line (runs/jobs.py)
+        sys.argv = command_line(sys.argv)
     main()

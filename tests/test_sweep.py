@@ -485,3 +485,27 @@ def test_the_same_sweep_again_completes_what_is_missing_and_changes_no_completed
     assert "resuming the cut job 0_astra_alpha" in again.stdout and "this job completed before" in again.stdout
     assert {p: data for p, data in files().items() if p.is_relative_to(sweep / "1_mlp")} == kept
     assert [row["status"] for row in read_rows(sweep)] == ["completed", "completed"]
+
+
+def test_every_sweep_command_in_the_docs_parses_as_written():
+    """Issue 72: docs/sweeps.md's own data.path=~/my_text.txt ended in Hydra's lexer error. Each `python sweep.py`
+    line of the docs' code blocks (no placeholder in it): sweep.py's arguments, and each override through Hydra's
+    parser, as sweep.py and train.py read them."""
+    import re
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from gru_experiments.runs.jobs import command_line
+
+    commands = []
+    for doc in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
+            commands += [line for line in block.splitlines() if re.match(r"\s*(OMP_NUM_THREADS=\d+ )?python sweep.py",
+                                                                         line) and not re.search(r"<|\.\.\.|\\$", line)]
+    assert any("data.path=~/my_text.txt" in command for command in commands)
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        argv = argv[argv.index("sweep.py") + 1:]
+        settings, overrides = sweep_script.parse_arguments(command_line(["sweep.py", *argv])[1:])
+        OverridesParser.create().parse_overrides(overrides)
