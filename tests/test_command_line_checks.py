@@ -63,3 +63,12 @@ def test_nan_and_infinity_are_refused_up_front(compose_config, override, key):
 
     with pytest.raises(UserError, match=rf"^invalid {key}=-?(nan|inf): must be a finite number"):
         validate(compose_config("model=lstm", override))
+
+
+def test_checkpoints_every_null_steps_is_refused(compose_config):
+    """Issue 72: checkpoint.every_n_steps=null was taken as 0 (epoch ends only), undocumented."""
+    from gru_experiments.runs.checks import validate
+
+    with pytest.raises(UserError, match=r"^invalid checkpoint.every_n_steps=None: must be an integer >= 0 \(0: only at "
+                                        r"epoch ends\)$"):
+        validate(compose_config("checkpoint.every_n_steps=null"))

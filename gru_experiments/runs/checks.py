@@ -41,7 +41,8 @@ TRAIN_RULES = [
          optional=True),
     Rule("cuda_graphs", lambda v: isinstance(v, bool), "true or false (true: on CUDA, the training step replayed "
          "from a CUDA graph)", may_be_absent=True),
-    Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
+    # null refused: it read as 0, where one could take it for "never" or "the default"
+    Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", may_be_absent=True),
     Rule("training.batching", lambda v: v in BATCHINGS, " or ".join(BATCHINGS) + " (data.BATCHINGS)",
          may_be_absent=True),
     Rule("training.recall_weight", lambda v: is_number(v) and v >= 1,
