@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.jobs import command_line, job
+from gru_experiments.validation import check_finite
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -131,6 +132,7 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[first_job, *first_values(overrides)],
                           return_hydra_config=True)
+            check_finite(OmegaConf.to_container(cfg, resolve=False))  # model.lr=nan: refused before any job
             return Path(str(cfg.hydra.sweep.dir)).resolve()
     except (HydraException, OmegaConfBaseException) as error:
         raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None

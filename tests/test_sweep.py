@@ -301,6 +301,8 @@ def test_a_sweep_with_a_job_not_completed_exits_1_naming_it(capsys, monkeypatch,
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
     with pytest.raises(UserError, match="do not compose: .*trainer.no_such_key"):
         sweep_script.main(["trainer.no_such_key=1", f"hydra.sweep.dir={tmp_path}/s"])
+    with pytest.raises(UserError, match="^invalid model.lr=nan: must be a finite number"):  # issue 72: every job failed
+        sweep_script.main(["model.lr=nan", f"hydra.sweep.dir={tmp_path}/s"])
     assert not (tmp_path / "s").exists()
 
 
