@@ -489,10 +489,10 @@ def test_the_same_sweep_again_completes_what_is_missing_and_changes_no_completed
     assert [row["status"] for row in read_rows(sweep)] == ["completed", "completed"]
 
 
-def test_every_sweep_command_in_the_docs_parses_as_written():
-    """Issue 72: docs/sweeps.md's own data.path=~/my_text.txt ended in Hydra's lexer error. Each `python sweep.py`
-    line of the docs' code blocks (no placeholder in it): sweep.py's arguments, and each override through Hydra's
-    parser, as sweep.py and train.py read them."""
+def test_every_command_in_the_docs_parses_as_written():
+    """Issue 72: docs/sweeps.md's own data.path=~/my_text.txt ended in Hydra's lexer error. Each `python sweep.py`,
+    `train.py` or `sample.py` line of the docs' code blocks (no placeholder in it): sweep.py's arguments, and each
+    override through Hydra's parser, as the scripts read them (runs/jobs.command_line first)."""
     import re
     import shlex
 
@@ -503,11 +503,15 @@ def test_every_sweep_command_in_the_docs_parses_as_written():
     commands = []
     for doc in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]:
         for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
-            commands += [line for line in block.splitlines() if re.match(r"\s*(OMP_NUM_THREADS=\d+ )?python sweep.py",
-                                                                         line) and not re.search(r"<|\.\.\.|\\$", line)]
-    assert any("data.path=~/my_text.txt" in command for command in commands)
+            commands += [line for line in block.splitlines() if re.match(r"\s*([A-Z_]+=\S+ )*python (sweep|train|sample)"
+                                                                         r"\.py", line)
+                         and not re.search(r"<|\.\.\.|\\$|\|", line)]
+    assert any("data.path=~/my_text.txt" in command for command in commands) and len(commands) > 20
     for command in commands:
         argv = shlex.split(command, comments=True)
-        argv = argv[argv.index("sweep.py") + 1:]
-        settings, overrides = sweep_script.parse_arguments(command_line(["sweep.py", *argv])[1:])
-        OverridesParser.create().parse_overrides(overrides)
+        script = next(arg for arg in argv if arg.endswith(".py"))
+        argv = [arg for arg in command_line([script, *argv[argv.index(script) + 1:]])[1:]
+                if not arg.startswith("-")]
+        if script == "sweep.py":
+            argv = sweep_script.parse_arguments(argv)[1]
+        OverridesParser.create().parse_overrides(argv)
