@@ -503,8 +503,8 @@ def test_every_command_in_the_docs_parses_as_written():
     commands = []
     for doc in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]:
         for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
-            commands += [line for line in block.splitlines() if re.match(r"\s*([A-Z_]+=\S+ )*python (sweep|train|sample)"
-                                                                         r"\.py", line)
+            commands += [line for line in block.splitlines()
+                         if re.match(r"\s*([A-Z_]+=\S+ )*python (sweep|train|sample)\.py", line)
                          and not re.search(r"<|\.\.\.|\\$|\|", line)]
     assert any("data.path=~/my_text.txt" in command for command in commands) and len(commands) > 20
     for command in commands:

@@ -43,7 +43,6 @@ from gru_experiments.runs.resume import resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
 from gru_experiments.runs.stopping import EarlyStopping, build_early_stopping, stopping_summary
-from gru_experiments.runs.sweep_dir import completed_job
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.trained_run import TrainedRun
 from gru_experiments.study.scores import Split, score_chunks
@@ -76,9 +75,6 @@ def train(cfg) -> dict:
     with job(cfg, record=True) as current, ExitStack() as held:  # held: the run folder's lock (RunDir.hold)
         quiet_console()
         new_run = cfg.get("resume") is None and is_first_rank()  # a resume takes the folder in resume_run
-        if new_run and (done := completed_job(cfg)) is not None:  # a continued sweep's job, completed before
-            print(f"{cfg.paths.output_dir}: this job completed before (its summary.json): left as it is")
-            return done
         if new_run:
             RunDir(cfg.paths.output_dir).refuse_new_run()  # a folder holds one run: refused before any work
         # a resume: the run's own config, with this command's overrides; the run folder's lock taken into `held`
