@@ -3,12 +3,13 @@
 python sample.py run=RUN_DIR explore=true writes the run's page instead, explore.html (docs/explore.md)."""
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gru_experiments.runs.jobs import discard_untouched_run_dir, job
+from gru_experiments.runs.jobs import command_line, discard_untouched_run_dir, job
 from gru_experiments.runs.run_dir import find_checkpoint, model_name_for
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
@@ -40,4 +41,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    with job(argv=sys.argv, report=True):  # ~/ expanded, a value Hydra's lexer refuses: one line (runs/jobs.py)
+        sys.argv = command_line(sys.argv)
     main()

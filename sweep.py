@@ -30,7 +30,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.jobs import job
+from gru_experiments.runs.jobs import command_line, job
+from gru_experiments.validation import check_finite
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
@@ -94,10 +95,16 @@ def parse_arguments(argv: list[str]) -> tuple[DictConfig, list[str]]:
     return settings, overrides
 
 
+MAX_SEEDS = 100  # seeds=N's bound (conf/sweep.yaml): 100,000 seeds printed a 100,000-seed command, then an OSError
+
+
 def seed_override(seeds, overrides: list[str]) -> str:
-    """seeds=N as the train.py sweep seed=1,...,N; refused beside a seed= of the user's own."""
+    """seeds=N as the train.py sweep seed=1,...,N; refused beside a seed= of the user's own, or above MAX_SEEDS."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise UserError(f"seeds={seeds!r}: give a whole number of seeds >= 1 (each setting trained with seeds 1..N)")
+    if seeds > MAX_SEEDS:
+        raise UserError(f"seeds={seeds}: at most {MAX_SEEDS} trainings of each setting (seeds=N trains every setting "
+                        "N times, one job each); give fewer seeds, or several sweeps with seed=a,b,c")
     if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in overrides):
         raise UserError("seeds=N and seed=... both choose the seeds: give one (seed=1,2,3 names them)")
     return "seed=" + ",".join(str(seed) for seed in range(1, seeds + 1))
@@ -125,22 +132,35 @@ def resolve_sweep_dir(first_job: str, overrides: list[str]) -> Path:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[first_job, *first_values(overrides)],
                           return_hydra_config=True)
+            check_finite(OmegaConf.to_container(cfg, resolve=False))  # model.lr=nan: refused before any job
             return Path(str(cfg.hydra.sweep.dir)).resolve()
     except (HydraException, OmegaConfBaseException) as error:
         raise UserError(f"the train.py overrides {overrides} do not compose: {error}") from None
 
 
 def run_sweep(settings: DictConfig, overrides: list[str]) -> tuple[Path, int]:
-    """The multirun of train.py over the experiments, else the models, with `overrides`."""
+    """The multirun of train.py over the experiments, else the models, with `overrides`, in a sweep folder of its own
+    (runs/sweep_dir.py: its lock held meanwhile): a folder that holds this sweep already is continued (its cut jobs
+    resumed, then the multirun, where a completed job skips itself), one that holds another is refused."""
+    from gru_experiments.runs.sweep_dir import SweepDir, task_overrides
+
     key, jobs = ("model", settings.models) if settings.experiments is None else ("experiment", settings.experiments)
     sweep_dir = resolve_sweep_dir(f"{key}={jobs[0]}", overrides)
     command = [sys.executable, str(ROOT / "train.py"), "-m", f"{key}=" + ",".join(jobs),
                *(o for o in overrides if not o.startswith("hydra.sweep.dir=")), f'hydra.sweep.dir="{sweep_dir}"']
-    print(f"sweep.py: {len(jobs)} configs into {sweep_dir}\n  {' '.join(command)}", flush=True)
-    # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
-    # others; train.py then exits non-zero, and the report says which job failed.
-    returncode = subprocess.run(command, check=False).returncode
-    return sweep_dir, returncode
+    folder = SweepDir(sweep_dir)
+    with folder.claim(task_overrides(command[3:])) as continued:
+        failed = 0
+        for run in folder.cut_jobs() if continued else ():
+            print(f"sweep.py: resuming the cut job {run.path.name}", flush=True)
+            failed += subprocess.run([sys.executable, str(ROOT / "train.py"), f"resume={run.path}"],
+                                     check=False).returncode != 0
+        print(f"sweep.py: {len(jobs)} configs into {sweep_dir}{' (continued)' if continued else ''}\n  "
+              f"{' '.join(command)}", flush=True)
+        # A job that fails is recorded by the job itself (summary.json, W&B) and Hydra runs the
+        # others; train.py then exits non-zero, and the report says which job failed.
+        returncode = subprocess.run(command, check=False).returncode
+    return sweep_dir, returncode or int(failed > 0)
 
 
 def write_report(sweep_dir: Path):
@@ -160,24 +180,31 @@ def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
         return 0
-    settings, overrides = parse_arguments(argv)
+    settings, overrides = parse_arguments(command_line(["sweep.py", *argv])[1:])  # ~/ expanded (runs/jobs.py)
     if settings.report:
         from gru_experiments.report.sweep_folder import check_sweep_folder
 
         if overrides:
             raise UserError(f"report=... only builds a report; these would be ignored: {overrides}")
         check_sweep_folder(Path(settings.report))  # a report is written into a sweep's folder, no other
-        write_report(Path(settings.report))  # the report itself says what failed or is missing
+        report = write_report(Path(settings.report))  # the report itself says what failed or is missing
+        if report.problems:
+            print(not_completed(report.problems), file=sys.stderr)
         return 0
     started = time.perf_counter()
     sweep_dir, returncode = run_sweep(settings, overrides)
     report = write_report(sweep_dir)
     print(f"sweep.py: {len(report.jobs)} jobs in {time.perf_counter() - started:.0f} s")
     if report.problems or returncode != 0:
-        names = ", ".join(f"{job.model} ({job.status})" for job in report.problems) or f"train.py exit {returncode}"
-        print(f"sweep.py: not every job completed: {names}; see the report", file=sys.stderr)
+        print(not_completed(report.problems, returncode), file=sys.stderr)
         return 1
     return 0
+
+
+def not_completed(jobs, returncode: int = 0) -> str:
+    """The line naming each job not completed, with its folder."""
+    names = ", ".join(f"{job.model} ({job.status}{f', {job.job}' if job.job else ''})" for job in jobs)
+    return f"sweep.py: not every job completed: {names or f'train.py exit {returncode}'}; see the report"
 
 
 if __name__ == "__main__":

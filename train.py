@@ -73,11 +73,14 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 def main(cfg: DictConfig) -> None:
     # imported here so --help and --cfg stay fast (a SIGINT while torch loads: still the one line above)
     from gru_experiments.runs.distributed import needs_own_process, run_in_own_process
+    from gru_experiments.runs.sweep_dir import completed_job
     from gru_experiments.runs.training import train
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again: Lightning stops gracefully
     with job(cfg, report=True):  # failures: see gru_experiments/runs/jobs.py
-        if needs_own_process(cfg.trainer.get("strategy")):  # DDP in a multirun job: gru_experiments/runs/distributed.py
+        if completed_job(cfg) is not None:  # a continued sweep's job that completed before (a DDP one included)
+            print(f"{cfg.paths.output_dir}: this job completed before (its summary.json): left as it is")
+        elif needs_own_process(cfg.trainer.get("strategy")):  # DDP in a multirun job: runs/distributed.py
             with job(cfg, record=True):  # records a failed child (the child, a single run, records none)
                 logger = OmegaConf.to_container(cfg.logger, resolve=True) if cfg.get("logger") else None
                 run_in_own_process(__file__, logger)
@@ -86,4 +89,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from gru_experiments.runs.jobs import command_line
+
+    with job(argv=sys.argv, report=True):  # ~/ expanded, a value Hydra's lexer refuses: one line (runs/jobs.py)
+        sys.argv = command_line(sys.argv)
     main()

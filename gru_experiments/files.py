@@ -7,6 +7,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,11 +74,21 @@ def finite_or_null(value):
     return value
 
 
+# (magic bytes, format, the command that decompresses it) of compressed files a user may give as text
+COMPRESSED = ((rb"\x1f\x8b", "gzip", "gunzip -k"), (rb"BZh[1-9]1AY&SY", "bzip2", "bunzip2 -k"),
+              (rb"PK\x03\x04", "zip", "unzip"), (rb"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+              (rb"\xfd7zXZ\x00", "xz", "unxz -k"))
+
+
 def utf8_text(data: bytes) -> str:
     """`data` decoded as UTF-8 (a byte-order mark dropped, as Python's utf-8-sig reads it); else a ValueError saying
     how it is not, as a user can act on it: UTF-16, or the first byte that is not UTF-8 (its offset and line), with
     the conversion that fixes it."""
     head = data[:4096]
+    for magic, kind, undo in COMPRESSED:  # a compressed file is no text in another encoding: iconv would not help
+        if re.match(magic, head):
+            raise ValueError(f"it is a {kind}-compressed file, not text; decompress it first, e.g. {undo} FILE (a "
+                             "corpus, data.path, may be .xz as it is)")
     if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4:
         raise ValueError("it looks like UTF-16 (a byte-order mark, or a NUL byte every other byte); convert it first, "
                          "e.g. iconv -f utf-16 -t utf-8")

@@ -51,6 +51,17 @@ def fraction(v) -> bool:  # [0, 1)
     return is_number(v) and 0 <= v < 1
 
 
+def check_finite(config, prefix: str = "") -> None:
+    """UserError, in one line naming the key, for a NaN or an infinity anywhere in a plain config (what a key that
+    takes a number must never get: `+model.architecture.forget_bias=nan` trained, then "diverged")."""
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    for key, value in items:
+        where = f"{prefix}{key}" if isinstance(config, dict) else f"{prefix[:-1]}[{key}]"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidSetting(where, value, "a finite number (NaN and infinities are no setting)")
+        check_finite(value, f"{where}.")
+
+
 def temperature_rule(key: str = "temperature") -> Rule:
     """The one rule for a sampling temperature, wherever it is set."""
     return Rule(key, non_negative_number, "a number >= 0 (0: greedy, the argmax)", may_be_absent=True)

@@ -176,6 +176,11 @@ NO_GPU = "torch sees no CUDA GPU on this machine" if not torch.cuda.is_available
                                             "but run={run1} names another run: give one of them"),
     (["evaluate=true", "evaluation.streams=100000"], "evaluation.streams=100,000 is not below the validation split's "
                                                      "1,999 targets"),
+    # issue 72: sample.py took windows train.py refuses (its bar then read "600M tokens"); a folder as the prompts
+    (["evaluate=true", "evaluation.window=1999"], "evaluation.window=1,999 is not shorter than the validation split "
+                                                  "(1,999 targets): no target has that much context before it"),
+    (["explore=true", "evaluation.window=100000"], "evaluation.window=100,000 is not shorter than the validation"),
+    (["~prompt", "prompt_file={run2}"], "prompt_file={run2} is a directory: give a UTF-8 text file"),
 ])
 def test_sample_py_settings_it_cannot_use_get_one_line_before_any_output(two_runs, tiny_corpus, latin1, overrides,
                                                                         message):
@@ -227,6 +232,53 @@ def test_explore_with_evaluate_and_stats_does_all_three(two_runs, tiny_corpus):
     assert record["explore"] == run1 / "explore.html" and record["explore"].is_file()
     assert record["evaluation"]["stateful_bpc"] > 0 and record["text"]["settings"]
     assert {path.name for path in (root / "samples").iterdir()} == {"evaluation.json", "stats.json"}
+
+
+def test_evaluate_and_explore_refuse_a_corpus_edited_since_the_run_trained_on_it(two_runs, tiny_corpus, tmp_path):
+    """Issue 72: sample.py evaluate=true scored an edited corpus with no word, where a resume refuses it."""
+    root, run1, _ = two_runs
+    edited = tmp_path / "edited.txt"  # the run's corpus, edited since (its text given again as data.path)
+    edited.write_text(tiny_corpus.read_text(encoding="utf-8").replace("a", "e"), encoding="utf-8")
+    for asked in (["evaluate=true"], ["explore=true"]):
+        spec = validate_sample(sample_config(root, edited, f"run={run1}", *asked))
+        with pytest.raises(UserError, match=rf"^the corpus changed since astra_alpha trained on it: {edited} has "
+                                            r"sha256 \w+, but checkpoint .* was trained on sha256 \w+; its figures "
+                                            "would score another text: restore that text$"):
+            (sampling.explore_run if spec.explore else sampling.sample)(spec, run1 / "checkpoints" / "last.ckpt")
+
+
+def test_explore_on_a_run_still_training_is_refused_naming_the_lock(two_runs, tiny_corpus):
+    """Issue 72: explore=true wrote explore.html into a training run's locked folder, from a mid-training checkpoint,
+    naming no step (a page now names its checkpoint's step)."""
+    from gru_experiments.errors import RunFolderTaken
+    from gru_experiments.runs.run_dir import RunDir
+
+    root, _, run2 = two_runs
+    spec = validate_sample(sample_config(root, tiny_corpus, f"run={run2}", "explore=true", "explore_chars=100"))
+    before = fingerprint(run2)
+    with RunDir(run2).hold(), pytest.raises(RunFolderTaken, match=rf"^{run2} is in use: another process is training "
+                                                                  "in it .* so this command cannot write its "
+                                                                  "explore.html from a checkpoint of a run still"):
+        sampling.explore_run(spec, run2 / "checkpoints" / "last.ckpt")
+    assert_untouched(before, fingerprint(run2))
+    page = sampling.explore_run(spec, run2 / "checkpoints" / "last.ckpt")["explore"].read_text(encoding="utf-8")
+    assert "last.ckpt (step 2)" in page
+
+
+def test_model_beside_run_is_named_as_ignored(two_runs, tiny_corpus, monkeypatch, capsys):
+    """Issue 72: sample.py run=R model=lstm sampled R's model with no word of model=."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    root, run1, _ = two_runs
+    cfg = sample_config(root, tiny_corpus, f"run={run1}", "model=lstm")
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(overrides=SimpleNamespace(
+        task=[f"run={run1}", "model=lstm"]))))
+    validate_sample(cfg)
+    assert capsys.readouterr().out.startswith("model=lstm is ignored: run= names the checkpoint, whose own model is "
+                                              "sampled")
 
 
 # --- the benchmarks -------------------------------------------------------------------------------------------------

@@ -38,3 +38,42 @@ def test_one_model_a_run():
     with pytest.raises(UserError, match=r"^model=lstm: experiment=recall_alpha_windows picks its own model"):
         check_choices(["model=lstm", "experiment=recall_alpha_windows"])
     check_choices(["model=lstm", "experiment=null", "seed=2"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.max_steps=4000"], "trainer.max_steps=4000 is beyond this model's recipe, model.epochs x "
+     "model.steps_per_epoch = 10 x 200 = 2,000 steps, where training ends whatever max_steps says; to train longer "
+     "raise model.epochs (model.epochs=20 trains 4,000 steps, the schedule stretched over them), or give "
+     "trainer.max_steps <= 2,000"),
+    (["model.steps_per_epoch=10", "model.epochs=1", "trainer.max_steps=30"], "trainer.max_steps=30 is beyond this "
+     "model's recipe, model.epochs x model.steps_per_epoch = 1 x 10 = 10 steps"),
+])
+def test_max_steps_beyond_the_recipe_is_refused_in_one_line(compose_config, overrides, message):
+    """Issue 72: trainer.max_steps=4000 trained the recipe's 2,000 steps while the estimate said 3,989 (a resume's
+    config goes through the same validate)."""
+    from gru_experiments.runs.checks import validate
+
+    with pytest.raises(UserError) as refused:
+        validate(compose_config(*overrides))
+    assert str(refused.value).startswith(message)
+    validate(compose_config("trainer.max_steps=2000"))  # the recipe's own length, and below: accepted
+
+
+@pytest.mark.parametrize("override, key", [("+model.architecture.forget_bias=nan", "model.architecture.forget_bias"),
+                                           ("model.lr=inf", "model.lr"), ("data.train_fraction=-inf",
+                                                                          "data.train_fraction")])
+def test_nan_and_infinity_are_refused_up_front(compose_config, override, key):
+    """Issue 72: forget_bias=nan trained, then reported "training diverged ... try a lower model.lr"."""
+    from gru_experiments.runs.checks import validate
+
+    with pytest.raises(UserError, match=rf"^invalid {key}=-?(nan|inf): must be a finite number"):
+        validate(compose_config("model=lstm", override))
+
+
+def test_checkpoints_every_null_steps_is_refused(compose_config):
+    """Issue 72: checkpoint.every_n_steps=null was taken as 0 (epoch ends only), undocumented."""
+    from gru_experiments.runs.checks import validate
+
+    with pytest.raises(UserError, match=r"^invalid checkpoint.every_n_steps=None: must be an integer >= 0 \(0: only at "
+                                        r"epoch ends\)$"):
+        validate(compose_config("checkpoint.every_n_steps=null"))

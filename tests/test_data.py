@@ -234,3 +234,18 @@ def test_a_new_shipped_corpus_is_its_file_and_one_yaml(tmp_path, monkeypatch):
         assert data.corpus_name(None, None, sha256) == "mytext"
     finally:
         data.shipped_corpora.cache_clear()
+
+
+@pytest.mark.parametrize("kind, write", [("gzip", lambda data: __import__("gzip").compress(data)),
+                                         ("bzip2", lambda data: __import__("bz2").compress(data))])
+def test_a_compressed_corpus_is_named_so_with_the_command_that_decompresses_it(tmp_path, kind, write):
+    """Issue 72: data.path=x.gz was advised to convert it with iconv."""
+    from gru_experiments.data.corpus import read_corpus_text
+    from gru_experiments.errors import UserError
+
+    path = tmp_path / "x.gz"
+    path.write_bytes(write(b"ROMEO: hello\n" * 50))
+    with pytest.raises(UserError, match=rf"^corpus file is not UTF-8 text: {path} \(it is a {kind}-compressed file, "
+                                        r"not text; decompress it first, e.g. \w+ (-k )?FILE \(a corpus, data.path, "
+                                        r"may be .xz as it is\)\)$"):
+        read_corpus_text(path)

@@ -251,3 +251,21 @@ def test_a_run_on_a_filesystem_too_small_for_two_checkpoints_stops_with_one_line
         assert json.loads((run_dir / "summary.json").read_text())["train_steps"] == 6
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_home_path_is_expanded_and_a_value_beyond_ascii_gets_a_hint():
+    """Issue 72: data.path=~/x.txt (docs/sweeps.md's own example) and prompt=☃ ended in Hydra's
+    LexerNoViableAltException, the latter with no word of quoting."""
+    import os
+
+    from gru_experiments.errors import UserError
+    from gru_experiments.runs.jobs import command_line
+
+    home = os.path.expanduser("~")
+    assert command_line(["train.py", "data.path=~/x.txt", "-m", "data.path=~/a.txt,~/b.txt", "prompt='~/q'"]) == [
+        "train.py", f"data.path={home}/x.txt", "-m", f"data.path={home}/a.txt,{home}/b.txt", "prompt='~/q'"]
+    with pytest.raises(UserError) as refused:
+        command_line(["sample.py", "prompt=☃"])
+    assert str(refused.value) == ("prompt=☃: Hydra's command line takes a value with characters beyond ASCII only "
+                                  "quoted: prompt='☃' (in a shell: \"prompt='☃'\")")
+    assert command_line(["sample.py", "prompt='☃'", "prompt=plain"]) == ["sample.py", "prompt='☃'", "prompt=plain"]

@@ -14,7 +14,7 @@ from wandb_records import offline_runs
 from gru_experiments.errors import NoResultsError
 from gru_experiments.report.common import MISSING
 from gru_experiments.report.report import build_report, format_table, log_to_wandb
-from gru_experiments.report.sweep_folder import planned_models
+from gru_experiments.report.sweep_folder import planned_jobs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROMPTS = ["ROMEO: ", "KING: ", "FIRST CITIZEN: "]
@@ -187,10 +187,13 @@ def test_folder_without_results_is_a_clear_error(tmp_path):
         build_report(empty)
 
 
-def test_planned_models_from_the_sweep_overrides():
-    assert planned_models(["preset=smoke", "model=astra_alpha,scribe_beta"]) == ["astra_alpha", "scribe_beta"]
-    assert planned_models(["model=leviathan"]) == ["leviathan"]
-    assert planned_models(["data.path=x"]) == []
+def test_planned_jobs_from_the_sweep_overrides():
+    """Hydra's product of the swept values, in launch order (the job numbers)."""
+    assert planned_jobs(["preset=smoke", "model=astra_alpha,scribe_beta"]) == [
+        ["preset=smoke", "model=astra_alpha"], ["preset=smoke", "model=scribe_beta"]]
+    assert planned_jobs(["model=leviathan"]) == [["model=leviathan"]]
+    assert planned_jobs(["model=a,b", "seed=1,2"])[1:3] == [["model=a", "seed=2"], ["model=b", "seed=1"]]
+    assert planned_jobs(["model.lr=interval(0.1,0.2)"]) == []
 
 
 def test_wandb_summary_run_carries_table_and_plots(tmp_path, monkeypatch):

@@ -143,14 +143,16 @@ def test_spm_vocabulary_too_large_for_the_corpus(workspace, tiny_corpus, capsys)
     line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm",
                                               "tokenizer.vocab_size=500"))
     assert re.fullmatch(r"error: tokenizer\.vocab_size=500 is too large for this corpus: SentencePiece can make at "
-                        r"most (\d+) pieces from its training split; set tokenizer\.vocab_size=\1 or lower", line)
+                        r"most (\d+) pieces from its training split; set tokenizer\.vocab_size=\1 or lower \(where no "
+                        r"size fits both bounds, the text is too small for SentencePiece: use tokenizer=char\)", line)
     assert_untouched(before, fingerprint(workspace))  # no half-trained model in the cache
 
 
 def test_spm_vocabulary_smaller_than_the_alphabet(workspace, tiny_corpus, capsys):
     line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm",
                                               "tokenizer.vocab_size=10"))
-    assert re.search(r"tokenizer\.vocab_size=10 is too small for this corpus: it has \d+ distinct characters", line)
+    assert re.search(r"tokenizer\.vocab_size=10 is too small for this corpus: SentencePiece needs \d+ pieces, one "
+                     r"for each distinct character", line)
 
 
 def test_validation_split_with_characters_the_training_split_lacks_is_accepted(tmp_path, workspace):

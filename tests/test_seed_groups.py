@@ -179,7 +179,8 @@ def test_seeds_is_the_seed_sweep():
     _, overrides = sweep_script.parse_arguments(["models=[astra_alpha,mingru]", "seeds=3", "preset=smoke"])
     assert overrides == ["preset=smoke", "seed=1,2,3"]
     for argv, match in ((["seeds=0"], "whole number"), (["seeds=abc"], "whole number"),
-                        (["seeds=2", "seed=5,6"], "both choose the seeds")):
+                        (["seeds=2", "seed=5,6"], "both choose the seeds"),
+                        (["seeds=100000"], r"^seeds=100000: at most 100 trainings of each setting")):
         with pytest.raises(UserError, match=match):
             sweep_script.parse_arguments(argv)
 
@@ -255,3 +256,44 @@ def test_wandbs_job_type_leaves_out_how_a_run_ran_as_the_report_does(monkeypatch
     hydra = SimpleNamespace(overrides=SimpleNamespace(task=overrides))
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hydra))
     assert loggers.setting_name() == "model=mingru,model.lr=0.02,trainer.max_steps=500"
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty", "missing"])
+def test_a_seed_whose_summary_is_damaged_is_named_not_completed_and_forms_no_setting(tmp_path, capsys, damage):
+    """Issue 72: one seed's summary.json cut off, empty or missing made that job a setting of its own
+    ("astra_alpha (window None)", n = 1) beside its setting's other seeds."""
+    sweep = tmp_path / "seeds"
+    for j, stateful in enumerate(STATEFUL["astra_alpha"]):
+        seeded_job(sweep, j, "astra_alpha", j + 1, stateful, config={"data": {"seq_len": 32}})
+    OmegaConf.save({"hydra": {"overrides": {"task": ["model=astra_alpha", "seed=1,2,3"]}}}, sweep / "multirun.yaml")
+    summary_file = sweep / "2_astra_alpha" / "summary.json"
+    if damage == "missing":
+        summary_file.unlink()
+    else:
+        summary_file.write_text("" if damage == "empty" else summary_file.read_text()[:40])
+    assert sweep_script.main([f"report={sweep}"]) == 0
+    rows = rows_of(sweep)
+    assert [(row["model"], row["status"], row["n"], row["row"]) for row in rows] == [
+        ("astra_alpha", "completed", "2", "setting"), ("astra_alpha", "completed", "1", "run"),
+        ("astra_alpha", "completed", "1", "run"), ("astra_alpha", "incomplete", "", "setting")]
+    assert "not every job completed: astra_alpha (incomplete, 2_astra_alpha)" in capsys.readouterr().err
+    missing = (sweep / "report.md").read_text().split("## What is missing")[1].split("\n## ")[0]
+    assert "**astra_alpha** (`2_astra_alpha`): its summary" in missing or (
+        "**astra_alpha** has no summary yet (`2_astra_alpha`)" in missing)
+    assert "window" not in missing and "Nothing: every job completed" not in missing
+
+
+def test_a_seed_whose_folder_is_gone_is_named_missing_with_its_folder(seed_sweep, capsys):
+    """Issue 72: with one seed's folder deleted the report said "Nothing: every job completed"."""
+    import shutil
+
+    OmegaConf.save({"hydra": {"overrides": {"task": ["model=astra_alpha,mingru", "seed=1,2,3"]}}},
+                   seed_sweep / "multirun.yaml")
+    shutil.rmtree(seed_sweep / "4_mingru")
+    assert sweep_script.main([f"report={seed_sweep}"]) == 0
+    assert "not every job completed: mingru (missing, 4_mingru)" in capsys.readouterr().err
+    missing = (seed_sweep / "report.md").read_text().split("## What is missing")[1].split("\n## ")[0]
+    assert "**mingru** was planned but never started (`model=mingru seed=2`), or its folder `4_mingru` was removed" \
+        in missing
+    assert [(row["model"], row["status"], row["n"]) for row in rows_of(seed_sweep) if row["row"] == "setting"] == [
+        ("astra_alpha", "completed", "3"), ("mingru", "completed", "2"), ("mingru", "missing", "")]

@@ -127,7 +127,7 @@ def test_a_failing_job_is_marked_and_the_others_complete(tiny_corpus, data_dir, 
     result = run_script("sweep.py", "models=[scribe_alpha,astra_alpha]", *tiny_overrides(tiny_corpus, data_dir),
                         "logger=wandb", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 1
-    assert "not every job completed: scribe_alpha (failed)" in result.stderr
+    assert "not every job completed: scribe_alpha (failed, 0_scribe_alpha)" in result.stderr
 
     failed, done = read_rows(sweep)
     assert (failed["model"], failed["status"], done["model"], done["status"]) == (
@@ -294,13 +294,15 @@ def test_a_sweep_with_a_job_not_completed_exits_1_naming_it(capsys, monkeypatch,
     make_job(tmp_path, 1, "mingru", summary={"status": "failed", "model": "mingru", "error": "RuntimeError: boom"})
     assert sweep_script.main([]) == 1
     err = capsys.readouterr().err
-    assert "sweep.py: not every job completed: mingru (failed); see the report" in err
+    assert "sweep.py: not every job completed: mingru (failed, 1_mingru); see the report" in err
     assert (tmp_path / "report.md").is_file()
 
 
 def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
     with pytest.raises(UserError, match="do not compose: .*trainer.no_such_key"):
         sweep_script.main(["trainer.no_such_key=1", f"hydra.sweep.dir={tmp_path}/s"])
+    with pytest.raises(UserError, match="^invalid model.lr=nan: must be a finite number"):  # issue 72: every job failed
+        sweep_script.main(["model.lr=nan", f"hydra.sweep.dir={tmp_path}/s"])
     assert not (tmp_path / "s").exists()
 
 
@@ -362,3 +364,154 @@ def test_a_multirun_ddp_job_trains_in_a_child_that_keeps_its_folder_number_and_g
     job.runtime.output_dir = str(failing)
     with pytest.raises(RuntimeError, match=f"^the training process of {failing} exited with code 1$"):
         distributed.run_in_own_process(str(child), None)
+
+
+# --- a sweep folder holds one sweep (runs/sweep_dir.py) -----------------------------------------
+def sweep_folder_of(sweep: Path, task: list[str]) -> Path:
+    """A sweep folder as Hydra's multirun leaves it: its multirun.yaml recording the task overrides."""
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "multirun.yaml").write_text(json.dumps({"hydra": {"overrides": {"task": task}}}))
+    return sweep
+
+
+def stub_jobs(monkeypatch) -> list[list[str]]:
+    """subprocess.run stubbed: the commands sweep.py would run, each exiting 0."""
+    commands = []
+    monkeypatch.setattr(sweep_script.subprocess, "run", lambda command, check: commands.append(command) or
+                        SimpleNamespace(returncode=0))
+    return commands
+
+
+def test_another_sweep_into_a_sweeps_folder_is_refused_before_anything_is_written(monkeypatch, tmp_path):
+    sweep = sweep_folder_of(tmp_path / "SW", ["model=astra_alpha,mlp", "trainer.max_steps=10"])
+    make_job(sweep, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1))
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    commands = stub_jobs(monkeypatch)
+    with pytest.raises(UserError, match=r"^\S+/SW holds another sweep \(it ran with trainer.max_steps=10; this "
+                                        r"command asks for trainer.max_steps=12\), and a sweep folder holds one sweep"):
+        sweep_script.main(["models=[astra_alpha,mlp]", "trainer.max_steps=12", f"hydra.sweep.dir={sweep}"])
+    with pytest.raises(UserError, match=r"\(it ran with model=astra_alpha,mlp; this command asks for model=astra_alpha "
+                                        r"seed=1,2\)"):
+        sweep_script.main(["models=astra_alpha", "trainer.max_steps=10", "seeds=2", f"hydra.sweep.dir={sweep}"])
+    assert commands == [] and {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+
+
+def test_the_same_sweep_again_resumes_its_cut_jobs_then_runs_the_multirun(monkeypatch, tmp_path):
+    """The same overrides in another order are the same sweep: its cut job (a last checkpoint, no summary) is
+    resumed as a single run, then the multirun runs every job (a completed one skips itself: completed_job)."""
+    sweep = sweep_folder_of(tmp_path / "SW", ["model=astra_alpha,mlp", "trainer.max_steps=10"])
+    make_job(sweep, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1))
+    cut = make_job(sweep, 1, "mlp")
+    (cut / "checkpoints").mkdir()
+    (cut / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    commands = stub_jobs(monkeypatch)
+    settings, overrides = sweep_script.parse_arguments(["trainer.max_steps=10", "models=[astra_alpha,mlp]",
+                                                        f"hydra.sweep.dir={sweep}"])
+    assert sweep_script.run_sweep(settings, overrides) == (sweep, 0)
+    assert [command[2:] for command in commands] == [
+        [f"resume={cut}"], ["-m", "model=astra_alpha,mlp", "trainer.max_steps=10", f'hydra.sweep.dir="{sweep}"']]
+
+
+def test_two_sweeps_at_once_into_one_folder_the_second_is_refused_naming_the_lock(monkeypatch, tmp_path):
+    from gru_experiments.errors import RunFolderTaken
+    from gru_experiments.runs.sweep_dir import SweepDir
+
+    commands = stub_jobs(monkeypatch)
+    with SweepDir(tmp_path / "SW").claim(["model=astra_alpha"]):  # the first sweep, running
+        with pytest.raises(RunFolderTaken, match=r"SW is in use: another sweep is running in it \(it holds the "
+                                                 r"folder's lock\), so this sweep cannot start there"):
+            sweep_script.main(["models=astra_alpha", f"hydra.sweep.dir={tmp_path / 'SW'}"])
+    assert commands == [] and list((tmp_path / "SW").iterdir()) == []
+
+
+def test_a_sweep_folder_in_a_run_folder_or_a_file_is_refused(monkeypatch, tmp_path):
+    commands = stub_jobs(monkeypatch)
+    run = make_job(tmp_path, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1))
+    (tmp_path / "notes.txt").write_text("mine")
+    for sweep, answer in ((run / "checkpoints" / "s", rf"is inside the folder of a run \({run}\)"),
+                          (run, rf"is the folder of a run \({run}\)"),
+                          (tmp_path / "notes.txt", r"is a file; the sweep folder is a folder"),
+                          (tmp_path / "notes.txt" / "s", r"is a file")):
+        with pytest.raises(UserError, match=f"^hydra.sweep.dir={sweep}(: \\S+)? {answer}"):
+            sweep_script.main(["models=astra_alpha", f"hydra.sweep.dir={sweep}"])
+    assert commands == [] and not (run / "checkpoints").exists()
+
+
+def test_a_new_run_inside_a_runs_checkpoints_folder_is_refused(tmp_path):
+    from gru_experiments.errors import RunFolderTaken
+    from gru_experiments.runs.run_dir import RunDir
+
+    run = make_job(tmp_path / "SW", 0, "astra_alpha")
+    with pytest.raises(RunFolderTaken, match=rf"^{run}/checkpoints/mine is inside the folder of a run \({run}\)"):
+        RunDir(run / "checkpoints" / "mine").refuse_new_run()
+    RunDir(tmp_path / "SW" / "1_mlp").refuse_new_run()  # a sweep's folder is no run's: its jobs go in it
+
+
+def test_a_continued_sweeps_completed_job_skips_itself(monkeypatch, tmp_path):
+    """In a multirun job, a folder holding this very job (its recorded overrides) completed: its summary, and the
+    job trains nothing; the same folder under other overrides, or failed: None (the folder refuses a new run)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from gru_experiments.runs import jobs, sweep_dir
+
+    job_dir = make_job(tmp_path, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1))
+    OmegaConf.save(["model=astra_alpha", "seed=1"], job_dir / ".hydra" / "overrides.yaml")
+    cfg = OmegaConf.create({"paths": {"output_dir": str(job_dir)}})
+    monkeypatch.setattr(jobs, "multirun_job", lambda: True)
+    for task, skipped in ((["seed=1", "model=astra_alpha"], True), (["model=astra_alpha", "seed=2"], False)):
+        monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda task=task: SimpleNamespace(
+            overrides=SimpleNamespace(task=task))))
+        assert (sweep_dir.completed_job(cfg) is not None) is skipped
+
+
+@pytest.mark.slow
+def test_the_same_sweep_again_completes_what_is_missing_and_changes_no_completed_job(tiny_corpus, data_dir, tmp_path):
+    """Issue 72's bar: a different sweep leaves the folder byte-identical; the same one again resumes a cut job
+    and leaves a completed one byte for byte (a missing job: test_the_same_sweep_again_resumes_its_cut_jobs_...)."""
+    sweep = tmp_path / "SW"
+    args = ["models=[astra_alpha,mlp]", "logger=none", "evaluation.text.samples=0",
+            *tiny_overrides(tiny_corpus, data_dir), f"hydra.sweep.dir={sweep}"]
+    assert run_script("sweep.py", *args).returncode == 0
+
+    def files():
+        return {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+
+    before = files()
+    other = run_script("sweep.py", *args, "trainer.max_steps=12")
+    assert other.returncode == 2 and "holds another sweep" in other.stderr and files() == before
+    (sweep / "0_astra_alpha" / "summary.json").unlink()  # cut after its last checkpoint
+    kept = {p: data for p, data in before.items() if p.is_relative_to(sweep / "1_mlp")}
+    again = run_script("sweep.py", *args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming the cut job 0_astra_alpha" in again.stdout and "this job completed before" in again.stdout
+    assert {p: data for p, data in files().items() if p.is_relative_to(sweep / "1_mlp")} == kept
+    assert [row["status"] for row in read_rows(sweep)] == ["completed", "completed"]
+
+
+def test_every_command_in_the_docs_parses_as_written():
+    """Issue 72: docs/sweeps.md's own data.path=~/my_text.txt ended in Hydra's lexer error. Each `python sweep.py`,
+    `train.py` or `sample.py` line of the docs' code blocks (no placeholder in it): sweep.py's arguments, and each
+    override through Hydra's parser, as the scripts read them (runs/jobs.command_line first)."""
+    import re
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from gru_experiments.runs.jobs import command_line
+
+    commands = []
+    for doc in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
+            commands += [line for line in block.splitlines()
+                         if re.match(r"\s*([A-Z_]+=\S+ )*python (sweep|train|sample)\.py", line)
+                         and not re.search(r"<|\.\.\.|\\$|\|", line)]
+    assert any("data.path=~/my_text.txt" in command for command in commands) and len(commands) > 20
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        script = next(arg for arg in argv if arg.endswith(".py"))
+        argv = [arg for arg in command_line([script, *argv[argv.index(script) + 1:]])[1:]
+                if not arg.startswith("-")]
+        if script == "sweep.py":
+            argv = sweep_script.parse_arguments(argv)[1]
+        OverridesParser.create().parse_overrides(argv)

@@ -1,6 +1,7 @@
 import io
 import multiprocessing
 import random
+import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -270,3 +271,17 @@ def test_tinyshakespeare_split(tmp_path, shakespeare):
     # Pieces spanning a line end (":\n") are the point of the newline stand-in.
     assert tok.decode(tok.encode("ROMEO:\n")).endswith(":\n")
     assert any(tok.decode([i]) == ":\n" for i in range(tok.vocab_size))
+
+
+def test_the_vocabulary_size_an_spm_error_advises_works(tmp_path):
+    """Issue 72: "set tokenizer.vocab_size above 5001" on a 5,000-symbol text, where 5,001 is the one size that works
+    (SentencePiece's required_chars counts its own pieces too); any other of its errors is one line."""
+    symbols = [chr(0x4E00 + i) for i in range(298)]
+    text = "".join(symbols) + "\n" + "".join(random.Random(1).choice(symbols) for _ in range(300)) + " x"
+    with pytest.raises(tokenizers.UserError) as refused:
+        SentencePieceTokenizer.train(text, 200, tmp_path)
+    advised = int(re.search(r"set tokenizer.vocab_size=(\d+) or more", str(refused.value))[1])
+    assert SentencePieceTokenizer.train(text, advised, tmp_path).vocab_size == advised
+    with pytest.raises(tokenizers.UserError, match=r"^SentencePiece could not train on this corpus \(tokenizer."
+                                                   r"vocab_size and the text\): it broke; try another"):
+        raise tokenizers._vocab_size_error(RuntimeError("Internal: src/trainer.cc\nit broke"))

@@ -145,7 +145,7 @@ class SentencePieceTokenizer:
             spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=buffer,
                                            max_sentence_length=max(4192, longest + 1), **options)
         except RuntimeError as err:
-            raise _vocab_size_error(err) or err
+            raise _vocab_size_error(err) from None
         return buffer.getvalue()
 
     @property
@@ -169,17 +169,23 @@ class SentencePieceTokenizer:
                 "newline_standin": self.newline_standin, "space_standin": self.space_standin}
 
 
-def _vocab_size_error(err: RuntimeError) -> UserError | None:
-    """SentencePiece's complaints about vocab_size, as messages that say which setting to change."""
+def _vocab_size_error(err: RuntimeError) -> UserError:
+    """SentencePiece's complaints about vocab_size, as messages that say which setting to change; any other of its
+    errors said in its own words, with what to try."""
     message = str(err)
+    neither = "where no size fits both bounds, the text is too small for SentencePiece: use tokenizer=char"
     if match := re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message):
         return UserError(f"tokenizer.vocab_size={match[1]} is too large for this corpus: SentencePiece can make at "
                          f"most {match[2]} pieces from its training split; "
-                         f"set tokenizer.vocab_size={match[2]} or lower")
+                         f"set tokenizer.vocab_size={match[2]} or lower ({neither})")
     if match := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message):
-        return UserError(f"tokenizer.vocab_size={match[1]} is too small for this corpus: it has {match[2]} distinct "
-                         f"characters, each needing a piece; set tokenizer.vocab_size above {match[2]}")
-    return None
+        # required_chars counts SentencePiece's own pieces (<unk>, ...) with the characters: that many works
+        return UserError(f"tokenizer.vocab_size={match[1]} is too small for this corpus: SentencePiece needs "
+                         f"{match[2]} pieces, one for each distinct character of its training split and its own; "
+                         f"set tokenizer.vocab_size={match[2]} or more ({neither})")
+    last = message.strip().splitlines()[-1] if message.strip() else type(err).__name__
+    return UserError(f"SentencePiece could not train on this corpus (tokenizer.vocab_size and the text): {last}; "
+                     "try another tokenizer.vocab_size, or tokenizer=char")
 
 
 def describe_characters(chars: Iterable[str]) -> str:

@@ -71,18 +71,23 @@ def columns() -> list[str]:
 # --- writing ----------------------------------------------------------------------------
 def _cell(job: JobResult, key: str, fmt) -> str:
     if fmt is str:  # a column of words
-        words = {"status": job.status, "model": job.model, "optim": job.recipe, "n": job.n}
+        words = {"status": job.status, "model": job.model, "optim": job.recipe, "n": trainings(job)}
         value = words.get(key, job.values.get(key))
         return escape(str(value)) if value else MISSING
     sd = spread(job, key) if key in SPREAD_KEYS else None
     return cell(job.number(key), lambda value: fmt(value) + ("" if sd is None else f" ± {fmt(sd)}"))
 
 
+def trainings(job: JobResult) -> int | None:
+    """Column n: the completed trainings a row stands for; none for a job not completed (it is no setting)."""
+    return job.n if job.status == "completed" else None
+
+
 def results_rows(settings: list[JobResult], keys: list[str]) -> list[list]:
     """results.csv's rows, its `keys` columns (the W&B summary's table reads them too): a row per setting (its
     means over its trainings, "row" setting), then, for a setting of several trainings, a row per run ("run")."""
     read = {"job": lambda job: job.job, "status": lambda job: job.status, "run_dir": lambda job: job.run_dir or "",
-            "model": lambda job: job.name, "n": lambda job: job.n, "seed": lambda job: job.values.get("seed"),
+            "model": lambda job: job.name, "n": trainings, "seed": lambda job: job.values.get("seed"),
             **{f"{key}_sd": (lambda job, key=key: spread(job, key)) for key in SPREAD_KEYS},
             **{f"best_{key}": (lambda job, key=key: job.best(key)) for key in ["step", *BEST_KEYS]}, **derived()}
     rows = [(kind, job) for setting in settings
@@ -113,7 +118,9 @@ def _missing_lines(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]:
             lines.append(f"- **{job.model}** has no summary yet (`{job.job}`): still running, or stopped "
                          f"before it finished (killed, out of memory)")
         elif job.status == "missing":
-            lines.append(f"- **{job.model}** was planned but never started")
+            lines.append(f"- **{job.model}** was planned but never started"
+                         + (f" (`{' '.join(job.overrides)}`), or its folder `{job.job}` was removed" if job.job else
+                            f" (`{' '.join(job.overrides)}`)" if job.overrides else ""))
     completed = [job for job in jobs if job.status == "completed"]
     absent: dict[tuple, list[str]] = {}  # the models without a metric -> the metrics they lack
     for key in ["val_bpc", *(f"{mode}_bpc" for mode in FIGURES)]:

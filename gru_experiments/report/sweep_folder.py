@@ -14,6 +14,7 @@ from gru_experiments.report.common import finite, group_by
 from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.runs.sweep_dir import MULTIRUN, recorded_overrides
 
 
 @dataclass
@@ -107,14 +108,39 @@ def _select(cfg, key: str):
     return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
 
 
-def planned_models(overrides: list[str]) -> list[str]:
-    """The models a sweep was started with, from its `model=a,b,c` override."""
+def planned_jobs(overrides: list[str]) -> list[list[str]]:
+    """Each job a sweep's task overrides plan, in launch order (its number), as its overrides: Hydra's basic sweeper's
+    product of the swept values (model=a,b seed=1,2: four jobs); [] where they do not parse as such a sweep."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
-    for override in OverridesParser.create().parse_overrides([o for o in overrides if o.startswith("model=")]):
-        return (list(override.sweep_string_iterator()) if override.is_sweep_override()
-                else [override.get_value_element_as_str()])
-    return []
+    try:
+        return [job for batch in BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides),
+                                                              None) for job in batch]
+    except HydraException:
+        return []
+
+
+def missing_jobs(jobs: list[JobResult], overrides: list[str]) -> list[JobResult]:
+    """A "missing" job for each that the sweep planned and whose folder is not there (never started, or removed):
+    neither a job of its number (Hydra's hydra.job.num) nor of its overrides; its folder named where the sweep is over
+    model= (<num>_<model>, Hydra's subdir)."""
+    numbers = {_job_order(job.run_dir)[0] for job in jobs if job.run_dir is not None}
+    recorded = {tuple(sorted(job.overrides)) for job in jobs}
+    plan = planned_jobs(overrides) if overrides else []
+    swept = {o for job in plan for o in job if sum(o in other for other in plan) < len(plan)}  # a value of a sweep
+    missing = []
+    for number, planned in enumerate(plan):
+        if number in numbers or tuple(sorted(planned)) in recorded:
+            continue
+        chosen = dict(o.split("=", 1) for o in planned)
+        name = chosen.get("model") or chosen.get("experiment") or ""
+        seed = int(chosen["seed"]) if chosen.get("seed", "").isdigit() else None
+        missing.append(JobResult(job=f"{number}_{name}" if "model" in chosen else "", status="missing",
+                                 values={"model": name, "seed": seed},
+                                 overrides=[o for o in planned if o in swept]))
+    return missing
 
 
 def read_summary(summary) -> dict:
@@ -154,14 +180,7 @@ def read_job(job_dir: Path, sweep_dir: Path | None = None) -> JobResult:
     return JobResult(job=job_dir.name, status=status, values=values, run_dir=job_dir,
                      history=read_history(run.history_file), samples=run.samples(), logger=logger,
                      unreadable=unreadable, config=OmegaConf.to_container(cfg, resolve=False),
-                     overrides=_overrides(job_dir))
-
-
-def _overrides(job_dir: Path) -> list[str]:
-    """The job's command-line overrides as Hydra recorded them ([] where it did not)."""
-    path = job_dir / ".hydra" / "overrides.yaml"
-    found = OmegaConf.load(path) if path.is_file() else None
-    return [str(o) for o in found] if OmegaConf.is_list(found) else []
+                     overrides=recorded_overrides(job_dir / ".hydra" / "overrides.yaml"))
 
 
 def _job_order(job_dir: Path) -> tuple:
@@ -175,7 +194,7 @@ def check_sweep_folder(folder: Path) -> None:
     (sweeps run side by side, reported together), so that a report is never written into another folder (a single
     run's, or outputs/runs/<model>/ of many single runs). `collect` says what a path that is not a folder is."""
     folder = Path(folder)
-    if not folder.is_dir() or (folder / "multirun.yaml").is_file() or any(folder.glob("*/multirun.yaml")):
+    if not folder.is_dir() or (folder / MULTIRUN).is_file() or any(folder.glob(f"*/{MULTIRUN}")):
         return
     single = (folder / ".hydra").is_dir() or (folder / "checkpoints").is_dir()
     raise UserError(f"{folder} is {'the folder of a single run' if single else 'not a sweep folder'}: it has no "
@@ -184,7 +203,7 @@ def check_sweep_folder(folder: Path) -> None:
 
 
 def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
-    """The sweep's jobs in launch order, a "missing" one per planned model never started; its overrides."""
+    """The sweep's jobs in launch order, a "missing" one per planned job whose folder is not there; its overrides."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise NoResultsError(f"{sweep_dir} is not a folder: give the sweep folder (hydra.sweep.dir) of a study")
@@ -193,11 +212,8 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
                       key=_job_order)
     jobs = [read_job(job_dir, sweep_dir) for job_dir in job_dirs]
     name_variants(jobs)
-    multirun = sweep_dir / "multirun.yaml"  # Hydra's: the command-line overrides the sweep ran with
-    overrides = list(_select(OmegaConf.load(multirun), "hydra.overrides.task") or []) if multirun.is_file() else []
-    started = {job.name for job in jobs}
-    jobs += [JobResult(job="", status="missing", values={"model": name})
-             for name in planned_models(overrides) if name not in started]
+    overrides = recorded_overrides(sweep_dir / MULTIRUN)  # Hydra's: the command-line overrides the sweep ran with
+    jobs += missing_jobs(jobs, overrides)
     if not any(job.status in ("completed", "failed") for job in jobs):
         found = f"{len(job_dirs)} job folders, none with a summary.json" if job_dirs else "no job folders"
         raise NoResultsError(f"no results in {sweep_dir}: {found}. Give the folder of a sweep "
@@ -209,9 +225,12 @@ def name_variants(jobs: list[JobResult]) -> None:
     """Each job's variant: the corpus, training window, lr, recipe, probe and seed that vary among its model's runs
     in one training mode (a setting of several trainings has no seed of its own: its runs' seeds do not name it)."""
     for group in group_by(jobs, lambda job: (job.name, job.training_mode)).values():
+        # what varies among its completed runs: a job not completed lacks what only a summary says (its window, ...)
+        # and would otherwise name a setting of its own ("astra_alpha (window None)")
+        done = [job for job in group if job.status == "completed"] or group
         varies = [key for key in ("corpus", "seq_len", "lr", "optim", "probe", "seed")
-                  if key != "seed" or all(job.n == 1 for job in group)
-                  if len({str(job.values.get(key)) for job in group}) > 1]
+                  if key != "seed" or all(job.n == 1 for job in done)
+                  if len({str(job.values.get(key)) for job in done}) > 1]
         for job in group:
             job.variant = ", ".join(_variant(job, key) for key in varies)
 

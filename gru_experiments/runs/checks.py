@@ -19,6 +19,7 @@ from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.validation import (
     MISSING,
     Rule,
+    check_finite,
     check_rules,
     int_at_least,
     is_int,
@@ -40,7 +41,8 @@ TRAIN_RULES = [
          optional=True),
     Rule("cuda_graphs", lambda v: isinstance(v, bool), "true or false (true: on CUDA, the training step replayed "
          "from a CUDA graph)", may_be_absent=True),
-    Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", optional=True),
+    # null refused: it read as 0, where one could take it for "never" or "the default"
+    Rule("checkpoint.every_n_steps", int_at_least(0), "an integer >= 0 (0: only at epoch ends)", may_be_absent=True),
     Rule("training.batching", lambda v: v in BATCHINGS, " or ".join(BATCHINGS) + " (data.BATCHINGS)",
          may_be_absent=True),
     Rule("training.recall_weight", lambda v: is_number(v) and v >= 1,
@@ -213,6 +215,7 @@ def validate(cfg) -> RunSpec:
     check_added_keys()
     if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
         check_choices(HydraConfig.get().overrides.task)
+    check_finite(OmegaConf.to_container(cfg, resolve=False))
     check_rules(cfg, TRAIN_RULES)
     check_settings(cfg)  # early_stopping: its keys, Lightning's included (runs/stopping.py)
     if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
@@ -274,6 +277,7 @@ def check_model(cfg) -> Recipe | None:
                         f"tokens (model.architecture.{setting}); set data.seq_len <= {context} or a larger {setting}")
     if model.trainable:
         check_rules(cfg, RECIPE_RULES)
+        check_max_steps(cfg)
         return Recipe.from_config(cfg.optim)  # the optimiser recipe's own checks (runs/recipe.py)
     # epochs and steps_per_epoch mean nothing to it (preset=smoke sets them for every model);
     # a learning rate would suggest an optimizer that does not exist.
@@ -281,6 +285,20 @@ def check_model(cfg) -> Recipe | None:
         raise UserError(f"model.lr is not a setting of {type(model).__name__} ({model.family}): its weights are "
                         "counted from the training split, with no optimizer, epochs or steps")
     return None
+
+
+def check_max_steps(cfg) -> None:
+    """trainer.max_steps cuts a trained model's recipe short, never lengthens it: the trainer stops at the recipe's
+    last epoch whatever max_steps says (4000 of a 2,000-step recipe trained 2,000), so one beyond it is refused."""
+    epochs, per_epoch = recipe_length(cfg)
+    max_steps = select(cfg, "trainer.max_steps")
+    if is_int(max_steps) and max_steps > epochs * per_epoch:
+        raise UserError(f"trainer.max_steps={max_steps} is beyond this model's recipe, model.epochs x "
+                        f"model.steps_per_epoch = {epochs} x {per_epoch:,} = {epochs * per_epoch:,} steps, where "
+                        "training ends whatever max_steps says; to train longer raise model.epochs "
+                        f"(model.epochs={-(-max_steps // per_epoch)} trains {-(-max_steps // per_epoch) * per_epoch:,} "
+                        f"steps, the schedule stretched over them), or give trainer.max_steps <= "
+                        f"{epochs * per_epoch:,}")
 
 
 def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> None:
@@ -294,11 +312,8 @@ def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> Non
                         f"batch, more than the training split's {train_tokens:,}: set data.batch_size to at most "
                         f"{max(train_tokens // seq_len, 1):,}")
     spec.evaluation.check_streams(val_tokens - 1)
-    window = spec.evaluation_window
-    if window is not None and window >= val_tokens - 1:
-        raise UserError(f"evaluation.window={window:,} is not shorter than the validation split ({val_tokens - 1:,} "
-                        "targets): no target has that much context before it, so the windowed figures would measure "
-                        f"nothing; set evaluation.window below {val_tokens - 1:,}, or null (the training data.seq_len)")
+    if spec.evaluation_window is not None:  # a window given (null: the training window, checked above)
+        spec.evaluation.check_window(val_tokens - 1)
 
 
 def model_family(architecture) -> str | None:

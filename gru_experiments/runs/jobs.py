@@ -7,6 +7,7 @@ itself, since a failure is recorded whether or not that config passed validation
 """
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -126,6 +127,31 @@ def disk_full_message(error: OSError, cfg) -> str:
     return (f"no space left on device: {what}; the last good checkpoint is {path}"
             f"{'' if step is None else f' (step {step})'}; free some space, then resume with: "
             f"python train.py resume={run_dir}")
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """A script's arguments as Hydra's override parser takes them: a value's leading `~/` (each of a sweep's, a,b)
+    the home folder, as a shell expands it only where the key is a shell name (data.path is none); UserError, in one
+    line saying how to quote it, for an override the parser refuses over a character beyond ASCII (prompt=☃: its
+    lexer's error and no hint)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    home = os.path.expanduser("~")
+    parser, arguments = OverridesParser.create(), list(argv[:1])
+    for arg in argv[1:]:
+        key, equals, value = arg.partition("=")
+        if equals and not arg.startswith("-") and not value.startswith(("'", '"')):
+            value = re.sub(r"(^|,)~(?=/)", lambda m: m[1] + home, value)
+            arg = f"{key}={value}"
+            try:
+                parser.parse_overrides([arg])
+            except OverrideParseException:
+                if not value.isascii():
+                    raise UserError(f"{arg}: Hydra's command line takes a value with characters beyond ASCII only "
+                                    f"quoted: {key}='{value}' (in a shell: \"{key}='{value}'\")") from None
+        arguments.append(arg)
+    return arguments
 
 
 def one_line(message) -> str:

@@ -128,6 +128,10 @@ class RunDir:
     def refuse_new_run(self) -> None:
         """A new run trains in a folder of its own: RunFolderTaken, in one line naming resume=, where this one holds
         a run already (nothing in it is changed)."""
+        if (outer := enclosing_run(self.path)) is not None:
+            raise RunFolderTaken(f"{self.path} is inside the folder of a run ({outer.path}), which holds that run "
+                                 "alone; a new run goes in a folder of its own (leave hydra.run.dir out, or name a "
+                                 "folder outside every run's)")
         if not self.holds_run():
             return
         if self.finished:
@@ -173,6 +177,15 @@ class RunDir:
         if checkpoint.parent.name == CHECKPOINTS and (run.summary_file.is_file() or (run.path / HYDRA).is_dir()):
             return run
         return None
+
+
+def enclosing_run(path) -> RunDir | None:
+    """The run whose folder holds `path` (at any depth: its checkpoints/, or a folder a user made in it), or None. A
+    run folder is known by its config record or its last checkpoint (a sweep's folder has neither)."""
+    for parent in Path(path).resolve().parents:
+        if (parent / HYDRA).is_dir() or (parent / LAST_CHECKPOINT).is_file():
+            return RunDir(parent)
+    return None
 
 
 def model_runs(log_dir, model_name: str) -> list[RunDir]:

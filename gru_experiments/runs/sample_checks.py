@@ -82,6 +82,10 @@ def validate_sample(cfg) -> SampleSpec:
     if HydraConfig.initialized():  # the command line: what it names, the rest the run's own
         given = [str(o).lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task]
         data_named = any(key.startswith("data.") for key in given)
+        if "model" in given and (cfg.get("run") or cfg.get("ckpt")):  # it picks a model's newest run, nothing else
+            which = "run=" if cfg.get("run") else "ckpt="
+            print(f"model={cfg.model.name} is ignored: {which} names the checkpoint, whose own model is sampled "
+                  "(model= picks the newest run of that model where neither run= nor ckpt= is given)")
         changes = {key.removeprefix("evaluation."): OmegaConf.select(cfg, key) for key in given
                    if key.startswith("evaluation.")}
     else:  # composed in Python (a test): every data key as given, every evaluation key that differs from the default

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -69,6 +70,8 @@ def read_prompts(prompt=None, prompt_file: str | None = None) -> list[str]:
 def read_text_file(name, key: str) -> str:
     """The UTF-8 text of the file `key` names (prompt_file, explore_file); else one line saying what is wrong."""
     path = Path(str(name)).expanduser()
+    if path.is_dir():
+        raise UserError(f"{key}={name} is a directory: give a UTF-8 text file")
     if not path.is_file():
         raise UserError(f"{key} not found: {name}")
     try:
@@ -168,7 +171,9 @@ def splits_needed(spec: SampleSpec, trained: TrainedRun, always: bool = False) -
     not fit it refused) before any sampling."""
     if not (always or spec.evaluate or spec.stats):
         return None
-    splits = trained.splits()
+    splits = trained.splits()  # the corpus's sha256 checked against the checkpoint's, as a resume does
+    if spec.evaluate or always:  # the windowed mode's window, as train.py checks it (checks.check_sizes)
+        trained.evaluation_settings().check_window(splits.val_ids.numel() - 1)
     if spec.evaluate:
         trained.evaluation_settings().check_streams(splits.val_ids.numel() - 1)
     if spec.stats:
@@ -224,11 +229,15 @@ def measure_checkpoint_text(spec: SampleSpec, trained: TrainedRun, splits: Split
 
 # --- explore=true: the run's page -----------------------------------------------------------------------
 def explore_run(spec: SampleSpec, checkpoint: Path) -> dict:
-    """The run's page; with evaluate=true and stats=true, their figures too (as sample.py's own, without samples)."""
-    trained = load_run(spec, checkpoint, reads_corpus=True)
-    splits = splits_needed(spec, trained, always=True)
-    page = write_explore_page(spec, trained, splits)
-    return {"explore": page, **scored(spec, trained, splits)}
+    """The run's page; with evaluate=true and stats=true, their figures too (as sample.py's own, without samples).
+    The run's folder is held meanwhile: a run still training holds it, and its page is not written (RunFolderTaken,
+    in one line)."""
+    folder = RunDir(spec.run) if spec.run is not None else RunDir.of_checkpoint(checkpoint)
+    with folder.hold("write its explore.html from a checkpoint of a run still training") if folder else nullcontext():
+        trained = load_run(spec, checkpoint, reads_corpus=True)
+        splits = splits_needed(spec, trained, always=True)
+        page = write_explore_page(spec, trained, splits)
+        return {"explore": page, **scored(spec, trained, splits)}
 
 
 def explore_text(spec: SampleSpec, val_text: str) -> str:
@@ -271,8 +280,9 @@ def write_explore_page(spec: SampleSpec, trained: TrainedRun, splits: Splits) ->
     ids = probe.planting.ids if probe else ids
     data = explore(model, tokenizer, ids.to(model.device), seq_len=trained.seq_len,
                    window=trained.evaluation_settings().window, probe=probe)
+    step = "" if trained.step is None else f" (step {trained.step:,})"  # a run may have trained on since
     data["title"] = {"model": (run.model_name() if run is not None else None) or Path(checkpoint).stem,
-                     "checkpoint": display_path(checkpoint),
+                     "checkpoint": display_path(checkpoint) + step,
                      "text": "explore_text" if spec.explore_text is not None else
                      (spec.explore_file or f"validation split, characters {spec.explore_start:,} to "
                       f"{spec.explore_start + len(text):,}"), "planted": probe is not None}

@@ -219,6 +219,8 @@ def load_checkpoint(path, map_location="cpu") -> LanguageModelTask:
         raise UserError(f"{path} is not a usable gru-experiments checkpoint: {err}") from None
     except (TypeError, KeyError, ValueError, RuntimeError) as err:
         raise UserError(f"{path} is not a usable gru-experiments checkpoint: {str(err).splitlines()[0]}") from None
+    task.corpus_sha256 = checkpoint.get("corpus_sha256")  # what the weights trained on (trained_run.splits checks it)
+    task.trained_steps = checkpoint.get("global_step")
     if tokenizer.vocab_size != task.model.vocab_size:
         raise UserError(f"{path} is inconsistent: its tokenizer has {tokenizer.vocab_size} symbols but its model "
                         f"{task.model.vocab_size}")

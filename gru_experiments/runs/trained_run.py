@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from omegaconf import OmegaConf
 
-from gru_experiments.data.corpus import corpus_path, read_corpus, split_text
+from gru_experiments.data.corpus import corpus_path, read_corpus_text, split_text
 from gru_experiments.errors import UserError
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.task import load_checkpoint
@@ -52,6 +52,8 @@ class TrainedRun:
     seed: int = 0
     data_dir: Path | None = None  # where the text statistics' training index is cached (paths.data_dir)
     probe: dict | None = None  # the run's probe group (probe=recall: explore=true plants its pairs); None: none
+    corpus_sha256: str | None = None  # the text its checkpoint trained on (None: unrecorded, or weights in memory)
+    step: int | None = None  # the training step of its checkpoint (None: unrecorded)
 
     @property
     def device(self):
@@ -97,7 +99,12 @@ class TrainedRun:
         if data is None:
             raise UserError(f"the corpus {self.name} trained on is unknown: its run folder records no config")
         source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
-        train_text, val_text = split_text(read_corpus(source), data["train_fraction"])
+        corpus = read_corpus_text(source)
+        if self.corpus_sha256 is not None and corpus.sha256 != self.corpus_sha256:  # as a resume refuses it
+            raise UserError(f"the corpus changed since {self.name} trained on it: {source} has sha256 {corpus.sha256}, "
+                            f"but checkpoint {self.checkpoint} was trained on sha256 {self.corpus_sha256}; its figures "
+                            "would score another text: restore that text")
+        train_text, val_text = split_text(corpus.text, data["train_fraction"])
         try:
             train_ids, val_ids = (torch.tensor(self.tokenizer.encode(t), dtype=torch.long, device=self.device)
                                   for t in (train_text, val_text))
@@ -131,7 +138,8 @@ def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: 
     data_dir = recorded.get("paths.data_dir")
     return TrainedRun(model, task.tokenizer, name, Path(checkpoint), folder, recorded.get("data"),
                       recorded.get("evaluation"), seed if seed is not None else int(recorded.get("seed") or 0),
-                      Path(data_dir) if data_dir else None, recorded.get("probe"))
+                      Path(data_dir) if data_dir else None, recorded.get("probe"), task.corpus_sha256,
+                      task.trained_steps)
 
 
 def evaluate(run: TrainedRun, settings: EvaluationSettings, val: Split, *, skip: tuple[str, ...] = (), plan=None,

@@ -89,6 +89,15 @@ class EvaluationSettings:
                    _from(TextSettings, e["text"], "evaluation.text.", window=window),
                    _from(SampleConfig, e["samples"], "evaluation.samples."))
 
+    def check_window(self, targets: int) -> None:
+        """The windowed mode's window must be shorter than the validation split (`targets`): no target would have
+        that much context before it (train.py's and sample.py's check)."""
+        if self.window >= targets:
+            raise UserError(f"evaluation.window={self.window:,} is not shorter than the validation split ({targets:,} "
+                            "targets): no target has that much context before it, so the windowed figures would "
+                            f"measure nothing; set evaluation.window below {targets:,}, or null (the training "
+                            "data.seq_len)")
+
     def check_streams(self, targets: int) -> None:
         """At as many streams as the validation split has targets, each stream is one target scored from a zero
         state (scores.stream_layout): "stateful" would be the stateless figure under another name; refused."""
