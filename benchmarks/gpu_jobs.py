@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
+from gru_experiments.runs.run_contents import check_run_files
 from gru_experiments.runs.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -265,9 +266,23 @@ def print_table(done: list[Job], running: list[Job], queue: list[Job]) -> None:
         print(f"| {job.name} | not run | | | | |")
 
 
+def folders_problem(root: Path) -> str | None:
+    """Why the job folders a rerun would resume under `root` cannot be, checked before any job starts: a folder that
+    names a callable the project does not build from a run folder (runs/run_contents.py)."""
+    try:
+        for record in sorted(root.glob("*/*/.hydra")):
+            check_run_files(record.parent)
+    except UserError as error:
+        return str(error)
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_arguments(argv)
     if args is None:
+        return 2
+    if (problem := folders_problem(args.root)) is not None:
+        print(f"gpu_jobs.py: {problem}", file=sys.stderr)
         return 2
     queue, pending = planned(args)
     done, running = run_until_deadline(args, queue, pending)

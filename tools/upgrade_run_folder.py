@@ -32,9 +32,11 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere: the package sits beside this folder
 
+from gru_experiments.errors import UserError  # noqa: E402
 from gru_experiments.files import read_json, write_json  # noqa: E402
 from gru_experiments.runs.checkpoints import atomic_torch_save  # noqa: E402
 from gru_experiments.runs.checks import model_recurrent  # noqa: E402
+from gru_experiments.runs.run_contents import check_record  # noqa: E402
 
 # The original study's recipe and the variants trained under it ("seed" also named the random seed).
 RECIPES = {"seed": "original"}
@@ -229,6 +231,40 @@ def run_files(path: Path) -> list[Path]:
             *sorted(p for p in path.rglob("*.ckpt") if p.parent.name == "checkpoints")]
 
 
+def check_callables(path: Path) -> None:
+    """UserError, before anything is written, where a record below `path` (in today's names, as it would be written)
+    names a callable the project does not build from a run folder (runs/run_contents.py: a run folder is data)."""
+    for file in run_files(path):
+        try:
+            if file.suffix == ".ckpt":
+                checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                hyper, config = checkpoint.get("hyper_parameters"), checkpoint.get("run_config")
+                records = [(f"{file} (its hyper-parameters)", {"model": {"architecture": hyper.get("architecture")}}),
+                           (f"{file} (its recorded config)", config)] if isinstance(hyper, dict) else []
+                for record in (hyper, config):
+                    if isinstance(record, dict):
+                        upgrade_record(record)
+            elif file.suffix == ".yaml":
+                data = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+                hydra = data.get("hydra") if isinstance(data, dict) else None
+                if isinstance(data, list):
+                    upgrade_overrides(data)
+                elif isinstance(data, dict):
+                    upgrade_record(data)
+                if isinstance(hydra, dict):
+                    upgrade_hydra(hydra)
+                records = [(file, data)]
+            else:
+                continue
+        except UserError:
+            raise
+        except Exception:  # noqa: BLE001 - an unreadable file is said so by upgrade(), and left as it is
+            continue
+        for where, record in records:
+            if isinstance(record, (dict, list)):
+                check_record(record, where)
+
+
 def upgrade(path: Path) -> int:
     """Every file below `path` in today's names, a line per change and one at the end. Returns the changes."""
     changes = 0
@@ -257,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no such run folder, sweep folder or checkpoint: {', '.join(missing)}; nothing was changed",
               file=sys.stderr)
+        return 2
+    try:
+        for path in paths:
+            check_callables(path)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     for path in paths:
         upgrade(path)

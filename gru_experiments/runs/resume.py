@@ -196,6 +196,7 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
 
     from gru_experiments.files import leftover_temporaries
     from gru_experiments.runs.jobs import multirun_job
+    from gru_experiments.runs.run_contents import check_record, check_run
 
     resume = cfg.get("resume")
     if resume is None:
@@ -212,13 +213,19 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
         if run.finished:  # the process that held it finished the run meanwhile
             raise UserError(f"run {run.path} finished while this command waited for it (it has a summary.json): "
                             "nothing to resume")
-    point = ResumePoint.read(run)
     named = None
     if HydraConfig.initialized():
-        hydra = HydraConfig.get()
-        overrides = list(hydra.overrides.task)
-        cfg = resumed_config(saved_config(run, point), cfg, overrides, run.group_choices(), hydra.runtime.choices, run)
+        overrides = list(HydraConfig.get().overrides.task)
         named = tuple(override.split("=", 1)[0].lstrip("+~") for override in overrides)
+    check_run(run, named)  # a run folder is data: only the callables the project names (or this command line)
+    point = ResumePoint.read(run)
+    if HydraConfig.initialized():
+        hydra = HydraConfig.get()
+        composed = cfg
+        cfg = resumed_config(saved_config(run, point, named), cfg, overrides, run.group_choices(),
+                             hydra.runtime.choices, run)
+        # what the merge kept of the run's (a group the command chose alike keeps the run's keys): the folder's again
+        check_record(cfg, run.config_file, own=composed)
     point.check_config(cfg, named)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
@@ -226,13 +233,16 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
     return cfg, point
 
 
-def saved_config(run: RunDir, point: ResumePoint):
+def saved_config(run: RunDir, point: ResumePoint, named=None):
     """What the run was trained with: its saved config (.hydra/), checked against the config its checkpoint recorded,
     or that recorded config where the saved one is missing or damaged (with a line saying so); never today's
     defaults. UserError where neither holds it (a checkpoint from before checkpoints recorded their config) or where
-    the saved config was edited since (a key of KEPT differs from the checkpoint's)."""
+    the saved config was edited since (a key of KEPT differs from the checkpoint's), or where the record names a
+    callable the project does not (run_contents.check_record; `named`: the keys this command names)."""
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
+
+    from gru_experiments.runs.run_contents import check_record
 
     where = run.config_file
     try:
@@ -257,6 +267,7 @@ def saved_config(run: RunDir, point: ResumePoint):
             raise UserError(f"{problem}, and checkpoint {point.checkpoint} is from before checkpoints recorded their "
                             "config: the run's batch size, steps, corpus and logger are unknown, and a resume never "
                             "takes today's defaults for them; restore the file (or start a new run)")
+        check_record(recorded, f"{point.checkpoint} (its recorded config)", named)  # data, as the folder's
         print(f"{problem}: resuming with the config that checkpoint {point.checkpoint} recorded")
         return recorded
     if recorded is not None:

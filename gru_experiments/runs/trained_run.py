@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import corpus_path, read_corpus, split_text
 from gru_experiments.errors import UserError
+from gru_experiments.runs.run_contents import check_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.evaluation import DEFAULT_EVALUATION, Evaluation, EvaluationSettings, plan_for
@@ -115,10 +116,13 @@ class TrainedRun:
 
 def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None) -> TrainedRun:
     """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else
-    the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder."""
+    the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder. A folder that
+    names a callable the project does not is refused first (run_contents: a run folder is data, not code)."""
+    folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
+    if folder is not None:
+        check_run(folder)
     task = load_checkpoint(checkpoint, map_location=device)
     model = task.model.to(device).eval()
-    folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
     config = folder.config() if folder is not None else None
     recorded = {}
     for key in ("data", "evaluation", "paths.data_dir", "seed", "probe") if config is not None else ():

@@ -198,7 +198,7 @@ def fit_or_count(run: Run, current) -> None:
     try:
         # The one full read of a resumed checkpoint: Lightning's, through checkpoint_io, which loads
         # weights only whatever Lightning asks for.
-        run.trainer.fit(task, datamodule=run.data, ckpt_path=resume and resume.checkpoint)
+        run.trainer.fit(task, datamodule=run.data, ckpt_path=resume and resume.checkpoint, weights_only=True)
     except TrainingDiverged as err:
         if isinstance(err, NonFiniteWeights):
             raise  # its message already says which checkpoint was kept
@@ -290,7 +290,7 @@ def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
     saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
     if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
         return
-    trainer.save_checkpoint(run.checkpoint)
+    trainer.save_checkpoint(run.checkpoint, weights_only=False)  # the whole training state; read weights-only
 
 
 def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> None:
@@ -301,4 +301,6 @@ def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModul
     task.train_seconds = time.perf_counter() - started
     task.train_tokens = datamodule.train_ids.numel()
     trainer.validate(task, datamodule=datamodule, verbose=False)
-    trainer.save_checkpoint(run.checkpoint)
+    # A checkpoint like a trained model's (Lightning's weights_only=True would leave out the state a resume reads);
+    # every load reads it weights-only (checkpoints.read_checkpoint).
+    trainer.save_checkpoint(run.checkpoint, weights_only=False)
