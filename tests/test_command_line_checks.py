@@ -33,3 +33,22 @@ def test_one_model_a_run():
     with pytest.raises(UserError, match=r"^model=lstm: experiment=recall_alpha_windows picks its own model"):
         check_choices(["model=lstm", "experiment=recall_alpha_windows"])
     check_choices(["model=lstm", "experiment=null", "seed=2"])
+
+
+def test_a_trainer_key_lightning_refuses_is_one_line_on_a_new_run_and_leaves_no_folder(tmp_path):
+    """+trainer.limit_val_batches=0.5 on a corpus whose validation split fills one batch: Lightning refuses it, once the
+    run folder was written (a traceback and an empty folder); now one line before anything is written."""
+    from conftest import make_text
+
+    import gru_experiments
+
+    corpus = tmp_path / "short.txt"
+    corpus.write_text(make_text(4000, seed=3), encoding="utf-8")
+    with pytest.raises(UserError) as refused:
+        gru_experiments.train(["logger=none", "data.batch_size=4", "data.seq_len=16", f"data.path={corpus}",
+                               "+trainer.limit_val_batches=0.5"], root=tmp_path)
+    assert str(refused.value) == (
+        "Lightning refuses the trainer settings: You requested to check 0.5 of the `val_dataloader` but 0.5 * 1 < 1. "
+        "Please increase the `limit_val_batches` argument. Try at least `limit_val_batches=1.0` (this run has 200 "
+        "training and 1 validation batches an epoch); nothing was written")
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.yaml"))

@@ -301,6 +301,29 @@ def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> Non
                         f"nothing; set evaluation.window below {val_tokens - 1:,}, or null (the training data.seq_len)")
 
 
+def check_trainer(spec: RunSpec, val_batches: int, trained: bool) -> None:
+    """What Lightning itself refuses of the trainer group, refused before anything is written (it once refused it after
+    a resume's record, with a traceback): its Trainer built of these settings (no logger, callbacks or checkpoints, so
+    that nothing is written), and its batch limits against this run's batches (0.5 of one validation batch, say)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+    from lightning.pytorch.trainer.states import RunningStage
+
+    try:
+        trainer = instantiate(spec.trainer, max_epochs=spec.epochs, logger=False, callbacks=[],
+                              enable_checkpointing=False)
+        if trained:
+            _parse_num_batches(RunningStage.TRAINING, spec.steps_per_epoch, trainer.limit_train_batches)
+        _parse_num_batches(RunningStage.VALIDATING, val_batches, trainer.limit_val_batches)
+    except (InstantiationException, MisconfigurationException, ValueError, TypeError) as error:
+        reason = str(error.__cause__ if isinstance(error, InstantiationException) and error.__cause__ else error)
+        raise UserError(f"Lightning refuses the trainer settings: {' '.join(reason.split())} (this run has "
+                        f"{spec.steps_per_epoch:,} training and {val_batches:,} validation batches an epoch); nothing "
+                        "was written") from None
+
+
 def model_family(architecture) -> str | None:
     """The family an architecture builds (summary.json's "family"), or None: records never raise."""
     return _model_fact(architecture, lambda model: model.family)

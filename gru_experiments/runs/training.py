@@ -36,7 +36,7 @@ from gru_experiments.runs.checkpoints import (
     resume_epoch_ends_exactly,
     weight_shapes,
 )
-from gru_experiments.runs.checks import RunSpec, check_sizes, validate
+from gru_experiments.runs.checks import RunSpec, check_sizes, check_trainer, validate
 from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.resume import resume_run
@@ -127,6 +127,7 @@ def prepare(spec: RunSpec, resume=None) -> Run:
                             batching=spec.batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
     check_sizes(spec, model, data.train_ids.numel(), data.val_ids.numel())
+    check_trainer(spec, len(data.val_dataloader()), model.trainable)  # what Lightning refuses, before any write
     if resume is not None:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
