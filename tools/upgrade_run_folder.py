@@ -160,7 +160,7 @@ def upgrade_yaml(path: Path) -> list[str]:
         if hydra is not None:
             data = {"hydra": hydra, **data}
     if said:
-        OmegaConf.save(OmegaConf.create(data), path)
+        _writing(path, lambda: OmegaConf.save(OmegaConf.create(data), path))
     return said
 
 
@@ -204,7 +204,7 @@ def upgrade_summary(path: Path) -> list[str]:
 
 def _write(path: Path, summary: dict, said: list[str]) -> list[str]:
     if said:
-        write_json(path, summary)
+        _writing(path, lambda: write_json(path, summary))
     return said
 
 
@@ -217,8 +217,20 @@ def upgrade_checkpoint(path: Path) -> list[str]:
     if isinstance(checkpoint, dict) and isinstance(checkpoint.get("run_config"), dict):
         said += [f"recorded config: {line}" for line in upgrade_record(checkpoint["run_config"])]
     if said:
-        atomic_torch_save(checkpoint, path)
+        _writing(path, lambda: atomic_torch_save(checkpoint, path))
     return said
+
+
+class NotWritten(Exception):
+    """A file this script read and would change but could not write (a folder without write permission, a full
+    disk): said in a line, the script's exit status 1."""
+
+
+def _writing(path: Path, write) -> None:
+    try:
+        write()
+    except OSError as error:
+        raise NotWritten(f"could not write it ({error.strerror or error}): left as it was") from None
 
 
 def run_files(path: Path) -> list[Path]:
@@ -266,13 +278,18 @@ def check_callables(path: Path) -> None:
 
 
 def upgrade(path: Path) -> int:
-    """Every file below `path` in today's names, a line per change and one at the end. Returns the changes."""
-    changes = 0
+    """Every file below `path` in today's names, a line per change and one at the end. Returns the changes, or -1
+    where a file could not be written."""
+    changes, unwritten = 0, 0
     for file in run_files(path):
         upgrader = (upgrade_summary if file.suffix == ".json" else upgrade_checkpoint if file.suffix == ".ckpt"
                     else upgrade_yaml)
         try:
             said = upgrader(file)
+        except NotWritten as error:
+            print(f"{file}: {error}")
+            unwritten += 1
+            continue
         except Exception as error:  # noqa: BLE001 - one unreadable file leaves the others to upgrade
             print(f"{file}: unreadable ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}), "
                   "left as it is")
@@ -280,6 +297,10 @@ def upgrade(path: Path) -> int:
         for line in said:
             print(f"{file}: {line}")
             changes += 1
+    if unwritten:
+        print(f"{path}: {unwritten} file(s) could not be written, so it is not in today's layout yet ({changes} "
+              "changes written); make it writable, then run this script again", file=sys.stderr)
+        return -1
     print(f"{path}: upgraded to today's layout ({changes} changes)" if changes else
           f"{path}: already in today's layout, nothing changed")
     return changes
@@ -296,13 +317,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         for path in paths:
+            check_is_run(path)
             check_callables(path)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for path in paths:
-        upgrade(path)
-    return 0
+    return 1 if min(upgrade(path) for path in paths) < 0 else 0
+
+
+def check_is_run(path: Path) -> None:
+    """UserError for what is no run folder, sweep folder or checkpoint: a file that is not a checkpoint (a text file),
+    a folder with no run below it (it once said "already in today's layout" of anything)."""
+    if path.is_file():
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - whatever it is, it is no checkpoint this script reads
+            checkpoint = None
+        if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint):
+            raise UserError(f"{path} is a file but not a checkpoint (one torch.load reads, weights only): give a run "
+                            "folder, a sweep folder or a checkpoint; nothing was changed")
+    elif not run_files(path):
+        raise UserError(f"{path} holds no run: no .hydra/ record, summary.json, multirun.yaml or checkpoints/*.ckpt "
+                        "below it; give a run folder, a sweep folder or a checkpoint; nothing was changed")
 
 
 if __name__ == "__main__":
