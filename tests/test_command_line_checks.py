@@ -52,3 +52,19 @@ def test_a_trainer_key_lightning_refuses_is_one_line_on_a_new_run_and_leaves_no_
         "Please increase the `limit_val_batches` argument. Try at least `limit_val_batches=1.0` (this run has 200 "
         "training and 1 validation batches an epoch); nothing was written")
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.yaml"))
+
+
+def test_keys_that_mean_nothing_to_a_counted_model_get_one_line(compose_config, capsys):
+    """model=ngram2 with trainer.max_steps=5 or early_stopping.patience=2: accepted (a sweep gives them to every model)
+    but said, where they were ignored without a line."""
+    from gru_experiments.runs.checks import validate
+
+    validate(compose_config("model=ngram2", "trainer.max_steps=5", "early_stopping.patience=2",
+                            "early_stopping.min_delta=0.1"))
+    assert capsys.readouterr().out == (
+        "trainer.max_steps=5, early_stopping.patience=2, early_stopping.min_delta=0.1 have no effect on ngram2 "
+        "(NGramLM, ngram): it is counted from the training split once and validated once, with no steps to limit or "
+        "stop early\n")
+    validate(compose_config("model=ngram2"))
+    validate(compose_config("trainer.max_steps=5", "early_stopping.patience=2"))  # a trained model: they mean something
+    assert capsys.readouterr().out == ""

@@ -280,6 +280,19 @@ def check_model(cfg) -> Recipe | None:
     if select(cfg, "model.lr") not in (MISSING, None):
         raise UserError(f"model.lr is not a setting of {type(model).__name__} ({model.family}): its weights are "
                         "counted from the training split, with no optimizer, epochs or steps")
+    # accepted (a sweep gives its step limit and stopping to every model), but said: nothing reads them here
+    unused = [f"trainer.max_steps={steps}" for steps in [select(cfg, "trainer.max_steps")] if is_int(steps)
+              and steps != -1]
+    stopping = select(cfg, "early_stopping")
+    if stopping not in (MISSING, None) and stopping.get("patience") is not None:
+        from gru_experiments.runs.stopping import defaults
+
+        unused += [f"early_stopping.{key}={value}" for key, value in stopping.items()
+                   if key != "_target_" and value != defaults().get(key, value)]
+    if unused:
+        print(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect on {select(cfg, 'model.name')} "
+              f"({type(model).__name__}, {model.family}): it is counted from the training split once and validated "
+              "once, with no steps to limit or stop early")
     return None
 
 
