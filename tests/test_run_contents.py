@@ -102,7 +102,8 @@ def test_the_api_and_sample_py_never_call_what_a_run_folder_names(honest_run, tm
     assert_untouched(before, fingerprint(run))
 
 
-def test_the_sweep_report_the_upgrade_tool_and_gpu_jobs_never_call_what_a_run_folder_names(honest_run, tmp_path,
+@pytest.mark.parametrize("place", PLACES)
+def test_the_sweep_report_the_upgrade_tool_and_gpu_jobs_never_call_what_a_run_folder_names(honest_run, tmp_path, place,
                                                                                            monkeypatch, capsys):
     from gru_experiments.report.sweep_folder import collect
 
@@ -116,7 +117,7 @@ def test_the_sweep_report_the_upgrade_tool_and_gpu_jobs_never_call_what_a_run_fo
     shutil.copytree(honest_run, job)
     (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": {"task": ["model=astra_alpha"]}}}))
     marker = tmp_path / "PWNED"
-    plant(job, "logger", marker)
+    plant(job, place, marker)
     before = fingerprint(sweep)
     refused(collect, sweep)
     assert upgrade_run_folder.main([str(sweep)]) == 2
@@ -127,7 +128,7 @@ def test_the_sweep_report_the_upgrade_tool_and_gpu_jobs_never_call_what_a_run_fo
     monkeypatch.setattr(gpu_jobs.subprocess, "Popen", lambda *a, **k: pytest.fail("a job started"))
     assert gpu_jobs.main(["--only", "lstm", "--accelerator", "cpu", "--root", str(root)]) == 2
     line = capsys.readouterr().err.strip()
-    assert line.startswith("gpu_jobs.py: ") and "logger._target_='os.makedirs'" in line and "\n" not in line
+    assert line.startswith("gpu_jobs.py: ") and "_target_='os.makedirs'" in line and "\n" not in line
     assert not marker.exists()
     assert_untouched(before, fingerprint(sweep))
 
