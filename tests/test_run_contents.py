@@ -146,6 +146,19 @@ def test_what_the_command_line_types_stays_the_users(honest_run, tmp_path):
                  own={"logger": {"_target_": "os.makedirs"}})
 
 
+def test_a_run_scores_its_own_best_checkpoint_whatever_its_command_line_named(honest_run, tmp_path):
+    """A new run's own command line may name a logger of its own (logger._target_=...): its config records it, and at
+    the end of its training its best checkpoint is still scored (load's own_run); another command refuses the folder."""
+    from gru_experiments.runs.run_dir import RunDir
+    from gru_experiments.runs.trained_run import load
+
+    run, marker, _ = planted_copy(honest_run, tmp_path, "logger")
+    best = run / "checkpoints" / "last.ckpt"  # the end of training loads its best checkpoint so
+    assert load(best, folder=RunDir(run), own_run=True).model is not None
+    refused(load, best, folder=RunDir(run))
+    assert not marker.exists()
+
+
 def test_the_allow_list_names_every_callable_the_configs_offer_and_nothing_else():
     """One home: every _target_ of conf/ (trainer, logger, early_stopping, optim, each model, Hydra's launchers) is
     allowed where it sits; a callable elsewhere, another module's class or a model class outside the package is not."""

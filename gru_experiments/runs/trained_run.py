@@ -114,12 +114,15 @@ class TrainedRun:
                         progress=progress)
 
 
-def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None) -> TrainedRun:
+def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None,
+         own_run: bool = False) -> TrainedRun:
     """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else
     the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder. A folder that
-    names a callable the project does not is refused first (run_contents: a run folder is data, not code)."""
+    names a callable the project does not is refused first (run_contents: a run folder is data, not code), but the
+    folder of this process's own run (`own_run`: its best checkpoint at the end of training, its config this
+    command's)."""
     folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
-    if folder is not None:
+    if folder is not None and not own_run:
         check_run(folder)
     task = load_checkpoint(checkpoint, map_location=device)
     model = task.model.to(device).eval()
