@@ -194,7 +194,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
                       key=_job_order)
     multirun = sweep_dir / "multirun.yaml"  # Hydra's: the command-line overrides the sweep ran with
     for job_dir in job_dirs:  # a sweep folder is data: it names only the callables the project does (run_contents)
-        check_run_files(job_dir)
+        check_run_files(job_dir, upgrade=sweep_dir)
     if multirun.is_file():
         check_record(OmegaConf.load(multirun), multirun)
     jobs = [read_job(job_dir, sweep_dir) for job_dir in job_dirs]

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.run_dir import HYDRA, RunDir
+from gru_experiments.runs.run_dir import HYDRA, RunDir, refuse_older_layout
 from gru_experiments.validation import select
 
 TRAINER = "lightning.pytorch.Trainer"  # conf/trainer/
@@ -127,14 +127,16 @@ def _what_it_may_name(key: str) -> str:
     return f"only {', '.join(CONFIG_TARGETS)} may name one"
 
 
-def check_run_files(folder, named=None) -> None:
+def check_run_files(folder, named=None, upgrade=None) -> None:
     """Every config and command line a run folder records (`saved_files`) through `check_record`; a file that is not
-    YAML is left to its reader, which says so."""
+    YAML is left to its reader, which says so. A record of an older layout (whose model class has moved since, say) is
+    refused as such, naming the script that upgrades `upgrade` (default the folder): run_dir.refuse_older_layout."""
     for path in saved_files(folder):
         try:
             record = OmegaConf.load(path)
         except Exception:  # noqa: BLE001 - a damaged file is its reader's to refuse (resume.saved_config)
             continue
+        refuse_older_layout(record, folder, upgrade=upgrade)
         check_record(record, path, named)
 
 

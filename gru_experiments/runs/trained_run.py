@@ -121,10 +121,10 @@ def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: 
     names a callable the project does not is refused first (run_contents: a run folder is data, not code), but the
     folder of this process's own run (`own_run`: its best checkpoint at the end of training, its config this
     command's)."""
+    task = load_checkpoint(checkpoint, map_location=device)  # weights only; its class the package's
     folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
     if folder is not None and not own_run:
         check_run(folder)
-    task = load_checkpoint(checkpoint, map_location=device)
     model = task.model.to(device).eval()
     config = folder.config() if folder is not None else None
     recorded = {}
