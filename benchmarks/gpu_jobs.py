@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gru_experiments.errors import UserError
+from gru_experiments.runs.run_contents import check_run_files
 from gru_experiments.runs.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,6 +158,14 @@ def parse_arguments(argv) -> argparse.Namespace | None:
             print(f"gpu_jobs.py: {flag} {value}: must be an integer >= 1"
                   + (" (leave --steps out for each recipe's own steps)" if flag == "--steps" else ""), file=sys.stderr)
             return None
+    if not args.deadline > 0:  # 0 or less ran nothing and listed every job "not run", saying nothing of the deadline
+        print(f"gpu_jobs.py: --deadline {args.deadline:g}: must be a number of seconds > 0 (from the start; running "
+              "jobs then get SIGINT)", file=sys.stderr)
+        return None
+    if args.root.exists() and not args.root.is_dir():
+        print(f"gpu_jobs.py: --root {args.root}: not a folder: give the folder the job groups go under (default "
+              "outputs/multiruns)", file=sys.stderr)
+        return None
     if (problem := accelerator_problem(args.accelerator)) is not None:
         print(f"gpu_jobs.py: --accelerator {args.accelerator}: {problem}", file=sys.stderr)
         return None
@@ -186,12 +195,18 @@ def planned(args) -> tuple[list[Job], dict[str, bool]]:
     return queue[:4] + beta + lr + queue[4:], {family: args.only != "lr" for family in families}
 
 
-def run_until_deadline(args, queue: list[Job], pending: dict[str, bool]) -> tuple[list[Job], list[Job]]:
-    """The jobs, args.jobs at a time, until none is left or the deadline passes: (done, stopped at the deadline)."""
+def new_run_overrides(args) -> tuple[list[str], list[str]]:
+    """What every new job adds to its own overrides, and what a resumed one gives (the rest is the run's own)."""
     new_run = [f"trainer.accelerator={args.accelerator}", "logger=csv", *args.overrides]
     resume_with = [f"trainer.accelerator={args.accelerator}"]  # the rest is the run's own (its .hydra/)
     for steps in ([f"trainer.max_steps={args.steps}"] if args.steps is not None else []):
         new_run, resume_with = [*new_run, steps], [*resume_with, steps]
+    return new_run, resume_with
+
+
+def run_until_deadline(args, queue: list[Job], pending: dict[str, bool]) -> tuple[list[Job], list[Job]]:
+    """The jobs, args.jobs at a time, until none is left or the deadline passes: (done, stopped at the deadline)."""
+    new_run, resume_with = new_run_overrides(args)
     done: list[Job] = []
     running: list[Job] = []
     start_time = time.monotonic()
@@ -244,13 +259,15 @@ def stop(running: list[Job], say) -> None:
     """SIGINT to every job still running (each keeps its last.ckpt for the next lease's resume)."""
     for job in running:
         job.process.send_signal(signal.SIGINT)
-        say(f"{job.name}: stopped at the deadline (SIGINT)")
     for job in running:
         try:
             job.process.wait(timeout=25)
         except subprocess.TimeoutExpired:
             job.process.kill()
-        job.status = "stopped"
+        # a job that finished as the deadline came (its summary says completed) counts as what it is
+        job.status = "completed" if job.summary().get("status") == "completed" else "stopped"
+        say(f"{job.name}: " + ("completed as the deadline came" if job.status == "completed" else
+                               "stopped at the deadline (SIGINT)"))
 
 
 def print_table(done: list[Job], running: list[Job], queue: list[Job]) -> None:
@@ -265,11 +282,55 @@ def print_table(done: list[Job], running: list[Job], queue: list[Job]) -> None:
         print(f"| {job.name} | not run | | | | |")
 
 
+def overrides_problem(jobs: list[Job], new_run: list[str]) -> str | None:
+    """Why a job would be refused by train.py, checked before any job starts (each job's config composed as train.py
+    composes it, its added keys and values checked as train.py checks them): a bad override (`model.lr=-1`,
+    `+colour=red`) once started every job, each failing."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from gru_experiments.runs.checks import check_added_keys, check_choices, validate
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        for job in jobs:
+            overrides = [*job.overrides, *new_run, f"paths.output_dir={job.folder}"]
+            try:
+                cfg = compose("train", overrides, return_hydra_config=True)
+                check_added_keys(overrides, cfg.hydra.runtime.choices)
+                check_choices(overrides)
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                validate(cfg)
+            except (UserError, HydraException, OmegaConfBaseException) as error:
+                return f"{job.name} (train.py {' '.join(overrides[:-1])}): {' '.join(str(error).split())}"
+    return None
+
+
+def folders_problem(root: Path) -> str | None:
+    """Why the job folders a rerun would resume under `root` cannot be, checked before any job starts: a folder that
+    names a callable the project does not build from a run folder (runs/run_contents.py)."""
+    try:
+        for record in sorted(root.glob("*/*/.hydra")):
+            check_run_files(record.parent)
+    except UserError as error:
+        return str(error)
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_arguments(argv)
     if args is None:
         return 2
+    if (problem := folders_problem(args.root)) is not None:
+        print(f"gpu_jobs.py: {problem}", file=sys.stderr)
+        return 2
     queue, pending = planned(args)
+    later = [job for family in pending for job in recall_jobs(args.root, TUNED_RECALL[family], 0, ["model.lr=1e-3"])]
+    if (problem := overrides_problem(queue + later, new_run_overrides(args)[0])) is not None:
+        print(f"gpu_jobs.py: {problem}; no job was started", file=sys.stderr)
+        return 2
     done, running = run_until_deadline(args, queue, pending)
     print_table(done, running, queue)
     return sum(job.status != "completed" for job in done + running) + len(queue)

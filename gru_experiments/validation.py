@@ -53,7 +53,7 @@ def fraction(v) -> bool:  # [0, 1)
 
 def check_finite(config, prefix: str = "") -> None:
     """UserError, in one line naming the key, for a NaN or an infinity anywhere in a plain config (what a key that
-    takes a number must never get: `+model.architecture.forget_bias=nan` trained, then "diverged")."""
+    takes a number must never get: `model.architecture.forget_bias=nan` trained, then "diverged")."""
     items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
     for key, value in items:
         where = f"{prefix}{key}" if isinstance(config, dict) else f"{prefix[:-1]}[{key}]"

@@ -55,14 +55,15 @@ def test_train_writes_the_run_folder_train_py_writes(trained):
     run = RunDir(summary["run_dir"])
     assert run.path.parent == root.resolve() / "outputs" / "runs" / "astra_alpha"
     assert STAMP.fullmatch(run.path.name)
-    for name in ("summary.json", "samples.json", "history.csv", "checkpoints/last.ckpt", "train.log",
+    for name in ("summary.json", "samples.json", "history.csv", "checkpoints/last.ckpt",
                  ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"):
         assert (run.path / name).is_file(), name
     assert run.summary() == summary
     assert list(OmegaConf.load(run.path / ".hydra" / "overrides.yaml")) == [*OVERRIDES,
                                                                           f"paths.root_dir={root.resolve()}"]
     assert run.config().data.seq_len == 32 and run.config().model.name == "astra_alpha"
-    assert "lightning" in (run.path / "train.log").read_text(encoding="utf-8")
+    # train.log is created by its first line; this run logs none (Lightning's one line, "weights_only was not set",
+    # went with issue 74: every save says what it saves). A resume's lines: test_train_under_project_root_and_resume
     # sample.py (and resume=last) find it as the newest astra_alpha run under outputs/.
     assert find_checkpoint("astra_alpha", root / "outputs") == run.last_checkpoint()
 
@@ -80,6 +81,7 @@ def test_train_under_project_root_and_resume(trained, tmp_path, monkeypatch):
     resumed = gru_experiments.train(["resume=last"])
     assert Path(resumed["run_dir"]) == copy and resumed["resumed_from_step"] == STEPS
     assert list(copy.glob(".hydra/resumed_*/overrides.yaml")) and RunDir(copy).finished
+    assert "lightning" in (copy / "train.log").read_text(encoding="utf-8")  # its log, as train.py's: Restoring states
 
 
 def test_train_errors_are_one_line_and_leave_nothing(tmp_path):

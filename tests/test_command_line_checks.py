@@ -59,7 +59,7 @@ def test_max_steps_beyond_the_recipe_is_refused_in_one_line(compose_config, over
     validate(compose_config("trainer.max_steps=2000"))  # the recipe's own length, and below: accepted
 
 
-@pytest.mark.parametrize("override, key", [("+model.architecture.forget_bias=nan", "model.architecture.forget_bias"),
+@pytest.mark.parametrize("override, key", [("model.architecture.forget_bias=nan", "model.architecture.forget_bias"),
                                            ("model.lr=inf", "model.lr"), ("data.train_fraction=-inf",
                                                                           "data.train_fraction")])
 def test_nan_and_infinity_are_refused_up_front(compose_config, override, key):
@@ -77,3 +77,38 @@ def test_checkpoints_every_null_steps_is_refused(compose_config):
     with pytest.raises(UserError, match=r"^invalid checkpoint.every_n_steps=None: must be an integer >= 0 \(0: only at "
                                         r"epoch ends\)$"):
         validate(compose_config("checkpoint.every_n_steps=null"))
+
+
+def test_a_trainer_key_lightning_refuses_is_one_line_on_a_new_run_and_leaves_no_folder(tmp_path):
+    """+trainer.limit_val_batches=0.5 on a corpus whose validation split fills one batch: Lightning refuses it, once the
+    run folder was written (a traceback and an empty folder); now one line before anything is written."""
+    from conftest import make_text
+
+    import gru_experiments
+
+    corpus = tmp_path / "short.txt"
+    corpus.write_text(make_text(4000, seed=3), encoding="utf-8")
+    with pytest.raises(UserError) as refused:
+        gru_experiments.train(["logger=none", "data.batch_size=4", "data.seq_len=16", f"data.path={corpus}",
+                               "+trainer.limit_val_batches=0.5"], root=tmp_path)
+    assert str(refused.value) == (
+        "Lightning refuses the trainer settings: You requested to check 0.5 of the `val_dataloader` but 0.5 * 1 < 1. "
+        "Please increase the `limit_val_batches` argument. Try at least `limit_val_batches=1.0` (this run has 200 "
+        "training and 1 validation batches an epoch); nothing was written")
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.yaml"))
+
+
+def test_keys_that_mean_nothing_to_a_counted_model_get_one_line(compose_config, capsys):
+    """model=ngram2 with trainer.max_steps=5 or early_stopping.patience=2: accepted (a sweep gives them to every model)
+    but said, where they were ignored without a line."""
+    from gru_experiments.runs.checks import validate
+
+    validate(compose_config("model=ngram2", "trainer.max_steps=5", "early_stopping.patience=2",
+                            "early_stopping.min_delta=0.1"))
+    assert capsys.readouterr().out == (
+        "trainer.max_steps=5, early_stopping.patience=2, early_stopping.min_delta=0.1 have no effect on ngram2 "
+        "(NGramLM, ngram): it is counted from the training split once and validated once, with no steps to limit or "
+        "stop early\n")
+    validate(compose_config("model=ngram2"))
+    validate(compose_config("trainer.max_steps=5", "early_stopping.patience=2"))  # a trained model: they mean something
+    assert capsys.readouterr().out == ""

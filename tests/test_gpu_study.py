@@ -160,3 +160,44 @@ def test_gpu_jobs_refuses_an_unknown_accelerator_or_a_missing_gpu_before_any_job
         assert gpu_jobs.main(["--root", str(tmp_path)]) == 2
         assert "--accelerator gpu: no CUDA device" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_gpu_jobs_checks_its_deadline_root_and_overrides_before_any_job(tmp_path, capsys, monkeypatch):
+    """--deadline 0 (or -5) ran nothing and listed every job "not run"; --root FILE was a traceback; a bad override
+    (model.lr=-1, +colour=red) started every job, each failing. Now one line each, exit status 2, no job started."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu_jobs
+
+    monkeypatch.setattr(gpu_jobs.subprocess, "Popen", lambda *a, **k: pytest.fail("a job started"))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a folder")
+    for flags, line in ((["--deadline", "0"], "--deadline 0: must be a number of seconds > 0"),
+                        (["--deadline", "-5"], "--deadline -5: must be a number of seconds > 0"),
+                        (["--root", str(text)], f"--root {text}: not a folder: give the folder the job groups go")):
+        assert gpu_jobs.main(["--accelerator", "cpu", "--root", str(tmp_path / "jobs"), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"gpu_jobs.py: {line}") and "\n" not in err
+    job = gpu_jobs.lr_jobs(tmp_path, ("lstm",))[0]
+    monkeypatch.setattr(gpu_jobs, "planned", lambda args: ([job], {}))
+    for override, reason in (("model.lr=-1", "invalid model.lr=-1: must be a number > 0"),
+                             ("+colour=red", "colour is not a key of this command's config")):
+        assert gpu_jobs.main(["--accelerator", "cpu", "--root", str(tmp_path / "jobs"), override]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"gpu_jobs.py: {job.name} (train.py model=lstm") and reason in err, err
+        assert err.endswith("; no job was started") and "\n" not in err
+    assert not (tmp_path / "jobs").exists() and not job.folder.exists()
+
+
+def test_gpu_jobs_counts_a_job_that_completed_as_the_deadline_came_as_completed(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_jobs
+
+    finished, cut = gpu_jobs.lr_jobs(tmp_path, ("lstm",))[:2]
+    for job in (finished, cut):
+        job.folder.mkdir(parents=True)
+        job.process = subprocess.Popen([sys.executable, "-c", "pass"])
+    (finished.folder / "summary.json").write_text('{"status": "completed"}')
+    said = []
+    gpu_jobs.stop([finished, cut], said.append)
+    assert (finished.status, cut.status) == ("completed", "stopped")
+    assert said == [f"{finished.name}: completed as the deadline came", f"{cut.name}: stopped at the deadline (SIGINT)"]

@@ -5,6 +5,7 @@ as recurrent, and its run's page shows its units (as minGRU's and minLSTM's do).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,11 @@ class IndRNNLM(LanguageModel):
         return self.head(x), state
 
 
-ARCHITECTURE = {"_target_": f"{__name__}.IndRNNLM", "embedding_dim": 8, "hidden_size": 12, "num_layers": 2}
+# Where a newcomer puts a family: a module of gru_experiments/models/ (the only place a run folder may name a model
+# class from: runs/run_contents.py), stood in for by this one under that name.
+FAMILY_MODULE = "gru_experiments.models.indrnn"
+sys.modules[FAMILY_MODULE] = sys.modules[__name__]
+ARCHITECTURE = {"_target_": f"{FAMILY_MODULE}.IndRNNLM", "embedding_dim": 8, "hidden_size": 12, "num_layers": 2}
 TEXT = "KING: Now is the winter of our discontent\nmade \"glorious summer\" by this sun of York;\n" * 4
 
 

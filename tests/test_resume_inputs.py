@@ -138,8 +138,7 @@ def test_a_resume_refuses_what_the_run_itself_cannot_tell(interrupted, tmp_path,
     for overrides, refused in (
             ([], "asks for model.lr=0.02; a run resumes with its own learning rate and recipe: the command does not "
                  "name model.lr, so the run's saved config"),
-            ([f"data.path={other}"], f"was trained with data.path='{tiny_corpus}', but this command asks for "
-                                     f"data.path='{other}'"),
+            ([f"data.path={other}"], f"the corpus changed since run {run} trained on it: {other} has sha256 "),
             ([f"ckpt_path={tmp_path}"], f"resume={run} and ckpt_path={tmp_path} name two runs")):
         if overrides:
             config.write_text(text)
@@ -380,3 +379,102 @@ def test_a_resume_deletes_the_keys_its_command_deletes(compose_config):
     cfg = resumed_config(saved, compose_config(*TINY, *overrides[1:2]), overrides)
     assert "min_delta" not in cfg.early_stopping and "min_delta" in saved.early_stopping
     assert cfg.early_stopping.monitor == saved.early_stopping.monitor and cfg.probe == saved.probe
+
+
+# --- issue 72: a resume writes nothing until its whole config is accepted ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_batch_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(root, run): a run on a corpus whose validation split fills one batch, cut after its last checkpoint (its
+    summary gone): a resume finishes it. Copy it before changing it (`resumable`)."""
+    from conftest import make_text
+
+    import gru_experiments
+
+    root = tmp_path_factory.mktemp("one_batch")
+    corpus = root / "short.txt"
+    corpus.write_text(make_text(4000, seed=3), encoding="utf-8")
+    summary = gru_experiments.train([*RECIPE[:-1], "logger=none", f"data.path={corpus}"], root=root)
+    run = Path(summary["run_dir"])
+    (run / "summary.json").unlink()
+    return corpus, run
+
+
+def resumable(one_batch_run, tmp_path) -> tuple[Path, Path, Path]:
+    """(root, run, corpus): a copy of the cut run and of its corpus under a fresh root."""
+    corpus, run = one_batch_run
+    root = tmp_path / "root"
+    copy = root / "outputs" / "runs" / "astra_alpha" / run.name
+    shutil.copytree(run, copy)
+    return root, copy, corpus
+
+
+def refused(root: Path, *overrides: str) -> str:
+    import gru_experiments
+
+    with pytest.raises(UserError) as info:
+        gru_experiments.train(list(overrides), root=root)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_what_lightning_refuses_leaves_the_run_byte_identical_and_a_plain_resume_then_finishes(one_batch_run, tmp_path):
+    import gru_experiments
+
+    root, run, _ = resumable(one_batch_run, tmp_path)
+    before = fingerprint(run)
+    assert refused(root, f"resume={run}", "+trainer.limit_val_batches=0.5").startswith(
+        "Lightning refuses the trainer settings: You requested to check 0.5 of the `val_dataloader` but 0.5 * 1 < 1")
+    assert_untouched(before, fingerprint(run))
+    assert gru_experiments.train([f"resume={run}"], root=root)["status"] == "completed"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.gradient_clip_val=1e-6", "was trained with trainer.gradient_clip_val=1.0, but this command asks for "
+                                       "trainer.gradient_clip_val=1e-06; a resume continues the run as it was: leave "
+                                       "trainer.gradient_clip_val out"),
+    ("+trainer.accumulate_grad_batches=2", "was trained with trainer.accumulate_grad_batches=1, but this command asks "
+                                           "for trainer.accumulate_grad_batches=2"),
+    ("hydra.run.dir=OTHER", "continues the run in its own folder, RUN, but hydra.run.dir=OTHER would train it into "
+                            "another (the run left unfinished, the other without its first part): leave hydra.run.dir "
+                            "out; to keep the run as it is, copy its folder and resume the copy"),
+])
+def test_a_resume_refuses_what_would_change_its_training_or_its_folder(one_batch_run, tmp_path, override, message):
+    root, run, _ = resumable(one_batch_run, tmp_path)
+    other = tmp_path / "other"
+    before = fingerprint(run)
+    said = refused(root, f"resume={run}", override.replace("OTHER", str(other)))
+    assert message.replace("RUN", str(run)).replace("OTHER", str(other)) in said
+    assert_untouched(before, fingerprint(run))
+    assert not other.exists()
+
+
+def test_a_run_whose_last_checkpoint_was_removed_says_so_and_what_to_do(one_batch_run, tmp_path):
+    root, run, _ = resumable(one_batch_run, tmp_path)
+    (run / "checkpoints" / "last.ckpt").unlink()
+    (best,) = [p.name for p in (run / "checkpoints").glob("best-*.ckpt")]
+    assert refused(root, f"resume={run}") == (
+        f"run {run} has no checkpoints/last.ckpt, but it holds {best}: its last checkpoint was removed (a resume "
+        f"continues from it alone); restore it, or copy {best} to checkpoints/last.ckpt to resume from that "
+        "checkpoint's step (the steps after it train again)")
+
+
+def test_a_run_whose_corpus_moved_resumes_on_the_same_text_elsewhere(one_batch_run, tmp_path, capsys):
+    import gru_experiments
+
+    root, run, corpus = resumable(one_batch_run, tmp_path)
+    moved = tmp_path / "moved.txt"
+    corpus.rename(moved)
+    try:
+        assert refused(root, f"resume={run}") == (
+            f"run {run} trained on {corpus}, which is not there any more; if the text moved, give its new place: "
+            f"python train.py resume={run} data.path=NEW (the same text: its sha256 is checked against the "
+            "checkpoint's)")
+        edited = tmp_path / "edited.txt"
+        edited.write_text(moved.read_text() + "x")
+        assert refused(root, f"resume={run}", f"data.path={edited}").startswith(f"the corpus changed since run {run}")
+        summary = gru_experiments.train([f"resume={run}", f"data.path={moved}"], root=root)
+    finally:
+        moved.rename(corpus)
+    assert summary["status"] == "completed" and summary["corpus"] == str(moved)
+    assert f"data.path={moved}: the run trained on {corpus}; it resumes on this file" in capsys.readouterr().out

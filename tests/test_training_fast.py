@@ -36,7 +36,8 @@ def fitted(monkeypatch, fit) -> list:
     """Lightning's Trainer.fit replaced by `fit(trainer, ckpt_path)`; the trainers it was called on."""
     called = []
 
-    def stand_in(trainer, model, datamodule=None, ckpt_path=None):
+    def stand_in(trainer, model, datamodule=None, ckpt_path=None, weights_only=None):
+        assert weights_only is True  # every load weights-only (tests/test_run_contents.py)
         called.append((trainer, ckpt_path))
         fit(trainer, ckpt_path)
     monkeypatch.setattr(pl.Trainer, "fit", stand_in)

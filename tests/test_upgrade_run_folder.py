@@ -222,3 +222,33 @@ def test_a_probe_from_before_the_phases_is_one_phase_validated_at_its_distances(
     assert older_layout(old) == "probe.distances=[4, 8, 16]"
     TOOL.upgrade_record(old)
     assert ProbeSettings.from_config(old["probe"]) == single_phase((4, 8, 16), 8, 100, 16)
+
+
+def test_the_script_refuses_what_is_no_run_and_says_when_it_cannot_write(tmp_path, capsys, monkeypatch):
+    """A text file or an unrelated folder: one line, exit status 2 (it said "already in today's layout" and exited 0);
+    a run folder it cannot write: a line per file, exit status 1 (it said "unreadable", then "already in today's
+    layout", and exited 0), the files as they were."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a run")
+    unrelated = tmp_path / "photos"
+    (unrelated / "2024").mkdir(parents=True)
+    (unrelated / "2024" / "a.jpg").write_bytes(b"\xff\xd8")
+    for path, said in ((text, "is a file but not a checkpoint"), (unrelated, "holds no run")):
+        assert TOOL.main([str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {path} {said}") and err.endswith("nothing was changed") and "\n" not in err
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    config = run / ".hydra" / "config.yaml"
+    config.write_text("optim:\n  name: seed\n")
+    before = config.read_bytes()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(TOOL.OmegaConf, "save", read_only)
+    assert TOOL.main([str(run)]) == 1
+    out, err = capsys.readouterr()
+    assert f"{config}: could not write it (Permission denied): left as it was" in out
+    assert "already in today's layout" not in out + err and "could not be written" in err
+    assert config.read_bytes() == before

@@ -32,9 +32,11 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere: the package sits beside this folder
 
+from gru_experiments.errors import UserError  # noqa: E402
 from gru_experiments.files import read_json, write_json  # noqa: E402
 from gru_experiments.runs.checkpoints import atomic_torch_save  # noqa: E402
 from gru_experiments.runs.checks import model_recurrent  # noqa: E402
+from gru_experiments.runs.run_contents import check_record  # noqa: E402
 
 # The original study's recipe and the variants trained under it ("seed" also named the random seed).
 RECIPES = {"seed": "original"}
@@ -158,7 +160,7 @@ def upgrade_yaml(path: Path) -> list[str]:
         if hydra is not None:
             data = {"hydra": hydra, **data}
     if said:
-        OmegaConf.save(OmegaConf.create(data), path)
+        _writing(path, lambda: OmegaConf.save(OmegaConf.create(data), path))
     return said
 
 
@@ -202,7 +204,7 @@ def upgrade_summary(path: Path) -> list[str]:
 
 def _write(path: Path, summary: dict, said: list[str]) -> list[str]:
     if said:
-        write_json(path, summary)
+        _writing(path, lambda: write_json(path, summary))
     return said
 
 
@@ -215,8 +217,20 @@ def upgrade_checkpoint(path: Path) -> list[str]:
     if isinstance(checkpoint, dict) and isinstance(checkpoint.get("run_config"), dict):
         said += [f"recorded config: {line}" for line in upgrade_record(checkpoint["run_config"])]
     if said:
-        atomic_torch_save(checkpoint, path)
+        _writing(path, lambda: atomic_torch_save(checkpoint, path))
     return said
+
+
+class NotWritten(Exception):
+    """A file this script read and would change but could not write (a folder without write permission, a full
+    disk): said in a line, the script's exit status 1."""
+
+
+def _writing(path: Path, write) -> None:
+    try:
+        write()
+    except OSError as error:
+        raise NotWritten(f"could not write it ({error.strerror or error}): left as it was") from None
 
 
 def run_files(path: Path) -> list[Path]:
@@ -229,14 +243,53 @@ def run_files(path: Path) -> list[Path]:
             *sorted(p for p in path.rglob("*.ckpt") if p.parent.name == "checkpoints")]
 
 
+def check_callables(path: Path) -> None:
+    """UserError, before anything is written, where a record below `path` (in today's names, as it would be written)
+    names a callable the project does not build from a run folder (runs/run_contents.py: a run folder is data)."""
+    for file in run_files(path):
+        try:
+            if file.suffix == ".ckpt":
+                checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                hyper, config = checkpoint.get("hyper_parameters"), checkpoint.get("run_config")
+                records = [(f"{file} (its hyper-parameters)", {"model": {"architecture": hyper.get("architecture")}}),
+                           (f"{file} (its recorded config)", config)] if isinstance(hyper, dict) else []
+                for record in (hyper, config):
+                    if isinstance(record, dict):
+                        upgrade_record(record)
+            elif file.suffix == ".yaml":
+                data = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+                hydra = data.get("hydra") if isinstance(data, dict) else None
+                if isinstance(data, list):
+                    upgrade_overrides(data)
+                elif isinstance(data, dict):
+                    upgrade_record(data)
+                if isinstance(hydra, dict):
+                    upgrade_hydra(hydra)
+                records = [(file, data)]
+            else:
+                continue
+        except UserError:
+            raise
+        except Exception:  # noqa: BLE001 - an unreadable file is said so by upgrade(), and left as it is
+            continue
+        for where, record in records:
+            if isinstance(record, (dict, list)):
+                check_record(record, where)
+
+
 def upgrade(path: Path) -> int:
-    """Every file below `path` in today's names, a line per change and one at the end. Returns the changes."""
-    changes = 0
+    """Every file below `path` in today's names, a line per change and one at the end. Returns the changes, or -1
+    where a file could not be written."""
+    changes, unwritten = 0, 0
     for file in run_files(path):
         upgrader = (upgrade_summary if file.suffix == ".json" else upgrade_checkpoint if file.suffix == ".ckpt"
                     else upgrade_yaml)
         try:
             said = upgrader(file)
+        except NotWritten as error:
+            print(f"{file}: {error}")
+            unwritten += 1
+            continue
         except Exception as error:  # noqa: BLE001 - one unreadable file leaves the others to upgrade
             print(f"{file}: unreadable ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}), "
                   "left as it is")
@@ -244,6 +297,10 @@ def upgrade(path: Path) -> int:
         for line in said:
             print(f"{file}: {line}")
             changes += 1
+    if unwritten:
+        print(f"{path}: {unwritten} file(s) could not be written, so it is not in today's layout yet ({changes} "
+              "changes written); make it writable, then run this script again", file=sys.stderr)
+        return -1
     print(f"{path}: upgraded to today's layout ({changes} changes)" if changes else
           f"{path}: already in today's layout, nothing changed")
     return changes
@@ -258,9 +315,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no such run folder, sweep folder or checkpoint: {', '.join(missing)}; nothing was changed",
               file=sys.stderr)
         return 2
-    for path in paths:
-        upgrade(path)
-    return 0
+    try:
+        for path in paths:
+            check_is_run(path)
+            check_callables(path)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 1 if min(upgrade(path) for path in paths) < 0 else 0
+
+
+def check_is_run(path: Path) -> None:
+    """UserError for what is no run folder, sweep folder or checkpoint: a file that is not a checkpoint (a text file),
+    a folder with no run below it (it once said "already in today's layout" of anything)."""
+    if path.is_file():
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - whatever it is, it is no checkpoint this script reads
+            checkpoint = None
+        if not (isinstance(checkpoint, dict) and "state_dict" in checkpoint):
+            raise UserError(f"{path} is a file but not a checkpoint (one torch.load reads, weights only): give a run "
+                            "folder, a sweep folder or a checkpoint; nothing was changed")
+    elif not run_files(path):
+        raise UserError(f"{path} holds no run: no .hydra/ record, summary.json, multirun.yaml or checkpoints/*.ckpt "
+                        "below it; give a run folder, a sweep folder or a checkpoint; nothing was changed")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from gru_experiments.errors import NoResultsError, UserError
 from gru_experiments.report.common import finite, group_by
 from gru_experiments.runs.checks import model_family, model_recurrent
 from gru_experiments.runs.loggers import read_history
+from gru_experiments.runs.run_contents import check_record, check_run_files
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.sweep_dir import MULTIRUN, recorded_overrides
 
@@ -210,9 +211,14 @@ def collect(sweep_dir: Path) -> tuple[list[JobResult], list[str]]:
     job_dirs = sorted((p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml")
                        if p.parent.parent != sweep_dir),
                       key=_job_order)
+    multirun = sweep_dir / MULTIRUN
+    for job_dir in job_dirs:  # a sweep folder is data: it names only the callables the project does (run_contents)
+        check_run_files(job_dir, upgrade=sweep_dir)
+    if multirun.is_file():
+        check_record(OmegaConf.load(multirun), multirun)
     jobs = [read_job(job_dir, sweep_dir) for job_dir in job_dirs]
     name_variants(jobs)
-    overrides = recorded_overrides(sweep_dir / MULTIRUN)  # Hydra's: the command-line overrides the sweep ran with
+    overrides = recorded_overrides(multirun)  # Hydra's: the command-line overrides the sweep ran with
     jobs += missing_jobs(jobs, overrides)
     if not any(job.status in ("completed", "failed") for job in jobs):
         found = f"{len(job_dirs)} job folders, none with a summary.json" if job_dirs else "no job folders"

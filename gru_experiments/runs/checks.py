@@ -284,6 +284,19 @@ def check_model(cfg) -> Recipe | None:
     if select(cfg, "model.lr") not in (MISSING, None):
         raise UserError(f"model.lr is not a setting of {type(model).__name__} ({model.family}): its weights are "
                         "counted from the training split, with no optimizer, epochs or steps")
+    # accepted (a sweep gives its step limit and stopping to every model), but said: nothing reads them here
+    unused = [f"trainer.max_steps={steps}" for steps in [select(cfg, "trainer.max_steps")] if is_int(steps)
+              and steps != -1]
+    stopping = select(cfg, "early_stopping")
+    if stopping not in (MISSING, None) and stopping.get("patience") is not None:
+        from gru_experiments.runs.stopping import defaults
+
+        unused += [f"early_stopping.{key}={value}" for key, value in stopping.items()
+                   if key != "_target_" and value != defaults().get(key, value)]
+    if unused:
+        print(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect on {select(cfg, 'model.name')} "
+              f"({type(model).__name__}, {model.family}): it is counted from the training split once and validated "
+              "once, with no steps to limit or stop early")
     return None
 
 
@@ -314,6 +327,29 @@ def check_sizes(spec: RunSpec, model, train_tokens: int, val_tokens: int) -> Non
     spec.evaluation.check_streams(val_tokens - 1)
     if spec.evaluation_window is not None:  # a window given (null: the training window, checked above)
         spec.evaluation.check_window(val_tokens - 1)
+
+
+def check_trainer(spec: RunSpec, val_batches: int, trained: bool) -> None:
+    """What Lightning itself refuses of the trainer group, refused before anything is written (it once refused it after
+    a resume's record, with a traceback): its Trainer built of these settings (no logger, callbacks or checkpoints, so
+    that nothing is written), and its batch limits against this run's batches (0.5 of one validation batch, say)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+    from lightning.pytorch.trainer.states import RunningStage
+
+    try:
+        trainer = instantiate(spec.trainer, max_epochs=spec.epochs, logger=False, callbacks=[],
+                              enable_checkpointing=False)
+        if trained:
+            _parse_num_batches(RunningStage.TRAINING, spec.steps_per_epoch, trainer.limit_train_batches)
+        _parse_num_batches(RunningStage.VALIDATING, val_batches, trainer.limit_val_batches)
+    except (InstantiationException, MisconfigurationException, ValueError, TypeError) as error:
+        reason = str(error.__cause__ if isinstance(error, InstantiationException) and error.__cause__ else error)
+        raise UserError(f"Lightning refuses the trainer settings: {' '.join(reason.split())} (this run has "
+                        f"{spec.steps_per_epoch:,} training and {val_batches:,} validation batches an epoch); nothing "
+                        "was written") from None
 
 
 def model_family(architecture) -> str | None:

@@ -46,6 +46,10 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
         raise UserError(f"{which} is not a run folder (it has neither {CHECKPOINTS}/ nor {HYDRA}/); resume takes "
                         "the folder of a run that train.py started, e.g. outputs/runs/<model>/<time>")
     if not run.checkpoint.is_file():
+        if others := sorted(p.name for p in run.checkpoint_dir.glob("*.ckpt")):
+            raise UserError(f"{which} has no {LAST_CHECKPOINT}, but it holds {', '.join(others)}: its last checkpoint "
+                            f"was removed (a resume continues from it alone); restore it, or copy {others[-1]} to "
+                            f"{LAST_CHECKPOINT} to resume from that checkpoint's step (the steps after it train again)")
         raise UserError(f"{which} has no {LAST_CHECKPOINT}: it stopped before its first checkpoint "
                         "(written every checkpoint.every_n_steps steps and at epoch ends); start it afresh")
     if run.finished:
@@ -178,8 +182,12 @@ def step_limit(cfg) -> int | None:
 # What the checkpoint's training depends on beyond the model, its tokenizer, learning rate and recipe (checked
 # against the checkpoint itself): a resume that names one with another value is refused. Early stopping's state is
 # filed under its monitor and mode (Lightning's state_key): another of either would drop the wait count and the best.
+# The trainer's keys that change the updates themselves (where Lightning's default stands for a key the run's config
+# lacks); the others (validation, logging, the device) a resume may change.
+TRAINING_TRAINER_KEYS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorithm",
+                         "trainer.accumulate_grad_batches", "trainer.limit_train_batches", "trainer.overfit_batches")
 KEPT = ("seed", "data.path", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe",
-        "early_stopping.monitor", "early_stopping.mode")
+        "early_stopping.monitor", "early_stopping.mode", *TRAINING_TRAINER_KEYS)
 # What every run's saved config has had, since the first: a config.yaml without one of them is damaged (cut off).
 ALWAYS_SAVED = ("seed", "model.name", "model.architecture", "data.seq_len", "data.batch_size", "tokenizer", "trainer")
 COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's
@@ -196,6 +204,7 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
 
     from gru_experiments.files import leftover_temporaries
     from gru_experiments.runs.jobs import multirun_job
+    from gru_experiments.runs.run_contents import check_record, check_run
 
     resume = cfg.get("resume")
     if resume is None:
@@ -207,18 +216,31 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
         raise UserError(f"resume={resume} and ckpt_path={ckpt_path} name two runs (ckpt_path is Lightning's name for "
                         "resume): give one of them")
     run = find_run(resume, cfg.paths.log_dir, cfg.model.name)
+    if HydraConfig.initialized() and (folder := Path(HydraConfig.get().runtime.output_dir).resolve()) != run.path:
+        raise UserError(f"resume={resume} continues the run in its own folder, {run.path}, but hydra.run.dir={folder} "
+                        "would train it into another (the run left unfinished, the other without its first part): "
+                        "leave hydra.run.dir out; to keep the run as it is, copy its folder and resume the copy")
     if held is not None:
         held.enter_context(run.hold("resume it"))
         if run.finished:  # the process that held it finished the run meanwhile
             raise UserError(f"run {run.path} finished while this command waited for it (it has a summary.json): "
                             "nothing to resume")
-    point = ResumePoint.read(run)
     named = None
     if HydraConfig.initialized():
-        hydra = HydraConfig.get()
-        overrides = list(hydra.overrides.task)
-        cfg = resumed_config(saved_config(run, point), cfg, overrides, run.group_choices(), hydra.runtime.choices, run)
+        overrides = list(HydraConfig.get().overrides.task)
         named = tuple(override.split("=", 1)[0].lstrip("+~") for override in overrides)
+    check_run(run, named)  # a run folder is data: only the callables the project names (or this command line)
+    point = ResumePoint.read(run)
+    if HydraConfig.initialized():
+        hydra = HydraConfig.get()
+        composed = cfg
+        saved = saved_config(run, point, named)
+        # a corpus moved elsewhere is the run's own where its checkpoint's sha256 says so (prepare checks it)
+        movable = ("data.path",) if point.corpus_sha256 is not None else ()
+        cfg = resumed_config(saved, cfg, overrides, run.group_choices(), hydra.runtime.choices, run, movable)
+        check_corpus_place(run, saved, cfg, point, resume)
+        # what the merge kept of the run's (a group the command chose alike keeps the run's keys): the folder's again
+        check_record(cfg, run.config_file, own=composed)
     point.check_config(cfg, named)
     for leftover in leftover_temporaries(run.checkpoint_dir, "*.ckpt"):
         leftover.unlink(missing_ok=True)
@@ -226,13 +248,30 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
     return cfg, point
 
 
-def saved_config(run: RunDir, point: ResumePoint):
+def check_corpus_place(run: RunDir, saved, cfg, point: ResumePoint, resume) -> None:
+    """The run's corpus where its config says it is, or one line on how to resume a run whose corpus moved; a line
+    where this command gives it another place (the same text: prepare checks the checkpoint's sha256)."""
+    was, now = (OmegaConf.select(c, "data.path", default=None) for c in (saved, cfg))
+    if now is not None and now != was:
+        print(f"data.path={now}: the run trained on {was}; it resumes on this file if it is the same text (its sha256 "
+              f"is checked against the checkpoint's)")
+    elif now is not None and not Path(str(now)).expanduser().is_file():
+        how = (f"give its new place: python train.py resume={resume} data.path=NEW (the same text: its sha256 is "
+               "checked against the checkpoint's)" if point.corpus_sha256 is not None else
+               "restore it there (this checkpoint records no sha256 to check another place by)")
+        raise UserError(f"run {run.path} trained on {now}, which is not there any more; if the text moved, {how}")
+
+
+def saved_config(run: RunDir, point: ResumePoint, named=None):
     """What the run was trained with: its saved config (.hydra/), checked against the config its checkpoint recorded,
     or that recorded config where the saved one is missing or damaged (with a line saying so); never today's
     defaults. UserError where neither holds it (a checkpoint from before checkpoints recorded their config) or where
-    the saved config was edited since (a key of KEPT differs from the checkpoint's)."""
+    the saved config was edited since (a key of KEPT differs from the checkpoint's), or where the record names a
+    callable the project does not (run_contents.check_record; `named`: the keys this command names)."""
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
+
+    from gru_experiments.runs.run_contents import check_record
 
     where = run.config_file
     try:
@@ -257,6 +296,7 @@ def saved_config(run: RunDir, point: ResumePoint):
             raise UserError(f"{problem}, and checkpoint {point.checkpoint} is from before checkpoints recorded their "
                             "config: the run's batch size, steps, corpus and logger are unknown, and a resume never "
                             "takes today's defaults for them; restore the file (or start a new run)")
+        check_record(recorded, f"{point.checkpoint} (its recorded config)", named)  # data, as the folder's
         print(f"{problem}: resuming with the config that checkpoint {point.checkpoint} recorded")
         return recorded
     if recorded is not None:
@@ -269,6 +309,15 @@ def saved_config(run: RunDir, point: ResumePoint):
     return saved
 
 
+def _lightning_default(key: str):
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    parameter = inspect.signature(Trainer.__init__).parameters.get(key.removeprefix("trainer."))
+    return MISSING if parameter is None else parameter.default
+
+
 def _keys(config, prefix: str = "") -> list[str]:
     """Every leaf key of a config, dotted (a list is a leaf)."""
     keys = []
@@ -278,13 +327,14 @@ def _keys(config, prefix: str = "") -> list[str]:
     return keys
 
 
-def resumed_config(saved, composed, overrides: list[str], choices=None, today=None, run: RunDir | None = None):
+def resumed_config(saved, composed, overrides: list[str], choices=None, today=None, run: RunDir | None = None,
+                   movable: tuple[str, ...] = ()):
     """The run's saved config with this command's `overrides` applied, each with the value `composed` (this
     command's own composition) gives it, but a group the run chose alike (`choices`: its config groups'
     options), whose keys stay the run's. A key the run's config lacks (added since) keeps today's default
     where this command chose the run's option of its group (`today`: this command's choices). UserError for
     an override a resume cannot take: a config group that is no key of its own (experiment=, preset=), or
-    another value for a key of KEPT."""
+    another value for a key of KEPT but those `movable` (data.path, where the checkpoint's sha256 checks the text)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     plain, choices, today = OmegaConf.to_container(composed, resolve=False), choices or {}, today or {}
@@ -307,9 +357,12 @@ def resumed_config(saved, composed, overrides: list[str], choices=None, today=No
             raise UserError(f"{override.input_line}: a resume continues the run with its own config, where "
                             f"{override.key_or_group}= changes no one key; leave it out (or start a new run)")
         OmegaConf.update(merged, key, value, merge=False, force_add=True)
-        touched += [max(key, kept, key=len) for kept in KEPT if _nested(key, kept) or _nested(kept, key)]
+        touched += [max(key, kept, key=len) for kept in KEPT if (_nested(key, kept) or _nested(kept, key))
+                    and max(key, kept, key=len) not in movable]
     for key in touched:  # named on the command line with another value than the run's
         was, now = (OmegaConf.select(c, key, default=MISSING) for c in (saved, merged))
+        if was is MISSING and key in TRAINING_TRAINER_KEYS:
+            was = _lightning_default(key)
         if was is not MISSING and was != now:
             raise UserError(f"{run.path if run else 'the run'} was trained with {key}={_shown(was)}, but this "
                             f"command asks for {key}={_shown(now)}; a resume continues the run as it was: leave "

@@ -98,7 +98,7 @@ def score_best(run: TrainedRun, summary: dict, val: Split, settings: EvaluationS
     best = {"step": step, "checkpoint": path or summary.get("checkpoint"), "same_as_final": step == final_step}
     if step == final_step:
         return best | {key: summary.get(key) for key in keys}
-    weights = load(Path(path), run.device, folder=run.folder, seed=run.seed)
+    weights = load(Path(path), run.device, folder=run.folder, seed=run.seed, own_run=True)
     val = val.to(run.device)
     chunks = score_chunks(weights.model, val, settings.seq_len, eval_batch_size)
     metrics = evaluate(weights, settings, val, training_tokens=summary["train_tokens"], purpose=BEST,

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from gru_experiments.data.corpus import corpus_path, read_corpus_text, split_text
 from gru_experiments.errors import UserError
+from gru_experiments.runs.run_contents import check_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.task import load_checkpoint
 from gru_experiments.study.evaluation import DEFAULT_EVALUATION, Evaluation, EvaluationSettings, plan_for
@@ -120,12 +121,18 @@ class TrainedRun:
                         progress=progress)
 
 
-def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None) -> TrainedRun:
+def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None,
+         own_run: bool = False) -> TrainedRun:
     """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else
-    the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder."""
-    task = load_checkpoint(checkpoint, map_location=device)
-    model = task.model.to(device).eval()
+    the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder. A folder that
+    names a callable the project does not is refused first (run_contents: a run folder is data, not code), but the
+    folder of this process's own run (`own_run`: its best checkpoint at the end of training, its config this
+    command's)."""
+    task = load_checkpoint(checkpoint, map_location=device)  # weights only; its class the package's
     folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
+    if folder is not None and not own_run:
+        check_run(folder)
+    model = task.model.to(device).eval()
     config = folder.config() if folder is not None else None
     recorded = {}
     for key in ("data", "evaluation", "paths.data_dir", "seed", "probe") if config is not None else ():

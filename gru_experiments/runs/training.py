@@ -36,7 +36,7 @@ from gru_experiments.runs.checkpoints import (
     resume_epoch_ends_exactly,
     weight_shapes,
 )
-from gru_experiments.runs.checks import RunSpec, check_sizes, validate
+from gru_experiments.runs.checks import RunSpec, check_sizes, check_trainer, validate
 from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.resume import resume_run
@@ -127,6 +127,7 @@ def prepare(spec: RunSpec, resume=None) -> Run:
                             batching=spec.batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
     check_sizes(spec, model, data.train_ids.numel(), data.val_ids.numel())
+    check_trainer(spec, len(data.val_dataloader()), model.trainable)  # what Lightning refuses, before any write
     if resume is not None:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
@@ -198,7 +199,7 @@ def fit_or_count(run: Run, current) -> None:
     try:
         # The one full read of a resumed checkpoint: Lightning's, through checkpoint_io, which loads
         # weights only whatever Lightning asks for.
-        run.trainer.fit(task, datamodule=run.data, ckpt_path=resume and resume.checkpoint)
+        run.trainer.fit(task, datamodule=run.data, ckpt_path=resume and resume.checkpoint, weights_only=True)
     except TrainingDiverged as err:
         if isinstance(err, NonFiniteWeights):
             raise  # its message already says which checkpoint was kept
@@ -290,7 +291,7 @@ def keep_final_weights(trainer, run: RunDir, callbacks) -> None:
     saved = max((getattr(c, "_last_global_step_saved", -1) for c in callbacks), default=-1)
     if trainer.fast_dev_run or saved == trainer.global_step or trainer.global_step == 0:
         return
-    trainer.save_checkpoint(run.checkpoint)
+    trainer.save_checkpoint(run.checkpoint, weights_only=False)  # the whole training state; read weights-only
 
 
 def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModule, run: RunDir) -> None:
@@ -301,4 +302,6 @@ def count_and_save(trainer, task: LanguageModelTask, datamodule: CorpusDataModul
     task.train_seconds = time.perf_counter() - started
     task.train_tokens = datamodule.train_ids.numel()
     trainer.validate(task, datamodule=datamodule, verbose=False)
-    trainer.save_checkpoint(run.checkpoint)
+    # A checkpoint like a trained model's (Lightning's weights_only=True would leave out the state a resume reads);
+    # every load reads it weights-only (checkpoints.read_checkpoint).
+    trainer.save_checkpoint(run.checkpoint, weights_only=False)
