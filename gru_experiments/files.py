@@ -77,8 +77,7 @@ def utf8_text(data: bytes) -> str:
     """`data` decoded as UTF-8 (a byte-order mark dropped, as Python's utf-8-sig reads it); else a ValueError saying
     how it is not, as a user can act on it: UTF-16, or the first byte that is not UTF-8 (its offset and line), with
     the conversion that fixes it."""
-    head = data[:4096]
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4:
+    if looks_utf16(data):
         raise ValueError("it looks like UTF-16 (a byte-order mark, or a NUL byte every other byte); convert it first, "
                          "e.g. iconv -f utf-16 -t utf-8")
     try:
@@ -87,6 +86,12 @@ def utf8_text(data: bytes) -> str:
         line = data.count(b"\n", 0, err.start) + 1
         raise ValueError(f"byte 0x{data[err.start]:02x} at offset {err.start}, line {line}; convert it first, e.g. "
                          "iconv -f latin1 -t utf-8") from None
+
+
+def looks_utf16(data: bytes) -> bool:
+    """A UTF-16 byte-order mark, or a NUL byte every other byte, in the first 4 KiB (valid UTF-8 all the same)."""
+    head = data[:4096]
+    return head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4
 
 
 def read_json(path):

@@ -170,7 +170,7 @@ def fit_or_count(run: Run, current) -> None:
     epoch_tokens = spec.steps_per_epoch * spec.tokens_per_step
     weights = in_memory(run)
     modes = ModesOverTraining(weights, run.val, epoch_tokens, spec.evaluation,
-                              run.corpus.tokenizer.decode(run.corpus.train_ids.tolist()))
+                              run.corpus.tokenizer.decode(run.corpus.train_ids))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
                  modes, CostEstimate(weights, run.val, spec.evaluation, tokens_per_step=spec.tokens_per_step,
                                      epoch_tokens=epoch_tokens, eval_batch_size=spec.eval_batch_size, modes=modes,
