@@ -4,11 +4,12 @@
     python benchmarks/bench_scale.py --quick                                      # a smoke run: 0.2 MB, 2 steps
 
 Per size, two runs of train.py, each its own process: the first prepares the corpus's token ids
-(data/token_ids.py), the second maps them as every later run does. The table: the first run's preparation
-(its printed line), the later run's wall time, its time before the first step (its process's wall time, Python's
-imports included, less training and the evaluation), its peak resident memory (the process's, from wait4), the end-of-run evaluation's time against the
-estimate the run printed, and the training tokens per second. The corpora are written under --work-dir and deleted
-after (a gigabyte's ids and text are 2 GB).
+(data/token_ids.py), the second maps them as every later run does. The table: the first run's preparation (its
+printed line), the later run's wall time, its time before the first step (the process's wall time, Python's imports
+included, less training and the evaluation), its peak resident memory (the process's, from wait4), the end-of-run
+evaluation's time against the estimate the run printed, and the training tokens per second. The corpora are written
+under --work-dir and deleted after (a gigabyte's ids and text are 2 GB). --repo measures another checkout's train.py
+(the code before a change: its runs prepare nothing, so the first two columns say what every run pays).
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ def write_corpus(path: Path, megabytes: float) -> None:
             written += len(part)
 
 
-def run(corpus: Path, work: Path, steps: int, name: str) -> dict:
+def run(corpus: Path, work: Path, steps: int, name: str, repo: Path = ROOT) -> dict:
     """One train.py run: its summary, its output, its wall time and peak RSS (wait4's, the process alone)."""
     out = work / name
     command = [sys.executable, "train.py", f"data.path={corpus}", f"trainer.max_steps={steps}", "logger=none",
                f"paths.log_dir={out}", f"paths.data_dir={work / 'data'}", "trainer.enable_progress_bar=false"]
     started = time.perf_counter()
     with open(work / f"{name}.log", "w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     text = (work / f"{name}.log").read_text()
@@ -59,11 +60,11 @@ def run(corpus: Path, work: Path, steps: int, name: str) -> dict:
     return {"summary": summary, "log": text, "wall": wall, "peak_gb": usage.ru_maxrss * 1024 / 1e9}
 
 
-def measure(megabytes: float, work: Path, steps: int) -> dict:
+def measure(megabytes: float, work: Path, steps: int, repo: Path = ROOT) -> dict:
     corpus = work / f"corpus_{megabytes:g}MB.txt"
     write_corpus(corpus, megabytes)
-    first = run(corpus, work, steps, f"first_{megabytes:g}")
-    later = run(corpus, work, steps, f"later_{megabytes:g}")
+    first = run(corpus, work, steps, f"first_{megabytes:g}", repo)
+    later = run(corpus, work, steps, f"later_{megabytes:g}", repo)
     summary = later["summary"]
     prepared = PREPARED.search(first["log"])
     estimate = ESTIMATE.search(later["log"])
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,100", help="corpus sizes in MB, comma-separated (1000: 1 GB)")
     parser.add_argument("--steps", type=int, default=20, help="trainer.max_steps of each run")
     parser.add_argument("--work-dir", default="/tmp/bench_scale", help="where the corpora and runs go (deleted)")
+    parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 0.2 MB, 2 steps")
     args = parser.parse_args()
     sizes, steps = ([0.2], 2) if args.quick else ([float(s) for s in args.sizes.split(",")], args.steps)
@@ -107,7 +109,7 @@ def main() -> None:
     rows = []
     try:
         for megabytes in sizes:
-            rows.append(measure(megabytes, work, steps))
+            rows.append(measure(megabytes, work, steps, args.repo.resolve()))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

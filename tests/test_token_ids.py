@@ -158,3 +158,16 @@ def test_a_bad_file_is_refused_in_one_line_as_before(tmp_path):
     with pytest.raises(UserError, match="UTF-16"):
         prepare_corpus(data_of(path, seq_len=8), {"kind": "char"}, tmp_path / "cache")
     assert load_corpus(data_of(path)).sha256  # hashed, not read
+
+
+def test_the_validation_over_training_scores_the_splits_first_validation_tokens(compose_config, small_shakespeare):
+    from gru_experiments.runs.checks import validate
+    from gru_experiments.runs.training import prepare
+
+    run = prepare(validate(compose_config(f"data.path={small_shakespeare}", "data.validation_tokens=3000")))
+    assert run.data.val_ids.numel() == 3000 and run.epoch_val.n_targets == 2999
+    assert run.val.n_targets == run.corpus.val_ids.numel() - 1 > 3000  # the end-of-run evaluation's: the whole
+    whole = prepare(validate(compose_config(f"data.path={small_shakespeare}", "data.validation_tokens=null")))
+    assert whole.data.val_ids.numel() == whole.corpus.val_ids.numel()
+    with pytest.raises(UserError, match="data.validation_tokens"):
+        validate(compose_config(f"data.path={small_shakespeare}", "data.validation_tokens=1"))

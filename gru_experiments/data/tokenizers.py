@@ -9,7 +9,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import sentencepiece as spm
@@ -222,6 +222,12 @@ def build_tokenizer(kind: str, text: str, cache_dir: str | Path, extra: Iterable
     if kind == "spm":
         return SentencePieceTokenizer.train(text, cache_dir=cache_dir, **settings)
     raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
+
+
+def decoded_pieces(tokenizer, ids: torch.Tensor, piece_tokens: int = 1 << 24) -> Iterator[str]:
+    """`ids` decoded `piece_tokens` at a time (one lookup each): a split's text without all of it in memory."""
+    for start in range(0, ids.numel(), piece_tokens):
+        yield tokenizer.decode(ids[start:start + piece_tokens])
 
 
 def plain_tokens(tokenizer) -> torch.Tensor | None:
