@@ -28,7 +28,14 @@ from gru_experiments.data.corpus import read_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 PREPARED = re.compile(r"prepared the token ids of .* in ([\d.]+) s")
-ESTIMATE = re.compile(r"end-of-run evaluation ([\d.]+) s")
+ESTIMATE = re.compile(r"end-of-run evaluation ([\d.]+ (?:h|min|s)(?: [\d.]+ (?:min|s))?) \(")
+UNITS = {"h": 3600, "min": 60, "s": 1}
+
+
+def seconds_of(duration: str) -> float:
+    """study/cost.duration's text read back: "9.5 s", "4 min 05 s", "1 h 02 min"."""
+    parts = duration.split()
+    return sum(float(value) * UNITS[unit] for value, unit in zip(parts[::2], parts[1::2]))
 
 
 def write_corpus(path: Path, megabytes: float) -> None:
@@ -73,7 +80,7 @@ def measure(megabytes: float, work: Path, steps: int, repo: Path = ROOT) -> dict
     return {"MB": megabytes, "prepare_s": float(prepared[1]) if prepared else None, "first_wall_s": first["wall"],
             "first_peak_gb": first["peak_gb"], "later_wall_s": later["wall"], "later_peak_gb": later["peak_gb"],
             "before_first_step_s": later["wall"] - summary["train_seconds"] - summary["eval_seconds"],
-            "eval_s": summary["eval_seconds"], "eval_estimate_s": float(estimate[1]) if estimate else None,
+            "eval_s": summary["eval_seconds"], "eval_estimate_s": seconds_of(estimate[1]) if estimate else None,
             "tokens_per_s": summary["tokens_per_second"]}
 
 
