@@ -89,7 +89,7 @@ def utf8_text(data: bytes) -> str:
         if re.match(magic, head):
             raise ValueError(f"it is a {kind}-compressed file, not text; decompress it first, e.g. {undo} FILE (a "
                              "corpus, data.path, may be .xz as it is)")
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4:
+    if looks_utf16(data):
         raise ValueError("it looks like UTF-16 (a byte-order mark, or a NUL byte every other byte); convert it first, "
                          "e.g. iconv -f utf-16 -t utf-8")
     try:
@@ -98,6 +98,12 @@ def utf8_text(data: bytes) -> str:
         line = data.count(b"\n", 0, err.start) + 1
         raise ValueError(f"byte 0x{data[err.start]:02x} at offset {err.start}, line {line}; convert it first, e.g. "
                          "iconv -f latin1 -t utf-8") from None
+
+
+def looks_utf16(data: bytes) -> bool:
+    """A UTF-16 byte-order mark, or a NUL byte every other byte, in the first 4 KiB (valid UTF-8 all the same)."""
+    head = data[:4096]
+    return head[:2] in (b"\xff\xfe", b"\xfe\xff") or head.count(b"\x00") > len(head) // 4
 
 
 def read_json(path):

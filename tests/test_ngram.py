@@ -183,3 +183,16 @@ def test_bad_settings_and_a_corpus_shorter_than_one_ngram():
 def test_a_model_never_fitted_says_so_in_one_line(smoothing):
     with pytest.raises(UserError, match=r"the 3-gram model has counted nothing: fit it"):
         NGramLM(5, 3, smoothing)(torch.tensor([[0, 1, 2]]))
+
+
+@pytest.mark.parametrize("vocab, tokens, chunk", [(65, 20_000, 777), (300, 5_000, 1000), (5, 10, 3)])
+def test_the_bigram_counted_in_chunks_is_the_bigram_counted_whole(vocab, tokens, chunk):
+    torch.manual_seed(0)
+    ids = torch.randint(vocab - 3, (tokens,))  # three tokens never seen
+    whole = NGramLM(vocab, 2, "add_one").fit(ids)
+    narrow = ids.to(torch.uint16 if vocab > 256 else torch.uint8)  # as a prepared split is mapped
+    chunked = NGramLM(vocab, 2, "add_one").fit_in_chunks(narrow, chunk=chunk)
+    for k in (1, 2):
+        assert torch.equal(chunked.keys(k), whole.keys(k)) and torch.equal(chunked.counts(k), whole.counts(k))
+    x = torch.randint(vocab, (2, 30))
+    assert torch.equal(chunked(x)[0], whole(x)[0])

@@ -140,3 +140,16 @@ def _estimate(model, cfg) -> CostEstimate:
 def _cfg():
     return OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8}, "model": {"steps_per_epoch": 400},
                              "evaluation": defaults() | {"streams": 4, "budget": 0.01, "curve_longest": 64}})
+
+
+def test_the_estimate_counts_the_cache_which_reads_the_stateful_pass_without_forward_tokens():
+    from gru_experiments.study.cost import EvaluationClock
+
+    model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
+    cfg = _cfg()
+    clock = EvaluationClock.of(model, 16)
+    final = plan_of(model, 5000, 16, cfg.evaluation, 1000 * 8 * 16)
+    best = plan_of(model, 5000, 16, cfg.evaluation, 1000 * 8 * 16, purpose=BEST)
+    assert clock.cache_seconds(final) > 0 and clock.cache_seconds(best) == 0  # only the final weights' has one
+    assert clock.plan_seconds(final) == pytest.approx(sum(map(clock.pass_seconds, final.passes))
+                                                      + clock.cache_seconds(final))

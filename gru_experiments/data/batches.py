@@ -69,7 +69,7 @@ class RandomWindowBatches:
             ids = self.pass_ids(self.epoch, self.epoch * self.steps + self.read)
             n_starts = ids.numel() - self.seq_len  # last start leaves room for the shifted target
             starts = torch.randint(n_starts, (self.batch_size, 1), device=ids.device, generator=self.generator)
-            windows = ids[starts + self.offsets]  # one gather: (B, T + 1)
+            windows = ids[starts + self.offsets].long()  # one gather: (B, T + 1), from the ids' own width
             self.read += 1
             yield windows[:, :-1], windows[:, 1:]
 
@@ -156,7 +156,7 @@ class StreamBatches:
             self.chunk, self.step = self.chunk + 1, self.step + 1
             if self.chunk * self.seq_len == streams[0].shape[1]:
                 self.pass_index, self.chunk = self.pass_index + 1, 0
-            yield streams[0][:, columns], streams[1][:, columns], starts_pass
+            yield streams[0][:, columns].long(), streams[1][:, columns].long(), starts_pass
 
     # The position travels in checkpoints (here for a mid-epoch resume, through the data module
     # for every resume); Lightning does not prefetch from a loader with a length.

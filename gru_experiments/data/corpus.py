@@ -1,20 +1,25 @@
 """The corpus: where it comes from (a local file, an opt-in download, or one shipped in `corpora/`: Tiny Shakespeare,
 or the Python standard library's source as `data=pystdlib`), how it is checked, split and encoded (`prepare_corpus`)."""
 
+import codecs
 import functools
 import hashlib
 import lzma
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
-from gru_experiments.data.tokenizers import build_tokenizer
+from gru_experiments.data.token_ids import ids_dtype, ids_key, prepared_ids
+from gru_experiments.data.tokenizers import CharTokenizer, build_tokenizer, tokenizer_from_json, tokenizer_to_json
 from gru_experiments.errors import UserError
-from gru_experiments.files import atomic_file, utf8_text
+from gru_experiments.files import atomic_file, looks_utf16, read_json, utf8_text
 
 # The corpora shipped in the package (xz -9e) so training needs no network: every `corpora/*.txt.xz`, found by the
 # sha256 of its plain text, so that a corpus is its file and one YAML naming that hash (conf/data/pystdlib.yaml): no
@@ -24,6 +29,7 @@ CORPORA = Path(__file__).resolve().parent / "corpora"
 SHIPPED_CORPUS = CORPORA / "tinyshakespeare.txt.xz"
 SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
 BYTE_ORDER_MARK = "\ufeff"
+CHUNK_BYTES = 1 << 24  # a corpus is read and encoded in pieces this long (about 16 MB)
 
 
 @functools.cache
@@ -98,21 +104,40 @@ def corpus_name(path: str | None, url: str | None, sha256: str | None) -> str:
 @dataclass(frozen=True)
 class CorpusText:
     source: Path
-    text: str  # without a UTF-8 byte-order mark
     sha256: str  # of the file's plain bytes (an .xz file's decompressed): `sha256sum FILE` for a plain text file
+    read: str | None = None  # the text, where it was read whole (else `text` reads it when asked)
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The text without a UTF-8 byte-order mark (read here, whole, where it was not yet)."""
+        return self.read if self.read is not None else read_corpus_text(self.source).text
 
 
 def load_corpus(data) -> CorpusText:
-    """The corpus the data group (a mapping: RunSpec.data) names (`corpus_path`), read, and checked against
-    data.sha256 where that is given with data.path (a shipped corpus is checked against its own, a download as it is
-    fetched)."""
+    """The corpus the data group (a mapping: RunSpec.data) names (`corpus_path`), checked against data.sha256 where
+    that is given with data.path (a shipped corpus is checked against its own, a download as it is fetched). A
+    plain file is hashed, not read: its ids may be prepared already (data/token_ids.py)."""
     source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
-    corpus = read_corpus_text(source)
+    corpus = read_corpus_text(source) if source.suffix == ".xz" else hashed_corpus(source)
     if data["path"] and data.get("sha256") and corpus.sha256 != data["sha256"]:
         raise UserError(f"corpus file {source} has sha256 {corpus.sha256}, but data.sha256={data['sha256']}: it is "
                         "not the text that hash names (changed since?); give that text, or the file's sha256, or "
                         "leave data.sha256 out")
     return corpus
+
+
+def check_corpus_file(path: Path) -> None:
+    if not path.exists():
+        raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
+    if not path.is_file():
+        raise UserError(f"corpus path is not a file: {path} (data.path)")
+
+
+def hashed_corpus(path: Path) -> CorpusText:
+    check_corpus_file(path)
+    if path.stat().st_size == 0:
+        raise UserError(f"corpus file is empty: {path}")
+    return CorpusText(path, sha256_of(path))
 
 
 def read_corpus(path: Path) -> str:
@@ -122,10 +147,7 @@ def read_corpus(path: Path) -> str:
 
 def read_corpus_text(path: Path) -> CorpusText:
     """read_corpus's text with its sha256; a UTF-8 byte-order mark is dropped, saying so in a line."""
-    if not path.exists():
-        raise UserError(f"corpus file not found: {path} (data.path); give an existing UTF-8 text file")
-    if not path.is_file():
-        raise UserError(f"corpus path is not a file: {path} (data.path)")
+    check_corpus_file(path)
     data = path.read_bytes()
     if path.suffix == ".xz":
         try:
@@ -145,7 +167,39 @@ def read_corpus_text(path: Path) -> CorpusText:
     if data.startswith(BYTE_ORDER_MARK.encode()):  # a mark of the encoding, not a character: said, as CRLF is
         print(f"corpus {path} starts with a UTF-8 byte-order mark: dropped (it marks the encoding and is no "
               "character of the text)")
-    return CorpusText(path, text, expected or hashlib.sha256(data).hexdigest())
+    return CorpusText(path, expected or hashlib.sha256(data).hexdigest(), text)
+
+
+def text_chunks(corpus: CorpusText, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
+    """The text in pieces of about `chunk_bytes` (a file not read whole is streamed: no copy of it in memory),
+    checked as read_corpus_text checks it (a failure there gives its one-line answer)."""
+    if corpus.read is not None or "text" in corpus.__dict__:
+        text = corpus.text
+        yield from (text[i:i + chunk_bytes] for i in range(0, len(text), chunk_bytes))
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(corpus.source, "rb") as f, tqdm(total=corpus.source.stat().st_size, unit="B", unit_scale=True,
+                                              desc=f"reading {corpus.source.name}", disable=None) as bar:
+        first = True
+        while True:
+            block = f.read(chunk_bytes)
+            if first and looks_utf16(block):
+                read_corpus_text(corpus.source)  # raises its answer
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError:
+                read_corpus_text(corpus.source)  # raises its answer, naming the byte and its line
+                raise
+            if first and text.startswith(BYTE_ORDER_MARK):
+                text = text[1:]
+                print(f"corpus {corpus.source} starts with a UTF-8 byte-order mark: dropped (it marks the encoding "
+                      "and is no character of the text)")
+            first = False
+            bar.update(len(block))
+            if text:
+                yield text
+            if not block:
+                return
 
 
 def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source) -> None:
@@ -166,7 +220,7 @@ def split_text(text: str, train_fraction: float) -> tuple[str, str]:
 @dataclass
 class Corpus:
     tokenizer: object
-    train_ids: Tensor  # (N_train,) int64
+    train_ids: Tensor  # (N_train,) integer ids: mapped from the prepared ids file (its width), int64 with a probe
     val_ids: Tensor  # (N_val,) int64: the plain split (the probe's plantings are in probe.validation)
     source: Path
     probe: Probe | None = None  # probe=recall: data/recall_probe.py
@@ -178,26 +232,92 @@ def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSe
     """Load (or take `loaded`: load_corpus's), split, fit the tokenizer, encode both splits; with `probe`, the recall
     probe seeded `seed`. `data` and `tokenizer_settings`: those config groups as mappings (RunSpec's). The char
     vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8 text trains) and the probe's;
-    SentencePiece learns its pieces from the training split only."""
+    SentencePiece learns its pieces from the training split only. Without a probe the ids are prepared once into
+    a file beside the tokenizer's cache and mapped (data/token_ids.py); the probe's symbols are its own, in memory."""
     kind = tokenizer_settings["kind"]
     if probe is not None and kind != "char":
         raise UserError(NEEDS_CHAR)
-    settings = {k: v for k, v in dict(tokenizer_settings).items() if k != "kind"}
     loaded = loaded or load_corpus(data)
+    if probe is not None:
+        return probe_corpus(data, loaded, probe, seed)
+    settings = dict(tokenizer_settings)
+    key = ids_key(loaded.sha256, settings, data["train_fraction"])
+    say_if_edited(Path(tokenizer_cache_dir), loaded)
+    prepared = prepared_ids(tokenizer_cache_dir, key, loaded.sha256, lambda ids_file: write_ids(
+        ids_file, loaded, settings, data, tokenizer_cache_dir))
+    tokenizer = tokenizer_from_json(prepared.tokenizer_state)
+    if kind == "char":
+        say_crlf(loaded.source, prepared.record.get("crlf", 0))
+    check_long_enough(prepared.n_train, prepared.n_val, data["seq_len"], "tokens", loaded.source)
+    return Corpus(tokenizer, prepared.train_ids, prepared.val_ids.long(), loaded.source, sha256=loaded.sha256)
+
+
+def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> Corpus:
+    """probe=recall's corpus (char tokenizer): its symbols in the vocabulary, the splits in memory."""
     source, text = loaded.source, loaded.text
-    if (crlf := text.count("\r\n")) and kind == "char":
-        print(f"corpus {source} has Windows line ends ({crlf:,} of \\r\\n): \\r is a character of its own in the "
-              "vocabulary, predicted before every line end; to leave it out, convert the file first, e.g. dos2unix")
+    say_crlf(source, text.count("\r\n"))
     train_text, val_text = split_text(text, data["train_fraction"])
-    # Characters first (cheap, before a tokenizer is trained); tokens after: never more than characters.
     check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source)
-    symbols = probe_symbols(text, probe.keys) if probe is not None else None
-    fit_text = text if kind == "char" else train_text
-    extra = [symbols.opening, symbols.closing, *symbols.keys] if symbols else []
-    tokenizer = build_tokenizer(kind, fit_text, tokenizer_cache_dir, extra, **settings)
+    symbols = probe_symbols(text, probe.keys)
+    tokenizer = CharTokenizer.from_text(text, [symbols.opening, symbols.closing, *symbols.keys])
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
     corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source, sha256=loaded.sha256)
     check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data["seq_len"], "tokens", source)
-    if probe is not None:
-        corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)
+    corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)
     return corpus
+
+
+def write_ids(ids_file, loaded: CorpusText, settings: dict, data, tokenizer_cache_dir) -> None:
+    """The corpus's ids into `ids_file` (token_ids.IdsFile): the char tokenizer's streamed through the text twice
+    (its vocabulary, then the ids: vectorised, never the whole text in memory), SentencePiece's from the text."""
+    kind, source = settings["kind"], loaded.source
+    if kind == "char":
+        counts, n_chars, crlf = character_counts(loaded)
+        n_train = int(n_chars * data["train_fraction"])
+        check_long_enough(n_train, n_chars - n_train, data["seq_len"], "characters", source)
+        codepoints = np.flatnonzero(counts)
+        tokenizer = CharTokenizer(map(chr, codepoints.tolist()))
+        table = np.zeros(len(counts), dtype=ids_dtype(tokenizer.vocab_size))
+        table[codepoints] = np.arange(len(codepoints))
+        chunks = (table[code_points(chunk)] for chunk in text_chunks(loaded))
+        n_val = n_chars - n_train
+    else:
+        train_text, val_text = split_text(loaded.text, data["train_fraction"])
+        check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source)
+        tokenizer = build_tokenizer(kind, train_text, tokenizer_cache_dir,
+                                    **{k: v for k, v in settings.items() if k != "kind"})
+        train_ids, val_ids = (np.asarray(tokenizer.encode(t), dtype=np.int64) for t in (train_text, val_text))
+        chunks, n_train, n_val, crlf = (train_ids, val_ids), len(train_ids), len(val_ids), 0
+    ids_file.write(chunks, {"sha256": loaded.sha256, "source": str(source), "tokenizer": tokenizer_to_json(tokenizer),
+                            "vocab_size": tokenizer.vocab_size, "dtype": ids_dtype(tokenizer.vocab_size).name,
+                            "n_train": n_train, "n_val": n_val, "crlf": crlf})
+
+
+def say_crlf(source: Path, crlf: int) -> None:
+    if crlf:
+        print(f"corpus {source} has Windows line ends ({crlf:,} of \\r\\n): \\r is a character of its own in the "
+              "vocabulary, predicted before every line end; to leave it out, convert the file first, e.g. dos2unix")
+
+
+def code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+
+
+def character_counts(loaded: CorpusText) -> tuple[np.ndarray, int, int]:
+    """(counts of every code point, characters, \\r\\n pairs) of the text, read in chunks."""
+    counts, n_chars, crlf, last = np.zeros(0x110000, dtype=np.int64), 0, 0, ""
+    for chunk in text_chunks(loaded):
+        counts += np.bincount(code_points(chunk), minlength=len(counts))
+        crlf += chunk.count("\r\n") + (last == "\r" and chunk[0] == "\n")
+        n_chars, last = n_chars + len(chunk), chunk[-1]
+    return counts, n_chars, crlf
+
+
+def say_if_edited(folder: Path, loaded: CorpusText) -> None:
+    """One line where ids were prepared from this file when it held another text (its sha256 then)."""
+    for record_file in sorted(folder.glob("ids-*.json")):
+        record = read_json(record_file) or {}
+        if record.get("source") == str(loaded.source) and record.get("sha256") not in (None, loaded.sha256):
+            print(f"corpus {loaded.source} changed since its token ids were prepared (sha256 {record['sha256']}, now "
+                  f"{loaded.sha256}): its ids are prepared anew")
+            return

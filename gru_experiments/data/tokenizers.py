@@ -2,14 +2,16 @@
 bits per character are computed from `token_char_lengths`.
 """
 
+import base64
 import hashlib
 import io
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
+import numpy as np
 import sentencepiece as spm
 import torch
 from filelock import FileLock
@@ -67,7 +69,10 @@ class CharTokenizer:
             raise ValueError(f"characters not in the vocabulary: {unknown!r}")
         return [self._index[c] for c in text]
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):  # a split's ids: one lookup, not a Python step per character
+            code_points = np.array([ord(c) for c in self.chars], dtype="<u4")
+            return code_points[ids.cpu().numpy()].tobytes().decode("utf-32-le")
         return "".join(self.chars[int(i)] for i in ids)
 
     def unknown_characters(self, text: str) -> list[str]:
@@ -155,7 +160,9 @@ class SentencePieceTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text.translate(self._to_sp))
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):  # a split's ids: one lookup, then one join
+            return "".join(np.array(self._surfaces, dtype=object)[ids.cpu().numpy()])
         return "".join(self._surfaces[int(i)] for i in ids)
 
     def unknown_characters(self, text: str) -> list[str]:
@@ -223,6 +230,12 @@ def build_tokenizer(kind: str, text: str, cache_dir: str | Path, extra: Iterable
     raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
 
 
+def decoded_pieces(tokenizer, ids: torch.Tensor, piece_tokens: int = 1 << 24) -> Iterator[str]:
+    """`ids` decoded `piece_tokens` at a time (one lookup each): a split's text without all of it in memory."""
+    for start in range(0, ids.numel(), piece_tokens):
+        yield tokenizer.decode(ids[start:start + piece_tokens])
+
+
 def plain_tokens(tokenizer) -> torch.Tensor | None:
     """(V,) bool: the token ids plain text can hold (not `extra`); None when that is every token."""
     extra = getattr(tokenizer, "extra", ())
@@ -231,6 +244,20 @@ def plain_tokens(tokenizer) -> torch.Tensor | None:
     plain = torch.ones(tokenizer.vocab_size, dtype=torch.bool)
     plain[tokenizer.encode("".join(extra))] = False
     return plain
+
+
+def tokenizer_to_json(tokenizer) -> dict:
+    """state_dict as JSON holds it (SentencePiece's model in base64), for the prepared ids' record."""
+    state = tokenizer.state_dict()
+    if "model_proto" in state:
+        state["model_proto"] = base64.b64encode(tokenizer.model_proto).decode()
+    return state
+
+
+def tokenizer_from_json(state: dict) -> CharTokenizer | SentencePieceTokenizer:
+    if isinstance(state.get("model_proto"), str):
+        state = state | {"model_proto": base64.b64decode(state["model_proto"])}
+    return tokenizer_from_state(state)
 
 
 def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer:

@@ -14,6 +14,8 @@ from gru_experiments.validation import check_ints, check_setting
 SMOOTHINGS = ("kneser_ney", "add_one")
 MIN_DISCOUNT = 0.05
 ROWS_PER_CHUNK = 1 << 15  # positions whose distributions are built at once (memory: rows x V float64)
+CHUNK_TOKENS = 1 << 24  # fit_in_chunks: training tokens counted at once
+PAIR_TABLE_LIMIT = 1 << 26  # fit_in_chunks: the most V x V pair counters it keeps (512 MB)
 
 
 class NGramLM(FiniteContextLM):
@@ -86,6 +88,31 @@ class NGramLM(FiniteContextLM):
                 suffix = torch.empty(self.keys(k + 1).numel(), dtype=torch.long, device=ids.device)
                 suffix[longer] = shorter
                 setattr(self, f"counts_{k}", torch.bincount(suffix, minlength=self.keys(k).numel()))
+        self._tables = None
+        return self
+
+    @torch.no_grad()
+    def fit_in_chunks(self, train_ids: Tensor, chunk: int = CHUNK_TOKENS) -> "NGramLM":
+        """`fit`'s counts of an order-2 model with add-one smoothing (the study's bigram baseline), counted a chunk
+        at a time in one bincount over the V x V pairs: the same keys and counts in memory bounded by the chunk,
+        not the split (which may be a memory map of any integer width). Other models, or a vocabulary whose pairs
+        would not fit in PAIR_TABLE_LIMIT counters: `fit`."""
+        V, n = self.vocab_size, train_ids.numel()
+        if self.order != 2 or self.smoothing != "add_one" or V * V > PAIR_TABLE_LIMIT or n < 2:
+            return self.fit(train_ids)
+        device = self.keys_1.device
+        unigrams = torch.zeros(V, dtype=torch.long, device=device)
+        pairs = torch.zeros(V * V, dtype=torch.long, device=device)
+        for start in range(0, n, chunk):
+            ids = train_ids[start:start + chunk + 1].to(device, torch.long)  # one token more: the pair across
+            unigrams += torch.bincount(ids[:chunk], minlength=V)
+            pairs += torch.bincount(ids[:-1] * V + ids[1:], minlength=V * V)
+        self.keys_1 = unigrams.nonzero().flatten()
+        self.counts_1 = unigrams[self.keys_1]
+        rank = torch.cumsum(unigrams > 0, 0) - 1  # a token's index among keys_1 (fit's keys: previous's inverse)
+        seen = pairs.nonzero().flatten()
+        self.keys_2, order = torch.sort(rank[seen // V] * V + seen % V)
+        self.counts_2 = pairs[seen][order]
         self._tables = None
         return self
 

@@ -35,6 +35,8 @@ TRAIN_RULES = [
     Rule("data.batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.eval_batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.train_fraction", open_fraction, "a number strictly between 0 and 1"),
+    Rule("data.validation_tokens", int_at_least(2), "null (the whole validation split) or an integer >= 2 (the "
+         "validation split's first tokens that every validation over training scores)", optional=True),
     Rule("trainer.max_steps", lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
     Rule("trainer.gradient_clip_val", non_negative_number, "a number >= 0", optional=True),
     Rule("low_precision_matmuls", lambda v: v in ("auto", "always", "never"), "auto, always or never",
@@ -151,6 +153,7 @@ class RunSpec:
     seq_len: int
     batch_size: int
     eval_batch_size: int
+    validation_tokens: int | None  # the validations over training score the split's first this many (None: all)
     batching: str
     probe: ProbeSettings | None
     recall_weight: float
@@ -191,6 +194,7 @@ class RunSpec:
             lr=cfg.model.get("lr"), epochs=epochs, steps_per_epoch=steps_per_epoch,
             data=resolved["data"], tokenizer=resolved.get("tokenizer"), seq_len=cfg.data.seq_len,
             batch_size=cfg.data.batch_size, eval_batch_size=cfg.data.eval_batch_size,
+            validation_tokens=cfg.data.get("validation_tokens"),  # a run config from before the key: None
             batching=(resolved.get("training") or {}).get("batching") or "windows",  # configs from before training=
             probe=probe, recall_weight=OmegaConf.select(cfg, "training.recall_weight", default=1),
             evaluation=evaluation, evaluation_window=resolved["evaluation"].get("window"),

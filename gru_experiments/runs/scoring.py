@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Iterable
 
 from lightning.pytorch.callbacks import Callback
 
@@ -29,17 +30,18 @@ from gru_experiments.study.generation import (
 )
 from gru_experiments.study.plan import BEST, OVER_TRAINING, STATEFUL, STATELESS, TEXT
 from gru_experiments.study.scores import Split, score_chunks
-from gru_experiments.study.text_index import words
+from gru_experiments.study.text_index import vocabulary
 
 
 class ModesOverTraining(Callback):
     """`run`: the model in training, its tokenizer and seed; `epoch_tokens`: what evaluation.budget is a multiple
-    of here; `train_text`: the training split's, for the word validity."""
+    of here; `train_text`: the training split's (or its pieces, in order), for the word validity."""
 
-    def __init__(self, run: TrainedRun, val: Split, epoch_tokens: int, settings: EvaluationSettings, train_text: str):
+    def __init__(self, run: TrainedRun, val: Split, epoch_tokens: int, settings: EvaluationSettings,
+                 train_text: str | Iterable[str]):
         self.run, self.val, self.settings = run, val, settings
         # what the word validity reads of a training index: its words (counted here without the rest)
-        index = SimpleNamespace(vocabulary=frozenset(words(train_text)))
+        index = SimpleNamespace(vocabulary=vocabulary([train_text] if isinstance(train_text, str) else train_text))
         self.asked = dict(training_tokens=epoch_tokens, purpose=OVER_TRAINING, load_text_index=lambda: index)
 
     def plan(self):
@@ -151,8 +153,10 @@ class CostEstimate(Callback):
 
     def __init__(self, run: TrainedRun, val: Split, settings: EvaluationSettings, *, tokens_per_step: int,
                  epoch_tokens: int, eval_batch_size: int = 64, modes: ModesOverTraining | None = None,
-                 train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0):
+                 train_ids=None, probe=None, min_steps: int = 10, min_seconds: float = 20.0,
+                 validation_targets: int | None = None):
         self.run, self.val, self.settings, self.modes = run, val, settings, modes
+        self.validation_targets = validation_targets or val.n_targets  # what a validation over training scores
         self.tokens_per_step, self.epoch_tokens, self.eval_batch_size = tokens_per_step, epoch_tokens, eval_batch_size
         self.train_ids, self.probe, self.min_steps, self.min_seconds = train_ids, probe, min_steps, min_seconds
         self._first_step: int | None = None
@@ -183,7 +187,7 @@ class CostEstimate(Callback):
             self.run, self.settings, self.val, training_tokens=self.epoch_tokens, purpose=OVER_TRAINING)
         return estimate(EvaluationClock.of(self.run.model, self.settings.seq_len), step_seconds=step_seconds,
                         steps_left=max(int(total_steps) - trainer.global_step, 0), validations=epochs,
-                        val_targets=self.val.n_targets, eval_batch_size=self.eval_batch_size, over_training=modes,
+                        val_targets=self.validation_targets, eval_batch_size=self.eval_batch_size, over_training=modes,
                         final=final, best=best)
 
     def plans(self, training_tokens: int):

@@ -162,7 +162,7 @@ def request(run: TrainedRun, settings: EvaluationSettings, val: Split, *, traini
     exact) for `purpose` (FINAL, BEST, OVER_TRAINING). The text statistics' training index is counted once per
     corpus (TrainingIndex.cached)."""
     def index():
-        return TrainingIndex.cached(run.tokenizer.decode(train_ids.tolist()), run.data_dir or Path("data"))
+        return TrainingIndex.cached(run.tokenizer.decode(train_ids), run.data_dir or Path("data"))
     return Request(run.model, val, settings, training_tokens, purpose, run.tokenizer, train_ids, probe, run.seed,
                    load_text_index or index)
 

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gru_experiments.data.batches import CorpusDataModule
 from gru_experiments.data.corpus import load_corpus, prepare_corpus
+from gru_experiments.data.tokenizers import decoded_pieces
 from gru_experiments.errors import TrainingDiverged
 from gru_experiments.files import write_json
 from gru_experiments.models.cuda_graphs import cuda_graphs
@@ -59,7 +60,8 @@ class Run:
     corpus: object
     task: LanguageModelTask
     data: CorpusDataModule
-    val: Split
+    val: Split  # the validation split the end-of-run evaluation scores
+    epoch_val: Split  # its first data.validation_tokens: what every validation over training scores
     parameters: int | None = None
     trainer: L.Trainer | None = None
     checkpoints: tuple = ()
@@ -122,16 +124,18 @@ def prepare(spec: RunSpec, resume=None) -> Run:
         task.weigh_recall(corpus.probe.symbol_ids.closing, spec.recall_weight)
     model = task.model
     val_ids = corpus.val_ids[:SMOKE_VAL_TOKENS] if spec.smoke else corpus.val_ids
-    data = CorpusDataModule(corpus.train_ids, val_ids, spec.batch_size, spec.seq_len, spec.steps_per_epoch,
+    epoch_val_ids = val_ids[:spec.validation_tokens]  # None: the whole split
+    data = CorpusDataModule(corpus.train_ids, epoch_val_ids, spec.batch_size, spec.seq_len, spec.steps_per_epoch,
                             seed=spec.seed, eval_batch_size=spec.eval_batch_size,
                             batching=spec.batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
-    check_sizes(spec, model, data.train_ids.numel(), data.val_ids.numel())
+    check_sizes(spec, model, data.train_ids.numel(), val_ids.numel())
     check_trainer(spec, len(data.val_dataloader()), model.trainable)  # what Lightning refuses, before any write
     if resume is not None:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
-    run = Run(spec, resume, RunDir(spec.output_dir), corpus, task, data, Split.of(data.val_ids, tokenizer),
+    run = Run(spec, resume, RunDir(spec.output_dir), corpus, task, data, Split.of(val_ids, tokenizer),
+              Split.of(epoch_val_ids, tokenizer),
               parameters=count_parameters(model) if model.trainable else None,
               stopping=build_early_stopping(spec.early_stopping) if model.trainable else None)
     print(describe_run(run))
@@ -170,11 +174,12 @@ def fit_or_count(run: Run, current) -> None:
         run.logger.log_metrics({"parameters": run.parameters})
     epoch_tokens = spec.steps_per_epoch * spec.tokens_per_step
     weights = in_memory(run)
-    modes = ModesOverTraining(weights, run.val, epoch_tokens, spec.evaluation,
-                              run.corpus.tokenizer.decode(run.corpus.train_ids.tolist()))
+    modes = ModesOverTraining(weights, run.epoch_val, epoch_tokens, spec.evaluation,
+                              decoded_pieces(run.corpus.tokenizer, run.corpus.train_ids))
     callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
                  modes, CostEstimate(weights, run.val, spec.evaluation, tokens_per_step=spec.tokens_per_step,
                                      epoch_tokens=epoch_tokens, eval_batch_size=spec.eval_batch_size, modes=modes,
+                                     validation_targets=run.epoch_val.n_targets,
                                      train_ids=run.corpus.train_ids, probe=run.corpus.probe),
                  *([run.stopping] if run.stopping is not None else [])]
     limit = {}
@@ -209,14 +214,14 @@ def fit_or_count(run: Run, current) -> None:
 
 
 def summarize(run: Run, current) -> dict:
-    """The run's record; its validation figures the last validation's if it scored the final weights on every
-    target, else one more pass's."""
+    """The run's record; its validation figures (over the first data.validation_tokens) the last validation's if it
+    scored the final weights on every one of those targets, else one more pass's."""
     spec, task, trainer = run.spec, run.task, run.trainer
     model = task.model
     task.to(trainer.strategy.root_device)
     val = task.last_val_score
-    if not (task.last_val_step == trainer.global_step and val is not None and val.tokens == run.val.n_targets):
-        val = score_chunks(model, run.val.to(task.device), spec.seq_len, spec.eval_batch_size)
+    if not (task.last_val_step == trainer.global_step and val is not None and val.tokens == run.epoch_val.n_targets):
+        val = score_chunks(model, run.epoch_val.to(task.device), spec.seq_len, spec.eval_batch_size)
     checkpoint, *_ = run.checkpoints
     return {
         "status": "completed",

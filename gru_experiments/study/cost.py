@@ -9,9 +9,11 @@ import weakref
 import torch
 
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
+from gru_experiments.study.cache import CPU_STRIDE, SHARPNESS, cache_sizes, continuous_cache
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.generation import eval_mode
-from gru_experiments.study.plan import CURVE, MODE, TEXT, WINDOWED, Plan
+from gru_experiments.study.plan import CURVE, MODE, TEXT, WINDOWED, Plan, StatefulPass
+from gru_experiments.study.scores import stream_layout
 
 
 def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
@@ -95,7 +97,36 @@ class EvaluationClock:
                    for mode, rows, steps, forward in p.calls)
 
     def plan_seconds(self, plan) -> float:
-        return sum(self.pass_seconds(p) for p in plan.passes)
+        return sum(self.pass_seconds(p) for p in plan.passes) + self.cache_seconds(plan)
+
+    def cache_seconds(self, plan) -> float:
+        """The cache entry's seconds: no forward tokens of its own, but every query of the stateful pass's states
+        against its last `longest` keys, at a rate timed once (cache.continuous_cache on a small segment)."""
+        p = next((p for p in plan.passes if isinstance(p, StatefulPass)
+                  and any(r.name == "cache" for r in p.readers)), None)
+        if p is None or getattr(self.model, "family", None) == "ngram":  # no states to read: counted, cheap
+            return 0.0
+        streams, length = stream_layout(plan.split_targets, p.streams)
+        rows = len(range(0, streams, p.stride))
+        sizes = cache_sizes(plan.window, rows * length if p.stride == 1 and rows > 1 else length)
+        exact = plan.budget is None or self.model.device.type != "cpu"
+        queries = rows * length / (1 if exact else CPU_STRIDE)
+        return queries * max(sizes) * self.cache_rate() if sizes else 0.0
+
+    def cache_rate(self) -> float:
+        """Seconds per (query, key) pair of the continuous cache, every θ (timed once: a segment of 1,024)."""
+        if "cache" not in self._seconds:
+            with torch.no_grad(), eval_mode(self.model):
+                _, _, features = self.model.forward_features(torch.zeros(1, 1, dtype=torch.long,
+                                                                         device=self.model.device))
+            width = features.shape[-1] if features is not None else 256
+            generator = torch.Generator().manual_seed(0)  # the global RNG untouched
+            hidden = torch.randn(1, 1024, width, generator=generator).to(self.model.device, torch.bfloat16)
+            targets = torch.randint(64, (1, 1024), generator=generator).to(self.model.device)
+            started = time.perf_counter()
+            continuous_cache(hidden, targets, [128, 256, 512], list(SHARPNESS))
+            self._seconds["cache"] = (time.perf_counter() - started) / (1024 * 512)
+        return self._seconds["cache"]
 
 
 def duration(seconds: float) -> str:

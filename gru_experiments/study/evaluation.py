@@ -5,10 +5,10 @@ through; the settings it is built from and the context curve's record.
 
 import math
 from dataclasses import dataclass, replace
-from itertools import accumulate
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,7 +30,7 @@ from gru_experiments.study.plan import (
 )
 from gru_experiments.study.recall import RecallEntry
 from gru_experiments.study.scores import Score, Split, paired_difference, score_at, score_subset
-from gru_experiments.study.text_index import is_word_char, word_matches
+from gru_experiments.study.text_index import word_char_mask, word_matches
 from gru_experiments.study.text_protocol import TextEntry, TextSettings, WordValidityEntry
 from gru_experiments.validation import Rule, check_rules, int_at_least, positive_number, temperature_rule
 
@@ -336,23 +336,28 @@ class TargetClasses:
         return {name: self.labels == i for i, name in enumerate(CLASSES)} | {LONG_COPY: self.long_copy}
 
 
-def character_class(text: str, i: int) -> int:
-    if i == 0 or text[i - 1] == "\n":
-        return LINE_START
-    if not is_word_char(text, i):
-        return OTHER
-    return WORD_INSIDE if is_word_char(text, i - 1) else WORD_START
+def start_classes(text: str, starts: np.ndarray) -> Tensor:
+    """The class of the character at each of `starts` (OTHER past the text's end), vectorised: a line's first
+    character, else not a word character, else a word's inside or its start (text_index.is_word_char)."""
+    word = word_char_mask(text)
+    labels = np.full(len(starts), OTHER)
+    at = starts[starts < len(text)]
+    before = np.maximum(at - 1, 0)  # position 0 is a line start whatever comes "before" it
+    line_start = (at == 0) | (np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")[before] == 10)
+    labels[starts < len(text)] = np.where(line_start, LINE_START, np.where(
+        ~word[at], OTHER, np.where(word[before], WORD_INSIDE, WORD_START)))
+    return torch.from_numpy(labels).long()
 
 
 def classify(surfaces: list[str], window: int, longest: int | None) -> TargetClasses:
     """The classes of a split given as its tokens' texts (`surfaces`; one character each for a character
     model): a token's class is that of its first character; the overlay's distances are in tokens."""
     text = "".join(surfaces)
-    starts = [0, *accumulate(map(len, surfaces))][:len(surfaces)]  # the character offset of each token
+    starts = np.cumsum([0, *map(len, surfaces)])[:len(surfaces)]  # the character offset of each token
     token_at = torch.zeros(len(text) + 1, dtype=torch.long)  # the token of each character
-    token_at[torch.tensor(starts[1:], dtype=torch.long)] = 1
+    token_at[torch.from_numpy(starts[1:]).long()] = 1
     token_at = torch.cumsum(token_at, 0)
-    labels = torch.tensor([character_class(text, s) if s < len(text) else OTHER for s in starts], dtype=torch.long)
+    labels = start_classes(text, starts)
     long_copy, last_seen = torch.zeros(len(surfaces), dtype=torch.bool), {}
     if longest:
         for match in word_matches(text):
@@ -366,8 +371,8 @@ def classify(surfaces: list[str], window: int, longest: int | None) -> TargetCla
 
 def split_classes(ids: Tensor, tokenizer, window: int, longest: int | None) -> TargetClasses:
     """`classify` of a split's token ids (decoding is a lookup per id for both tokenizers)."""
-    surfaces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
-    return classify([surfaces[i] for i in ids.tolist()], window, longest)
+    surfaces = np.array([tokenizer.decode([i]) for i in range(tokenizer.vocab_size)], dtype=object)
+    return classify(list(surfaces[ids.cpu().numpy()]), window, longest)
 
 
 # --- the context curve and stateful - windowed by kind of target (docs/evaluation.md) -----------------

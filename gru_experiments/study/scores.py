@@ -288,7 +288,7 @@ def score_stateless(model, split: Split) -> Score:
 def score_bigram(train_ids: Tensor, split: Split) -> Score:
     """The baseline: an add-one smoothed bigram counted from the training split."""
     device = split.ids.device
-    bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit(train_ids.to(device))
+    bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit_in_chunks(train_ids)
     return score_stateless(bigram, split)
 
 

@@ -7,7 +7,9 @@ import math
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Iterable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,10 +37,36 @@ def words(text: str) -> list[str]:
     return [match.group().lower() for match in word_matches(text)]
 
 
+def vocabulary(pieces: Iterable[str]) -> frozenset[str]:
+    """The distinct `words` of the text that `pieces` make, read a piece at a time: each cut after its last line
+    end (no word holds one), the rest carried to the next, so a large split never lies in memory whole."""
+    found, carry = set(), ""
+    for piece in pieces:
+        text = carry + piece
+        cut = text.rfind("\n") + 1
+        found.update(match.group().lower() for match in word_matches(text[:cut]))
+        carry = text[cut:]
+    found.update(match.group().lower() for match in word_matches(carry))
+    return frozenset(found)
+
+
 def is_word_char(text: str, i: int) -> bool:
     c = text[i]
     return c.isalpha() or (c in APOSTROPHES and 0 < i < len(text) - 1 and text[i - 1].isalpha()
                            and text[i + 1].isalpha())
+
+
+def word_char_mask(text: str) -> np.ndarray:
+    """is_word_char at every position of `text`, in one pass of array operations (bool, len(text))."""
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    present = np.flatnonzero(np.bincount(codes, minlength=1))
+    is_alpha = np.zeros(int(present[-1]) + 1 if len(present) else 1, dtype=bool)
+    is_alpha[present] = [chr(c).isalpha() for c in present.tolist()]
+    alpha = is_alpha[codes]
+    word = alpha.copy()
+    apostrophe = np.isin(codes, [ord(c) for c in APOSTROPHES])
+    word[1:-1] |= apostrophe[1:-1] & alpha[:-2] & alpha[2:]
+    return word
 
 
 def span_fingerprints(text: str, width: int = SPAN) -> Tensor:

@@ -217,7 +217,7 @@ class TextPass(Pass):
         started = time.perf_counter()
         val = request.val
         measured = measure_text(request.model, request.tokenizer, request.load_text_index(),
-                                request.tokenizer.decode(val.ids.tolist()), self.settings, val_ids=val.ids,
+                                request.tokenizer.decode(val.ids), self.settings, val_ids=val.ids,
                                 progress=Progress(progress.enabled, "text statistics", progress.lines))
         return {None: measured | {"seconds": time.perf_counter() - started}}
 

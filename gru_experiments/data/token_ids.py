@@ -1,0 +1,132 @@
+"""A corpus's token ids, prepared once and memory-mapped (as nanoGPT's prepare.py and Arrow files): the ids of both
+splits written to `ids-<key>.bin` beside the tokenizer's cache at the smallest integer width that holds the
+vocabulary, keyed by the corpus's sha256, the tokenizer's settings and the split; `ids-<key>.json` beside it
+records what the file holds (sha256, tokenizer, lengths, dtype). Every later run maps the file: the corpus costs
+its pages, not 8 bytes a token, and no run encodes it again. A file that does not match its record (truncated,
+damaged, from another tokenizer) is said in a line and prepared again; a lock keeps two runs from preparing it at
+once, and the writes are atomic (files.atomic_file): a kill leaves the old file or none."""
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from filelock import FileLock
+
+from gru_experiments.errors import UserError
+from gru_experiments.files import atomic_file, disk_error, read_json, write_json
+
+FORMAT_VERSION = 1  # bump when what a file holds for the same key changes
+WIDTHS = (np.uint8, np.uint16, np.int32)  # the smallest that holds the vocabulary
+
+
+def ids_dtype(vocab_size: int) -> np.dtype:
+    return next(np.dtype(t) for t in WIDTHS if vocab_size - 1 <= np.iinfo(t).max)
+
+
+def ids_key(corpus_sha256: str, tokenizer_settings: dict, train_fraction: float) -> str:
+    """What the ids are a function of: the text, the tokenizer's settings (it is fitted on that text) and the cut."""
+    source = json.dumps({"version": FORMAT_VERSION, "sha256": corpus_sha256, "tokenizer": tokenizer_settings,
+                         "train_fraction": train_fraction}, sort_keys=True)
+    return hashlib.sha256(source.encode()).hexdigest()[:32]
+
+
+@dataclass
+class PreparedIds:
+    """A prepared corpus: its tokenizer's state, the two splits' lengths and the mapped ids (one tensor, the
+    training split first)."""
+    tokenizer_state: dict
+    n_train: int
+    n_val: int
+    ids: torch.Tensor  # (n_train + n_val,) of the file's dtype, mapped read-only (copy on write)
+    record: dict
+
+    @property
+    def train_ids(self) -> torch.Tensor:
+        return self.ids[:self.n_train]
+
+    @property
+    def val_ids(self) -> torch.Tensor:
+        return self.ids[self.n_train:]
+
+
+class IdsFile:
+    """`ids-<key>.bin` and its record `ids-<key>.json` in `folder`."""
+
+    def __init__(self, folder: str | Path, key: str):
+        self.folder = Path(folder)
+        self.bin, self.record_file = self.folder / f"ids-{key}.bin", self.folder / f"ids-{key}.json"
+        self.key = key
+
+    def lock(self) -> FileLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.bin) + ".lock")
+
+    def problem(self, corpus_sha256: str) -> str | None:
+        """Why the file on disk is not this key's ids (None: it is; "" : there is none)."""
+        record = read_json(self.record_file)
+        if record is None and not self.bin.exists():
+            return ""
+        if not isinstance(record, dict) or record.get("version") != FORMAT_VERSION:
+            return "its record is missing or unreadable"
+        if record.get("sha256") != corpus_sha256 or record.get("key") != self.key:
+            return f"it records another corpus or tokenizer (sha256 {record.get('sha256')})"
+        expected = (record["n_train"] + record["n_val"]) * np.dtype(record["dtype"]).itemsize
+        if not self.bin.exists() or (size := self.bin.stat().st_size) != expected:
+            return f"it holds {size if self.bin.exists() else 0:,} bytes, not the {expected:,} its record says"
+        return None
+
+    def load(self) -> PreparedIds:
+        record = read_json(self.record_file)
+        dtype, length = np.dtype(record["dtype"]), record["n_train"] + record["n_val"]
+        mapped = np.memmap(self.bin, dtype=dtype, mode="c", shape=(length,)) if length else np.zeros(0, dtype)
+        if length and int(mapped.max()) >= record["vocab_size"]:  # bytes changed under the record: never trained on
+            raise DamagedIds(f"it holds an id past the vocabulary of {record['vocab_size']}")
+        return PreparedIds(record["tokenizer"], record["n_train"], record["n_val"], torch.from_numpy(mapped), record)
+
+    def write(self, chunks, record: dict) -> None:
+        """The ids from `chunks` (numpy arrays of ids, in order), then the record that vouches for them."""
+        needed = (record["n_train"] + record["n_val"]) * np.dtype(record["dtype"]).itemsize
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if (free := shutil.disk_usage(self.folder).free) < needed:
+            raise UserError(f"no room for the corpus's token ids: {needed:,} bytes needed in {self.folder}, "
+                            f"{free:,} free; free some space, or give another paths.data_dir")
+        try:
+            with atomic_file(self.bin) as out:
+                for chunk in chunks:
+                    out.write(np.ascontiguousarray(chunk, dtype=record["dtype"]).tobytes())
+        except OSError as error:
+            if disk_error(error) is None:
+                raise
+            raise UserError(f"the disk filled while writing the corpus's token ids to {self.bin} ({error}); nothing "
+                            "was kept: free some space, or give another paths.data_dir") from None
+        write_json(self.record_file, {"version": FORMAT_VERSION, "key": self.key, **record})
+
+
+class DamagedIds(ValueError):
+    """An ids file whose bytes its record does not vouch for."""
+
+
+def prepared_ids(folder: str | Path, key: str, corpus_sha256: str, prepare) -> PreparedIds:
+    """The ids of `key`, mapped; prepared first (`prepare(ids_file)` writes them) where there are none or they do
+    not match their record (said in a line). Under the file's lock: a second run waits and maps the first's."""
+    ids_file = IdsFile(folder, key)
+    with ids_file.lock():
+        problem = ids_file.problem(corpus_sha256)
+        if problem is None:
+            try:
+                return ids_file.load()
+            except DamagedIds as error:
+                problem = str(error)
+        if problem:
+            print(f"the token ids in {ids_file.bin} do not match their record ({problem}): preparing them again")
+        started = time.perf_counter()
+        prepare(ids_file)
+        prepared = ids_file.load()
+        print(f"prepared the token ids of {prepared.record.get('source')} ({prepared.ids.numel():,} tokens, "
+              f"{prepared.ids.dtype}) in {time.perf_counter() - started:.1f} s: {ids_file.bin}")
+        return prepared
