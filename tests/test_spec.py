@@ -12,8 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from gru_experiments.data.recall_probe import ProbeSettings
-from gru_experiments.runs.checks import RunSpec, validate
+from gru_experiments.runs.checks import validate
 from gru_experiments.runs.recipe import Recipe
+from gru_experiments.runs.spec import RunSpec
 from gru_experiments.study.evaluation import EvaluationSettings
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gru_experiments"
@@ -22,6 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gru_experiments"
 # values. runs/jobs.py and runs/resume.py read the config without the DictConfig type (OmegaConf.is_config).
 CONFIG_LAYER = {
     "runs/checks.py": "the validation: checks the config and builds its RunSpec",
+    "runs/spec.py": "the RunSpec: its one builder reads the checked config (RunSpec.of)",
     "validation.py": "the rules' engine, over a config or a dict",
     "api.py": "an entry point: composes train's and sample's configs",
     "runs/jobs.py": "the job wrapper: records a failure whose config may never have passed validation",
@@ -48,7 +50,7 @@ def modules_importing_dictconfig(root: Path) -> set[str]:
 
 def test_only_the_config_layer_imports_dictconfig():
     assert modules_importing_dictconfig(PACKAGE) <= set(CONFIG_LAYER), \
-        "a module below the config layer imports DictConfig: read the RunSpec (runs/checks.py), or plain values"
+        "a module below the config layer imports DictConfig: read the RunSpec (runs/spec.py), or plain values"
     assert all((PACKAGE / module).is_file() for module in CONFIG_LAYER)
 
 
@@ -81,7 +83,8 @@ def test_validate_returns_one_frozen_spec_of_plain_values(compose_config, tmp_pa
     assert (spec.model_name, spec.seed, spec.lr, spec.epochs, spec.steps_per_epoch) == ("astra_alpha", 1234, 1e-2, 10,
                                                                                         200)
     assert spec.architecture == {"_target_": "gru_experiments.models.recurrent.RecurrentLM", "cell": "gru",
-                                 "embedding_dim": 64, "hidden_size": 128, "num_layers": 1, "dropout": 0.1}
+                                 "embedding_dim": 64, "hidden_size": 128, "num_layers": 1, "dropout": 0.1,
+                                 "layer_norm": False, "implementation": "fast", "forget_bias": 0.0}
     assert isinstance(spec.recipe, Recipe) and spec.recipe.name == "original"
     assert isinstance(spec.probe, ProbeSettings) and isinstance(spec.evaluation, EvaluationSettings)
     assert (spec.seq_len, spec.batch_size, spec.eval_batch_size, spec.tokens_per_step) == (128, 8, 256, 8 * 128)
@@ -102,7 +105,7 @@ def test_validate_returns_one_frozen_spec_of_plain_values(compose_config, tmp_pa
 
 def test_a_counted_model_and_switched_off_settings(compose_config):
     spec = validate(compose_config("model=ngram", "trainer.fast_dev_run=true", "trainer.enable_progress_bar=false",
-                                   "checkpoint.every_n_steps=null"))
+                                   "checkpoint.every_n_steps=0"))
     assert (spec.recipe, spec.lr, spec.epochs, spec.steps_per_epoch) == (None, None, 1, 1)
     assert (spec.probe, spec.early_stopping, spec.logger) == (None, None, None)  # off: probe, patience, logger
     assert (spec.batching, spec.smoke, spec.progress_bars, spec.checkpoint_every_n_steps) == ("windows", True, False, 0)

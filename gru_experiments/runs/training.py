@@ -1,5 +1,6 @@
 """One training run, from a composed config to summary.json, in named steps: train(cfg) resolves a resume and
-validates the config into the run's RunSpec (runs/checks.py); every step after reads the spec, never the config.
+validates the config into the run's RunSpec (runs/checks.py, runs/spec.py); every step after reads the spec, never
+the config.
 
     prepare       read the corpus, build the model and the batches (nothing written)
     fit_or_count  the run folder, loggers and checkpoints; train the model (or count an n-gram)
@@ -37,12 +38,13 @@ from gru_experiments.runs.checkpoints import (
     resume_epoch_ends_exactly,
     weight_shapes,
 )
-from gru_experiments.runs.checks import RunSpec, check_sizes, check_trainer, validate
+from gru_experiments.runs.checks import check_sizes, check_trainer, validate
 from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.resume import resume_run
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
+from gru_experiments.runs.spec import RunSpec
 from gru_experiments.runs.stopping import EarlyStopping, build_early_stopping, stopping_summary
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.trained_run import TrainedRun
