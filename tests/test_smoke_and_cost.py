@@ -14,9 +14,9 @@ from evaluation_helpers import defaults, plan_of
 from omegaconf import OmegaConf
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.scoring import CostEstimate
 from gru_experiments.runs.trained_run import TrainedRun
 from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
+from gru_experiments.runs.training_callbacks import CostEstimate
 from gru_experiments.study.cost import describe_estimate
 from gru_experiments.study.evaluation import FIGURES, EvaluationSettings
 from gru_experiments.study.plan import BEST
@@ -97,14 +97,14 @@ def test_the_estimate_counts_the_validations_that_max_steps_leaves():
 
 
 def test_the_modes_are_scored_at_each_validation_but_lightnings_sanity_check():
-    """runs/scoring.ModesOverTraining, the trainer and the module stand-ins: nothing logged in the sanity check;
+    """runs/training_callbacks.ModesOverTraining, the trainer and the module stand-ins: nothing logged in the sanity check;
     at a validation the stateful and stateless bpc, the stateless one the exact figure."""
     from types import SimpleNamespace
 
     from conftest import make_text
 
     from gru_experiments.data.tokenizers import CharTokenizer
-    from gru_experiments.runs.scoring import ModesOverTraining
+    from gru_experiments.runs.training_callbacks import ModesOverTraining
     from gru_experiments.study.scores import score_stateless
 
     text = make_text(3000)

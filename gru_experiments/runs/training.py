@@ -43,11 +43,12 @@ from gru_experiments.runs.jobs import is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.resume import resume_run
 from gru_experiments.runs.run_dir import RunDir
-from gru_experiments.runs.scoring import CostEstimate, ModesOverTraining, score_run
+from gru_experiments.runs.scoring import score_run
 from gru_experiments.runs.spec import RunSpec
 from gru_experiments.runs.stopping import EarlyStopping, build_early_stopping, stopping_summary
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.trained_run import TrainedRun
+from gru_experiments.runs.training_callbacks import CostEstimate, ModesOverTraining
 from gru_experiments.study.scores import Split, score_chunks
 
 SMOKE_VAL_TOKENS = 1024
