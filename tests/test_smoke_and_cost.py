@@ -97,8 +97,8 @@ def test_the_estimate_counts_the_validations_that_max_steps_leaves():
 
 
 def test_the_modes_are_scored_at_each_validation_but_lightnings_sanity_check():
-    """runs/training_callbacks.ModesOverTraining, the trainer and the module stand-ins: nothing logged in the sanity check;
-    at a validation the stateful and stateless bpc, the stateless one the exact figure."""
+    """runs/training_callbacks.ModesOverTraining, the trainer and the module stand-ins: nothing logged in the sanity
+    check; at a validation the stateful and stateless bpc, the stateless one the exact figure."""
     from types import SimpleNamespace
 
     from conftest import make_text
