@@ -213,6 +213,33 @@ def test_score_of_the_validation_split_is_the_summary_figure(trained, lm):
     assert score.nll == pytest.approx(summary["stateless_nll"], rel=1e-9)
 
 
+def test_score_dynamic_is_study_dynamic_and_leaves_the_weights(lm):
+    """mode="dynamic": study/dynamic.score_dynamic on one stream, with the settings given; lr=0 the stateful
+    figure; the weights the trained ones after it, and after generate(mode="dynamic")."""
+    from gru_experiments.study.dynamic import DynamicSettings, score_dynamic
+    from gru_experiments.study.evaluation import DEFAULT_EVALUATION
+    from gru_experiments.study.scores import Split
+
+    before = [p.detach().clone() for p in lm.model.parameters()]
+    split = Split.of(torch.tensor(lm.tokenizer.encode(TEXT)), lm.tokenizer)
+    score = lm.score(TEXT, "dynamic", lr=0.01, decay=0.1, segment=8, rule="sgd", reset_every=None, params="head")
+    asked = DynamicSettings.of({"lr": 0.01, "decay": 0.1, "segment": 8, "params": "head"}, DEFAULT_EVALUATION)
+    assert score.nll_sum == score_dynamic(lm.model, split, asked, 1).score.nll_sum
+    assert score.dynamic["segment"] == 8 and score.dynamic["params"] == "head" and score.tokens == len(TEXT) - 1
+    assert lm.score(TEXT, "dynamic", lr=0.0).bpc == pytest.approx(lm.score(TEXT, "stateful").bpc, abs=1e-6)
+    text = lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05, segment=8)
+    assert text.startswith(TEXT) and lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05,
+                                                 segment=8) == text
+    assert lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.0) == \
+        lm.generate(TEXT, "stateful", max_new_tokens=20, seed=7)
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
+    assert "segment=500: longer than" in one_line_error(lm.score, TEXT, "dynamic", segment=500)
+    assert "lr=-1" in one_line_error(lm.score, TEXT, "dynamic", lr=-1)
+    assert 'mode="dynamic"' in one_line_error(lm.score, TEXT, "stateful", lr=0.1)
+    assert "unknown key" in one_line_error(lm.score, TEXT, "dynamic", momentum=0.9)
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
+
+
 # --- bad input -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(mode="bogus"), "bogus"),

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
@@ -21,7 +22,7 @@ from gru_experiments.data.batches import IGNORE_INDEX
 from gru_experiments.errors import UserError
 from gru_experiments.files import finite_or_null
 from gru_experiments.models.protocol import map_state
-from gru_experiments.study.generation import NO_PROGRESS, eval_mode
+from gru_experiments.study.generation import NO_PROGRESS, eval_mode, plain_logits
 from gru_experiments.study.plan import FINAL, OTHER, PRIORITY, STATEFUL, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.scores import (
     Score,
@@ -39,6 +40,7 @@ DYNAMIC = "dynamic"  # the mode's name, and the purpose of an evaluation that as
 RULES, PARTS = ("sgd", "rms"), ("all", "head", "recurrence")
 EPSILON = 2e-5  # rms: Krause's ε, added to MS in the step's denominator (his code's default)
 STATISTICS_STREAMS = 64  # rms: MS gathered on the training split as this many streams side by side (Krause: 100)
+DIVERGED = 10  # a segment's mean NLL above this many times a uniform guess's (ln V): the adaptation diverged
 BACKWARD_COST = 2  # forward tokens a backward pass costs, per token (the plan's price of a segment: 1 + this)
 
 
@@ -160,13 +162,22 @@ def _segments(model, inputs: Tensor, targets: Tensor, segment: int, plain, adapt
         chunk = targets[:, start:start + segment]
         with torch.enable_grad():
             logits, state = model(inputs[:, start:start + segment], state)
-            nll = target_nll(logits, chunk, plain).view(chunk.shape)
+            nll = _nll(logits, chunk, plain)
             scored = int((chunk != IGNORE_INDEX).sum())
             grads = torch.autograd.grad(nll.sum() / scored, adapted) if adapted and scored else None
         state = map_state(lambda s: s.detach(), state)
         if tick is not None:
             tick(chunk.numel())
         yield start, nll.detach(), grads
+
+
+def _nll(logits: Tensor, targets: Tensor, plain) -> Tensor:
+    """scores.target_nll (float32 logits, its figures to the digit), float64 kept where the model runs in it."""
+    if logits.dtype == torch.float64:
+        logits = plain_logits(logits.reshape(-1, logits.shape[-1]), plain)
+        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="none").view(targets.shape)
+    return target_nll(logits, targets, plain).view(targets.shape)
 
 
 def gradient_statistics(model, train_ids: Tensor, settings: DynamicSettings) -> dict[str, Tensor]:
@@ -209,9 +220,10 @@ def _adapt(model, inputs: Tensor, targets: Tensor, settings: DynamicSettings, st
     for p in adapter.params:
         p.requires_grad_(learns)
     reset, last = settings.reset_every, 0
+    diverged = DIVERGED * math.log(model.vocab_size)
     for start, nll, grads in _segments(model, inputs, targets, settings.segment, plain,
                                        adapter.params if learns else [], tick):
-        if not bool(torch.isfinite(nll).all()):
+        if not bool(torch.isfinite(nll).all()) or float(nll.mean()) > diverged:
             yield start, nll, "diverged"
             return
         if grads is not None:
@@ -230,7 +242,8 @@ def score_dynamic(model, split: Split, settings: DynamicSettings, streams: int, 
                   statistics: dict[str, Tensor] | None = None, tick=None) -> DynamicScore:
     """Dynamic evaluation of `split`: `streams` contiguous streams (score_stateful's layout; every stride-th),
     in segments of settings.segment, each segment scored and then its update made; the weights back to the trained
-    ones every reset_every tokens of a stream, and after the pass. A non-finite loss or weight stops the pass:
+    ones every reset_every tokens of a stream, and after the pass. A non-finite loss or weight, or a segment's
+    mean NLL over DIVERGED times ln V, stops the pass:
     the result says where (`diverged_at`, a stream position) and holds no figure."""
     inputs, targets, rows, length = _streams(split.ids, streams, stride)
     if settings.segment > length:
@@ -260,7 +273,8 @@ def adapted_to(model, ids: Tensor, settings: DynamicSettings, statistics=None, p
             for start, _, diverged in _adapt(model, inputs, targets, settings, statistics, plain):
                 if diverged:
                     raise UserError(f"the adaptation to the prompt diverged at token {start:,} (a non-finite loss "
-                                    "or weight): give a smaller evaluation.dynamic.lr")
+                                    f"or weight, or a loss over {DIVERGED} times a uniform guess's): give a smaller "
+                                    "evaluation.dynamic.lr")
         for p in model.parameters():
             p.requires_grad_(False)
         yield model
@@ -358,9 +372,9 @@ def dynamic_record(result: DynamicScore, stateful: Score | None, split: Split) -
               "updates": result.updates}
     if result.diverged_at is not None:
         return record | {"bpc": None, "bpc_se": None, "gain_bpc": None, "gain_se": None, "diverged": True,
-                         "note": f"diverged: a non-finite loss or weight at token {result.diverged_at:,} of its "
-                                 "streams; no figure (a smaller evaluation.dynamic.lr); every other figure "
-                                 "is the trained weights' as ever"}
+                         "note": f"diverged: a non-finite loss or weight, or a segment's loss over {DIVERGED} times "
+                                 f"a uniform guess's, at token {result.diverged_at:,} of its streams; no figure (a "
+                                 "smaller evaluation.dynamic.lr); every other figure is the trained weights' as ever"}
     score = result.score
     record |= {"bpc": score.bpc, "bpc_se": finite_or_null(score.sampling_se), "nll": score.nll,
                "nll_sum": score.nll_sum, "targets": score.tokens, "characters": score.characters,
