@@ -73,43 +73,45 @@ def test_lr_zero_is_the_stateful_figure_for_every_family(family):
     assert moved.updates > 0 and moved.score.bpc != dynamic.score.bpc  # it does adapt
 
 
-def reference(model, ids: torch.Tensor, s: DynamicSettings, ms: dict | None) -> list[float]:
-    """Both rules as the docs write them, one stream, float64, every step by hand: each segment's NLLs at the
-    weights before its update; θ ← θ − η g + λ(θ₀ − θ) (sgd), θ ← θ + λ r (θ₀ − θ) − η g / (MS + ε) (rms)."""
+def reference(model, ids: torch.Tensor, s: DynamicSettings, ms: dict | None, streams: int = 1) -> torch.Tensor:
+    """Both rules as the docs write them, float64, every step by hand, on `streams` streams of equal length: each
+    segment's NLLs at the weights before its update; ℓ each stream's mean NLL over the segment, summed over the
+    streams; θ ← θ − η g + λ(θ₀ − θ) (sgd), θ ← θ + λ r (θ₀ − θ) − η g / (MS + ε) (rms). (R, L) NLLs."""
     theta0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     theta = {n: p.clone() for n, p in theta0.items()}
     if ms is not None:
         mean = sum(m.mean() for m in ms.values()) / len(ms)
         rate = {n: torch.minimum(m / mean, torch.tensor(1 / s.decay, dtype=m.dtype)) for n, m in ms.items()}
-    state, nll_all = None, []
-    for start in range(0, ids.numel() - 1, s.segment):
-        inputs, targets = ids[start:start + s.segment].unsqueeze(0), ids[start + 1:start + s.segment + 1]
-        inputs = inputs[:, :targets.numel()]
+    rows_in, rows_out = ids[:-1].view(streams, -1), ids[1:].view(streams, -1)
+    state, out = None, []
+    for start in range(0, rows_in.shape[1], s.segment):
+        inputs, targets = rows_in[:, start:start + s.segment], rows_out[:, start:start + s.segment]
         leaves = {n: t.clone().requires_grad_(True) for n, t in theta.items()}
         logits, state = functional_call(model, leaves, (inputs, state))
-        nll = torch.nn.functional.cross_entropy(logits[0], targets, reduction="none")
-        grads = dict(zip(leaves, torch.autograd.grad(nll.mean(), list(leaves.values()))))
-        nll_all += nll.tolist()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (R, t)
+        grads = dict(zip(leaves, torch.autograd.grad(nll.mean(dim=1).sum(), list(leaves.values()))))
+        out.append(nll.detach())
         state = [h.detach() for h in state]
         for n in theta:
             if ms is None:
                 theta[n] = theta[n] - s.lr * grads[n] + s.decay * (theta0[n] - theta[n])
             else:
                 theta[n] = theta[n] + s.decay * rate[n] * (theta0[n] - theta[n]) - s.lr * grads[n] / (ms[n] + EPSILON)
-    return nll_all
+    return torch.cat(out, dim=1)
 
 
+@pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("rule", ["sgd", "rms"])
-def test_both_rules_match_a_float64_reference_written_from_the_formulas(rule):
+def test_both_rules_match_a_float64_reference_written_from_the_formulas(rule, streams):
     model = RecurrentLM(V, "gru", embedding_dim=4, hidden_size=5, num_layers=1, dropout=0.0).double().eval()
     val = split(41)  # 40 targets: segments of 7, the last one short
     s = settings(rule=rule, lr=0.05 if rule == "sgd" else 2e-4, decay=0.1, segment=7)
     ms = gradient_statistics(model, split(300, seed=2).ids, s) if rule == "rms" else None
-    got = score_dynamic(model, val, s, 1, statistics=ms)
-    expected = torch.tensor(reference(model, val.ids, s, ms), dtype=torch.float64)
-    torch.testing.assert_close(got.score.target_nll, expected, rtol=1e-10, atol=1e-10)
-    static = torch.tensor(reference(model, val.ids, settings(lr=0.0, segment=7), None), dtype=torch.float64)
-    assert (got.score.target_nll[7:] - static[7:]).abs().max() > 1e-4  # the updates move the later segments
+    got = score_dynamic(model, val, s, streams, statistics=ms)
+    expected = reference(model, val.ids, s, ms, streams)
+    torch.testing.assert_close(got.score.target_nll, expected.flatten(), rtol=1e-10, atol=1e-10)
+    static = reference(model, val.ids, settings(lr=0.0, segment=7), None, streams)
+    assert (expected[:, 7:] - static[:, 7:]).abs().max() > 1e-4  # the updates move the later segments
 
 
 def test_the_same_figure_twice_and_the_trained_weights_after_a_pass():

@@ -154,17 +154,21 @@ def _streams(ids: Tensor, streams: int, stride: int = 1) -> tuple[Tensor, Tensor
     return inputs.view(streams, length)[rows], targets.view(streams, length)[rows], rows, length
 
 
-def _segments(model, inputs: Tensor, targets: Tensor, segment: int, plain, adapted: list[Tensor], tick=None):
-    """The carried loop with gradients: yields (start, every target's NLL (R, t) in nats, the segment's gradient
-    of its mean NLL w.r.t. `adapted` (None when nothing adapts or nothing is scored)); the state carried, detached."""
+def _segments(model, inputs: Tensor, targets: Tensor, segment: int, plain, adapted: list[Tensor], tick=None,
+              per_stream: bool = True):
+    """The carried loop with gradients: yields (start, every target's NLL (R, t) in nats, the gradient w.r.t.
+    `adapted` (None when nothing adapts or nothing is scored) of ℓ: each stream's mean NLL over the segment, summed
+    over the streams (per_stream; so η means per stream what it means for one), or the mean over all (rms's
+    statistics, Krause's batch)); the state carried, detached."""
     state = None
     for start in range(0, inputs.shape[1], segment):
         chunk = targets[:, start:start + segment]
         with torch.enable_grad():
             logits, state = model(inputs[:, start:start + segment], state)
             nll = _nll(logits, chunk, plain)
-            scored = int((chunk != IGNORE_INDEX).sum())
-            grads = torch.autograd.grad(nll.sum() / scored, adapted) if adapted and scored else None
+            counts = (chunk != IGNORE_INDEX).sum(dim=1)
+            loss = (nll.sum(dim=1) / counts.clamp(min=1)).sum() if per_stream else nll.sum() / counts.sum()
+            grads = torch.autograd.grad(loss, adapted) if adapted and int(counts.sum()) else None
         state = map_state(lambda s: s.detach(), state)
         if tick is not None:
             tick(chunk.numel())
@@ -190,7 +194,7 @@ def gradient_statistics(model, train_ids: Tensor, settings: DynamicSettings) -> 
     with restored(model), eval_mode(model):
         for p in params:
             p.requires_grad_(True)
-        for _, _, grads in _segments(model, inputs, targets, settings.segment, None, list(params)):
+        for _, _, grads in _segments(model, inputs, targets, settings.segment, None, list(params), per_stream=False):
             if grads is not None:
                 for total, g in zip(squares, grads):
                     total.add_(g * g)
