@@ -205,14 +205,16 @@ class TrainedModel:
         return TextScore(mode=DYNAMIC, nll=record["nll"], bpc=record["bpc"], nll_sum=record["nll_sum"],
                          tokens=record["targets"], characters=record["characters"], dynamic=record["settings"])
 
-    def evaluate(self, *, progress: bool = False, **changes) -> dict:
-        """The run's validation split scored in every mode, with the context curve and the cache, by the plan the
-        run was scored by at the end of its training (its evaluation group and budget; `changes`: evaluation keys
-        to change, e.g. budget=None for every figure exact): the figures of summary.json and of sample.py's
-        evaluate=true (evaluation.json), through the same door, to the last digit."""
+    def evaluate(self, *, progress: bool = False, half: str | None = None, **changes) -> dict:
+        """The run's validation split scored in every mode, with the context curve, the cache and the dynamic figure,
+        by the plan the run was scored by at the end of its training (its evaluation group and budget; `changes`:
+        evaluation keys to change, e.g. budget=None for every figure exact, or "dynamic.lr"=0.01 through **{...}):
+        the figures of summary.json and of sample.py's evaluate=true (evaluation.json), through the same door, to
+        the last digit. half="first" or "second": every figure on that half of the split's targets alone."""
         from gru_experiments.study.generation import Progress
 
-        return self.run.evaluate_validation(self.run.splits(), changes, Progress(enabled=progress)).summary()
+        return self.run.evaluate_validation(self.run.splits(), changes, Progress(enabled=progress),
+                                            half=half).summary()
 
 
 def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:

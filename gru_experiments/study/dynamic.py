@@ -27,6 +27,7 @@ from gru_experiments.study.plan import FINAL, OTHER, PRIORITY, STATEFUL, Entry, 
 from gru_experiments.study.scores import (
     Score,
     Split,
+    StatefulChunk,
     _score_nll,
     chunks_cost,
     paired_difference,
@@ -155,16 +156,20 @@ def _streams(ids: Tensor, streams: int, stride: int = 1) -> tuple[Tensor, Tensor
 
 
 def _segments(model, inputs: Tensor, targets: Tensor, segment: int, plain, adapted: list[Tensor], tick=None,
-              per_stream: bool = True):
+              per_stream: bool = True, features: bool = False):
     """The carried loop with gradients: yields (start, every target's NLL (R, t) in nats, the gradient w.r.t.
     `adapted` (None when nothing adapts or nothing is scored) of ℓ: each stream's mean NLL over the segment, summed
     over the streams (per_stream; so η means per stream what it means for one), or the mean over all (rms's
-    statistics, Krause's batch)); the state carried, detached."""
+    statistics, Krause's batch)), and with `features` the final hidden states (R, t, C) that scored them (the
+    protocol's forward_features), else None; the state carried, detached."""
     state = None
     for start in range(0, inputs.shape[1], segment):
         chunk = targets[:, start:start + segment]
         with torch.enable_grad():
-            logits, state = model(inputs[:, start:start + segment], state)
+            if features:
+                logits, state, hidden = model.forward_features(inputs[:, start:start + segment], state)
+            else:
+                (logits, state), hidden = model(inputs[:, start:start + segment], state), None
             nll = _nll(logits, chunk, plain)
             counts = (chunk != IGNORE_INDEX).sum(dim=1)
             loss = (nll.sum(dim=1) / counts.clamp(min=1)).sum() if per_stream else nll.sum() / counts.sum()
@@ -172,7 +177,7 @@ def _segments(model, inputs: Tensor, targets: Tensor, segment: int, plain, adapt
         state = map_state(lambda s: s.detach(), state)
         if tick is not None:
             tick(chunk.numel())
-        yield start, nll.detach(), grads
+        yield start, nll.detach(), grads, None if hidden is None else hidden.detach()
 
 
 def _nll(logits: Tensor, targets: Tensor, plain) -> Tensor:
@@ -194,7 +199,7 @@ def gradient_statistics(model, train_ids: Tensor, settings: DynamicSettings) -> 
     with restored(model), eval_mode(model):
         for p in params:
             p.requires_grad_(True)
-        for _, _, grads in _segments(model, inputs, targets, settings.segment, None, list(params), per_stream=False):
+        for _, _, grads, _ in _segments(model, inputs, targets, settings.segment, None, list(params), per_stream=False):
             if grads is not None:
                 for total, g in zip(squares, grads):
                     total.add_(g * g)
@@ -214,9 +219,10 @@ class DynamicScore:
     diverged_at: int | None = None
 
 
-def _adapt(model, inputs: Tensor, targets: Tensor, settings: DynamicSettings, statistics, plain, tick=None):
+def _adapt(model, inputs: Tensor, targets: Tensor, settings: DynamicSettings, statistics, plain, tick=None,
+           features: bool = False):
     """The adapting loop, leaving the weights adapted (callers restore them): yields (start, the segment's NLLs
-    (R, t), None, or at a divergence (start, NLLs, "diverged")); `.updates` counted on the generator's adapter."""
+    (R, t), None or at a divergence "diverged", its final hidden states with `features`)."""
     adapter = Adapter(model, settings, statistics)
     learns = settings.lr > 0  # lr = 0: the weights never move (θ₀ - θ = 0), so no gradient is taken
     for p in model.parameters():
@@ -225,17 +231,17 @@ def _adapt(model, inputs: Tensor, targets: Tensor, settings: DynamicSettings, st
         p.requires_grad_(learns)
     reset, last = settings.reset_every, 0
     diverged = DIVERGED * math.log(model.vocab_size)
-    for start, nll, grads in _segments(model, inputs, targets, settings.segment, plain,
-                                       adapter.params if learns else [], tick):
+    for start, nll, grads, hidden in _segments(model, inputs, targets, settings.segment, plain,
+                                               adapter.params if learns else [], tick, features=features):
         if not bool(torch.isfinite(nll).all()) or float(nll.mean()) > diverged:
-            yield start, nll, "diverged"
+            yield start, nll, "diverged", hidden
             return
         if grads is not None:
             adapter.step(grads)
             if not adapter.finite():
-                yield start, nll, "diverged"
+                yield start, nll, "diverged", hidden
                 return
-        yield start, nll, None
+        yield start, nll, None, hidden
         following = start + settings.segment  # reset before the first segment at or past each multiple
         if reset is not None and following // reset > last // reset:
             adapter.reset()
@@ -243,12 +249,13 @@ def _adapt(model, inputs: Tensor, targets: Tensor, settings: DynamicSettings, st
 
 
 def score_dynamic(model, split: Split, settings: DynamicSettings, streams: int, *, stride: int = 1,
-                  statistics: dict[str, Tensor] | None = None, tick=None) -> DynamicScore:
+                  statistics: dict[str, Tensor] | None = None, tick=None, read=None) -> DynamicScore:
     """Dynamic evaluation of `split`: `streams` contiguous streams (score_stateful's layout; every stride-th),
     in segments of settings.segment, each segment scored and then its update made; the weights back to the trained
     ones every reset_every tokens of a stream, and after the pass. A non-finite loss or weight, or a segment's
-    mean NLL over DIVERGED times ln V, stops the pass:
-    the result says where (`diverged_at`, a stream position) and holds no figure."""
+    mean NLL over DIVERGED times ln V, stops the pass: the result says where (`diverged_at`, a stream position)
+    and holds no figure. read: called with every segment as a scores.StatefulChunk (its final hidden states, the
+    adapted model's, as features; no logits), as score_stateful's readers are (the cache over it)."""
     inputs, targets, rows, length = _streams(split.ids, streams, stride)
     if settings.segment > length:
         raise UserError(f"invalid evaluation.dynamic.segment={settings.segment}: longer than the {length:,} "
@@ -256,10 +263,14 @@ def score_dynamic(model, split: Split, settings: DynamicSettings, streams: int, 
     positions = rows.unsqueeze(1) * length + torch.arange(length, device=rows.device) + 1
     kept, learns = [], settings.lr > 0
     with restored(model), eval_mode(model):
-        for start, nll, diverged in _adapt(model, inputs, targets, settings, statistics, split.plain, tick):
+        for start, nll, diverged, hidden in _adapt(model, inputs, targets, settings, statistics, split.plain, tick,
+                                                   features=read is not None):
             if diverged:
                 return DynamicScore(Score(), settings, int(rows.numel()), stride, len(kept) * learns, start)
             kept.append(nll)
+            if read is not None:
+                chunk = targets[:, start:start + settings.segment]
+                read(StatefulChunk(rows, length, start, None, chunk, nll.float(), hidden))
     nll, scored = torch.cat(kept, dim=1), targets != IGNORE_INDEX
     score = _score_nll(nll[scored], targets[scored], split.char_lengths).of(split.n_targets)
     return DynamicScore(score.with_targets([positions[scored]], [nll[scored]]), settings, int(rows.numel()),
@@ -274,7 +285,7 @@ def adapted_to(model, ids: Tensor, settings: DynamicSettings, statistics=None, p
     inputs, targets, _, _ = _streams(ids, 1)
     with restored(model):
         with eval_mode(model):
-            for start, _, diverged in _adapt(model, inputs, targets, settings, statistics, plain):
+            for start, _, diverged, _ in _adapt(model, inputs, targets, settings, statistics, plain):
                 if diverged:
                     raise UserError(f"the adaptation to the prompt diverged at token {start:,} (a non-finite loss "
                                     f"or weight, or a loss over {DIVERGED} times a uniform guess's): give a smaller "
