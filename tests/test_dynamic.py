@@ -260,3 +260,29 @@ def test_a_counted_model_refuses_dynamic_in_one_line():
             refuse()
         assert "count" in str(info.value) and "\n" not in str(info.value)
     assert plan_of(ngram, 500, 8, {}).figure("dynamic") is None  # the run's evaluation has no such figure
+
+
+def test_the_halves_of_the_validation_split_share_no_target():
+    from gru_experiments.runs.trained_run import validation_half
+
+    ids = torch.arange(11)  # 10 targets
+    first, second = validation_half(ids, "first"), validation_half(ids, "second")
+    assert first.tolist() == [0, 1, 2, 3, 4, 5] and second.tolist() == [5, 6, 7, 8, 9, 10]  # targets 1-5, 6-10
+    assert validation_half(ids, None) is ids
+    with pytest.raises(UserError, match="half='third'"):
+        validation_half(ids, "third")
+
+
+def test_the_cache_reads_the_dynamic_pass_as_it_reads_the_stateful_one():
+    """The dynamic pass's `read` gives the cache (study/cache.py) the adapted model's states: at lr = 0 the same
+    figures as over the stateful pass."""
+    from gru_experiments.study.cache import StreamStates, cache_figures, stateful_states
+
+    model, val = build("gru"), split(1200)
+    _, states = stateful_states(model, val, 8, 1, targets_after=0)
+    kept = []
+    score_dynamic(model, val, settings(lr=0.0, segment=8), 1, read=lambda c: kept.append(StreamStates.of_chunk(c)))
+    plain, dynamic = cache_figures(states, val, 8), cache_figures(StreamStates.joined(kept), val, 8)
+    assert plain["by_size"].keys() == dynamic["by_size"].keys()
+    for n, figure in plain["by_size"].items():
+        assert abs(dynamic["by_size"][n]["bpc"] - figure["bpc"]) < 1e-6
