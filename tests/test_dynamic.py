@@ -286,3 +286,14 @@ def test_the_cache_reads_the_dynamic_pass_as_it_reads_the_stateful_one():
     assert plain["by_size"].keys() == dynamic["by_size"].keys()
     for n, figure in plain["by_size"].items():
         assert abs(dynamic["by_size"][n]["bpc"] - figure["bpc"]) < 1e-6
+
+
+def test_a_split_whose_streams_are_shorter_than_a_segment_gets_a_note_not_a_failure():
+    from evaluation_helpers import request_of
+
+    model, val = build("gru"), split(200)  # 64 streams of 4 tokens
+    evaluation = evaluate(request_of(model, val, 8, {"streams": 64, "dynamic": {"segment": 32}},
+                                     train_ids=split(500, seed=5).ids))
+    summary = evaluation.summary()
+    assert summary["dynamic_bpc"] is None and "shorter than evaluation.dynamic.segment=32" in summary["dynamic"]["note"]
+    assert summary["stateful_bpc"] is not None

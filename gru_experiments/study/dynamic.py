@@ -343,7 +343,7 @@ class DynamicEntry(Entry):
     reads_every_pass = True  # its gain pairs with the stateful pass's targets
 
     def units(self, request: Request) -> list[Unit]:
-        if request.purpose not in (FINAL, DYNAMIC) or not request.model.trainable:
+        if request.purpose not in (FINAL, DYNAMIC) or not request.model.trainable or self._too_short(request):
             return []
         s, n = request.settings, request.val.n_targets
         train = 0 if request.train_ids is None else len(request.train_ids)
@@ -356,11 +356,24 @@ class DynamicEntry(Entry):
     def run(self, request: Request, plan, results: list[dict]) -> dict | None:
         figure = plan.figure(DYNAMIC)
         if figure is None:
-            return None if request.purpose not in (FINAL, DYNAMIC) or not request.model.trainable else {
-                "note": "left out: it did not fit evaluation.budget (evaluation.budget=null scores it)"}
+            if request.purpose not in (FINAL, DYNAMIC) or not request.model.trainable:
+                return None
+            return {"note": self._too_short(request) or "left out: it did not fit evaluation.budget "
+                                                        "(evaluation.budget=null scores it)"}
         result: DynamicScore = results[figure.passes[0]][None]
         stateful = results[plan.figure(STATEFUL).passes[0]].get(None)
         return dynamic_record(result, stateful, request.val)
+
+    @staticmethod
+    def _too_short(request: Request) -> str | None:
+        """Why a run's evaluation has no dynamic figure when its split's streams are shorter than a segment (a small
+        corpus at the default segment: a note, the run intact; the API's own text is refused by score_dynamic)."""
+        s = request.settings
+        length = stream_layout(request.val.n_targets, s.streams)[1]
+        if request.purpose != FINAL or s.dynamic.segment <= length:
+            return None
+        return (f"not measured: the split's {s.streams} streams are {length:,} tokens each, shorter than "
+                f"evaluation.dynamic.segment={s.dynamic.segment}")
 
     def summary(self, record: dict | None) -> dict:
         return {"dynamic_bpc": record.get("bpc"), "dynamic_bpc_se": record.get("bpc_se"),
@@ -368,9 +381,7 @@ class DynamicEntry(Entry):
                 "dynamic_diverged": record.get("diverged", False), "dynamic": record}
 
     def describe(self, r: dict) -> str:
-        if "bpc" not in r:
-            return f"dynamic: not measured ({r['note']})"
-        if r["bpc"] is None:
+        if r.get("bpc") is None:
             return f"dynamic: {r['note']}"
         s = r["settings"]
         gain = "" if r["gain_bpc"] is None else (f", dynamic - stateful {r['gain_bpc']:+.4f} ± {r['gain_se']:.4f} "
