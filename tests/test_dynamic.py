@@ -240,9 +240,12 @@ def test_the_plan_prices_the_pass_and_samples_streams_under_a_budget():
     rms = plan_of(model, 5000, 8, {"streams": 8, "dynamic": {"rule": "rms", "lr": 1e-4, "statistics": 800}},
                   train_ids=torch.zeros(1000))
     assert rms.figure("dynamic").forward_tokens == 3 * 5000 + 3 * 800
-    tight = plan_of(model, 5000, 8, {"streams": 8, "budget": 0.5}, training_tokens=20_000,
+    # after the windowed figure, every k-th stream in what is left: a sample; nothing left, a note
+    tight = plan_of(model, 5000, 8, {"streams": 8, "budget": 1.5}, training_tokens=20_000,
                     train_ids=torch.zeros(1000))
-    assert tight.figure("dynamic").targets < 5000 and tight.forward_tokens <= 10_000
+    assert tight.figure("dynamic").targets == 5000 // 4 and tight.forward_tokens <= 30_000
+    assert plan_of(model, 5000, 8, {"streams": 8, "budget": 0.5}, training_tokens=20_000,
+                   train_ids=torch.zeros(1000)).figure("dynamic") is None
 
 
 def test_a_counted_model_refuses_dynamic_in_one_line():

@@ -118,8 +118,7 @@ class ModeEvaluation:
             metrics |= {f"{mode}_nll": score.nll, f"{mode}_bpc": score.bpc, f"{mode}_bpc_se": score.bpc_se}
         if self.gain is not None:
             n = self.gain.tokens
-            metrics["state_gain_bpc"] = self.gain.bpc if n else None
-            metrics["state_gain_se"] = self.gain.bpc_se if n > 1 else None  # as summary.json writes a NaN
+            metrics["state_gain_bpc"], metrics["state_gain_se"] = (self.gain.bpc if n else None), self.gain.bpc_se
             if n < 2:
                 metrics["state_gain_note"] = self.gain_note
         return metrics
