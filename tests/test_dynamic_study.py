@@ -1,0 +1,60 @@
+"""tools/dynamic_study.py: the run folders it finds (and the one line for a folder without one), its tables and its
+plot from a results record, and the whole tool on a tiny trained run (slow)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from robustness_helpers import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import dynamic_study  # noqa: E402
+
+
+def gain(bpc):
+    return {"bpc": bpc, "se": 0.001, "targets": 100}
+
+
+RESULTS = {"machine": "test", "seconds": 1.0, "groups": {"astra_alpha on tiny": {
+    "tuning": {"run": "r1", "chosen": {"rule": "sgd", "lr": 0.01, "decay": 0.0, "segment": 32}},
+    "runs": [{"seed": 1, "stateful_bpc": 2.3, "dynamic_bpc": 2.1, "gain": gain(-0.2),
+              "cache": {"by_size": {"128": {"cache_gain": -0.03, "cache_dynamic_gain": -0.2, "additive": -0.23},
+                                    "4096": {"cache_gain": -0.2, "cache_dynamic_gain": -0.25, "additive": -0.4}}},
+              "by_reach": {"128": gain(-0.01), "512": gain(-0.05), "4096": gain(-0.15), "None": gain(-0.2)},
+              "by_params": {"all": gain(-0.2), "head": gain(-0.17), "recurrence": None},
+              "swapped": {"settings": {"rule": "sgd"}, "gain": gain(-0.08)}},
+             {"seed": 2, "stateful_bpc": 2.31, "diverged": True}]}}}
+
+
+def test_the_tables_and_the_plot_from_a_record(tmp_path):
+    table = dynamic_study.markdown(RESULTS)
+    assert "| 1 | 2.3000 | 2.1000 | -0.2000 ± 0.0010 | -0.2000 | -0.2500 | -0.4000 |" in table
+    assert "| 2 | 2.3100 | diverged |" in table
+    assert "| 128 | -0.0100 | -0.0300 |" in table and "| never | -0.2000 |  |" in table
+    assert "head -0.1700" in table and "Halves swapped" in table
+    dynamic_study.plot(RESULTS, tmp_path / "reach.png")
+    assert (tmp_path / "reach.png").stat().st_size > 1000
+
+
+def test_folders_without_a_completed_run_are_one_line_each(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert dynamic_study.main([str(tmp_path / "empty"), str(tmp_path / "missing")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all("no completed run folder" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_the_tool_on_a_tiny_trained_run(tmp_path, compose_config, tiny_corpus):
+    from gru_experiments.runs.training import train
+
+    summary = train(compose_config("preset=smoke", "logger=none", "trainer.max_steps=4", f"data.path={tiny_corpus}",
+                                   "evaluation.text.samples=0"))
+    out = tmp_path / "study"
+    assert dynamic_study.main([summary["run_dir"], "--quick", "--out", str(out), "--cache-every", "1"]) == 0
+    record = json.loads((out / "dynamic_study.json").read_text())
+    [group] = record["groups"].values()
+    [run] = group["runs"]
+    assert group["tuning"]["chosen"]["rule"] in ("sgd", "rms") and "gain" in run and "by_reach" in run
+    assert "swapped" in run and (out / "dynamic_study.md").is_file() and (out / "gain_by_reach.png").is_file()
