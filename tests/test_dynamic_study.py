@@ -58,3 +58,47 @@ def test_the_tool_on_a_tiny_trained_run(tmp_path, compose_config, tiny_corpus):
     [run] = group["runs"]
     assert group["tuning"]["chosen"]["rule"] in ("sgd", "rms") and "gain" in run and "by_reach" in run
     assert "swapped" in run and (out / "dynamic_study.md").is_file() and (out / "gain_by_reach.png").is_file()
+
+
+def dynamic_settings(tmp_path, gains, model="astra_alpha", corpus=None):
+    from omegaconf import OmegaConf
+    from test_findings import summary
+    from test_reporting import make_job
+
+    from gru_experiments.report.settings import group_settings
+    from gru_experiments.report.sweep_folder import collect
+
+    sweep = tmp_path / f"dyn{len(list(tmp_path.iterdir()))}"
+    for num, (seed, gain) in enumerate(enumerate(gains, 1)):
+        values = summary(model, "char", 86_913, 2.25, 3.7, 3.58)
+        values.update(dynamic_bpc=2.25 + gain, dynamic_bpc_se=0.0, dynamic_gain_bpc=gain, dynamic_gain_se=0.002,
+                      cache_gain_bpc=-0.2, cache_gain_se=0.01, recurrent=True,
+                      dynamic={"settings": {"rule": "sgd", "lr": 0.01, "decay": 0.0, "segment": 32,
+                                            "reset_every": None, "params": "all"}, "diverged": False})
+        job = make_job(sweep, num, model, summary=values)
+        config = OmegaConf.load(job / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.merge(config, {"seed": seed}), job / ".hydra" / "config.yaml")
+    runs, _ = collect(sweep)
+    return group_settings(runs), sweep
+
+
+def test_finding_22_and_the_section_follow_the_numbers(tmp_path):
+    from gru_experiments.report.dynamic_report import dynamic_section, weights_finding
+
+    jobs, _ = dynamic_settings(tmp_path, [-0.07, -0.075, -0.072])
+    verdict, evidence = weights_finding(jobs)
+    assert verdict == "supported" and "-0.0723 ± 0.0015" in evidence and "36% of the cache's" in evidence
+    assert weights_finding(dynamic_settings(tmp_path, [-0.03, 0.02, -0.004])[0])[0] == "not shown by this sweep"
+    assert weights_finding(dynamic_settings(tmp_path, [0.05, 0.06, 0.055])[0])[0] == "contradicted"
+    lines = "\n".join(dynamic_section(jobs, {}))
+    assert "## Dynamic evaluation" in lines and "sgd, η 0.01, λ 0, segment 32" in lines
+    assert weights_finding([])[0] == "cannot be judged"
+
+
+def test_finding_22_is_numbered_after_finding_21_in_the_report(tmp_path):
+    from gru_experiments.report.report import build_report
+
+    _, sweep = dynamic_settings(tmp_path, [-0.07, -0.075, -0.072])
+    build_report(sweep)
+    text = (sweep / "report.md").read_text()
+    assert "\n22. **The weights read what the state does not**: supported." in text and "## Dynamic evaluation" in text

@@ -13,6 +13,7 @@ from gru_experiments.files import atomic_write
 from gru_experiments.report import (
     cache_report,
     context_classes,
+    dynamic_report,
     lr_sweep,
     lstm_recall,
     overfitting,
@@ -284,6 +285,7 @@ SECTIONS: list[Section] = [
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall_report.SECTION, recall_report.HORIZON, recall_report.COST, text_report.SECTION,
     scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache_report.SECTION, past_window.SECTION,
+    dynamic_report.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
 ]
