@@ -223,13 +223,15 @@ def test_score_dynamic_is_study_dynamic_and_leaves_the_weights(lm):
     before = [p.detach().clone() for p in lm.model.parameters()]
     split = Split.of(torch.tensor(lm.tokenizer.encode(TEXT)), lm.tokenizer)
     score = lm.score(TEXT, "dynamic", lr=0.01, decay=0.1, segment=8, rule="sgd", reset_every=None, params="head")
-    asked = DynamicSettings.of({"lr": 0.01, "decay": 0.1, "segment": 8, "params": "head"}, DEFAULT_EVALUATION)
+    asked = DynamicSettings.of({"rule": "sgd", "lr": 0.01, "decay": 0.1, "segment": 8, "params": "head"},
+                               DEFAULT_EVALUATION)
     assert score.nll_sum == score_dynamic(lm.model, split, asked, 1).score.nll_sum
     assert score.dynamic["segment"] == 8 and score.dynamic["params"] == "head" and score.tokens == len(TEXT) - 1
     assert lm.score(TEXT, "dynamic", lr=0.0).bpc == pytest.approx(lm.score(TEXT, "stateful").bpc, abs=1e-6)
-    text = lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05, segment=8)
+    text = lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05, segment=8, rule="sgd")
     assert text.startswith(TEXT) and lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05,
-                                                 segment=8) == text
+                                                 segment=8, rule="sgd") == text
+    assert lm.score(TEXT, "dynamic").dynamic["rule"] == "rms"  # the defaults: rms, its statistics on the run's split
     assert lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.0) == \
         lm.generate(TEXT, "stateful", max_new_tokens=20, seed=7)
     assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))

@@ -51,7 +51,7 @@ def split(n: int = 600, seed: int = 1) -> Split:
 
 
 def settings(**changes) -> DynamicSettings:
-    return DynamicSettings.of(changes, DEFAULT_EVALUATION)
+    return DynamicSettings.of({"rule": "sgd"} | changes, DEFAULT_EVALUATION)
 
 
 def weights(model) -> list[torch.Tensor]:
@@ -234,17 +234,18 @@ def test_a_diverging_adaptation_is_marked_and_every_other_figure_kept():
 
 def test_the_plan_prices_the_pass_and_samples_streams_under_a_budget():
     model = build("gru")
-    exact = plan_of(model, 5000, 8, {"streams": 8}, train_ids=torch.zeros(1000))
+    sgd = {"rule": "sgd"}
+    exact = plan_of(model, 5000, 8, {"streams": 8, "dynamic": sgd}, train_ids=torch.zeros(1000))
     figure = exact.figure("dynamic")
     assert figure.targets == 5000 and figure.forward_tokens == 3 * 5000  # a forward and a backward (2) per token
     rms = plan_of(model, 5000, 8, {"streams": 8, "dynamic": {"rule": "rms", "lr": 1e-4, "statistics": 800}},
                   train_ids=torch.zeros(1000))
-    assert rms.figure("dynamic").forward_tokens == 3 * 5000 + 3 * 800
+    assert rms.figure("dynamic").forward_tokens == 3 * 5000 + 3 * 64 * 13  # its statistics: 800 tokens as 64 streams
     # after the windowed figure, every k-th stream in what is left: a sample; nothing left, a note
-    tight = plan_of(model, 5000, 8, {"streams": 8, "budget": 1.5}, training_tokens=20_000,
+    tight = plan_of(model, 5000, 8, {"streams": 8, "budget": 1.5, "dynamic": sgd}, training_tokens=20_000,
                     train_ids=torch.zeros(1000))
     assert tight.figure("dynamic").targets == 5000 // 4 and tight.forward_tokens <= 30_000
-    assert plan_of(model, 5000, 8, {"streams": 8, "budget": 0.5}, training_tokens=20_000,
+    assert plan_of(model, 5000, 8, {"streams": 8, "budget": 0.5, "dynamic": sgd}, training_tokens=20_000,
                    train_ids=torch.zeros(1000)).figure("dynamic") is None
 
 

@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 REACHES = (128, 512, 4096, None)  # reset_every: the gain by reach (None: never reset)
-GRID = {"lr": {"sgd": (0.003, 0.01, 0.03, 0.1), "rms": (3e-5, 1e-4, 3e-4, 1e-3)},
+GRID = {"lr": {"sgd": (0.003, 0.01, 0.03, 0.1), "rms": (1e-5, 3e-5, 1e-4, 3e-4)},
         "decay": (0.0, 0.001, 0.01), "segment": (16, 32, 64)}
-QUICK = {"lr": {"sgd": (0.01, 0.03), "rms": (1e-4, 3e-4)}, "decay": (0.0,), "segment": (32,)}
-START = {"decay": 0.0, "segment": 32}  # where each rule's search starts (its lr: the grid's second)
+QUICK = {"lr": {"sgd": (0.01, 0.03), "rms": (1e-5, 3e-5)}, "decay": (0.0,), "segment": (16,)}
+START = {"decay": 0.0, "segment": 16}  # where each rule's search starts (its lr: the grid's second)
 PARTS = ("head", "recurrence")  # beside `all`, on the tuning run
 
 
@@ -114,12 +114,14 @@ def tune(study: Study, half: str, grid: dict) -> dict:
         for key, values in (("lr", lrs), ("decay", grid["decay"]), ("segment", grid["segment"])):
             scores = {}
             for value in values:
-                score = study.dynamic(split, study.settings(**(point | {key: value})))
-                scores[value] = math.inf if score is None else score.bpc
-                trials.append(point | {key: value, "bpc": None if score is None else score.bpc})
+                trial = point | {key: value}
+                if (done := next((t for t in trials if all(t[k] == v for k, v in trial.items())), None)) is None:
+                    score = study.dynamic(split, study.settings(**trial))  # each point of the grid run once
+                    trials.append(done := trial | {"bpc": None if score is None else score.bpc})
+                scores[value] = math.inf if done["bpc"] is None else done["bpc"]
             point[key] = min(scores, key=scores.get)
             best[rule] = point | {"bpc": scores[point[key]]}
-    stateful = study.dynamic(split, study.settings(lr=0.0, segment=32))
+    stateful = study.dynamic(split, study.settings(lr=0.0, segment=16))
     chosen = min(best.values(), key=lambda p: p["bpc"])
     return {"half": half, "run": str(study.folder), "stateful_bpc": stateful.bpc, "best_by_rule": best,
             "chosen": {k: v for k, v in chosen.items() if k != "bpc"}, "chosen_bpc": chosen["bpc"], "trials": trials}
@@ -263,7 +265,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def plan_passes(groups: dict, grid: dict, swap: bool) -> int:
-    tuning = 2 * sum(len(v) for v in (next(iter(grid["lr"].values())), grid["decay"], grid["segment"])) + 1
+    tuning = 2 * (sum(len(v) for v in (next(iter(grid["lr"].values())), grid["decay"], grid["segment"])) - 2) + 1
     per_run = 2 + len(REACHES) - 1
     return sum(tuning * (1 + swap) + len(runs) * per_run + len(PARTS) + swap * 2 for runs in groups.values())
 

@@ -100,7 +100,7 @@ class Adapter:
         self.params = [weights[n] for n in names]
         self.trained = [p.detach().clone() for p in self.params]
         self.ms = self.rate = None
-        if settings.rule == "rms":
+        if settings.rule == "rms" and settings.lr > 0:  # lr = 0 makes no step
             if statistics is None:
                 raise UserError("evaluation.dynamic.rule=rms gathers its statistics on the training split, which "
                                 "this evaluation lacks; give rule=sgd, or score a run whose corpus is known")
@@ -296,11 +296,14 @@ def adapted_to(model, ids: Tensor, settings: DynamicSettings, statistics=None, p
 
 
 # --- in the evaluation's plan -------------------------------------------------------------------------
-def statistics_tokens(settings: DynamicSettings, train_tokens: int) -> int:
-    """The forward tokens rms's statistics cost (a forward and a backward over its training tokens); 0 for sgd."""
-    if settings.rule != "rms" or settings.lr == 0:
+def statistics_forward(model, settings: DynamicSettings, train_tokens: int) -> int:
+    """The forward tokens of rms's statistics (gradient_statistics's layout of its training tokens; 0 for sgd and
+    lr = 0); its backward passes cost BACKWARD_COST times as much."""
+    if settings.rule != "rms" or settings.lr == 0 or train_tokens < 2:
         return 0
-    return (1 + BACKWARD_COST) * min(train_tokens, settings.statistics or train_tokens)
+    used = min(train_tokens, (settings.statistics or train_tokens) + 1)
+    streams, length = stream_layout(used - 1, STATISTICS_STREAMS)
+    return streams * chunks_cost(model, length, settings.segment)
 
 
 @dataclass(frozen=True)
@@ -317,8 +320,9 @@ class DynamicPass(Pass):
              stride: int = 1) -> DynamicPass:
         streams, length = stream_layout(n, streams)
         rows = len(range(0, streams, stride))
-        forward = rows * chunks_cost(model, length, settings.segment)
-        backward = forward * BACKWARD_COST * (settings.lr > 0) + statistics_tokens(settings, train_tokens)
+        forward = rows * chunks_cost(model, length, settings.segment) + statistics_forward(model, settings,
+                                                                                          train_tokens)
+        backward = forward * BACKWARD_COST * (settings.lr > 0)
         targets = warm_targets(n, streams, stride, 0)
         return cls(targets, forward + backward, stride, None, settings.segment, streams, settings, backward)
 
@@ -326,8 +330,8 @@ class DynamicPass(Pass):
         model, s = request.model, self.settings
         statistics = None
         if s.rule == "rms" and s.lr > 0 and request.train_ids is not None:
-            with progress.phase("dynamic: rms statistics on the training split", statistics_tokens(s, int(
-                    request.train_ids.numel())) // (1 + BACKWARD_COST)):
+            with progress.phase("dynamic: rms statistics on the training split",
+                                statistics_forward(model, s, int(request.train_ids.numel()))):
                 statistics = gradient_statistics(model, request.train_ids.to(model.device), s)
         label = "dynamic" + ("" if self.stride == 1 else f", one stream in {self.stride}")
         with progress.phase(label, self.targets) as tick:
@@ -366,14 +370,19 @@ class DynamicEntry(Entry):
 
     @staticmethod
     def _too_short(request: Request) -> str | None:
-        """Why a run's evaluation has no dynamic figure when its split's streams are shorter than a segment (a small
-        corpus at the default segment: a note, the run intact; the API's own text is refused by score_dynamic)."""
+        """Why a run's evaluation has no dynamic figure: its split's streams shorter than a segment (a small corpus
+        at the default segment), or rms without the training split its statistics come from; a note, the run intact
+        (the API's own text is refused by score_dynamic in one line)."""
         s = request.settings
         length = stream_layout(request.val.n_targets, s.streams)[1]
-        if request.purpose != FINAL or s.dynamic.segment <= length:
+        if request.purpose != FINAL:
             return None
-        return (f"not measured: the split's {s.streams} streams are {length:,} tokens each, shorter than "
-                f"evaluation.dynamic.segment={s.dynamic.segment}")
+        if s.dynamic.segment > length:
+            return (f"not measured: the split's {s.streams} streams are {length:,} tokens each, shorter than "
+                    f"evaluation.dynamic.segment={s.dynamic.segment}")
+        if s.dynamic.rule == "rms" and s.dynamic.lr > 0 and request.train_ids is None:
+            return "not measured: rule=rms gathers its statistics on the training split, which this evaluation lacks"
+        return None
 
     def summary(self, record: dict | None) -> dict:
         return {"dynamic_bpc": record.get("bpc"), "dynamic_bpc_se": record.get("bpc_se"),
