@@ -126,13 +126,21 @@ class TrainedModel:
         return self.run.evaluation_settings({f"dynamic.{k}": v for k, v in changes.items()},
                                             seq_len=self.seq_len or 256).dynamic
 
+    def _training_ids(self, settings):
+        """The training split's ids rms gathers its statistics on (None for sgd, and for lr = 0: no step)."""
+        if settings.rule != "rms" or settings.lr == 0:
+            return None
+        if self.run.data is None:
+            raise UserError(f"rule='rms' gathers its statistics on the training split, but {self.checkpoint} has no "
+                            "run config naming its corpus: give rule='sgd' (with its lr), or load the run folder")
+        return self.run.splits().train_ids
+
     def _statistics(self, settings):
         """rms's MS, gathered on the run's training split (None for sgd)."""
         from gru_experiments.study.dynamic import gradient_statistics
 
-        if settings.rule != "rms" or settings.lr == 0:
-            return None
-        return gradient_statistics(self.model, self.run.splits().train_ids, settings)
+        ids = self._training_ids(settings)
+        return None if ids is None else gradient_statistics(self.model, ids, settings)
 
     @contextlib.contextmanager
     def _adapted(self, ids, mode: str, changes: dict):
@@ -197,7 +205,7 @@ class TrainedModel:
 
         settings = self.run.evaluation_settings({"budget": None, "streams": 1, "text.samples": 0} | {
             f"dynamic.{k}": v for k, v in changes.items()}, seq_len=self.seq_len or 256)
-        train_ids = self.run.splits().train_ids if settings.dynamic.rule == "rms" and settings.dynamic.lr else None
+        train_ids = self._training_ids(settings.dynamic)
         record = evaluate(replace(self.run, tokenizer=None), settings, split, training_tokens=None,
                           purpose=DYNAMIC, train_ids=train_ids).results[DYNAMIC]
         if record["bpc"] is None:
