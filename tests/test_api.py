@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 import gru_experiments
 from gru_experiments.errors import UserError
+from gru_experiments.files import finite_or_null
 
 STEPS = 6
 OVERRIDES = ["preset=smoke", "logger=none", f"trainer.max_steps={STEPS}", "checkpoint.every_n_steps=0"]
@@ -58,7 +59,7 @@ def test_train_writes_the_run_folder_train_py_writes(trained):
     for name in ("summary.json", "samples.json", "history.csv", "checkpoints/last.ckpt", "train.log",
                  ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"):
         assert (run.path / name).is_file(), name
-    assert run.summary() == summary
+    assert run.summary() == finite_or_null(summary)  # the file writes a figure that is not finite as null
     assert list(OmegaConf.load(run.path / ".hydra" / "overrides.yaml")) == [*OVERRIDES,
                                                                           f"paths.root_dir={root.resolve()}"]
     assert run.config().data.seq_len == 32 and run.config().model.name == "astra_alpha"
@@ -114,7 +115,7 @@ def test_load_a_run_folder_a_checkpoint_or_the_summary(trained, lm, tmp_path):
     run_dir = Path(summary["run_dir"])
     assert lm.name == "astra_alpha" and lm.run_dir == run_dir and lm.seq_len == 32
     assert lm.checkpoint == (run_dir / "checkpoints" / "last.ckpt").resolve()
-    assert lm.tokenizer.vocab_size == 65 and not lm.model.training and lm.summary == summary
+    assert lm.tokenizer.vocab_size == 65 and not lm.model.training and lm.summary == finite_or_null(summary)
     for source in (run_dir / "checkpoints" / "last.ckpt", str(run_dir), summary):
         other = gru_experiments.load(source)
         assert other.run_dir == run_dir and other.seq_len == 32

@@ -23,7 +23,7 @@ from gru_experiments.errors import UserError
 from gru_experiments.files import finite_or_null
 from gru_experiments.models.protocol import map_state
 from gru_experiments.study.generation import NO_PROGRESS, eval_mode, plain_logits
-from gru_experiments.study.plan import FINAL, OTHER, PRIORITY, STATEFUL, WINDOWED, Entry, Figure, Pass, Request, Unit
+from gru_experiments.study.plan import FINAL, OTHER, PRIORITY, STATEFUL, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.scores import (
     Score,
     Split,
@@ -355,7 +355,7 @@ class DynamicEntry(Entry):
         return [Unit(lambda stride: [DynamicPass.plan(request.model, n, s.streams, s.dynamic, train, stride)],
                      lambda ps, i: [Figure(DYNAMIC, None, ps[0].forward_tokens // max(ps[0].targets, 1),
                                            ps[0].targets, ps[0].forward_tokens, (i,), OTHER)] if ps else [],
-                     False, streams, optional=True, priority=PRIORITY[WINDOWED] + 5, owner=DYNAMIC)]
+                     False, streams, optional=True, priority=PRIORITY[STATEFUL] + 5, owner=DYNAMIC)]
 
     def run(self, request: Request, plan, results: list[dict]) -> dict | None:
         figure = plan.figure(DYNAMIC)
