@@ -46,11 +46,11 @@ def test_folders_without_a_completed_run_are_one_line_each(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_tool_on_a_tiny_trained_run(tmp_path, compose_config, tiny_corpus):
-    from gru_experiments.runs.training import train
+def test_the_tool_on_a_tiny_trained_run(tmp_path, tiny_corpus):
+    import gru_experiments
 
-    summary = train(compose_config("preset=smoke", "logger=none", "trainer.max_steps=4", f"data.path={tiny_corpus}",
-                                   "evaluation.text.samples=0"))
+    summary = gru_experiments.train(["preset=smoke", "logger=none", "trainer.max_steps=4", f"data.path={tiny_corpus}",
+                                     "evaluation.text.samples=0"], root=tmp_path / "root")
     out = tmp_path / "study"
     assert dynamic_study.main([summary["run_dir"], "--quick", "--out", str(out), "--cache-every", "1"]) == 0
     record = json.loads((out / "dynamic_study.json").read_text())

@@ -308,6 +308,9 @@ def run_study(folders: list[Path], args) -> int:
             print(f"dynamic_study: {folder}: {error}", file=sys.stderr)
             continue
         studies.setdefault(study.key, []).append(study)
+    if not studies:
+        print("dynamic_study: no run could be studied (each said why above)", file=sys.stderr)
+        return 2
     bar.total = plan_passes(studies, grid, not args.no_swap)
     machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}, " \
               f"{torch.get_num_threads()} thread(s)"
