@@ -19,11 +19,17 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 REPO = CONF.parent
 
 
-def _check_mode(mode: str) -> str:
-    from gru_experiments.study.generation import MODES  # imports torch: only once a model is used
+def _check_mode(mode: str, model=None, dynamic: dict | None = None) -> str:
+    from gru_experiments.study.dynamic import DYNAMIC  # imports torch: only once a model is used
+    from gru_experiments.study.generation import MODES
 
-    if mode not in MODES:
-        raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join(MODES)}")
+    if mode not in (*MODES, DYNAMIC):
+        raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join((*MODES, DYNAMIC))}")
+    if dynamic and mode != DYNAMIC:
+        raise UserError(f"{', '.join(sorted(dynamic))} set the dynamic mode's settings; give mode=\"dynamic\" too")
+    if mode == DYNAMIC and model is not None and not model.trainable:
+        raise UserError(f"dynamic evaluation adapts trained weights by their gradient: this {model.family} model's "
+                        "weights are counted, not learned; score it stateful, stateless or windowed")
     return mode
 
 
@@ -38,6 +44,7 @@ class TextScore:
     tokens: int  # tokens predicted (the text's tokens minus the first)
     characters: int  # characters those tokens decode to
     window: int | None = None  # the windowed mode's context, in tokens
+    dynamic: dict | None = None  # the dynamic mode's settings (evaluation.dynamic's keys)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,14 +90,16 @@ class TrainedModel:
     def generate(self, prompt: str, mode: str = "stateful", *, max_new_tokens: int = 500, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, greedy: bool = False, seed: int = 1234,
                  num_samples: int | None = None, window: int | None = None,
-                 drop_unknown: bool = False) -> str | list[str]:
+                 drop_unknown: bool = False, **dynamic) -> str | list[str]:
         """The prompt and a continuation of `max_new_tokens` tokens sampled in `mode` (a list of
         `num_samples` texts when it is given), decoded as sample.py does; the same `seed` gives the same
-        text (sample.py seeds each prompt with generation.prompt_seed(seed, prompt)). docs/python.md."""
+        text (sample.py seeds each prompt with generation.prompt_seed(seed, prompt)). mode="dynamic": the weights
+        adapted to the prompt (`dynamic`: evaluation.dynamic's keys, e.g. lr=...), then sampled statefully; the
+        generated text never updates them, and they are the trained ones again afterwards. docs/python.md."""
         from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
         from gru_experiments.study.generation import Decoding, generate, validate_sampling
 
-        _check_mode(mode)
+        _check_mode(mode, self.model, dynamic)
         if mode == "windowed":
             window = self._window(window)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
@@ -103,18 +112,59 @@ class TrainedModel:
         prompt = self.tokenizer.decode(encode_prompt(self.tokenizer, prompt, drop_unknown=drop_unknown,
                                                      option="drop_unknown=True"))
         decoding = Decoding(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
-        generated = generate(self.model, encode_prompt(self.tokenizer, prompt), mode=mode,
-                             max_new_tokens=max_new_tokens, num_samples=settings["num_samples"], decoding=decoding,
-                             seed=seed, window=window if mode == "windowed" else None,
-                             plain=plain_tokens(self.tokenizer))
+        ids = encode_prompt(self.tokenizer, prompt)
+        with self._adapted(ids, mode, dynamic):
+            generated = generate(self.model, ids, mode="stateful" if mode == "dynamic" else mode,
+                                 max_new_tokens=max_new_tokens, num_samples=settings["num_samples"],
+                                 decoding=decoding, seed=seed, window=window if mode == "windowed" else None,
+                                 plain=plain_tokens(self.tokenizer))
         texts = [prompt + self.tokenizer.decode(row) for row in generated.tolist()]
         return texts[0] if num_samples is None else texts
 
-    def score(self, text: str, mode: str = "stateful", *, window: int | None = None) -> TextScore:
+    def _dynamic(self, changes: dict):
+        """The run's evaluation.dynamic with `changes` on top (checked: one line for a bad one)."""
+        return self.run.evaluation_settings({f"dynamic.{k}": v for k, v in changes.items()},
+                                            seq_len=self.seq_len or 256).dynamic
+
+    def _training_ids(self, settings):
+        """The training split's ids rms gathers its statistics on (None for sgd, and for lr = 0: no step)."""
+        if settings.rule != "rms" or settings.lr == 0:
+            return None
+        if self.run.data is None:
+            raise UserError(f"rule='rms' gathers its statistics on the training split, but {self.checkpoint} has no "
+                            "run config naming its corpus: give rule='sgd' (with its lr), or load the run folder")
+        return self.run.splits().train_ids
+
+    def _statistics(self, settings):
+        """rms's MS, gathered on the run's training split (None for sgd)."""
+        from gru_experiments.study.dynamic import gradient_statistics
+
+        ids = self._training_ids(settings)
+        return None if ids is None else gradient_statistics(self.model, ids, settings)
+
+    @contextlib.contextmanager
+    def _adapted(self, ids, mode: str, changes: dict):
+        """The weights adapted to `ids` inside the block in mode "dynamic" (study/dynamic.adapted_to), else as
+        they are."""
+        import torch
+
+        from gru_experiments.study.dynamic import adapted_to
+
+        if mode != "dynamic":
+            yield
+            return
+        settings = self._dynamic(changes)
+        with adapted_to(self.model, torch.tensor(ids, dtype=torch.long, device=self.device), settings,
+                        self._statistics(settings)):
+            yield
+
+    def score(self, text: str, mode: str = "stateful", *, window: int | None = None, **dynamic) -> TextScore:
         """The text's nats per token and bits per character in `mode`, through the evaluation door every figure
         of the project goes through (runs/trained_run.evaluate), every target exact: stateful as one stream in
         chunks of the training window (256 where none is recorded), windowed with `window` tokens of context (by
-        default the training seq_len)."""
+        default the training seq_len), dynamic as stateful with the weights adapting after every segment
+        (`dynamic`: evaluation.dynamic's keys, e.g. lr=0.003, decay=0, segment=32, rule="sgd",
+        reset_every=None, params="all"; by default the run's)."""
         import torch
 
         from gru_experiments.data.tokenizers import describe_characters
@@ -123,7 +173,7 @@ class TrainedModel:
         from gru_experiments.study.plan import BEST, OVER_TRAINING
         from gru_experiments.study.scores import Split
 
-        _check_mode(mode)
+        _check_mode(mode, self.model, dynamic)
         if mode == "windowed":
             window = self._window(window)
             validate_sampling({"window": window}, self.tokenizer.vocab_size)
@@ -136,6 +186,8 @@ class TrainedModel:
         if ids.numel() < 2:
             raise UserError(f"the text is {ids.numel()} token(s) long; scoring needs at least 2 "
                             "(the first is context only)")
+        if mode == "dynamic":
+            return self._score_dynamic(Split.of(ids, self.tokenizer), dynamic)
         settings = self.run.evaluation_settings({"budget": None, "streams": 1, "window": window, "text.samples": 0},
                                                 seq_len=self.seq_len or 256)
         # stateful and stateless: the modes over training's plan (no windowed pass); windowed: the best's (no curve)
@@ -145,14 +197,32 @@ class TrainedModel:
         return TextScore(mode=mode, nll=result.nll, bpc=result.bpc, nll_sum=result.nll_sum, tokens=result.tokens,
                          characters=result.characters, window=window if mode == "windowed" else None)
 
-    def evaluate(self, *, progress: bool = False, **changes) -> dict:
-        """The run's validation split scored in every mode, with the context curve and the cache, by the plan the
-        run was scored by at the end of its training (its evaluation group and budget; `changes`: evaluation keys
-        to change, e.g. budget=None for every figure exact): the figures of summary.json and of sample.py's
-        evaluate=true (evaluation.json), through the same door, to the last digit."""
+    def _score_dynamic(self, split, changes: dict) -> TextScore:
+        """score(mode="dynamic"): the dynamic evaluation's own plan (purpose DYNAMIC: stateful, stateless and
+        dynamic), one stream, every target exact."""
+        from gru_experiments.runs.trained_run import evaluate
+        from gru_experiments.study.dynamic import DYNAMIC
+
+        settings = self.run.evaluation_settings({"budget": None, "streams": 1, "text.samples": 0} | {
+            f"dynamic.{k}": v for k, v in changes.items()}, seq_len=self.seq_len or 256)
+        train_ids = self._training_ids(settings.dynamic)
+        record = evaluate(replace(self.run, tokenizer=None), settings, split, training_tokens=None,
+                          purpose=DYNAMIC, train_ids=train_ids).results[DYNAMIC]
+        if record["bpc"] is None:
+            raise UserError(f"dynamic evaluation of the text {record['note']}")
+        return TextScore(mode=DYNAMIC, nll=record["nll"], bpc=record["bpc"], nll_sum=record["nll_sum"],
+                         tokens=record["targets"], characters=record["characters"], dynamic=record["settings"])
+
+    def evaluate(self, *, progress: bool = False, half: str | None = None, **changes) -> dict:
+        """The run's validation split scored in every mode, with the context curve, the cache and the dynamic figure,
+        by the plan the run was scored by at the end of its training (its evaluation group and budget; `changes`:
+        evaluation keys to change, e.g. budget=None for every figure exact, or "dynamic.lr"=0.01 through **{...}):
+        the figures of summary.json and of sample.py's evaluate=true (evaluation.json), through the same door, to
+        the last digit. half="first" or "second": every figure on that half of the split's targets alone."""
         from gru_experiments.study.generation import Progress
 
-        return self.run.evaluate_validation(self.run.splits(), changes, Progress(enabled=progress)).summary()
+        return self.run.evaluate_validation(self.run.splits(), changes, Progress(enabled=progress),
+                                            half=half).summary()
 
 
 def load(run_or_checkpoint, *, device: str = "cpu") -> TrainedModel:

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 import gru_experiments
 from gru_experiments.errors import UserError
+from gru_experiments.files import finite_or_null
 
 STEPS = 6
 OVERRIDES = ["preset=smoke", "logger=none", f"trainer.max_steps={STEPS}", "checkpoint.every_n_steps=0"]
@@ -58,7 +59,7 @@ def test_train_writes_the_run_folder_train_py_writes(trained):
     for name in ("summary.json", "samples.json", "history.csv", "checkpoints/last.ckpt",
                  ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"):
         assert (run.path / name).is_file(), name
-    assert run.summary() == summary
+    assert run.summary() == finite_or_null(summary)  # the file writes a figure that is not finite as null
     assert list(OmegaConf.load(run.path / ".hydra" / "overrides.yaml")) == [*OVERRIDES,
                                                                           f"paths.root_dir={root.resolve()}"]
     assert run.config().data.seq_len == 32 and run.config().model.name == "astra_alpha"
@@ -116,7 +117,7 @@ def test_load_a_run_folder_a_checkpoint_or_the_summary(trained, lm, tmp_path):
     run_dir = Path(summary["run_dir"])
     assert lm.name == "astra_alpha" and lm.run_dir == run_dir and lm.seq_len == 32
     assert lm.checkpoint == (run_dir / "checkpoints" / "last.ckpt").resolve()
-    assert lm.tokenizer.vocab_size == 65 and not lm.model.training and lm.summary == summary
+    assert lm.tokenizer.vocab_size == 65 and not lm.model.training and lm.summary == finite_or_null(summary)
     for source in (run_dir / "checkpoints" / "last.ckpt", str(run_dir), summary):
         other = gru_experiments.load(source)
         assert other.run_dir == run_dir and other.seq_len == 32
@@ -213,6 +214,35 @@ def test_score_of_the_validation_split_is_the_summary_figure(trained, lm):
     assert score.tokens == len(val_text) - 1
     assert score.bpc == pytest.approx(summary["stateless_bpc"], rel=1e-9)
     assert score.nll == pytest.approx(summary["stateless_nll"], rel=1e-9)
+
+
+def test_score_dynamic_is_study_dynamic_and_leaves_the_weights(lm):
+    """mode="dynamic": study/dynamic.score_dynamic on one stream, with the settings given; lr=0 the stateful
+    figure; the weights the trained ones after it, and after generate(mode="dynamic")."""
+    from gru_experiments.study.dynamic import DynamicSettings, score_dynamic
+    from gru_experiments.study.evaluation import DEFAULT_EVALUATION
+    from gru_experiments.study.scores import Split
+
+    before = [p.detach().clone() for p in lm.model.parameters()]
+    split = Split.of(torch.tensor(lm.tokenizer.encode(TEXT)), lm.tokenizer)
+    score = lm.score(TEXT, "dynamic", lr=0.01, decay=0.1, segment=8, rule="sgd", reset_every=None, params="head")
+    asked = DynamicSettings.of({"rule": "sgd", "lr": 0.01, "decay": 0.1, "segment": 8, "params": "head"},
+                               DEFAULT_EVALUATION)
+    assert score.nll_sum == score_dynamic(lm.model, split, asked, 1).score.nll_sum
+    assert score.dynamic["segment"] == 8 and score.dynamic["params"] == "head" and score.tokens == len(TEXT) - 1
+    assert lm.score(TEXT, "dynamic", lr=0.0).bpc == pytest.approx(lm.score(TEXT, "stateful").bpc, abs=1e-6)
+    text = lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05, segment=8, rule="sgd")
+    assert text.startswith(TEXT) and lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.05,
+                                                 segment=8, rule="sgd") == text
+    assert lm.score(TEXT, "dynamic").dynamic["rule"] == "rms"  # the defaults: rms, its statistics on the run's split
+    assert lm.generate(TEXT, "dynamic", max_new_tokens=20, seed=7, lr=0.0) == \
+        lm.generate(TEXT, "stateful", max_new_tokens=20, seed=7)
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
+    assert "segment=500: longer than" in one_line_error(lm.score, TEXT, "dynamic", segment=500)
+    assert "lr=-1" in one_line_error(lm.score, TEXT, "dynamic", lr=-1)
+    assert 'mode="dynamic"' in one_line_error(lm.score, TEXT, "stateful", lr=0.1)
+    assert "unknown key" in one_line_error(lm.score, TEXT, "dynamic", momentum=0.9)
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
 
 
 # --- bad input -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ SMOKE = [
     ("bench_smoke.py", ["--quick", "--data-dir", "{data}"], "| astra_alpha |"),
     ("bench_gpu.py", ["--device", "cpu", "--quick", "--models", "astra_alpha"], "graphed / eager"),
     ("bench_cache.py", ["--device", "cpu", "--quick"], "the cache (N = 128.."),
+    ("bench_dynamic.py", ["--quick", *ONE_THREAD], "| astra_alpha | 64 |"),
     pytest.param("bench_inputs.py", ["--quick"], "exit 2", marks=pytest.mark.slow),  # three train.py runs, ~40 s
     ("bench_scale.py", ["--quick", "--work-dir", "{data}/bench_scale"], "| 0.2 MB |"),
 ]

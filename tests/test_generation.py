@@ -375,6 +375,32 @@ def test_sample_py_windowed_with_evaluation(trained_run, small_shakespeare):
 
 
 @pytest.mark.slow
+def test_sample_py_dynamic_adapts_to_the_prompt_and_evaluates_the_dynamic_figure(trained_run, small_shakespeare):
+    """inference=dynamic: the weights adapted to each prompt (the run's evaluation.dynamic, here sgd), the
+    settings recorded; lr=0 samples the stateful text; evaluate=true gives the run's own dynamic figure."""
+    import torch
+
+    root, run_dir = trained_run
+    before = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    common = (f"run={run_dir}", "prompt=ROMEO: O Romeo Romeo wherefore art thou Romeo", "max_new_tokens=20",
+              "evaluation.dynamic.rule=sgd", "evaluation.dynamic.segment=8")
+    adapted = run_sample(root, *common, "inference=dynamic", "evaluation.dynamic.lr=0.5")
+    assert adapted.returncode == 0, adapted.stderr
+    record = json.loads((max(sampling_dirs(root), key=lambda d: d.name) / "sampling.json").read_text())
+    assert record["settings"]["mode"] == "dynamic" and record["settings"]["dynamic"]["lr"] == 0.5
+    stateful = run_sample(root, *common, "inference=stateful")
+    still = run_sample(root, *common, "inference=dynamic", "evaluation.dynamic.lr=0", "evaluate=true",
+                       "evaluation.budget=100", f"data.path={small_shakespeare}")  # 2 steps: room for both exact
+    sample = [t.split("sample 1/1]\n", 1)[1].split("\n\n", 1)[0] for t in (adapted.stdout, still.stdout,
+                                                                             stateful.stdout)]
+    assert sample[1] == sample[2] != sample[0]  # lr = 0: the stateful text; lr = 0.5: another
+    evaluation = json.loads((max(sampling_dirs(root), key=lambda d: d.name) / "evaluation.json").read_text())
+    assert evaluation["dynamic_bpc"] == pytest.approx(evaluation["stateful_bpc"], abs=1e-6)
+    after = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
 def test_sample_py_stats_prints_the_table_and_writes_stats_json(trained_run, small_shakespeare):
     """stats=true: the text statistics of every mode x decoder (study/text_protocol.py), printed as a
     table and saved in stats.json with the texts they come from; the training split's index is

@@ -35,7 +35,7 @@ RUNTIME_DIRS = {"outputs", "multirun", "wandb", "data"}  # what runs write at th
 # Modules that moved or were merged away: a mention of one in code's form is stale wherever it is.
 GONE_MODULES = {"config_schema", "language_model", "lightning_module", "reporting"}
 # Files a run, a sweep or a sampling run writes (docs/outputs.md): named, never in the repo.
-RUN_OUTPUTS = {"report.md", "config.yaml", "overrides.yaml", "hydra.yaml", "multirun.yaml"}
+RUN_OUTPUTS = {"report.md", "config.yaml", "overrides.yaml", "hydra.yaml", "multirun.yaml", "dynamic_study.md"}
 # Files a reader is told to write: docs/configuration.md's example of a new model.
 EXAMPLES = {"conf/model/astra_delta.yaml"}
 EXTENSIONS = {"py", "md", "yaml", "yml", "toml", "txt", "xz", "json", "csv", "ckpt", "png", "ipynb",

@@ -103,6 +103,21 @@ class LanguageModel(nn.Module):
         """The names of the weights whose matmuls run in bf16 after set_matmul_precision; by default none."""
         return []
 
+    # The modules that carry the sequence: the recurrent layers (and minGRU/minLSTM's norms between them), a
+    # transformer's blocks, the MLP's hidden layer (study/dynamic.py adapts them alone with params=recurrence).
+    RECURRENCE = ("layers", "norms", "blocks", "hidden")
+
+    def dynamic_parts(self) -> dict[str, list[str]]:
+        """The trainable weights' names dynamic evaluation may adapt, by part: `all`, `head` (the output layer's
+        `self.head`'s; a head tied to the embedding: that shared matrix) and `recurrence` (the RECURRENCE modules')."""
+        names = [name for name, p in self.named_parameters() if p.is_floating_point()]
+        head = getattr(self, "head", None)
+        head = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
+        weights = dict(self.named_parameters())
+        return {"all": names,
+                "head": [n for n in names if id(weights[n]) in head],
+                "recurrence": [n for n in names if n.split(".", 1)[0] in self.RECURRENCE]}
+
     def fit(self, train_ids: Tensor) -> "LanguageModel":
         """Count the weights from the training split (models with trainable = False)."""
         raise TypeError(f"{type(self).__name__} is trained with an optimizer, not counted")

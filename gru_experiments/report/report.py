@@ -13,6 +13,7 @@ from gru_experiments.files import atomic_write
 from gru_experiments.report import (
     cache,
     context_classes,
+    dynamic,
     lr_sweep,
     lstm_recall,
     overfitting,
@@ -291,6 +292,7 @@ SECTIONS: list[Section] = [
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall.SECTION, recall.HORIZON, recall.COST, text.SECTION,
     scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache.SECTION, past_window.SECTION,
+    dynamic.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
 ]

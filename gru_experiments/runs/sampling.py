@@ -6,6 +6,7 @@ explore_file= or a slice of the validation split; a probe run's with the probe's
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from contextlib import nullcontext
@@ -29,9 +30,11 @@ from gru_experiments.models.devices import resolve_device
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.sample_checks import SampleSpec
 from gru_experiments.runs.trained_run import Splits, TrainedRun, load
+from gru_experiments.study.dynamic import DYNAMIC, adapted_to, gradient_statistics
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.generation import (
+    STATEFUL,
     STUDY_PROMPTS,
     Progress,
     check_generation_fits,
@@ -123,21 +126,24 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
     prompts = [tokenizer.decode(ids) for ids in encoded]
     decoding, n, new_tokens = spec.decoding, spec.num_samples, spec.max_new_tokens
     window = trained.evaluation_settings().window if mode == "windowed" else None
+    adapting = prompt_adaptation(trained, mode)  # inference=dynamic: each prompt adapts the weights first
+    sampled = STATEFUL if adapting else mode
     # A request too large for memory is refused before the first prompt's samples, not after them
     # (generation.generate checks each prompt again).
-    check_generation_fits(model, max(map(len, encoded)), new_tokens, n, mode, window)
+    check_generation_fits(model, max(map(len, encoded)), new_tokens, n, sampled, window)
     settings = dict(mode=mode, window=window, num_samples=n, max_new_tokens=new_tokens, **asdict(decoding),
-                    seed=spec.seed, device=str(trained.device))
+                    seed=spec.seed, device=str(trained.device), dynamic=adapting and adapting.record())
 
     print(f"checkpoint: {display_path(checkpoint)} ({trained.name}: {model.family}, "
           f"{tokenizer.kind} tokenizer)")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None))
     results, lines = [], []
-    for prompt in prompts:
+    for prompt, ids in zip(prompts, encoded):
         started = time.perf_counter()
-        [texts] = sample_texts(model, tokenizer, [prompt], mode=mode, max_new_tokens=new_tokens, num_samples=n,
-                               decoding=decoding, seed=spec.seed, window=window,
-                               progress=Progress(prefix=f"sampling {shown_prompt(prompt)}"))
+        with adapting(model, ids) if adapting else contextlib.nullcontext():
+            [texts] = sample_texts(model, tokenizer, [prompt], mode=sampled, max_new_tokens=new_tokens, num_samples=n,
+                                   decoding=decoding, seed=spec.seed, window=window,
+                                   progress=Progress(prefix=f"sampling {shown_prompt(prompt)}"))
         seconds = time.perf_counter() - started
         results.append({"prompt": prompt, "samples": texts, "seconds": seconds,
                         "tokens_per_second": n * new_tokens / max(seconds, 1e-9)})
@@ -154,6 +160,34 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
     print(f"saved: {display_path(output_dir / 'samples.txt')}, {display_path(output_dir / 'sampling.json')}")
 
     return record | scored(spec, trained, splits)
+
+
+class PromptAdaptation:
+    """inference=dynamic's prompt: the run's evaluation.dynamic settings (and rms's statistics, gathered once on the
+    training split); `adaptation(model, ids)` is the block inside which the weights are adapted to a prompt."""
+
+    def __init__(self, trained: TrainedRun):
+        self.settings = trained.evaluation_settings().dynamic
+        s = self.settings
+        self.statistics = gradient_statistics(trained.model, trained.splits().train_ids, s) \
+            if s.rule == "rms" and s.lr else None
+
+    def record(self) -> dict:
+        return self.settings.record()
+
+    def __call__(self, model, ids):
+        return adapted_to(model, torch.tensor(ids, dtype=torch.long, device=model.device), self.settings,
+                          self.statistics)
+
+
+def prompt_adaptation(trained: TrainedRun, mode: str) -> PromptAdaptation | None:
+    """inference=dynamic's adaptation (None in another mode); a counted model refuses it in one line."""
+    if mode != DYNAMIC:
+        return None
+    if not trained.model.trainable:
+        raise UserError(f"inference=dynamic adapts trained weights by their gradient: {trained.name} ("
+                        f"{trained.model.family}) counts its weights; sample it stateful, stateless or windowed")
+    return PromptAdaptation(trained)
 
 
 def scored(spec: SampleSpec, trained: TrainedRun, splits: Splits | None) -> dict:

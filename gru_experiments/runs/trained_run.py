@@ -113,12 +113,32 @@ class TrainedRun:
             raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
         return Splits(source, train_text, val_text, train_ids, val_ids)
 
-    def evaluate_validation(self, splits: Splits, changes: dict | None = None, progress=NO_PROGRESS) -> Evaluation:
-        """The validation split scored by the run's own plan (its evaluation group, `changes` on top, within its
-        recorded training tokens), the text statistics left to stats=true: evaluate=true's and the API's figures."""
-        return evaluate(self, self.evaluation_settings(changes), Split.of(splits.val_ids, self.tokenizer),
+    def evaluate_validation(self, splits: Splits, changes: dict | None = None, progress=NO_PROGRESS,
+                            half: str | None = None) -> Evaluation:
+        """The validation split (or its `half`, "first" or "second": validation_half) scored by the run's own plan
+        (its evaluation group, `changes` on top, within its recorded training tokens), the text statistics left to
+        stats=true: evaluate=true's and the API's figures."""
+        return evaluate(self, self.evaluation_settings(changes),
+                        Split.of(validation_half(splits.val_ids, half), self.tokenizer),
                         training_tokens=self.training_tokens, train_ids=splits.train_ids, skip=(TEXT,),
                         progress=progress)
+
+
+HALVES = ("first", "second")
+
+
+def validation_half(ids: torch.Tensor, half: str | None) -> torch.Tensor:
+    """The split's ids (None), or those of its first or second half of targets: the first, targets 1 .. n // 2
+    (ids[: n // 2 + 1]); the second, the rest, each from what precedes it in that half (its first id context only):
+    where the dynamic study tunes and where it reports (docs/evaluation.md, *Dynamic evaluation*)."""
+    if half is None:
+        return ids
+    if half not in HALVES:
+        raise UserError(f"invalid half={half!r}: give first or second (of the validation split's targets), or none")
+    n = max(ids.numel() - 1, 0)
+    if n < 4:
+        raise UserError(f"the validation split has {n} target(s): too few to halve")
+    return ids[: n // 2 + 1] if half == "first" else ids[n // 2:]
 
 
 def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None,

@@ -86,6 +86,8 @@ class EvaluationClock:
             return self.text_seconds(p)
         if not p.forward_tokens:
             return 0.0
+        if p.kind == "dynamic":  # its streams side by side, a segment a call (its backward priced in its tokens)
+            return p.forward_tokens * self.per_token(p.streams, p.chunk)
         length = getattr(p, "window", 0) or getattr(p, "chunk", 0) or self.seq_len
         length = min(length, self.seq_len * 8)
         return p.forward_tokens * self.per_token(max(1, WINDOW_BATCH_TOKENS // length), length)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from gru_experiments.errors import UserError
 from gru_experiments.study.cache import CacheEntry
+from gru_experiments.study.dynamic import DYNAMIC, DynamicEntry, DynamicSettings
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
     BIGRAM,
@@ -71,6 +72,7 @@ class EvaluationSettings:
     curve_longest: int | None
     text: TextSettings
     samples: SampleConfig
+    dynamic: DynamicSettings
     RULES: ClassVar = [
         Rule("streams", int_at_least(1), "an integer >= 1"),
         Rule("window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1", optional=True),
@@ -78,7 +80,8 @@ class EvaluationSettings:
              "trained)", optional=True),
         Rule("curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
              optional=True),
-        *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples"))]
+        *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples")),
+        Rule("dynamic", lambda v: hasattr(v, "keys"), "a mapping", may_be_absent=True)]
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
@@ -87,7 +90,8 @@ class EvaluationSettings:
         window = int(e["window"] or seq_len)
         return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],
                    _from(TextSettings, e["text"], "evaluation.text.", window=window),
-                   _from(SampleConfig, e["samples"], "evaluation.samples."))
+                   _from(SampleConfig, e["samples"], "evaluation.samples."),
+                   DynamicSettings.of(e.get("dynamic"), DEFAULT_EVALUATION))
 
     def check_window(self, targets: int) -> None:
         """The windowed mode's window must be shorter than the validation split (`targets`): no target would have
@@ -188,7 +192,7 @@ class ModesEntry(Entry):
     describe = staticmethod(ModeEvaluation.describe)
 
 
-ENTRIES: list[Entry] = [ModesEntry(), CacheEntry(), TextEntry(), WordValidityEntry(), RecallEntry()]
+ENTRIES: list[Entry] = [ModesEntry(), CacheEntry(), TextEntry(), WordValidityEntry(), RecallEntry(), DynamicEntry()]
 
 
 def register_entry(entry: Entry) -> Entry:
@@ -208,7 +212,7 @@ def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless; no bigram
     without the training ids)."""
     s = request.settings  # EvaluationSettings
-    final, training = request.purpose == FINAL, request.purpose == OVER_TRAINING
+    final, training = request.purpose == FINAL, request.purpose in (OVER_TRAINING, DYNAMIC)
     tokens = request.training_tokens
     budget = None if s.budget is None or not tokens else math.floor(float(s.budget) * tokens)
     extra = [unit for entry in ENTRIES for unit in entry.units(request)]
