@@ -21,6 +21,7 @@ from gru_experiments.validation import (
     Rule,
     check_finite,
     check_rules,
+    fraction,
     int_at_least,
     is_int,
     is_number,
@@ -35,6 +36,8 @@ TRAIN_RULES = [
     Rule("data.batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.eval_batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.train_fraction", open_fraction, "a number strictly between 0 and 1"),
+    Rule("data.test_fraction", fraction, "a number >= 0 and below 1 (the corpus's last part held out as the test "
+         "split; 0: none)", may_be_absent=True),
     Rule("data.validation_tokens", int_at_least(2), "null (the whole validation split) or an integer >= 2 (the "
          "validation split's first tokens that every validation over training scores)", optional=True),
     Rule("trainer.max_steps", lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
@@ -221,6 +224,9 @@ def validate(cfg) -> RunSpec:
         check_choices(HydraConfig.get().overrides.task)
     check_finite(OmegaConf.to_container(cfg, resolve=False))
     check_rules(cfg, TRAIN_RULES)
+    if cfg.data.train_fraction + (test := OmegaConf.select(cfg, "data.test_fraction", default=0) or 0) >= 1:
+        raise UserError(f"data.train_fraction={cfg.data.train_fraction} and data.test_fraction={test} leave no "
+                        "validation split: their sum must be below 1")
     check_settings(cfg)  # early_stopping: its keys, Lightning's included (runs/stopping.py)
     if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
         raise UserError("trainer.max_epochs: a run's epochs are its model's, model.epochs (trainer.max_steps cuts "

@@ -60,6 +60,9 @@ class SampleConfig:
 DEFAULT_EVALUATION = Path(__file__).resolve().parents[2] / "conf" / "evaluation" / "default.yaml"
 
 
+SPLITS = ("validation", "test")
+
+
 @dataclass(frozen=True)
 class EvaluationSettings:
     """The evaluation group for a model trained on windows of `seq_len` (budget: forward tokens per training
@@ -71,6 +74,7 @@ class EvaluationSettings:
     curve_longest: int | None
     text: TextSettings
     samples: SampleConfig
+    split: str = "validation"  # the split the end-of-run evaluation scores: "test" only when asked
     RULES: ClassVar = [
         Rule("streams", int_at_least(1), "an integer >= 1"),
         Rule("window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1", optional=True),
@@ -78,7 +82,9 @@ class EvaluationSettings:
              "trained)", optional=True),
         Rule("curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
              optional=True),
-        *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples"))]
+        *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples")),
+        Rule("split", lambda v: v in SPLITS, " or ".join(SPLITS) + " (test: the corpus's test split, scored only "
+             "when asked)", may_be_absent=True)]
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
@@ -87,7 +93,7 @@ class EvaluationSettings:
         window = int(e["window"] or seq_len)
         return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],
                    _from(TextSettings, e["text"], "evaluation.text.", window=window),
-                   _from(SampleConfig, e["samples"], "evaluation.samples."))
+                   _from(SampleConfig, e["samples"], "evaluation.samples."), e.get("split") or "validation")
 
     def check_window(self, targets: int) -> None:
         """The windowed mode's window must be shorter than the validation split (`targets`): no target would have
