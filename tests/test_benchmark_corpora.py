@@ -135,3 +135,24 @@ def test_text8_names_its_zip_by_url_and_sha256(compose_config):
     data = compose_config("data=text8").data
     assert data.url == "http://mattmahoney.net/dc/text8.zip" and len(data.sha256) == 64
     assert (data.train_fraction, data.test_fraction) == (0.9, 0.05)
+
+
+@pytest.mark.slow
+def test_a_byte_run_on_enwik8_scores_its_test_split_at_the_end_and_again_through_the_api(enwik_zip, tmp_path):
+    """Trained from the file URL (tokenizer=byte, the invalid byte included); its end-of-run figures are the test
+    split's, which the API scores again to the last digit from the run folder (the corpus's bytes read as they are),
+    and its validation split's differ."""
+    from gru_experiments import api
+
+    url, sha256 = enwik_zip
+    summary = api.train(["data=enwik8", f"data.url={url}", f"data.sha256={sha256}", f"data.cache_dir={tmp_path}/c",
+                         "tokenizer=byte", "evaluation.split=test", "logger=none", "data.batch_size=4",
+                         "data.seq_len=32", "trainer.max_steps=3", "model.steps_per_epoch=3",
+                         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "evaluation.samples.chars=10",
+                         "evaluation.text.samples=0", "evaluation.curve_longest=64"], root=tmp_path)
+    assert summary["evaluated_split"] == "test" and summary["tokenizer"] == "byte"
+    assert summary["mode_evaluation"]["split_targets"] == int(len(PAYLOAD) * 0.05) - 1
+    trained = api.load(summary["run_dir"])
+    assert trained.evaluate(split="test")["stateful_bpc"] == summary["stateful_bpc"]
+    assert trained.evaluate()["stateful_bpc"] == summary["stateful_bpc"]  # the run's own group says test
+    assert trained.evaluate(split="validation")["stateful_bpc"] != summary["stateful_bpc"]

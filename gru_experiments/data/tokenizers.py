@@ -258,7 +258,7 @@ def build_tokenizer(kind: str, text: str, cache_dir: str | Path, extra: Iterable
         return SentencePieceTokenizer.train(text, cache_dir=cache_dir, **settings)
     if kind == "byte":
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(map(repr, KINDS))}")
 
 
 def decoded_pieces(tokenizer, ids: torch.Tensor, piece_tokens: int = 1 << 24) -> Iterator[str]:
@@ -303,4 +303,4 @@ def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer 
         return SentencePieceTokenizer(proto, state["newline_standin"], state["space_standin"])
     if kind == "byte":
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(map(repr, KINDS))}")
