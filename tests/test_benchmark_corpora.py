@@ -156,3 +156,13 @@ def test_a_byte_run_on_enwik8_scores_its_test_split_at_the_end_and_again_through
     assert trained.evaluate(split="test")["stateful_bpc"] == summary["stateful_bpc"]
     assert trained.evaluate()["stateful_bpc"] == summary["stateful_bpc"]  # the run's own group says test
     assert trained.evaluate(split="validation")["stateful_bpc"] != summary["stateful_bpc"]
+
+
+def test_a_byte_checkpoint_resumed_under_another_tokenizer_is_refused_naming_both():
+    from gru_experiments.data.tokenizers import CharTokenizer
+    from gru_experiments.runs.checkpoints import check_tokenizer
+
+    with pytest.raises(UserError, match=r"was trained with a byte tokenizer \(256 bytes\), but this config builds a "
+                                        r"char tokenizer \(2 characters\)"):
+        check_tokenizer({"kind": "byte"}, 256, "last.ckpt", CharTokenizer("ab"))
+    check_tokenizer({"kind": "byte"}, 256, "last.ckpt", ByteTokenizer())  # its own: accepted
