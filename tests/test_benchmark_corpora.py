@@ -9,7 +9,7 @@ import pytest
 import torch
 from robustness_helpers import TINY
 
-from gru_experiments.data.corpus import corpus_path, prepare_corpus, split_sizes
+from gru_experiments.data.corpus import corpus_path, prepare_corpus, scored_split, split_sizes
 from gru_experiments.data.token_ids import ids_key
 from gru_experiments.data.tokenizers import ByteTokenizer, tokenizer_from_json, tokenizer_to_json
 from gru_experiments.errors import UserError
@@ -115,16 +115,23 @@ def test_evaluation_split_test_scores_the_test_split_and_only_at_the_end(compose
     assert run.corpus.tokenizer.kind == "byte" and run.task.model.vocab_size == 256
 
 
-def test_evaluation_split_test_without_a_test_split_is_refused_in_one_line(compose_config, tiny_corpus):
-    with pytest.raises(UserError, match=r"^evaluation.split=test: the corpus .* has no test split "
-                                        r"\(data.test_fraction is 0\)"):
-        prepare(validate(compose_config(*TINY, f"data.path={tiny_corpus}", "evaluation.split=test")))
+def test_evaluation_split_test_without_a_test_split_is_refused_in_one_line(compose_config, tiny_corpus, tmp_path):
+    """By train.py before any work (no ids prepared), and by sample.py's and the API's door (scored_split)."""
+    with pytest.raises(UserError, match=r"^evaluation.split=test: the corpus tiny has no test split "
+                                        r"\(data.test_fraction is 0\); give data.test_fraction"):
+        validate(compose_config(*TINY, f"data.path={tiny_corpus}", "evaluation.split=test",
+                                f"paths.data_dir={tmp_path / 'data'}"))
+    assert not (tmp_path / "data").exists()
+    with pytest.raises(UserError, match=r"^evaluation.split=test: the corpus CORPUS has no test split"):
+        scored_split("test", torch.zeros(3), None, "CORPUS")
 
 
 @pytest.mark.parametrize("overrides, answer", [
     (["evaluation.split=train"], "invalid evaluation.split"),
     (["data.test_fraction=1"], "invalid data.test_fraction"),
     (["data.train_fraction=0.95", "data.test_fraction=0.05"], "leave no validation split"),
+    (["data.test_fraction=0.05", "probe=recall", "evaluation.split=test"], "the probe's pairs are planted in the "
+                                                                           "validation split only"),
 ])
 def test_bad_split_settings_are_refused_in_one_line(compose_config, tiny_corpus, overrides, answer):
     with pytest.raises(UserError, match=answer):

@@ -223,9 +223,6 @@ class Corpus:
 
     def scored_split(self, name: str) -> Tensor:
         """The split that the end-of-run evaluation scores (evaluation.split): `scored_split`'s."""
-        if name == "test" and self.probe is not None:
-            raise UserError("evaluation.split=test with probe=recall: the probe's pairs are planted in the "
-                            "validation split only; score the test split without the probe")
         return scored_split(name, self.val_ids, self.test_ids, self.source)
 
 
@@ -235,10 +232,13 @@ def scored_split(name: str, val, test, source):
     if name != "test":
         return val
     if test is None:
-        raise UserError(f"evaluation.split=test: the corpus {source} has no test split (data.test_fraction is 0); "
-                        "give data.test_fraction (data=enwik8 and data=text8 have one), or leave "
-                        "evaluation.split=validation")
+        raise no_test_split(source)
     return test
+
+
+def no_test_split(source) -> UserError:
+    return UserError(f"evaluation.split=test: the corpus {source} has no test split (data.test_fraction is 0); give "
+                     "data.test_fraction (data=enwik8 and data=text8 have one), or leave evaluation.split=validation")
 
 
 def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSettings | None = None,

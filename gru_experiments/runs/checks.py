@@ -12,6 +12,7 @@ from typing import get_args
 from omegaconf import OmegaConf
 
 from gru_experiments.data.batches import BATCHINGS
+from gru_experiments.data.corpus import corpus_name, no_test_split
 from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe, recipe_length
@@ -234,6 +235,7 @@ def validate(cfg) -> RunSpec:
     evaluation = EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
     recipe = check_model(cfg)
     probe = check_probe(cfg)
+    check_scored_split(evaluation.split, cfg.data, probe)
     weight = select(cfg, "training.recall_weight")
     if probe is None and is_number(weight) and weight != 1:  # accepted: an experiment's pair without its probe
         print(f"training.recall_weight={weight} has no effect without probe=recall (it weighs the recall targets "
@@ -244,6 +246,18 @@ def validate(cfg) -> RunSpec:
     if names_wandb(select(cfg, "logger._target_")):
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
     return RunSpec.of(cfg, recipe, probe, evaluation)
+
+
+def check_scored_split(split: str, data, probe: ProbeSettings | None) -> None:
+    """evaluation.split=test, before any work: a corpus with a test split, and no probe (its pairs are planted in the
+    validation split)."""
+    if split != "test":
+        return
+    if not (data.get("test_fraction") or 0):
+        raise no_test_split(corpus_name(data.path, data.url, data.get("sha256")))
+    if probe is not None:
+        raise UserError("evaluation.split=test with probe=recall: the probe's pairs are planted in the validation "
+                        "split only; score the test split without the probe")
 
 
 def check_probe(cfg) -> ProbeSettings | None:
