@@ -249,9 +249,9 @@ def test_build_tokenizer(tmp_path, play_text):
     spm_tok = build_tokenizer("spm", play_text[:20000], tmp_path, vocab_size=100,
                               model_type="unigram", character_coverage=1.0)
     assert spm_tok.kind == "spm" and spm_tok.vocab_size == 100
-    with pytest.raises(ValueError, match="'char', 'spm'"):
+    with pytest.raises(ValueError, match="'char', 'spm', 'byte'"):
         build_tokenizer("bpe", play_text, tmp_path)
-    with pytest.raises(ValueError, match="'char', 'spm'"):
+    with pytest.raises(ValueError, match="'char', 'spm', 'byte'"):
         tokenizer_from_state({"kind": "nope"})
 
 

@@ -5,7 +5,6 @@ import codecs
 import functools
 import hashlib
 import lzma
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -15,11 +14,18 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from gru_experiments.data.download import downloaded_corpus, sha256_of
 from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
 from gru_experiments.data.token_ids import ids_dtype, ids_key, prepared_ids
-from gru_experiments.data.tokenizers import CharTokenizer, build_tokenizer, tokenizer_from_json, tokenizer_to_json
+from gru_experiments.data.tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    build_tokenizer,
+    tokenizer_from_json,
+    tokenizer_to_json,
+)
 from gru_experiments.errors import UserError
-from gru_experiments.files import atomic_file, looks_utf16, read_json, utf8_text
+from gru_experiments.files import looks_utf16, read_json, utf8_text
 
 # The corpora shipped in the package (xz -9e) so training needs no network: every `corpora/*.txt.xz`, found by the
 # sha256 of its plain text, so that a corpus is its file and one YAML naming that hash (conf/data/pystdlib.yaml): no
@@ -43,26 +49,6 @@ def shipped_name(path: Path) -> str:
     return path.name.removesuffix(".txt.xz")
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def download(url: str, dest: Path, sha256: str | None = None) -> Path:
-    """Fetch url into dest, verified, atomically."""
-    digest = hashlib.sha256()
-    with atomic_file(dest) as out, urllib.request.urlopen(url, timeout=60) as response:
-        while block := response.read(1 << 20):
-            out.write(block)
-            digest.update(block)
-        if sha256 and (got := digest.hexdigest()) != sha256:
-            raise ValueError(f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}")
-    return dest
-
-
 def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir: str | Path) -> Path:
     """`path` if given, else the shipped corpus of that `sha256` (even with a URL of the same text: runs recorded
     before it shipped), else the cached download of `url` (opt-in), else SHIPPED_CORPUS."""
@@ -79,15 +65,7 @@ def corpus_path(path: str | None, url: str | None, sha256: str | None, cache_dir
                         "data.sha256 out for Tiny Shakespeare")
     if not url:
         return SHIPPED_CORPUS
-    cached = Path(cache_dir) / Path(url.split("?")[0]).name
-    if not cached.exists() or (sha256 and sha256_of(cached) != sha256):
-        print(f"downloading {url} -> {cached}")
-        try:
-            download(url, cached, sha256)
-        except (OSError, ValueError) as err:  # no network, HTTP error, checksum mismatch
-            raise UserError(f"could not download the corpus from {url} ({err}); "
-                            "train on a local file instead: data.path=FILE") from None
-    return cached
+    return downloaded_corpus(url, sha256, cache_dir)
 
 
 def corpus_name(path: str | None, url: str | None, sha256: str | None) -> str:
@@ -98,7 +76,7 @@ def corpus_name(path: str | None, url: str | None, sha256: str | None) -> str:
         return shipped_name(SHIPPED_CORPUS)
     if shipped := shipped_corpora().get(sha256):
         return shipped_name(shipped)
-    return Path(url.split("?")[0]).name if url else shipped_name(SHIPPED_CORPUS)
+    return Path(url.split("?")[0]).name.removesuffix(".zip") if url else shipped_name(SHIPPED_CORPUS)
 
 
 @dataclass(frozen=True)
@@ -163,7 +141,8 @@ def read_corpus_text(path: Path) -> CorpusText:
     try:
         text = utf8_text(data)  # a byte-order mark dropped, as Python's utf-8-sig reads it
     except ValueError as err:
-        raise UserError(f"corpus file is not UTF-8 text: {path} ({err})") from None
+        bytes_too = "" if "compressed" in str(err) else ", or train on its bytes as they are: tokenizer=byte"
+        raise UserError(f"corpus file is not UTF-8 text: {path} ({err}){bytes_too}") from None
     if data.startswith(BYTE_ORDER_MARK.encode()):  # a mark of the encoding, not a character: said, as CRLF is
         print(f"corpus {path} starts with a UTF-8 byte-order mark: dropped (it marks the encoding and is no "
               "character of the text)")
@@ -202,7 +181,7 @@ def text_chunks(corpus: CorpusText, chunk_bytes: int = CHUNK_BYTES) -> Iterator[
                 return
 
 
-def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source) -> None:
+def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source, n_test: int | None = None) -> None:
     if n_train < seq_len + 1:
         raise UserError(f"corpus too short: the training split of {source} has {n_train} {unit}, fewer than one "
                         f"training window plus one (data.seq_len + 1 = {seq_len + 1}); use a longer corpus or a "
@@ -210,11 +189,26 @@ def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source)
     if n_val < 2:
         raise UserError(f"corpus too short: the validation split of {source} has {n_val} {unit}, it needs at least "
                         "2; use a longer corpus or a smaller data.train_fraction")
+    if n_test is not None and n_test < 2:
+        raise UserError(f"corpus too short: the test split of {source} has {n_test} {unit}, it needs at least 2; "
+                        "use a longer corpus or a larger data.test_fraction (0: no test split)")
+
+
+def split_sizes(n: int, data) -> tuple[int, int, int]:
+    """(train, validation, test) lengths of `n` symbols, contiguous in that order: the first data.train_fraction
+    trains, the last data.test_fraction (0, the default: no test split) is the test split, the rest validates."""
+    n_train, n_test = int(n * data["train_fraction"]), int(n * (data.get("test_fraction") or 0))
+    return n_train, n - n_train - n_test, n_test
+
+
+def split_parts(text: str, data) -> tuple[str, str, str]:
+    n_train, n_val, _ = split_sizes(len(text), data)
+    return text[:n_train], text[n_train:n_train + n_val], text[n_train + n_val:]
 
 
 def split_text(text: str, train_fraction: float) -> tuple[str, str]:
-    cut = int(len(text) * train_fraction)
-    return text[:cut], text[cut:]
+    """(train, validation) of a corpus without a test split."""
+    return split_parts(text, {"train_fraction": train_fraction})[:2]
 
 
 @dataclass
@@ -225,6 +219,26 @@ class Corpus:
     source: Path
     probe: Probe | None = None  # probe=recall: data/recall_probe.py
     sha256: str | None = None  # of the corpus file (CorpusText.sha256): summary.json and checkpoints record it
+    test_ids: Tensor | None = None  # (N_test,) int64 where data.test_fraction gives a test split, else None
+
+    def scored_split(self, name: str) -> Tensor:
+        """The split that the end-of-run evaluation scores (evaluation.split): `scored_split`'s."""
+        return scored_split(name, self.val_ids, self.test_ids, self.source)
+
+
+def scored_split(name: str, val, test, source):
+    """The split an evaluation scores (evaluation.split): the validation split (`val`), or the test split (`test`,
+    None where the corpus has none: refused in a line). The validation over training never sees the test split."""
+    if name != "test":
+        return val
+    if test is None:
+        raise no_test_split(source)
+    return test
+
+
+def no_test_split(source) -> UserError:
+    return UserError(f"evaluation.split=test: the corpus {source} has no test split (data.test_fraction is 0); give "
+                     "data.test_fraction (data=enwik8 and data=text8 have one), or leave evaluation.split=validation")
 
 
 def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSettings | None = None,
@@ -241,27 +255,31 @@ def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSe
     if probe is not None:
         return probe_corpus(data, loaded, probe, seed)
     settings = dict(tokenizer_settings)
-    key = ids_key(loaded.sha256, settings, data["train_fraction"])
+    key = ids_key(loaded.sha256, settings, data["train_fraction"], data.get("test_fraction") or 0)
     say_if_edited(Path(tokenizer_cache_dir), loaded)
     prepared = prepared_ids(tokenizer_cache_dir, key, loaded.sha256, lambda ids_file: write_ids(
         ids_file, loaded, settings, data, tokenizer_cache_dir))
     tokenizer = tokenizer_from_json(prepared.tokenizer_state)
     if kind == "char":
         say_crlf(loaded.source, prepared.record.get("crlf", 0))
-    check_long_enough(prepared.n_train, prepared.n_val, data["seq_len"], "tokens", loaded.source)
-    return Corpus(tokenizer, prepared.train_ids, prepared.val_ids.long(), loaded.source, sha256=loaded.sha256)
+    check_long_enough(prepared.n_train, prepared.n_val, data["seq_len"], "tokens", loaded.source,
+                      prepared.n_test if data.get("test_fraction") else None)
+    return Corpus(tokenizer, prepared.train_ids, prepared.val_ids.long(), loaded.source, sha256=loaded.sha256,
+                  test_ids=prepared.test_ids.long() if data.get("test_fraction") else None)
 
 
 def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> Corpus:
     """probe=recall's corpus (char tokenizer): its symbols in the vocabulary, the splits in memory."""
     source, text = loaded.source, loaded.text
     say_crlf(source, text.count("\r\n"))
-    train_text, val_text = split_text(text, data["train_fraction"])
-    check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source)
+    train_text, val_text, test_text = split_parts(text, data)
+    check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source,
+                      len(test_text) if data.get("test_fraction") else None)
     symbols = probe_symbols(text, probe.keys)
     tokenizer = CharTokenizer.from_text(text, [symbols.opening, symbols.closing, *symbols.keys])
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
-    corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source, sha256=loaded.sha256)
+    corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source, sha256=loaded.sha256,
+                    test_ids=encode(test_text) if data.get("test_fraction") else None)
     check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data["seq_len"], "tokens", source)
     corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)
     return corpus
@@ -269,28 +287,54 @@ def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> C
 
 def write_ids(ids_file, loaded: CorpusText, settings: dict, data, tokenizer_cache_dir) -> None:
     """The corpus's ids into `ids_file` (token_ids.IdsFile): the char tokenizer's streamed through the text twice
-    (its vocabulary, then the ids: vectorised, never the whole text in memory), SentencePiece's from the text."""
-    kind, source = settings["kind"], loaded.source
+    (its vocabulary, then the ids: vectorised, never the whole text in memory), the byte tokenizer's the file's bytes
+    as they are (no decoding: an invalid UTF-8 sequence is bytes like any other), SentencePiece's from the text."""
+    kind, source, crlf = settings["kind"], loaded.source, 0
     if kind == "char":
-        counts, n_chars, crlf = character_counts(loaded)
-        n_train = int(n_chars * data["train_fraction"])
-        check_long_enough(n_train, n_chars - n_train, data["seq_len"], "characters", source)
+        counts, n_symbols, crlf = character_counts(loaded)
         codepoints = np.flatnonzero(counts)
         tokenizer = CharTokenizer(map(chr, codepoints.tolist()))
         table = np.zeros(len(counts), dtype=ids_dtype(tokenizer.vocab_size))
         table[codepoints] = np.arange(len(codepoints))
         chunks = (table[code_points(chunk)] for chunk in text_chunks(loaded))
-        n_val = n_chars - n_train
+    elif kind == "byte":
+        tokenizer = ByteTokenizer()
+        n_symbols, chunks = corpus_bytes(loaded)
     else:
-        train_text, val_text = split_text(loaded.text, data["train_fraction"])
-        check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source)
+        train_text, val_text, test_text = split_parts(loaded.text, data)
+        check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source,
+                          len(test_text) if data.get("test_fraction") else None)
         tokenizer = build_tokenizer(kind, train_text, tokenizer_cache_dir,
                                     **{k: v for k, v in settings.items() if k != "kind"})
-        train_ids, val_ids = (np.asarray(tokenizer.encode(t), dtype=np.int64) for t in (train_text, val_text))
-        chunks, n_train, n_val, crlf = (train_ids, val_ids), len(train_ids), len(val_ids), 0
+        chunks = [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in (train_text, val_text, test_text)]
+    if kind == "spm":
+        n_train, n_val, n_test = map(len, chunks)
+    else:
+        n_train, n_val, n_test = split_sizes(n_symbols, data)
+        check_long_enough(n_train, n_val, data["seq_len"], "characters" if kind == "char" else "bytes", source,
+                          n_test if data.get("test_fraction") else None)
     ids_file.write(chunks, {"sha256": loaded.sha256, "source": str(source), "tokenizer": tokenizer_to_json(tokenizer),
                             "vocab_size": tokenizer.vocab_size, "dtype": ids_dtype(tokenizer.vocab_size).name,
-                            "n_train": n_train, "n_val": n_val, "crlf": crlf})
+                            "n_train": n_train, "n_val": n_val, "n_test": n_test, "crlf": crlf})
+
+
+def read_corpus_bytes(path: Path) -> bytes:
+    """The corpus file's bytes as they are, not decoded (an .xz file's decompressed): the byte tokenizer's text."""
+    check_corpus_file(path)
+    return lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+
+
+def corpus_bytes(loaded: CorpusText) -> tuple[int, Iterator[np.ndarray]]:
+    """(length, chunks) of the corpus's bytes as they are (an .xz file's decompressed; a shipped corpus is small)."""
+    if loaded.source.suffix == ".xz":
+        data = read_corpus_bytes(loaded.source)
+        return len(data), (np.frombuffer(data[i:i + CHUNK_BYTES], np.uint8) for i in range(0, len(data), CHUNK_BYTES))
+
+    def chunks() -> Iterator[np.ndarray]:
+        with open(loaded.source, "rb") as f:
+            while block := f.read(CHUNK_BYTES):
+                yield np.frombuffer(block, np.uint8)
+    return loaded.source.stat().st_size, chunks()
 
 
 def say_crlf(source: Path, crlf: int) -> None:

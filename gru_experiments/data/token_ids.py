@@ -28,22 +28,25 @@ def ids_dtype(vocab_size: int) -> np.dtype:
     return next(np.dtype(t) for t in WIDTHS if vocab_size - 1 <= np.iinfo(t).max)
 
 
-def ids_key(corpus_sha256: str, tokenizer_settings: dict, train_fraction: float) -> str:
-    """What the ids are a function of: the text, the tokenizer's settings (it is fitted on that text) and the cut."""
+def ids_key(corpus_sha256: str, tokenizer_settings: dict, train_fraction: float, test_fraction: float = 0) -> str:
+    """What the ids are a function of: the text, the tokenizer's settings (it is fitted on that text) and the cuts
+    (no test split: the key it had before there were test splits, so that prepared files stay valid)."""
+    cuts = {"train_fraction": train_fraction} | ({"test_fraction": test_fraction} if test_fraction else {})
     source = json.dumps({"version": FORMAT_VERSION, "sha256": corpus_sha256, "tokenizer": tokenizer_settings,
-                         "train_fraction": train_fraction}, sort_keys=True)
+                         **cuts}, sort_keys=True)
     return hashlib.sha256(source.encode()).hexdigest()[:32]
 
 
 @dataclass
 class PreparedIds:
-    """A prepared corpus: its tokenizer's state, the two splits' lengths and the mapped ids (one tensor, the
-    training split first)."""
+    """A prepared corpus: its tokenizer's state, the splits' lengths and the mapped ids (one tensor: the training
+    split, the validation split, then the test split where there is one)."""
     tokenizer_state: dict
     n_train: int
     n_val: int
-    ids: torch.Tensor  # (n_train + n_val,) of the file's dtype, mapped read-only (copy on write)
+    ids: torch.Tensor  # (n_train + n_val + n_test,) of the file's dtype, mapped read-only (copy on write)
     record: dict
+    n_test: int = 0
 
     @property
     def train_ids(self) -> torch.Tensor:
@@ -51,7 +54,11 @@ class PreparedIds:
 
     @property
     def val_ids(self) -> torch.Tensor:
-        return self.ids[self.n_train:]
+        return self.ids[self.n_train:self.n_train + self.n_val]
+
+    @property
+    def test_ids(self) -> torch.Tensor:
+        return self.ids[self.n_train + self.n_val:]
 
 
 class IdsFile:
@@ -75,22 +82,23 @@ class IdsFile:
             return "its record is missing or unreadable"
         if record.get("sha256") != corpus_sha256 or record.get("key") != self.key:
             return f"it records another corpus or tokenizer (sha256 {record.get('sha256')})"
-        expected = (record["n_train"] + record["n_val"]) * np.dtype(record["dtype"]).itemsize
+        expected = length(record) * np.dtype(record["dtype"]).itemsize
         if not self.bin.exists() or (size := self.bin.stat().st_size) != expected:
             return f"it holds {size if self.bin.exists() else 0:,} bytes, not the {expected:,} its record says"
         return None
 
     def load(self) -> PreparedIds:
         record = read_json(self.record_file)
-        dtype, length = np.dtype(record["dtype"]), record["n_train"] + record["n_val"]
-        mapped = np.memmap(self.bin, dtype=dtype, mode="c", shape=(length,)) if length else np.zeros(0, dtype)
-        if length and int(mapped.max()) >= record["vocab_size"]:  # bytes changed under the record: never trained on
+        dtype, n = np.dtype(record["dtype"]), length(record)
+        mapped = np.memmap(self.bin, dtype=dtype, mode="c", shape=(n,)) if n else np.zeros(0, dtype)
+        if n and int(mapped.max()) >= record["vocab_size"]:  # bytes changed under the record: never trained on
             raise DamagedIds(f"it holds an id past the vocabulary of {record['vocab_size']}")
-        return PreparedIds(record["tokenizer"], record["n_train"], record["n_val"], torch.from_numpy(mapped), record)
+        return PreparedIds(record["tokenizer"], record["n_train"], record["n_val"], torch.from_numpy(mapped), record,
+                           record.get("n_test", 0))
 
     def write(self, chunks, record: dict) -> None:
         """The ids from `chunks` (numpy arrays of ids, in order), then the record that vouches for them."""
-        needed = (record["n_train"] + record["n_val"]) * np.dtype(record["dtype"]).itemsize
+        needed = length(record) * np.dtype(record["dtype"]).itemsize
         self.folder.mkdir(parents=True, exist_ok=True)
         if (free := shutil.disk_usage(self.folder).free) < needed:
             raise UserError(f"no room for the corpus's token ids: {needed:,} bytes needed in {self.folder}, "
@@ -105,6 +113,11 @@ class IdsFile:
             raise UserError(f"the disk filled while writing the corpus's token ids to {self.bin} ({error}); nothing "
                             "was kept: free some space, or give another paths.data_dir") from None
         write_json(self.record_file, {"version": FORMAT_VERSION, "key": self.key, **record})
+
+
+def length(record: dict) -> int:
+    """The ids a record vouches for: every split's (a record from before test splits has none)."""
+    return record["n_train"] + record["n_val"] + record.get("n_test", 0)
 
 
 class DamagedIds(ValueError):

@@ -1,5 +1,5 @@
-"""Character-level and SentencePiece subword tokenizers, behind one interface; both exactly lossless, since
-bits per character are computed from `token_char_lengths`.
+"""Character-level, byte-level and SentencePiece subword tokenizers, behind one interface; bits per character (per
+byte for the byte tokenizer) are computed from `token_char_lengths`.
 """
 
 import base64
@@ -32,6 +32,8 @@ _SPACE_SYMBOL = "\u2581"
 # - no bos/eos so the vocabulary is exactly `vocab_size` pieces, <unk> included.
 # - num_threads is fixed because the trained model depends on it.
 # - allow_whitespace_only_pieces lets runs of spaces (indentation) become pieces.
+KINDS = ("char", "spm", "byte")  # conf/tokenizer/<kind>.yaml
+
 _TRAINER_OPTIONS = dict(normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
                         allow_whitespace_only_pieces=True, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=8,
                         minloglevel=2)
@@ -80,6 +82,33 @@ class CharTokenizer:
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "chars": list(self.chars)} | ({"extra": list(self.extra)} if self.extra else {})
+
+
+class ByteTokenizer:
+    """Every byte of the UTF-8 text a token: 256 symbols, whatever the corpus (enwik8 is scored in bits per byte, as
+    published). Its figures are per byte (`token_char_lengths` all 1). A prompt is encoded as UTF-8; decoding reads
+    the bytes as UTF-8, a byte that starts no valid sequence (a lone one: the per-token surfaces of 0x80 and up, or
+    an invalid sequence in the corpus) shown as U+FFFD."""
+
+    kind = "byte"
+    vocab_size = 256
+
+    def __init__(self):
+        self.token_char_lengths = torch.ones(self.vocab_size, dtype=torch.long)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            return ids.cpu().numpy().astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def unknown_characters(self, text: str) -> list[str]:
+        return sorted({c for c in text if 0xD800 <= ord(c) <= 0xDFFF})  # a lone surrogate has no UTF-8
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind}
 
 
 def _private_use_chars(text: str, count: int) -> list[str]:
@@ -217,7 +246,7 @@ def encode_prompt(tokenizer, text: str, drop_unknown: bool = False,
 
 
 def build_tokenizer(kind: str, text: str, cache_dir: str | Path, extra: Iterable[str] = (),
-                    **settings) -> CharTokenizer | SentencePieceTokenizer:
+                    **settings) -> CharTokenizer | SentencePieceTokenizer | ByteTokenizer:
     """The tokenizer of `kind` fitted on `text` (and, for "char", `extra`: the recall probe's symbols)."""
     if kind == "char":
         if settings:
@@ -227,7 +256,9 @@ def build_tokenizer(kind: str, text: str, cache_dir: str | Path, extra: Iterable
         raise ValueError("only the char tokenizer takes extra symbols")
     if kind == "spm":
         return SentencePieceTokenizer.train(text, cache_dir=cache_dir, **settings)
-    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
+    if kind == "byte":
+        return ByteTokenizer()
+    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(map(repr, KINDS))}")
 
 
 def decoded_pieces(tokenizer, ids: torch.Tensor, piece_tokens: int = 1 << 24) -> Iterator[str]:
@@ -254,13 +285,13 @@ def tokenizer_to_json(tokenizer) -> dict:
     return state
 
 
-def tokenizer_from_json(state: dict) -> CharTokenizer | SentencePieceTokenizer:
+def tokenizer_from_json(state: dict) -> CharTokenizer | SentencePieceTokenizer | ByteTokenizer:
     if isinstance(state.get("model_proto"), str):
         state = state | {"model_proto": base64.b64decode(state["model_proto"])}
     return tokenizer_from_state(state)
 
 
-def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer:
+def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer | ByteTokenizer:
     kind = state.get("kind")
     if kind == "char":
         return CharTokenizer(state["chars"], state.get("extra", ()))
@@ -270,4 +301,6 @@ def tokenizer_from_state(state: dict) -> CharTokenizer | SentencePieceTokenizer:
         proto = state["model_proto"]
         proto = proto.cpu().numpy().tobytes() if isinstance(proto, torch.Tensor) else bytes(proto)  # a GPU load
         return SentencePieceTokenizer(proto, state["newline_standin"], state["space_standin"])
-    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: 'char', 'spm'")
+    if kind == "byte":
+        return ByteTokenizer()
+    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(map(repr, KINDS))}")

@@ -83,6 +83,8 @@ def tokenizer_summary(state: dict) -> str:
         from gru_experiments.data.tokenizers import tokenizer_from_state
 
         return f"an spm tokenizer ({tokenizer_from_state(state).vocab_size} pieces)"
+    if kind == "byte":
+        return "a byte tokenizer (256 bytes)"
     return f"an unknown tokenizer ({kind!r})"
 
 

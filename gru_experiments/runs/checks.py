@@ -10,6 +10,7 @@ from typing import get_args
 from omegaconf import OmegaConf
 
 from gru_experiments.data.batches import BATCHINGS
+from gru_experiments.data.corpus import corpus_name, no_test_split
 from gru_experiments.data.recall_probe import NEEDS_CHAR, ProbeSettings
 from gru_experiments.errors import UserError
 from gru_experiments.runs.recipe import Recipe, recipe_length
@@ -20,6 +21,7 @@ from gru_experiments.validation import (
     Rule,
     check_finite,
     check_rules,
+    fraction,
     int_at_least,
     is_int,
     is_number,
@@ -34,6 +36,8 @@ TRAIN_RULES = [
     Rule("data.batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.eval_batch_size", int_at_least(1), "an integer >= 1"),
     Rule("data.train_fraction", open_fraction, "a number strictly between 0 and 1"),
+    Rule("data.test_fraction", fraction, "a number >= 0 and below 1 (the corpus's last part held out as the test "
+         "split; 0: none)", may_be_absent=True),
     Rule("data.validation_tokens", int_at_least(2), "null (the whole validation split) or an integer >= 2 (the "
          "validation split's first tokens that every validation over training scores)", optional=True),
     Rule("trainer.max_steps", lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
@@ -144,6 +148,9 @@ def validate(cfg) -> RunSpec:
         check_choices(HydraConfig.get().overrides.task)
     check_finite(OmegaConf.to_container(cfg, resolve=False))
     check_rules(cfg, TRAIN_RULES)
+    if cfg.data.train_fraction + (test := OmegaConf.select(cfg, "data.test_fraction", default=0) or 0) >= 1:
+        raise UserError(f"data.train_fraction={cfg.data.train_fraction} and data.test_fraction={test} leave no "
+                        "validation split: their sum must be below 1")
     check_settings(cfg)  # early_stopping: its keys, Lightning's included (runs/stopping.py)
     if select(cfg, "trainer.max_epochs") is not MISSING:  # the trainer takes the model's (recipe.recipe_length)
         raise UserError("trainer.max_epochs: a run's epochs are its model's, model.epochs (trainer.max_steps cuts "
@@ -151,6 +158,7 @@ def validate(cfg) -> RunSpec:
     evaluation = EvaluationSettings.of(cfg.evaluation, cfg.data.seq_len)
     recipe = check_model(cfg)
     probe = check_probe(cfg)
+    check_scored_split(evaluation.split, cfg.data, probe)
     weight = select(cfg, "training.recall_weight")
     if probe is None and is_number(weight) and weight != 1:  # accepted: an experiment's pair without its probe
         print(f"training.recall_weight={weight} has no effect without probe=recall (it weighs the recall targets "
@@ -161,6 +169,18 @@ def validate(cfg) -> RunSpec:
     if names_wandb(select(cfg, "logger._target_")):
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run
     return RunSpec.of(cfg, recipe, probe, evaluation)
+
+
+def check_scored_split(split: str, data, probe: ProbeSettings | None) -> None:
+    """evaluation.split=test, before any work: a corpus with a test split, and no probe (its pairs are planted in the
+    validation split)."""
+    if split != "test":
+        return
+    if not (data.get("test_fraction") or 0):
+        raise no_test_split(corpus_name(data.path, data.url, data.get("sha256")))
+    if probe is not None:
+        raise UserError("evaluation.split=test with probe=recall: the probe's pairs are planted in the validation "
+                        "split only; score the test split without the probe")
 
 
 def check_probe(cfg) -> ProbeSettings | None:

@@ -186,8 +186,8 @@ def step_limit(cfg) -> int | None:
 # lacks); the others (validation, logging, the device) a resume may change.
 TRAINING_TRAINER_KEYS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorithm",
                          "trainer.accumulate_grad_batches", "trainer.limit_train_batches", "trainer.overfit_batches")
-KEPT = ("seed", "data.path", "data.seq_len", "data.batch_size", "data.train_fraction", "training", "probe",
-        "early_stopping.monitor", "early_stopping.mode", *TRAINING_TRAINER_KEYS)
+KEPT = ("seed", "data.path", "data.seq_len", "data.batch_size", "data.train_fraction", "data.test_fraction", "training",
+        "probe", "early_stopping.monitor", "early_stopping.mode", *TRAINING_TRAINER_KEYS)
 # What every run's saved config has had, since the first: a config.yaml without one of them is damaged (cut off).
 ALWAYS_SAVED = ("seed", "model.name", "model.architecture", "data.seq_len", "data.batch_size", "tokenizer", "trainer")
 COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's

@@ -9,6 +9,7 @@ evaluate=true and the API's TrainedModel.evaluate and .score: one Request, its p
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from typing import NamedTuple
 import torch
 from omegaconf import OmegaConf
 
-from gru_experiments.data.corpus import corpus_path, read_corpus_text, split_text
+from gru_experiments.data.corpus import corpus_path, read_corpus_bytes, read_corpus_text, scored_split, split_parts
 from gru_experiments.errors import UserError
 from gru_experiments.runs.run_contents import check_run
 from gru_experiments.runs.run_dir import RunDir
@@ -36,6 +37,7 @@ class Splits(NamedTuple):
     val_text: str
     train_ids: torch.Tensor
     val_ids: torch.Tensor
+    test_ids: torch.Tensor | None = None  # where the run's data.test_fraction holds a test split out
 
 
 @dataclass
@@ -100,26 +102,33 @@ class TrainedRun:
         if data is None:
             raise UserError(f"the corpus {self.name} trained on is unknown: its run folder records no config")
         source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
-        corpus = read_corpus_text(source)
-        if self.corpus_sha256 is not None and corpus.sha256 != self.corpus_sha256:  # as a resume refuses it
-            raise UserError(f"the corpus changed since {self.name} trained on it: {source} has sha256 {corpus.sha256}, "
+        if self.tokenizer.kind == "byte":  # its bytes as they are, as its ids were prepared (no UTF-8 check)
+            raw = read_corpus_bytes(source)
+            sha256, parts = hashlib.sha256(raw).hexdigest(), split_parts(raw, data)
+            ids = [torch.frombuffer(bytearray(part), dtype=torch.uint8).long().to(self.device) for part in parts]
+            texts = [part.decode("utf-8", errors="replace") for part in parts]
+        else:
+            corpus = read_corpus_text(source)
+            sha256, texts = corpus.sha256, split_parts(corpus.text, data)
+        if self.corpus_sha256 is not None and sha256 != self.corpus_sha256:  # as a resume refuses it
+            raise UserError(f"the corpus changed since {self.name} trained on it: {source} has sha256 {sha256}, "
                             f"but checkpoint {self.checkpoint} was trained on sha256 {self.corpus_sha256}; its figures "
                             "would score another text: restore that text")
-        train_text, val_text = split_text(corpus.text, data["train_fraction"])
-        try:
-            train_ids, val_ids = (torch.tensor(self.tokenizer.encode(t), dtype=torch.long, device=self.device)
-                                  for t in (train_text, val_text))
-        except ValueError as error:
-            raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
-        return Splits(source, train_text, val_text, train_ids, val_ids)
+        if self.tokenizer.kind != "byte":
+            try:
+                ids = [torch.tensor(self.tokenizer.encode(t), dtype=torch.long, device=self.device) for t in texts]
+            except ValueError as error:
+                raise UserError(f"{source} does not fit the model's vocabulary: {error}") from None
+        return Splits(source, *texts[:2], *ids[:2], ids[2] if data.get("test_fraction") else None)
 
     def evaluate_validation(self, splits: Splits, changes: dict | None = None, progress=NO_PROGRESS,
                             half: str | None = None) -> Evaluation:
-        """The validation split (or its `half`, "first" or "second": validation_half) scored by the run's own plan
-        (its evaluation group, `changes` on top, within its recorded training tokens), the text statistics left to
-        stats=true: evaluate=true's and the API's figures."""
-        return evaluate(self, self.evaluation_settings(changes),
-                        Split.of(validation_half(splits.val_ids, half), self.tokenizer),
+        """The validation split (evaluation.split=test: the test split), or its `half`, "first" or "second"
+        (validation_half), scored by the run's own plan (its evaluation group, `changes` on top, within its recorded
+        training tokens), the text statistics left to stats=true: evaluate=true's and the API's figures."""
+        settings = self.evaluation_settings(changes)
+        scored = scored_split(settings.split, splits.val_ids, splits.test_ids, splits.source)
+        return evaluate(self, settings, Split.of(validation_half(scored, half), self.tokenizer),
                         training_tokens=self.training_tokens, train_ids=splits.train_ids, skip=(TEXT,),
                         progress=progress)
 

@@ -128,6 +128,8 @@ def prepare(spec: RunSpec, resume=None) -> Run:
     model = task.model
     val_ids = corpus.val_ids[:SMOKE_VAL_TOKENS] if spec.smoke else corpus.val_ids
     epoch_val_ids = val_ids[:spec.validation_tokens]  # None: the whole split
+    scored_ids = corpus.scored_split(spec.evaluation.split)  # the end of run's: evaluation.split=test when asked
+    val_ids = scored_ids[:SMOKE_VAL_TOKENS] if spec.smoke else scored_ids
     data = CorpusDataModule(corpus.train_ids, epoch_val_ids, spec.batch_size, spec.seq_len, spec.steps_per_epoch,
                             seed=spec.seed, eval_batch_size=spec.eval_batch_size,
                             batching=spec.batching if model.trainable else "windows",  # counted: no batches
@@ -258,6 +260,7 @@ def summarize(run: Run, current) -> dict:
         "run_dir": str(run.folder.path),
         "corpus": str(run.corpus.source),  # what it trained on (data.path, or the bundled corpus's name)
         "corpus_sha256": run.corpus.sha256,  # of that file's text (a resume checks it)
+        "evaluated_split": spec.evaluation.split,  # the end-of-run figures': validation, or test when asked
         "resumed_from_step": run.resume and run.resume.step,
         # early_stopping, stopped_early, stopped_at_step, stop_reason, early_stopping_best_step (runs/stopping.py)
         **stopping_summary(spec.early_stopping, run.stopping),

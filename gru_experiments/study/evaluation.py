@@ -61,6 +61,9 @@ class SampleConfig:
 DEFAULT_EVALUATION = Path(__file__).resolve().parents[2] / "conf" / "evaluation" / "default.yaml"
 
 
+SPLITS = ("validation", "test")
+
+
 @dataclass(frozen=True)
 class EvaluationSettings:
     """The evaluation group for a model trained on windows of `seq_len` (budget: forward tokens per training
@@ -73,6 +76,7 @@ class EvaluationSettings:
     text: TextSettings
     samples: SampleConfig
     dynamic: DynamicSettings
+    split: str = "validation"  # the split the end-of-run evaluation scores: "test" only when asked
     RULES: ClassVar = [
         Rule("streams", int_at_least(1), "an integer >= 1"),
         Rule("window", int_at_least(1), "null (the training data.seq_len) or an integer >= 1", optional=True),
@@ -81,7 +85,9 @@ class EvaluationSettings:
         Rule("curve_longest", int_at_least(1), "null (the curve stops at data.seq_len) or an integer >= 1",
              optional=True),
         *(Rule(part, lambda v: hasattr(v, "keys"), "a mapping") for part in ("text", "samples")),
-        Rule("dynamic", lambda v: hasattr(v, "keys"), "a mapping", may_be_absent=True)]
+        Rule("dynamic", lambda v: hasattr(v, "keys"), "a mapping", may_be_absent=True),
+        Rule("split", lambda v: v in SPLITS, " or ".join(SPLITS) + " (test: the corpus's test split, scored only "
+             "when asked)", may_be_absent=True)]
 
     @classmethod
     def of(cls, evaluation, seq_len: int) -> "EvaluationSettings":
@@ -91,7 +97,7 @@ class EvaluationSettings:
         return cls(int(seq_len), e["budget"], window, int(e["streams"]), e["curve_longest"],
                    _from(TextSettings, e["text"], "evaluation.text.", window=window),
                    _from(SampleConfig, e["samples"], "evaluation.samples."),
-                   DynamicSettings.of(e.get("dynamic"), DEFAULT_EVALUATION))
+                   DynamicSettings.of(e.get("dynamic"), DEFAULT_EVALUATION), e.get("split") or "validation")
 
     def check_window(self, targets: int) -> None:
         """The windowed mode's window must be shorter than the validation split (`targets`): no target would have
