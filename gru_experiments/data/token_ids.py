@@ -1,5 +1,5 @@
-"""A corpus's token ids, prepared once and memory-mapped (as nanoGPT's prepare.py and Arrow files): the ids of both
-splits written to `ids-<key>.bin` beside the tokenizer's cache at the smallest integer width that holds the
+"""A corpus's token ids, prepared once and memory-mapped (as nanoGPT's data/*/prepare.py and Arrow files): the ids
+of both splits written to `ids-<key>.bin` beside the tokenizer's cache at the smallest integer width that holds the
 vocabulary, keyed by the corpus's sha256, the tokenizer's settings and the split; `ids-<key>.json` beside it
 records what the file holds (sha256, tokenizer, lengths, dtype). Every later run maps the file: the corpus costs
 its pages, not 8 bytes a token, and no run encodes it again. A file that does not match its record (truncated,

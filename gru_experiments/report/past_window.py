@@ -1,7 +1,7 @@
 """report.md's *Past the window* (`python sweep.py experiments=past_window seeds=3`): trainings whose gradient reaches
 past the windowed mode's context (streams with a long BPTT, long windows) beside their baselines, per corpus, and
 its finding: does a gradient path past the window teach the state to read past it? Every figure is of a setting
-(its means over seeds, settings.py) and every comparison goes through significance.py."""
+(its means over seeds, seed_groups.py) and every comparison goes through significance.py."""
 
 from gru_experiments.report.cache import corpus, past_window
 from gru_experiments.report.common import MISSING, cell, escape, group_by, table

@@ -48,7 +48,7 @@ TABLE = [
     *((f"{mode}_bpc", f"{mode} bpc", "{:.4f}".format) for mode in FIGURES),
     ("tokens_per_second", "tokens/s", "{:,.0f}".format),
     ("wall_seconds", "wall time", duration),
-    ("status", "status", str), ("n", "n", str),  # n: the setting's trainings (settings.py)
+    ("status", "status", str), ("n", "n", str),  # n: the setting's trainings (seed_groups.py)
 ]
 BEST_KEYS = ["val_bpc", *(f"{mode}_bpc" for mode in MODES)]  # summary["best"]: the best checkpoint's figures
 # A setting's figures over its trainings: the between-training standard deviation (results.csv's KEY_sd) of these,

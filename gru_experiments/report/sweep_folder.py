@@ -29,7 +29,7 @@ class JobResult:
     logger: dict = field(default_factory=dict)  # the job's logger config (_target_, project, group)
     variant: str = ""  # what tells it from the sweep's other jobs of its model: "lr 0.001, recipe transformer"
     unreadable: Path | None = None  # its summary.json, there but not a JSON object (cut off while written, edited)
-    config: dict | None = None  # its .hydra/config.yaml, unresolved (what tells its setting apart: settings.py)
+    config: dict | None = None  # its .hydra/config.yaml, unresolved (what tells its setting apart: seed_groups.py)
     overrides: list[str] = field(default_factory=list)  # its command line (.hydra/overrides.yaml): experiment=...
 
     @property
@@ -97,7 +97,7 @@ class Report:
     jobs: list[JobResult]
     overrides: list[str]
     files: dict[str, Path]  # name -> written file
-    settings: list[JobResult] = field(default_factory=list)  # the jobs with each setting's runs as one (settings.py)
+    settings: list[JobResult] = field(default_factory=list)  # the jobs with each setting's runs as one (seed_groups.py)
 
     @property
     def problems(self) -> list[JobResult]:
