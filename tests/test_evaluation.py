@@ -22,7 +22,7 @@ from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.trained_run import load
 from gru_experiments.runs.training import train
-from gru_experiments.study.evaluation import CLASSES, EvaluationSettings, curve_points
+from gru_experiments.study.evaluation import EvaluationSettings, curve_points
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.plan import curve_lengths, plan_evaluation
 from gru_experiments.study.scores import (
@@ -36,6 +36,7 @@ from gru_experiments.study.scores import (
     score_windowed,
     stateless_log_probs,
 )
+from gru_experiments.study.target_classes import CLASSES
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import DECODERS
 from gru_experiments.study.text_stats import text_statistics

@@ -16,10 +16,10 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.training import train
-from gru_experiments.study.evaluation import CLASSES, LONG_COPY, classify, split_classes
 from gru_experiments.study.plan import plan_evaluation
 from gru_experiments.study.recall import horizon, recall_forward_tokens, score_recall
 from gru_experiments.study.scores import Split
+from gru_experiments.study.target_classes import CLASSES, LONG_COPY, classify, split_classes
 
 V, K, OPEN, CLOSE = 24, 4, 20, 21  # ids 0..19: text; 20, 21: the markers; 22, 23 and 0, 1: keys (any ids)
 KEYS = torch.tensor([22, 23, 0, 1])

@@ -9,7 +9,7 @@ from gru_experiments.report.common import cell, finish, finite, image, ordered, 
 from gru_experiments.report.plots import curve_to_stateful
 from gru_experiments.report.section import Record, Section
 from gru_experiments.report.sweep_folder import run_label
-from gru_experiments.study.evaluation import CLASSES, LONG_COPY
+from gru_experiments.study.target_classes import CLASSES, LONG_COPY
 
 SHOWN = (*CLASSES, LONG_COPY)  # the partition's classes, then the overlay
 PLOT_CLASSES = "context_by_class.png"
