@@ -10,7 +10,8 @@ from typing import ClassVar
 
 from gru_experiments.errors import UserError
 from gru_experiments.study.cache import CacheEntry
-from gru_experiments.study.dynamic import DYNAMIC, DynamicEntry, DynamicSettings
+from gru_experiments.study.dynamic import DYNAMIC, DynamicSettings
+from gru_experiments.study.dynamic_figure import DynamicEntry
 from gru_experiments.study.generation import NO_PROGRESS
 from gru_experiments.study.plan import (
     BIGRAM,
