@@ -54,7 +54,8 @@ def test_the_tool_on_a_tiny_trained_run(tmp_path, tiny_corpus):
     out = tmp_path / "study"
     assert dynamic_study.main([summary["run_dir"], "--quick", "--out", str(out), "--cache-every", "1"]) == 0
     record = json.loads((out / "dynamic_study.json").read_text())
-    [group] = record["groups"].values()
+    [(key, group)] = record["groups"].items()
+    assert key == f"astra_alpha on {tiny_corpus.name}"  # grouped by the text each run read, not a corpus assumed
     [run] = group["runs"]
     assert group["tuning"]["chosen"]["rule"] in ("sgd", "rms") and "gain" in run and "by_reach" in run
     assert "swapped" in run and (out / "dynamic_study.md").is_file() and (out / "gain_by_reach.png").is_file()

@@ -58,19 +58,20 @@ class Study:
 
     def __init__(self, folder: Path, streams: int, cache_every: int, bar):
         import gru_experiments
+        from gru_experiments.data.corpus import shipped_name
         from gru_experiments.study.scores import Split
 
         self.folder, self.lm, self.streams, self.every, self.bar = folder, gru_experiments.load(folder), streams, \
             cache_every, bar
         splits = self.lm.run.splits()
+        self.corpus = shipped_name(splits.source)  # the text it read: a shipped corpus by its name, else the file's
         self.train_ids, self.val = splits.train_ids, Split.of(splits.val_ids, self.lm.tokenizer)
         self.window = self.lm.run.evaluation_settings().window
         self._statistics = {}
 
     @property
     def key(self) -> str:
-        data = self.lm.run.data or {}
-        return f"{self.lm.name} on {Path(str(data.get('path') or 'tinyshakespeare')).name}"
+        return f"{self.lm.name} on {self.corpus}"
 
     def settings(self, **values):
         from gru_experiments.study.dynamic import DynamicSettings
