@@ -216,6 +216,7 @@ def test_score_of_the_validation_split_is_the_summary_figure(trained, lm):
     assert score.nll == pytest.approx(summary["stateless_nll"], rel=1e-9)
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 def test_score_dynamic_is_study_dynamic_and_leaves_the_weights(lm):
     """mode="dynamic": study/dynamic.score_dynamic on one stream, with the settings given; lr=0 the stateful
     figure; the weights the trained ones after it, and after generate(mode="dynamic")."""

@@ -246,6 +246,7 @@ class EmulatedGraph:
         return self.outputs
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 def test_the_cache_reads_a_replayed_stateful_pass(monkeypatch):
     """The cache reads the final hidden states the protocol's forward_features returns (no hook): a final
     evaluation's stateful pass, the cache's, replays graphs as every other pass (the capture emulated on the CPU),

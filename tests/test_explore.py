@@ -245,6 +245,7 @@ def colours(dom: str) -> list[str]:
     return re.findall(r'<span class="t[^"]*" data-i="\d+" style="background: ([^"]*);"', dom)
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 @pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
                     reason="no Chromium installed (Debian: apt-get install chromium; .ci/run installs it)")
 def test_the_page_renders_in_a_headless_browser(trained_run):

@@ -152,6 +152,7 @@ def test_an_independent_implementation_agrees():
                 torch.testing.assert_close(theirs(x, h0.unsqueeze(1)), ours.sequential(x, carried)[0], **close)
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 @pytest.mark.parametrize("cell", CELLS)
 def test_stateful_sampling_does_the_same_work_at_every_token(cell):
     """10,000 characters sampled with the state carried: the prompt is one scan per layer, then every token

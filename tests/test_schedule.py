@@ -59,6 +59,7 @@ def test_a_step_count_gets_a_schedule_in_steps():
     assert all(a >= b for a, b in zip(rates, rates[1:]))
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 def test_a_300_step_run_ends_with_the_learning_rate_at_the_floor(compose_config, tiny_corpus, monkeypatch):
     """trainer.max_steps=300 of a 10-epoch x 200-step recipe: the schedule reaches its floor (0)
     at the end of the run, not near its peak as a schedule over the recipe's epochs would."""
@@ -85,6 +86,7 @@ def test_a_300_step_run_ends_with_the_learning_rate_at_the_floor(compose_config,
     assert all(a >= b for a, b in zip(used, used[1:]))
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 def test_a_resumed_step_schedule_continues_where_it_was(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """trainer.max_steps=13 of 2 epochs x 8 steps (a schedule in steps), interrupted after step 11,
     resumed from the checkpoint of step 9: the same learning rates and results as in one go."""

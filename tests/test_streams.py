@@ -159,6 +159,7 @@ STREAMS = [*TINY, "training=streams", "data.seq_len=16", "model.steps_per_epoch=
            "checkpoint.every_n_steps=3"]
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 def test_interrupted_streams_run_resumes_bit_for_bit(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """As test_resume's windows run: the carried state and the stream position come back from the checkpoint."""
     base = [*STREAMS, f"data.path={tiny_corpus}"]
@@ -179,6 +180,7 @@ def test_interrupted_streams_run_resumes_bit_for_bit(compose_config, tiny_corpus
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # more than ~3 s on the 2-core CPU (pyproject's marker)
 def test_a_resume_without_the_carried_state_would_differ(compose_config, tiny_corpus, tmp_path, monkeypatch):
     """The carried state matters to the resumed numbers, so the test above can fail."""
     base = [*STREAMS, f"data.path={tiny_corpus}"]
