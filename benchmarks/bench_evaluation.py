@@ -58,7 +58,7 @@ def measure(name: str, args) -> dict:
     model.train()
     for _ in range(args.steps):
         starts = torch.randint(corpus.train_ids.numel() - seq_len - 1, (batch,), generator=g)
-        x = corpus.train_ids[starts.unsqueeze(1) + torch.arange(seq_len + 1)]
+        x = corpus.train_ids[starts.unsqueeze(1) + torch.arange(seq_len + 1)].long()  # ids are stored narrow (uint8)
         started = time.perf_counter()
         logits, _ = model(x[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
