@@ -613,18 +613,18 @@ SLOW_SPM = textwrap.dedent(f"""
         with open(os.environ["SPM_LOG"], "a") as f:
             f.write(f"{{time.time()}} {{os.getpid()}} {{event}}\\n")
 
-    build, run_trainer = data.build_tokenizer, SentencePieceTokenizer._run_trainer
+    prepared, run_trainer = data.prepared_ids, SentencePieceTokenizer._run_trainer
 
-    def logged_build(*args, **kwargs):
+    def logged_prepared(*args, **kwargs):  # each run asks for the corpus's ids, their tokenizer with them
         log("wants-tokenizer")
-        return build(*args, **kwargs)
+        return prepared(*args, **kwargs)
 
     def slow_trainer(*args, **kwargs):
         log("trains")
         time.sleep(8)  # hold the lock: the other process arrives meanwhile
         return run_trainer(*args, **kwargs)
 
-    data.build_tokenizer = logged_build
+    data.prepared_ids = logged_prepared
     SentencePieceTokenizer._run_trainer = staticmethod(slow_trainer)
     sys.argv = [{str(TRAIN_PY)!r}, *sys.argv[1:]]
     runpy.run_path({str(TRAIN_PY)!r}, run_name="__main__")
@@ -633,8 +633,8 @@ SLOW_SPM = textwrap.dedent(f"""
 
 @pytest.mark.slow
 def test_runs_started_together_share_one_spm_cache(tmp_path, tiny_corpus):
-    """Two train.py processes needing the same, not yet trained SentencePiece model: one trains
-    it while the other waits on the lock, then reads it; the cache holds one valid model."""
+    """Two train.py processes needing the same, not yet trained SentencePiece model: one trains it (and prepares
+    the corpus's ids) while the other waits on the lock, then reads both; the cache holds one valid model."""
     script, log = tmp_path / "slow_spm.py", tmp_path / "spm.log"
     script.write_text(SLOW_SPM)
     args = [f"data.path={tiny_corpus}", *TINY, "tokenizer=spm", "tokenizer.vocab_size=80", "trainer.max_steps=1",
