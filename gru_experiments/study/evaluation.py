@@ -207,9 +207,6 @@ def register_entry(entry: Entry) -> Entry:
     return entry
 
 
-def unregister_entry(name: str) -> None:
-    ENTRIES[:] = [entry for entry in ENTRIES if entry.name != name]
-
 
 def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless; no bigram
