@@ -207,7 +207,6 @@ def register_entry(entry: Entry) -> Entry:
     return entry
 
 
-
 def plan_for(request: Request) -> Plan:
     """The plan of `request` (FINAL: everything; BEST: no curve; OVER_TRAINING: stateful and stateless; no bigram
     without the training ids)."""
