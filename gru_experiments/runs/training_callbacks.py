@@ -5,6 +5,7 @@ steps (CostEstimate; the clock and the arithmetic beside the plans they price: s
 
 import math
 import time
+from functools import cache
 from types import SimpleNamespace
 from typing import Iterable
 
@@ -25,9 +26,12 @@ class ModesOverTraining(Callback):
     def __init__(self, run: TrainedRun, val: Split, epoch_tokens: int, settings: EvaluationSettings,
                  train_text: str | Iterable[str]):
         self.run, self.val, self.settings = run, val, settings
-        # what the word validity reads of a training index: its words (counted here without the rest)
-        index = SimpleNamespace(vocabulary=vocabulary([train_text] if isinstance(train_text, str) else train_text))
-        self.asked = dict(training_tokens=epoch_tokens, purpose=OVER_TRAINING, load_text_index=lambda: index)
+
+        @cache
+        def words_only():  # what the word validity reads of a training index: its words, read when first asked
+            return SimpleNamespace(vocabulary=vocabulary([train_text] if isinstance(train_text, str) else train_text))
+
+        self.asked = dict(training_tokens=epoch_tokens, purpose=OVER_TRAINING, load_text_index=words_only)
 
     def plan(self):
         return plan(self.run, self.settings, self.val, **self.asked)

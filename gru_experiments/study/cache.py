@@ -35,6 +35,20 @@ CHUNK_ELEMENTS = 1 << 23  # query x key scores per chunk (memory only)
 # standard errors): its exponentials (every θ, every key of the last 4,096) are the evaluation's costliest part
 # there, ~56 s at Astra-α on one thread for every position. On a GPU, or with evaluation.budget=null: every one.
 CPU_STRIDE = 4
+# Under a budget the cache's queries are priced in forward tokens, one query against N keys as N / KEYS_PER_TOKEN
+# (about a forward token of Astra-α's time per 256 keys, every θ, on a CPU), and made sparser where they would cost
+# more than the plan's passes: a long split's stream (a sixty-fourth of it) no longer prices the cache past them.
+KEYS_PER_TOKEN = 256
+
+
+def cache_stride(positions: int, plan: Plan, on_cpu: bool) -> int:
+    """Every how-many-th of the stateful pass's `positions` the continuous cache queries: every one when exact
+    (evaluation.budget=null); under a budget at least CPU_STRIDE on a CPU (1 on a GPU), and sparser where its
+    queries, LONGEST / KEYS_PER_TOKEN forward tokens each, would cost more than the budget or the plan's passes."""
+    if plan.budget is None:
+        return 1
+    allowance = max(plan.budget, plan.forward_tokens, 1)
+    return max(CPU_STRIDE if on_cpu else 1, math.ceil(positions * LONGEST / KEYS_PER_TOKEN / allowance))
 
 
 @dataclass(frozen=True)
@@ -227,9 +241,9 @@ class CacheEntry(Entry):
                             "no states kept"}
         states = StreamStates.joined(results)
         split = replace(request.val, ids=request.val.ids.to(states.nll.device))
-        exact = request.settings.budget is None or states.nll.device.type != "cpu"
+        stride = cache_stride(states.nll.numel(), plan, states.nll.device.type == "cpu")
         # "Past the window": past the windowed mode's context (evaluation.window; by default the training window).
-        return cache_figures(states, split, plan.window, stride=1 if exact else CPU_STRIDE)
+        return cache_figures(states, split, plan.window, stride=stride)
 
     def summary(self, record: dict) -> dict:
         longest = str(record.get("longest"))

@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
-from gru_experiments.study.cache import CPU_STRIDE, SHARPNESS, cache_sizes, continuous_cache
+from gru_experiments.study.cache import SHARPNESS, cache_sizes, cache_stride, continuous_cache
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.plan import CURVE, MODE, TEXT, WINDOWED, Plan, StatefulPass
@@ -111,8 +111,7 @@ class EvaluationClock:
         streams, length = stream_layout(plan.split_targets, p.streams)
         rows = len(range(0, streams, p.stride))
         sizes = cache_sizes(plan.window, rows * length if p.stride == 1 and rows > 1 else length)
-        exact = plan.budget is None or self.model.device.type != "cpu"
-        queries = rows * length / (1 if exact else CPU_STRIDE)
+        queries = rows * length / cache_stride(rows * length, plan, self.model.device.type == "cpu")
         return queries * max(sizes) * self.cache_rate() if sizes else 0.0
 
     def cache_rate(self) -> float:

@@ -5,8 +5,12 @@ through; the settings it is built from and the context curve's record.
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
+
+import torch
+from torch import Tensor
 
 from gru_experiments.errors import UserError
 from gru_experiments.study.cache import CacheEntry
@@ -185,7 +189,7 @@ class ModesEntry(Entry):
         classes = None
         if request.purpose == FINAL and request.tokenizer is not None:  # the curve by kind of target
             longest = max((f.context for f in plan.curve()), default=None)
-            classes = split_classes(request.val.ids.cpu(), request.tokenizer, plan.window, longest)
+            classes = partial(split_classes, request.val.ids.cpu(), request.tokenizer, plan.window, longest)
         return score_modes(request.val, plan, results, classes)
 
     def summary(self, result: ModeEvaluation) -> dict:
@@ -264,8 +268,10 @@ def evaluate(request: Request, plan: Plan | None = None, progress=NO_PROGRESS,
     return Evaluation(plan, out)
 
 
-def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> ModeEvaluation:
-    """The modes' figures from the plan's passes' results; with `classes`, the curve by kind of target too."""
+def score_modes(val: Split, plan: Plan, results: list[dict],
+                classes: Callable[[Tensor], TargetClasses] | None = None) -> ModeEvaluation:
+    """The modes' figures from the plan's passes' results; with `classes` (of the targets the figures kept: a
+    sampled plan's classes cost its sample, not the split), the curve by kind of target too."""
     scores = {f.name: score_at(results[f.passes[0]], f.context) for f in plan.figures if f.name in FIGURES}
     curve_scores = {}
     for figure in plan.curve():  # in order: a point past seq_len builds on the seq_len point
@@ -273,8 +279,16 @@ def score_modes(val: Split, plan: Plan, results: list[dict], classes=None) -> Mo
     curve = curve_record(plan, curve_scores, scores[STATEFUL]) if curve_scores else None
     gain = paired_difference(scores[STATEFUL], scores[WINDOWED], val) if plan.figure(STATE_GAIN) else None
     if classes is not None and curve is not None and gain is not None:
-        curve["by_class"] = curve_by_class(plan, results, scores, classes, val)
+        curve["by_class"] = curve_by_class(plan, results, scores, classes(_kept(plan, results, scores)), val)
     return ModeEvaluation(plan, scores, curve, gain)
+
+
+def _kept(plan: Plan, results: list[dict], scores: dict[str, Score]) -> Tensor:
+    """The targets the figures by kind of target read: stateful's, windowed's and every curve point's."""
+    kept = [scores[STATEFUL].positions, scores[WINDOWED].positions]
+    for figure in plan.curve():
+        kept += [s.positions for s in _point_scores(figure, plan, results) if s is not None]
+    return torch.unique(torch.cat([k.cpu() for k in kept if k is not None] or [torch.zeros(0, dtype=torch.long)]))
 
 
 def _point_scores(figure, plan: Plan, results: list[dict]) -> tuple[Score, Score | None]:

@@ -39,27 +39,71 @@ def start_classes(text: str, starts: np.ndarray) -> Tensor:
     return torch.from_numpy(labels).long()
 
 
-def classify(surfaces: list[str], window: int, longest: int | None) -> TargetClasses:
+def classify(surfaces: list[str], window: int, longest: int | None, kept: Tensor | None = None) -> TargetClasses:
     """The classes of a split given as its tokens' texts (`surfaces`; one character each for a character
-    model): a token's class is that of its first character; the overlay's distances are in tokens."""
-    text = "".join(surfaces)
+    model): a token's class is that of its first character; the overlay's distances are in tokens, and with
+    `kept` (token positions) the overlay is found only around them (_stretches), as far back as it reaches."""
     starts = np.cumsum([0, *map(len, surfaces)])[:len(surfaces)]  # the character offset of each token
-    token_at = torch.zeros(len(text) + 1, dtype=torch.long)  # the token of each character
-    token_at[torch.from_numpy(starts[1:]).long()] = 1
-    token_at = torch.cumsum(token_at, 0)
+    return _classes("".join(surfaces), starts, window, longest, kept)
+
+
+def split_classes(ids: Tensor, tokenizer, window: int, longest: int | None,
+                  kept: Tensor | None = None) -> TargetClasses:
+    """`classify` of a split's token ids: a lookup per id (for one-character tokens, of code points: no Python
+    string per token)."""
+    surfaces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    lengths, ids = np.array([len(s) for s in surfaces]), ids.cpu().numpy()
+    if (lengths == 1).all():
+        text = np.array([ord(s) for s in surfaces], dtype="<u4")[ids].tobytes().decode("utf-32-le", "surrogatepass")
+        starts = np.arange(len(ids))
+    else:
+        text = "".join(np.array(surfaces, dtype=object)[ids])
+        starts = np.concatenate([[0], np.cumsum(lengths[ids])[:-1]]).astype(np.int64)
+    return _classes(text, starts, window, longest, kept)
+
+
+def _classes(text: str, starts: np.ndarray, window: int, longest: int | None, kept: Tensor | None) -> TargetClasses:
     labels = start_classes(text, starts)
-    long_copy, last_seen = torch.zeros(len(surfaces), dtype=torch.bool), {}
-    if longest:
-        for match in word_matches(text):
-            word, first = match.group().lower(), int(token_at[match.start()])
+    long_copy = torch.zeros(len(starts), dtype=torch.bool)
+    if not longest:
+        return TargetClasses(labels, long_copy)
+    token_at = np.searchsorted(starts, np.arange(len(text) + 1), side="right") - 1  # the token of each character
+    for first_char, end_char in _stretches(text, starts, longest, kept):
+        last_seen = {}
+        for match in word_matches(text[first_char:end_char]):
+            word, first = match.group().lower(), int(token_at[first_char + match.start()])
             before = last_seen.get(word)
             if before is not None and window < first - before <= longest:
-                long_copy[first:int(token_at[match.end() - 1]) + 1] = True
+                long_copy[first:int(token_at[first_char + match.end() - 1]) + 1] = True
             last_seen[word] = first
     return TargetClasses(labels, long_copy)
 
 
-def split_classes(ids: Tensor, tokenizer, window: int, longest: int | None) -> TargetClasses:
-    """`classify` of a split's token ids (decoding is a lookup per id for both tokenizers)."""
-    surfaces = np.array([tokenizer.decode([i]) for i in range(tokenizer.vocab_size)], dtype=object)
-    return classify(list(surfaces[ids.cpu().numpy()]), window, longest)
+def _stretches(text: str, starts: np.ndarray, longest: int, kept: Tensor | None) -> list[tuple[int, int]]:
+    """The stretches of text (character ranges) the overlay is found in: the whole text, or around each `kept`
+    token p, to the end of its word and from 2 x `longest` tokens before it, the start moved back to where no word
+    runs across it twice (p's word's start, then `longest` tokens before that), merged: each kept token's overlay
+    as the whole text gives it, at the cost of its stretch (a sampled plan's, not the split's)."""
+    if kept is None or not len(starts):
+        return [(0, len(text))]
+    word = word_char_mask(text)
+    boundary = np.ones(len(text) + 1, dtype=bool)  # a character position no word runs across
+    boundary[1:-1] = ~(word[:-1] & word[1:])
+    at = np.arange(len(text) + 1)
+    last_boundary = np.maximum.accumulate(np.where(boundary, at, 0))
+    next_boundary = np.minimum.accumulate(np.where(boundary, at, len(text))[::-1])[::-1]
+    kept = np.unique(kept.cpu().numpy().clip(0, len(starts) - 1))
+    to_char = np.append(starts, len(text))
+
+    def back(tokens: np.ndarray) -> np.ndarray:  # `longest` tokens back, then back to a boundary, in characters
+        return last_boundary[to_char[np.maximum(tokens - longest, 0)]]
+
+    begin = back(np.searchsorted(starts, back(kept), side="right") - 1)
+    end = next_boundary[to_char[kept + 1]]  # p's word whole
+    stretches = []
+    for b, e in zip(begin.tolist(), end.tolist()):
+        if stretches and b <= stretches[-1][1]:
+            stretches[-1][1] = max(stretches[-1][1], e)
+        else:
+            stretches.append([b, e])
+    return [tuple(s) for s in stretches]
