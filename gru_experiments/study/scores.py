@@ -305,12 +305,15 @@ def score_windowed(model, split: Split, window: int, targets: bool = False) -> S
 def paired_difference(a: Score, b: Score, split: Split) -> Score:
     """a minus b on the targets both kept, paired target by target: its `.bpc_se` is far smaller than
     either figure's own. Exact when both are; else a sample of a's population."""
-    n = split.n_targets
-    nll = torch.full((2, n + 1), math.nan, dtype=torch.float64, device=split.ids.device)
-    nll[0, a.positions] = a.target_nll
-    nll[1, b.positions] = b.target_nll
-    both = torch.nonzero(~torch.isnan(nll).any(dim=0)).squeeze(1)
-    difference = _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
+    device = split.ids.device
+    (pa, ia), (pb, ib) = (torch.sort(s.positions.to(device)) for s in (a, b))  # the targets in order, found in b
+    na, nb = a.target_nll.to(device, torch.float64)[ia], b.target_nll.to(device, torch.float64)[ib]
+    if not pb.numel():  # nothing to pair with
+        pb, nb = pb.new_zeros(1), nb.new_full((1,), math.nan)
+    at = torch.searchsorted(pb, pa).clamp(max=pb.numel() - 1)
+    paired = (pb[at] == pa) & ~torch.isnan(na) & ~torch.isnan(nb[at])
+    both = pa[paired]
+    difference = _score_nll(na[paired] - nb[at[paired]], split.ids[both], split.char_lengths)
     return difference.of(difference.tokens if a.exact and b.exact else a.population)
 
 

@@ -67,14 +67,15 @@ def _classes(text: str, starts: np.ndarray, window: int, longest: int | None, ke
     long_copy = torch.zeros(len(starts), dtype=torch.bool)
     if not longest:
         return TargetClasses(labels, long_copy)
-    token_at = np.searchsorted(starts, np.arange(len(text) + 1), side="right") - 1  # the token of each character
     for first_char, end_char in _stretches(text, starts, longest, kept):
-        last_seen = {}
-        for match in word_matches(text[first_char:end_char]):
-            word, first = match.group().lower(), int(token_at[first_char + match.start()])
+        last_seen, matches = {}, list(word_matches(text[first_char:end_char]))
+        edges = first_char + np.array([(m.start(), m.end() - 1) for m in matches], dtype=np.int64).reshape(-1, 2)
+        tokens = np.searchsorted(starts, edges, side="right") - 1  # the tokens of each word's first and last
+        for match, (first, last) in zip(matches, tokens.tolist()):
+            word = match.group().lower()
             before = last_seen.get(word)
             if before is not None and window < first - before <= longest:
-                long_copy[first:int(token_at[first_char + match.end() - 1]) + 1] = True
+                long_copy[first:last + 1] = True
             last_seen[word] = first
     return TargetClasses(labels, long_copy)
 
@@ -87,19 +88,16 @@ def _stretches(text: str, starts: np.ndarray, longest: int, kept: Tensor | None)
     if kept is None or not len(starts):
         return [(0, len(text))]
     word = word_char_mask(text)
-    boundary = np.ones(len(text) + 1, dtype=bool)  # a character position no word runs across
-    boundary[1:-1] = ~(word[:-1] & word[1:])
-    at = np.arange(len(text) + 1)
-    last_boundary = np.maximum.accumulate(np.where(boundary, at, 0))
-    next_boundary = np.minimum.accumulate(np.where(boundary, at, len(text))[::-1])[::-1]
+    boundaries = np.concatenate([[0], np.flatnonzero(~(word[:-1] & word[1:])) + 1, [len(text)]])  # no word across
     kept = np.unique(kept.cpu().numpy().clip(0, len(starts) - 1))
     to_char = np.append(starts, len(text))
 
     def back(tokens: np.ndarray) -> np.ndarray:  # `longest` tokens back, then back to a boundary, in characters
-        return last_boundary[to_char[np.maximum(tokens - longest, 0)]]
+        chars = to_char[np.maximum(tokens - longest, 0)]
+        return boundaries[np.searchsorted(boundaries, chars, side="right") - 1]
 
     begin = back(np.searchsorted(starts, back(kept), side="right") - 1)
-    end = next_boundary[to_char[kept + 1]]  # p's word whole
+    end = boundaries[np.searchsorted(boundaries, to_char[kept + 1])]  # p's word whole
     stretches = []
     for b, e in zip(begin.tolist(), end.tolist()):
         if stretches and b <= stretches[-1][1]:

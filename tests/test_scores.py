@@ -1,0 +1,40 @@
+"""study/scores.py: paired_difference, found by sorting the two figures' kept targets, against an independent dense
+pairing over the whole split (an array of its size, NaN where a figure did not score a target)."""
+
+import math
+from dataclasses import replace
+
+import torch
+
+from gru_experiments.study.scores import Score, Split, _score_nll, paired_difference
+
+
+def dense_pairing(a: Score, b: Score, split: Split) -> Score:
+    nll = torch.full((2, split.n_targets + 1), math.nan, dtype=torch.float64)
+    nll[0, a.positions], nll[1, b.positions] = a.target_nll, b.target_nll
+    both = torch.nonzero(~torch.isnan(nll).any(dim=0)).squeeze(1)
+    difference = _score_nll(nll[0, both] - nll[1, both], split.ids[both], split.char_lengths)
+    return difference.of(difference.tokens if a.exact and b.exact else a.population)
+
+
+def test_paired_difference_is_the_dense_pairing_to_the_last_bit():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = int(torch.randint(1, 300, (1,), generator=generator))
+        split = Split(torch.randint(5, (n + 1,), generator=generator), torch.tensor([1, 1, 2, 1, 3]))
+
+        def kept_score() -> Score:  # some targets in any order, a NaN among them now and then
+            k = int(torch.randint(0, n + 1, (1,), generator=generator))
+            positions = torch.randperm(n, generator=generator)[:k] + 1
+            nll = torch.rand(k, generator=generator, dtype=torch.float64)
+            if k and trial % 3 == 0:
+                nll[0] = math.nan
+            score = _score_nll(nll, split.ids[positions], split.char_lengths)
+            return replace(score, positions=positions, target_nll=nll, population=n)
+
+        a, b = kept_score(), kept_score()
+        got, expected = paired_difference(a, b, split), dense_pairing(a, b, split)
+        assert (got.tokens, got.characters, got.population) == (expected.tokens, expected.characters,
+                                                                expected.population)
+        assert got.nll_sum == expected.nll_sum and got.moments == expected.moments  # the same sums, in order
+        assert got.tokens < n or trial % 3 != 0  # the NaN target is never paired
