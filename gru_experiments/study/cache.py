@@ -100,7 +100,8 @@ def continuous_cache(hidden: Tensor, targets: Tensor, sizes: list[int], thetas: 
     longest, device = max(sizes), hidden.device
     out = torch.full((len(sizes), len(thetas), R, -(-L // stride)), -math.inf, dtype=torch.float32, device=device)
     edges = [0, *sizes]  # band k: distances edges[k] + 1 .. edges[k + 1] (columns edges[k] .. edges[k + 1] - 1)
-    step = stride * max(1, CHUNK_ELEMENTS // max(1, R * longest))
+    # queries per chunk: CHUNK_ELEMENTS' worth of aligned scores, their keys spanning at most 3 x longest
+    step = stride * max(1, min(CHUNK_ELEMENTS // max(1, R * longest), 2 * longest // stride))
     distance = torch.arange(1, longest + 1, device=device)
     for a in range(0, L, step):
         b = min(L, a + step)

@@ -13,6 +13,7 @@ from gru_experiments.study.text_index import word_char_mask, word_matches
 CLASSES = ("word_start", "word_inside", "line_start", "other")
 LONG_COPY = "long_copy"
 WORD_START, WORD_INSIDE, LINE_START, OTHER = range(len(CLASSES))
+UNCLASSED = -1  # a token outside a sampled plan's stretches (split_classes): in no class
 
 
 @dataclass(frozen=True)
@@ -39,37 +40,54 @@ def start_classes(text: str, starts: np.ndarray) -> Tensor:
     return torch.from_numpy(labels).long()
 
 
-def classify(surfaces: list[str], window: int, longest: int | None, kept: Tensor | None = None) -> TargetClasses:
+def classify(surfaces: list[str], window: int, longest: int | None) -> TargetClasses:
     """The classes of a split given as its tokens' texts (`surfaces`; one character each for a character
-    model): a token's class is that of its first character; the overlay's distances are in tokens, and with
-    `kept` (token positions) the overlay is found only around them (_stretches), as far back as it reaches."""
+    model): a token's class is that of its first character; the overlay's distances are in tokens."""
     starts = np.cumsum([0, *map(len, surfaces)])[:len(surfaces)]  # the character offset of each token
-    return _classes("".join(surfaces), starts, window, longest, kept)
+    return _classes("".join(surfaces), starts, window, longest)
 
 
 def split_classes(ids: Tensor, tokenizer, window: int, longest: int | None,
                   kept: Tensor | None = None) -> TargetClasses:
-    """`classify` of a split's token ids: a lookup per id (for one-character tokens, of code points: no Python
-    string per token)."""
-    surfaces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
-    lengths, ids = np.array([len(s) for s in surfaces]), ids.cpu().numpy()
-    if (lengths == 1).all():
-        text = np.array([ord(s) for s in surfaces], dtype="<u4")[ids].tobytes().decode("utf-32-le", "surrogatepass")
-        starts = np.arange(len(ids))
-    else:
-        text = "".join(np.array(surfaces, dtype=object)[ids])
-        starts = np.concatenate([[0], np.cumsum(lengths[ids])[:-1]]).astype(np.int64)
-    return _classes(text, starts, window, longest, kept)
+    """`classify` of a split's token ids. With `kept` (token positions), only the stretches of the split around
+    them (_stretches): each kept token's class and overlay as the whole split gives them, at the cost of its
+    stretch (a sampled plan's, not the split's); every other token in no class (UNCLASSED)."""
+    text_of, ids = _Decoder(tokenizer), ids.cpu().numpy()
+    if kept is None:
+        return _classes(*text_of(ids), window, longest)
+    labels = torch.full((len(ids),), UNCLASSED, dtype=torch.int8)
+    long_copy = torch.zeros(len(ids), dtype=torch.bool)
+    for lo, hi in _stretches(ids, text_of, longest or 0, kept.cpu().numpy()):
+        head = max(lo - 2, 0)  # two tokens before: what the first one's class reads of the character before it
+        labels[lo:hi] = start_classes(*text_of(ids[head:hi]))[lo - head:].to(torch.int8)
+        if longest:
+            long_copy[lo:hi] = _classes(*text_of(ids[lo:hi]), window, longest).long_copy
+    return TargetClasses(labels, long_copy)
 
 
-def _classes(text: str, starts: np.ndarray, window: int, longest: int | None, kept: Tensor | None) -> TargetClasses:
+class _Decoder:
+    """A run of token ids as (its text, each token's first character's offset): a lookup per id (for one-character
+    tokens, of code points: no Python string per token)."""
+
+    def __init__(self, tokenizer):
+        surfaces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+        self.lengths = np.array([len(s) for s in surfaces])
+        self.single = bool((self.lengths == 1).all())
+        self.table = (np.array([ord(s) for s in surfaces], dtype="<u4") if self.single
+                      else np.array(surfaces, dtype=object))
+
+    def __call__(self, ids: np.ndarray) -> tuple[str, np.ndarray]:
+        if self.single:
+            return self.table[ids].tobytes().decode("utf-32-le", "surrogatepass"), np.arange(len(ids))
+        return "".join(self.table[ids]), np.concatenate([[0], np.cumsum(self.lengths[ids])[:-1]]).astype(np.int64)
+
+
+def _classes(text: str, starts: np.ndarray, window: int, longest: int | None) -> TargetClasses:
     labels = start_classes(text, starts)
-    long_copy = torch.zeros(len(starts), dtype=torch.bool)
-    if not longest:
-        return TargetClasses(labels, long_copy)
-    for first_char, end_char in _stretches(text, starts, longest, kept):
-        last_seen, matches = {}, list(word_matches(text[first_char:end_char]))
-        edges = first_char + np.array([(m.start(), m.end() - 1) for m in matches], dtype=np.int64).reshape(-1, 2)
+    long_copy, last_seen = torch.zeros(len(starts), dtype=torch.bool), {}
+    if longest:
+        matches = list(word_matches(text))
+        edges = np.array([(m.start(), m.end() - 1) for m in matches], dtype=np.int64).reshape(-1, 2)
         tokens = np.searchsorted(starts, edges, side="right") - 1  # the tokens of each word's first and last
         for match, (first, last) in zip(matches, tokens.tolist()):
             word = match.group().lower()
@@ -80,28 +98,43 @@ def _classes(text: str, starts: np.ndarray, window: int, longest: int | None, ke
     return TargetClasses(labels, long_copy)
 
 
-def _stretches(text: str, starts: np.ndarray, longest: int, kept: Tensor | None) -> list[tuple[int, int]]:
-    """The stretches of text (character ranges) the overlay is found in: the whole text, or around each `kept`
-    token p, to the end of its word and from 2 x `longest` tokens before it, the start moved back to where no word
-    runs across it twice (p's word's start, then `longest` tokens before that), merged: each kept token's overlay
-    as the whole text gives it, at the cost of its stretch (a sampled plan's, not the split's)."""
-    if kept is None or not len(starts):
-        return [(0, len(text))]
-    word = word_char_mask(text)
-    boundaries = np.concatenate([[0], np.flatnonzero(~(word[:-1] & word[1:])) + 1, [len(text)]])  # no word across
-    kept = np.unique(kept.cpu().numpy().clip(0, len(starts) - 1))
-    to_char = np.append(starts, len(text))
-
-    def back(tokens: np.ndarray) -> np.ndarray:  # `longest` tokens back, then back to a boundary, in characters
-        chars = to_char[np.maximum(tokens - longest, 0)]
-        return boundaries[np.searchsorted(boundaries, chars, side="right") - 1]
-
-    begin = back(np.searchsorted(starts, back(kept), side="right") - 1)
-    end = boundaries[np.searchsorted(boundaries, to_char[kept + 1])]  # p's word whole
+def _stretches(ids: np.ndarray, text_of: _Decoder, longest: int, kept: np.ndarray) -> list[tuple[int, int]]:
+    """Token ranges around the `kept` tokens: each run of them (gaps of at most 2 x longest), from 2 x `longest`
+    tokens before its first, moved back to a token start no word runs across twice (its first's word's start,
+    then `longest` tokens before that: every word the overlay compares it with, whole), to the end of its last's
+    word; merged where they meet."""
+    kept = np.unique(kept.clip(0, len(ids) - 1))
+    if not len(kept):
+        return []
+    cuts = np.flatnonzero(np.diff(kept) > 2 * longest + 1)
     stretches = []
-    for b, e in zip(begin.tolist(), end.tolist()):
-        if stretches and b <= stretches[-1][1]:
-            stretches[-1][1] = max(stretches[-1][1], e)
+    for a, b in zip(kept[np.r_[0, cuts + 1]].tolist(), kept[np.r_[cuts, len(kept) - 1]].tolist()):
+        lo = _boundary(ids, text_of, _boundary(ids, text_of, a - longest, -1) - longest, -1)
+        hi = _boundary(ids, text_of, b + 1, +1)
+        if stretches and lo <= stretches[-1][1]:
+            stretches[-1][1] = max(stretches[-1][1], hi)
         else:
-            stretches.append([b, e])
+            stretches.append([lo, hi])
     return [tuple(s) for s in stretches]
+
+
+def _boundary(ids: np.ndarray, text_of: _Decoder, token: int, direction: int) -> int:
+    """The nearest token start at or before (direction -1) or after (+1) `token` that no word runs across (the
+    split's ends included), read from the text around it (a wider stretch while none is found)."""
+    token, span = min(max(token, 0), len(ids)), 64
+    if token in (0, len(ids)):
+        return token
+    while True:
+        lo, hi = (max(token - span, 0), token + 1) if direction < 0 else (token, min(token + span, len(ids)))
+        # two tokens either side: an apostrophe is a word's by the characters beside it
+        text, starts = text_of(ids[max(lo - 2, 0):min(hi + 2, len(ids))])
+        word, shift = word_char_mask(text), min(lo, 2)
+        at = starts[shift:shift + hi - lo]  # the candidates' first characters
+        free = (at == 0) | (at >= len(text)) | ~(word[np.maximum(at - 1, 0)] & word[np.minimum(at, len(text) - 1)])
+        free |= (np.arange(lo, hi) == 0) | (np.arange(lo, hi) >= len(ids))
+        found = np.flatnonzero(free)
+        if len(found):
+            return lo + int(found[-1] if direction < 0 else found[0])
+        if (direction < 0 and lo == 0) or (direction > 0 and hi >= len(ids)):
+            return 0 if direction < 0 else len(ids)
+        span *= 2
