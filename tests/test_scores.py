@@ -4,8 +4,10 @@ pairing over the whole split (an array of its size, NaN where a figure did not s
 import math
 from dataclasses import replace
 
+import pytest
 import torch
 
+from gru_experiments.study import scores
 from gru_experiments.study.scores import Score, Split, _score_nll, paired_difference
 
 
@@ -38,3 +40,19 @@ def test_paired_difference_is_the_dense_pairing_to_the_last_bit():
                                                                 expected.population)
         assert got.nll_sum == expected.nll_sum and got.moments == expected.moments  # the same sums, in order
         assert got.tokens < n or trial % 3 != 0  # the NaN target is never paired
+
+
+def test_a_table_scores_a_split_in_chunks_as_in_one(monkeypatch):
+    generator = torch.Generator().manual_seed(1)
+    log_probs = torch.log_softmax(torch.randn(7, 7, generator=generator, dtype=torch.float64), -1)
+    for n in (1, 2, 3, 50, 1000):
+        split = Split(torch.randint(7, (n,), generator=generator).to(torch.uint8), torch.tensor([1, 2, 1, 1, 3, 1, 1]))
+        whole = scores.score_table(log_probs, split, targets=True)
+        monkeypatch.setattr(scores, "TABLE_CHUNK", 7)
+        chunked = scores.score_table(log_probs, split, targets=True)
+        monkeypatch.undo()
+        assert torch.equal(whole.positions, chunked.positions) and torch.equal(whole.target_nll, chunked.target_nll)
+        assert (whole.tokens, whole.characters) == (chunked.tokens, chunked.characters) == (n - 1, int(
+            split.char_lengths[split.ids[1:].long()].sum()))
+        assert chunked.nll_sum == pytest.approx(whole.nll_sum, rel=1e-12)
+        assert whole.nll_sum == pytest.approx(float(-log_probs[split.ids[:-1].long(), split.ids[1:].long()].sum()))

@@ -271,13 +271,22 @@ def stateless_log_probs(model, plain: Tensor | None = None) -> Tensor:
     return F.log_softmax(plain_logits(logits[:, 0].double(), plain), dim=-1)
 
 
+TABLE_CHUNK = 1 << 24  # targets a table scores at once (every split up to 16M tokens in one: its sums as before)
+
+
 def score_table(log_probs: Tensor, split: Split, targets: bool = False) -> Score:
     """Every target of the split scored by a first-order table: log_probs[previous, target]. targets=True keeps
     every target's NLL."""
-    previous, ids = split.ids[:-1], split.ids[1:]
-    nll = -log_probs.to(split.ids.device)[previous, ids]
-    score = _score_nll(nll, ids, split.char_lengths).of(split.n_targets)
-    return score.with_targets([torch.arange(1, ids.numel() + 1, device=ids.device)], [nll]) if targets else score
+    log_probs, score, kept = log_probs.to(split.ids.device), Score(), []
+    for start in range(1, split.ids.numel(), TABLE_CHUNK):  # in chunks: a long split's NLLs never all at once
+        chunk = split.ids[start - 1:start + TABLE_CHUNK].long()
+        previous, ids = chunk[:-1], chunk[1:]
+        nll = -log_probs[previous, ids]
+        score = score.add(_score_nll(nll, ids, split.char_lengths))
+        kept.append(nll if targets else None)
+    score = score.of(split.n_targets)
+    positions = torch.arange(1, split.ids.numel(), device=split.ids.device)
+    return score.with_targets([positions], kept or [positions.double()]) if targets else score  # (empty)
 
 
 def score_stateless(model, split: Split) -> Score:
