@@ -15,7 +15,7 @@ from gru_experiments.report.recall import (
 )
 from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.report.significance import pairs_of_size
-from gru_experiments.study.generation import STATEFUL
+from gru_experiments.study.modes import STATEFUL
 
 LSTM_RECALL = Findings("Findings on the LSTM's memory", "The original study's Leviathan claim, that an LSTM's cell "
                        "state keeps long-range dependencies better than a GRU, put to the planted-recall control at "

@@ -12,7 +12,7 @@ from gru_experiments.report.context_classes import class_gain, class_record
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.significance import Difference, difference, side, summary_figure
 from gru_experiments.report.sweep_folder import mode_pairs
-from gru_experiments.study.generation import MODES_BY_CONTEXT, STATEFUL, WINDOWED
+from gru_experiments.study.modes import MODES_BY_CONTEXT, STATEFUL, WINDOWED
 from gru_experiments.study.recall import horizon
 
 PLOT_RECALL = "recall.png"
@@ -158,7 +158,7 @@ def _panel(ax, shown, inference: str, names: bool) -> None:
             ax.axvline(job.training_window, color=line.get_color(), linestyle=":", linewidth=1)
     for bits in sorted({no_memory(job) for job in shown} - {None}):
         ax.axhline(bits, color="black", linestyle="--", linewidth=1, label=f"no memory: log2 K = {bits:.2f}")
-    if inference == "windowed":
+    if inference == WINDOWED:
         for window in sorted({inference_window(job) for job in shown} - {None}):
             ax.axvline(window, color="grey", linewidth=1, alpha=0.6, label=f"inference window {window}")
     ax.set_xscale("log", base=2)
@@ -192,12 +192,12 @@ def _at(points) -> str:
 def _instrument_part(job) -> tuple[bool, bool, str]:
     """(detected, the windowed control fails, the evidence) of one run."""
     window, seen = job.training_window, inference_window(job)
-    detected = [(d, p) for d, p in points(job, "stateful", window, "inside") if beats_chance(job, d, "stateful")]
+    detected = [(d, p) for d, p in points(job, STATEFUL, window, "inside") if beats_chance(job, d, STATEFUL)]
     part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
             "log2 K by more than two standard errors "
             + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
-    past = points(job, "windowed", seen, "past")
-    leaks = [d for d, _ in past if beats_chance(job, d, "windowed")]
+    past = points(job, WINDOWED, seen, "past")
+    leaks = [d for d, _ in past if beats_chance(job, d, WINDOWED)]
     if past:
         part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
                  + (f"below log2 K at d = {', '.join(map(str, leaks))}" if leaks else "at chance"))
@@ -234,7 +234,7 @@ def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
     text = (f"{streams.name}, training window {window}, log2 K = "
             + ("?" if bits is None else f"{bits:.3f}") + ": " + ("; ".join(parts) or "no distance past it"))
     for other in others:
-        if found := points(other, "stateful", window, "past"):
+        if found := points(other, STATEFUL, window, "past"):
             text += f" (trained on {other.training}: {_at(found)})"
     return better, worse, len(found), text
 
@@ -268,9 +268,9 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
 def _kept_part(job) -> tuple[bool, str]:
     """(stateful beats windowed at the first distance past the training window, the evidence) of one run."""
     window = job.training_window
-    past = [(d, s, w) for d, s in points(job, "stateful", window, "past") if (w := recall_point(job, d, "windowed"))]
+    past = [(d, s, w) for d, s in points(job, STATEFUL, window, "past") if (w := recall_point(job, d, WINDOWED))]
     kept = [d for d, _, _ in past if (gap := recall_difference(job, job, d, STATEFUL, WINDOWED)) and gap.below]
-    h = run_horizon(job, "stateful")
+    h = run_horizon(job, STATEFUL)
     crossing = ("nowhere (under 2 bits at every distance)" if h["crossing"].startswith("below") else
                 "already at the shortest distance" if h["crosses_2_bits"] is None else
                 f"at d ≈ {h['crosses_2_bits']:,.0f} ({h['crosses_2_bits'] / window:.1f}× the window)")
