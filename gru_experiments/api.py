@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gru_experiments.errors import UserError
+from gru_experiments.study.modes import DYNAMIC, MODES, STATEFUL, WINDOWED
 
 # The Hydra configs train.py composes: conf/ beside the package (an editable install or a checkout).
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -20,9 +21,6 @@ REPO = CONF.parent
 
 
 def _check_mode(mode: str, model=None, dynamic: dict | None = None) -> str:
-    from gru_experiments.study.dynamic import DYNAMIC  # imports torch: only once a model is used
-    from gru_experiments.study.generation import MODES
-
     if mode not in (*MODES, DYNAMIC):
         raise UserError(f"unknown inference mode {mode!r}: choose one of {', '.join((*MODES, DYNAMIC))}")
     if dynamic and mode != DYNAMIC:
@@ -87,7 +85,7 @@ class TrainedModel:
                             "the training window (data.seq_len)")
         return window
 
-    def generate(self, prompt: str, mode: str = "stateful", *, max_new_tokens: int = 500, temperature: float = 1.0,
+    def generate(self, prompt: str, mode: str = STATEFUL, *, max_new_tokens: int = 500, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, greedy: bool = False, seed: int = 1234,
                  num_samples: int | None = None, window: int | None = None,
                  drop_unknown: bool = False, **dynamic) -> str | list[str]:
@@ -100,7 +98,7 @@ class TrainedModel:
         from gru_experiments.study.generation import Decoding, generate, validate_sampling
 
         _check_mode(mode, self.model, dynamic)
-        if mode == "windowed":
+        if mode == WINDOWED:
             window = self._window(window)
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
                     "num_samples": 1 if num_samples is None else num_samples, "max_new_tokens": max_new_tokens,
@@ -114,9 +112,9 @@ class TrainedModel:
         decoding = Decoding(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
         ids = encode_prompt(self.tokenizer, prompt)
         with self._adapted(ids, mode, dynamic):
-            generated = generate(self.model, ids, mode="stateful" if mode == "dynamic" else mode,
+            generated = generate(self.model, ids, mode=STATEFUL if mode == DYNAMIC else mode,
                                  max_new_tokens=max_new_tokens, num_samples=settings["num_samples"],
-                                 decoding=decoding, seed=seed, window=window if mode == "windowed" else None,
+                                 decoding=decoding, seed=seed, window=window if mode == WINDOWED else None,
                                  plain=plain_tokens(self.tokenizer))
         texts = [prompt + self.tokenizer.decode(row) for row in generated.tolist()]
         return texts[0] if num_samples is None else texts
@@ -150,7 +148,7 @@ class TrainedModel:
 
         from gru_experiments.study.dynamic import adapted_to
 
-        if mode != "dynamic":
+        if mode != DYNAMIC:
             yield
             return
         settings = self._dynamic(changes)
@@ -158,7 +156,7 @@ class TrainedModel:
                         self._statistics(settings)):
             yield
 
-    def score(self, text: str, mode: str = "stateful", *, window: int | None = None, **dynamic) -> TextScore:
+    def score(self, text: str, mode: str = STATEFUL, *, window: int | None = None, **dynamic) -> TextScore:
         """The text's nats per token and bits per character in `mode`, through the evaluation door every figure
         of the project goes through (runs/trained_run.evaluate), every target exact: stateful as one stream in
         chunks of the training window (256 where none is recorded), windowed with `window` tokens of context (by
@@ -174,7 +172,7 @@ class TrainedModel:
         from gru_experiments.study.scores import Split
 
         _check_mode(mode, self.model, dynamic)
-        if mode == "windowed":
+        if mode == WINDOWED:
             window = self._window(window)
             validate_sampling({"window": window}, self.tokenizer.vocab_size)
         if not isinstance(text, str):
@@ -186,22 +184,21 @@ class TrainedModel:
         if ids.numel() < 2:
             raise UserError(f"the text is {ids.numel()} token(s) long; scoring needs at least 2 "
                             "(the first is context only)")
-        if mode == "dynamic":
+        if mode == DYNAMIC:
             return self._score_dynamic(Split.of(ids, self.tokenizer), dynamic)
         settings = self.run.evaluation_settings({"budget": None, "streams": 1, "window": window, "text.samples": 0},
                                                 seq_len=self.seq_len or 256)
         # stateful and stateless: the modes over training's plan (no windowed pass); windowed: the best's (no curve)
         evaluation = evaluate(replace(self.run, tokenizer=None), settings, Split.of(ids, self.tokenizer),
-                              training_tokens=None, purpose=BEST if mode == "windowed" else OVER_TRAINING)
+                              training_tokens=None, purpose=BEST if mode == WINDOWED else OVER_TRAINING)
         result = evaluation.modes.scores[mode]
         return TextScore(mode=mode, nll=result.nll, bpc=result.bpc, nll_sum=result.nll_sum, tokens=result.tokens,
-                         characters=result.characters, window=window if mode == "windowed" else None)
+                         characters=result.characters, window=window if mode == WINDOWED else None)
 
     def _score_dynamic(self, split, changes: dict) -> TextScore:
         """score(mode="dynamic"): the dynamic evaluation's own plan (purpose DYNAMIC: stateful, stateless and
         dynamic), one stream, every target exact."""
         from gru_experiments.runs.trained_run import evaluate
-        from gru_experiments.study.dynamic import DYNAMIC
 
         settings = self.run.evaluation_settings({"budget": None, "streams": 1, "text.samples": 0} | {
             f"dynamic.{k}": v for k, v in changes.items()}, seq_len=self.seq_len or 256)

@@ -18,7 +18,6 @@ from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.study import generation
 from gru_experiments.study.generation import (
-    MODES_BY_CONTEXT,
     STUDY_PROMPTS,
     Decoding,
     check_generation_fits,
@@ -30,6 +29,7 @@ from gru_experiments.study.generation import (
     sample_tokens,
     spellable_prompts,
 )
+from gru_experiments.study.modes import MODES_BY_CONTEXT
 
 V = 13
 

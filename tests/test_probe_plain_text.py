@@ -15,7 +15,8 @@ from evaluation_helpers import plan_of, run_plan
 from gru_experiments.data.recall_probe import SymbolIds, ValidationPairs, probe_symbols, validation_plantings
 from gru_experiments.data.tokenizers import CharTokenizer, plain_tokens, tokenizer_from_state
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.generation import MODES, Decoding, generate, sample_texts
+from gru_experiments.study.generation import Decoding, generate, sample_texts
+from gru_experiments.study.modes import MODES
 from gru_experiments.study.recall import score_recall
 from gru_experiments.study.scores import (
     Split,

@@ -15,7 +15,8 @@ from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.study.generation import MODES_BY_CONTEXT, STUDY_PROMPTS
+from gru_experiments.study.generation import STUDY_PROMPTS
+from gru_experiments.study.modes import MODES_BY_CONTEXT
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import (
     DECODERS,

@@ -9,6 +9,7 @@ from gru_experiments.report.common import cell, finish, finite, image, ordered, 
 from gru_experiments.report.plots import curve_to_stateful
 from gru_experiments.report.section import Record, Section
 from gru_experiments.report.sweep_folder import run_label
+from gru_experiments.study.modes import STATEFUL
 from gru_experiments.study.target_classes import CLASSES, LONG_COPY
 
 SHOWN = (*CLASSES, LONG_COPY)  # the partition's classes, then the overlay
@@ -35,8 +36,8 @@ def class_points(entry: dict) -> tuple[list[tuple[int, float, float | None]], tu
     curve, se = entry.get("curve") or {}, entry.get("se") or {}
     points = sorted((int(key), finite(bpc), finite(se.get(key))) for key, bpc in curve.items()
                     if str(key).isdigit() and finite(bpc) is not None)
-    stateful = finite(curve.get("stateful"))
-    return points, None if stateful is None else (stateful, finite(se.get("stateful")))
+    stateful = finite(curve.get(STATEFUL))
+    return points, None if stateful is None else (stateful, finite(se.get(STATEFUL)))
 
 
 def _row(name: str, entry: dict, contexts: list[int]) -> list[str]:
@@ -65,7 +66,7 @@ def class_section(jobs, plots: dict[str, Path]) -> list[str]:
         names = ordered(record, SHOWN)
         contexts = sorted({w for name in names for w, _, _ in class_points(record[name] or {})[0]})
         lines += [f"### {run_label(job, jobs)}", ""]
-        lines += table(["class", "targets", *(str(w) for w in contexts), "stateful", "state gain"],
+        lines += table(["class", "targets", *(str(w) for w in contexts), STATEFUL, "state gain"],
                        [_row(name, record[name] or {}, contexts) for name in names], "lr") + [""]
     lines += [image("bits per character against context, by class of target", PLOT_CLASSES, plots,
                     "no figure of the classes."), ""]
@@ -83,7 +84,7 @@ def _class_panel(ax, job, label: str) -> None:
         curve_to_stateful(ax, [w for w, _, _ in points], [bpc for _, bpc, _ in points], stateful and stateful[0],
                           stateful_x, linestyle="--" if name == LONG_COPY else "-", label=name)
     ax.set_xscale("log", base=2)
-    ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), "stateful"], fontsize=7)
+    ax.set_xticks([*ticks, stateful_x], [*(str(t) for t in ticks), STATEFUL], fontsize=7)
     finish(ax, 6, title=label, xlabel="tokens of context (from the initial state)", ylabel="bits per character")
 
 

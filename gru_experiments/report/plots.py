@@ -10,7 +10,7 @@ from gru_experiments.report.seed_groups import spread
 from gru_experiments.report.sweep_folder import JobResult, ladder_jobs
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES, curve_points
-from gru_experiments.study.generation import MODES
+from gru_experiments.study.modes import MODES, OVER_TRAINING_MODES, STATEFUL, STATELESS
 
 PLOT_BPC, PLOT_CURVES = "bpc_by_mode.png", "curves.png"
 PLOT_CONTEXT, PLOT_MODES = "context_curve.png", "modes_over_training.png"
@@ -23,7 +23,7 @@ def plot_ladder(jobs: list[JobResult], path: Path) -> Path | None:
     if not rungs:
         return None
     fig, ax = subplots(figsize=(max(6.0, 0.9 * len(rungs) + 2), 4.2))
-    modes = ("stateful", "stateless")
+    modes = (STATEFUL, STATELESS)
     grouped_bars(ax, {mode: [job.number(f"{mode}_bpc") for job in rungs] for mode in modes},
                  errors={mode: [spread(job, f"{mode}_bpc") for job in rungs] for mode in modes})
     bigram = next((job.number("bigram_bpc") for job in rungs if job.number("bigram_bpc")), None)
@@ -81,7 +81,7 @@ def context_curve_series(jobs: list[JobResult]) -> dict[str, dict]:
     """{model: {"windows": [(w, bpc), ...], "stateful": bpc, "band": [(w, sd), ...]}} of every completed model
     but the n-grams; the band is the sd between a setting's trainings at each w (empty for one training)."""
     return {job.model: {"windows": [(int(key), value) for key, value in points if key.isdigit()],
-                        "stateful": dict(points).get("stateful"), "band": _curve_spread(job)}
+                        STATEFUL: dict(points).get(STATEFUL), "band": _curve_spread(job)}
             for job in jobs if job.status == "completed" and job.values.get("family") != "ngram"
             and (points := curve_points(job.values.get("context_curve")))}
 
@@ -114,7 +114,7 @@ def plot_context_curve(jobs: list[JobResult], path: Path) -> Path | None:
     series = context_curve_series(jobs)
     if not series:
         return None
-    return save_curves(path, {model: (s["windows"], s["stateful"]) for model, s in series.items()},
+    return save_curves(path, {model: (s["windows"], s[STATEFUL]) for model, s in series.items()},
                        "Bits per character against the context given (final weights; band: ± the sd between "
                        "a setting's trainings)", "tokens of context (from the initial state); stateful: the state "
                        "carried", baselines(jobs), ticks=True, bands={model: s["band"] for model, s in series.items()})
@@ -146,7 +146,7 @@ def save_curves(path: Path, curves: dict, title: str, xlabel: str, baselines: di
         ax.axhline(value, linestyle=style, color="grey", linewidth=1, label=f"{label} {value:.3f}")
     ax.set_xscale("log", base=2)
     if ticks:
-        ax.set_xticks([*contexts, contexts[-1] * 4], [*(str(x) for x in contexts), "stateful"])
+        ax.set_xticks([*contexts, contexts[-1] * 4], [*(str(x) for x in contexts), STATEFUL])
     finish(ax, 7, title=title, xlabel=xlabel, ylabel="bits per character (lower is better)")
     return save(fig, path)
 
@@ -161,7 +161,7 @@ def modes_over_training_series(jobs: list[JobResult]) -> dict[str, dict]:
             continue
         per_step = tokens / steps if tokens and steps else 1.0
         curves = {mode: [(step * per_step, value) for step, value in job.history.get(f"val/{mode}_bpc", [])]
-                  for mode in ("stateful", "stateless")}
+                  for mode in OVER_TRAINING_MODES}
         if any(curves.values()):
             series[job.model] = curves
     return series
@@ -175,7 +175,7 @@ def plot_modes_over_training(jobs: list[JobResult], path: Path) -> Path | None:
     fig, ax = subplots(figsize=(7.5, 4.5))
     for model, curves in series.items():
         color = None
-        for mode, style in (("stateful", "-"), ("stateless", "--")):
+        for mode, style in ((STATEFUL, "-"), (STATELESS, "--")):
             if curves[mode]:
                 xs, ys = zip(*curves[mode])
                 (line,) = ax.plot(xs, ys, linestyle=style, marker="o" if len(xs) < 12 else None, markersize=3,

@@ -1,7 +1,9 @@
 """The planted-recall control (summary.json's "recall", docs/evaluation.md#the-planted-recall-control):
 report.md's *Planted recall* table, `recall.png` and the findings on the control, then each probe run's memory
-horizon and what the recall costs the language model. A model that kept nothing of a key pays log2 K bits
-(a guess among the K keys): the no-memory line.
+horizon, what the recall costs the language model, and the LSTM's memory against the GRU's (the original study's
+Leviathan claim; the runs: experiment=recall_lstm_*, docs/results.md#the-planted-recall-control). A model that kept
+nothing of a key pays log2 K bits (a guess among the K keys): the no-memory line. One feature, one report module,
+the one allowed past the size cap (tests/test_layers.py).
 """
 
 import math
@@ -10,9 +12,9 @@ from pathlib import Path
 from gru_experiments.report.common import MISSING, figure_cell, finish, finite, image, plus_minus, save, subplots, table
 from gru_experiments.report.context_classes import class_gain, class_record
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
-from gru_experiments.report.significance import Difference, difference, side, summary_figure
+from gru_experiments.report.significance import Difference, difference, pairs_of_size, side, summary_figure
 from gru_experiments.report.sweep_folder import mode_pairs
-from gru_experiments.study.generation import MODES_BY_CONTEXT, STATEFUL, WINDOWED
+from gru_experiments.study.modes import MODES_BY_CONTEXT, STATEFUL, WINDOWED
 from gru_experiments.study.recall import horizon
 
 PLOT_RECALL = "recall.png"
@@ -89,6 +91,13 @@ def remembered_text(h: dict) -> str:
     return "none" if h["remembered"] is None else f"{h['remembered']:,.0f}"
 
 
+def crossing_text(h: dict, at: str = "") -> str:
+    """Where a horizon rises through 2 bits: `at` and the distance, else "never" (under 2 bits at every distance)
+    or "at once" (2 bits or more at the shortest)."""
+    crossing = h["crosses_2_bits"]
+    return ("never" if h["crossing"].startswith("below") else "at once") if crossing is None else f"{at}{crossing:,.0f}"
+
+
 def run_horizon(job, mode: str) -> dict:
     """The job's horizon in `mode`, computed from the curve for a record from before recall.horizon."""
     record = recall_record(job) or {}
@@ -158,7 +167,7 @@ def _panel(ax, shown, inference: str, names: bool) -> None:
             ax.axvline(job.training_window, color=line.get_color(), linestyle=":", linewidth=1)
     for bits in sorted({no_memory(job) for job in shown} - {None}):
         ax.axhline(bits, color="black", linestyle="--", linewidth=1, label=f"no memory: log2 K = {bits:.2f}")
-    if inference == "windowed":
+    if inference == WINDOWED:
         for window in sorted({inference_window(job) for job in shown} - {None}):
             ax.axvline(window, color="grey", linewidth=1, alpha=0.6, label=f"inference window {window}")
     ax.set_xscale("log", base=2)
@@ -192,12 +201,12 @@ def _at(points) -> str:
 def _instrument_part(job) -> tuple[bool, bool, str]:
     """(detected, the windowed control fails, the evidence) of one run."""
     window, seen = job.training_window, inference_window(job)
-    detected = [(d, p) for d, p in points(job, "stateful", window, "inside") if beats_chance(job, d, "stateful")]
+    detected = [(d, p) for d, p in points(job, STATEFUL, window, "inside") if beats_chance(job, d, STATEFUL)]
     part = (f"{job.name} trained on {job.training} (log2 K = {no_memory(job):.3f}): stateful below "
             "log2 K by more than two standard errors "
             + (f"at {_at(detected)}" if detected else "at no distance inside its training window"))
-    past = points(job, "windowed", seen, "past")
-    leaks = [d for d, _ in past if beats_chance(job, d, "windowed")]
+    past = points(job, WINDOWED, seen, "past")
+    leaks = [d for d, _ in past if beats_chance(job, d, WINDOWED)]
     if past:
         part += (f"; windowed past its window ({seen} tokens) at {_at(past)}: "
                  + (f"below log2 K at d = {', '.join(map(str, leaks))}" if leaks else "at chance"))
@@ -234,7 +243,7 @@ def _pair_part(windows, streams, others) -> tuple[int, int, int, str]:
     text = (f"{streams.name}, training window {window}, log2 K = "
             + ("?" if bits is None else f"{bits:.3f}") + ": " + ("; ".join(parts) or "no distance past it"))
     for other in others:
-        if found := points(other, "stateful", window, "past"):
+        if found := points(other, STATEFUL, window, "past"):
             text += f" (trained on {other.training}: {_at(found)})"
     return better, worse, len(found), text
 
@@ -268,9 +277,9 @@ def recall_carried_state_finding(jobs) -> tuple[str, str]:
 def _kept_part(job) -> tuple[bool, str]:
     """(stateful beats windowed at the first distance past the training window, the evidence) of one run."""
     window = job.training_window
-    past = [(d, s, w) for d, s in points(job, "stateful", window, "past") if (w := recall_point(job, d, "windowed"))]
+    past = [(d, s, w) for d, s in points(job, STATEFUL, window, "past") if (w := recall_point(job, d, WINDOWED))]
     kept = [d for d, _, _ in past if (gap := recall_difference(job, job, d, STATEFUL, WINDOWED)) and gap.below]
-    h = run_horizon(job, "stateful")
+    h = run_horizon(job, STATEFUL)
     crossing = ("nowhere (under 2 bits at every distance)" if h["crossing"].startswith("below") else
                 "already at the shortest distance" if h["crosses_2_bits"] is None else
                 f"at d ≈ {h['crosses_2_bits']:,.0f} ({h['crosses_2_bits'] / window:.1f}× the window)")
@@ -310,8 +319,7 @@ def _horizon(job, h: dict) -> list[str]:
     """A horizon's cells (stateful's or windowed's; stateless never remembers): under 1 bit up to, 2 bits at and
     that over the training window."""
     crossing, window = h["crosses_2_bits"], job.training_window
-    return [MISSING if h["remembered"] is None else remembered_text(h),
-            ("never" if h["crossing"].startswith("below") else "at once") if crossing is None else f"{crossing:,.0f}",
+    return [MISSING if h["remembered"] is None else remembered_text(h), crossing_text(h),
             MISSING if crossing is None or not window else f"{crossing / window:.1f}×"]
 
 
@@ -381,3 +389,74 @@ def cost_section(jobs, plots: dict) -> list[str]:
 
 
 HORIZON, COST = Section("memory horizon", horizon_section), Section("what the recall costs", cost_section)
+
+
+# --- the LSTM's memory against the GRU's --------------------------------------------------------------------
+LSTM_MEMORY = Findings("Findings on the LSTM's memory", "The original study's Leviathan claim, that an LSTM's cell "
+                       "state keeps long-range dependencies better than a GRU, put to the planted-recall control at "
+                       "equal size: a hand-written LSTM beside the GRU of its size, trained alike "
+                       "(experiment=recall_lstm_*).")
+
+
+def lstm_pairs(jobs) -> list[tuple]:
+    """(LSTM, GRU) recall runs of one size (significance.pairs_of_size), tokenizer, training mode and window:
+    each LSTM with the GRU nearest its size; ordered by size, then training."""
+    runs = [job for job in recall_jobs(jobs) if job.number("parameters") and distances(job)]
+    pairs = pairs_of_size(runs, "lstm", "gru", lambda lstm, gru: (gru.training_mode, gru.training_window)
+                          == (lstm.training_mode, lstm.training_window))
+    return sorted(pairs, key=lambda pair: (pair[1].number("parameters"), pair[0].training))
+
+
+def _reach(h: dict) -> tuple:
+    """A horizon's reach, to compare two: where it rises through 2 bits (inf: never, 0: at once), then under 1 bit."""
+    crossing = h["crosses_2_bits"]
+    return (crossing if crossing is not None else math.inf if h["crossing"].startswith("below") else 0.0,
+            h["remembered"] or 0)
+
+
+def _horizon_text(h: dict) -> str:
+    return f"under 1 bit up to d = {remembered_text(h)}, 2 bits at {crossing_text(h, 'd ≈ ')}"
+
+
+def _lstm_part(lstm, gru) -> tuple[int, str]:
+    """(+1 the LSTM keeps the key longer, -1 shorter, 0 no difference shown; the evidence) of one pair."""
+    hl, hg = run_horizon(lstm, STATEFUL), run_horizon(gru, STATEFUL)
+    longer, shorter = _reach(hl) > _reach(hg), _reach(hl) < _reach(hg)
+    # only where one of the two recalls (beats log2 K by two se's): where both are at chance or below it (a model
+    # confidently wrong), neither remembers, and which pays more says nothing of memory
+    found = [(d, change) for d, _, _, change in changes(lstm, gru)
+             if no_memory(lstm) is None or beats_chance(lstm, d) or beats_chance(gru, d)]
+    better, worse = sum(c.below for _, c in found), sum(c.above for _, c in found)
+    parts = [f"d = {d}: {c.text(3)}" for d, c in found]
+    outcome = 1 if longer and better and not worse else -1 if shorter and worse and not better else 0
+    text = (f"{lstm.name} ({lstm.number('parameters'):,.0f} parameters) against {gru.name} "
+            f"({gru.number('parameters'):,.0f}), trained on {lstm.training}: stateful horizon LSTM "
+            f"{_horizon_text(hl)}, GRU {_horizon_text(hg)}; LSTM - GRU bits per recalled key "
+            + ("; ".join(parts) or "at no common distance")
+            + f" (LSTM better by two standard errors at {better}, worse at {worse}): "
+            + {1: "the LSTM keeps it longer", -1: "the GRU keeps it longer", 0: "no difference shown"}[outcome])
+    return outcome, text
+
+
+@LSTM_MEMORY.claim("An LSTM keeps a key longer than a GRU of the same size")
+def lstm_longer_finding(jobs) -> tuple[str, str]:
+    """Per pair of equal size and training: is the LSTM's stateful horizon longer, and its recall better than
+    the GRU's by two standard errors at some distance and worse at none?"""
+    pairs = lstm_pairs(jobs)
+    if not pairs:
+        return cannot("an LSTM and a GRU of the same size, tokenizer and training, both run with the probe "
+                      "(python sweep.py experiments=recall_horizon probe=recall,none)")
+    results = [_lstm_part(lstm, gru) for lstm, gru in pairs]
+    longer, shorter = sum(o == 1 for o, _ in results), sum(o == -1 for o, _ in results)
+    evidence = ("Stateful recall, bits per recalled key, LSTM - GRU ± the hypot of their standard errors (over "
+                "seeds: the spread between trainings), and each run's memory horizon: "
+                + "; ".join(t for _, t in results) + ". Rule: the LSTM keeps a key longer in a pair when its "
+                "horizon is longer (2 bits crossed later, else under 1 bit further) and its "
+                "recall is below the GRU's by more than two standard errors of the difference at some distance and "
+                "above it at none (and the other way round for the GRU), at the distances where one of the two "
+                f"recalls (below log2 K by two standard errors). The LSTM longer in {longer} of "
+                f"{len(pairs)} pairs, the GRU in {shorter}.")
+    return verdict(longer, len(pairs), shorter), evidence
+
+
+LSTM = Section("the LSTM's memory", lambda jobs, plots: [], findings=LSTM_MEMORY)

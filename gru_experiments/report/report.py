@@ -15,7 +15,6 @@ from gru_experiments.report import (
     context_classes,
     dynamic,
     lr_sweep,
-    lstm_recall,
     overfitting,
     past_window,
     recall,
@@ -33,7 +32,7 @@ from gru_experiments.runs.loggers import names_wandb, sweep_group
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import FIGURES
-from gru_experiments.study.generation import MODES
+from gru_experiments.study.modes import MODES, STATEFUL, STATELESS
 
 RESULTS_CSV, REPORT_MD = "results.csv", "report.md"
 
@@ -150,11 +149,11 @@ def _samples_section(jobs: list[JobResult], plots: dict[str, Path]) -> list[str]
         return lines + [f"{MISSING} no job wrote samples.json.", ""]
     for job in with_samples:
         samples = job.samples
-        prompts, stateful, stateless = (list(samples.get(key) or []) for key in ("prompts", "stateful", "stateless"))
+        prompts, stateful, stateless = (list(samples.get(key) or []) for key in ("prompts", STATEFUL, STATELESS))
         pick = lambda texts, i: escape(str(texts[i])) if i < len(texts) and texts[i] is not None else MISSING  # noqa: E731
         rows = [[f"`{escape(str(prompt)).strip()}`", pick(stateful, i), pick(stateless, i)]
                 for i, prompt in enumerate(prompts)]
-        lines += [f"### {job.model}", "", *table(["prompt", "stateful", "stateless"], rows, "l")]
+        lines += [f"### {job.model}", "", *table(["prompt", STATEFUL, STATELESS], rows, "l")]
         if samples.get("settings"):
             settings = ", ".join(f"{k}={v}" for k, v in samples["settings"].items())
             lines += ["", f"Settings: {escape(settings)}"]
@@ -291,7 +290,7 @@ SECTIONS: list[Section] = [
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
     recall.SECTION, recall.HORIZON, recall.COST, text.SECTION,
-    scale.SECTION, overfitting.SECTION, lstm_recall.SECTION, cache.SECTION, past_window.SECTION,
+    scale.SECTION, overfitting.SECTION, recall.LSTM, cache.SECTION, past_window.SECTION,
     dynamic.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),

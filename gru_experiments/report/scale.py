@@ -13,10 +13,11 @@ from gru_experiments.report.section import Findings, Section, cannot, verdict
 from gru_experiments.report.significance import WORTH, difference, side
 from gru_experiments.study.cost import duration
 from gru_experiments.study.evaluation import curve_points
-from gru_experiments.study.generation import MODES_BY_CONTEXT
+from gru_experiments.study.modes import MODES_BY_CONTEXT
+from gru_experiments.study.plan import BIGRAM
 
 PLOT_SCALE = "scale_context_curve.png"
-MODES = (*MODES_BY_CONTEXT, "bigram")  # the table's columns: the inference modes, then the bigram baseline
+COLUMNS = (*MODES_BY_CONTEXT, BIGRAM)  # the table's bpc columns: the inference modes, then the bigram baseline
 
 
 def scale_jobs(jobs) -> list:
@@ -63,11 +64,11 @@ def scale_section(jobs, plots: dict[str, Path]) -> list[str]:
     if not chosen:
         return []
     rows = [[escape(label(job)), job.values.get("tokenizer") or "?", f"{job.number('parameters'):,.0f}", steps(job),
-             *(figure_cell(job, f"{mode}_bpc") for mode in MODES),
+             *(figure_cell(job, f"{mode}_bpc") for mode in COLUMNS),
              cell(state_gain(job),
                   lambda gain: f"{gain[0]:+.5f} ± {gain[1]:.5f} ({job.training_window or '?'} tokens)"),
              _best(job), cell(job.number("train_seconds"), duration)] for job in chosen]
-    header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in MODES),
+    header = ["model", "tokens", "parameters", "steps", *(f"{mode} bpc" for mode in COLUMNS),
               "state's gain over the window", "val bpc: best, final", "training time"]
     return ["## Scale: the models by size", "",
             "The recurrent models of this sweep by size, each trained for the steps shown (of its recipe's). Bits per "

@@ -10,7 +10,7 @@ from gru_experiments.report.common import finish, finite, image, ordered, plus_m
 from gru_experiments.report.section import Findings, Record, Section, cannot, verdict
 from gru_experiments.report.significance import Difference, difference, side
 from gru_experiments.report.sweep_folder import run_label
-from gru_experiments.study.generation import MODES_BY_CONTEXT
+from gru_experiments.study.modes import MODES_BY_CONTEXT, STATEFUL, STATELESS
 from gru_experiments.study.text_protocol import DECODERS, DRIFT_SHOWN
 from gru_experiments.study.text_stats import STATISTICS
 
@@ -63,13 +63,13 @@ def _cell(entry) -> str:
 
 # --- results.csv --------------------------------------------------------------------------------------------
 TEXT_COLUMNS = {
-    "text_stateful_word_validity": lambda job: value(job, "stateful", "word_validity"),
-    "text_stateless_word_validity": lambda job: value(job, "stateless", "word_validity"),
+    "text_stateful_word_validity": lambda job: value(job, STATEFUL, "word_validity"),
+    "text_stateless_word_validity": lambda job: value(job, STATELESS, "word_validity"),
     "text_reference_word_validity": lambda job: (bound(job, "reference", "word_validity") or (None,))[0],
-    "text_stateful_greedy_loop_rate": lambda job: value(job, "stateful", "loop_rate", "greedy"),
-    "text_stateless_greedy_loop_rate": lambda job: value(job, "stateless", "loop_rate", "greedy"),
-    "text_stateful_line_shape": lambda job: value(job, "stateful", "line_shape"),
-    "text_stateful_copy_32": lambda job: value(job, "stateful", "copy_32"),
+    "text_stateful_greedy_loop_rate": lambda job: value(job, STATEFUL, "loop_rate", "greedy"),
+    "text_stateless_greedy_loop_rate": lambda job: value(job, STATELESS, "loop_rate", "greedy"),
+    "text_stateful_line_shape": lambda job: value(job, STATEFUL, "line_shape"),
+    "text_stateful_copy_32": lambda job: value(job, STATEFUL, "copy_32"),
 }  # results.csv's text columns: the figures the findings read (the original study's decoder unless named)
 
 
@@ -238,11 +238,11 @@ def stateless_noise_finding(jobs) -> tuple[str, str]:
     """Are stateless samples' words far rarer in the corpus than stateful samples' and the reference's?"""
     parts, noise = [], 0
     for job in text_jobs(jobs):
-        stateless, stateful = (setting(job, mode, "word_validity") for mode in ("stateless", "stateful"))
+        stateless, stateful = (setting(job, mode, "word_validity") for mode in (STATELESS, STATEFUL))
         reference = bound(job, "reference", "word_validity")
         if stateless is None or stateful is None or reference is None:
             continue
-        gaps = [gap(job, other, "stateless", "word_validity") for other in ("stateful", "reference")]
+        gaps = [gap(job, other, STATELESS, "word_validity") for other in (STATEFUL, "reference")]
         noise += all(found.above for found in gaps)
         floor = bound(job, "floor", "word_validity")
         parts.append(f"{job.model}: stateless {plus_minus(*stateless)}, stateful {plus_minus(*stateful)} (gap "
@@ -262,16 +262,16 @@ def line_shape_finding(jobs) -> tuple[str, str]:
     """Is stateful text's line-length distribution as close to the corpus's as held-out text is?"""
     parts, kept = [], 0
     for job in text_jobs(jobs):
-        stateful = setting(job, "stateful", "line_shape")
+        stateful = setting(job, STATEFUL, "line_shape")
         reference = bound(job, "reference", "line_shape")
         if stateful is None or reference is None:
             continue
-        beyond = gap(job, "stateful", "reference", "line_shape", less=LINE_SLACK)  # above: beyond the limit
+        beyond = gap(job, STATEFUL, "reference", "line_shape", less=LINE_SLACK)  # above: beyond the limit
         limit = reference[0] + LINE_SLACK + beyond.threshold  # the stateful figure that beyond.above passes
         kept += not beyond.above
         part = (f"{job.model}: stateful {plus_minus(*stateful)} against the reference's {plus_minus(*reference)} "
                 f"(limit {limit:.3f}: {'beyond' if beyond.above else 'within'})")
-        stateless = setting(job, "stateless", "line_shape")
+        stateless = setting(job, STATELESS, "line_shape")
         if stateless is not None:
             part += f", stateless {plus_minus(*stateless)} ({'within' if stateless[0] <= limit else 'beyond'})"
         parts.append(part)
@@ -316,20 +316,20 @@ def copying_finding(jobs) -> tuple[str, str]:
     """Does the sweep's largest model (at least LARGE parameters) reproduce 32-character spans of its training
     text more often than held-out text happens to?"""
     judged = [job for job in text_jobs(jobs) if (finite(job.values.get("parameters")) or 0) >= LARGE
-              and setting(job, "stateful", "copy_32") and bound(job, "reference", "copy_32")]
+              and setting(job, STATEFUL, "copy_32") and bound(job, "reference", "copy_32")]
     if not judged:
         return cannot(f"a model of at least {LARGE:,} parameters with the text statistics' copy_32 "
                       f"(e.g. leviathan)")
     large = max(judged, key=lambda job: finite(job.values.get("parameters")))
-    copied, reference = setting(large, "stateful", "copy_32"), bound(large, "reference", "copy_32")
-    excess = gap(large, "stateful", "reference", "copy_32")
+    copied, reference = setting(large, STATEFUL, "copy_32"), bound(large, "reference", "copy_32")
+    excess = gap(large, STATEFUL, "reference", "copy_32")
     evidence = (f"copy_32 (the share of a sample's 32-character spans found verbatim in the training split), stateful, "
                 f"decoder {ORIGINAL_DECODER}: the largest model, {large.model} "
                 f"({finite(large.values.get('parameters')):,.0f} parameters), {plus_minus(*copied)} against the "
                 f"reference's {plus_minus(*reference)} (held-out text: chance overlaps), excess {excess.text(3)}")
-    others = [job for job in text_jobs(jobs) if job is not large and setting(job, "stateful", "copy_32")]
+    others = [job for job in text_jobs(jobs) if job is not large and setting(job, STATEFUL, "copy_32")]
     if others:
-        evidence += "; the others: " + ", ".join(f"{job.model} {value(job, 'stateful', 'copy_32'):.3f}"
+        evidence += "; the others: " + ", ".join(f"{job.model} {value(job, STATEFUL, 'copy_32'):.3f}"
                                                  for job in others)
     evidence += (". Rule: supported when the largest model's copy_32 exceeds the reference's by more than two "
                  "standard errors of the difference.")

@@ -9,7 +9,7 @@ from gru_experiments.report.common import cell, finish, grouped_bars, image, plu
 from gru_experiments.report.section import Section
 from gru_experiments.report.sweep_folder import trainings
 from gru_experiments.study.cost import duration
-from gru_experiments.study.generation import MODES_BY_CONTEXT
+from gru_experiments.study.modes import MODES_BY_CONTEXT
 
 ORDER = {"windows": 0, "streams": 1}  # the grid's order of the training modes; any other comes last
 PLOT_GRID = "training_grid.png"

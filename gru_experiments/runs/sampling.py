@@ -30,17 +30,17 @@ from gru_experiments.models.devices import resolve_device
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.sample_checks import SampleSpec
 from gru_experiments.runs.trained_run import Splits, TrainedRun, load
-from gru_experiments.study.dynamic import DYNAMIC, adapted_to, gradient_statistics
+from gru_experiments.study.dynamic import adapted_to, gradient_statistics
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.generation import (
-    STATEFUL,
     STUDY_PROMPTS,
     Progress,
     check_generation_fits,
     sample_texts,
     validate_sampling,
 )
+from gru_experiments.study.modes import DYNAMIC, STATEFUL, WINDOWED
 from gru_experiments.study.text_index import TrainingIndex
 from gru_experiments.study.text_protocol import TextSettings, format_text_statistics, measure_text
 
@@ -125,7 +125,7 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
     encoded = [encode_prompt(tokenizer, prompt, drop_unknown=spec.drop_unknown) for prompt in raw_prompts]
     prompts = [tokenizer.decode(ids) for ids in encoded]
     decoding, n, new_tokens = spec.decoding, spec.num_samples, spec.max_new_tokens
-    window = trained.evaluation_settings().window if mode == "windowed" else None
+    window = trained.evaluation_settings().window if mode == WINDOWED else None
     adapting = prompt_adaptation(trained, mode)  # inference=dynamic: each prompt adapts the weights first
     sampled = STATEFUL if adapting else mode
     # A request too large for memory is refused before the first prompt's samples, not after them

@@ -11,7 +11,6 @@ from gru_experiments.runs.trained_run import TrainedRun, evaluate, load, plan
 from gru_experiments.study.cost import describe_plan
 from gru_experiments.study.evaluation import Evaluation, EvaluationSettings, curve_points
 from gru_experiments.study.generation import (
-    MODES,
     NO_PROGRESS,
     STUDY_PROMPTS,
     Decoding,
@@ -20,6 +19,7 @@ from gru_experiments.study.generation import (
     spellable_prompts,
     tokens_for_chars,
 )
+from gru_experiments.study.modes import MODES, STATEFUL, STATELESS
 from gru_experiments.study.plan import BEST, TEXT
 from gru_experiments.study.scores import Split, score_chunks
 
@@ -47,7 +47,7 @@ def score_run(run: TrainedRun, val: Split, summary: dict, logger, settings: Eval
     modes, *others = evaluation.descriptions()
     print(f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
           f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
-    for prompt, stateful, stateless in zip(samples["prompts"], samples["stateful"], samples["stateless"]):
+    for prompt, stateful, stateless in zip(samples["prompts"], samples[STATEFUL], samples[STATELESS]):
         print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
     if logger:
         log_evaluation(logger, evaluation, summary, samples)
@@ -105,9 +105,9 @@ def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict)
             rows = [[int(key), value] for key, value in curve_points(modes.curve) if key.isdigit()]
             table = wandb.Table(columns=["context_tokens", "bpc"], data=rows)
             title = (f"{summary['model']}: bits per character against context "
-                     f"(stateful: {modes.curve['stateful']:.4f})")
+                     f"(stateful: {modes.curve[STATEFUL]:.4f})")
             logger.experiment.log({"context_curve/table": table,
                                    "context_curve/plot": wandb.plot.line(table, "context_tokens", "bpc", title=title)})
-        logger.log_table("samples/stateful_vs_stateless", columns=["prompt", "stateful", "stateless"],
-                         data=[list(row) for row in zip(samples["prompts"], samples["stateful"], samples["stateless"])])
+        logger.log_table("samples/stateful_vs_stateless", columns=["prompt", STATEFUL, STATELESS],
+                         data=[list(row) for row in zip(samples["prompts"], samples[STATEFUL], samples[STATELESS])])
     logger.save()

@@ -14,7 +14,8 @@ from lightning.pytorch.callbacks import Callback
 from gru_experiments.runs.trained_run import TrainedRun, evaluate, plan
 from gru_experiments.study.cost import EvaluationClock, describe_estimate, estimate
 from gru_experiments.study.evaluation import EvaluationSettings
-from gru_experiments.study.plan import BEST, OVER_TRAINING, STATEFUL, STATELESS
+from gru_experiments.study.modes import OVER_TRAINING_MODES
+from gru_experiments.study.plan import BEST, OVER_TRAINING
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import vocabulary
 
@@ -40,7 +41,7 @@ class ModesOverTraining(Callback):
         if trainer.sanity_checking:
             return
         figures = evaluate(self.run, self.settings, self.val, **self.asked).summary()
-        for mode in (STATEFUL, STATELESS):
+        for mode in OVER_TRAINING_MODES:
             pl_module.log(f"val/{mode}_bpc", figures[f"{mode}_bpc"])
             if figures.get(f"{mode}_word_validity") is not None:
                 pl_module.log(f"val/{mode}_word_validity", figures[f"{mode}_word_validity"])

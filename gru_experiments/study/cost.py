@@ -12,7 +12,8 @@ from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.cache import SHARPNESS, cache_sizes, cache_stride, continuous_cache
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.generation import eval_mode
-from gru_experiments.study.plan import CURVE, MODE, TEXT, WINDOWED, Plan, StatefulPass
+from gru_experiments.study.modes import DYNAMIC, WINDOWED
+from gru_experiments.study.plan import CURVE, MODE, TEXT, Plan, StatefulPass
 from gru_experiments.study.scores import stream_layout
 
 
@@ -86,7 +87,7 @@ class EvaluationClock:
             return self.text_seconds(p)
         if not p.forward_tokens:
             return 0.0
-        if p.kind == "dynamic":  # its streams side by side, a segment a call (its backward priced in its tokens)
+        if p.kind == DYNAMIC:  # its streams side by side, a segment a call (its backward priced in its tokens)
             return p.forward_tokens * self.per_token(p.streams, p.chunk)
         length = getattr(p, "window", 0) or getattr(p, "chunk", 0) or self.seq_len
         length = min(length, self.seq_len * 8)

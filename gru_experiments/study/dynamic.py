@@ -32,7 +32,6 @@ from gru_experiments.study.scores import (
 )
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_number
 
-DYNAMIC = "dynamic"  # the mode's name, and the purpose of an evaluation that asks for it alone (the API, sample.py)
 RULES, PARTS = ("sgd", "rms"), ("all", "head", "recurrence")
 EPSILON = 2e-5  # rms: Krause's ε, added to MS in the step's denominator (his code's default)
 STATISTICS_STREAMS = 64  # rms: MS gathered on the training split as this many streams side by side (Krause: 100)

@@ -11,7 +11,6 @@ from gru_experiments.files import finite_or_null
 from gru_experiments.study.dynamic import (
     BACKWARD_COST,
     DIVERGED,
-    DYNAMIC,
     STATISTICS_STREAMS,
     DynamicScore,
     DynamicSettings,
@@ -19,7 +18,8 @@ from gru_experiments.study.dynamic import (
     score_dynamic,
 )
 from gru_experiments.study.generation import NO_PROGRESS
-from gru_experiments.study.plan import FINAL, OTHER, PRIORITY, STATEFUL, Entry, Figure, Pass, Request, Unit
+from gru_experiments.study.modes import DYNAMIC, STATEFUL
+from gru_experiments.study.plan import FINAL, OTHER, PRIORITY, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.scores import Score, Split, chunks_cost, paired_difference, stream_layout, warm_targets
 
 
@@ -60,7 +60,7 @@ class DynamicPass(Pass):
             with progress.phase("dynamic: rms statistics on the training split",
                                 statistics_forward(model, s, int(request.train_ids.numel()))):
                 statistics = gradient_statistics(model, request.train_ids.to(model.device), s)
-        label = "dynamic" + ("" if self.stride == 1 else f", one stream in {self.stride}")
+        label = DYNAMIC + ("" if self.stride == 1 else f", one stream in {self.stride}")
         with progress.phase(label, self.targets) as tick:
             return {None: score_dynamic(model, request.val, s, self.streams, stride=self.stride,
                                         statistics=statistics, tick=tick)}

@@ -14,17 +14,15 @@ from torch import Tensor
 
 from gru_experiments.errors import UserError
 from gru_experiments.study.cache import CacheEntry
-from gru_experiments.study.dynamic import DYNAMIC, DynamicSettings
+from gru_experiments.study.dynamic import DynamicSettings
 from gru_experiments.study.dynamic_figure import DynamicEntry
 from gru_experiments.study.generation import NO_PROGRESS
+from gru_experiments.study.modes import DYNAMIC, MODES, STATEFUL, WINDOWED
 from gru_experiments.study.plan import (
     BIGRAM,
     FINAL,
     OVER_TRAINING,
     STATE_GAIN,
-    STATEFUL,
-    STATELESS,
-    WINDOWED,
     Entry,
     Plan,
     Request,
@@ -37,7 +35,7 @@ from gru_experiments.study.text_protocol import TextEntry, TextSettings, WordVal
 from gru_experiments.validation import Rule, check_rules, int_at_least, positive_number, temperature_rule
 
 # What an evaluation reports per mode: each inference mode, the bigram.
-FIGURES = (STATEFUL, STATELESS, WINDOWED, BIGRAM)
+FIGURES = (*MODES, BIGRAM)
 
 
 # --- the evaluation's settings, each part a frozen dataclass holding its rules (defaults: conf/evaluation/
@@ -320,10 +318,10 @@ def curve_record(plan, points: dict[int, tuple], stateful) -> dict:
     fields = ("bpc", "bpc_se", "targets", "stride", "forward_tokens")  # of a point's tuple
     column = {name: {str(w): point[i] for w, point in sorted(points.items())} for i, name in enumerate(fields)}
     settings = {"max_window": plan.seq_len, "split_targets": plan.split_targets, "budget": plan.budget,
-                "longest": max(points), "targets": column["targets"] | {"stateful": stateful.tokens},
-                "stride": column["stride"] | {"stateful": 1}, "forward_tokens": column["forward_tokens"],
-                "bpc_se": column["bpc_se"] | {"stateful": stateful.sampling_se}}
-    return column["bpc"] | {"stateful": stateful.bpc, "settings": settings}
+                "longest": max(points), "targets": column["targets"] | {STATEFUL: stateful.tokens},
+                "stride": column["stride"] | {STATEFUL: 1}, "forward_tokens": column["forward_tokens"],
+                "bpc_se": column["bpc_se"] | {STATEFUL: stateful.sampling_se}}
+    return column["bpc"] | {STATEFUL: stateful.bpc, "settings": settings}
 
 
 def curve_points(curve: dict | None) -> list[tuple[str, float]]:

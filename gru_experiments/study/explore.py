@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from gru_experiments.models.protocol import map_state
-from gru_experiments.study.generation import MODES_BY_CONTEXT, eval_mode, plain_logits
+from gru_experiments.study.generation import eval_mode, plain_logits
+from gru_experiments.study.modes import MODES_BY_CONTEXT, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.scores import (
     Score,
     Split,
@@ -31,9 +32,9 @@ def surprisal(model, split: Split, seq_len: int, window: int,
     """Each mode's Score over the text and the bits of every token ((N,) float64; the first is nan), from the
     evaluation's scoring functions: stateful (one stream in chunks of seq_len), windowed (the last `window`
     tokens), stateless (`table`: stateless_log_probs)."""
-    scores = {"stateful": score_stateful(model, split, seq_len, streams=1, targets_after=0),
-              "windowed": score_windowed(model, split, window, targets=True),
-              "stateless": score_table(table, split, targets=True)}
+    scores = {STATEFUL: score_stateful(model, split, seq_len, streams=1, targets_after=0),
+              WINDOWED: score_windowed(model, split, window, targets=True),
+              STATELESS: score_table(table, split, targets=True)}
     bits = {}
     for mode, score in scores.items():
         bits[mode] = torch.full((split.ids.numel(),), math.nan, dtype=torch.float64)
@@ -157,8 +158,8 @@ def explore(model, tokenizer, ids: Tensor, *, seq_len: int, window: int, probe: 
             "bpc": {mode: scores[mode].bpc for mode in MODES_BY_CONTEXT},
             "bits": {mode: [None if math.isnan(b) else round(b, 3) for b in bits[mode].tolist()]
                      for mode in MODES_BY_CONTEXT},
-            "top": {"stateful": top_predictions(plain_logits(logits[0, :-1], split.plain).log_softmax(-1), pieces),
-                    "stateless": top_predictions(table[ids[:-1]].float(), pieces)},
+            "top": {STATEFUL: top_predictions(plain_logits(logits[0, :-1], split.plain).log_softmax(-1), pieces),
+                    STATELESS: top_predictions(table[ids[:-1]].float(), pieces)},
             "layers": layer_sizes(model), "rankings": {}, "recall": None}
     if units is not None:
         units = units[0].cpu()

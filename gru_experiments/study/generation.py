@@ -1,6 +1,5 @@
 """Generating text with a trained model in the study's three inference modes (docs/internals.md, *Generating
-text*), through the model's state interface alone; and what every pass shares: `eval_mode`, the mode names and the
-progress bars.
+text*), through the model's state interface alone; and what every pass shares: `eval_mode` and the progress bars.
 """
 
 import contextlib
@@ -17,10 +16,9 @@ from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
 from gru_experiments.errors import UserError
 from gru_experiments.models.cuda_graphs import graphed
 from gru_experiments.models.protocol import map_state
+from gru_experiments.study.modes import MODES, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_int, is_number, temperature_rule
 
-MODES = STATEFUL, STATELESS, WINDOWED = "stateful", "stateless", "windowed"  # the inference modes, named here only
-MODES_BY_CONTEXT = (STATEFUL, WINDOWED, STATELESS)  # most context first: the order tables and figures compare them in
 
 @contextlib.contextmanager
 def eval_mode(model):
@@ -180,9 +178,9 @@ def generation_bytes(model, prompt_len: int, max_new_tokens: int, num_samples: i
     activations come on top)."""
     B, V = int(num_samples), int(model.vocab_size)
     total_len = int(prompt_len) + int(max_new_tokens)
-    if mode == "stateful":
+    if mode == STATEFUL:
         fed = max(int(prompt_len), 1)
-    elif mode == "windowed":
+    elif mode == WINDOWED:
         fed = min(int(window or 1), total_len - 1)
         if getattr(model, "context", None) is not None:
             fed = min(fed, max(1, model.context))
@@ -232,7 +230,7 @@ def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_sampl
     limit, where = available
     parts = generation_bytes(model, prompt_len, max_new_tokens, num_samples, mode, window)
     request = (f"num_samples={num_samples} x (prompt {prompt_len} + max_new_tokens={max_new_tokens}) tokens"
-               + (f", window={window}" if mode == "windowed" else ""))
+               + (f", window={window}" if mode == WINDOWED else ""))
     advice = "ask for fewer samples (num_samples) or fewer tokens (max_new_tokens)"
     if parts["token buffer"] > limit:
         raise UserError(f"{request} would need {format_bytes(parts['token buffer'])} for the token buffer alone; "
@@ -241,7 +239,7 @@ def check_generation_fits(model, prompt_len: int, max_new_tokens: int, num_sampl
     if needed > limit:
         shown = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items() if size)
         raise UserError(f"{request} in {mode} mode would need at least {format_bytes(needed)} ({shown}); {where}; "
-                        f"{advice}" + (" or a shorter window (evaluation.window)" if mode == "windowed" else ""))
+                        f"{advice}" + (" or a shorter window (evaluation.window)" if mode == WINDOWED else ""))
 
 
 def generate(model, prompt_ids: Sequence[int], *, mode: str, max_new_tokens: int, num_samples: int = 1,

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import ClassVar
 
-from gru_experiments.study.generation import NO_PROGRESS, STATEFUL, STATELESS, WINDOWED
+from gru_experiments.study.generation import NO_PROGRESS
+from gru_experiments.study.modes import MODES, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.scores import (
     ONE_PASS_CHUNK,
     StatefulChunk,
@@ -27,7 +28,7 @@ from gru_experiments.study.scores import (
     window_targets,
 )
 
-BIGRAM, TEXT = "bigram", "text"  # figures beside the inference modes (STATEFUL, STATELESS, WINDOWED)
+BIGRAM, TEXT = "bigram", "text"  # figures beside the inference modes (modes.MODES)
 STATE_GAIN = "state_gain"  # stateful - windowed, paired target by target
 FINAL, BEST, OVER_TRAINING = "final", "best", "over_training"  # which evaluation a Request asks for
 # What a figure is (Figure.kind): a mode's (or the bigram's), a curve point, stateful - windowed, another entry's
@@ -151,7 +152,7 @@ class StatefulPass(Pass):
     """`streams` contiguous streams in chunks of `chunk` tokens, the state carried; every stride-th stream,
     whole. keep_after: keep the targets with at least this many tokens of their stream before them;
     readers: the entries that read every chunk (Plan.read_by), their readings in the Score (`readings`)."""
-    kind: ClassVar[str] = "stateful"
+    kind: ClassVar[str] = STATEFUL
     chunk: int = 0
     streams: int = 1
     readers: tuple[Entry, ...] = ()
@@ -164,7 +165,7 @@ class StatefulPass(Pass):
 
     @property
     def label(self) -> str:  # its progress bar's
-        return "stateful" + ("" if self.stride == 1 else f", one stream in {self.stride}")
+        return STATEFUL + ("" if self.stride == 1 else f", one stream in {self.stride}")
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         readings = {reader.name: [] for reader in self.readers}
@@ -341,7 +342,7 @@ def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, b
 
 def _order(f: Figure) -> tuple:
     """Modes first (stateful, stateless, windowed, bigram), then the curve by context, then the rest."""
-    names = (STATEFUL, STATELESS, WINDOWED, BIGRAM, TEXT)
+    names = (*MODES, BIGRAM, TEXT)
     if f.name in names:
         return (0, names.index(f.name))
     return (1, f.context) if f.kind == CURVE else (2, 0)

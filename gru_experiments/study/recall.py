@@ -10,7 +10,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from gru_experiments.study.generation import MODES_BY_CONTEXT, NO_PROGRESS, Progress
+from gru_experiments.study.generation import NO_PROGRESS, Progress
+from gru_experiments.study.modes import MODES_BY_CONTEXT, STATEFUL
 from gru_experiments.study.plan import FINAL, OTHER, Entry, Pass, Request, Unit, figure_of
 from gru_experiments.study.scores import carried_chunks, chunks_cost, stateless_log_probs, target_nll, window_batches
 
@@ -119,7 +120,7 @@ def format_recall(record: dict) -> str:
              f"{'distance':>8} " + " ".join(f"{mode:>16}" for mode in MODES_BY_CONTEXT) + f" {'targets':>8}"]
     for d, figures in record["by_distance"].items():
         cells = " ".join(f"{figures[m]['bits']:>8.3f} ±{figures[m]['se'] or 0:<6.3f}" for m in MODES_BY_CONTEXT)
-        lines.append(f"{d:>8} {cells} {figures['stateful']['targets']:>8}")
+        lines.append(f"{d:>8} {cells} {figures[STATEFUL]['targets']:>8}")
     for mode, h in record["horizon"].items():
         crossed = h["crosses_2_bits"]
         lines.append(f"{mode} horizon: under 1 bit up to d = {h['remembered'] or 'none'}; 2 bits crossed at "

@@ -11,18 +11,15 @@ import torch
 
 from gru_experiments.data.tokenizers import encode_prompt
 from gru_experiments.study.generation import (
-    MODES_BY_CONTEXT,
     NO_PROGRESS,
-    STATEFUL,
-    STATELESS,
     STUDY_PROMPTS,
-    WINDOWED,
     Decoding,
     Progress,
     continuations,
     spellable_prompts,
     tokens_for_chars,
 )
+from gru_experiments.study.modes import MODES_BY_CONTEXT, OVER_TRAINING_MODES, STATEFUL, STATELESS, WINDOWED
 from gru_experiments.study.plan import FINAL, OTHER, OVER_TRAINING, PRIORITY, TEXT, Entry, Figure, Pass, Request, Unit
 from gru_experiments.study.scores import Split
 from gru_experiments.study.text_index import SPAN, TrainingIndex
@@ -87,9 +84,9 @@ def share_samples(n: int, prompts) -> list[tuple[str, int]]:
 
 def sampling_cost(model, mode: str, prompt_len: int, new: int, window: int | None = None) -> int:
     """Forward tokens one row of generation.sample_tokens runs in `mode`."""
-    if mode == "stateless":
+    if mode == STATELESS:
         return new * model.forward_cost(0, 1)
-    if mode == "stateful":
+    if mode == STATEFUL:
         return model.forward_cost(0, prompt_len) + sum(model.forward_cost(prompt_len + t, 1) for t in range(new - 1))
     return sum(model.forward_cost(0, min(window, end)) for end in range(prompt_len, prompt_len + new))
 
@@ -128,7 +125,7 @@ class _Draws:
 
 
 def _phase(mode: str, window: int) -> str:
-    return f"windowed ({window})" if mode == "windowed" else mode
+    return f"{WINDOWED} ({window})" if mode == WINDOWED else mode
 
 
 def drift_stretches(texts: list[str], stretch: int, index: TrainingIndex, reference: list[str]) -> list[dict]:
@@ -288,7 +285,6 @@ def measure_text(model, tokenizer, index: TrainingIndex, val_text: str, settings
 
 
 # --- over training: the word validity of a short sample -------------------------------------------------
-OVER_TRAINING_MODES = (STATEFUL, STATELESS)  # the two modes runs/scoring.py follows: the state carried and reset
 OVER_TRAINING_DECODER = "temperature_0.8"  # the original study's
 
 

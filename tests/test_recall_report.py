@@ -1,6 +1,6 @@
-"""The finding "an LSTM keeps a key longer than a GRU of the same size" (report/recall.py), over fabricated
-planted-recall runs: each LSTM paired with the GRU of its size and training, judged by the stateful horizon and
-the per-distance figures with their standard errors."""
+"""The planted-recall report (report/recall.py): the finding "an LSTM keeps a key longer than a GRU of the same
+size" over fabricated planted-recall runs, each LSTM paired with the GRU of its size and training, judged by the
+stateful horizon and the per-distance figures with their standard errors; and the horizon's text."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from test_controls_report import STREAMS_128, WINDOWS_128, recall_record
 from test_findings import summary
 from test_reporting import make_job
 
-from gru_experiments.report.lstm_recall import lstm_longer_finding, lstm_pairs
+from gru_experiments.report.recall import lstm_longer_finding, lstm_pairs, remembered_text
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
 
@@ -22,7 +22,7 @@ SHORTER = {"stateful": [(0.2, 0.05), (0.9, 0.06), (2.5, 0.1), (3.0, 0.05), (3.0,
 
 def make_runs(root, runs):
     """runs: (model, family, parameters, training mode, figures)."""
-    sweep = root / "lstm_recall"
+    sweep = root / "lstm_memory"
     for num, (model, family, parameters, mode, figures) in enumerate(runs):
         values = summary(model, "char", parameters, 2.31, 3.78, 3.58) | {
             "family": family, "training_mode": mode, "seq_len": 128, "mode_evaluation": {"seq_len": 128, "window": 64},
@@ -87,6 +87,4 @@ def test_distances_where_neither_recalls_do_not_count(tmp_path):
 
 def test_a_horizon_over_seeds_is_written_as_a_distance():
     """A setting's horizon is a mean over its trainings: "2,304", never "2304.0"."""
-    from gru_experiments.report.recall import remembered_text
-
     assert [remembered_text({"remembered": value}) for value in (2304.0, 4096, None)] == ["2,304", "4,096", "none"]
