@@ -1,5 +1,6 @@
-"""Helpers shared by the robustness tests: running train.py as a real process, and
-fingerprinting folders to prove a failed command left them untouched."""
+"""Helpers shared by the robustness tests: running train.py as a real process or in this one (its one error
+line), composing its config, and fingerprinting folders to prove a failed command left them untouched. (The
+`workspace` they refuse to touch is conftest.py's fixture.)"""
 
 from __future__ import annotations
 
@@ -10,12 +11,35 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from conftest import CONF
+from hydra import compose, initialize_config_dir
+
+from gru_experiments.runs.jobs import job
+from gru_experiments.runs.training import train
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
 
 # A tiny, fast run: astra_alpha on a small corpus, small batches, no logger.
 TINY = ["logger=none", "data.batch_size=8", "data.seq_len=32", "data.eval_batch_size=64",
         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu"]
+
+
+def compose_in(root: Path, *overrides: str, output_dir: Path | None = None):
+    """The train config with the workspace's outputs/ and data/ (as train.py would use them)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=[
+            f"paths.root_dir={root}", f"paths.output_dir={output_dir or root / 'outputs' / 'failed'}",
+            *TINY, *overrides])
+
+
+def fail_in_process(capsys, cfg) -> str:
+    """Run train(cfg) the way train.py does; return the one error line (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info, job(cfg, report=True):
+        train(cfg)
+    assert exit_info.value.code == 2
+    return error_line(capsys.readouterr().err)
 
 
 def script_env(root: Path, **extra) -> dict:

@@ -11,8 +11,7 @@ import re
 import pytest
 from conftest import CONF, strict_json
 from hydra import compose, initialize_config_dir
-from robustness_helpers import REPO, TINY, error_line, run_script
-from test_robustness import fail_in_process
+from robustness_helpers import REPO, TINY, error_line, fail_in_process, run_script
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import write_json

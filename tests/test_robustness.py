@@ -16,11 +16,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF
-from hydra import compose, initialize_config_dir
 from lightning.pytorch import Trainer
 from omegaconf import OmegaConf
-from robustness_helpers import TINY, TRAIN_PY, assert_untouched, error_line, fingerprint, run_script, start_script
+from robustness_helpers import (
+    TINY,
+    TRAIN_PY,
+    assert_untouched,
+    compose_in,
+    error_line,
+    fail_in_process,
+    fingerprint,
+    run_script,
+    start_script,
+)
 
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.data.tokenizers import CharTokenizer, SentencePieceTokenizer, encode_prompt
@@ -34,38 +42,9 @@ from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
 from gru_experiments.runs.training import train
 from gru_experiments.study.generation import validate_sampling
 
-# --- a workspace with a finished run and a tokenizer cache, which bad commands must not touch ---
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory, tiny_corpus) -> Path:
-    root = tmp_path_factory.mktemp("workspace")
-    cfg = compose_in(root, f"data.path={tiny_corpus}", "trainer.max_steps=2", "model.steps_per_epoch=2",
-                     output_dir=root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000")
-    train(cfg)
-    spm = compose_in(root, f"data.path={tiny_corpus}", "tokenizer=spm", "tokenizer.vocab_size=60")
-    prepare_corpus(spm.data, spm.tokenizer, root / "data" / "tokenizers")
-    return root
-
-
-def compose_in(root: Path, *overrides: str, output_dir: Path | None = None):
-    """The train config with the workspace's outputs/ and data/ (as train.py would use them)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=[
-            f"paths.root_dir={root}", f"paths.output_dir={output_dir or root / 'outputs' / 'failed'}",
-            *TINY, *overrides])
-
 
 def finished_checkpoint(root: Path) -> Path:
     return root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000" / "checkpoints" / "last.ckpt"
-
-
-def fail_in_process(capsys, cfg) -> str:
-    """Run train(cfg) the way train.py does; return the one error line (exit status 2)."""
-    with pytest.raises(SystemExit) as exit_info, job(cfg, report=True):
-        train(cfg)
-    assert exit_info.value.code == 2
-    return error_line(capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
