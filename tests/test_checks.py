@@ -1,11 +1,14 @@
 """runs/checks.py's command-line rules without a subprocess (train.py's own runs of them are slow-marked): a key
 added with + that nothing reads, and one model a run."""
 
+import re
+
 import pytest
 from omegaconf import OmegaConf
+from robustness_helpers import TINY, error_line, fail_in_process, run_script
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.checks import check_added_keys, check_choices
+from gru_experiments.runs.checks import check_added_keys, check_choices, validate
 
 GROUPS = {"model": "astra_alpha", "probe": "none", "data": "default"}
 
@@ -112,3 +115,87 @@ def test_keys_that_mean_nothing_to_a_counted_model_get_one_line(compose_config, 
     validate(compose_config("model=ngram2"))
     validate(compose_config("trainer.max_steps=5", "early_stopping.patience=2"))  # a trained model: they mean something
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+probe.keys=8"], "probe.keys is a setting of probe=recall, but the probe is off (probe=none); add "
+                        "probe=recall to plant the pairs, or leave out probe.keys"),
+    (["probe=recall", "probe.name=bogus"], "invalid probe.name='bogus': must be none or recall"),
+    (["probe.name=recall"], "probe.name=recall names the probe but sets none of its keys: the probe is chosen "
+                            "with its config group, probe=recall"),
+    (["probe=recall", "+probe.colour=red"], "unknown key probe.colour"),
+])
+def test_probe_keys_that_would_do_nothing_are_refused(compose_config, overrides, message):
+    with pytest.raises(UserError) as error:
+        validate(compose_config(*overrides))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_probe_groups_pass_and_are_read(compose_config):
+    assert validate(compose_config("probe=none")).probe is None
+    for probe in ("recall", "recall_sparse"):
+        cfg = compose_config(f"probe={probe}")
+        assert validate(cfg).probe.keys == cfg.probe["keys"] > 0  # the spec carries the chosen probe's settings
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ("evaluation.window=5000", "evaluation.window=5,000 is not shorter than the validation split (1,999 targets): "
+                               "no target has that much context before it"),
+    ("data.batch_size=1000", "data.batch_size=1000 x data.seq_len=32 is 32,000 tokens a batch, more than the "
+                             "training split's 18,000: set data.batch_size to at most 562"),
+    ("probe=recall probe.phases=[{start:0,distances:[2000000],gap:2}]",
+     "invalid probe.phases[0].distances: 2,000,000 does not fit the training split (18,000 tokens; a pair takes "
+     "2 x probe.phases[0].gap + its distance of them), so it would never be planted; use distances up to 17,996"),
+])
+def test_a_size_larger_than_its_split_is_refused_before_any_work(compose_config, tiny_corpus, tmp_path, capsys,
+                                                                 overrides, message):
+    line = fail_in_process(capsys, compose_config(*TINY, f"data.path={tiny_corpus}", *overrides.split()))
+    assert line.startswith(f"error: {message}")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_one_model_a_run_a_list_or_a_model_beside_an_experiment_is_refused(tmp_path):
+    """model=[a,b] and experiment=[a,b] merged two configs into one run (the last winning), and experiment=X
+    model=Y trained Y in X's place: each refused in one line naming the key."""
+    check_choices(["model=astra_beta", "experiment=null", "data.seq_len=64"])
+    check_choices(["experiment=recall_alpha_windows", "probe=recall"])
+    for group in ("model", "experiment"):
+        with pytest.raises(UserError, match=re.escape(f"{group}=[a,b]: one {group} a run (a list merges them into "
+                                                      f"one config, the last winning); each its own run: python "
+                                                      f"sweep.py {group}s=[a,b]")):
+            check_choices([f"{group}=[a,b]"])
+    result = run_script(tmp_path, "experiment=recall_alpha_windows", "model=astra_beta", *TINY)
+    assert result.returncode == 2 and error_line(result.stderr) == (
+        "error: model=astra_beta: experiment=recall_alpha_windows picks its own model (conf/experiment/); give one of "
+        "the two")
+    result = run_script(tmp_path, "model=[astra_alpha_original,transformer_original]", *TINY)
+    assert result.returncode == 2 and "model=[astra_alpha_original,transformer_original]: one model a run" in \
+        error_line(result.stderr)
+    assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left
+
+
+def test_the_epochs_have_one_knob_model_epochs(compose_config):
+    """The trainer takes its epochs from the model's recipe (runs/recipe.recipe_length): trainer.max_epochs is no
+    key of conf/trainer, and one added with + would be a second knob: refused in one line naming it."""
+    with pytest.raises(UserError, match=re.escape("trainer.max_epochs: a run's epochs are its model's, model.epochs")):
+        validate(compose_config("+trainer.max_epochs=3"))
+
+
+@pytest.mark.slow
+def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_path):
+    check_added_keys(["+trainer.limit_val_batches=0.5", "+model.architecture.extra=1", "data.seq_len=64",
+                      "++evaluation.window=64", "++colour=red", "+hydra/launcher=parallel"],
+                     groups={"hydra/launcher": "parallel"})  # handed on to Lightning or the model; an override; a group
+    with pytest.raises(UserError, match=re.escape("colour is not a key of this command's config, so nothing would "
+                                                  "read it: leave out +colour (--cfg job lists the keys)")):
+        check_added_keys(["+colour=red"], groups={"model": "astra_alpha"})
+    for key in ("+tokenizer.vocab_size", "+evaluation.colour", "+data.shuffle", "+optim.momentum"):
+        group = key[1:].split(".")[0]
+        with pytest.raises(UserError, match=re.escape(f"{key[1:]} is not a key of the chosen {group} option, so "
+                                                      f"nothing would read it: leave out {key}")):
+            check_added_keys([f"{key}=1"])
+    result = run_script(tmp_path, "tokenizer=char", "+tokenizer.vocab_size=100", *TINY)  # as train.py gets it
+    assert result.returncode == 2 and "tokenizer.vocab_size is not a key of the chosen tokenizer option" in \
+        error_line(result.stderr)
+    assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left

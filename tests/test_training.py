@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from robustness_helpers import TINY, fail_in_process
 from wandb_records import offline_runs
 
 from gru_experiments.data.corpus import read_corpus, split_text
@@ -83,3 +85,26 @@ def test_multirun_jobs_get_their_own_folders(shakespeare, tmp_path):
     assert [json.loads(p.read_text())["tokenizer"] for p in summaries] == ["char", "spm"]
     # One W&B run per job, each in its own job folder.
     assert all(len(list((p.parent / "wandb").glob("offline-run-*"))) == 1 for p in summaries)
+
+
+def test_a_diverging_run_stops_with_one_line_and_says_so_in_summary_json(compose_config, tiny_corpus, tmp_path,
+                                                                         capsys):
+    cfg = compose_config(*TINY, f"data.path={tiny_corpus}", "model.lr=1e6", "trainer.max_steps=30",
+                         "checkpoint.every_n_steps=1")
+    line = fail_in_process(capsys, cfg)
+    assert line.startswith("error: training diverged: the loss is ")
+    assert "above 4 x ln 54 = 16.0 nats" in line and line.endswith("try a lower model.lr")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("TrainingDiverged: training diverged")
+
+
+def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(compose_config, tiny_corpus, capsys):
+    train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.max_steps=2", "optim.warmup_steps=50",
+                         "evaluation.budget=null", "evaluation.text.samples=0", "evaluation.curve_longest=null"))
+    out = capsys.readouterr().out
+    assert ("optim.warmup_steps=50 is not shorter than this run's 2 steps: the learning rate never leaves its warmup "
+            "(it ends at 3.9% of model.lr)") in out
+    exact = next(line for line in out.splitlines() if line.startswith("evaluation: ") and "exact" in line)
+    assert out.index(exact) < out.index("evaluation of the final weights")  # before the work, not after
+    assert re.fullmatch(r"evaluation: [\d,]+ forward tokens \(.+; [\d,.]+ per token trained\), every figure exact "
+                        r"\(evaluation.budget=null\)", exact)
