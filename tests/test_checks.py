@@ -199,3 +199,11 @@ def test_a_key_added_to_a_group_whose_option_does_not_read_it_is_refused(tmp_pat
     assert result.returncode == 2 and "tokenizer.vocab_size is not a key of the chosen tokenizer option" in \
         error_line(result.stderr)
     assert not list(tmp_path.glob("outputs/**/*"))  # no run folder left
+
+
+def test_a_recall_weight_without_the_probe_says_it_has_no_effect(compose_config, capsys):
+    validate(compose_config("training.recall_weight=5"))
+    assert "training.recall_weight=5 has no effect without probe=recall" in capsys.readouterr().out
+    validate(compose_config("training.recall_weight=5", "probe=recall"))
+    validate(compose_config())
+    assert "has no effect" not in capsys.readouterr().out

@@ -66,3 +66,11 @@ def test_long_generation_shows_a_bar_per_prompt(run_without_config):
         assert re.search(rf"sampling '{prompt}': stateful: 100%.*3.00k/3.00k", bars), bars[-2000:]
     [folder] = (run_without_config / "outputs" / "samples").glob("*/*/")
     assert {p.name for p in folder.iterdir()} == {".hydra", "samples.txt", "sampling.json"}
+
+
+def test_a_long_prompt_is_cut_in_the_progress_bars_label():
+    from gru_experiments.runs.sampling import shown_prompt
+
+    assert shown_prompt("ROMEO: ") == "'ROMEO: '"
+    label = shown_prompt("x" * 100_000)
+    assert len(label) < 80 and label.endswith("(100,000 characters)")

@@ -1,5 +1,6 @@
-"""Inputs of issue 53 that were accepted without a word or answered with a misleading line: each now gets one line
-that names what to do."""
+"""The corpus (data/corpus.py), read and checked before any work: a text that cannot train is refused in one
+line naming what to do (UTF-16 advised as such); a UTF-8 byte-order mark is dropped and Windows line ends are
+said; data.sha256 is the file's, or names a shipped corpus."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from gru_experiments.data.corpus import (
     shipped_name,
 )
 from gru_experiments.errors import UserError
-from gru_experiments.runs.checks import validate
 
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le"])  # with a byte-order mark, and without one
@@ -40,22 +40,6 @@ def test_a_crlf_corpus_says_that_carriage_returns_join_the_vocabulary(tmp_path, 
     cfg = compose_config(f"data.path={tiny_corpus}")
     prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tokenizers")
     assert "Windows line ends" not in capsys.readouterr().out
-
-
-def test_a_recall_weight_without_the_probe_says_it_has_no_effect(compose_config, capsys):
-    validate(compose_config("training.recall_weight=5"))
-    assert "training.recall_weight=5 has no effect without probe=recall" in capsys.readouterr().out
-    validate(compose_config("training.recall_weight=5", "probe=recall"))
-    validate(compose_config())
-    assert "has no effect" not in capsys.readouterr().out
-
-
-def test_a_long_prompt_is_cut_in_the_progress_bars_label():
-    from gru_experiments.runs.sampling import shown_prompt
-
-    assert shown_prompt("ROMEO: ") == "'ROMEO: '"
-    label = shown_prompt("x" * 100_000)
-    assert len(label) < 80 and label.endswith("(100,000 characters)")
 
 
 def test_a_utf8_byte_order_mark_is_dropped_with_one_line(tmp_path, compose_config, tiny_corpus, capsys):
