@@ -21,6 +21,7 @@ from gru_experiments.study.generation import (
     MODES_BY_CONTEXT,
     STUDY_PROMPTS,
     Decoding,
+    Progress,
     check_generation_fits,
     filter_logits,
     generate,
@@ -526,3 +527,12 @@ def test_sample_py_drops_unknown_prompt_characters_when_asked(trained_run):
     result = run_sample(root, "max_new_tokens=5", "prompt='ROMEO ✓: '", "drop_unknown=true")
     assert result.returncode == 0, result.stderr
     assert "=== 'ROMEO : ' [stateful, sample 1/1]" in result.stdout
+
+
+def test_without_progress_bars_each_pass_says_what_runs(capsys):
+    with Progress(enabled=False, lines=True).phase("recall, windowed (1,000 targets)", 7_470_000) as tick:
+        tick(10)
+    assert capsys.readouterr().out == "evaluation: recall, windowed (1,000 targets), 7,470,000 tokens\n"
+    with Progress(enabled=False).phase("stateful", 10):
+        pass
+    assert capsys.readouterr().out == ""

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import CONF, REPO, finding_line
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from test_reporting import assert_valid_png, completed, make_job
 from wandb_records import offline_runs
 
@@ -515,3 +516,15 @@ def test_every_command_in_the_docs_parses_as_written():
         if script == "sweep.py":
             argv = sweep_script.parse_arguments(argv)[1]
         OverridesParser.create().parse_overrides(argv)
+
+
+def test_sweep_refuses_leviathan_with_experiments_and_takes_a_list_of_sets(compose_config):
+    with pytest.raises(UserError, match="^leviathan=true adds Leviathan to models=; experiments= names its own"):
+        sweep_script.parse_arguments(["experiments=scale", "leviathan=true"])
+    settings, _ = sweep_script.parse_arguments(["experiments=[scale,recall_horizon]"])
+    sets = OmegaConf.load(sweep_script.CONF / "sweep.yaml").experiment_sets
+    assert list(settings.experiments) == [*sets.scale, *sets.recall_horizon]
+    settings, _ = sweep_script.parse_arguments(["models=[beta,astra_alpha]"])
+    assert list(settings.models) == ["astra_beta", "transformer_beta", "astra_alpha"]
+    with pytest.raises(UserError, match=r"unknown experiment\(s\) \['scale_delta'\]"):
+        sweep_script.parse_arguments(["experiments=[scale,scale_delta]"])
