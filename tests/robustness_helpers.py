@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import CONF
 from hydra import compose, initialize_config_dir
 
@@ -24,6 +25,10 @@ TRAIN_PY = REPO / "train.py"
 # A tiny, fast run: astra_alpha on a small corpus, small batches, no logger.
 TINY = ["logger=none", "data.batch_size=8", "data.seq_len=32", "data.eval_batch_size=64",
         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu"]
+
+
+# Why a test of a command that needs a CUDA GPU cannot run here (None where torch sees one).
+NO_GPU = "torch sees no CUDA GPU on this machine" if not torch.cuda.is_available() else None
 
 
 def compose_in(root: Path, *overrides: str, output_dir: Path | None = None):

@@ -1,6 +1,7 @@
 """runs/checks.py's command-line rules without a subprocess (train.py's own runs of them are slow-marked): a key
 added with + that nothing reads, and one model a run."""
 
+import importlib.util
 import re
 
 import pytest
@@ -8,7 +9,7 @@ from omegaconf import OmegaConf
 from robustness_helpers import TINY, error_line, fail_in_process, run_script
 
 from gru_experiments.errors import UserError
-from gru_experiments.runs.checks import check_added_keys, check_choices, validate
+from gru_experiments.runs.checks import check_added_keys, check_choices, check_precision, validate
 
 GROUPS = {"model": "astra_alpha", "probe": "none", "data": "default"}
 
@@ -207,3 +208,32 @@ def test_a_recall_weight_without_the_probe_says_it_has_no_effect(compose_config,
     validate(compose_config("training.recall_weight=5", "probe=recall"))
     validate(compose_config())
     assert "has no effect" not in capsys.readouterr().out
+
+
+def test_float16_weights_for_adamw_are_refused_with_the_reason(compose_config):
+    """16-true on a CPU "diverged ... try a lower model.lr", even at 1e-6: AdamW's eps is 0 in float16."""
+    with pytest.raises(UserError, match=r"^trainer.precision=16-true keeps the weights and AdamW's state in float16, "
+                                        r"where AdamW's eps \(1e-8\) is 0"):
+        check_precision(compose_config("trainer.precision=16-true", "model.lr=1e-6"), trained=True)
+    check_precision(compose_config("model=ngram2", "trainer.precision=16-true"), trained=False)  # counted: no AdamW
+    check_precision(compose_config("trainer.precision=16-mixed"), trained=True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine installed")
+@pytest.mark.parametrize("precision", ["transformer-engine", "transformer-engine-float16"])
+def test_transformer_engine_precision_without_its_package_is_refused(compose_config, precision):
+    with pytest.raises(UserError, match=f"^trainer.precision={precision} needs NVIDIA's Transformer Engine, and the "
+                                        "transformer_engine package is not installed"):
+        check_precision(compose_config(f"trainer.precision={precision}"), trained=True)
+
+
+def test_more_streams_than_validation_targets_are_refused_in_training(compose_config):
+    from gru_experiments.models.protocol import meta_model
+    from gru_experiments.runs.checks import check_sizes, validate
+
+    spec = validate(compose_config(*TINY, "evaluation.streams=2000"))
+    model = meta_model(spec.architecture)
+    with pytest.raises(UserError, match=r"^evaluation.streams=2,000 is not below the validation split's 1,999 targets: "
+                                        "each stream would hold one target"):
+        check_sizes(spec, model, 18_000, 2_000)
+    check_sizes(validate(compose_config(*TINY, "evaluation.streams=1998")), model, 18_000, 2_000)

@@ -21,6 +21,7 @@ from gru_experiments.runs.checkpoints import read_checkpoint
 from gru_experiments.runs.stopping import (
     EarlyStopping,
     build_early_stopping,
+    check_settings,
     stop_description,
     stopped_state,
     stopping_summary,
@@ -247,3 +248,30 @@ def test_a_run_that_never_stopped_and_a_model_without_the_callback():
 def test_a_key_the_callback_does_not_take_is_one_line():
     with pytest.raises(UserError, match=r"^early_stopping: .*bogus.* \(conf/early_stopping/default.yaml lists"):
         build_early_stopping(SETTINGS | {"bogus": 1})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("early_stopping.mode=max", "early_stopping.mode=max with early_stopping.monitor=val/loss: a loss improves as it "
+                                "falls"),
+    ("+early_stopping.check_on_train_epoch_end=abc", "invalid early_stopping.check_on_train_epoch_end='abc': must be "
+                                                     "false"),
+    ("+early_stopping.check_on_train_epoch_end=true", "invalid early_stopping.check_on_train_epoch_end=True"),
+    ("+early_stopping.divergence_threshold=abc", "invalid early_stopping.divergence_threshold='abc': must be null "
+                                                 "(off) or a number"),
+    ("+early_stopping.verbose=maybe", "invalid early_stopping.verbose='maybe': must be true or false"),
+    ("+early_stopping.pateince=3", "unknown key early_stopping.pateince: early_stopping (Lightning's EarlyStopping) "
+                                   "takes _target_, monitor, min_delta, patience"),
+])
+def test_early_stopping_keys_are_checked_before_any_work(compose_config, override, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        check_settings(compose_config(*TINY, "early_stopping.patience=2", override))
+
+
+def test_early_stopping_settings_without_patience_say_they_do_nothing(compose_config, capsys):
+    check_settings(compose_config(*TINY, "early_stopping.min_delta=0.1", "+early_stopping.stopping_threshold=1.5"))
+    assert capsys.readouterr().out.strip() == (
+        "early_stopping.min_delta=0.1, early_stopping.stopping_threshold=1.5 have no effect: early stopping is off "
+        "(early_stopping.patience=null); early_stopping.patience=N turns it on")
+    check_settings(compose_config(*TINY, "early_stopping.patience=2", "early_stopping.min_delta=0.1"))
+    check_settings(compose_config(*TINY))  # the defaults: nothing to say
+    assert capsys.readouterr().out == ""
