@@ -1,6 +1,7 @@
-"""Helpers shared by the robustness tests: running train.py as a real process or in this one (its one error
-line), composing its config, and fingerprinting folders to prove a failed command left them untouched. (The
-`workspace` they refuse to touch is conftest.py's fixture.)"""
+"""Helpers shared by the test files that hold docs/robustness.md's promises: running train.py as a real process
+or in this one (its one error line), composing its config, killing or interrupting a run, and fingerprinting
+folders to prove a failed command left them untouched. (The `workspace` a bad command must not touch is
+conftest.py's fixture.)"""
 
 from __future__ import annotations
 

@@ -3,10 +3,11 @@ added with + that nothing reads, and one model a run."""
 
 import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from robustness_helpers import TINY, error_line, fail_in_process, run_script
+from robustness_helpers import TINY, assert_untouched, compose_in, error_line, fail_in_process, fingerprint, run_script
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checks import check_added_keys, check_choices, check_precision, validate
@@ -237,3 +238,72 @@ def test_more_streams_than_validation_targets_are_refused_in_training(compose_co
                                         "each stream would hold one target"):
         check_sizes(spec, model, 18_000, 2_000)
     check_sizes(validate(compose_config(*TINY, "evaluation.streams=1998")), model, 18_000, 2_000)
+
+
+BAD_VALUES = {
+    "model.lr=-1": "invalid model.lr=-1: must be a number > 0",
+    "model.lr=0": "invalid model.lr=0: must be a number > 0",
+    "model.lr=fast": "invalid model.lr='fast': must be a number > 0",
+    "data.seq_len=1": "invalid data.seq_len=1: must be an integer >= 2",
+    "data.batch_size=0": "invalid data.batch_size=0: must be an integer >= 1",
+    "model.architecture.dropout=-0.1": "invalid model.architecture.dropout=-0.1: must be a number in [0, 1)",
+    "model.architecture.dropout=1.0": "invalid model.architecture.dropout=1.0: must be a number in [0, 1)",
+    "trainer.precision=fp8": "invalid trainer.precision='fp8': must be one of",
+    "trainer.precision=17": "invalid trainer.precision=17: must be one of",
+    "checkpoint.every_n_steps=-5": "invalid checkpoint.every_n_steps=-5",
+    "evaluation.window=0": "invalid evaluation.window=0: must be null (the training data.seq_len) or an integer >= 1",
+    "evaluation.streams=0": "invalid evaluation.streams=0: must be an integer >= 1",
+    "evaluation.budget=0": "invalid evaluation.budget=0: must be null (every figure exact) or a number > 0",
+    "evaluation.budget=sometimes": "invalid evaluation.budget='sometimes'",
+    "evaluation.curve_longest=-1": "invalid evaluation.curve_longest=-1",
+    "evaluation.samples.chars=0": "invalid evaluation.samples.chars=0: must be an integer >= 1",
+    "evaluation.samples.temperature=-1": "invalid evaluation.samples.temperature=-1: must be a number >= 0",
+}
+
+
+@pytest.mark.parametrize("override", BAD_VALUES)
+def test_invalid_values_are_caught_before_any_work(workspace, tiny_corpus, capsys, monkeypatch, override):
+    monkeypatch.setattr("gru_experiments.runs.training.prepare_corpus",
+                        lambda *a, **k: pytest.fail("work started despite an invalid value"))
+    before = fingerprint(workspace)
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", override))
+    assert BAD_VALUES[override] in line
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_valid_precisions_pass_to_the_trainer():
+    for precision in ["32-true", "bf16-mixed", "16-mixed", "64-true", 32, "bf16"]:
+        spec = validate(compose_in(Path("/tmp"), f"trainer.precision={precision}"))
+        assert spec.precision == spec.trainer["precision"] == precision
+
+
+WINDOW_PAST_THE_BLOCK = ("error: invalid data.seq_len=256: model transformer sees at most 128 tokens "
+                         "(model.architecture.block_size); set data.seq_len <= 128 or a larger block_size")
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_transformer_window_longer_than_its_block(workspace, tiny_corpus):
+    """Past its block every position of a transformer runs a block of its own: minutes of silence
+    on a CPU. Refused in one line before any work (runs/checks.check_model)."""
+    before = fingerprint(workspace)
+    tiny = [o for o in TINY if not o.startswith("data.seq_len=")]
+    result = run_script(workspace, f"data.path={tiny_corpus}", *tiny, "model=transformer", "data.seq_len=256",
+                        "trainer.max_steps=3")
+    assert result.returncode == 2
+    assert error_line(result.stderr) == WINDOW_PAST_THE_BLOCK
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+    assert "model transformer:" not in result.stdout  # the model summary: no work started
+    assert_untouched(before, fingerprint(workspace))
+
+
+@pytest.mark.parametrize("model", ["transformer", "mlp", "ngram"])
+def test_only_a_window_that_costs_more_than_a_token_per_prediction_is_refused(model):
+    """At its block the transformer trains; the MLP and the n-gram (a finite context, a token per
+    prediction) take any window."""
+    validate(compose_in(Path("/tmp"), f"model={model}", "data.seq_len=128"))
+    if model == "transformer":
+        with pytest.raises(UserError) as info:
+            validate(compose_in(Path("/tmp"), f"model={model}", "data.seq_len=129"))
+        assert str(info.value).startswith("invalid data.seq_len=129: model transformer sees at most 128 tokens")
+    else:
+        validate(compose_in(Path("/tmp"), f"model={model}", "data.seq_len=4096"))

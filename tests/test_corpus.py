@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from robustness_helpers import assert_untouched, compose_in, fail_in_process, fingerprint
 
 from gru_experiments.data.corpus import (
     SHIPPED_SHA256,
@@ -73,3 +74,46 @@ def test_data_sha256_is_checked_and_never_falls_back_to_tiny_shakespeare(compose
             load_corpus(compose_config(*named, f"data.sha256={'1' * 64}").data)
     pystdlib = compose_config("data=pystdlib").data
     assert load_corpus(pystdlib).sha256 == pystdlib.sha256 and load_corpus(pystdlib).source.name == "pystdlib.txt.xz"
+
+
+@pytest.fixture(scope="module")
+def bad_corpora(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bad")
+    files = {"empty": b"", "latin1": "Ce soir-là, à l'été\n".encode("latin-1") * 50, "short": b"To be, or not."}
+    for name, data in files.items():
+        (folder / f"{name}.txt").write_bytes(data)
+    return {name: folder / f"{name}.txt" for name in files} | {"missing": folder / "missing.txt",
+                                                                 "folder": folder}
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", r"corpus file not found: .*missing\.txt \(data\.path\)"),
+    ("folder", r"corpus path is not a file"),
+    ("empty", r"corpus file is empty: .*empty\.txt"),
+    ("latin1", r"corpus file is not UTF-8 text: .*latin1\.txt \(byte 0xe0 at offset 9, line 1; convert it"),
+    ("short", r"corpus too short: the training split of .*short\.txt has 12 characters, fewer than one training "
+              r"window plus one \(data\.seq_len \+ 1 = 33\)"),
+])
+def test_bad_corpus(workspace, bad_corpora, capsys, case, expected):
+    before = fingerprint(workspace)
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={bad_corpora[case]}"))
+    assert re.search(expected, line), line
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_too_short_in_tokens_after_subword_encoding(workspace, tiny_corpus, capsys):
+    # 20,000 characters are long enough in characters but not in SentencePiece tokens.
+    cfg = compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm", "tokenizer.vocab_size=60",
+                     "data.seq_len=17000")
+    assert re.search(r"training split of .* has \d+ tokens, fewer than one training window plus one",
+                     fail_in_process(capsys, cfg))
+
+
+def test_validation_split_with_characters_the_training_split_lacks_is_accepted(tmp_path, workspace):
+    # Refused once; now the char vocabulary is the whole corpus's characters (tests/test_any_text.py
+    # trains such a corpus end to end).
+    corpus = tmp_path / "new_chars.txt"
+    corpus.write_text("abc " * 300 + "xyz€")
+    cfg = compose_in(workspace, f"data.path={corpus}")
+    prepared = prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tok")
+    assert prepared.tokenizer.chars == sorted("abc xyz€")

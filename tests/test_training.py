@@ -16,7 +16,8 @@ from robustness_helpers import TINY, fail_in_process
 from wandb_records import offline_runs
 
 from gru_experiments.data.corpus import read_corpus, split_text
-from gru_experiments.runs.task import load_checkpoint
+from gru_experiments.runs.checkpoints import read_checkpoint
+from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
 from gru_experiments.runs.training import train
 
 
@@ -108,3 +109,27 @@ def test_a_warmup_longer_than_the_run_and_an_exact_evaluation_say_so_up_front(co
     assert out.index(exact) < out.index("evaluation of the final weights")  # before the work, not after
     assert re.fullmatch(r"evaluation: [\d,]+ forward tokens \(.+; [\d,.]+ per token trained\), every figure exact "
                         r"\(evaluation.budget=null\)", exact)
+
+
+def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(compose_config, tiny_corpus, tmp_path,
+                                                                            monkeypatch, capsys):
+    original = LanguageModelTask.on_train_batch_end
+
+    def poison_after_step_3(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.global_step == 3:  # after step 3's checkpoint was written
+            with torch.no_grad():
+                self.model.head.weight.fill_(float("nan"))
+
+    monkeypatch.setattr(LanguageModelTask, "on_train_batch_end", poison_after_step_3)
+    cfg = compose_config(*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=10", "model.epochs=1",
+                         "checkpoint.every_n_steps=1")
+    line = fail_in_process(capsys, cfg)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert line == (f"error: training diverged: the loss is nan at training step 4 (epoch 0); stopped, the last good "
+                    f"checkpoint is kept: {last} (step 3); try a lower model.lr")
+    checkpoint = read_checkpoint(last)
+    assert checkpoint["global_step"] == 3
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())  # the run says it diverged
+    assert summary["status"] == "failed" and summary["error"] == "TrainingDiverged: " + line.removeprefix("error: ")
