@@ -1,7 +1,9 @@
 """Checkpoints (runs/checkpoints.py, read by runs/task.load_checkpoint): loaded without running code, whatever
 asks (our own load, Lightning's resume, train.py resume=); a broken one, or one of another model or
 vocabulary, refused in one line naming the file; written atomically, so that a failed or killed save keeps the
-previous file; never saved with non-finite weights."""
+previous file; never saved with non-finite weights. A run folder copied or moved, then resumed: the checkpoint
+callbacks (RunCheckpoint) keep the best score and find the best and last checkpoints in the new folder, where
+Lightning's own ModelCheckpoint keeps the old folder's best_model_path and forgets the score."""
 
 from __future__ import annotations
 
@@ -17,15 +19,22 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from robustness_helpers import TINY, assert_untouched, compose_in, error_line, fingerprint, run_script
 
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import TrainingDiverged, UserError
 from gru_experiments.runs import checkpoints
-from gru_experiments.runs.checkpoints import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
+from gru_experiments.runs.checkpoints import (
+    AtomicCheckpointIO,
+    RunCheckpoint,
+    StepCheckpoint,
+    atomic_torch_save,
+    read_checkpoint,
+)
 from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
-from gru_experiments.runs.training import train
+from gru_experiments.runs.training import checkpoint_callbacks, train
 
 
 def finished_checkpoint(root: Path) -> Path:
@@ -255,3 +264,43 @@ def test_train_py_refuses_malicious_checkpoint_on_resume(workspace, tmp_path):
     assert error_line(result.stderr).startswith(f"error: refusing to load {run / 'checkpoints' / 'last.ckpt'}")
     assert not marker.exists()
     assert_untouched(before, fingerprint(workspace))
+
+
+# --- a run folder copied or moved, then resumed: the checkpoint callbacks (runs/checkpoints.RunCheckpoint) ----
+
+def saved_state(folder):
+    best = str(folder / "best-epoch3-step80.ckpt")
+    return {"monitor": "val/loss", "best_model_score": torch.tensor(1.25), "best_model_path": best,
+            "current_score": torch.tensor(1.3), "dirpath": str(folder), "best_k_models": {best: torch.tensor(1.25)},
+            "kth_best_model_path": best, "kth_value": torch.tensor(1.25), "last_model_path": str(folder / "last.ckpt")}
+
+
+def test_a_moved_folder_keeps_its_best_score_and_finds_its_checkpoints_in_the_new_place(tmp_path):
+    old, new = tmp_path / "run" / "checkpoints", tmp_path / "copy" / "checkpoints"
+    callback = RunCheckpoint(dirpath=new, monitor="val/loss", mode="min", save_top_k=1, save_last=True)
+    callback.load_state_dict(saved_state(old))
+    assert callback.best_model_path == str(new / "best-epoch3-step80.ckpt")
+    assert callback.kth_best_model_path == callback.best_model_path
+    assert callback.last_model_path == str(new / "last.ckpt")
+    assert list(callback.best_k_models) == [callback.best_model_path]
+    assert float(callback.best_model_score) == 1.25  # a later, worse validation is not the best
+
+
+def test_lightnings_own_callback_is_what_it_fixes(tmp_path):
+    """If Lightning ever keeps the moved state itself, RunCheckpoint can go."""
+    old, new = tmp_path / "run" / "checkpoints", tmp_path / "copy" / "checkpoints"
+    plain = ModelCheckpoint(dirpath=new, monitor="val/loss", mode="min", save_top_k=1)
+    plain.load_state_dict(saved_state(old))
+    assert plain.best_model_path == str(old / "best-epoch3-step80.ckpt") and plain.best_model_score is None
+
+
+def test_the_same_folder_restores_as_lightning_does(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    callback = RunCheckpoint(dirpath=folder, monitor="val/loss", mode="min", save_top_k=1)
+    callback.load_state_dict(saved_state(folder))
+    assert callback.best_model_path == str(folder / "best-epoch3-step80.ckpt") and float(callback.kth_value) == 1.25
+
+
+def test_the_training_uses_it_for_both_checkpoints(tmp_path):
+    best, periodic = checkpoint_callbacks(tmp_path, every_n_steps=50)
+    assert type(best) is RunCheckpoint and isinstance(periodic, StepCheckpoint) and isinstance(periodic, RunCheckpoint)
