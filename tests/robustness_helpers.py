@@ -106,6 +106,12 @@ def fingerprint(*folders: Path) -> dict[str, str]:
     return prints
 
 
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file (sha256) and folder under `folder`, by its path relative to it."""
+    return {**{str(Path(p).relative_to(folder)): digest for p, digest in fingerprint(folder).items()},
+            **{str(p.relative_to(folder)): "folder" for p in folder.rglob("*") if p.is_dir()}}
+
+
 def assert_untouched(before: dict[str, str], after: dict[str, str]) -> None:
     """Every file that existed is still there with the same content, and nothing was added (but the SentencePiece
     cache's lock files, which filelock leaves in place, and the corpus's prepared ids, data/token_ids.py: a cache of
