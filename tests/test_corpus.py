@@ -1,15 +1,20 @@
-"""The corpus (data/corpus.py), read and checked before any work: a text that cannot train is refused in one
-line naming what to do (UTF-16 advised as such); a UTF-8 byte-order mark is dropped and Windows line ends are
-said; data.sha256 is the file's, or names a shipped corpus."""
+"""The corpus (data/corpus.py), read and checked before any work: a text that cannot train (missing, a folder,
+empty, not UTF-8, UTF-16, too short in characters or in tokens) is refused in one line naming what to do, nothing
+damaged; a UTF-8 byte-order mark is dropped and Windows line ends are said; data.sha256 is the file's, or names a
+shipped corpus. Any UTF-8 text trains with the char tokenizer: its vocabulary is the whole corpus's characters, so a
+validation split with characters the training split lacks trains end to end through train.py, every figure finite."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import random
 import re
 from pathlib import Path
 
 import pytest
-from robustness_helpers import assert_untouched, compose_in, fail_in_process, fingerprint
+from robustness_helpers import assert_untouched, compose_in, fail_in_process, fingerprint, run_script
 
 from gru_experiments.data.corpus import (
     SHIPPED_SHA256,
@@ -110,10 +115,64 @@ def test_too_short_in_tokens_after_subword_encoding(workspace, tiny_corpus, caps
 
 
 def test_validation_split_with_characters_the_training_split_lacks_is_accepted(tmp_path, workspace):
-    # Refused once; now the char vocabulary is the whole corpus's characters (tests/test_any_text.py
-    # trains such a corpus end to end).
+    # Refused once; now the char vocabulary is the whole corpus's characters (the slow test at the end of this
+    # file trains such a corpus end to end).
     corpus = tmp_path / "new_chars.txt"
     corpus.write_text("abc " * 300 + "xyz€")
     cfg = compose_in(workspace, f"data.path={corpus}")
     prepared = prepare_corpus(cfg.data, cfg.tokenizer, tmp_path / "tok")
     assert prepared.tokenizer.chars == sorted("abc xyz€")
+
+
+# --- any UTF-8 text trains with the char tokenizer --------------------------------------------------------------------
+
+NEW_CHARACTERS = "é½\tcf"  # "café" brings c and f too
+
+
+def corpus_with_new_characters_at_the_end(n_chars: int = 12_000) -> str:
+    """ASCII lines for the first 90%; the last 10% also uses 'é', '½', a tab, 'c' and 'f'."""
+    rng = random.Random(0)
+    words = ["the", "king", "shall", "speak", "now", "and", "then", "go", "home", "night"]
+
+    def lines(extra: list[str], n: int) -> str:
+        out = []
+        while sum(map(len, out)) < n:
+            out.append(" ".join(rng.choice(words + extra) for _ in range(rng.randint(3, 9))) + ".\n")
+        return "".join(out)[:n]
+
+    head = lines([], int(n_chars * 0.9) + 1)
+    tail = lines(["café", "½", "\tthe"], n_chars - len(head))
+    return head + tail
+
+
+@pytest.fixture(scope="module")
+def new_chars_corpus(tmp_path_factory) -> Path:
+    text = corpus_with_new_characters_at_the_end()
+    cut = int(len(text) * 0.9)
+    assert set(text[cut:]) - set(text[:cut]) == set(NEW_CHARACTERS)  # the premise of every test here
+    path = tmp_path_factory.mktemp("corpus") / "new_chars.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@pytest.mark.parametrize("model", ["astra_alpha", "ngram3"])
+@pytest.mark.slow
+def test_a_corpus_whose_validation_split_has_new_characters_trains_end_to_end(tmp_path, new_chars_corpus, model):
+    result = run_script(tmp_path, f"model={model}", f"data.path={new_chars_corpus}", "data.train_fraction=0.9",
+                        "preset=smoke", "logger=none", "trainer.accelerator=cpu", "evaluation.samples.chars=20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    [summary_file] = (tmp_path / "outputs").rglob("summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary.get("status") != "failed", summary
+    text = new_chars_corpus.read_text(encoding="utf-8")
+    assert summary["vocab_size"] == len(set(text))  # the whole corpus's characters, the new ones included
+    for mode in ("stateful", "stateless", "windowed", "bigram"):
+        for unit in ("nll", "bpc"):
+            assert finite(summary[f"{mode}_{unit}"]) and summary[f"{mode}_{unit}"] > 0, (mode, unit, summary)
+    assert finite(summary["val_bpc"])
+    curve = {k: v for k, v in summary["context_curve"].items() if k not in ("settings", "by_class")}
+    assert curve and all(finite(v) for v in curve.values()), curve
