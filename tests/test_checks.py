@@ -1,5 +1,7 @@
-"""runs/checks.py's command-line rules without a subprocess (train.py's own runs of them are slow-marked): a key
-added with + that nothing reads, and one model a run."""
+"""A run's config checked before any work (runs/checks.py: validate and its checks), each refusal one line naming
+the key: invalid values, NaN and infinities, sizes larger than their split, probe keys and added keys that nothing
+would read, one model a run, the epochs' one knob, precisions, a window past a model's block, max_steps beyond the
+recipe. The command-line rules run here without a subprocess; train.py's own runs of them are slow-marked."""
 
 import importlib.util
 import re
