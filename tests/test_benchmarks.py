@@ -1,6 +1,6 @@
 """Every script under benchmarks/ runs, in a smoke mode, so that none breaks unnoticed (issue 53: bench_peak.py failed
 on every invocation, reading a model config that extends its base as plain YAML). gpu_study.sh and gpu_jobs.py, the
-GPU scripts, run on the CPU in tests/test_gpu_study.py."""
+GPU scripts, run on the CPU in tests/test_gpu_study.py. An argument a benchmark cannot use gets one line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Sampling: the three inference modes are what they claim, decoding emits only allowed tokens,
-seeds reproduce, and sample.py works end to end."""
+seeds reproduce, the sampling settings are checked (validate_sampling), a pass without progress bars says what
+runs, and sample.py works end to end."""
 
 import json
 import os
