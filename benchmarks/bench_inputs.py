@@ -1,5 +1,6 @@
-"""How long each bad or unusual input of issue 36 takes to get its answer (a benchmark, not a test: the tests in
-tests/test_inputs.py and tests/test_resume.py hold what each answer says). Goal: one line within 10 s each.
+"""How long each bad or unusual input of issue 36 takes to get its answer (a benchmark, not a test: the tests that
+docs/robustness.md's table of inputs names hold what each answer says, most of them in tests/test_checks.py,
+tests/test_sample.py and tests/test_resume.py). Goal: one line within 10 s each.
 
     python benchmarks/bench_inputs.py
     python benchmarks/bench_inputs.py --quick   # a smoke run: the short run and the first two inputs

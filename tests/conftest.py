@@ -84,6 +84,24 @@ def small_shakespeare(tmp_path_factory, shakespeare) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tiny_corpus) -> Path:
+    """A workspace with a finished run and a tokenizer cache, which bad commands must not touch (each test module
+    that asks for it gets its own): its outputs/ and data/ as train.py would use them under PROJECT_ROOT."""
+    from robustness_helpers import compose_in
+
+    from gru_experiments.data.corpus import prepare_corpus
+    from gru_experiments.runs.training import train
+
+    root = tmp_path_factory.mktemp("workspace")
+    cfg = compose_in(root, f"data.path={tiny_corpus}", "trainer.max_steps=2", "model.steps_per_epoch=2",
+                     output_dir=root / "outputs" / "runs" / "astra_alpha" / "2000-01-01_00-00-00_000000")
+    train(cfg)
+    spm = compose_in(root, f"data.path={tiny_corpus}", "tokenizer=spm", "tokenizer.vocab_size=60")
+    prepare_corpus(spm.data, spm.tokenizer, root / "data" / "tokenizers")
+    return root
+
+
 def finding_line(report_md: str, claim: str) -> str:
     """report.md's line of the finding of that claim, under the number the report gives it (report.finding_number):
     a test finds a finding by its claim, so one added before it moves its number and breaks no test."""

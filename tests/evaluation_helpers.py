@@ -43,6 +43,13 @@ def defaults() -> dict:
     return {**OmegaConf.to_container(group, resolve=False), "budget": None}
 
 
+def _cfg():
+    """A run's config as the cost estimate reads it: 8 x 16 tokens a step, 400 steps an epoch, the evaluation's
+    defaults with 4 streams, a budget of 0.01 and a curve to 64."""
+    return OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8}, "model": {"steps_per_epoch": 400},
+                             "evaluation": defaults() | {"streams": 4, "budget": 0.01, "curve_longest": 64}})
+
+
 def plan_of(model, val, seq_len: int, settings=None, training_tokens=None, purpose: str = FINAL, **parts):
     return plan_for(request_of(model, val, seq_len, settings, training_tokens, purpose, **parts))
 

@@ -1,5 +1,7 @@
-"""Helpers shared by the robustness tests: running train.py as a real process, and
-fingerprinting folders to prove a failed command left them untouched."""
+"""Helpers shared by the test files that hold docs/robustness.md's promises: running train.py as a real process
+or in this one (its one error line), composing its config, killing or interrupting a run, and fingerprinting
+folders to prove a failed command left them untouched. (The `workspace` a bad command must not touch is
+conftest.py's fixture.)"""
 
 from __future__ import annotations
 
@@ -10,12 +12,40 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+import torch
+from conftest import CONF
+from hydra import compose, initialize_config_dir
+
+from gru_experiments.runs.jobs import job
+from gru_experiments.runs.training import train
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
 
 # A tiny, fast run: astra_alpha on a small corpus, small batches, no logger.
 TINY = ["logger=none", "data.batch_size=8", "data.seq_len=32", "data.eval_batch_size=64",
         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu"]
+
+
+# Why a test of a command that needs a CUDA GPU cannot run here (None where torch sees one).
+NO_GPU = "torch sees no CUDA GPU on this machine" if not torch.cuda.is_available() else None
+
+
+def compose_in(root: Path, *overrides: str, output_dir: Path | None = None):
+    """The train config with the workspace's outputs/ and data/ (as train.py would use them)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=[
+            f"paths.root_dir={root}", f"paths.output_dir={output_dir or root / 'outputs' / 'failed'}",
+            *TINY, *overrides])
+
+
+def fail_in_process(capsys, cfg) -> str:
+    """Run train(cfg) the way train.py does; return the one error line (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info, job(cfg, report=True):
+        train(cfg)
+    assert exit_info.value.code == 2
+    return error_line(capsys.readouterr().err)
 
 
 def script_env(root: Path, **extra) -> dict:
@@ -74,6 +104,12 @@ def fingerprint(*folders: Path) -> dict[str, str]:
             elif path.is_file():
                 prints[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return prints
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file (sha256) and folder under `folder`, by its path relative to it."""
+    return {**{str(Path(p).relative_to(folder)): digest for p, digest in fingerprint(folder).items()},
+            **{str(p.relative_to(folder)): "folder" for p in folder.rglob("*") if p.is_dir()}}
 
 
 def assert_untouched(before: dict[str, str], after: dict[str, str]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from test_sample import two_runs  # noqa: F401 (a fixture: a two-step run, and its copy in a second run folder)
 
 import gru_experiments
 from gru_experiments.errors import UserError
@@ -291,3 +292,10 @@ def test_import_stays_light_and_exports_lazily():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
     with pytest.raises(AttributeError):
         gru_experiments.no_such_name
+
+
+def test_the_python_api_takes_the_same_devices(two_runs):  # noqa: F811 (the fixture)
+    from gru_experiments import load
+
+    with pytest.raises(UserError, match="^device=banana: not a device"):
+        load(two_runs[1], device="banana")

@@ -1,15 +1,16 @@
 """Every script under benchmarks/ runs, in a smoke mode, so that none breaks unnoticed (issue 53: bench_peak.py failed
 on every invocation, reading a model config that extends its base as plain YAML). gpu_study.sh and gpu_jobs.py, the
-GPU scripts, run on the CPU in tests/test_gpu_study.py."""
+GPU scripts, run on the CPU in tests/test_gpu_study.py. An argument a benchmark cannot use gets one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
-from robustness_helpers import REPO
+from robustness_helpers import NO_GPU, REPO
 
 BENCHMARKS = REPO / "benchmarks"
 ONE_THREAD = ["--threads", "1"]
@@ -80,3 +81,39 @@ def test_load_shapes_reads_a_variant_that_extends_its_base():
     assert shapes["astra_alpha_original"].hidden_size == shapes["astra_alpha"].hidden_size
     assert shapes["scribe_alpha"].vocab_size == 1000 and shapes["astra_alpha"].vocab_size == 65
 
+
+def benchmark(name: str):
+    """benchmarks/<name>.py as a module (its folder on sys.path, as when it runs as a script)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+@pytest.mark.parametrize("script, arguments, message", [
+    ("bench_cache", ["--device", "banana"], "argument --device: not a device: give auto"),
+    ("bench_cache", ["--models", "foo"], "argument --models: invalid choice: 'foo'"),
+    ("bench_minrnn", ["--device", "banana"], "argument --device: not a device"),
+    ("bench_minrnn", ["--windows", "abc"], "argument --windows: must be integers >= 1, comma-separated"),
+    ("bench_minrnn", ["--windows", "0"], "argument --windows: must be integers >= 1"),
+    ("bench_minrnn", ["--scan-lengths", "-3"], "argument --scan-lengths: must be integers >= 1"),
+    ("bench_minrnn", ["--scan-lengths", "8,,16"], "argument --scan-lengths: must be integers >= 1"),
+    ("bench_batching", ["--model", "foo"], "argument --model: no model 'foo' in conf/model/: give one of astra_alpha"),
+    ("bench_batching", ["--model", "ngram2"], "argument --model: ngram2 is a counted model"),
+    ("bench_gpu", ["--device", "banana"], "argument --device: not a device"),
+    ("bench_gpu", ["--device", "cpu", "--models", "foo"], "argument --models: no model 'foo'"),
+    ("bench_gpu", ["--device", "cpu", "--models", "ngram2"], "argument --models: ngram2 is a counted model"),
+    ("bench_gpu", ["--device", "cpu", "--models", "transformer"], "argument --models: transformer is no GRU or LSTM"),
+    ("bench_gpu", ["--device", "cpu", "--steps", "0"], "argument --steps: must be an integer >= 1"),
+    pytest.param("bench_gpu", [], f"argument --device: {NO_GPU}",
+                 marks=pytest.mark.skipif(NO_GPU is None, reason="a GPU")),
+])
+def test_a_benchmark_argument_it_cannot_use_gets_one_line(script, arguments, message, monkeypatch, capsys):
+    module = benchmark(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *arguments])
+    with pytest.raises(SystemExit) as exited:
+        module.main()
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {script}.py: {message}"), lines

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import strict_json
 from evaluation_helpers import plan_of, run_plan
 from omegaconf import OmegaConf
+from robustness_helpers import TINY
 
 from gru_experiments.data.batches import RandomWindowBatches
 from gru_experiments.data.corpus import split_text
@@ -374,3 +376,16 @@ def test_the_budget_is_validated(compose_config, tiny_corpus):
     for bad in ("0", "-3", "many"):
         with pytest.raises(UserError, match="evaluation.budget"):
             validate(compose_config(f"data.path={tiny_corpus}", f"evaluation.budget={bad}"))
+
+
+def test_a_smoke_run_writes_strict_json_and_says_why_a_figure_is_missing(compose_config, tiny_corpus, tmp_path):
+    """fast_dev_run scores a small slice: stateful - windowed may share too few targets for a standard error,
+    which summary.json gave as NaN; now null, with the reason beside it."""
+    summary = train(compose_config(*TINY, f"data.path={tiny_corpus}", "trainer.fast_dev_run=true",
+                                   "evaluation.text.samples=0"))
+    assert math.isnan(summary["state_gain_se"])  # in memory: no pair of targets to take it from
+    run = tmp_path / "run"
+    written = {name: strict_json((run / name).read_text()) for name in ("summary.json", "samples.json")}
+    assert written["summary.json"]["state_gain_se"] is None and written["summary.json"]["status"] == "completed"
+    assert written["summary.json"]["state_gain_note"].startswith("stateful - windowed (32 tokens) not measured: "
+                                                                 "paired on 0 target(s)")

@@ -1,5 +1,6 @@
 """Sampling: the three inference modes are what they claim, decoding emits only allowed tokens,
-seeds reproduce, and sample.py works end to end."""
+seeds reproduce, the sampling settings are checked (validate_sampling), a pass without progress bars says what
+runs, and sample.py works end to end."""
 
 import json
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from omegaconf import OmegaConf
 from robustness_helpers import assert_untouched, error_line, fingerprint
 
 from gru_experiments.data.tokenizers import CharTokenizer
@@ -20,6 +22,7 @@ from gru_experiments.study import generation
 from gru_experiments.study.generation import (
     STUDY_PROMPTS,
     Decoding,
+    Progress,
     check_generation_fits,
     filter_logits,
     generate,
@@ -28,6 +31,7 @@ from gru_experiments.study.generation import (
     sample_texts,
     sample_tokens,
     spellable_prompts,
+    validate_sampling,
 )
 from gru_experiments.study.modes import MODES_BY_CONTEXT
 
@@ -526,3 +530,55 @@ def test_sample_py_drops_unknown_prompt_characters_when_asked(trained_run):
     result = run_sample(root, "max_new_tokens=5", "prompt='ROMEO ✓: '", "drop_unknown=true")
     assert result.returncode == 0, result.stderr
     assert "=== 'ROMEO : ' [stateful, sample 1/1]" in result.stdout
+
+
+def test_without_progress_bars_each_pass_says_what_runs(capsys):
+    with Progress(enabled=False, lines=True).phase("recall, windowed (1,000 targets)", 7_470_000) as tick:
+        tick(10)
+    assert capsys.readouterr().out == "evaluation: recall, windowed (1,000 targets), 7,470,000 tokens\n"
+    with Progress(enabled=False).phase("stateful", 10):
+        pass
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"temperature": -1.5}, "invalid temperature=-1.5: must be a number >= 0 (0: greedy, the argmax)"),
+    ({"temperature": None}, "invalid temperature=None: must be a number >= 0"),
+    ({"top_k": 0}, "invalid top_k=0: must be null (off) or an integer from 1 to the vocabulary size 65"),
+    ({"top_k": 66}, "invalid top_k=66"),
+    ({"top_p": 0.0}, "invalid top_p=0.0: must be null (off) or a number in (0, 1]"),
+    ({"top_p": 1.5}, "invalid top_p=1.5"),
+    ({"num_samples": 0}, "invalid num_samples=0: must be an integer >= 1"),
+    ({"num_samples": 2.5}, "invalid num_samples=2.5: must be an integer >= 1"),
+    ({"num_samples": None}, "invalid num_samples=None: must be an integer >= 1"),
+    ({"max_new_tokens": -5}, "invalid max_new_tokens=-5: must be an integer >= 1"),
+    ({"max_new_tokens": 0}, "invalid max_new_tokens=0: must be an integer >= 1"),
+    ({"max_new_tokens": "many"}, "invalid max_new_tokens='many': must be an integer >= 1"),
+    ({"window": 0}, "invalid window=0: must be null or an integer >= 1"),
+    ({"window": True}, "invalid window=True"),
+    ({"seed": "lucky"}, "invalid seed='lucky': must be an integer"),
+    ({"greedy": "yes"}, "invalid greedy='yes': must be true or false"),
+])
+def test_validate_sampling_rejects(settings, expected):
+    with pytest.raises(UserError) as info:
+        validate_sampling(settings, vocab_size=65)
+    assert str(info.value).startswith(expected)
+
+
+def test_validate_sampling_accepts_and_names_keys_with_prefix():
+    validate_sampling({"temperature": 0.8, "top_k": 65, "top_p": 1.0}, vocab_size=65)
+    validate_sampling({"temperature": 1, "top_k": None, "top_p": None}, vocab_size=65)
+    validate_sampling({"temperature": 0}, vocab_size=65)  # 0: greedy, the argmax
+    with pytest.raises(UserError, match=r"invalid sample\.top_k=1000"):
+        validate_sampling({"top_k": 1000}, vocab_size=65, prefix="sample.")
+    # The sizes: absent keys are skipped, a window may be null (the caller's default).
+    validate_sampling({"num_samples": 1, "max_new_tokens": 1, "window": None, "seed": -3, "greedy": True}, 65)
+    validate_sampling({"num_samples": 100, "max_new_tokens": 2000, "window": 256}, 65)
+    # Before the checkpoint is read the vocabulary is unknown: top_k is only checked to be >= 1.
+    validate_sampling({"top_k": 1000}, vocab_size=None)
+    with pytest.raises(UserError, match=r"invalid top_k=0: must be null \(off\) or an integer from 1 to the "
+                                        r"vocabulary size$"):
+        validate_sampling({"top_k": 0}, vocab_size=None)
+    # A DictConfig (sample.py's whole config) reads the same.
+    with pytest.raises(UserError, match=r"invalid evaluation\.window=0"):
+        validate_sampling(OmegaConf.create({"window": 0}), None, prefix="evaluation.")

@@ -1,9 +1,13 @@
 """benchmarks/gpu_study.sh end to end on the CPU at a tiny step count (ACCELERATOR=cpu): each model trained,
 its figures printed from its summary.json, the exit status the number of models that did not complete; and the
-scale study's experiments (python sweep.py experiments=scale), each its model's recipe cut to 2,000 steps."""
+scale study's experiments (python sweep.py experiments=scale), each its model's recipe cut to 2,000 steps; and
+benchmarks/gpu_jobs.py: its jobs and refusals, and the next call after a deadline, which resumes the jobs it cut
+(or moves aside one cut before its first checkpoint) and skips those that finished."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -14,8 +18,13 @@ import torch
 from conftest import CONF, REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from robustness_helpers import snapshot
+from test_resume_inputs import (
+    interrupted,  # noqa: F401 (a fixture: a run killed after its checkpoint of step 2)
+)
 
 import sweep as sweep_script
+from gru_experiments.runs.run_dir import RunDir
 
 
 @pytest.mark.slow
@@ -138,7 +147,6 @@ def test_gpu_jobs_runs_the_lstms_tuning_then_its_recall_pairs_on_a_cpu(small_sha
                             enumerate([(m, p) for m in ("windows", "streams") for p in ("recall", "none")], 28)])
 
 
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu_check.sh would run in full")
 def test_gpu_check_on_a_machine_without_cuda_says_so_in_one_line(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OUT": str(tmp_path)}
@@ -201,3 +209,89 @@ def test_gpu_jobs_counts_a_job_that_completed_as_the_deadline_came_as_completed(
     gpu_jobs.stop([finished, cut], said.append)
     assert (finished.status, cut.status) == ("completed", "stopped")
     assert said == [f"{finished.name}: completed as the deadline came", f"{cut.name}: stopped at the deadline (SIGINT)"]
+
+
+# --- gpu_jobs.py called again after its deadline ----------------------------------------------------------------------
+
+class Clock:
+    """gpu_jobs.py's clock: 0 s until `due()` (a file exists, a run is over), then past any deadline; short sleeps."""
+
+    def __init__(self, due):
+        self.due = due
+
+    def monotonic(self) -> float:
+        return 1e9 if self.due() else 0.0
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        import time
+
+        time.sleep(min(seconds, 0.2))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_gpu_jobs_resumes_the_job_its_deadline_cut_and_skips_it_once_finished(tiny_corpus, data_dir, tmp_path,
+                                                                               monkeypatch, capsys):
+    """Run twice with the same flags, gpu_jobs.py restarted every job in its folder: a job its deadline had cut lost
+    its last.ckpt and its log. Now the second call resumes it from that last.ckpt (its log and first .hydra/ kept)
+    and a third skips it, finished, its folder byte for byte as it was."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_jobs
+
+    monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
+    argv = ["--only", "lr", "--jobs", "1", "--accelerator", "cpu", "--steps", "200", "--root", str(tmp_path),
+            "preset=smoke", f"data.path={tiny_corpus}", "data.train_fraction=0.9", f"paths.data_dir={data_dir}",
+            "model.epochs=1", "model.steps_per_epoch=200", "checkpoint.every_n_steps=5"]
+    first, second = (tmp_path / "lr_min" / name for name in ("00_mingru_lr1e-3", "01_mingru_lr2e-3"))
+    checkpoint = first / "checkpoints" / "last.ckpt"
+    monkeypatch.setattr(gpu_jobs, "time", Clock(checkpoint.exists))  # the deadline: right after its first checkpoint
+    gpu_jobs.main(argv)
+    assert checkpoint.is_file() and not (first / "summary.json").exists()
+    import torch
+
+    cut_at = torch.load(checkpoint, weights_only=True, mmap=True)["global_step"]
+    record = {name: sha256(first / ".hydra" / name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+    log = (first / "train.log").read_bytes()
+    capsys.readouterr()
+
+    monkeypatch.setattr(gpu_jobs, "time", Clock((first / "samples.json").exists))  # written last
+    gpu_jobs.main(argv)
+    summary = json.loads((first / "summary.json").read_text())
+    assert (summary["status"], summary["resumed_from_step"], summary["train_steps"]) == ("completed", cut_at, 200)
+    assert {name: sha256(first / ".hydra" / name) for name in record} == record
+    assert (first / "train.log").read_bytes().startswith(log)
+    assert "mingru_lr1e-3: resumed from its last.ckpt" in capsys.readouterr().out
+
+    before = snapshot(first)
+    monkeypatch.setattr(gpu_jobs, "time", Clock(second.exists))  # the deadline once the next job has started
+    assert not second.exists()
+    gpu_jobs.main(argv)
+    assert snapshot(first) == before
+    out = capsys.readouterr().out
+    assert "mingru_lr1e-3: finished (completed): skipped" in out and "| mingru_lr1e-3 | completed |" in out
+
+
+def test_gpu_jobs_moves_aside_a_job_cut_before_its_first_checkpoint_but_never_one_in_use(tmp_path):
+    """A job cut before its first checkpoint holds a run with nothing to resume: gpu_jobs.py moves its folder to
+    <root>/cut/<group>/ (nothing deleted) so that the job can start again; a folder another process holds stays."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_jobs
+
+    job = gpu_jobs.lr_jobs(tmp_path)[0]
+    (job.folder / ".hydra").mkdir(parents=True)
+    (job.folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (job.folder / "train.log").write_text("the cut part's log\n")
+    before = snapshot(job.folder)
+    with RunDir(job.folder).hold():
+        assert not gpu_jobs.move_aside(job) and job.status == "in use"
+    assert snapshot(job.folder) == before
+    assert gpu_jobs.move_aside(job) and not job.folder.exists()
+    [aside] = (tmp_path / "cut" / "lr_min").iterdir()
+    assert aside.name.startswith(job.folder.name + "_") and snapshot(aside) == before
+    job.folder.mkdir()
+    (job.folder / "summary.json").write_text('{"status": "completed"}')
+    assert gpu_jobs.start(job, [], [], {}) is None and job.status == "completed" and job.process is None

@@ -1,5 +1,7 @@
 """The failure wrapper (jobs.job): a failing job leaves its failure record, closes its logger
-and exits non-zero with one line; a bug keeps its traceback."""
+and exits non-zero with one line; a bug keeps its traceback. Through train.py: a bad value is one line (exit
+status 2) and damages nothing, an unknown config name gets Hydra's own message, debug=true shows the traceback, and
+a multirun's failing jobs get a line each."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
-from robustness_helpers import TINY, fingerprint, run_script
+from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
 from wandb_records import offline_runs
 
 from gru_experiments.errors import UserError
@@ -84,7 +86,6 @@ def test_reported_user_error_is_one_line_and_exit_status_2(capsys):
     # A bug is not a user error: it keeps its traceback (re-raised), whatever report says.
     with pytest.raises(ZeroDivisionError), job(report=True):
         1 / 0
-
 
 
 def test_a_failed_job_without_its_logger_builds_one_to_hold_its_record(compose_config, monkeypatch):
@@ -269,3 +270,50 @@ def test_a_home_path_is_expanded_and_a_value_beyond_ascii_gets_a_hint():
     assert str(refused.value) == ("prompt=☃: Hydra's command line takes a value with characters beyond ASCII only "
                                   "quoted: prompt='☃' (in a shell: \"prompt='☃'\")")
     assert command_line(["sample.py", "prompt='☃'", "prompt=plain"]) == ["sample.py", "prompt='☃'", "prompt=plain"]
+
+
+@pytest.mark.slow
+def test_train_py_bad_value_one_line_exit_2_nothing_damaged(workspace, tiny_corpus):
+    before = fingerprint(workspace)
+    result = run_script(workspace, f"data.path={tiny_corpus}", *TINY, "model.lr=-1")
+    assert result.returncode == 2
+    assert error_line(result.stderr) == "error: invalid model.lr=-1: must be a number > 0"
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_train_py_unknown_names_get_hydras_message(workspace):
+    before = fingerprint(workspace)
+    for override, message in [("model=astra_delta", "Could not find 'model/astra_delta'"),
+                              ("tokenizer=bpe", "Could not find 'tokenizer/bpe'"),
+                              ("logger=neptune", "Could not find 'logger/neptune'")]:
+        result = run_script(workspace, override)
+        assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert_untouched(before, fingerprint(workspace))
+
+
+def test_debug_re_raises_instead_of_exiting(monkeypatch):
+    for cfg, env in [({"debug": True}, None), ({"debug": False}, "1")]:
+        if env:
+            monkeypatch.setenv("HYDRA_FULL_ERROR", env)
+        with pytest.raises(UserError, match="bad"), job(cfg, report=True):
+            raise UserError("bad")
+    with pytest.raises(UserError), job(argv=["train.py", "debug=true"], report=True):
+        raise UserError("bad")
+
+
+@pytest.mark.slow
+def test_train_py_debug_shows_the_traceback(workspace):
+    result = run_script(workspace, "model.lr=-1", "debug=true")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "InvalidSetting: invalid model.lr=-1" in result.stderr
+
+
+@pytest.mark.slow
+def test_multirun_job_errors_fail_the_sweep_with_one_line_each(workspace, tiny_corpus):
+    result = run_script(workspace, "-m", f"data.path={tiny_corpus}", *TINY, "model.lr=-1,-2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert lines[:2] == ["error: invalid model.lr=-1: must be a number > 0",
+                         "error: invalid model.lr=-2: must be a number > 0"]
+    assert lines[-1] == "error: multirun job 0 failed: invalid model.lr=-1: must be a number > 0"

@@ -239,3 +239,15 @@ def test_ladder_table_and_plot_for_a_sweep_of_several_families(tmp_path):
     make_job(single, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.3))
     report = build_report(single)
     assert "## The ladder" not in report.files["report.md"].read_text() and "ladder.png" not in report.files
+
+
+def test_a_truncated_summary_is_named_unreadable_not_still_running(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_job(sweep, 0, "astra_alpha", summary=completed("astra_alpha", "gru", "char", 2.1))
+    job = make_job(sweep, 1, "astra_beta")
+    text = json.dumps(completed("astra_beta", "gru", "char", 2.0))
+    (job / "summary.json").write_text(text[: len(text) // 2])  # cut off while it was written
+    build_report(sweep)
+    missing = (sweep / "report.md").read_text().split("## What is missing")[1].split("##")[0]
+    assert f"its summary `{job / 'summary.json'}` is unreadable" in missing
+    assert "still running" not in missing

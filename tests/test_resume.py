@@ -123,7 +123,6 @@ def test_a_resume_from_an_epoch_end_or_a_mid_epoch_checkpoint_is_exact(compose_c
             [reference[key] for key in ("train_loss", "val_loss", "val_bpc")], (every, cut)
 
 
-
 # history.csv across a resume: 2 epochs of 8 steps, last.ckpt every 4 steps, the mean train/loss every 3 steps. Cut off
 # after step 6 (the resume restarts from step 4: rows 5 and 6 come again, and the mean at step 6 spans the cut), or in
 # the evaluation after the last step (training done: the resume trains nothing); and a counted model cut off in its
@@ -422,3 +421,14 @@ def test_a_resume_composes_the_runs_saved_config_with_the_commands_overrides(com
     overrides = ["resume=RUN", "probe=recall", "seed=1234"]
     same = resumed_config(saved, compose_config(*overrides[1:]), overrides, *[{"probe": "recall"}] * 2)
     assert same.probe == saved.probe
+
+
+@pytest.mark.parametrize("override", ["early_stopping.monitor=val/bpc", "early_stopping.mode=max"])
+def test_a_resume_that_changes_what_early_stopping_watches_is_refused(compose_config, override):
+    """Lightning files the stopper's state under its monitor and mode: another of either dropped it silently."""
+    from gru_experiments.runs.resume import resumed_config
+
+    saved = compose_config(*TINY, "early_stopping.patience=2")
+    key = override.split("=")[0]
+    with pytest.raises(UserError, match=f"was trained with {key}='(val/loss|min)', but this command asks for {key}="):
+        resumed_config(saved, compose_config(*TINY, "early_stopping.patience=2", override), ["resume=RUN", override])

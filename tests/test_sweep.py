@@ -18,6 +18,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import CONF, REPO, finding_line
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from robustness_helpers import assert_untouched, fingerprint
 from test_reporting import assert_valid_png, completed, make_job
 from wandb_records import offline_runs
 
@@ -309,7 +311,7 @@ def test_bad_overrides_stop_the_sweep_before_any_job(tmp_path):
 @pytest.mark.slow
 def test_report_of_a_folder_without_results_says_so(tmp_path):
     """A sweep folder (Hydra's multirun.yaml) whose jobs never started; a folder that is no sweep's:
-    tests/test_answered_inputs.py."""
+    test_sweep_report_refuses_a_folder_that_is_not_a_sweep_and_writes_nothing."""
     (tmp_path / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: []\n")
     result = run_script("sweep.py", f"report={tmp_path}", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -515,3 +517,41 @@ def test_every_command_in_the_docs_parses_as_written():
         if script == "sweep.py":
             argv = sweep_script.parse_arguments(argv)[1]
         OverridesParser.create().parse_overrides(argv)
+
+
+def test_sweep_refuses_leviathan_with_experiments_and_takes_a_list_of_sets(compose_config):
+    with pytest.raises(UserError, match="^leviathan=true adds Leviathan to models=; experiments= names its own"):
+        sweep_script.parse_arguments(["experiments=scale", "leviathan=true"])
+    settings, _ = sweep_script.parse_arguments(["experiments=[scale,recall_horizon]"])
+    sets = OmegaConf.load(sweep_script.CONF / "sweep.yaml").experiment_sets
+    assert list(settings.experiments) == [*sets.scale, *sets.recall_horizon]
+    settings, _ = sweep_script.parse_arguments(["models=[beta,astra_alpha]"])
+    assert list(settings.models) == ["astra_beta", "transformer_beta", "astra_alpha"]
+    with pytest.raises(UserError, match=r"unknown experiment\(s\) \['scale_delta'\]"):
+        sweep_script.parse_arguments(["experiments=[scale,scale_delta]"])
+
+
+@pytest.mark.parametrize("argument", ["report=", "report=''", "models="])
+def test_sweep_refuses_an_empty_value_rather_than_start_the_whole_study(argument):
+    with pytest.raises(UserError, match=r"gives (report|models) no value, and the whole default study would start"):
+        sweep_script.main([argument])
+
+
+def test_sweep_report_refuses_a_folder_that_is_not_a_sweep_and_writes_nothing(tmp_path):
+    runs = tmp_path / "runs"  # outputs/runs/<model>/: single runs, each with its .hydra/ and summary.json
+    (runs / "run1" / ".hydra").mkdir(parents=True)
+    (runs / "run1" / "summary.json").write_text('{"status": "completed"}')
+    before = fingerprint(tmp_path)
+    with pytest.raises(UserError, match=f"^{runs} is not a sweep folder: it has no multirun.yaml"):
+        sweep_script.main([f"report={runs}"])
+    with pytest.raises(UserError, match=f"^{runs / 'run1'} is the folder of a single run: it has no multirun.yaml"):
+        sweep_script.main([f"report={runs / 'run1'}"])
+    assert_untouched(before, fingerprint(tmp_path))
+
+
+def test_sweep_trains_a_model_named_twice_once_and_says_so(capsys):
+    settings, _ = sweep_script.parse_arguments(["models=[astra_alpha,astra_alpha]"])
+    assert list(settings.models) == ["astra_alpha"]
+    assert "models= names astra_alpha more than once: each is trained once" in capsys.readouterr().out
+    settings, _ = sweep_script.parse_arguments(["models=[ladder,mlp]", "seeds=2"])  # a set, then one of its names
+    assert list(settings.models).count("mlp") == 1

@@ -2,19 +2,24 @@ import io
 import multiprocessing
 import random
 import re
+import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from robustness_helpers import TINY, TRAIN_PY, assert_untouched, compose_in, fail_in_process, fingerprint, start_script
 
 from gru_experiments.data import tokenizers
 from gru_experiments.data.tokenizers import (
     CharTokenizer,
     SentencePieceTokenizer,
     build_tokenizer,
+    encode_prompt,
     tokenizer_from_state,
 )
+from gru_experiments.errors import UserError
+from gru_experiments.runs.task import load_checkpoint
 
 # Text with everything a play has and SentencePiece's defaults would mangle.
 TRICKY = (
@@ -285,3 +290,94 @@ def test_the_vocabulary_size_an_spm_error_advises_works(tmp_path):
     with pytest.raises(tokenizers.UserError, match=r"^SentencePiece could not train on this corpus \(tokenizer."
                                                    r"vocab_size and the text\): it broke; try another"):
         raise tokenizers._vocab_size_error(RuntimeError("Internal: src/trainer.cc\nit broke"))
+
+
+def test_spm_vocabulary_too_large_for_the_corpus(workspace, tiny_corpus, capsys):
+    before = fingerprint(workspace)
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm",
+                                              "tokenizer.vocab_size=500"))
+    assert re.fullmatch(r"error: tokenizer\.vocab_size=500 is too large for this corpus: SentencePiece can make at "
+                        r"most (\d+) pieces from its training split; set tokenizer\.vocab_size=\1 or lower \(where no "
+                        r"size fits both bounds, the text is too small for SentencePiece: use tokenizer=char\)", line)
+    assert_untouched(before, fingerprint(workspace))  # no half-trained model in the cache
+
+
+def test_spm_vocabulary_smaller_than_the_alphabet(workspace, tiny_corpus, capsys):
+    line = fail_in_process(capsys, compose_in(workspace, f"data.path={tiny_corpus}", "tokenizer=spm",
+                                              "tokenizer.vocab_size=10"))
+    assert re.search(r"tokenizer\.vocab_size=10 is too small for this corpus: SentencePiece needs \d+ pieces, one "
+                     r"for each distinct character", line)
+
+
+def test_prompt_with_unknown_characters(tmp_path, capsys):
+    char = CharTokenizer.from_text("ROMEO: hello\n")
+    with pytest.raises(UserError) as info:
+        encode_prompt(char, "ROMEO: héllo ✓", drop_unknown=False)
+    assert str(info.value) == ("the prompt has characters this model's char vocabulary lacks: 'é' (U+00E9), "
+                               "'✓' (U+2713); remove them, or drop them with drop_unknown=true")
+    assert char.decode(encode_prompt(char, "ROMEO: héllo ✓", drop_unknown=True)) == "ROMEO: hllo "
+    assert "'é' (U+00E9), '✓' (U+2713)" in capsys.readouterr().err
+
+    spm = SentencePieceTokenizer.train("the cat sat on the mat\n" * 200, 12, tmp_path)
+    with pytest.raises(UserError, match=r"spm vocabulary lacks: 'Z' \(U\+005A\)"):
+        encode_prompt(spm, "the Zat", drop_unknown=False)  # spm would silently make it <unk>
+    assert spm.decode(encode_prompt(spm, "the Zat", drop_unknown=True)) == "the at"
+
+
+# train.py with the SentencePiece trainer slowed down and every step logged, so the test can
+# prove that the two processes overlapped and that only one of them trained.
+SLOW_SPM = textwrap.dedent(f"""
+    import os, runpy, sys, time
+    from gru_experiments.data import corpus as data
+    from gru_experiments.data.tokenizers import SentencePieceTokenizer
+
+    def log(event):
+        with open(os.environ["SPM_LOG"], "a") as f:
+            f.write(f"{{time.time()}} {{os.getpid()}} {{event}}\\n")
+
+    prepared, run_trainer = data.prepared_ids, SentencePieceTokenizer._run_trainer
+
+    def logged_prepared(*args, **kwargs):  # each run asks for the corpus's ids, their tokenizer with them
+        log("wants-tokenizer")
+        return prepared(*args, **kwargs)
+
+    def slow_trainer(*args, **kwargs):
+        log("trains")
+        time.sleep(8)  # hold the lock: the other process arrives meanwhile
+        return run_trainer(*args, **kwargs)
+
+    data.prepared_ids = logged_prepared
+    SentencePieceTokenizer._run_trainer = staticmethod(slow_trainer)
+    sys.argv = [{str(TRAIN_PY)!r}, *sys.argv[1:]]
+    runpy.run_path({str(TRAIN_PY)!r}, run_name="__main__")
+""")
+
+
+@pytest.mark.slow
+def test_runs_started_together_share_one_spm_cache(tmp_path, tiny_corpus):
+    """Two train.py processes needing the same, not yet trained SentencePiece model: one trains it (and prepares
+    the corpus's ids) while the other waits on the lock, then reads both; the cache holds one valid model."""
+    script, log = tmp_path / "slow_spm.py", tmp_path / "spm.log"
+    script.write_text(SLOW_SPM)
+    args = [f"data.path={tiny_corpus}", *TINY, "tokenizer=spm", "tokenizer.vocab_size=80", "trainer.max_steps=1",
+            "model.steps_per_epoch=1"]
+    jobs = [start_script(tmp_path, *args, script=script, SPM_LOG=log) for _ in range(2)]
+    for process in jobs:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    events = [line.split() for line in log.read_text().splitlines()]
+    arrivals = [float(t) for t, _, event in events if event == "wants-tokenizer"]
+    trainings = [float(t) for t, _, event in events if event == "trains"]
+    assert len(arrivals) == 2 and len(trainings) == 1  # one trained, the other read the cache
+    assert max(arrivals) < trainings[0] + 8, "the processes did not overlap; the test proves nothing"
+
+    cache = tmp_path / "data" / "tokenizers"
+    models = list(cache.glob("spm-*.model"))
+    assert len(models) == 1 and not list(cache.glob("*.tmp"))
+    # Both runs used the very model in the cache, and it is a working one.
+    tokenizers = [load_checkpoint(p).tokenizer
+                  for p in tmp_path.glob("outputs/runs/astra_alpha/*/checkpoints/last.ckpt")]
+    assert len(tokenizers) == 2
+    assert all(t.model_proto == models[0].read_bytes() for t in tokenizers)
+    text = tiny_corpus.read_text()[:2000]
+    assert tokenizers[0].vocab_size == 80 and tokenizers[0].decode(tokenizers[0].encode(text)) == text

@@ -1,20 +1,18 @@
-"""Issue 62, a run folder belongs to one run: a new training into a folder that holds a run is refused before
-anything is written, in one line naming resume=; a refused command leaves the folder byte for byte as it was; the
-folder's lock is the folder's own (deleting a file frees nothing, a finished run leaves none); and
-benchmarks/gpu_jobs.py resumes the jobs its deadline cut and skips those that finished."""
+"""The run folder (runs/run_dir.py): RunDir knows its files and its model, and a model's newest run is one notion
+(sample.py's lookup among them). A run folder belongs to one run (issue 62): a new training into a folder that holds a
+run is refused before anything is written, in one line naming resume=; a refused command leaves the folder byte for
+byte as it was; the folder's lock is the folder's own (deleting a file frees nothing, a finished run leaves none)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import re
 import signal
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from robustness_helpers import error_line, fingerprint, run_script, start_script
+from robustness_helpers import error_line, run_script, snapshot, start_script
 from test_resume_inputs import (
     RECIPE,
     STEPS,
@@ -23,8 +21,138 @@ from test_resume_inputs import (
     interrupted,  # noqa: F401 (a fixture: a run killed after its checkpoint of step 2)
 )
 
-from gru_experiments.runs.run_dir import RunDir
+from gru_experiments.errors import UserError
+from gru_experiments.runs.run_dir import (
+    LAST_CHECKPOINT,
+    RunDir,
+    find_checkpoint,
+    model_name_for,
+    model_runs,
+    newest_run,
+)
 
+# --- RunDir: its files, its model, the newest run ---------------------------------------------------------------------
+
+def make_run(path: Path, model: str | None = None, status: str | None = None, checkpoint: bool = True,
+             mtime: float | None = None, config_model: str | None = None) -> RunDir:
+    run = RunDir(path)
+    run.path.mkdir(parents=True)
+    if checkpoint:
+        run.checkpoint_dir.mkdir()
+        run.checkpoint.write_bytes(b"ckpt")
+    if status:
+        run.write_summary({"status": status, "model": model, "checkpoint": str(run.checkpoint)})
+    if config_model:
+        (run.path / ".hydra").mkdir()
+        run.config_file.write_text(f"model:\n  name: {config_model}\n")
+    if mtime is not None:
+        for file in (run.summary_file, run.checkpoint):
+            if file.exists():
+                os.utime(file, (mtime, mtime))
+    return run
+
+
+def test_run_dir_knows_its_files(tmp_path):
+    run = RunDir(tmp_path / "run")
+    assert run.summary_file == tmp_path / "run" / "summary.json"
+    assert run.samples_file.name == "samples.json" and run.history_file.name == "history.csv"
+    assert run.checkpoint == tmp_path / "run" / "checkpoints" / "last.ckpt" == run.path / LAST_CHECKPOINT
+    assert run.config_file == tmp_path / "run" / ".hydra" / "config.yaml"
+    # Nothing there yet: every reader says so instead of failing.
+    assert run.summary() is None and run.samples() is None and run.config() is None
+    assert run.last_checkpoint() is None and not run.finished and run.last_written() == 0
+
+    run.write_summary({"status": "failed", "model": "astra_beta"})
+    assert run.summary()["model"] == "astra_beta" and not run.finished  # a failed run may be resumed
+    run.write_summary({"status": "completed", "model": "astra_beta"})
+    assert run.finished and run.model_name() == "astra_beta"
+    run.summary_file.write_text("{not json")
+    assert run.summary() is None
+
+
+def test_the_config_record_is_read_back_by_the_run(tmp_path):
+    """What the Python API's train() records (Hydra's .hydra/ files) is what the run reads back."""
+    from omegaconf import OmegaConf
+
+    run = RunDir(tmp_path / "run")
+    record = run.write_config_record(OmegaConf.create({"model": {"name": "astra_beta"}}),
+                                     OmegaConf.create({"hydra": {"job": {"num": 0}}}), ["model=astra_beta"])
+    assert sorted(p.name for p in record.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert run.config().model.name == "astra_beta" and run.model_name() == "astra_beta"
+    assert list(OmegaConf.load(run.path / ".hydra" / "overrides.yaml")) == ["model=astra_beta"]
+    # a resume's record is the config the run was last started with
+    run.write_config_record(OmegaConf.create({"model": {"name": "astra_beta"}, "trainer": {"max_steps": 9}}),
+                            OmegaConf.create({}), ["trainer.max_steps=9"], subdir=".hydra/resumed_2000-01-01")
+    assert run.config().trainer.max_steps == 9 and run.config_file.parent.name == "resumed_2000-01-01"
+
+
+def test_model_name_comes_from_summary_then_config_then_layout(tmp_path):
+    assert make_run(tmp_path / "a", "astra_gamma", "completed").model_name() == "astra_gamma"
+    assert make_run(tmp_path / "b", config_model="scribe_alpha").model_name() == "scribe_alpha"
+    assert make_run(tmp_path / "outputs" / "runs" / "leviathan" / "2000").model_name() == "leviathan"
+    assert make_run(tmp_path / "sweep" / "3_astra_beta").model_name() == "astra_beta"
+    assert make_run(tmp_path / "somewhere").model_name() is None
+
+
+def test_of_checkpoint_finds_the_run_a_checkpoint_belongs_to(tmp_path):
+    run = make_run(tmp_path / "run", "astra_alpha", "completed")
+    assert RunDir.of_checkpoint(run.checkpoint) == RunDir(run.path.resolve())
+    loose = tmp_path / "loose" / "model.ckpt"
+    loose.parent.mkdir()
+    loose.write_bytes(b"x")
+    assert RunDir.of_checkpoint(loose) is None
+    # A moved run folder: summary.json records the old place; its own checkpoints/ is used.
+    moved = make_run(tmp_path / "moved", "astra_alpha", checkpoint=True)
+    moved.write_summary({"status": "completed", "model": "astra_alpha",
+                         "checkpoint": str(tmp_path / "gone" / "checkpoints" / "last.ckpt")})
+    assert moved.last_checkpoint() == moved.checkpoint
+
+
+def test_newest_run_is_one_notion_for_finished_and_unfinished_runs(tmp_path):
+    log_dir = tmp_path / "outputs"
+    finished = make_run(log_dir / "runs" / "astra_alpha" / "1", "astra_alpha", "completed", mtime=1_000)
+    interrupted = make_run(log_dir / "runs" / "astra_alpha" / "2", mtime=2_000)  # no summary yet  # noqa: F811 (not the fixture)
+    in_sweep = make_run(log_dir / "multiruns" / "s" / "0_astra_alpha", "astra_alpha", "failed", mtime=1_500)
+    make_run(log_dir / "runs" / "astra_alpha" / "3", checkpoint=False)  # stopped before any checkpoint
+    make_run(log_dir / "runs" / "astra_beta" / "1", "astra_beta", "completed", mtime=3_000)
+
+    assert model_runs(log_dir, "astra_alpha") == [interrupted, in_sweep, finished]
+    assert newest_run(log_dir, "astra_alpha") == interrupted
+    assert newest_run(log_dir, "astra_beta").model_name() == "astra_beta"
+    assert newest_run(log_dir, "scribe_gamma") is None
+    # sample.py's lookup uses the same notion
+    assert find_checkpoint("astra_alpha", log_dir) == interrupted.checkpoint
+    os.utime(finished.summary_file, (5_000, 5_000))
+    assert find_checkpoint("astra_alpha", log_dir) == finished.checkpoint
+    assert model_name_for("astra_beta", run=str(in_sweep.path)) == "astra_alpha"
+
+
+def test_a_sampling_runs_folder_is_named_for_the_model_its_checkpoint_records(tmp_path):
+    """model_name_for with a checkpoint outside a run folder: the model its hyper-parameters name, read memory-mapped;
+    the configured model where the checkpoint names none or cannot be read (the sampler reports that itself)."""
+    import torch
+
+    named, unnamed = tmp_path / "named.ckpt", tmp_path / "unnamed.ckpt"
+    torch.save({"hyper_parameters": {"model_name": "leviathan"}, "state_dict": {}}, named)
+    torch.save({"hyper_parameters": {}, "state_dict": {}}, unnamed)
+    assert model_name_for("astra_alpha", ckpt=str(named)) == "leviathan"
+    assert model_name_for("astra_alpha", ckpt=str(unnamed)) == "astra_alpha"
+    assert model_name_for("astra_alpha", ckpt=str(tmp_path / "gone.ckpt")) == "astra_alpha"
+
+
+def test_find_checkpoint_errors(tmp_path):
+    with pytest.raises(UserError, match="checkpoint not found"):
+        find_checkpoint("astra_alpha", tmp_path, ckpt=str(tmp_path / "nope.ckpt"))
+    with pytest.raises(UserError, match="run folder not found"):
+        find_checkpoint("astra_alpha", tmp_path, run=str(tmp_path / "nope"))
+    empty = make_run(tmp_path / "empty", checkpoint=False)
+    with pytest.raises(UserError, match="no checkpoint in"):
+        find_checkpoint("astra_alpha", tmp_path, run=str(empty.path))
+    with pytest.raises(UserError, match="no trained astra_alpha checkpoint under .*train one with"):
+        find_checkpoint("astra_alpha", tmp_path)
+
+
+# --- a run folder belongs to one run (issue 62) -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def finished(interrupted, tmp_path_factory) -> Path:  # noqa: F811 (the fixture)
@@ -33,12 +161,6 @@ def finished(interrupted, tmp_path_factory) -> Path:  # noqa: F811 (the fixture)
     result = run_script(root, f"resume={run}")
     assert result.returncode == 0, result.stderr
     return run
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every file (sha256) and folder under `folder`, by its path relative to it."""
-    return {**{str(Path(p).relative_to(folder)): digest for p, digest in fingerprint(folder).items()},
-            **{str(p.relative_to(folder)): "folder" for p in folder.rglob("*") if p.is_dir()}}
 
 
 @pytest.mark.slow
@@ -56,7 +178,6 @@ def test_a_new_run_into_a_folder_that_holds_a_run_is_refused_and_changes_nothing
         assert f"{copy} holds a" in line and "resume=" in line, line
         assert (f"python train.py resume={copy}" in line) == (name == "cut"), line
         assert snapshot(copy) == before
-
 
 
 @pytest.mark.parametrize("left, held, then", [
@@ -179,89 +300,3 @@ def test_a_folder_held_by_an_older_version_through_its_lock_file_is_in_use(tmp_p
                 pass
     with RunDir(tmp_path).hold():  # released: free
         pass
-
-
-# --- benchmarks/gpu_jobs.py ---------------------------------------------------------------------------------------
-
-class Clock:
-    """gpu_jobs.py's clock: 0 s until `due()` (a file exists, a run is over), then past any deadline; short sleeps."""
-
-    def __init__(self, due):
-        self.due = due
-
-    def monotonic(self) -> float:
-        return 1e9 if self.due() else 0.0
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        import time
-
-        time.sleep(min(seconds, 0.2))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.slow
-def test_gpu_jobs_resumes_the_job_its_deadline_cut_and_skips_it_once_finished(tiny_corpus, data_dir, tmp_path,
-                                                                               monkeypatch, capsys):
-    """Run twice with the same flags, gpu_jobs.py restarted every job in its folder: a job its deadline had cut lost
-    its last.ckpt and its log. Now the second call resumes it from that last.ckpt (its log and first .hydra/ kept)
-    and a third skips it, finished, its folder byte for byte as it was."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_jobs
-
-    monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
-    argv = ["--only", "lr", "--jobs", "1", "--accelerator", "cpu", "--steps", "200", "--root", str(tmp_path),
-            "preset=smoke", f"data.path={tiny_corpus}", "data.train_fraction=0.9", f"paths.data_dir={data_dir}",
-            "model.epochs=1", "model.steps_per_epoch=200", "checkpoint.every_n_steps=5"]
-    first, second = (tmp_path / "lr_min" / name for name in ("00_mingru_lr1e-3", "01_mingru_lr2e-3"))
-    checkpoint = first / "checkpoints" / "last.ckpt"
-    monkeypatch.setattr(gpu_jobs, "time", Clock(checkpoint.exists))  # the deadline: right after its first checkpoint
-    gpu_jobs.main(argv)
-    assert checkpoint.is_file() and not (first / "summary.json").exists()
-    import torch
-
-    cut_at = torch.load(checkpoint, weights_only=True, mmap=True)["global_step"]
-    record = {name: sha256(first / ".hydra" / name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
-    log = (first / "train.log").read_bytes()
-    capsys.readouterr()
-
-    monkeypatch.setattr(gpu_jobs, "time", Clock((first / "samples.json").exists))  # written last
-    gpu_jobs.main(argv)
-    summary = json.loads((first / "summary.json").read_text())
-    assert (summary["status"], summary["resumed_from_step"], summary["train_steps"]) == ("completed", cut_at, 200)
-    assert {name: sha256(first / ".hydra" / name) for name in record} == record
-    assert (first / "train.log").read_bytes().startswith(log)
-    assert "mingru_lr1e-3: resumed from its last.ckpt" in capsys.readouterr().out
-
-    before = snapshot(first)
-    monkeypatch.setattr(gpu_jobs, "time", Clock(second.exists))  # the deadline once the next job has started
-    assert not second.exists()
-    gpu_jobs.main(argv)
-    assert snapshot(first) == before
-    out = capsys.readouterr().out
-    assert "mingru_lr1e-3: finished (completed): skipped" in out and "| mingru_lr1e-3 | completed |" in out
-
-
-def test_gpu_jobs_moves_aside_a_job_cut_before_its_first_checkpoint_but_never_one_in_use(tmp_path):
-    """A job cut before its first checkpoint holds a run with nothing to resume: gpu_jobs.py moves its folder to
-    <root>/cut/<group>/ (nothing deleted) so that the job can start again; a folder another process holds stays."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_jobs
-
-    job = gpu_jobs.lr_jobs(tmp_path)[0]
-    (job.folder / ".hydra").mkdir(parents=True)
-    (job.folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
-    (job.folder / "train.log").write_text("the cut part's log\n")
-    before = snapshot(job.folder)
-    with RunDir(job.folder).hold():
-        assert not gpu_jobs.move_aside(job) and job.status == "in use"
-    assert snapshot(job.folder) == before
-    assert gpu_jobs.move_aside(job) and not job.folder.exists()
-    [aside] = (tmp_path / "cut" / "lr_min").iterdir()
-    assert aside.name.startswith(job.folder.name + "_") and snapshot(aside) == before
-    job.folder.mkdir()
-    (job.folder / "summary.json").write_text('{"status": "completed"}')
-    assert gpu_jobs.start(job, [], [], {}) is None and job.status == "completed" and job.process is None

@@ -1,66 +1,23 @@
-"""Issue 20: trainer.fast_dev_run is a smoke run of the whole pipeline on a small slice, and a run
-states its estimated time (training + validation + evaluation) after its first steps."""
+"""The training's callbacks (runs/training_callbacks.py) with stand-ins for the trainer: the cost estimate
+(CostEstimate) adds training, validation and evaluation, timing the very plans the run executes, and counts
+the validations max_steps leaves; the modes are scored at each validation but Lightning's sanity check
+(ModesOverTraining)."""
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from pathlib import Path
 
 import pytest
 import torch
-from evaluation_helpers import defaults, plan_of
-from omegaconf import OmegaConf
+from evaluation_helpers import _cfg, plan_of
 
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.trained_run import TrainedRun
-from gru_experiments.runs.training import SMOKE_VAL_TOKENS, train
 from gru_experiments.runs.training_callbacks import CostEstimate
 from gru_experiments.study.cost import describe_estimate
-from gru_experiments.study.evaluation import FIGURES, EvaluationSettings
+from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.plan import BEST
 from gru_experiments.study.scores import Split
-
-
-def test_fast_dev_run_runs_the_whole_pipeline_on_a_small_slice(compose_config, small_shakespeare, capsys):
-    cfg = compose_config(f"data.path={small_shakespeare}", "trainer.fast_dev_run=true", "trainer.accelerator=cpu")
-    summary = train(cfg)
-    out = capsys.readouterr().out
-    assert "fast_dev_run: a smoke run on a small slice" in out
-    on_disk = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
-    assert on_disk["smoke"] is True and summary["smoke"] is True
-    assert on_disk["train_steps"] == 1 and on_disk["eval_seconds"] > 0
-    for figure in FIGURES:
-        assert math.isfinite(on_disk[f"{figure}_bpc"]), figure
-    # The evaluation's budget is a multiple of the one step trained: windowed and the curve are sampled.
-    settings = on_disk["mode_evaluation"]
-    assert settings["split_targets"] == SMOKE_VAL_TOKENS - 1 and on_disk["train_tokens"] == 64 * 128
-    assert settings["budget"] == math.floor(cfg.evaluation.budget * 64 * 128)
-    assert 0 < settings["windowed_targets"] < SMOKE_VAL_TOKENS - 1 and not on_disk["eval_whole_split"]
-    assert list(on_disk["context_curve"])[:2] == ["1", "2"] and "stateful" in on_disk["context_curve"]
-    samples = json.loads((Path(cfg.paths.output_dir) / "samples.json").read_text())
-    assert samples["stateful"] and samples["stateless"]
-
-
-def test_a_run_that_is_not_a_smoke_run_says_so(compose_config, tiny_corpus, capsys):
-    cfg = compose_config(f"data.path={tiny_corpus}", "trainer.max_steps=12", "model.steps_per_epoch=12",
-                         "data.batch_size=4", "data.seq_len=16", "trainer.enable_progress_bar=false",
-                         "trainer.accelerator=cpu", "evaluation.samples.chars=10")
-    summary = train(cfg)
-    assert summary["smoke"] is False and summary["eval_seconds"] > 0
-    out = capsys.readouterr().out
-    (line,) = [line for line in out.splitlines() if line.startswith("estimated time left")]
-    # Without the progress bar: a line before the evaluation (its forward tokens, what the budget samples), one per pass
-    assert f"evaluation: {summary['mode_evaluation']['forward_tokens']:,} forward tokens (modes " in out
-    assert "evaluation: stateful, " in out
-    # After step 1 (warm-up) and 10 timed steps: one step left, and the evaluation counted.
-    assert "training" in line and "(1 steps at" in line and "end-of-run evaluation" in line, line
-    # Its forward tokens are those the end-of-run evaluation runs (the final weights' plan; the best checkpoint's
-    # only where it is not the final one, said apart)
-    counted = int(re.search(r"end-of-run evaluation .*? \(([\d,]+) forward tokens", line).group(1).replace(",", ""))
-    assert counted == summary["mode_evaluation"]["forward_tokens"] > 0
-    assert "if the best checkpoint is not the final weights" in line
 
 
 def test_the_estimate_adds_training_validation_and_evaluation():
@@ -135,21 +92,3 @@ def _estimate(model, cfg) -> CostEstimate:
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
     return CostEstimate(TrainedRun(model, None, "model"), _val(), _settings(cfg), tokens_per_step=tokens_per_step,
                         epoch_tokens=cfg.model.steps_per_epoch * tokens_per_step)
-
-
-def _cfg():
-    return OmegaConf.create({"data": {"seq_len": 16, "batch_size": 8}, "model": {"steps_per_epoch": 400},
-                             "evaluation": defaults() | {"streams": 4, "budget": 0.01, "curve_longest": 64}})
-
-
-def test_the_estimate_counts_the_cache_which_reads_the_stateful_pass_without_forward_tokens():
-    from gru_experiments.study.cost import EvaluationClock
-
-    model = RecurrentLM(11, "gru", embedding_dim=5, hidden_size=8, num_layers=1)
-    cfg = _cfg()
-    clock = EvaluationClock.of(model, 16)
-    final = plan_of(model, 5000, 16, cfg.evaluation, 1000 * 8 * 16)
-    best = plan_of(model, 5000, 16, cfg.evaluation, 1000 * 8 * 16, purpose=BEST)
-    assert clock.cache_seconds(final) > 0 and clock.cache_seconds(best) == 0  # only the final weights' has one
-    assert clock.plan_seconds(final) == pytest.approx(sum(map(clock.pass_seconds, final.passes))
-                                                      + clock.cache_seconds(final))

@@ -1,18 +1,31 @@
-"""Early stopping (issue 51): early_stopping.patience=N stops a run that has stopped improving, its summary says
-where and why and still scores the best checkpoint in full; a resume keeps the stopping state; off by default."""
+"""Early stopping (runs/stopping.py, issue 51): early_stopping.patience=N stops a run that has stopped improving, its
+summary says where and why and still scores the best checkpoint in full; a resume keeps the stopping state; off by
+default (these trainings are slow-marked). Without a training: the callback driven through Lightning's own check by a
+stand-in trainer, its state through a checkpoint, the summary's record and the callback built from the spec's
+settings."""
 
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from robustness_helpers import TINY, Interrupted, error_line, fingerprint, interrupt_at, run_script
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs import training
 from gru_experiments.runs.checkpoints import read_checkpoint
+from gru_experiments.runs.stopping import (
+    EarlyStopping,
+    build_early_stopping,
+    check_settings,
+    stop_description,
+    stopped_state,
+    stopping_summary,
+)
 from gru_experiments.runs.task import LanguageModelTask
 from gru_experiments.runs.training import train
 
@@ -159,3 +172,106 @@ def test_a_run_that_stopped_early_resumes_without_training_on(compose_config, ov
     with pytest.raises(UserError, match=finished):
         train(compose_config(*base, f"paths.output_dir={run}", f"resume={run}"))
     assert fingerprint(run) == before
+
+
+# --- the callback without a training: a stand-in trainer ---------------------------------------------------------
+
+SETTINGS = {"_target_": "gru_experiments.runs.stopping.EarlyStopping", "monitor": "val/loss", "patience": 2,
+            "min_delta": 0.0, "mode": "min"}
+
+
+def validate(callback: EarlyStopping, trainer, step: int, loss: float) -> None:
+    """One validation's end at training step `step` with val/loss `loss`, as Lightning calls the check."""
+    trainer.global_step, trainer.callback_metrics = step, {"val/loss": torch.tensor(loss)}
+    callback._run_early_stopping_check(trainer)
+
+
+def stand_in_trainer():
+    return SimpleNamespace(should_stop=False, global_step=0, current_epoch=0, fast_dev_run=False,
+                           callback_metrics={}, is_global_zero=True, world_size=1, sanity_checking=False,
+                           strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all=True: decision))
+
+
+def test_the_callback_records_its_best_and_its_stop_by_training_step():
+    callback, trainer = build_early_stopping(SETTINGS), stand_in_trainer()
+    assert isinstance(callback, EarlyStopping) and not callback.stopped and callback.reason() is None
+    for step, loss in ((200, 3.0), (400, 2.5), (600, 2.6)):
+        validate(callback, trainer, step, loss)
+        assert not trainer.should_stop
+    assert callback.best_step == 400 and callback.stopped_step is None
+    validate(callback, trainer, 800, 2.7)  # a second validation in a row without improvement: patience 2 spent
+    assert trainer.should_stop and callback.stopped and callback.stopped_step == 800 and callback.best_step == 400
+    assert callback.reason() == ("val/loss did not improve for 2 validations in a row (patience 2); its best, 2.5000, "
+                                 "was at step 400")
+    record = stopping_summary(SETTINGS, callback)
+    assert record == {"early_stopping": {"monitor": "val/loss", "patience": 2, "min_delta": 0.0, "mode": "min"},
+                      "stopped_early": True, "stopped_at_step": 800, "stop_reason": callback.reason(),
+                      "early_stopping_best_step": 400}
+
+    # Its state travels in a checkpoint: a resumed callback knows its best and its stop, and the checkpoint says so.
+    state = callback.state_dict()
+    resumed = build_early_stopping(SETTINGS)
+    resumed.load_state_dict(state)
+    assert (resumed.best_step, resumed.stopped_step, resumed.wait_count) == (400, 800, 2) and resumed.stopped
+    assert stopped_state({"callbacks": {"EarlyStopping{'monitor': 'val/loss'}": state}}) == state
+    assert stop_description(state) == callback.reason()
+
+
+def test_a_resume_counts_on_under_its_own_patience():
+    """resume=RUN early_stopping.patience=4: the wait count goes on from the checkpoint, the patience is the
+    command's (Lightning would restore the saved one and ignore the command)."""
+    callback, trainer = build_early_stopping(SETTINGS), stand_in_trainer()
+    for step, loss in ((200, 3.0), (400, 3.1)):
+        validate(callback, trainer, step, loss)
+    resumed, trainer = build_early_stopping(SETTINGS | {"patience": 4}), stand_in_trainer()
+    resumed.load_state_dict(callback.state_dict())
+    assert (resumed.patience, resumed.wait_count, resumed.best_step) == (4, 1, 200)
+    for step in (600, 800):
+        validate(resumed, trainer, step, 3.2)
+        assert not trainer.should_stop  # patience 2, saved in the checkpoint, would have stopped at 600
+    validate(resumed, trainer, 1000, 3.2)
+    assert trainer.should_stop and resumed.stopped_step == 1000
+
+
+def test_a_run_that_never_stopped_and_a_model_without_the_callback():
+    callback, trainer = build_early_stopping(SETTINGS), stand_in_trainer()
+    validate(callback, trainer, 200, 3.0)
+    assert stopped_state({"callbacks": {"EarlyStopping": callback.state_dict()}}) is None
+    assert stopped_state({}) is None
+    assert stopping_summary(SETTINGS, callback) == {
+        "early_stopping": {"monitor": "val/loss", "patience": 2, "min_delta": 0.0, "mode": "min"},
+        "stopped_early": False, "stopped_at_step": None, "stop_reason": None, "early_stopping_best_step": 200}
+    assert stopping_summary(None, None)["early_stopping"] is None  # off, or a counted model
+    assert build_early_stopping(None) is None
+
+
+def test_a_key_the_callback_does_not_take_is_one_line():
+    with pytest.raises(UserError, match=r"^early_stopping: .*bogus.* \(conf/early_stopping/default.yaml lists"):
+        build_early_stopping(SETTINGS | {"bogus": 1})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("early_stopping.mode=max", "early_stopping.mode=max with early_stopping.monitor=val/loss: a loss improves as it "
+                                "falls"),
+    ("+early_stopping.check_on_train_epoch_end=abc", "invalid early_stopping.check_on_train_epoch_end='abc': must be "
+                                                     "false"),
+    ("+early_stopping.check_on_train_epoch_end=true", "invalid early_stopping.check_on_train_epoch_end=True"),
+    ("+early_stopping.divergence_threshold=abc", "invalid early_stopping.divergence_threshold='abc': must be null "
+                                                 "(off) or a number"),
+    ("+early_stopping.verbose=maybe", "invalid early_stopping.verbose='maybe': must be true or false"),
+    ("+early_stopping.pateince=3", "unknown key early_stopping.pateince: early_stopping (Lightning's EarlyStopping) "
+                                   "takes _target_, monitor, min_delta, patience"),
+])
+def test_early_stopping_keys_are_checked_before_any_work(compose_config, override, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        check_settings(compose_config(*TINY, "early_stopping.patience=2", override))
+
+
+def test_early_stopping_settings_without_patience_say_they_do_nothing(compose_config, capsys):
+    check_settings(compose_config(*TINY, "early_stopping.min_delta=0.1", "+early_stopping.stopping_threshold=1.5"))
+    assert capsys.readouterr().out.strip() == (
+        "early_stopping.min_delta=0.1, early_stopping.stopping_threshold=1.5 have no effect: early stopping is off "
+        "(early_stopping.patience=null); early_stopping.patience=N turns it on")
+    check_settings(compose_config(*TINY, "early_stopping.patience=2", "early_stopping.min_delta=0.1"))
+    check_settings(compose_config(*TINY))  # the defaults: nothing to say
+    assert capsys.readouterr().out == ""
