@@ -8,13 +8,14 @@ import weakref
 
 import torch
 
+from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.cache import SHARPNESS, cache_sizes, cache_stride, continuous_cache
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.modes import DYNAMIC, WINDOWED
 from gru_experiments.study.plan import CURVE, MODE, TEXT, Plan, StatefulPass
-from gru_experiments.study.scores import stream_layout
+from gru_experiments.study.scores import Split, score_table, stream_layout
 
 
 def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
@@ -85,6 +86,8 @@ class EvaluationClock:
         """A pass's seconds: its forward tokens at the rate of its shape (the text statistics': text_seconds)."""
         if p.kind == TEXT:
             return self.text_seconds(p)
+        if p.kind == "table":  # a lookup per target (and the bigram's counting first): no model's forward
+            return p.targets * self.table_rate() + p.counted * self.count_rate()
         if not p.forward_tokens:
             return 0.0
         if p.kind == DYNAMIC:  # its streams side by side, a segment a call (its backward priced in its tokens)
@@ -114,6 +117,29 @@ class EvaluationClock:
         sizes = cache_sizes(plan.window, rows * length if p.stride == 1 and rows > 1 else length)
         queries = rows * length / cache_stride(rows * length, plan, self.model.device.type == "cpu")
         return queries * max(sizes) * self.cache_rate() if sizes else 0.0
+
+    def table_rate(self) -> float:
+        """Seconds per target of a first-order table's scoring (scores.score_table; timed once, 2^18 targets)."""
+        if "table" not in self._seconds:
+            generator = torch.Generator().manual_seed(0)  # the global RNG untouched
+            vocab = self.model.vocab_size
+            split = Split(torch.randint(vocab, (1 << 18,), generator=generator).to(self.model.device),
+                          torch.ones(vocab, dtype=torch.long, device=self.model.device))
+            table = torch.zeros(vocab, vocab, dtype=torch.float64, device=self.model.device)
+            started = time.perf_counter()
+            score_table(table, split)
+            self._seconds["table"] = (time.perf_counter() - started) / (1 << 18)
+        return self._seconds["table"]
+
+    def count_rate(self) -> float:
+        """Seconds per training token of the bigram's counting (NGramLM.fit_in_chunks; timed once, 2^20 tokens)."""
+        if "count" not in self._seconds:
+            vocab = self.model.vocab_size
+            ids = torch.randint(vocab, (1 << 20,), generator=torch.Generator().manual_seed(0))
+            started = time.perf_counter()
+            NGramLM(vocab, order=2, smoothing="add_one").to(self.model.device).fit_in_chunks(ids)
+            self._seconds["count"] = (time.perf_counter() - started) / (1 << 20)
+        return self._seconds["count"]
 
     def cache_rate(self) -> float:
         """Seconds per (query, key) pair of the continuous cache, every θ (timed once: a segment of 1,024)."""

@@ -220,7 +220,7 @@ def plan_for(request: Request) -> Plan:
     # the bigram is counted from the training split: without its ids (a text scored alone) there is none
     plan = plan_evaluation(request.model, request.val.n_targets, seq_len=s.seq_len, window=s.window,
                            streams=s.streams, budget=budget, windowed=not training,
-                           bigram=not training and request.train_ids is not None,
+                           bigram=not training and request.train_ids is not None and max(len(request.train_ids), 1),
                            curve=final, curve_longest=s.curve_longest, extra=extra)
     return plan.read_by(tuple(entry for entry in ENTRIES if entry.reads_stateful(request)))  # its cost unchanged
 

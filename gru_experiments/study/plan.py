@@ -225,6 +225,7 @@ class TablePass(Pass):
     the vocabulary) or, `bigram`, the bigram's counting of the training split (nothing runs through the model)."""
     kind: ClassVar[str] = "table"
     bigram: bool = False
+    counted: int = 0  # the bigram's: the training tokens it counts first (the estimate prices them)
 
     def run(self, request, progress=NO_PROGRESS) -> dict:
         return {None: score_bigram(request.train_ids, request.val) if self.bigram
@@ -318,10 +319,11 @@ def figure_of(name: str, context, cost: int, passes, at, index: int, forward: in
 
 
 def plan_evaluation(model, n: int, *, seq_len: int, window: int, streams: int, budget: int | None,
-                    windowed: bool = True, bigram: bool = True, curve: bool = True,
+                    windowed: bool = True, bigram: bool | int = True, curve: bool = True,
                     curve_longest: int | None = None, extra: list[Unit] = ()) -> Plan:
     """The plan on a split of `n` targets: stateful and stateless; the windowed figure and the bigram when
-    asked; with `curve`, the context curve and stateful - windowed; the other entries' `extra` units."""
+    asked (an int: the training tokens it counts); with `curve`, the context curve and stateful - windowed; the
+    other entries' `extra` units."""
     units, keep = _units(model, n, seq_len, window, streams, windowed, bigram, curve,
                          *(curve_lengths(model.context, seq_len, curve_longest, n) if curve else ([], [])))
     units = sorted(units + list(extra), key=lambda u: u.priority)
@@ -354,7 +356,7 @@ def _long_figures(long: list[int], passes, i: int) -> list[Figure]:
                    (i, i + j + 1), CURVE) for j, (w, q) in enumerate(zip(long, passes[1:]))]
 
 
-def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: bool, bigram: bool, curve: bool,
+def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: bool, bigram: bool | int, curve: bool,
            lengths: list[int], beyond: list[int]) -> tuple[list[Unit], int | None]:
     """What an evaluation asks of a model: the passes each figure needs, as units for `allocate`, and what
     stateful keeps for stateful - windowed (None: no such figure); the curve's points up to seq_len
@@ -398,8 +400,8 @@ def _units(model, n: int, seq_len: int, window: int, streams: int, windowed: boo
              Unit(lambda s: [TablePass(n, model.vocab_size)],
                   lambda ps, i: [figure_of(STATELESS, 1, 0, ps, None, i)], True, priority=p[STATELESS])]
     if bigram:
-        units.append(Unit(lambda s: [TablePass(n, bigram=True)], lambda ps, i: [figure_of(BIGRAM, 1, 0, ps, None, i)],
-                          True, priority=p[BIGRAM]))
+        units.append(Unit(lambda s: [TablePass(n, bigram=True, counted=int(bigram))],
+                          lambda ps, i: [figure_of(BIGRAM, 1, 0, ps, None, i)], True, priority=p[BIGRAM]))
     if windowed:
         units.append(Unit(windowed_passes, windowed_figures, whole_window and cost == 1, priority=p[WINDOWED]))
     if short and not shares:  # the pass counted once, with the longest point
