@@ -13,7 +13,7 @@ from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
 from gru_experiments.study.cache import SHARPNESS, cache_sizes, cache_stride, continuous_cache
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.generation import eval_mode
-from gru_experiments.study.modes import DYNAMIC, WINDOWED
+from gru_experiments.study.modes import DYNAMIC, STATEFUL, WINDOWED
 from gru_experiments.study.plan import CURVE, MODE, TEXT, Plan, StatefulPass
 from gru_experiments.study.scores import Split, score_table, stream_layout
 
@@ -92,6 +92,8 @@ class EvaluationClock:
             return 0.0
         if p.kind == DYNAMIC:  # its streams side by side, a segment a call (its backward priced in its tokens)
             return p.forward_tokens * self.per_token(p.streams, p.chunk)
+        if p.kind == STATEFUL:  # the streams it scores (every stride-th) side by side, a chunk a call
+            return p.forward_tokens * self.per_token(len(range(0, p.streams, p.stride)), p.chunk)
         length = getattr(p, "window", 0) or getattr(p, "chunk", 0) or self.seq_len
         length = min(length, self.seq_len * 8)
         return p.forward_tokens * self.per_token(max(1, WINDOW_BATCH_TOKENS // length), length)
