@@ -340,16 +340,16 @@ def curve_by_class(plan: Plan, results: list[dict], scores: dict[str, Score], cl
     by_class = {}
     for name, mask in classes.masks().items():
         mask = mask.to(val.ids.device)
-        curve, se = {}, {}
+        curve, se, targets = {}, {}, int(mask[1:].sum())  # counted once: a sum over the split
         for figure in plan.curve():
-            point = _point(figure, plan, results, curve, se, mask, val)
+            point = _point(figure, plan, results, curve, se, mask, targets, val)
             if point is not None:
                 curve[str(figure.context)], se[str(figure.context)] = point
-        stateful = score_subset(scores[STATEFUL], mask, val)
+        stateful = score_subset(scores[STATEFUL], mask, val, targets)
         curve[STATEFUL], se[STATEFUL] = _figures(stateful)
         gain = paired_difference(stateful, scores[WINDOWED], val)
         gain_bpc, gain_se = _figures(gain)
-        by_class[name] = {"targets": int(mask[1:].sum()), "curve": curve, "se": se,
+        by_class[name] = {"targets": targets, "curve": curve, "se": se,
                           "state_gain": {"bpc": gain_bpc, "se": gain_se, "targets": gain.tokens}}
     return by_class
 
@@ -361,15 +361,16 @@ def _figures(score: Score) -> tuple[float | None, float | None]:
     return score.bpc, score.bpc_se if math.isfinite(score.bpc_se) else None
 
 
-def _point(figure, plan: Plan, results, curve: dict, se: dict, mask, val: Split) -> tuple[float, float] | None:
+def _point(figure, plan: Plan, results, curve: dict, se: dict, mask, targets: int,
+           val: Split) -> tuple[float, float] | None:
     """A curve point on one class's targets (curve_by_class's); None where its passes kept no targets."""
     score, reference = _point_scores(figure, plan, results)
     if score.positions is None or (reference is not None and reference.positions is None):
         return None
     if reference is None:
-        return _figures(score_subset(score, mask, val))
+        return _figures(score_subset(score, mask, val, targets))
     base = str(plan.seq_len)  # past seq_len: the class's seq_len point + its paired difference
-    difference = paired_difference(score_subset(score, mask, val), reference, val)
+    difference = paired_difference(score_subset(score, mask, val, targets), reference, val)
     if curve.get(base) is None or not difference.tokens:
         return None
     spread = None if se[base] is None or not math.isfinite(difference.bpc_se) else math.hypot(difference.bpc_se,

@@ -379,9 +379,11 @@ def score_at(result: dict, context) -> Score:
     return result[None] if None in result else result[max(result)]
 
 
-def score_subset(score: Score, keep: Tensor, split: Split) -> Score:
-    """The part of a Score that kept its targets on those `keep` (a bool mask over the split) marks."""
+def score_subset(score: Score, keep: Tensor, split: Split, population: int | None = None) -> Score:
+    """The part of a Score that kept its targets on those `keep` (a bool mask over the split) marks; `population`:
+    the targets it marks, when the caller counted them (a sum over the split)."""
     chosen = keep.to(score.positions.device)[score.positions]
     positions, nll = score.positions[chosen], score.target_nll[chosen]
     subset = _score_nll(nll, split.ids[positions], split.char_lengths)
-    return replace(subset, positions=positions, target_nll=nll, population=int(keep[1:].sum()))
+    population = int(keep[1:].sum()) if population is None else population
+    return replace(subset, positions=positions, target_nll=nll, population=population)
