@@ -90,11 +90,20 @@ class IdsFile:
     def load(self) -> PreparedIds:
         record = read_json(self.record_file)
         dtype, n = np.dtype(record["dtype"]), length(record)
-        mapped = np.memmap(self.bin, dtype=dtype, mode="c", shape=(n,)) if n else np.zeros(0, dtype)
-        if n and int(mapped.max()) >= record["vocab_size"]:  # bytes changed under the record: never trained on
+        if self.largest_id(dtype, n) >= record["vocab_size"]:  # bytes changed under the record: never trained on
             raise DamagedIds(f"it holds an id past the vocabulary of {record['vocab_size']}")
+        mapped = np.memmap(self.bin, dtype=dtype, mode="c", shape=(n,)) if n else np.zeros(0, dtype)
         return PreparedIds(record["tokenizer"], record["n_train"], record["n_val"], torch.from_numpy(mapped), record,
                            record.get("n_test", 0))
+
+    def largest_id(self, dtype: np.dtype, n: int, chunk: int = 1 << 24) -> int:
+        """The largest id in the file, read a chunk at a time (not through the map: a check leaves none of the
+        file's pages in the process's memory)."""
+        largest = -1
+        with open(self.bin, "rb") as f:
+            for start in range(0, n, chunk):
+                largest = max(largest, int(np.fromfile(f, dtype=dtype, count=min(chunk, n - start)).max()))
+        return largest
 
     def write(self, chunks, record: dict) -> None:
         """The ids from `chunks` (numpy arrays of ids, in order), then the record that vouches for them."""

@@ -130,6 +130,14 @@ def continuous_cache(hidden: Tensor, targets: Tensor, sizes: list[int], thetas: 
     return out
 
 
+def _mean_square(hidden: Tensor, scored: Tensor, rows: int = 1 << 18) -> float:
+    """The mean squared norm of the scored positions' states, `rows` positions at a time in float32 (a long stream
+    never whole), each position's norm as at once."""
+    flat, kept = hidden.reshape(-1, hidden.shape[-1]), scored.reshape(-1)
+    norms = [flat[a:a + rows][kept[a:a + rows]].float().pow(2).sum(-1) for a in range(0, flat.shape[0], rows)]
+    return torch.cat(norms).mean().item()
+
+
 def _count(values: Tensor, queries: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
     """For each query q: how many j in [lo, hi) have values[j] == q (values (n,) >= 0 or -1: never counted)."""
     n = values.numel()
@@ -188,7 +196,7 @@ def cache_figures(states: StreamStates, split: Split, window: int, count: bool =
             hidden, targets, scored, positions = (t.reshape(1, -1, *t.shape[2:]) for t in
                                                   (hidden, targets, scored, positions))
         sizes = cache_sizes(window, hidden.shape[1])
-        squared = hidden[scored].float().pow(2).sum(-1).mean().item() if sizes else 1.0
+        squared = _mean_square(hidden, scored) if sizes else 1.0
         grid = tuple(c / max(squared, 1e-12) for c in SHARPNESS)
         scored = scored & (torch.arange(scored.shape[1], device=device) % stride == 0)  # every stride-th
         queried = scored[:, ::stride]  # the queries continuous_cache scores, of those the scored ones
