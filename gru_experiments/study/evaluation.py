@@ -338,7 +338,7 @@ def curve_by_class(plan: Plan, results: list[dict], scores: dict[str, Score], cl
     """{class: {"targets", "curve": {"1": bpc, ..., "stateful": bpc}, "se": {...}, "state_gain"}}: each figure
     recomputed on one class's targets from the NLLs its passes kept; "se": the standard error of its mean."""
     by_class = {}
-    for name, mask in classes.masks().items():
+    for name, mask in classes.masks():
         mask = mask.to(val.ids.device)
         curve, se, targets = {}, {}, int(mask[1:].sum())  # counted once: a sum over the split
         for figure in plan.curve():

@@ -3,6 +3,7 @@ character and the one before it, with the overlay `long_copy` (a word last seen 
 the rules: docs/internals.md, *The kinds of target*. The curve by kind of target: study/evaluation.curve_by_class."""
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -22,9 +23,12 @@ class TargetClasses:
     labels: Tensor
     long_copy: Tensor
 
-    def masks(self) -> dict[str, Tensor]:
-        """{class: bool mask over the split's tokens}, the four classes then the overlay."""
-        return {name: self.labels == i for i, name in enumerate(CLASSES)} | {LONG_COPY: self.long_copy}
+    def masks(self) -> Iterator[tuple[str, Tensor]]:
+        """(class, bool mask over the split's tokens), the four classes then the overlay, one at a time (a long
+        split's masks never all at once)."""
+        for i, name in enumerate(CLASSES):
+            yield name, self.labels == i
+        yield LONG_COPY, self.long_copy
 
 
 def start_classes(text: str, starts: np.ndarray) -> Tensor:
