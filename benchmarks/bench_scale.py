@@ -6,7 +6,8 @@
 Per size, two runs of train.py, each its own process: the first prepares the corpus's token ids
 (data/token_ids.py), the second maps them as every later run does. The table: the first run's preparation (its
 printed line), the later run's wall time, its time before the first step (the process's wall time, Python's imports
-included, less training and the evaluation), its peak resident memory (the process's, from wait4), the end-of-run
+included, less training and the evaluation), its peak resident memory (the process's, from wait4; beside it the
+peak of its anonymous part, RssAnon: the resident set less the mapped ids' pages), the end-of-run
 evaluation's time against the estimate the run printed, and the training tokens per second. The corpora are written
 under --work-dir and deleted after (a gigabyte's ids and text are 2 GB). --repo measures another checkout's train.py
 (the code before a change: its runs prepare nothing, so the first two columns say what every run pays).
@@ -21,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PREPARED = re.compile(r"prepared the token ids of .* in ([\d.]+) s")
 ESTIMATE = re.compile(r"end-of-run evaluation ([\d.]+ (?:h|min|s)(?: [\d.]+ (?:min|s))?) \(")
 UNITS = {"h": 3600, "min": 60, "s": 1}
+POLL_SECONDS = 0.05
 
 
 def seconds_of(duration: str) -> float:
@@ -58,13 +61,40 @@ def run(corpus: Path, work: Path, steps: int, name: str, repo: Path = ROOT) -> d
     started = time.perf_counter()
     with open(work / f"{name}.log", "w") as log:
         process = subprocess.Popen(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
+        anonymous = AnonymousPeak(process.pid)
         _, status, usage = os.wait4(process.pid, 0)
+        anonymous.stop()
     wall = time.perf_counter() - started
     text = (work / f"{name}.log").read_text()
     if status != 0:
         raise SystemExit(f"{name} failed (status {status}): see {work / f'{name}.log'}\n{text[-2000:]}")
     summary = json.loads(next(out.rglob("summary.json")).read_text())
-    return {"summary": summary, "log": text, "wall": wall, "peak_gb": usage.ru_maxrss * 1024 / 1e9}
+    return {"summary": summary, "log": text, "wall": wall, "peak_gb": usage.ru_maxrss * 1024 / 1e9,
+            "anonymous_gb": anonymous.peak / 1e9}
+
+
+class AnonymousPeak:
+    """The process's peak anonymous memory (/proc/PID/status RssAnon, read every POLL_SECONDS): its resident set
+    less the pages of files it maps (the prepared ids, which the kernel drops and reads again under pressure)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+        self.thread.start()
+
+    def poll(self) -> None:
+        while not self.done.wait(POLL_SECONDS):
+            try:
+                status = Path(f"/proc/{self.pid}/status").read_text()
+            except OSError:
+                return
+            found = re.search(r"RssAnon:\s+(\d+) kB", status)
+            if found:
+                self.peak = max(self.peak, int(found[1]) * 1024)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def measure(megabytes: float, work: Path, steps: int, repo: Path = ROOT) -> dict:
@@ -79,6 +109,7 @@ def measure(megabytes: float, work: Path, steps: int, repo: Path = ROOT) -> dict
     shutil.rmtree(work / "data", ignore_errors=True)
     return {"MB": megabytes, "prepare_s": float(prepared[1]) if prepared else None, "first_wall_s": first["wall"],
             "first_peak_gb": first["peak_gb"], "later_wall_s": later["wall"], "later_peak_gb": later["peak_gb"],
+            "first_anonymous_gb": first["anonymous_gb"], "later_anonymous_gb": later["anonymous_gb"],
             "before_first_step_s": later["wall"] - summary["train_seconds"] - summary["eval_seconds"],
             "eval_s": summary["eval_seconds"], "eval_estimate_s": seconds_of(estimate[1]) if estimate else None,
             "tokens_per_s": summary["tokens_per_second"]}
@@ -89,14 +120,14 @@ def cell(value, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| corpus | first run: preparation | first run: wall, peak RSS | later run: wall | later run: before "
-             "the first step | later run: peak RSS | end-of-run evaluation (estimate) | training tokens/s |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| corpus | first run: preparation | first run: wall, peak RSS (anonymous) | later run: wall | later "
+             "run: before the first step | later run: peak RSS (anonymous) | end-of-run evaluation (estimate) | "
+             "training tokens/s |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         lines.append(f"| {r['MB']:g} MB | {cell(r['prepare_s'], '.1f')} s | {r['first_wall_s']:.1f} s, "
-                     f"{r['first_peak_gb']:.2f} GB | {r['later_wall_s']:.1f} s | {r['before_first_step_s']:.1f} s | "
-                     f"{r['later_peak_gb']:.2f} GB | {r['eval_s']:.1f} s ({cell(r['eval_estimate_s'], '.1f')} s) | "
-                     f"{r['tokens_per_s']:,.0f} |")
+                     f"{r['first_peak_gb']:.2f} GB ({r['first_anonymous_gb']:.2f}) | {r['later_wall_s']:.1f} s | "
+                     f"{r['before_first_step_s']:.1f} s | {r['later_peak_gb']:.2f} GB ({r['later_anonymous_gb']:.2f}) "
+                     f"| {r['eval_s']:.1f} s ({cell(r['eval_estimate_s'], '.1f')} s) | {r['tokens_per_s']:,.0f} |")
     return "\n".join(lines)
 
 
