@@ -77,15 +77,15 @@ def main(cfg: DictConfig) -> None:
     from gru_experiments.runs.training import train
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again: Lightning stops gracefully
-    with job(cfg, report=True):  # failures: see gru_experiments/runs/jobs.py
+    with job(cfg, record=True, report=True) as current:  # the run's one job: failures, gru_experiments/runs/jobs.py
         if completed_job(cfg) is not None:  # a continued sweep's job that completed before (a DDP one included)
             print(f"{cfg.paths.output_dir}: this job completed before (its summary.json): left as it is")
         elif needs_own_process(cfg.trainer.get("strategy")):  # DDP in a multirun job: runs/distributed.py
-            with job(cfg, record=True):  # records a failed child (the child, a single run, records none)
-                logger = OmegaConf.to_container(cfg.logger, resolve=True) if cfg.get("logger") else None
-                run_in_own_process(__file__, logger)
+            # its failure recorded here (the child, a single run, records none)
+            logger = OmegaConf.to_container(cfg.logger, resolve=True) if cfg.get("logger") else None
+            run_in_own_process(__file__, logger)
         else:
-            train(cfg)
+            train(cfg, current)
 
 
 if __name__ == "__main__":

@@ -230,14 +230,14 @@ def test_weights_that_became_non_finite_stop_the_run_with_their_own_message(comp
 
 
 def test_the_record_of_a_run_that_stopped_early_says_where_and_why(tmp_path, capsys):
-    """training.write: summary.json with the whole run's wall time, samples.json, and the lines that end the run."""
+    """training.write: summary.json as train assembled it, samples.json, and the lines that end the run."""
     run = SimpleNamespace(folder=RunDir(tmp_path / "run"), logger=False)
     summary = {"model": "astra_alpha", "train_loss": 1.5, "val_loss": 1.25, "val_bpc": 1.8, "train_steps": 1200,
                "tokens_per_second": 52_000.0, "stopped_early": True, "stopped_at_step": 1200,
                "stop_reason": "val/loss did not improve for 2 validations in a row (patience 2)",
-               "run_dir": str(tmp_path / "run"), "wall_seconds": None}
-    write(run, summary, {"samples": ["To be"]}, SimpleNamespace(seconds=12.3))
-    assert json.loads(run.folder.summary_file.read_text()) == {**summary, "wall_seconds": 12.3}
+               "run_dir": str(tmp_path / "run"), "wall_seconds": 12.3}
+    write(run, summary, {"samples": ["To be"]})
+    assert json.loads(run.folder.summary_file.read_text()) == summary
     assert json.loads(run.folder.samples_file.read_text()) == {"samples": ["To be"]}
     assert capsys.readouterr().out.splitlines() == [
         "stopped early at step 1,200: val/loss did not improve for 2 validations in a row (patience 2)",

@@ -24,18 +24,20 @@ from gru_experiments.study.plan import BEST, TEXT
 from gru_experiments.study.scores import Split, score_chunks
 
 
-def score_run(run: TrainedRun, val: Split, summary: dict, logger, settings: EvaluationSettings, *, train_ids,
-              probe, eval_batch_size: int, progress_bars: bool = True) -> dict:
-    """Adds the final weights' and the best checkpoint's figures to `summary`, logs them; the samples."""
+def score_run(run: TrainedRun, val: Split, record: dict, logger, settings: EvaluationSettings, *, train_ids,
+              probe, eval_batch_size: int, progress_bars: bool = True) -> tuple[dict, dict]:
+    """The final weights' and the best checkpoint's figures (summary.json's after the run's `record`) and the
+    samples; printed and logged."""
     started = time.perf_counter()
     progress = Progress(enabled=progress_bars, lines=not progress_bars)  # without bars, a line per pass
-    tokens = summary["train_tokens"]
+    tokens = record["train_tokens"]
     final = plan(run, settings, val, training_tokens=tokens, train_ids=train_ids, probe=probe)
     print(describe_plan(final, tokens, settings), flush=True)
     evaluation = evaluate(run, settings, val, training_tokens=tokens, train_ids=train_ids, probe=probe, plan=final,
                           progress=progress)
-    summary |= evaluation.summary()
-    summary["best"] = score_best(run, summary, val, settings, train_ids=train_ids, eval_batch_size=eval_batch_size,
+    figures = evaluation.summary()
+    figures["best"] = score_best(run, record | figures, val, settings, train_ids=train_ids,
+                                 eval_batch_size=eval_batch_size,
                                  progress=Progress(progress.enabled, "evaluation, best checkpoint", progress.lines))
     prompts = spellable_prompts(run.tokenizer, STUDY_PROMPTS, val.ids)
     chars, temperature = settings.samples.chars, settings.samples.temperature
@@ -43,15 +45,15 @@ def score_run(run: TrainedRun, val: Split, summary: dict, logger, settings: Eval
                                    decoding=Decoding(temperature=temperature), seed=run.seed)
     if evaluation.results.get(TEXT):
         samples["text"] = evaluation.results[TEXT]["texts"]
-    summary["eval_seconds"] = time.perf_counter() - started
+    figures["eval_seconds"] = time.perf_counter() - started
     modes, *others = evaluation.descriptions()
-    print(f"evaluation of the final weights (step {summary['train_steps']}, {summary['eval_seconds']:.1f} s): "
-          f"{modes}\n{format_best(summary['best'])}" + "".join(f"\n{other}" for other in others))
+    print(f"evaluation of the final weights (step {record['train_steps']}, {figures['eval_seconds']:.1f} s): "
+          f"{modes}\n{format_best(figures['best'])}" + "".join(f"\n{other}" for other in others))
     for prompt, stateful, stateless in zip(samples["prompts"], samples[STATEFUL], samples[STATELESS]):
         print(f"--- {prompt!r} stateful:\n{stateful}\n--- {prompt!r} stateless:\n{stateless}")
     if logger:
-        log_evaluation(logger, evaluation, summary, samples)
-    return samples
+        log_evaluation(logger, evaluation, record | figures, samples)
+    return figures, samples
 
 
 def score_best(run: TrainedRun, summary: dict, val: Split, settings: EvaluationSettings, *, train_ids=None,

@@ -6,14 +6,14 @@ the config.
     fit_or_count  the run folder, loggers and checkpoints; train the model (or count an n-gram)
     summarize     the run's record: what was trained, how, and its final validation
     score         the evaluation of the final weights and the best checkpoint, the samples (runs/scoring.py)
-    write         summary.json and samples.json (rank zero)
+    write         summary.json (the record, the figures and the wall time, assembled in train) and samples.json
 
 trainer.fast_dev_run=true is a smoke run: the whole pipeline on a small slice (Lightning's one training and one
 validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures marked "smoke" in summary.json.
 """
 
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from gru_experiments.runs.checkpoints import (
     weight_shapes,
 )
 from gru_experiments.runs.checks import check_sizes, check_trainer, validate
-from gru_experiments.runs.jobs import is_first_rank, job
+from gru_experiments.runs.jobs import Job, is_first_rank, job
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.resume import resume_run
 from gru_experiments.runs.run_dir import RunDir
@@ -73,11 +73,12 @@ class Run:
     stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
 
 
-def train(cfg) -> dict:
+def train(cfg, current: Job | None = None) -> dict:
     """Train, score and summarise one model of its composed config (train.py's, api.train's); bad input is refused
     before anything is written. A failure is recorded by jobs.job (a multirun job's summary.json says "failed"); the
-    checkpoints stay for resume=."""
-    with job(cfg, record=True) as current, ExitStack() as held:  # held: the run folder's lock (RunDir.hold)
+    checkpoints stay for resume=. `current`: the job train.py entered for it (else train enters its own: one a run)."""
+    with nullcontext(current) if current is not None else job(cfg, record=True) as current, ExitStack() as held:
+        # held: the run folder's lock (RunDir.hold)
         quiet_console()
         new_run = cfg.get("resume") is None and is_first_rank()  # a resume takes the folder in resume_run
         if new_run:
@@ -91,13 +92,16 @@ def train(cfg) -> dict:
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
         with cuda_graphs(run.spec.cuda_graphs):
             fit_or_count(run, current)
-            summary = summarize(run, current)
-            # Every DDP rank holds the same weights; only rank zero scores and writes.
-            if run.trainer.is_global_zero:
-                samples = score_run(in_memory(run), run.val, summary, run.logger, run.spec.evaluation,
-                                    train_ids=run.data.train_ids, probe=run.corpus.probe,
-                                    eval_batch_size=run.spec.eval_batch_size, progress_bars=run.spec.progress_bars)
-                write(run, summary, samples, current)
+            record = summarize(run, current)
+            if not run.trainer.is_global_zero:  # every DDP rank holds the same weights; rank zero scores and writes
+                return record
+            figures, samples = score_run(in_memory(run), run.val, record, run.logger, run.spec.evaluation,
+                                         train_ids=run.data.train_ids, probe=run.corpus.probe,
+                                         eval_batch_size=run.spec.eval_batch_size,
+                                         progress_bars=run.spec.progress_bars)
+        # summary.json, assembled here alone: what was trained and how, the evaluation's figures, the whole wall time
+        summary = record | figures | {"wall_seconds": current.seconds}
+        write(run, summary, samples)
         return summary
 
 
@@ -219,8 +223,9 @@ def fit_or_count(run: Run, current) -> None:
 
 
 def summarize(run: Run, current) -> dict:
-    """The run's record; its validation figures (over the first data.validation_tokens) the last validation's if it
-    scored the final weights on every one of those targets, else one more pass's."""
+    """The run's record (summary.json's first part: train assembles the rest); its validation figures (over the
+    first data.validation_tokens) the last validation's if it scored the final weights on every one of those
+    targets, else one more pass's."""
     spec, task, trainer = run.spec, run.task, run.trainer
     model = task.model
     task.to(trainer.strategy.root_device)
@@ -267,9 +272,8 @@ def summarize(run: Run, current) -> dict:
     }
 
 
-def write(run: Run, summary: dict, samples: dict, current) -> None:
-    """summary.json (with the whole run's wall time, the evaluation included) and samples.json."""
-    summary["wall_seconds"] = current.seconds
+def write(run: Run, summary: dict, samples: dict) -> None:
+    """summary.json and samples.json, and the lines that end the run."""
     run.folder.write_summary(summary)
     write_json(run.folder.samples_file, samples)
     if is_wandb(run.logger):
