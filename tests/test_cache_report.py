@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_reporting import make_job
+from test_report import make_job
 
 from gru_experiments.data.corpus import corpus_name
 from gru_experiments.report.cache import CACHE, long_range_finding, unread_finding

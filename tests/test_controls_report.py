@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import finding_line
 from test_findings import make_sweep, summary
-from test_reporting import assert_valid_png, make_job
+from test_report import assert_valid_png, make_job
 
 from gru_experiments.report.context_classes import PLOT_CLASSES
 from gru_experiments.report.recall import PLOT_RECALL, RECALL

@@ -20,7 +20,7 @@ from evaluation_helpers import defaults
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_findings import MODELS, summary
-from test_reporting import make_job
+from test_report import make_job
 
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.models.protocol import build_model

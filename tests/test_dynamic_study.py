@@ -64,7 +64,7 @@ def test_the_tool_on_a_tiny_trained_run(tmp_path, tiny_corpus):
 def dynamic_settings(tmp_path, gains, model="astra_alpha", corpus=None):
     from omegaconf import OmegaConf
     from test_findings import summary
-    from test_reporting import make_job
+    from test_report import make_job
 
     from gru_experiments.report.seed_groups import group_settings
     from gru_experiments.report.sweep_folder import collect

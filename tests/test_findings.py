@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import finding_line
-from test_reporting import assert_valid_png, make_job
+from test_report import assert_valid_png, make_job
 
 from gru_experiments.report.findings import STUDY
 from gru_experiments.report.plots import PLOT_CONTEXT, PLOT_MODES, context_curve_series, modes_over_training_series

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 from test_findings import finding_lines, summary
-from test_reporting import assert_valid_png
+from test_report import assert_valid_png
 
 from gru_experiments.report.lr_sweep import PLOT_LR, arms, at_best
 from gru_experiments.report.report import build_report

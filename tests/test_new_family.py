@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
-from test_reporting import make_job
+from test_report import make_job
 from torch import Tensor, nn
 
 from gru_experiments.data.tokenizers import CharTokenizer

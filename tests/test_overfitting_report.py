@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 
 from omegaconf import OmegaConf
-from test_reporting import make_job
+from test_report import make_job
 
 from gru_experiments.report.overfitting import onset, onset_finding
 from gru_experiments.report.report import build_report

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 from test_findings import summary
-from test_reporting import make_job
+from test_report import make_job
 
 from gru_experiments.report.past_window import past_window_finding
 from gru_experiments.report.report import build_report

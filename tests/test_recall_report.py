@@ -7,7 +7,7 @@ from __future__ import annotations
 from conftest import finding_line
 from test_controls_report import STREAMS_128, WINDOWS_128, recall_record
 from test_findings import summary
-from test_reporting import make_job
+from test_report import make_job
 
 from gru_experiments.report.recall import lstm_longer_finding, lstm_pairs, remembered_text
 from gru_experiments.report.report import build_report

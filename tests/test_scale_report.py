@@ -9,7 +9,7 @@ import math
 import pytest
 from conftest import finding_line
 from omegaconf import OmegaConf
-from test_reporting import assert_valid_png, make_job
+from test_report import assert_valid_png, make_job
 
 from gru_experiments.report.report import build_report
 from gru_experiments.report.scale import PLOT_SCALE, chars_per_token, scale_jobs, state_gain_grows_finding

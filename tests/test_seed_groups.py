@@ -12,7 +12,7 @@ from statistics import fmean, stdev
 import pytest
 from omegaconf import OmegaConf
 from test_findings import finding_lines, summary
-from test_reporting import assert_valid_png, make_job
+from test_report import assert_valid_png, make_job
 from wandb_records import offline_runs
 
 import sweep as sweep_script

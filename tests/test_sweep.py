@@ -20,7 +20,7 @@ from conftest import CONF, REPO, finding_line
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from robustness_helpers import assert_untouched, fingerprint
-from test_reporting import assert_valid_png, completed, make_job
+from test_report import assert_valid_png, completed, make_job
 from wandb_records import offline_runs
 
 import sweep as sweep_script
