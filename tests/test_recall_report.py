@@ -9,7 +9,8 @@ from test_controls_report import STREAMS_128, WINDOWS_128, recall_record
 from test_findings import summary
 from test_report import make_job
 
-from gru_experiments.report.recall import lstm_longer_finding, lstm_pairs, remembered_text
+from gru_experiments.report.recall import remembered_text
+from gru_experiments.report.recall_horizon import lstm_longer_finding, lstm_pairs
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
 

@@ -18,6 +18,7 @@ from gru_experiments.report import (
     overfitting,
     past_window,
     recall,
+    recall_horizon,
     scale,
     text,
 )
@@ -289,8 +290,8 @@ SECTIONS: list[Section] = [
     Section("verdicts over trainings", _verdicts_section),
     Section("best checkpoint", _best_section),
     figures.CONTEXT, context_classes.SECTION, figures.MODES_OVER_TRAINING, figures.BPC, figures.CURVES,
-    recall.SECTION, recall.HORIZON, recall.COST, text.SECTION,
-    scale.SECTION, overfitting.SECTION, recall.LSTM, cache.SECTION, past_window.SECTION,
+    recall.SECTION, recall_horizon.HORIZON, recall.COST, text.SECTION,
+    scale.SECTION, overfitting.SECTION, recall_horizon.LSTM, cache.SECTION, past_window.SECTION,
     dynamic.SECTION,
     Section("samples", _samples_section),
     Section("runs' pages", explore_section),
