@@ -5,6 +5,7 @@ docs/sweeps.md."""
 
 import time
 import weakref
+from functools import partial
 
 import torch
 
@@ -120,44 +121,42 @@ class EvaluationClock:
         queries = rows * length / cache_stride(rows * length, plan, self.model.device.type == "cpu")
         return queries * max(sizes) * self.cache_rate() if sizes else 0.0
 
-    def table_rate(self) -> float:
-        """Seconds per target of a first-order table's scoring (scores.score_table; timed once, 2^18 targets)."""
-        if "table" not in self._seconds:
-            generator = torch.Generator().manual_seed(0)  # the global RNG untouched
-            vocab = self.model.vocab_size
-            split = Split(torch.randint(vocab, (1 << 18,), generator=generator).to(self.model.device),
-                          torch.ones(vocab, dtype=torch.long, device=self.model.device))
-            table = torch.zeros(vocab, vocab, dtype=torch.float64, device=self.model.device)
+    def _rate(self, key: str, units: int, prepare) -> float:
+        """Seconds per unit of the work `prepare()` returns (a callable, its inputs made outside the timing),
+        timed once per clock; the global RNG untouched (the inputs come from their own generator)."""
+        if key not in self._seconds:
+            work = prepare(torch.Generator().manual_seed(0))
             started = time.perf_counter()
-            score_table(table, split)
-            self._seconds["table"] = (time.perf_counter() - started) / (1 << 18)
-        return self._seconds["table"]
+            work()
+            self._seconds[key] = (time.perf_counter() - started) / units
+        return self._seconds[key]
+
+    def table_rate(self) -> float:
+        """Seconds per target of a first-order table's scoring (scores.score_table, 2^18 targets)."""
+        vocab, device = self.model.vocab_size, self.model.device
+        return self._rate("table", 1 << 18, lambda generator: partial(
+            score_table, torch.zeros(vocab, vocab, dtype=torch.float64, device=device),
+            Split(torch.randint(vocab, (1 << 18,), generator=generator).to(device),
+                  torch.ones(vocab, dtype=torch.long, device=device))))
 
     def count_rate(self) -> float:
-        """Seconds per training token of the bigram's counting (NGramLM.fit_in_chunks; timed once, 2^20 tokens)."""
-        if "count" not in self._seconds:
-            vocab = self.model.vocab_size
-            ids = torch.randint(vocab, (1 << 20,), generator=torch.Generator().manual_seed(0))
-            started = time.perf_counter()
-            NGramLM(vocab, order=2, smoothing="add_one").to(self.model.device).fit_in_chunks(ids)
-            self._seconds["count"] = (time.perf_counter() - started) / (1 << 20)
-        return self._seconds["count"]
+        """Seconds per training token of the bigram's counting (NGramLM.fit_in_chunks, 2^20 tokens)."""
+        vocab = self.model.vocab_size
+        return self._rate("count", 1 << 20, lambda generator: partial(
+            NGramLM(vocab, order=2, smoothing="add_one").to(self.model.device).fit_in_chunks,
+            torch.randint(vocab, (1 << 20,), generator=generator)))
 
     def cache_rate(self) -> float:
-        """Seconds per (query, key) pair of the continuous cache, every θ (timed once: a segment of 1,024)."""
-        if "cache" not in self._seconds:
+        """Seconds per (query, key) pair of the continuous cache, every θ (a segment of 1,024 against 512 keys)."""
+        def prepare(generator):
             with torch.no_grad(), eval_mode(self.model):
                 _, _, features = self.model.forward_features(torch.zeros(1, 1, dtype=torch.long,
                                                                          device=self.model.device))
             width = features.shape[-1] if features is not None else 256
-            generator = torch.Generator().manual_seed(0)  # the global RNG untouched
             hidden = torch.randn(1, 1024, width, generator=generator).to(self.model.device, torch.bfloat16)
             targets = torch.randint(64, (1, 1024), generator=generator).to(self.model.device)
-            started = time.perf_counter()
-            continuous_cache(hidden, targets, [128, 256, 512], list(SHARPNESS))
-            self._seconds["cache"] = (time.perf_counter() - started) / (1024 * 512)
-        return self._seconds["cache"]
-
+            return partial(continuous_cache, hidden, targets, [128, 256, 512], list(SHARPNESS))
+        return self._rate("cache", 1024 * 512, prepare)
 
 def duration(seconds: float) -> str:
     """Seconds as the estimates and the report write them: "9.5 s", "4 min 05 s", "1 h 02 min"."""
