@@ -60,6 +60,18 @@ def test_the_tool_on_a_tiny_trained_run(tmp_path, tiny_corpus):
     assert group["tuning"]["chosen"]["rule"] in ("sgd", "rms") and "gain" in run and "by_reach" in run
     assert "swapped" in run and (out / "dynamic_study.md").is_file() and (out / "gain_by_reach.png").is_file()
 
+    # A seed trained since: --extend studies it alone, with the first study's tuned values, and keeps the rest.
+    second = gru_experiments.train(["preset=smoke", "logger=none", "trainer.max_steps=4", "seed=2",
+                                    f"data.path={tiny_corpus}", "evaluation.text.samples=0"], root=tmp_path / "root")
+    more = tmp_path / "more"
+    assert dynamic_study.main([summary["run_dir"], second["run_dir"], "--quick", "--no-swap", "--out", str(more),
+                               "--cache-every", "1", "--extend", str(out / "dynamic_study.json")]) == 0
+    extended = json.loads((more / "dynamic_study.json").read_text())["groups"][key]
+    assert extended["tuning"] == group["tuning"] and extended["runs"][0] == run
+    assert [r["seed"] for r in extended["runs"]] == [run["seed"], 2] and extended["runs"][1]["settings"] == \
+        group["tuning"]["chosen"] and "by_reach" in extended["runs"][1] and "swapped" not in extended["runs"][1]
+    assert dynamic_study.main([summary["run_dir"], "--extend", str(tmp_path / "none.json")]) == 2
+
 
 def dynamic_settings(tmp_path, gains, model="astra_alpha", corpus=None):
     from omegaconf import OmegaConf

@@ -56,3 +56,24 @@ def test_a_table_scores_a_split_in_chunks_as_in_one(monkeypatch):
             split.char_lengths[split.ids[1:].long()].sum()))
         assert chunked.nll_sum == pytest.approx(whole.nll_sum, rel=1e-12)
         assert whole.nll_sum == pytest.approx(float(-log_probs[split.ids[:-1].long(), split.ids[1:].long()].sum()))
+
+
+def test_stream_rows_lay_out_the_split_as_the_whole_copy_did():
+    """stream_rows builds only the rows it keeps; they equal the rows of the dense layout (the whole split copied
+    into streams * length, padded at the very end), for short, empty and sampled streams and a narrow dtype."""
+    from gru_experiments.data.batches import IGNORE_INDEX
+    from gru_experiments.study.scores import stream_layout, stream_rows
+
+    generator = torch.Generator().manual_seed(0)
+    for n_ids, streams, stride in [(2, 1, 1), (10, 4, 1), (22, 8, 1), (22, 8, 3), (1000, 64, 5), (65, 64, 2)]:
+        ids = torch.randint(0, 250, (n_ids,), generator=generator).to(torch.uint8)
+        n = n_ids - 1
+        s, length = stream_layout(n, streams)
+        dense_inputs = torch.zeros(s * length, dtype=torch.long)
+        dense_targets = torch.full((s * length,), IGNORE_INDEX, dtype=torch.long)
+        dense_inputs[:n], dense_targets[:n] = ids[:-1], ids[1:]
+        inputs, targets, rows, got_length = stream_rows(ids, streams, stride)
+        assert got_length == length and rows.tolist() == list(range(0, s, stride))
+        assert torch.equal(inputs, dense_inputs.view(s, length)[rows])
+        assert torch.equal(targets, dense_targets.view(s, length)[rows])
+        assert inputs.dtype == targets.dtype == torch.long

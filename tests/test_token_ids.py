@@ -2,6 +2,7 @@
 memory, seed for seed; prepared once; a damaged, truncated or foreign file rebuilt; bad input in one line."""
 
 import json
+import os
 import threading
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from gru_experiments.data.batches import CorpusDataModule, RandomWindowBatches, StreamBatches
 from gru_experiments.data.corpus import load_corpus, prepare_corpus, read_corpus, split_text
-from gru_experiments.data.token_ids import IdsFile, ids_dtype
+from gru_experiments.data.token_ids import IdsFile, ids_dtype, release_pages
 from gru_experiments.data.tokenizers import CharTokenizer
 from gru_experiments.errors import UserError
 
@@ -35,7 +36,7 @@ def test_mapped_ids_and_their_batches_equal_the_in_memory_ones_seed_for_seed(sha
     corpus = prepare_corpus(data_of(shakespeare), {"kind": "char"}, tmp_path)
     train, val = in_memory_ids(shakespeare)
     assert corpus.train_ids.dtype == torch.uint8 and torch.equal(corpus.train_ids.long(), train)
-    assert torch.equal(corpus.val_ids, val)
+    assert corpus.val_ids.dtype == torch.int32 and torch.equal(corpus.val_ids.long(), val)  # int32: half of int64
     for seed in (0, 1234):
         before = RandomWindowBatches(train, 8, 32, 5, torch.Generator().manual_seed(seed))
         after = RandomWindowBatches(corpus.train_ids, 8, 32, 5, torch.Generator().manual_seed(seed))
@@ -171,3 +172,29 @@ def test_the_validation_over_training_scores_the_splits_first_validation_tokens(
     assert whole.data.val_ids.numel() == whole.corpus.val_ids.numel()
     with pytest.raises(UserError, match="data.validation_tokens"):
         validate(compose_config(f"data.path={small_shakespeare}", "data.validation_tokens=1"))
+
+
+def resident_file_bytes() -> int:
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssFile"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc")
+def test_released_pages_leave_the_resident_set_and_read_back_the_same(tmp_path):
+    """release_pages gives back a mapped split's pages (the bigram's counting reads a gigabyte's training split
+    through the map): the process's file-backed resident memory falls by the view's size, the ids read back the
+    same, and a tensor that is no map's is left as it was."""
+    n = 48 << 20
+    ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    ids_file = IdsFile(tmp_path, "k")
+    ids_file.write([ids.numpy()], {"sha256": "s", "tokenizer": {}, "n_train": n - 1000, "n_val": 1000,
+                                   "vocab_size": 256, "dtype": "uint8"})
+    mapped = ids_file.load().ids
+    before = resident_file_bytes()
+    total = int(mapped.sum(dtype=torch.int64))  # every page read
+    grown = resident_file_bytes() - before
+    release_pages(mapped[: n // 2])
+    assert grown > 0.9 * n and resident_file_bytes() < before + 0.6 * n
+    assert int(mapped.sum(dtype=torch.int64)) == total and torch.equal(mapped, ids)
+    other = torch.arange(1 << 20)
+    release_pages(other)
+    assert torch.equal(other, torch.arange(1 << 20))

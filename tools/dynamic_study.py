@@ -279,7 +279,15 @@ def main(argv=None) -> int:
     parser.add_argument("--streams", type=int, default=1, help="streams side by side (1: the document in order)")
     parser.add_argument("--cache-every", type=int, default=4, help="the cache's every k-th target (1: all)")
     parser.add_argument("--no-swap", action="store_true", help="leave out the swapped-halves check")
+    parser.add_argument("--extend", type=Path, default=None,
+                        help="an earlier study's dynamic_study.json: a group it holds keeps its tuning, its swapped "
+                             "check and the runs it studied; only the runs it has not are studied (seeds trained "
+                             "since), with its tuned values")
     args = parser.parse_args(argv)
+    if args.extend is not None and not args.extend.is_file():
+        print(f"dynamic_study: --extend {args.extend}: no such file (an earlier study's dynamic_study.json)",
+              file=sys.stderr)
+        return 2
     folders, problems = find_runs(args.runs)
     for line in problems:
         print(f"dynamic_study: {line}", file=sys.stderr)
@@ -312,16 +320,23 @@ def run_study(folders: list[Path], args) -> int:
     if not studies:
         print("dynamic_study: no run could be studied (each said why above)", file=sys.stderr)
         return 2
-    bar.total = plan_passes(studies, grid, not args.no_swap)
+    earlier = json.loads(args.extend.read_text())["groups"] if args.extend else {}
+    studied = {Path(r["run"]).resolve() for group in earlier.values() for r in group["runs"]}
+    studies = {key: [s for s in members if s.folder.resolve() not in studied] for key, members in studies.items()}
+    bar.total = plan_passes({k: v for k, v in studies.items() if k not in earlier}, grid, not args.no_swap) + \
+        sum(len(v) * (2 + len(REACHES) - 1) for k, v in studies.items() if k in earlier)
     machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}, " \
               f"{torch.get_num_threads()} thread(s)"
-    results = {"grid": grid, "streams": args.streams, "machine": machine, "groups": {}, "seconds": 0.0}
+    results = {"grid": grid, "streams": args.streams, "machine": machine, "groups": dict(earlier), "seconds": 0.0}
     for key, members in studies.items():
         members.sort(key=lambda s: (s.lm.run.seed != 1, s.lm.run.seed))
-        tuner = members[0]
-        group = results["groups"][key] = {"tuning": tune(tuner, "first", grid), "runs": []}
-        swapped = None if args.no_swap else tune(tuner, "second", grid)
-        group["tuning_swapped"] = swapped
+        if key in earlier:  # tuned before: its values serve the seeds trained since
+            group, tuner, swapped = earlier[key], None, None
+        else:
+            tuner = members[0]
+            group = results["groups"][key] = {"tuning": tune(tuner, "first", grid), "runs": []}
+            swapped = None if args.no_swap else tune(tuner, "second", grid)
+            group["tuning_swapped"] = swapped
         for study in members:
             record = report(study, group["tuning"]["chosen"], "second", parts=study is tuner)
             if swapped is not None and study is tuner:

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from gru_experiments.data.download import downloaded_corpus, sha256_of
 from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
-from gru_experiments.data.token_ids import ids_dtype, ids_key, prepared_ids
+from gru_experiments.data.token_ids import ids_dtype, ids_key, prepared_ids, release_pages
 from gru_experiments.data.tokenizers import (
     ByteTokenizer,
     CharTokenizer,
@@ -264,8 +264,11 @@ def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSe
         say_crlf(loaded.source, prepared.record.get("crlf", 0))
     check_long_enough(prepared.n_train, prepared.n_val, data["seq_len"], "tokens", loaded.source,
                       prepared.n_test if data.get("test_fraction") else None)
-    return Corpus(tokenizer, prepared.train_ids, prepared.val_ids.long(), loaded.source, sha256=loaded.sha256,
-                  test_ids=prepared.test_ids.long() if data.get("test_fraction") else None)
+    # The scored splits in memory at int32, the narrowest width torch indexes with (int64 would cost 8 bytes a
+    # token: 0.8 GB for a gigabyte's validation split); the scoring widens only the chunk it feeds a model.
+    val_ids, test_ids = prepared.val_ids.int(), prepared.test_ids.int() if data.get("test_fraction") else None
+    release_pages(prepared.ids[prepared.n_train:])  # read once for the copies: their pages given back
+    return Corpus(tokenizer, prepared.train_ids, val_ids, loaded.source, sha256=loaded.sha256, test_ids=test_ids)
 
 
 def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> Corpus:

@@ -8,8 +8,10 @@ once, and the writes are atomic (files.atomic_file): a kill leaves the old file 
 
 import hashlib
 import json
+import mmap
 import shutil
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +94,12 @@ class IdsFile:
         dtype, n = np.dtype(record["dtype"]), length(record)
         if self.largest_id(dtype, n) >= record["vocab_size"]:  # bytes changed under the record: never trained on
             raise DamagedIds(f"it holds an id past the vocabulary of {record['vocab_size']}")
-        mapped = np.memmap(self.bin, dtype=dtype, mode="c", shape=(n,)) if n else np.zeros(0, dtype)
+        mapped = np.zeros(0, dtype)
+        if n:  # copy on write (nothing writes it): torch wants a writable buffer
+            with open(self.bin, "rb") as f:
+                region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            mapped = np.frombuffer(region, dtype=dtype, count=n)
+            _MAPS.append((weakref.ref(region), mapped.ctypes.data, mapped.nbytes))
         return PreparedIds(record["tokenizer"], record["n_train"], record["n_val"], torch.from_numpy(mapped), record,
                            record.get("n_test", 0))
 
@@ -122,6 +129,28 @@ class IdsFile:
             raise UserError(f"the disk filled while writing the corpus's token ids to {self.bin} ({error}); nothing "
                             "was kept: free some space, or give another paths.data_dir") from None
         write_json(self.record_file, {"version": FORMAT_VERSION, "key": self.key, **record})
+
+
+_MAPS: list = []  # (weak reference, address, bytes) of each ids file mapped here: release_pages finds its tensor's
+
+
+def release_pages(ids: torch.Tensor) -> None:
+    """Give the kernel back the pages of `ids` where it is a view of a mapped ids file (else nothing): a pass that
+    reads a mapped split in chunks (the bigram's counting) then holds one chunk's pages at a time, not the split's,
+    in the process's resident memory. The pages are the file's, never written: reading them again maps them again.
+    Whole pages inside the view only."""
+    start, end = ids.data_ptr(), ids.data_ptr() + ids.numel() * ids.element_size()
+    for entry in list(_MAPS):
+        ref, base, size = entry
+        region = ref()
+        if region is None:  # its tensors are gone, and the map with them
+            _MAPS.remove(entry)
+        elif base <= start and end <= base + size:
+            first = -(-(start - base) // mmap.PAGESIZE) * mmap.PAGESIZE
+            last = (end - base) // mmap.PAGESIZE * mmap.PAGESIZE
+            if last > first:
+                region.madvise(mmap.MADV_DONTNEED, first, last - first)
+            return
 
 
 def length(record: dict) -> int:

@@ -92,11 +92,12 @@ class NGramLM(FiniteContextLM):
         return self
 
     @torch.no_grad()
-    def fit_in_chunks(self, train_ids: Tensor, chunk: int = CHUNK_TOKENS) -> "NGramLM":
+    def fit_in_chunks(self, train_ids: Tensor, chunk: int = CHUNK_TOKENS, release=None) -> "NGramLM":
         """`fit`'s counts of an order-2 model with add-one smoothing (the study's bigram baseline), counted a chunk
         at a time in one bincount over the V x V pairs: the same keys and counts in memory bounded by the chunk,
         not the split (which may be a memory map of any integer width). Other models, or a vocabulary whose pairs
-        would not fit in PAIR_TABLE_LIMIT counters: `fit`."""
+        would not fit in PAIR_TABLE_LIMIT counters: `fit`. release: called with each slice of `train_ids` once
+        counted (data.token_ids.release_pages: a memory map's pages given back)."""
         V, n = self.vocab_size, train_ids.numel()
         if self.order != 2 or self.smoothing != "add_one" or V * V > PAIR_TABLE_LIMIT or n < 2:
             return self.fit(train_ids)
@@ -104,9 +105,12 @@ class NGramLM(FiniteContextLM):
         unigrams = torch.zeros(V, dtype=torch.long, device=device)
         pairs = torch.zeros(V * V, dtype=torch.long, device=device)
         for start in range(0, n, chunk):
-            ids = train_ids[start:start + chunk + 1].to(device, torch.long)  # one token more: the pair across
+            piece = train_ids[start:start + chunk + 1]  # one token more: the pair across
+            ids = piece.to(device, torch.long)
             unigrams += torch.bincount(ids[:chunk], minlength=V)
             pairs += torch.bincount(ids[:-1] * V + ids[1:], minlength=V * V)
+            if release is not None:
+                release(piece)
         self.keys_1 = unigrams.nonzero().flatten()
         self.counts_1 = unigrams[self.keys_1]
         rank = torch.cumsum(unigrams > 0, 0) - 1  # a token's index among keys_1 (fit's keys: previous's inverse)

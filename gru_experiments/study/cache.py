@@ -67,9 +67,23 @@ class StreamStates:
 
     @classmethod
     def joined(cls, chunks: list[StreamStates]) -> StreamStates:
-        first = chunks[0]
-        return cls(first.rows, first.length, torch.cat([c.nll for c in chunks], dim=1),
-                   None if first.hidden is None else torch.cat([c.hidden for c in chunks], dim=1))
+        """The chunks side by side, taken out of `chunks` as they are copied: each chunk's memory is freed once
+        copied, so the join never holds the states twice (at a gigabyte they are hundreds of MB)."""
+        first, width = chunks[0], sum(c.nll.shape[1] for c in chunks)
+        nll = first.nll.new_empty(first.nll.shape[0], width)
+        hidden = None if first.hidden is None else first.hidden.new_empty(first.hidden.shape[0], width,
+                                                                          first.hidden.shape[2])
+        rows, length, at = first.rows, first.length, 0
+        del first
+        chunks.reverse()
+        while chunks:
+            chunk = chunks.pop()
+            t = chunk.nll.shape[1]
+            nll[:, at:at + t] = chunk.nll
+            if hidden is not None:
+                hidden[:, at:at + t] = chunk.hidden
+            at += t
+        return cls(rows, length, nll, hidden)
 
 
 def stateful_states(model, split: Split, seq_len: int, streams: int, **kwargs) -> tuple[Score, StreamStates]:

@@ -27,7 +27,7 @@ from gru_experiments.study.scores import (
     Split,
     StatefulChunk,
     _score_nll,
-    stream_layout,
+    stream_rows,
     target_nll,
 )
 from gru_experiments.validation import Rule, check_rules, int_at_least, is_number
@@ -138,17 +138,6 @@ def restored(model):
                 p.requires_grad_(flag)
 
 
-def _streams(ids: Tensor, streams: int, stride: int = 1) -> tuple[Tensor, Tensor, Tensor, int]:
-    """ids as score_stateful lays them out: (inputs, targets, rows, length), every stride-th of `streams`."""
-    n = max(ids.numel() - 1, 0)
-    streams, length = stream_layout(n, streams)
-    inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
-    targets = torch.full((streams * length,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
-    inputs[:n], targets[:n] = ids[:-1], ids[1:]
-    rows = torch.arange(0, streams, stride, device=ids.device)
-    return inputs.view(streams, length)[rows], targets.view(streams, length)[rows], rows, length
-
-
 def _segments(model, inputs: Tensor, targets: Tensor, segment: int, plain, adapted: list[Tensor], tick=None,
               per_stream: bool = True, features: bool = False):
     """The carried loop with gradients: yields (start, every target's NLL (R, t) in nats, the gradient w.r.t.
@@ -178,7 +167,7 @@ def _nll(logits: Tensor, targets: Tensor, plain) -> Tensor:
     """scores.target_nll (float32 logits, its figures to the digit), float64 kept where the model runs in it."""
     if logits.dtype == torch.float64:
         logits = plain_logits(logits.reshape(-1, logits.shape[-1]), plain)
-        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE_INDEX,
+        return F.cross_entropy(logits, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX,
                                reduction="none").view(targets.shape)
     return target_nll(logits, targets, plain).view(targets.shape)
 
@@ -187,7 +176,7 @@ def gradient_statistics(model, train_ids: Tensor, settings: DynamicSettings) -> 
     """rms's MS: per weight, the root mean square over the training split's segments (STATISTICS_STREAMS streams
     side by side, the state carried, its first `statistics` tokens) of the segment's mean-NLL gradient."""
     ids = train_ids if settings.statistics is None else train_ids[:settings.statistics + 1]
-    inputs, targets, _, _ = _streams(ids, STATISTICS_STREAMS)
+    inputs, targets, _, _ = stream_rows(ids, STATISTICS_STREAMS)
     names, params = zip(*model.named_parameters())
     squares, batches = [torch.zeros_like(p) for p in params], 0
     with restored(model), eval_mode(model):
@@ -250,7 +239,7 @@ def score_dynamic(model, split: Split, settings: DynamicSettings, streams: int, 
     mean NLL over DIVERGED times ln V, stops the pass: the result says where (`diverged_at`, a stream position)
     and holds no figure. read: called with every segment as a scores.StatefulChunk (its final hidden states, the
     adapted model's, as features; no logits), as score_stateful's readers are (the cache over it)."""
-    inputs, targets, rows, length = _streams(split.ids, streams, stride)
+    inputs, targets, rows, length = stream_rows(split.ids, streams, stride)
     if settings.segment > length:
         raise UserError(f"invalid evaluation.dynamic.segment={settings.segment}: longer than the {length:,} "
                         f"tokens of each of the split's {rows.numel()} stream(s); give at most {length:,}")
@@ -276,7 +265,7 @@ def adapted_to(model, ids: Tensor, settings: DynamicSettings, statistics=None, p
     """Inside the block, the model's weights adapted to `ids` (one stream, each segment's update as score_dynamic
     makes it; a diverging adaptation is refused in one line); the trained weights again after it. sample.py's and
     the API's prompt: what is generated inside never updates them."""
-    inputs, targets, _, _ = _streams(ids, 1)
+    inputs, targets, _, _ = stream_rows(ids, 1)
     with restored(model):
         with eval_mode(model):
             for start, _, diverged, _ in _adapt(model, inputs, targets, settings, statistics, plain):

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gru_experiments.data.batches import IGNORE_INDEX, EvalBatches
+from gru_experiments.data.token_ids import release_pages
 from gru_experiments.data.tokenizers import plain_tokens
 from gru_experiments.models.cuda_graphs import graphed
 from gru_experiments.models.ngram import NGramLM
@@ -43,6 +44,24 @@ def stream_layout(n: int, streams: int) -> tuple[int, int]:
     """(streams, length): n targets as contiguous streams of `length` side by side (the last one short)."""
     streams = max(1, min(streams, n))
     return streams, -(-n // streams)
+
+
+def stream_rows(ids: Tensor, streams: int, stride: int = 1) -> tuple[Tensor, Tensor, Tensor, int]:
+    """ids (N,) as the stateful pass lays them out: (inputs, targets, rows, length), the n = N - 1 targets as
+    `streams` contiguous streams of `length` (stream_layout), every stride-th of them: row r's inputs are
+    ids[s * length : (s + 1) * length] for s = rows[r], its targets the next ids, IGNORE_INDEX past the split's
+    end. Built row by row from `ids` (any integer width; a memory map stays unread but for the rows taken): no
+    copy of the whole split, which a sampled pass (stride > 1) at a gigabyte would not fit."""
+    n = max(ids.numel() - 1, 0)
+    streams, length = stream_layout(n, streams)
+    rows = torch.arange(0, streams, stride, device=ids.device)
+    inputs = torch.zeros(rows.numel(), length, dtype=torch.long, device=ids.device)
+    targets = torch.full((rows.numel(), length), IGNORE_INDEX, dtype=torch.long, device=ids.device)
+    for r, s in enumerate(rows.tolist()):
+        start = s * length
+        t = max(min(length, n - start), 0)  # the last streams may be short, or empty
+        inputs[r, :t], targets[r, :t] = ids[start:start + t], ids[start + 1:start + t + 1]
+    return inputs, targets, rows, length
 
 
 def warm_targets(n: int, streams: int, stride: int, after: int, every: int = 1) -> int:
@@ -149,7 +168,7 @@ def score_batch(logits: Tensor, targets: Tensor, char_lengths: Tensor, plain: Te
 def target_nll(logits: Tensor, targets: Tensor, plain: Tensor | None = None) -> Tensor:
     """The NLL (nats) of every target (0 at IGNORE_INDEX), normalised over `plain` (None: all V)."""
     logits = plain_logits(logits.reshape(-1, logits.shape[-1]).float(), plain)
-    return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
+    return F.cross_entropy(logits, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="none")
 
 
 def _score_nll(nll: Tensor, targets: Tensor, char_lengths: Tensor) -> Score:
@@ -238,12 +257,7 @@ def score_stateful(model, split: Split, seq_len: int, streams: int, targets_afte
     chunk (a StatefulChunk, its final hidden states included) in the same forward, the figures unchanged."""
     ids, keep = split.ids, targets_after is not None
     n_targets = split.n_targets
-    streams, length = stream_layout(n_targets, streams)
-    inputs = torch.zeros(streams * length, dtype=torch.long, device=ids.device)
-    targets = torch.full((streams * length,), IGNORE_INDEX, dtype=torch.long, device=ids.device)
-    inputs[:n_targets], targets[:n_targets] = ids[:-1], ids[1:]  # padding only at the very end
-    rows = torch.arange(0, streams, stride, device=ids.device)
-    inputs, targets = inputs.view(streams, length)[rows], targets.view(streams, length)[rows]
+    inputs, targets, rows, length = stream_rows(ids, streams, stride)
 
     total, nll = Score(), []
     for start, logits, features in carried_chunks(model, inputs, seq_len, tick=tick, features=read is not None):
@@ -297,7 +311,8 @@ def score_stateless(model, split: Split) -> Score:
 def score_bigram(train_ids: Tensor, split: Split) -> Score:
     """The baseline: an add-one smoothed bigram counted from the training split."""
     device = split.ids.device
-    bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit_in_chunks(train_ids)
+    bigram = NGramLM(split.char_lengths.numel(), order=2, smoothing="add_one").to(device).fit_in_chunks(
+        train_ids, release=release_pages)  # a mapped split's pages given back as counted
     return score_stateless(bigram, split)
 
 
