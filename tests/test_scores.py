@@ -77,3 +77,15 @@ def test_stream_rows_lay_out_the_split_as_the_whole_copy_did():
         assert torch.equal(inputs, dense_inputs.view(s, length)[rows])
         assert torch.equal(targets, dense_targets.view(s, length)[rows])
         assert inputs.dtype == targets.dtype == torch.long
+
+
+def test_a_splits_characters_are_counted_in_chunks_as_the_whole_gather_did():
+    from gru_experiments.study.scores import token_counts
+
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 6, (37,), generator=generator)
+    for n in (0, 1, 1000, 5001):
+        ids = torch.randint(37, (n,), generator=generator).int()
+        split = Split(ids, lengths)
+        assert split.characters == int(lengths[ids.long()].sum())
+        assert torch.equal(token_counts(ids, 37, chunk=64), torch.bincount(ids.long(), minlength=37))

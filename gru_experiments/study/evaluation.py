@@ -340,7 +340,7 @@ def curve_by_class(plan: Plan, results: list[dict], scores: dict[str, Score], cl
     by_class = {}
     for name, mask in classes.masks():
         mask = mask.to(val.ids.device)
-        curve, se, targets = {}, {}, int(mask[1:].sum())  # counted once: a sum over the split
+        curve, se, targets = {}, {}, int(mask[1:].count_nonzero())  # counted once (a bool sum widens to int64)
         for figure in plan.curve():
             point = _point(figure, plan, results, curve, se, mask, targets, val)
             if point is not None:

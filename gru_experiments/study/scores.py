@@ -7,6 +7,7 @@ Two loops serve every mode, the recall figures and the run's page:
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,15 @@ def warm_targets(n: int, streams: int, stride: int, after: int, every: int = 1) 
                for s in range(0, streams, stride))
 
 
+def token_counts(ids: Tensor, vocab_size: int, chunk: int = 1 << 24) -> Tensor:
+    """How often each token id occurs in `ids` ((vocab_size,) int64), counted a chunk at a time: a gigabyte's
+    split never gathered whole."""
+    counts = torch.zeros(vocab_size, dtype=torch.long, device=ids.device)
+    for start in range(0, ids.numel(), chunk):
+        counts += torch.bincount(ids[start:start + chunk].long(), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
 @dataclass(frozen=True)
 class Split:
     """A split's token ids, the characters each token id decodes to ((V,): what bits per character needs)
@@ -84,7 +94,7 @@ class Split:
     def of(cls, ids: Tensor, tokenizer) -> "Split":
         """Plain text over the corpus's own symbols; text holding the probe's (a planting) over all."""
         plain = plain_tokens(tokenizer)
-        if plain is not None and not bool(plain.to(ids.device)[ids].all()):
+        if plain is not None and not bool(plain.to(ids.device)[token_counts(ids, plain.numel()) > 0].all()):
             plain = None
         return cls(ids, tokenizer.token_char_lengths, plain)
 
@@ -97,9 +107,10 @@ class Split:
         """Every token but the first is a target."""
         return max(self.ids.numel() - 1, 0)
 
-    @property
+    @cached_property  # (a frozen dataclass keeps it: it is set in the instance's __dict__)
     def characters(self) -> int:
-        return int(self.char_lengths.to(self.ids.device)[self.ids].sum().item())
+        counts = token_counts(self.ids, self.char_lengths.numel())
+        return int((counts * self.char_lengths.to(counts.device)).sum())
 
 
 @dataclass
@@ -400,5 +411,5 @@ def score_subset(score: Score, keep: Tensor, split: Split, population: int | Non
     chosen = keep.to(score.positions.device)[score.positions]
     positions, nll = score.positions[chosen], score.target_nll[chosen]
     subset = _score_nll(nll, split.ids[positions], split.char_lengths)
-    population = int(keep[1:].sum()) if population is None else population
+    population = int(keep[1:].count_nonzero()) if population is None else population
     return replace(subset, positions=positions, target_nll=nll, population=population)
