@@ -8,6 +8,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from gru_experiments.data.token_ids import release_pages
 from gru_experiments.errors import UserError
 
 IGNORE_INDEX = -100  # targets with this value (padding) count for nothing
@@ -70,6 +71,7 @@ class RandomWindowBatches:
             n_starts = ids.numel() - self.seq_len  # last start leaves room for the shifted target
             starts = torch.randint(n_starts, (self.batch_size, 1), device=ids.device, generator=self.generator)
             windows = ids[starts + self.offsets].long()  # one gather: (B, T + 1), from the ids' own width
+            release_pages(ids)  # a mapped split's pages given back (as nanoGPT maps its file anew every batch)
             self.read += 1
             yield windows[:, :-1], windows[:, 1:]
 
@@ -156,7 +158,9 @@ class StreamBatches:
             self.chunk, self.step = self.chunk + 1, self.step + 1
             if self.chunk * self.seq_len == streams[0].shape[1]:
                 self.pass_index, self.chunk = self.pass_index + 1, 0
-            yield streams[0][:, columns].long(), streams[1][:, columns].long(), starts_pass
+            inputs, targets = streams[0][:, columns].long(), streams[1][:, columns].long()
+            release_pages(self.ids)  # as the windows do
+            yield inputs, targets, starts_pass
 
     # The position travels in checkpoints (here for a mid-epoch resume, through the data module
     # for every resume); Lightning does not prefetch from a loader with a length.
