@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from gru_experiments.runs.trained_run import TrainedRun, evaluate, plan
 from gru_experiments.study.cost import EvaluationClock, describe_estimate, estimate
 from gru_experiments.study.evaluation import EvaluationSettings
+from gru_experiments.study.generation import STUDY_PROMPTS, tokens_for_chars
 from gru_experiments.study.modes import OVER_TRAINING_MODES
 from gru_experiments.study.plan import BEST, OVER_TRAINING
 from gru_experiments.study.scores import Split
@@ -89,7 +90,8 @@ class CostEstimate(Callback):
         return estimate(EvaluationClock.of(self.run.model, self.settings.seq_len), step_seconds=step_seconds,
                         steps_left=max(int(total_steps) - trainer.global_step, 0), validations=epochs,
                         val_targets=self.validation_targets, eval_batch_size=self.eval_batch_size, over_training=modes,
-                        final=final, best=best)
+                        final=final, best=best, sample_steps=2 * len(STUDY_PROMPTS) * tokens_for_chars(
+                            self.settings.samples.chars, self.val))  # stateful and stateless, a prompt at a time
 
     def plans(self, training_tokens: int):
         """The final weights' plan, and the best checkpoint's (run only where it is not the final one)."""

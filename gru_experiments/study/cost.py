@@ -168,14 +168,16 @@ def duration(seconds: float) -> str:
 
 
 def estimate(clock: EvaluationClock, *, step_seconds: float, steps_left: int, validations: int, val_targets: int,
-             eval_batch_size: int, over_training: Plan, final: Plan, best: Plan) -> dict:
+             eval_batch_size: int, over_training: Plan, final: Plan, best: Plan, sample_steps: int = 0) -> dict:
     """The seconds left of a training: its steps at the measured rate, each validation left (the split in chunks
-    and the modes over training's plan), the final weights' plan and, where the best checkpoint is not the final
-    weights, the best checkpoint's."""
+    and the modes over training's plan), the final weights' plan and its side-by-side samples (`sample_steps`
+    tokens generated one at a time, one row: generation.side_by_side_samples) and, where the best checkpoint is
+    not the final weights, the best checkpoint's plan."""
     chunks = val_targets * clock.per_token(eval_batch_size, clock.seq_len)
     e = {"step_seconds": step_seconds, "steps_left": steps_left, "train_seconds": steps_left * step_seconds,
          "validation_seconds": validations * (chunks + clock.plan_seconds(over_training)),
-         "eval_forward_tokens": final.forward_tokens, "eval_seconds": clock.plan_seconds(final),
+         "eval_forward_tokens": final.forward_tokens,
+         "eval_seconds": clock.plan_seconds(final) + sample_steps * clock.call(1, 1),
          "best_forward_tokens": best.forward_tokens, "best_seconds": clock.plan_seconds(best)}
     e["total_seconds"] = e["train_seconds"] + e["validation_seconds"] + e["eval_seconds"]
     return e
