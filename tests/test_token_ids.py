@@ -174,6 +174,15 @@ def test_the_validation_over_training_scores_the_splits_first_validation_tokens(
         validate(compose_config(f"data.path={small_shakespeare}", "data.validation_tokens=1"))
 
 
+def mapped_ids(tmp_path, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(random uint8 ids, the same written to an ids file and mapped): n - 1000 training ids, 1000 validation."""
+    ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    ids_file = IdsFile(tmp_path, "k")
+    ids_file.write([ids.numpy()], {"sha256": "s", "tokenizer": {}, "n_train": n - 1000, "n_val": 1000,
+                                   "vocab_size": 256, "dtype": "uint8"})
+    return ids, ids_file.load().ids
+
+
 def resident_file_bytes() -> int:
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssFile"))
 
@@ -184,11 +193,7 @@ def test_released_pages_leave_the_resident_set_and_read_back_the_same(tmp_path):
     through the map): the process's file-backed resident memory falls by the view's size, the ids read back the
     same, and a tensor that is no map's is left as it was."""
     n = 48 << 20
-    ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
-    ids_file = IdsFile(tmp_path, "k")
-    ids_file.write([ids.numpy()], {"sha256": "s", "tokenizer": {}, "n_train": n - 1000, "n_val": 1000,
-                                   "vocab_size": 256, "dtype": "uint8"})
-    mapped = ids_file.load().ids
+    ids, mapped = mapped_ids(tmp_path, n)
     before = resident_file_bytes()
     total = int(mapped.sum(dtype=torch.int64))  # every page read
     grown = resident_file_bytes() - before
@@ -205,12 +210,7 @@ def test_released_pages_leave_the_resident_set_and_read_back_the_same(tmp_path):
 def test_batches_from_a_mapped_split_give_its_pages_back(batching, tmp_path):
     """A batch's reads of a mapped training split do not pile up in the resident set (each faults in a large
     stretch of the file on this kernel): after 100 batches of 64 windows over 64 MB, at most a few MB remain."""
-    n = 64 << 20
-    ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
-    ids_file = IdsFile(tmp_path, "k")
-    ids_file.write([ids.numpy()], {"sha256": "s", "tokenizer": {}, "n_train": n - 1000, "n_val": 1000,
-                                   "vocab_size": 256, "dtype": "uint8"})
-    train = ids_file.load().train_ids
+    train = mapped_ids(tmp_path, 64 << 20)[1][:(64 << 20) - 1000]
     before = resident_file_bytes()
     if batching == "windows":
         batches = RandomWindowBatches(train, 64, 128, 100, torch.Generator().manual_seed(0))
