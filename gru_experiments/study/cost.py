@@ -9,14 +9,15 @@ from functools import partial
 
 import torch
 
+from gru_experiments.data.token_ids import ids_dtype
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.protocol import WINDOW_BATCH_TOKENS
-from gru_experiments.study.cache import SHARPNESS, cache_sizes, cache_stride, continuous_cache
+from gru_experiments.study.cache import SHARPNESS, StreamStates, cache_sizes, cache_stride, continuous_cache
 from gru_experiments.study.evaluation import EvaluationSettings
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.modes import DYNAMIC, STATEFUL, WINDOWED
 from gru_experiments.study.plan import CURVE, MODE, TEXT, Plan, StatefulPass
-from gru_experiments.study.scores import Split, score_table, stream_layout
+from gru_experiments.study.scores import Split, score_stateful, score_table, stream_layout
 
 
 def describe_plan(plan, train_tokens: int, settings: EvaluationSettings) -> str:
@@ -94,7 +95,7 @@ class EvaluationClock:
         if p.kind == DYNAMIC:  # its streams side by side, a segment a call (its backward priced in its tokens)
             return p.forward_tokens * self.per_token(p.streams, p.chunk)
         if p.kind == STATEFUL:  # the streams it scores (every stride-th) side by side, a chunk a call
-            return p.forward_tokens * self.per_token(len(range(0, p.streams, p.stride)), p.chunk)
+            return p.forward_tokens * self.stateful_rate(len(range(0, p.streams, p.stride)), p.chunk, bool(p.readers))
         length = getattr(p, "window", 0) or getattr(p, "chunk", 0) or self.seq_len
         length = min(length, self.seq_len * 8)
         return p.forward_tokens * self.per_token(max(1, WINDOW_BATCH_TOKENS // length), length)
@@ -131,20 +132,38 @@ class EvaluationClock:
             self._seconds[key] = (time.perf_counter() - started) / units
         return self._seconds[key]
 
-    def table_rate(self) -> float:
-        """Seconds per target of a first-order table's scoring (scores.score_table, 2^18 targets)."""
+    def _warm(self, work):
+        """`work`, run once outside the timing (a first call's allocations are not the pass's rate)."""
+        work()
+        return work
+
+    def stateful_rate(self, rows: int, chunk: int, read: bool) -> float:
+        """Seconds per token of the stateful pass at its shape, `rows` streams side by side a chunk a call: what
+        scores.score_stateful does besides the forward (the loss, each target's NLL) and, with `read`, the copy of
+        every chunk's states its readers keep (cache.StreamStates); one chunk of each stream, after a warm-up."""
         vocab, device = self.model.vocab_size, self.model.device
-        return self._rate("table", 1 << 18, lambda generator: partial(
+        return self._rate(("stateful", rows, chunk, read), rows * chunk, lambda generator: self._warm(partial(
+            score_stateful, self.model, Split(torch.randint(vocab, (rows * chunk + 1,), generator=generator).to(
+                device, torch.int32), torch.ones(vocab, dtype=torch.long, device=device)), chunk, rows,
+            read=StreamStates.of_chunk if read else None)))
+
+    def table_rate(self) -> float:
+        """Seconds per target of a first-order table's scoring (scores.score_table, 2^21 targets at the scored
+        split's int32: past the processor's caches, as a long split's are), after a warm-up."""
+        vocab, device = self.model.vocab_size, self.model.device
+        return self._rate("table", 1 << 21, lambda generator: self._warm(partial(
             score_table, torch.zeros(vocab, vocab, dtype=torch.float64, device=device),
-            Split(torch.randint(vocab, (1 << 18,), generator=generator).to(device),
-                  torch.ones(vocab, dtype=torch.long, device=device))))
+            Split(torch.randint(vocab, (1 << 21,), generator=generator).to(device, torch.int32),
+                  torch.ones(vocab, dtype=torch.long, device=device)))))
 
     def count_rate(self) -> float:
-        """Seconds per training token of the bigram's counting (NGramLM.fit_in_chunks, 2^20 tokens)."""
+        """Seconds per training token of the bigram's counting (NGramLM.fit_in_chunks, 2^22 tokens at the width
+        a prepared corpus's ids have, data.token_ids.ids_dtype), after a warm-up."""
         vocab = self.model.vocab_size
-        return self._rate("count", 1 << 20, lambda generator: partial(
+        return self._rate("count", 1 << 22, lambda generator: self._warm(partial(
             NGramLM(vocab, order=2, smoothing="add_one").to(self.model.device).fit_in_chunks,
-            torch.randint(vocab, (1 << 20,), generator=generator)))
+            torch.from_numpy(torch.randint(vocab, (1 << 22,), generator=generator).numpy().astype(
+                ids_dtype(vocab))))))
 
     def cache_rate(self) -> float:
         """Seconds per (query, key) pair of the continuous cache, every θ (a segment of 1,024 against 512 keys)."""
