@@ -1,6 +1,7 @@
 """The dynamic-evaluation study (issue 70) over trained run folders, read only: one command.
 
     python tools/dynamic_study.py RUN [RUN ...] [--out DIR] [--quick] [--streams 1] [--cache-every 4] [--no-swap]
+                                  [--extend EARLIER/dynamic_study.json]
 
 RUN: a run folder, or a sweep folder (its job folders with a summary.json). The runs are grouped by model and
 corpus; each group's seed-1 run (else its lowest seed) tunes η, λ and the segment on the first half of the
@@ -13,7 +14,9 @@ dynamic pass's adapted states (cache + dynamic); the gain by reach, reset_every 
 the cache's gain at the same N; and, for the tuning run, which parameters carry it (all, head, recurrence). The
 halves swapped once (tuned on the second, reported on the first) for the tuning run, as a check. Written to --out
 (default outputs/dynamic_study/<time>/): dynamic_study.json (after every run), dynamic_study.md and
-gain_by_reach.png. docs/evaluation.md, *Dynamic evaluation*, says what each figure is.
+gain_by_reach.png. --extend: an earlier study's groups kept as they are (their tuning, swapped check and runs), and
+only the runs it did not study (seeds trained since) reported, with its tuned values. docs/evaluation.md, *Dynamic
+evaluation*, says what each figure is.
 """
 
 from __future__ import annotations
