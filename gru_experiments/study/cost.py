@@ -122,48 +122,46 @@ class EvaluationClock:
         queries = rows * length / cache_stride(rows * length, plan, self.model.device.type == "cpu")
         return queries * max(sizes) * self.cache_rate() if sizes else 0.0
 
-    def _rate(self, key: str, units: int, prepare) -> float:
+    def _rate(self, key, units: int, prepare) -> float:
         """Seconds per unit of the work `prepare()` returns (a callable, its inputs made outside the timing),
-        timed once per clock; the global RNG untouched (the inputs come from their own generator)."""
+        the fastest of CALIBRATION_REPEATS timings, once per clock (one timing of a short work is at the mercy of
+        anything else the machine runs); the global RNG untouched (the inputs come from their own generator)."""
         if key not in self._seconds:
-            work = prepare(torch.Generator().manual_seed(0))
-            started = time.perf_counter()
-            work()
-            self._seconds[key] = (time.perf_counter() - started) / units
+            work, times = prepare(torch.Generator().manual_seed(0)), []
+            for _ in range(CALIBRATION_REPEATS):
+                started = time.perf_counter()
+                work()
+                times.append(time.perf_counter() - started)
+            self._seconds[key] = min(times) / units
         return self._seconds[key]
-
-    def _warm(self, work):
-        """`work`, run once outside the timing (a first call's allocations are not the pass's rate)."""
-        work()
-        return work
 
     def stateful_rate(self, rows: int, chunk: int, read: bool) -> float:
         """Seconds per token of the stateful pass at its shape, `rows` streams side by side a chunk a call: what
         scores.score_stateful does besides the forward (the loss, each target's NLL) and, with `read`, the copy of
-        every chunk's states its readers keep (cache.StreamStates); one chunk of each stream, after a warm-up."""
+        every chunk's states its readers keep (cache.StreamStates); one chunk of each stream."""
         vocab, device = self.model.vocab_size, self.model.device
-        return self._rate(("stateful", rows, chunk, read), rows * chunk, lambda generator: self._warm(partial(
+        return self._rate(("stateful", rows, chunk, read), rows * chunk, lambda generator: partial(
             score_stateful, self.model, Split(torch.randint(vocab, (rows * chunk + 1,), generator=generator).to(
                 device, torch.int32), torch.ones(vocab, dtype=torch.long, device=device)), chunk, rows,
-            read=StreamStates.of_chunk if read else None)))
+            read=StreamStates.of_chunk if read else None))
 
     def table_rate(self) -> float:
         """Seconds per target of a first-order table's scoring (scores.score_table, 2^21 targets at the scored
-        split's int32: past the processor's caches, as a long split's are), after a warm-up."""
+        split's int32: past the processor's caches, as a long split's are)."""
         vocab, device = self.model.vocab_size, self.model.device
-        return self._rate("table", 1 << 21, lambda generator: self._warm(partial(
+        return self._rate("table", 1 << 21, lambda generator: partial(
             score_table, torch.zeros(vocab, vocab, dtype=torch.float64, device=device),
             Split(torch.randint(vocab, (1 << 21,), generator=generator).to(device, torch.int32),
-                  torch.ones(vocab, dtype=torch.long, device=device)))))
+                  torch.ones(vocab, dtype=torch.long, device=device))))
 
     def count_rate(self) -> float:
         """Seconds per training token of the bigram's counting (NGramLM.fit_in_chunks, 2^22 tokens at the width
-        a prepared corpus's ids have, data.token_ids.ids_dtype), after a warm-up."""
+        a prepared corpus's ids have, data.token_ids.ids_dtype)."""
         vocab = self.model.vocab_size
-        return self._rate("count", 1 << 22, lambda generator: self._warm(partial(
+        return self._rate("count", 1 << 22, lambda generator: partial(
             NGramLM(vocab, order=2, smoothing="add_one").to(self.model.device).fit_in_chunks,
             torch.from_numpy(torch.randint(vocab, (1 << 22,), generator=generator).numpy().astype(
-                ids_dtype(vocab))))))
+                ids_dtype(vocab)))))
 
     def cache_rate(self) -> float:
         """Seconds per (query, key) pair of the continuous cache, every θ (a segment of 1,024 against 512 keys)."""
