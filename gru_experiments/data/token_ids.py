@@ -148,7 +148,7 @@ def release_pages(ids: torch.Tensor) -> None:
         elif base <= start and end <= base + size:
             first = -(-(start - base) // mmap.PAGESIZE) * mmap.PAGESIZE
             last = (end - base) // mmap.PAGESIZE * mmap.PAGESIZE
-            if last > first:
+            if last > first and hasattr(mmap, "MADV_DONTNEED"):  # (not on Windows: the pages stay)
                 region.madvise(mmap.MADV_DONTNEED, first, last - first)
             return
 
