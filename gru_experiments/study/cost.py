@@ -69,17 +69,14 @@ class EvaluationClock:
         return clock
 
     def call(self, rows: int, length: int) -> float:
+        """Seconds of one forward call of `rows` x `length` tokens."""
         key = (max(1, int(rows)), max(1, int(length)))
-        if key not in self._seconds:
-            tokens = torch.zeros(key, dtype=torch.long, device=self.model.device)  # the global RNG untouched
-            times = []
-            with torch.no_grad(), eval_mode(self.model):
-                for _ in range(CALIBRATION_REPEATS + 1):
-                    started = time.perf_counter()
-                    self.model(tokens)
-                    times.append(time.perf_counter() - started)
-            self._seconds[key] = min(times[1:])
-        return self._seconds[key]
+        return self._rate(key, 1, lambda generator: partial(self._forward, torch.zeros(
+            key, dtype=torch.long, device=self.model.device)))
+
+    def _forward(self, tokens) -> None:
+        with torch.no_grad(), eval_mode(self.model):
+            self.model(tokens)
 
     def per_token(self, rows: int, length: int) -> float:
         return self.call(rows, length) / (max(1, rows) * max(1, length))
@@ -124,10 +121,12 @@ class EvaluationClock:
 
     def _rate(self, key, units: int, prepare) -> float:
         """Seconds per unit of the work `prepare()` returns (a callable, its inputs made outside the timing),
-        the fastest of CALIBRATION_REPEATS timings, once per clock (one timing of a short work is at the mercy of
-        anything else the machine runs); the global RNG untouched (the inputs come from their own generator)."""
+        the fastest of CALIBRATION_REPEATS timings after a warm-up, once per clock (one timing of a short work is at
+        the mercy of anything else the machine runs); the global RNG untouched (the inputs come from their own
+        generator)."""
         if key not in self._seconds:
             work, times = prepare(torch.Generator().manual_seed(0)), []
+            work()
             for _ in range(CALIBRATION_REPEATS):
                 started = time.perf_counter()
                 work()
