@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -171,12 +172,12 @@ def test_a_counted_models_parameters_go_to_its_logger(compose_config, tiny_corpu
     """The n-gram is counted, not trained: its stored numbers are logged once counted (csv here), its last.ckpt
     saved."""
     run = prepare(validate(compose_config(*TINY, "model=ngram", "logger=csv", f"data.path={tiny_corpus}")))
-    fit_or_count(run, Job())
-    run.logger.save()
-    with open(run.logger.log_dir + "/metrics.csv") as f:
+    fitted = fit_or_count(run, Job())
+    fitted.logger.save()
+    with open(fitted.logger.log_dir + "/metrics.csv") as f:
         logged = [row["parameters"] for row in csv.DictReader(f) if row["parameters"]]
-    assert run.parameters > 0 and logged == [str(run.parameters)]
-    assert run.folder.checkpoint.is_file() and run.trainer.global_step == 0
+    assert fitted.parameters > 0 and logged == [str(fitted.parameters)]
+    assert run.folder.checkpoint.is_file() and fitted.trainer.global_step == 0
 
 
 def fitted(monkeypatch, fit) -> list:
@@ -197,12 +198,12 @@ def test_a_resume_of_a_run_that_stopped_early_trains_no_further(compose_config, 
     its step (Lightning trains nothing), and says so."""
     run = prepare(validate(compose_config(*TINY, f"data.path={tiny_corpus}", "model.steps_per_epoch=10")))
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    run.resume = SimpleNamespace(step=40, stopped_early="val/loss did not improve for 2 validations in a row",
-                                 wandb_run_id=None, checkpoint=checkpoint)
+    run = replace(run, resume=SimpleNamespace(step=40, wandb_run_id=None, checkpoint=checkpoint,
+                                              stopped_early="val/loss did not improve for 2 validations in a row"))
     called = fitted(monkeypatch, lambda trainer, ckpt_path: None)
-    fit_or_count(run, Job())
+    result = fit_or_count(run, Job())
     ((trainer, ckpt_path),) = called
-    assert trainer is run.trainer and trainer.max_steps == 40 and ckpt_path == checkpoint
+    assert trainer is result.trainer and trainer.max_steps == 40 and ckpt_path == checkpoint
     assert (f"{run.folder.path} stopped early at step 40 (val/loss did not improve for 2 validations in a row): not "
             "training on; finishing its evaluation") in capsys.readouterr().out
 
@@ -231,14 +232,14 @@ def test_weights_that_became_non_finite_stop_the_run_with_their_own_message(comp
 
 def test_the_record_of_a_run_that_stopped_early_says_where_and_why(tmp_path, capsys):
     """training.write: summary.json as train assembled it, samples.json, and the lines that end the run."""
-    run = SimpleNamespace(folder=RunDir(tmp_path / "run"), logger=False)
+    folder = RunDir(tmp_path / "run")
     summary = {"model": "astra_alpha", "train_loss": 1.5, "val_loss": 1.25, "val_bpc": 1.8, "train_steps": 1200,
                "tokens_per_second": 52_000.0, "stopped_early": True, "stopped_at_step": 1200,
                "stop_reason": "val/loss did not improve for 2 validations in a row (patience 2)",
                "run_dir": str(tmp_path / "run"), "wall_seconds": 12.3}
-    write(run, summary, {"samples": ["To be"]})
-    assert json.loads(run.folder.summary_file.read_text()) == summary
-    assert json.loads(run.folder.samples_file.read_text()) == {"samples": ["To be"]}
+    write(folder, False, summary, {"samples": ["To be"]})
+    assert json.loads(folder.summary_file.read_text()) == summary
+    assert json.loads(folder.samples_file.read_text()) == {"samples": ["To be"]}
     assert capsys.readouterr().out.splitlines() == [
         "stopped early at step 1,200: val/loss did not improve for 2 validations in a row (patience 2)",
         f"astra_alpha: train loss 1.5000 | val loss 1.2500 | val bpc 1.8000 | 1,200 steps at 52,000 tokens/s | "

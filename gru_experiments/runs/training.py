@@ -2,11 +2,14 @@
 validates the config into the run's RunSpec (runs/checks.py, runs/spec.py); every step after reads the spec, never
 the config.
 
-    prepare       read the corpus, build the model and the batches (nothing written)
-    fit_or_count  the run folder, loggers and checkpoints; train the model (or count an n-gram)
+    prepare       read the corpus, build the model and the batches (nothing written): a Run
+    (the folder)  a new run's folder locked, and refused if a run holds it (a resume's: in resume_run)
+    fit_or_count  the run folder, loggers and checkpoints; train the model (or count an n-gram): Fitted
     summarize     the run's record: what was trained, how, and its final validation
     score         the evaluation of the final weights and the best checkpoint, the samples (runs/scoring.py)
     write         summary.json (the record, the figures and the wall time, assembled in train) and samples.json
+
+Each step returns what the next takes; nothing is filled in later.
 
 trainer.fast_dev_run=true is a smoke run: the whole pipeline on a small slice (Lightning's one training and one
 validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures marked "smoke" in summary.json.
@@ -54,9 +57,9 @@ from gru_experiments.study.scores import Split, score_chunks
 SMOKE_VAL_TOKENS = 1024
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """What the steps hand on."""
+    """What prepare builds from the spec, before anything is written: the data and the model."""
     spec: RunSpec
     resume: object
     folder: RunDir
@@ -65,12 +68,17 @@ class Run:
     data: CorpusDataModule
     val: Split  # the validation split the end-of-run evaluation scores
     epoch_val: Split  # its first data.validation_tokens: what every validation over training scores
-    parameters: int | None = None
-    trainer: L.Trainer | None = None
-    checkpoints: tuple = ()
-    logger: object = None
-    precision: dict | None = None
     stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What fit_or_count returns: the trainer that trained (or counted) the model, and what it wrote with."""
+    trainer: L.Trainer
+    checkpoints: tuple
+    logger: object
+    precision: dict
+    parameters: int  # trainable parameters (a counted model: its stored numbers, once counted)
 
 
 def train(cfg, current: Job | None = None) -> dict:
@@ -80,28 +88,25 @@ def train(cfg, current: Job | None = None) -> dict:
     with nullcontext(current) if current is not None else job(cfg, record=True) as current, ExitStack() as held:
         # held: the run folder's lock (RunDir.hold)
         quiet_console()
-        new_run = cfg.get("resume") is None and is_first_rank()  # a resume takes the folder in resume_run
-        if new_run:
-            RunDir(cfg.paths.output_dir).refuse_new_run()  # a folder holds one run: refused before any work
         # a resume: the run's own config, with this command's overrides; the run folder's lock taken into `held`
         cfg, resume = resume_run(cfg, held if is_first_rank() else None)
         run = prepare(validate(cfg), resume)  # bad values fail in validate, before any work
-        if new_run:
+        if resume is None and is_first_rank():  # a new run: its folder locked, and refused if a run holds it
             held.enter_context(run.folder.hold())
-            run.folder.refuse_new_run()  # again, held: another process may have trained there meanwhile
+            run.folder.refuse_new_run()
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
         with cuda_graphs(run.spec.cuda_graphs):
-            fit_or_count(run, current)
-            record = summarize(run, current)
-            if not run.trainer.is_global_zero:  # every DDP rank holds the same weights; rank zero scores and writes
+            fitted = fit_or_count(run, current)
+            record = summarize(run, fitted)
+            if not fitted.trainer.is_global_zero:  # every DDP rank holds the same weights; rank zero scores, writes
                 return record
-            figures, samples = score_run(in_memory(run), run.val, record, run.logger, run.spec.evaluation,
+            figures, samples = score_run(in_memory(run), run.val, record, fitted.logger, run.spec.evaluation,
                                          train_ids=run.data.train_ids, probe=run.corpus.probe,
                                          eval_batch_size=run.spec.eval_batch_size,
                                          progress_bars=run.spec.progress_bars)
         # summary.json, assembled here alone: what was trained and how, the evaluation's figures, the whole wall time
         summary = record | figures | {"wall_seconds": current.seconds}
-        write(run, summary, samples)
+        write(run.folder, fitted.logger, summary, samples)
         return summary
 
 
@@ -145,7 +150,6 @@ def prepare(spec: RunSpec, resume=None) -> Run:
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
     run = Run(spec, resume, RunDir(spec.output_dir), corpus, task, data, Split.of(val_ids, tokenizer),
               Split.of(epoch_val_ids, tokenizer),
-              parameters=count_parameters(model) if model.trainable else None,
               stopping=build_early_stopping(spec.early_stopping) if model.trainable else None)
     print(describe_run(run))
     return run
@@ -158,8 +162,8 @@ def describe_run(run: Run) -> str:
     if spec.smoke:
         lines.append(f"fast_dev_run: a smoke run on a small slice (the first {run.val.n_targets + 1:,} validation "
                      "tokens, a sampled evaluation): its figures say nothing about the model")
-    if run.parameters is not None:  # a counted model: after counting
-        lines.append(f"trainable parameters: {run.parameters:,}")
+    if model.trainable:  # a counted model: its stored numbers once counted
+        lines.append(f"trainable parameters: {count_parameters(model):,}")
     if spec.batching == "streams" and not model.trainable:
         lines.append(f"training=streams: {spec.model_name} is counted, not trained; its counts are the same either way")
     if run.resume is not None:
@@ -167,25 +171,26 @@ def describe_run(run: Run) -> str:
     return "\n".join(lines)
 
 
-def fit_or_count(run: Run, current) -> None:
-    """The run folder, loggers, checkpoints and callbacks; then training (or counting)."""
+def fit_or_count(run: Run, current) -> Fitted:
+    """The run folder, loggers, checkpoints and callbacks; then training (or counting). `current`: the job, which
+    records a failure in the logger built here."""
     spec, task, resume = run.spec, run.task, run.resume
     run.folder.path.mkdir(parents=True, exist_ok=True)  # only now: input errors above leave nothing behind
     if is_first_rank():  # the job's config record, now that the folder is its own and every check has passed
         run.folder.record_config(spec.config, resumed=resume is not None)
     task.run_config = spec.config  # in every checkpoint: resume.saved_config
-    run.checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir, spec.checkpoint_every_n_steps)
+    checkpoints = checkpoint_callbacks(run.folder.checkpoint_dir, spec.checkpoint_every_n_steps)
     checkpoint_io = AtomicCheckpointIO()
-    run.logger = current.logger = build_logger(
+    logger = current.logger = build_logger(
         spec.logger, spec.resolved_config, wandb_id=resume and resume.wandb_run_id,
         csv_version=None if resume is None else f"resumed_step{resume.step}")
-    if run.logger and resume is None and run.parameters is not None:
-        run.logger.log_metrics({"parameters": run.parameters})
+    if logger and resume is None and task.model.trainable:
+        logger.log_metrics({"parameters": count_parameters(task.model)})
     epoch_tokens = spec.steps_per_epoch * spec.tokens_per_step
     weights = in_memory(run)
     modes = ModesOverTraining(weights, run.epoch_val, epoch_tokens, spec.evaluation,
                               decoded_pieces(run.corpus.tokenizer, run.corpus.train_ids))
-    callbacks = [*run.checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
+    callbacks = [*checkpoints, TrainingState(), MetricsHistory(run.folder.history_file, resume and resume.step),
                  modes, CostEstimate(weights, run.val, spec.evaluation, tokens_per_step=spec.tokens_per_step,
                                      epoch_tokens=epoch_tokens, eval_batch_size=spec.eval_batch_size, modes=modes,
                                      validation_targets=run.epoch_val.n_targets,
@@ -196,43 +201,44 @@ def fit_or_count(run: Run, current) -> None:
         print(f"{run.folder.path} stopped early at step {resume.step:,} ({resume.stopped_early}): not training on; "
               "finishing its evaluation")
         limit = {"max_steps": resume.step}  # Lightning restores the checkpoint and trains nothing
-    run.trainer = resume_epoch_ends_exactly(instantiate(spec.trainer, max_epochs=spec.epochs, logger=run.logger,
-                                                        plugins=[checkpoint_io], callbacks=callbacks, **limit))
+    trainer = resume_epoch_ends_exactly(instantiate(spec.trainer, max_epochs=spec.epochs, logger=logger,
+                                                    plugins=[checkpoint_io], callbacks=callbacks, **limit))
     # bf16 matmul inputs where low_precision_matmuls and the hardware say so (precision.py).
-    run.precision = apply_matmul_precision(task.model, spec.low_precision_matmuls, spec.precision, run.trainer)
-    print(f"device: {run.trainer.strategy.root_device}, precision: {run.precision['precision']}, "
-          f"matmuls in {run.precision['matmul_dtype']}")
+    precision = apply_matmul_precision(task.model, spec.low_precision_matmuls, spec.precision, trainer)
+    print(f"device: {trainer.strategy.root_device}, precision: {precision['precision']}, "
+          f"matmuls in {precision['matmul_dtype']}")
     if not task.model.trainable:  # counted, not trained: count the training split, validate once, save
-        count_and_save(run.trainer, task, run.data, run.folder)
-        run.parameters = count_parameters(task.model)
+        count_and_save(trainer, task, run.data, run.folder)
+        parameters = count_parameters(task.model)
         print(f"counted {task.train_tokens:,} training tokens in {task.train_seconds:.2f} s; "
-              f"stored numbers: {run.parameters:,}")
-        if run.logger:
-            run.logger.log_metrics({"parameters": run.parameters})
-        return
+              f"stored numbers: {parameters:,}")
+        if logger:
+            logger.log_metrics({"parameters": parameters})
+        return Fitted(trainer, checkpoints, logger, precision, parameters)
     try:
         # The one full read of a resumed checkpoint: Lightning's, through checkpoint_io, which loads
         # weights only whatever Lightning asks for.
-        run.trainer.fit(task, datamodule=run.data, ckpt_path=resume and resume.checkpoint, weights_only=True)
+        trainer.fit(task, datamodule=run.data, ckpt_path=resume and resume.checkpoint, weights_only=True)
     except TrainingDiverged as err:
         if isinstance(err, NonFiniteWeights):
             raise  # its message already says which checkpoint was kept
         kept = f", {checkpoint_io.kept}" if checkpoint_io.kept else " before any checkpoint was saved"
         raise TrainingDiverged(f"{err}; stopped{kept}; try a lower model.lr") from err
-    keep_final_weights(run.trainer, run.folder, run.checkpoints)
+    keep_final_weights(trainer, run.folder, checkpoints)
+    return Fitted(trainer, checkpoints, logger, precision, count_parameters(task.model))
 
 
-def summarize(run: Run, current) -> dict:
-    """The run's record (summary.json's first part: train assembles the rest); its validation figures (over the
-    first data.validation_tokens) the last validation's if it scored the final weights on every one of those
-    targets, else one more pass's."""
-    spec, task, trainer = run.spec, run.task, run.trainer
+def summarize(run: Run, fitted: Fitted) -> dict:
+    """The run's record (summary.json's first part: train adds the figures and the wall time); its validation
+    figures (over the first data.validation_tokens) the last validation's if it scored the final weights on every
+    one of those targets, else one more pass's."""
+    spec, task, trainer = run.spec, run.task, fitted.trainer
     model = task.model
     task.to(trainer.strategy.root_device)
     val = task.last_val_score
     if not (task.last_val_step == trainer.global_step and val is not None and val.tokens == run.epoch_val.n_targets):
         val = score_chunks(model, run.epoch_val.to(task.device), spec.seq_len, spec.eval_batch_size)
-    checkpoint, *_ = run.checkpoints
+    checkpoint, *_ = fitted.checkpoints
     return {
         "status": "completed",
         "smoke": spec.smoke,  # trainer.fast_dev_run: figures of a small slice
@@ -240,7 +246,7 @@ def summarize(run: Run, current) -> dict:
         "family": model.family,
         "tokenizer": run.corpus.tokenizer.kind,
         "vocab_size": run.corpus.tokenizer.vocab_size,
-        "parameters": run.parameters,
+        "parameters": fitted.parameters,
         "context": model.context,  # tokens the model can see; None: unbounded
         "recurrent": model.recurrent,  # it carries a state from step to step (the protocol's)
         "training_mode": spec.batching if model.trainable else "counted",  # windows | streams (truncated BPTT)
@@ -255,11 +261,10 @@ def summarize(run: Run, current) -> dict:
         # What evaluation.budget is a multiple of: the tokens trained (a counted model: counted).
         "train_tokens": trainer.global_step * spec.tokens_per_step if model.trainable else task.train_tokens,
         "world_size": trainer.world_size,
-        "wall_seconds": current.seconds,
         "device": str(trainer.strategy.root_device),
-        **run.precision,
+        **fitted.precision,
         "cuda_graphs": task.graphed_step is not None and task.graphed_step.captured,  # the step replayed
-        "checkpoint": (next((c.last_model_path for c in run.checkpoints if c.last_model_path), None)
+        "checkpoint": (next((c.last_model_path for c in fitted.checkpoints if c.last_model_path), None)
                        if model.trainable else str(run.folder.checkpoint)),  # counted: saved by count_and_save
         "best_checkpoint": checkpoint.best_model_path or None,
         "run_dir": str(run.folder.path),
@@ -272,12 +277,12 @@ def summarize(run: Run, current) -> dict:
     }
 
 
-def write(run: Run, summary: dict, samples: dict) -> None:
-    """summary.json and samples.json, and the lines that end the run."""
-    run.folder.write_summary(summary)
-    write_json(run.folder.samples_file, samples)
-    if is_wandb(run.logger):
-        run.logger.experiment.summary.update({k: v for k, v in summary.items() if v is not None})
+def write(folder: RunDir, logger, summary: dict, samples: dict) -> None:
+    """summary.json and samples.json (and W&B's summary), and the lines that end the run."""
+    folder.write_summary(summary)
+    write_json(folder.samples_file, samples)
+    if is_wandb(logger):
+        logger.experiment.summary.update({k: v for k, v in summary.items() if v is not None})
     train_loss = "—" if summary["train_loss"] is None else f"{summary['train_loss']:.4f}"  # None: a counted model
     if summary["stopped_early"]:
         print(f"stopped early at step {summary['stopped_at_step']:,}: {summary['stop_reason']}")
