@@ -207,6 +207,34 @@ def test_refuse_new_run_names_what_the_folder_holds(tmp_path, left, held, then):
     assert snapshot(run.path) == before
 
 
+def test_claim_holds_a_new_runs_folder_and_refuses_one_taken_or_inside_a_run(tmp_path):
+    """RunDir.claim, train()'s one call for a new run's folder: a free folder is created and held (a second claim is
+    refused while the first holds it, and free after); one holding a run is refused unchanged; a folder inside a
+    run's is refused before anything is created in that run."""
+    from gru_experiments.errors import RunFolderTaken
+
+    fresh = RunDir(tmp_path / "fresh")
+    with fresh.claim() as held:
+        assert held is fresh and fresh.path.is_dir()
+        with pytest.raises(RunFolderTaken, match="is in use"):
+            with RunDir(fresh.path).claim():
+                pass
+    with fresh.claim():  # released
+        pass
+    taken = RunDir(tmp_path / "taken")
+    taken.checkpoint_dir.mkdir(parents=True)
+    taken.checkpoint.write_text("")
+    before = snapshot(taken.path)
+    with pytest.raises(RunFolderTaken, match="a run that did not finish"):
+        with taken.claim():
+            pass
+    inner = RunDir(taken.checkpoint_dir / "mine")
+    with pytest.raises(RunFolderTaken, match=re.escape(f"is inside the folder of a run ({taken.path})")):
+        with inner.claim():
+            pass
+    assert not inner.path.exists() and snapshot(taken.path) == before
+
+
 @pytest.mark.slow
 def test_a_command_refused_for_a_folder_in_use_leaves_it_byte_for_byte(interrupted, tmp_path, tiny_corpus):  # noqa: F811 (the fixture)
     """A command refused because another process trains in the folder had already rewritten .hydra/*.yaml with its

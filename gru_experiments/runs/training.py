@@ -3,7 +3,7 @@ validates the config into the run's RunSpec (runs/checks.py, runs/spec.py); ever
 the config.
 
     prepare       read the corpus, build the model and the batches (nothing written): a Run
-    (the folder)  a new run's folder locked, and refused if a run holds it (a resume's: in resume_run)
+    (the folder)  a new run's claimed: locked, refused if a run holds it (RunDir.claim; a resume's: resume_run)
     fit_or_count  the run folder, loggers and checkpoints; train the model (or count an n-gram): Fitted
     summarize     the run's record: what was trained, how, and its final validation
     score         the evaluation of the final weights and the best checkpoint, the samples (runs/scoring.py)
@@ -91,9 +91,8 @@ def train(cfg, current: Job | None = None) -> dict:
         # a resume: the run's own config, with this command's overrides; the run folder's lock taken into `held`
         cfg, resume = resume_run(cfg, held if is_first_rank() else None)
         run = prepare(validate(cfg), resume)  # bad values fail in validate, before any work
-        if resume is None and is_first_rank():  # a new run: its folder locked, and refused if a run holds it
-            held.enter_context(run.folder.hold())
-            run.folder.refuse_new_run()
+        if resume is None and is_first_rank():  # a new run's folder: locked, refused if a run holds it
+            held.enter_context(run.folder.claim())
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
         with cuda_graphs(run.spec.cuda_graphs):
             fitted = fit_or_count(run, current)
