@@ -188,14 +188,15 @@ def test_a_new_run_into_a_folder_that_holds_a_run_is_refused_and_changes_nothing
     ({"checkpoints/last.ckpt": "", "summary.json": '{"status": "completed"}'}, "a finished run (its summary.json)",
      "resume= continues only a run that did not finish"),
 ])
-def test_refuse_new_run_names_what_the_folder_holds(tmp_path, left, held, then):
-    """RunDir.refuse_new_run without a training (the test above, through train.py, is slow): the one line for each
-    run a folder may hold, and nothing in it changed; an empty folder, or one with an empty checkpoints/, is free."""
+def test_claim_names_what_the_folder_holds(tmp_path, left, held, then):
+    """RunDir.claim without a training (the test above, through train.py, is slow): the one line for each run a
+    folder may hold, and nothing in it changed; an empty folder, or one with an empty checkpoints/, is free."""
     from gru_experiments.errors import RunFolderTaken
 
     run = RunDir(tmp_path / "run")
     (run.path / "checkpoints").mkdir(parents=True)
-    run.refuse_new_run()
+    with run.claim():
+        pass
     for name, text in left.items():
         (run.path / name).parent.mkdir(parents=True, exist_ok=True)
         (run.path / name).write_text(text)
@@ -203,7 +204,8 @@ def test_refuse_new_run_names_what_the_folder_holds(tmp_path, left, held, then):
     with pytest.raises(RunFolderTaken, match="^" + re.escape(
             f"{run.path} holds {held}, and a run folder holds one run: {then.format(run=run.path)}; a new run goes "
             "in a folder of its own (leave hydra.run.dir out, or name a new folder)") + "$"):
-        run.refuse_new_run()
+        with run.claim():
+            pass
     assert snapshot(run.path) == before
 
 

@@ -445,8 +445,11 @@ def test_a_new_run_inside_a_runs_checkpoints_folder_is_refused(tmp_path):
 
     run = make_job(tmp_path / "SW", 0, "astra_alpha")
     with pytest.raises(RunFolderTaken, match=rf"^{run}/checkpoints/mine is inside the folder of a run \({run}\)"):
-        RunDir(run / "checkpoints" / "mine").refuse_new_run()
-    RunDir(tmp_path / "SW" / "1_mlp").refuse_new_run()  # a sweep's folder is no run's: its jobs go in it
+        with RunDir(run / "checkpoints" / "mine").claim():
+            pass
+    assert not (run / "checkpoints" / "mine").exists()
+    with RunDir(tmp_path / "SW" / "1_mlp").claim():  # a sweep's folder is no run's: its jobs go in it
+        pass
 
 
 def test_a_continued_sweeps_completed_job_skips_itself(monkeypatch, tmp_path):

@@ -122,40 +122,31 @@ class RunDir:
 
     @contextmanager
     def claim(self):
-        """A new run's folder, held for the block (`hold`): refused (`refuse_new_run`) under the lock, so that no
-        other process starts a run in it meanwhile; a folder inside a run's is refused before the lock creates it."""
-        self.refuse_inside_run()
+        """A new run's folder, held for the block (`hold`). RunFolderTaken, in one line, where it lies inside a run's
+        folder (refused before the lock would create it) or holds a run already (refused under the lock, so that no
+        other process starts one in it meanwhile; the line names resume=); nothing in it is changed."""
+        if (outer := enclosing_run(self.path)) is not None:
+            raise RunFolderTaken(f"{self.path} is inside the folder of a run ({outer.path}), which holds that run "
+                                 "alone; a new run goes in a folder of its own (leave hydra.run.dir out, or name a "
+                                 "folder outside every run's)")
         with self.hold():
-            self.refuse_new_run()
+            if self.holds_run():
+                if self.finished:
+                    held, then = "a finished run (its summary.json)", "resume= continues only a run that did not finish"
+                elif self.checkpoint.is_file():
+                    held, then = (f"a run that did not finish (its {LAST_CHECKPOINT})",
+                                  f"continue it with: python train.py resume={self.path}")
+                else:
+                    held, then = ("a run that stopped before its first checkpoint",
+                                  "it has no checkpoint to resume= from")
+                raise RunFolderTaken(f"{self.path} holds {held}, and a run folder holds one run: {then}; a new run "
+                                     "goes in a folder of its own (leave hydra.run.dir out, or name a new folder)")
             yield self
 
     def holds_run(self) -> bool:
         """Whether a run has trained here: its summary, learning curves, checkpoints or config record."""
         traces = (self.summary_file, self.history_file, self.path / HYDRA)
         return any(p.exists() for p in traces) or self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.iterdir())
-
-    def refuse_new_run(self) -> None:
-        """A new run trains in a folder of its own: RunFolderTaken, in one line naming resume=, where this one holds
-        a run already (nothing in it is changed)."""
-        self.refuse_inside_run()
-        if not self.holds_run():
-            return
-        if self.finished:
-            held, then = "a finished run (its summary.json)", "resume= continues only a run that did not finish"
-        elif self.checkpoint.is_file():
-            held, then = (f"a run that did not finish (its {LAST_CHECKPOINT})",
-                          f"continue it with: python train.py resume={self.path}")
-        else:
-            held, then = "a run that stopped before its first checkpoint", "it has no checkpoint to resume= from"
-        raise RunFolderTaken(f"{self.path} holds {held}, and a run folder holds one run: {then}; a new run goes in "
-                             "a folder of its own (leave hydra.run.dir out, or name a new folder)")
-
-    def refuse_inside_run(self) -> None:
-        """RunFolderTaken where this folder lies inside another run's folder (which holds that run alone)."""
-        if (outer := enclosing_run(self.path)) is not None:
-            raise RunFolderTaken(f"{self.path} is inside the folder of a run ({outer.path}), which holds that run "
-                                 "alone; a new run goes in a folder of its own (leave hydra.run.dir out, or name a "
-                                 "folder outside every run's)")
 
     # --- writing ------------------------------------------------------------------------
     def write_summary(self, summary: dict) -> Path:

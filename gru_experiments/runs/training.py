@@ -68,6 +68,7 @@ class Run:
     data: CorpusDataModule
     val: Split  # the validation split the end-of-run evaluation scores
     epoch_val: Split  # its first data.validation_tokens: what every validation over training scores
+    parameters: int | None  # trainable parameters; None: a counted model (its stored numbers: Fitted's)
     stopping: EarlyStopping | None = None  # early_stopping.patience=N (conf/early_stopping/); None: off
 
 
@@ -148,7 +149,7 @@ def prepare(spec: RunSpec, resume=None) -> Run:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
     run = Run(spec, resume, RunDir(spec.output_dir), corpus, task, data, Split.of(val_ids, tokenizer),
-              Split.of(epoch_val_ids, tokenizer),
+              Split.of(epoch_val_ids, tokenizer), count_parameters(model) if model.trainable else None,
               stopping=build_early_stopping(spec.early_stopping) if model.trainable else None)
     print(describe_run(run))
     return run
@@ -161,8 +162,8 @@ def describe_run(run: Run) -> str:
     if spec.smoke:
         lines.append(f"fast_dev_run: a smoke run on a small slice (the first {run.val.n_targets + 1:,} validation "
                      "tokens, a sampled evaluation): its figures say nothing about the model")
-    if model.trainable:  # a counted model: its stored numbers once counted
-        lines.append(f"trainable parameters: {count_parameters(model):,}")
+    if run.parameters is not None:  # a counted model: its stored numbers once counted
+        lines.append(f"trainable parameters: {run.parameters:,}")
     if spec.batching == "streams" and not model.trainable:
         lines.append(f"training=streams: {spec.model_name} is counted, not trained; its counts are the same either way")
     if run.resume is not None:
@@ -183,8 +184,8 @@ def fit_or_count(run: Run, current) -> Fitted:
     logger = current.logger = build_logger(
         spec.logger, spec.resolved_config, wandb_id=resume and resume.wandb_run_id,
         csv_version=None if resume is None else f"resumed_step{resume.step}")
-    if logger and resume is None and task.model.trainable:
-        logger.log_metrics({"parameters": count_parameters(task.model)})
+    if logger and resume is None and run.parameters is not None:
+        logger.log_metrics({"parameters": run.parameters})
     epoch_tokens = spec.steps_per_epoch * spec.tokens_per_step
     weights = in_memory(run)
     modes = ModesOverTraining(weights, run.epoch_val, epoch_tokens, spec.evaluation,
@@ -224,7 +225,7 @@ def fit_or_count(run: Run, current) -> Fitted:
         kept = f", {checkpoint_io.kept}" if checkpoint_io.kept else " before any checkpoint was saved"
         raise TrainingDiverged(f"{err}; stopped{kept}; try a lower model.lr") from err
     keep_final_weights(trainer, run.folder, checkpoints)
-    return Fitted(trainer, checkpoints, logger, precision, count_parameters(task.model))
+    return Fitted(trainer, checkpoints, logger, precision, run.parameters)
 
 
 def summarize(run: Run, fitted: Fitted) -> dict:
