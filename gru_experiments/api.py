@@ -293,24 +293,25 @@ def _run_job(config) -> dict:
     from hydra.types import HydraContext, RunMode
     from omegaconf import open_dict, read_write
 
-    from gru_experiments.runs.jobs import discard_untouched_run_dir  # run_dir's resolvers: the run folder's name
+    from gru_experiments.runs.jobs import discard_untouched_run_dir, job  # run_dir's resolvers: the folder's name
 
     def task(task_cfg) -> dict:
         from gru_experiments.runs.training import train as train_run
 
         with _job_log(Path(HydraConfig.get().runtime.output_dir) / f"{config.hydra.job.name}.log"):
             try:
-                return train_run(task_cfg)
+                with job(task_cfg, record=True) as current:  # the run's one job, as train.py's
+                    return train_run(task_cfg, current)
             except UserError as error:
                 discard_untouched_run_dir(task_cfg.paths.log_dir, error)  # input errors leave no run folder
                 raise
 
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.mode = RunMode.RUN
-    job = run_job(task, config, "hydra.run.dir", None, HydraContext(None, Callbacks(config)), configure_logging=False)
-    if job.status == JobStatus.FAILED:  # raised as it is (JobReturn.return_value would print a line first)
-        raise job._return_value
-    return job.return_value
+    ran = run_job(task, config, "hydra.run.dir", None, HydraContext(None, Callbacks(config)), configure_logging=False)
+    if ran.status == JobStatus.FAILED:  # raised as it is (JobReturn.return_value would print a line first)
+        raise ran._return_value
+    return ran.return_value
 
 
 @contextlib.contextmanager

@@ -88,10 +88,9 @@ def small_shakespeare(tmp_path_factory, shakespeare) -> Path:
 def workspace(tmp_path_factory, tiny_corpus) -> Path:
     """A workspace with a finished run and a tokenizer cache, which bad commands must not touch (each test module
     that asks for it gets its own): its outputs/ and data/ as train.py would use them under PROJECT_ROOT."""
-    from robustness_helpers import compose_in
+    from robustness_helpers import compose_in, train
 
     from gru_experiments.data.corpus import prepare_corpus
-    from gru_experiments.runs.training import train
 
     root = tmp_path_factory.mktemp("workspace")
     cfg = compose_in(root, f"data.path={tiny_corpus}", "trainer.max_steps=2", "model.steps_per_epoch=2",

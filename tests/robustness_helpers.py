@@ -17,8 +17,8 @@ import torch
 from conftest import CONF
 from hydra import compose, initialize_config_dir
 
+from gru_experiments.runs import training
 from gru_experiments.runs.jobs import job
-from gru_experiments.runs.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
@@ -40,10 +40,17 @@ def compose_in(root: Path, *overrides: str, output_dir: Path | None = None):
             *TINY, *overrides])
 
 
+def train(cfg) -> dict:
+    """runs.training.train(cfg) in the run's one job, as train.py runs it (runs/jobs.job: a failure recorded, the
+    logger closed)."""
+    with job(cfg, record=True) as current:
+        return training.train(cfg, current)
+
+
 def fail_in_process(capsys, cfg) -> str:
     """Run train(cfg) the way train.py does; return the one error line (exit status 2)."""
-    with pytest.raises(SystemExit) as exit_info, job(cfg, report=True):
-        train(cfg)
+    with pytest.raises(SystemExit) as exit_info, job(cfg, record=True, report=True) as current:
+        training.train(cfg, current)
     assert exit_info.value.code == 2
     return error_line(capsys.readouterr().err)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from robustness_helpers import train
 
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.models.transformer import TransformerLM
-from gru_experiments.runs.training import train
 from gru_experiments.study import cache as cache_module
 from gru_experiments.study.cache import (
     cache_figures,

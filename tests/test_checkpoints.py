@@ -20,7 +20,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from robustness_helpers import TINY, assert_untouched, compose_in, error_line, fingerprint, run_script
+from robustness_helpers import TINY, assert_untouched, compose_in, error_line, fingerprint, run_script, train
 
 from gru_experiments.data.corpus import prepare_corpus
 from gru_experiments.data.tokenizers import CharTokenizer
@@ -34,7 +34,7 @@ from gru_experiments.runs.checkpoints import (
     read_checkpoint,
 )
 from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
-from gru_experiments.runs.training import checkpoint_callbacks, train
+from gru_experiments.runs.training import checkpoint_callbacks
 
 
 def finished_checkpoint(root: Path) -> Path:

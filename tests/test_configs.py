@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from robustness_helpers import train
 
 from gru_experiments.models.protocol import build_model, count_parameters
 from gru_experiments.runs.recipe import recipe_length
-from gru_experiments.runs.training import train
 
 # The study's table: vocabulary 65 (chars) and 1000 (SentencePiece) from Tiny Shakespeare.
 EXPECTED = {

@@ -9,9 +9,9 @@ import re
 import pytest
 from evaluation_helpers import _cfg, plan_of
 from omegaconf import OmegaConf
+from robustness_helpers import train
 
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.training import train
 from gru_experiments.study.plan import BEST
 
 

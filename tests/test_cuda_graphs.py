@@ -409,9 +409,10 @@ def test_graphed_training_through_lightning_equals_eager_across_validations(trai
                                                                              tmp_path, monkeypatch):
     """The whole run, validations between the steps (Lightning lets .grad go before each), on the CPU with the
     capture emulated: the same weights, losses and validations as the eager run, every validation its own."""
+    from robustness_helpers import train
+
     from gru_experiments.models import cuda_graphs as graphs
     from gru_experiments.runs import task as task_module
-    from gru_experiments.runs.training import train
 
     def run(emulated: bool, key: bool = True):
         cfg = compose_config(f"data.path={tiny_corpus}", "preset=smoke", "model.epochs=4", "logger=csv",

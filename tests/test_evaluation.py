@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import strict_json
 from evaluation_helpers import plan_of, run_plan
 from omegaconf import OmegaConf
-from robustness_helpers import TINY
+from robustness_helpers import TINY, train
 
 from gru_experiments.data.batches import RandomWindowBatches
 from gru_experiments.data.corpus import split_text
@@ -23,7 +23,6 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.loggers import read_history
 from gru_experiments.runs.scoring import score_best
 from gru_experiments.runs.trained_run import load
-from gru_experiments.runs.training import train
 from gru_experiments.study.evaluation import EvaluationSettings, curve_points
 from gru_experiments.study.generation import eval_mode
 from gru_experiments.study.plan import curve_lengths, plan_evaluation

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from robustness_helpers import train
 
 from gru_experiments.errors import UserError
 from gru_experiments.models.minrnn import MinRNNLM
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.ngram import NGramLM
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.training import train
 from gru_experiments.study.generation import Decoding, make_chooser, sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]

@@ -288,8 +288,7 @@ def test_normal_requests_pass_the_memory_check():
 def trained_run(tmp_path_factory, small_shakespeare):
     """A two-step Astra-alpha run, in an outputs/ folder of its own."""
     from hydra import compose, initialize_config_dir
-
-    from gru_experiments.runs.training import train
+    from robustness_helpers import train
 
     root = tmp_path_factory.mktemp("sample_e2e")
     run_dir = root / "outputs" / "runs" / "astra_alpha" / "run1"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
+from robustness_helpers import train
 from test_report import make_job
 from torch import Tensor, nn
 
@@ -20,7 +21,6 @@ from gru_experiments.models.protocol import LanguageModel, build_model
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.report.report import build_report
 from gru_experiments.report.sweep_folder import collect
-from gru_experiments.runs.training import train
 from gru_experiments.study.explore import explore, layer_sizes
 
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from evaluation_helpers import defaults, left_out, registered
 from omegaconf import OmegaConf
+from robustness_helpers import train
 
 from gru_experiments.data.corpus import split_text
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.report.report import build_report
 from gru_experiments.report.section import Section
 from gru_experiments.runs.trained_run import TrainedRun
-from gru_experiments.runs.training import train
 from gru_experiments.runs.training_callbacks import CostEstimate
 from gru_experiments.study.evaluation import ENTRIES, EvaluationSettings
 from gru_experiments.study.plan import FINAL, OTHER, Entry, Figure, Pass, Unit

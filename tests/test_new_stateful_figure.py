@@ -14,6 +14,7 @@ import pytest
 import torch
 from evaluation_helpers import left_out, plan_of, registered
 from omegaconf import OmegaConf
+from robustness_helpers import train
 from wandb_records import offline_runs
 
 from gru_experiments.data.batches import IGNORE_INDEX
@@ -23,7 +24,6 @@ from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.report.report import build_report
 from gru_experiments.report.section import Section
 from gru_experiments.runs.task import load_checkpoint
-from gru_experiments.runs.training import train
 from gru_experiments.study.plan import FINAL, Entry
 from gru_experiments.study.scores import Split
 

@@ -217,7 +217,7 @@ def test_weights_cast_once_per_sequence(cell):
 
 
 def test_trainer_precision_32_true_is_pure_float32(compose_config, tiny_corpus, tmp_path, monkeypatch):
-    from gru_experiments.runs.training import train
+    from robustness_helpers import train
 
     monkeypatch.setattr(precision, "has_fast_bf16", lambda device: True)
     common = (f"data.path={tiny_corpus}", "data.batch_size=4", "data.seq_len=16", "trainer.max_steps=2",

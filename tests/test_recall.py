@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from evaluation_helpers import forward_tokens_run
+from robustness_helpers import train
 
 from gru_experiments.data.recall_probe import Pairs, Planting, SymbolIds, plant, planting_generator
 from gru_experiments.models.protocol import LanguageModel
 from gru_experiments.models.recurrent import RecurrentLM
-from gru_experiments.runs.training import train
 from gru_experiments.study.recall import horizon, recall_forward_tokens, score_recall
 
 V, K, OPEN, CLOSE = 24, 4, 20, 21  # ids 0..19: text; 20, 21: the markers; 22, 23 and 0, 1: keys (any ids)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import CONF, MODELS
 from omegaconf import OmegaConf
-from robustness_helpers import TINY
+from robustness_helpers import TINY, train
 
 from gru_experiments.errors import UserError
 from gru_experiments.models.recurrent import RecurrentLM
@@ -21,7 +21,6 @@ from gru_experiments.models.transformer import TransformerLM
 from gru_experiments.runs.checks import validate
 from gru_experiments.runs.recipe import Recipe, WarmupCosine, recipe_length
 from gru_experiments.runs.task import LanguageModelTask
-from gru_experiments.runs.training import train
 
 V = 11
 TRANSFORMER_RECIPE = ("transformer", "transformer_beta", "nanogpt_shakespeare")

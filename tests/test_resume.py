@@ -23,13 +23,13 @@ from robustness_helpers import (
     interrupt_at,
     run_killed_after_checkpoint,
     run_script,
+    train,
 )
 from wandb_records import offline_runs
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.checkpoints import read_checkpoint, wandb_run_id
 from gru_experiments.runs.task import LanguageModelTask
-from gru_experiments.runs.training import train
 
 # 2 epochs of 8 steps, last.ckpt every 3 steps (and at epoch ends); the interruption comes at
 # step 11, two steps after the mid-epoch checkpoint of step 9, so the resumed run redoes 10 and 11.

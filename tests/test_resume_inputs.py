@@ -24,12 +24,12 @@ from robustness_helpers import (
     run_killed_after_checkpoint,
     run_script,
     start_script,
+    train,
 )
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs.resume import ResumePoint, saved_config
 from gru_experiments.runs.run_dir import RunDir
-from gru_experiments.runs.training import train
 
 # 6 steps at batch 4 (not today's default), last.ckpt every 2: killed right after the checkpoint of step 2.
 STEPS = 6

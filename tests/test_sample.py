@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import CONF
 from hydra import compose, initialize_config_dir
-from robustness_helpers import NO_GPU, REPO, TINY, assert_untouched, error_line, fingerprint, run_script
+from robustness_helpers import NO_GPU, REPO, TINY, assert_untouched, error_line, fingerprint, run_script, train
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs import sampling
 from gru_experiments.runs.run_dir import find_checkpoint
 from gru_experiments.runs.sample_checks import validate_sample
-from gru_experiments.runs.training import train
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +84,7 @@ def test_a_long_prompt_is_cut_in_the_progress_bars_label():
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, tiny_corpus):
     """A two-step Astra-α run, and a copy of it in a second run folder."""
-    from gru_experiments.runs.training import train
+    from robustness_helpers import train
 
     root = tmp_path_factory.mktemp("answered")
     run = root / "outputs" / "runs" / "astra_alpha" / "run1"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from robustness_helpers import TINY, Interrupted, error_line, fingerprint, interrupt_at, run_script
+from robustness_helpers import TINY, Interrupted, error_line, fingerprint, interrupt_at, run_script, train
 
 from gru_experiments.errors import UserError
 from gru_experiments.runs import training
@@ -27,7 +27,6 @@ from gru_experiments.runs.stopping import (
     stopping_summary,
 )
 from gru_experiments.runs.task import LanguageModelTask
-from gru_experiments.runs.training import train
 
 PER_EPOCH, PATIENCE = 50, 2
 # The command, on a CPU, with small batches (the text is small), no logger.

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from evaluation_helpers import run_plan
-from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script
+from robustness_helpers import TINY, assert_untouched, error_line, fingerprint, run_script, train
 from test_resume import Interrupted, interrupt_at, weights_of
 
 from gru_experiments.data.batches import StreamBatches
@@ -20,7 +20,6 @@ from gru_experiments.errors import UserError
 from gru_experiments.models.mlp import BengioMLP
 from gru_experiments.models.recurrent import RecurrentLM
 from gru_experiments.runs.task import LanguageModelTask
-from gru_experiments.runs.training import train
 from gru_experiments.study.plan import curve_lengths, plan_evaluation
 from gru_experiments.study.scores import Split, paired_difference, score_contexts, score_stateful, score_windowed
 

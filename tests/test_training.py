@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import REPO
-from robustness_helpers import TINY, fail_in_process
+from robustness_helpers import TINY, fail_in_process, train
 from wandb_records import offline_runs
 
 from gru_experiments.data.corpus import read_corpus, split_text
@@ -30,7 +30,7 @@ from gru_experiments.runs.checks import validate
 from gru_experiments.runs.jobs import Job
 from gru_experiments.runs.run_dir import RunDir
 from gru_experiments.runs.task import LanguageModelTask, load_checkpoint
-from gru_experiments.runs.training import SMOKE_VAL_TOKENS, fit_or_count, prepare, train, write
+from gru_experiments.runs.training import SMOKE_VAL_TOKENS, fit_or_count, prepare, write
 from gru_experiments.study.evaluation import FIGURES
 
 

@@ -261,11 +261,11 @@ def test_train_py_then_sample_py_in_every_mode_and_the_curve_stops_at_the_block(
     import json
 
     from evaluation_helpers import plan_of
+    from robustness_helpers import train
 
     import gru_experiments
     from gru_experiments.data.corpus import prepare_corpus
     from gru_experiments.runs import trained_run
-    from gru_experiments.runs.training import train
     from gru_experiments.study.plan import OVER_TRAINING
     from gru_experiments.study.scores import Split, score_contexts
 

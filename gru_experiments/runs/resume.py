@@ -196,7 +196,7 @@ COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's
 def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
     """For resume=last|RUN_DIR in cfg: the run's own config (its newest record in .hydra/) with this command's
     overrides, and its checkpoint, read cheaply and checked (`ResumePoint.check_config`); (cfg, None) without
-    resume. A run folder without a saved config (train(cfg) called directly) resumes with cfg as given.
+    resume. A run folder without a saved config (train() called without Hydra) resumes with cfg as given.
     Temporary files of a save cut short by the interruption are removed. `held` (an ExitStack): the run folder's
     lock is taken into it before anything is read, so that a second resume of a running run is refused in one line
     (RunDir.hold)."""

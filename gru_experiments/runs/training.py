@@ -16,7 +16,7 @@ validation batch, the first SMOKE_VAL_TOKENS validation tokens), its figures mar
 """
 
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +42,7 @@ from gru_experiments.runs.checkpoints import (
     weight_shapes,
 )
 from gru_experiments.runs.checks import check_sizes, check_trainer, validate
-from gru_experiments.runs.jobs import Job, is_first_rank, job
+from gru_experiments.runs.jobs import Job, is_first_rank
 from gru_experiments.runs.loggers import MetricsHistory, build_logger, is_wandb, quiet_console
 from gru_experiments.runs.resume import resume_run
 from gru_experiments.runs.run_dir import RunDir
@@ -82,12 +82,12 @@ class Fitted:
     parameters: int  # trainable parameters (a counted model: its stored numbers, once counted)
 
 
-def train(cfg, current: Job | None = None) -> dict:
+def train(cfg, current: Job) -> dict:
     """Train, score and summarise one model of its composed config (train.py's, api.train's); bad input is refused
-    before anything is written. A failure is recorded by jobs.job (a multirun job's summary.json says "failed"); the
-    checkpoints stay for resume=. `current`: the job train.py entered for it (else train enters its own: one a run)."""
-    with nullcontext(current) if current is not None else job(cfg, record=True) as current, ExitStack() as held:
-        # held: the run folder's lock (RunDir.hold)
+    before anything is written. `current`: the run's one job, which its caller entered (jobs.job(cfg, record=True):
+    it records a failure, a multirun job's summary.json says "failed", and closes the logger; the checkpoints stay
+    for resume=)."""
+    with ExitStack() as held:  # held: the run folder's lock (RunDir.hold)
         quiet_console()
         # a resume: the run's own config, with this command's overrides; the run folder's lock taken into `held`
         cfg, resume = resume_run(cfg, held if is_first_rank() else None)
