@@ -1,6 +1,6 @@
-"""One training run, from a composed config to summary.json, in named steps: train(cfg) resolves a resume and
+"""One training run, from a composed config to summary.json, in named steps: train(cfg, job) resolves a resume and
 validates the config into the run's RunSpec (runs/checks.py, runs/spec.py); every step after reads the spec, never
-the config.
+the config. The job (runs/jobs.py: failure handling) is entered once, by the entry point that calls train.
 
     prepare       read the corpus, build the model and the batches (nothing written): a Run
     (the folder)  a new run's claimed: locked, refused if a run holds it (RunDir.claim; a resume's: resume_run)
