@@ -146,6 +146,16 @@ def test_the_trained_weights_come_back_when_a_pass_raises():
     assert same(before, weights(model))
 
 
+def test_the_prompts_adaptation_and_rms_statistics_tick_every_token_they_run():
+    """sample.py's bars for inference=dynamic: the adaptation to a prompt and rms's statistics count each token."""
+    model, ticks = build("gru"), []
+    with adapted_to(model, split(101).ids, settings(lr=0.1, segment=8), tick=ticks.append):
+        assert sum(ticks) == 100 and ticks[:2] == [8, 8]  # every target of the prompt, a segment at a time
+    ticks.clear()
+    gradient_statistics(model, split(900).ids, settings(rule="rms", segment=5, statistics=640), tick=ticks.append)
+    assert 0 < sum(ticks) <= 640 and ticks[0] == 64 * 5  # the first 640 tokens, 64 streams side by side
+
+
 def test_reset_every_puts_the_trained_weights_back_at_each_multiple():
     model, val = build("gru"), split(201)
     static = score_dynamic(model, val, settings(lr=0.0, segment=10), 1).score.target_nll

@@ -4,6 +4,7 @@ runs, and sample.py works end to end."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -389,6 +390,9 @@ def test_sample_py_dynamic_adapts_to_the_prompt_and_evaluates_the_dynamic_figure
               "evaluation.dynamic.rule=sgd", "evaluation.dynamic.segment=8")
     adapted = run_sample(root, *common, "inference=dynamic", "evaluation.dynamic.lr=0.5")
     assert adapted.returncode == 0, adapted.stderr
+    bars = adapted.stderr.replace("\r", "\n")  # the adaptation's own bar, then the sampling's
+    assert re.search(r"sampling 'ROMEO: O Romeo.*: the weights adapting to the prompt: 100%.*44.0/44.0.*\n(.*\n)*"
+                     r"sampling 'ROMEO: .*: stateful: 100%", bars), bars[-2000:]
     record = json.loads((max(sampling_dirs(root), key=lambda d: d.name) / "sampling.json").read_text())
     assert record["settings"]["mode"] == "dynamic" and record["settings"]["dynamic"]["lr"] == 0.5
     stateful = run_sample(root, *common, "inference=stateful")

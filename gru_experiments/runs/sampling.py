@@ -30,7 +30,7 @@ from gru_experiments.models.devices import resolve_device
 from gru_experiments.runs.run_dir import EXPLORE, RunDir, display_path
 from gru_experiments.runs.sample_checks import SampleSpec
 from gru_experiments.runs.trained_run import Splits, TrainedRun, load
-from gru_experiments.study.dynamic import adapted_to, gradient_statistics
+from gru_experiments.study.dynamic import adapted_to, gradient_statistics, statistics_ids
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.generation import (
@@ -126,7 +126,7 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
     prompts = [tokenizer.decode(ids) for ids in encoded]
     decoding, n, new_tokens = spec.decoding, spec.num_samples, spec.max_new_tokens
     window = trained.evaluation_settings().window if mode == WINDOWED else None
-    adapting = prompt_adaptation(trained, mode)  # inference=dynamic: each prompt adapts the weights first
+    adapting = prompt_adaptation(trained, mode, Progress(prefix="inference=dynamic"))  # adapts to each prompt
     sampled = STATEFUL if adapting else mode
     # A request too large for memory is refused before the first prompt's samples, not after them
     # (generation.generate checks each prompt again).
@@ -140,10 +140,13 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
     results, lines = [], []
     for prompt, ids in zip(prompts, encoded):
         started = time.perf_counter()
-        with adapting(model, ids) if adapting else contextlib.nullcontext():
+        progress = Progress(prefix=f"sampling {shown_prompt(prompt)}")
+        with contextlib.ExitStack() as adapted:
+            if adapting:  # the weights adapted to the prompt (a bar of their own), then sampled statefully
+                with progress.phase("the weights adapting to the prompt", max(len(ids) - 1, 0)) as tick:
+                    adapted.enter_context(adapting(model, ids, tick))
             [texts] = sample_texts(model, tokenizer, [prompt], mode=sampled, max_new_tokens=new_tokens, num_samples=n,
-                                   decoding=decoding, seed=spec.seed, window=window,
-                                   progress=Progress(prefix=f"sampling {shown_prompt(prompt)}"))
+                                   decoding=decoding, seed=spec.seed, window=window, progress=progress)
         seconds = time.perf_counter() - started
         results.append({"prompt": prompt, "samples": texts, "seconds": seconds,
                         "tokens_per_second": n * new_tokens / max(seconds, 1e-9)})
@@ -166,28 +169,30 @@ class PromptAdaptation:
     """inference=dynamic's prompt: the run's evaluation.dynamic settings (and rms's statistics, gathered once on the
     training split); `adaptation(model, ids)` is the block inside which the weights are adapted to a prompt."""
 
-    def __init__(self, trained: TrainedRun):
-        self.settings = trained.evaluation_settings().dynamic
-        s = self.settings
-        self.statistics = gradient_statistics(trained.model, trained.splits().train_ids, s) \
-            if s.rule == "rms" and s.lr else None
+    def __init__(self, trained: TrainedRun, progress: Progress):
+        self.settings = s = trained.evaluation_settings().dynamic
+        self.statistics = None
+        if s.rule == "rms" and s.lr:
+            train_ids = trained.splits().train_ids
+            with progress.phase("rms statistics on the training split", len(statistics_ids(train_ids, s)) - 1) as tick:
+                self.statistics = gradient_statistics(trained.model, train_ids, s, tick)
 
     def record(self) -> dict:
         return self.settings.record()
 
-    def __call__(self, model, ids):
+    def __call__(self, model, ids, tick=None):
         return adapted_to(model, torch.tensor(ids, dtype=torch.long, device=model.device), self.settings,
-                          self.statistics)
+                          self.statistics, tick=tick)
 
 
-def prompt_adaptation(trained: TrainedRun, mode: str) -> PromptAdaptation | None:
+def prompt_adaptation(trained: TrainedRun, mode: str, progress: Progress) -> PromptAdaptation | None:
     """inference=dynamic's adaptation (None in another mode); a counted model refuses it in one line."""
     if mode != DYNAMIC:
         return None
     if not trained.model.trainable:
         raise UserError(f"inference=dynamic adapts trained weights by their gradient: {trained.name} ("
                         f"{trained.model.family}) counts its weights; sample it stateful, stateless or windowed")
-    return PromptAdaptation(trained)
+    return PromptAdaptation(trained, progress)
 
 
 def scored(spec: SampleSpec, trained: TrainedRun, splits: Splits | None) -> dict:

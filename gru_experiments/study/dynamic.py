@@ -172,17 +172,24 @@ def _nll(logits: Tensor, targets: Tensor, plain) -> Tensor:
     return target_nll(logits, targets, plain).view(targets.shape)
 
 
-def gradient_statistics(model, train_ids: Tensor, settings: DynamicSettings) -> dict[str, Tensor]:
+def statistics_ids(train_ids: Tensor, settings: DynamicSettings) -> Tensor:
+    """The training tokens rms gathers its MS on: the first `statistics` (and the one they predict), or all."""
+    return train_ids if settings.statistics is None else train_ids[:settings.statistics + 1]
+
+
+def gradient_statistics(model, train_ids: Tensor, settings: DynamicSettings, tick=None) -> dict[str, Tensor]:
     """rms's MS: per weight, the root mean square over the training split's segments (STATISTICS_STREAMS streams
-    side by side, the state carried, its first `statistics` tokens) of the segment's mean-NLL gradient."""
-    ids = train_ids if settings.statistics is None else train_ids[:settings.statistics + 1]
+    side by side, the state carried, its first `statistics` tokens) of the segment's mean-NLL gradient. tick: called
+    with the tokens of each segment (a progress bar's)."""
+    ids = statistics_ids(train_ids, settings)
     inputs, targets, _, _ = stream_rows(ids, STATISTICS_STREAMS)
     names, params = zip(*model.named_parameters())
     squares, batches = [torch.zeros_like(p) for p in params], 0
     with restored(model), eval_mode(model):
         for p in params:
             p.requires_grad_(True)
-        for _, _, grads, _ in _segments(model, inputs, targets, settings.segment, None, list(params), per_stream=False):
+        for _, _, grads, _ in _segments(model, inputs, targets, settings.segment, None, list(params), tick,
+                                        per_stream=False):
             if grads is not None:
                 for total, g in zip(squares, grads):
                     total.add_(g * g)
@@ -261,14 +268,15 @@ def score_dynamic(model, split: Split, settings: DynamicSettings, streams: int, 
 
 
 @contextmanager
-def adapted_to(model, ids: Tensor, settings: DynamicSettings, statistics=None, plain=None):
+def adapted_to(model, ids: Tensor, settings: DynamicSettings, statistics=None, plain=None, tick=None):
     """Inside the block, the model's weights adapted to `ids` (one stream, each segment's update as score_dynamic
     makes it; a diverging adaptation is refused in one line); the trained weights again after it. sample.py's and
-    the API's prompt: what is generated inside never updates them."""
+    the API's prompt: what is generated inside never updates them. tick: called with each segment's tokens, as the
+    adaptation runs (before the block)."""
     inputs, targets, _, _ = stream_rows(ids, 1)
     with restored(model):
         with eval_mode(model):
-            for start, _, diverged, _ in _adapt(model, inputs, targets, settings, statistics, plain):
+            for start, _, diverged, _ in _adapt(model, inputs, targets, settings, statistics, plain, tick):
                 if diverged:
                     raise UserError(f"the adaptation to the prompt diverged at token {start:,} (a non-finite loss "
                                     f"or weight, or a loss over {DIVERGED} times a uniform guess's): give a smaller "
