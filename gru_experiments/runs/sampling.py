@@ -34,6 +34,7 @@ from gru_experiments.study.dynamic import adapted_to, gradient_statistics, stati
 from gru_experiments.study.explore import PlantedText, explore
 from gru_experiments.study.explore_page import render_page
 from gru_experiments.study.generation import (
+    NO_PROGRESS,
     STUDY_PROMPTS,
     Progress,
     check_generation_fits,
@@ -169,7 +170,7 @@ class PromptAdaptation:
     """inference=dynamic's prompt: the run's evaluation.dynamic settings (and rms's statistics, gathered once on the
     training split); `adaptation(model, ids)` is the block inside which the weights are adapted to a prompt."""
 
-    def __init__(self, trained: TrainedRun, progress: Progress):
+    def __init__(self, trained: TrainedRun, progress: Progress = NO_PROGRESS):
         self.settings = s = trained.evaluation_settings().dynamic
         self.statistics = None
         if s.rule == "rms" and s.lr:
@@ -185,7 +186,7 @@ class PromptAdaptation:
                           self.statistics, tick=tick)
 
 
-def prompt_adaptation(trained: TrainedRun, mode: str, progress: Progress) -> PromptAdaptation | None:
+def prompt_adaptation(trained: TrainedRun, mode: str, progress: Progress = NO_PROGRESS) -> PromptAdaptation | None:
     """inference=dynamic's adaptation (None in another mode); a counted model refuses it in one line."""
     if mode != DYNAMIC:
         return None
