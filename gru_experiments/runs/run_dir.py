@@ -155,7 +155,7 @@ class RunDir:
     def record_config(self, config: dict, resumed: bool = False) -> Path | None:
         """This job's config record (`config` unresolved) in .hydra/, a resume's in .hydra/resumed_<time>/: Hydra
         records nothing when a training job starts (conf/hydra/default.yaml), so train() does once the folder is its
-        own and every check has passed. Returns that folder; None without Hydra (train() called without Hydra)."""
+        own and every check has passed. Returns that folder; None without Hydra (train() called from Python)."""
         from hydra.core.hydra_config import HydraConfig
 
         if not HydraConfig.initialized():
