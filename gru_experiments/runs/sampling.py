@@ -168,7 +168,8 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
 
 class PromptAdaptation:
     """inference=dynamic's prompt: the run's evaluation.dynamic settings (and rms's statistics, gathered once on the
-    training split); `adaptation(model, ids)` is the block inside which the weights are adapted to a prompt."""
+    training split); calling it, `(model, ids, tick)`, gives the block inside which the weights are adapted to a
+    prompt (tick: its progress bar's)."""
 
     def __init__(self, trained: TrainedRun, progress: Progress = NO_PROGRESS):
         self.settings = s = trained.evaluation_settings().dynamic
