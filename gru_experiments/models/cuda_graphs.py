@@ -1,8 +1,6 @@
-"""CUDA graphs: a model's fixed-shape work recorded once and replayed as one launch, since on a GPU the hand-written
-recurrence's many small launches, not its arithmetic, set its speed (docs/performance.md, *CUDA graphs*).
-GraphedTrainingStep replays a training step's forward, loss and backward (clipping, AdamW and the schedule stay
-eager); graphed(model) the inference forwards of a shape seen before. Neither changes a figure: a replay runs the
-eager call's kernels on the same inputs. On a CPU neither runs.
+"""CUDA graphs: a model's fixed-shape work recorded once and replayed as one launch (GraphedTrainingStep: a
+training step's forward, loss and backward; graphed(model): the inference forwards). Why, what each captures,
+and why no figure changes: docs/performance.md, *CUDA graphs*. On a CPU neither runs.
 """
 
 import itertools

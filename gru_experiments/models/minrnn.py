@@ -1,19 +1,6 @@
-"""Feng et al. (2024), "Were RNNs All We Needed?": minGRU and minLSTM, the ladder's rung past the LSTM.
-
-Their gates and candidate read the current input only (never h), so the recurrence is linear in h,
-h_t = a_t ⊙ h_{t−1} + b_t, and a whole sequence runs as one parallel scan. Per layer, k = W·x + bias:
-
-    minGRU   z = σ(k_z)                            h' = (1 − z) ⊙ h + z ⊙ g(k_h)
-    minLSTM  f = σ(k_f), i = σ(k_i)                h' = f/(f + i) ⊙ h + i/(f + i) ⊙ g(k_h)
-    g(x) = x + 0.5 for x ≥ 0, σ(x) for x < 0       (the candidate h̃ = g(k_h) is always positive)
-
-The candidate goes through g always, in the one-step recurrence as in the scan: the paper's log-space
-version (its appendix B.3), which the scan needs (it takes log b_t, so b_t > 0). The paper's sequential
-pseudocode without log space has h̃ = k_h; this model does not use that form. Unlike the appendix's scan,
-which feeds log g(h_0), h_0 enters as it is (a carried state continues exactly; zeros at the start).
-
-The stack: pre-LayerNorm residual layers x ← x + dropout(layer(LayerNorm(x))) (none around a first layer of
-another width), a final LayerNorm and the head; no feed-forward block. docs/internals.md, *minGRU and minLSTM*.
+"""Feng et al. (2024), "Were RNNs All We Needed?": minGRU and minLSTM, the ladder's rung past the LSTM. Their
+gates and candidate read the input only, so h_t = a_t ⊙ h_{t−1} + b_t and a sequence runs as one scan in log
+space. The formulas, the stack and what differs from the paper: docs/internals.md, *minGRU and minLSTM*.
 """
 
 import torch
@@ -37,9 +24,8 @@ def log_g(x: Tensor) -> Tensor:
 
 
 def log_scan(log_a: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
-    """Every h_t of h_t = a_t ⊙ h_{t−1} + b_t (t = 1..T) at once, from log a, log b (B, T, H), b > 0, and
-    h_0 (B, H) of any sign: h_t = A_t ⊙ (h_0 + Σ_{k≤t} b_k / A_k) with A_t = Π_{k≤t} a_k, the sum done in
-    log space (logcumsumexp, as Heinsen 2023 and the paper), the h_0 term outside it. Returns (B, T, H)."""
+    """Every h_t (B, T, H) of h_t = a_t ⊙ h_{t−1} + b_t from log a, log b (B, T, H), b > 0, and h_0 (B, H) of any
+    sign: the sum in log space (Heinsen 2023), the h_0 term outside it (docs/internals.md has the formula)."""
     a_star = log_a.cumsum(1)  # log A_t
     return torch.exp(a_star + torch.logcumsumexp(log_b - a_star, 1)) + torch.exp(a_star) * h0.unsqueeze(1)
 

@@ -1,8 +1,6 @@
-"""Bengio et al. (2003), "A Neural Probabilistic Language Model": the ladder's feed-forward rung.
-
-The previous k tokens' embeddings, concatenated, feed a tanh hidden layer and a softmax over the
-vocabulary; positions before the first token read a learned "no token" embedding. Its state is its
-last k tokens (`ContextWindow`). The formula: docs/internals.md, *The MLP*.
+"""Bengio et al. (2003), "A Neural Probabilistic Language Model": the ladder's feed-forward rung over the last k
+tokens (`ContextWindow`), positions before the first token read a learned "no token" embedding. The formula:
+docs/internals.md, *The MLP*.
 """
 
 import torch

@@ -1,7 +1,5 @@
-"""The count-based n-gram language model: the ladder's first rungs, and the study's bigram baseline.
-
-An order-N model predicts a token from the N − 1 before it (its state), counted from the training split;
-interpolated modified Kneser-Ney or add-one; log-probabilities in float64. docs/internals.md, *The n-gram model*.
+"""The count-based n-gram language model (the ladder's first rungs, the study's bigram baseline): an order-N model
+predicts a token from the N − 1 before it, Kneser-Ney or add-one smoothed. docs/internals.md, *The n-gram model*.
 """
 
 import torch
@@ -93,11 +91,8 @@ class NGramLM(FiniteContextLM):
 
     @torch.no_grad()
     def fit_in_chunks(self, train_ids: Tensor, chunk: int = CHUNK_TOKENS, release=None) -> "NGramLM":
-        """`fit`'s counts of an order-2 model with add-one smoothing (the study's bigram baseline), counted a chunk
-        at a time in one bincount over the V x V pairs: the same keys and counts in memory bounded by the chunk,
-        not the split (which may be a memory map of any integer width). Other models, or a vocabulary whose pairs
-        would not fit in PAIR_TABLE_LIMIT counters: `fit`. release: called with each slice of `train_ids` once
-        counted (data.token_ids.release_pages: a memory map's pages given back)."""
+        """`fit`'s keys and counts of the study's bigram baseline, a chunk at a time (docs/internals.md); other
+        models, or pairs past PAIR_TABLE_LIMIT: `fit`. release: called with each slice of `train_ids` once counted."""
         V, n = self.vocab_size, train_ids.numel()
         if self.order != 2 or self.smoothing != "add_one" or V * V > PAIR_TABLE_LIMIT or n < 2:
             return self.fit(train_ids)

@@ -11,10 +11,7 @@ from torch import Tensor
 MODES = ("auto", "always", "never")
 log = logging.getLogger(__name__)
 
-# bf16 pays off per matmul only above a size: measured on the study's shapes (batch 64),
-# a weight of 128×256 runs slower in bf16 (cast + multiply) than MKL's fp32, 256×256 about
-# even, 256×512 and up faster (benchmarks/RESULTS.md). So under "auto" the Astra-α model
-# (every weight below 65k elements) stays float32.
+# bf16 pays off per matmul only from this size (measured: docs/performance.md, *bf16 matmuls*)
 AUTO_MIN_WEIGHT_ELEMENTS = 65_536
 
 FULL_PRECISION = ("32-true", "32", 32)
@@ -34,9 +31,7 @@ class MatmulPrecision:
         return self.dtype
 
 
-# CPU flags of native bf16 matmuls: AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake and
-# later) and AMX (Intel Sapphire Rapids and later). Without them (an AVX2-only CPU) oneDNN
-# emulates bf16 by converting to fp32, which is slower than fp32 itself.
+# CPU flags of native bf16 matmuls; without them oneDNN emulates bf16, slower than fp32 itself.
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

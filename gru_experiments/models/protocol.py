@@ -55,9 +55,8 @@ class LanguageModel(nn.Module):
         return logits, state
 
     def forward_features(self, tokens: Tensor, state=None) -> tuple[Tensor, object, Tensor | None]:
-        """`forward` and the final hidden states its head reads, (B, T, C) (after the last norm: what the cache
-        compares, study/cache.py); None by default: a model without them (the n-gram counts), for which the
-        cache counts tokens instead."""
+        """`forward` and the final hidden states its head reads, (B, T, C); None by default (the n-gram's: the
+        cache then counts tokens)."""
         if type(self).forward is LanguageModel.forward:
             raise NotImplementedError(f"{type(self).__name__} implements neither forward nor forward_features")
         logits, state = self(tokens, state)
@@ -66,23 +65,20 @@ class LanguageModel(nn.Module):
     # --- derived from the members above; a family overrides them only to say otherwise or to run faster ---
     @property
     def recurrent(self) -> bool:
-        """Whether the model carries a state from step to step (its units show on the run's page, the report
-        counts it as recurrent): by default, a model with unbounded context (`context is None`)."""
+        """Whether the model carries a state from step to step: by default, when its context is unbounded."""
         return self.context is None
 
     def state_units(self, state) -> list[Tensor]:
-        """The units of `state` (as `forward` returns it) the run's page shows: one (B, units) tensor per layer;
-        [] for a model that is not `recurrent`. By default `state` is one (B, H) tensor, or one entry per layer,
-        each a (B, H) tensor or a tuple whose first is (an LSTM's h of (h, c)); override for another layout."""
+        """The units of `state` the run's page shows: one (B, units) tensor per layer (by default each entry, or
+        its tuple's first: an LSTM's h); [] for a model that is not `recurrent`."""
         if not self.recurrent or state is None:
             return []
         return [entry if isinstance(entry, Tensor) else entry[0]
                 for entry in ([state] if isinstance(state, Tensor) else state)]
 
     def unit_states(self, tokens: Tensor, state=None) -> tuple[Tensor, object, list[Tensor]]:
-        """`forward`, and `state_units` after every token: (logits (B, T, V), state, one (B, T, units) tensor
-        per layer; [] for a model without units). By default one token at a time; a family whose layers
-        return every step's state overrides it to run the sequence at once (`LayeredLM`)."""
+        """`forward`, and `state_units` after every token, (B, T, units) per layer: by default one token at a
+        time (`LayeredLM` runs the sequence at once)."""
         if not self.recurrent:
             logits, state = self(tokens, state)
             return logits, state, []
@@ -95,9 +91,7 @@ class LanguageModel(nn.Module):
 
     # --- optional: reduced-precision matmuls (trainer.low_precision_matmuls, models/precision.py) ---
     def set_matmul_precision(self, precision) -> None:
-        """Which matmuls run their inputs in bf16 (a precision.MatmulPrecision; None: the parameters' dtype).
-        By default the family has no such matmuls and ignores it (trainer.low_precision_matmuls=always then
-        says so in one line); RecurrentLM implements it."""
+        """Which matmuls run their inputs in bf16 (a precision.MatmulPrecision); by default none: ignored."""
 
     def low_precision_weights(self) -> list[str]:
         """The names of the weights whose matmuls run in bf16 after set_matmul_precision; by default none."""

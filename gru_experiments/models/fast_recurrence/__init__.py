@@ -1,10 +1,6 @@
-"""Fast paths for the layers in `models/cells.py`: the same formulas, fewer and bigger ops.
-
-`gru_sequence`, `lstm_sequence` and `rnn_sequence` run one layer over a whole sequence, each a custom
-`torch.autograd.Function` with a hand-derived backward (no double backward), optionally with bf16
-matmul inputs. The design, the backward equations and the measurements: docs/performance.md;
-tests/test_fast_recurrence.py holds them to the readable `step` within 1e-5 in float32.
-"""
+"""Fast paths for the layers in `models/cells.py`: the same formulas, fewer and bigger ops, each layer's sequence
+one autograd Function with a hand-derived backward. The design, the equations, the measurements and the tests:
+docs/performance.md."""
 
 
 from gru_experiments.models.fast_recurrence.gru import gru_sequence

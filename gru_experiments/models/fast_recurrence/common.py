@@ -60,11 +60,8 @@ def input_projection(X: Tensor, W_x: Tensor, bias: Tensor, dtype: torch.dtype | 
     return torch.add(torch.mm(X, W_x.t()), bias, out=out), X, W_x
 
 
-# MKL's packed GEMM (a private op of x86 CPU builds, the one inductor uses for frozen
-# linears): the weight is reordered once, then reused by every step. An ordinary mm
-# re-packs the weight on every call, which costs as much as the multiply itself for a big
-# weight and a thin (batch-row) input. Worth it only when the weight is big and there are
-# enough steps to repay the reorder (measurements: benchmarks/RESULTS.md).
+# MKL's packed GEMM (a private op of x86 CPU builds): the weight reordered once, not re-packed by every step's mm;
+# worth it only for a big weight over enough steps to repay the reorder (benchmarks/RESULTS.md).
 PACKED_MIN_WEIGHT_ELEMENTS = 400_000  # ~1.6 MB of fp32: the GRU's H×2H from H=448, an LSTM's H×4H from H=320
 PACKED_MIN_STEPS = 16
 HAS_MKL_PACKED = hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and torch.backends.mkl.is_available()
