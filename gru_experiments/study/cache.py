@@ -1,9 +1,6 @@
-"""The cache figure: the model's stateful distribution interpolated with a cache over its own last N positions,
-p = (1 - λ) p_model + λ p_cache: the continuous cache over the final hidden states (Grave, Joulin & Usunier
-2017) or, for a counted model, the count cache (Kuhn & De Mori 1990); λ and θ (or β) fitted per N on the first
-half of the split, the figures paired on the second. It reads the stateful pass's NLLs and final hidden states
-(the protocol's forward_features) as that pass runs (docs/evaluation.md, *The cache*: the formulas, the halves
-and the cost).
+"""The cache figure, p = (1 - λ) p_model + λ p_cache over the model's own last N positions: the continuous cache
+(Grave, Joulin & Usunier 2017) or the count cache (Kuhn & De Mori 1990), read off the stateful pass as it runs.
+The formulas, the halves and the cost: docs/evaluation.md, *The cache*.
 """
 
 from __future__ import annotations
@@ -31,13 +28,9 @@ SHARPNESS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # θ's grid, in 
 BIGRAM_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # β's grid (the count cache)
 LAMBDAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # λ's grid
 CHUNK_ELEMENTS = 1 << 23  # query x key scores per chunk (memory only)
-# On a CPU under a budget the cache scores every CPU_STRIDE-th position (fitted and reported on those, with their
-# standard errors): its exponentials (every θ, every key of the last 4,096) are the evaluation's costliest part
-# there, ~56 s at Astra-α on one thread for every position. On a GPU, or with evaluation.budget=null: every one.
+# Under a budget the cache queries every CPU_STRIDE-th position on a CPU (its exponentials are the evaluation's
+# costliest part there), a query against N keys priced as N / KEYS_PER_TOKEN forward tokens (docs/evaluation.md).
 CPU_STRIDE = 4
-# Under a budget the cache's queries are priced in forward tokens, one query against N keys as N / KEYS_PER_TOKEN
-# (about a forward token of Astra-α's time per 256 keys, every θ, on a CPU), and made sparser where they would cost
-# more than the plan's passes: a long split's stream (a sixty-fourth of it) no longer prices the cache past them.
 KEYS_PER_TOKEN = 256
 
 

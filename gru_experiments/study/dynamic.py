@@ -1,9 +1,6 @@
-"""Dynamic evaluation (Krause, Kahembwe, Murray & Renals 2018), the fourth inference mode: the split scored as the
-stateful pass lays it out (the same contiguous streams, the state carried), and after each segment the weights take
-a step on the text just scored, pulled back toward the trained ones; each segment is scored before the update it
-causes. Two rules, `sgd` and Krause's `rms` (his published code's arithmetic): docs/configuration.md gives the
-formulas, docs/evaluation.md the figure. The trained weights are put back bit for bit after every pass, whatever
-happens in it (`restored`).
+"""Dynamic evaluation (Krause, Kahembwe, Murray & Renals 2018), the fourth inference mode: after each segment of
+the stateful layout the weights take a step on the text just scored (`sgd`, or Krause's `rms`), and are put back
+bit for bit after the pass (`restored`). The formulas: docs/configuration.md; the figure: docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The evaluation's plan: every figure, the passes that score it and their cost, decided before any
-forward pass; nothing else derives a stride or a cost. `allocate` applies the budget's rule
-(docs/evaluation.md#the-plan-and-the-budget). Each kind of pass has its cost and its run side by side:
-`plan` counts its targets and forward tokens (scores.window_targets, model.forward_cost), `run` runs it
-(scores.py): {context: Score} (None: its one figure). docs/evaluation.md: why each exists.
+"""The evaluation's plan: every figure, the passes that score it and their cost, decided before any forward pass;
+nothing else derives a stride or a cost. Each kind of pass's `plan` (its cost) and `run` ({context: Score}) stand
+side by side; `allocate` applies the budget's rule (docs/evaluation.md#the-plan-and-the-budget).
 """
 
 from __future__ import annotations

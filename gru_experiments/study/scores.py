@@ -1,8 +1,6 @@
-"""Scoring a model on a split in every inference mode: NLL per token and bits per character (comparable
-across char and subword models). Every Score knows the targets it was drawn from (`population`; which
-ones: the target-position arithmetic below, which the plan counts before anything runs, so the two agree).
-Two loops serve every mode, the recall figures and the run's page:
-`carried_chunks` (the state carried) and `window_batches` (each window from the initial state).
+"""Scoring a model on a split in every inference mode: NLL per token and bits per character. The target-position
+arithmetic below is the plan's too; two loops serve every pass, `carried_chunks` (the state carried) and
+`window_batches` (each window from the initial state): docs/evaluation.md, *The plan and the budget*.
 """
 
 import math
