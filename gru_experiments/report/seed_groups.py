@@ -1,9 +1,5 @@
-"""Settings: the completed runs of a sweep that differ in their seed alone, one row of the report each.
-
-A setting's figures are the means over its trainings (nested records too, element by element: the context curve,
-the recall points, the history), each top-level figure with its between-training standard deviation beside it
-(`KEY_sd`); its `runs` keep every training for the significance rule (significance.py), which pairs them by seed.
-A run that is not completed, or whose seed is unknown or repeats one of its setting's, stays a setting of its own.
+"""Settings: the completed runs of a sweep that differ in their seed alone, one row of the report each, their
+figures the means over the trainings with `KEY_sd` beside them (docs/internals.md, *The report over settings*).
 """
 
 from dataclasses import dataclass, field

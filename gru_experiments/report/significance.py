@@ -1,12 +1,6 @@
-"""When the report tells two figures apart: the one rule every finding calls (`difference`), and the line that
-says how many trainings a finding rests on.
-
-A side is {seed: (value, within-run standard error)}, one entry per training (`side`). With two trainings or more
-on each side, a difference's standard error comes from the spread between trainings, paired by seed where both
-sides share two seeds or more (the seed fixes the initial weights and the batches, so pairing removes what the two
-trainings share); with one training on a side it falls back to the figures' own within-run standard errors
-(targets or planted keys), which say nothing of a second training. A difference is shown when it exceeds twice its
-standard error and, where the claim names one, the least difference worth having (WORTH).
+"""When the report tells two figures apart: the one rule every finding calls (`difference`: between trainings,
+paired by seed, else the within-run errors; docs/evaluation.md, *Findings*), and the line that says how many
+trainings a finding rests on. Pairing by seed removes what two trainings share: their initial weights and batches.
 """
 
 import math
