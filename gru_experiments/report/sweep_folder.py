@@ -34,7 +34,7 @@ class JobResult:
 
     @property
     def runs(self) -> list:
-        """Its trainings: itself (a settings.Setting has several)."""
+        """Its trainings: itself (a seed_groups.Setting has several)."""
         return [self]
 
     @property
