@@ -178,9 +178,9 @@ def mapped_ids(tmp_path, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(random uint8 ids, the same written to an ids file and mapped): n - 1000 training ids, 1000 validation."""
     ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
     ids_file = IdsFile(tmp_path, "k")
-    ids_file.write([ids.numpy()], {"sha256": "s", "tokenizer": {}, "n_train": n - 1000, "n_val": 1000,
-                                   "vocab_size": 256, "dtype": "uint8"})
-    return ids, ids_file.load().ids
+    record = ids_file.write([ids.numpy()], {"sha256": "s", "tokenizer": {}, "n_train": n - 1000, "n_val": 1000,
+                                            "vocab_size": 256, "dtype": "uint8"})
+    return ids, ids_file.load(record).ids
 
 
 def resident_file_bytes() -> int:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from gru_experiments.data.download import downloaded_corpus, sha256_of
+from gru_experiments.data.download import downloaded_corpus
 from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
 from gru_experiments.data.token_ids import ids_dtype, ids_key, prepared_ids, release_pages
 from gru_experiments.data.tokenizers import (
@@ -25,7 +25,7 @@ from gru_experiments.data.tokenizers import (
     tokenizer_to_json,
 )
 from gru_experiments.errors import UserError
-from gru_experiments.files import looks_utf16, read_json, utf8_text
+from gru_experiments.files import looks_utf16, utf8_text
 
 # The corpora shipped in the package (xz -9e) so training needs no network: every `corpora/*.txt.xz`, found by the
 # sha256 of its plain text, so that a corpus is its file and one YAML naming that hash (conf/data/pystdlib.yaml): no
@@ -115,7 +115,8 @@ def hashed_corpus(path: Path) -> CorpusText:
     check_corpus_file(path)
     if path.stat().st_size == 0:
         raise UserError(f"corpus file is empty: {path}")
-    return CorpusText(path, sha256_of(path))
+    with open(path, "rb") as f:
+        return CorpusText(path, hashlib.file_digest(f, "sha256").hexdigest())
 
 
 def read_corpus(path: Path) -> str:
@@ -256,9 +257,8 @@ def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSe
         return probe_corpus(data, loaded, probe, seed)
     settings = dict(tokenizer_settings)
     key = ids_key(loaded.sha256, settings, data["train_fraction"], data.get("test_fraction") or 0)
-    say_if_edited(Path(tokenizer_cache_dir), loaded)
     prepared = prepared_ids(tokenizer_cache_dir, key, loaded.sha256, lambda ids_file: write_ids(
-        ids_file, loaded, settings, data, tokenizer_cache_dir))
+        ids_file, loaded, settings, data, tokenizer_cache_dir), source=loaded.source)
     tokenizer = tokenizer_from_json(prepared.tokenizer_state)
     if kind == "char":
         say_crlf(loaded.source, prepared.record.get("crlf", 0))
@@ -282,43 +282,42 @@ def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> C
     tokenizer = CharTokenizer.from_text(text, [symbols.opening, symbols.closing, *symbols.keys])
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
     corpus = Corpus(tokenizer, encode(train_text), encode(val_text), source, sha256=loaded.sha256,
-                    test_ids=encode(test_text) if data.get("test_fraction") else None)
-    check_long_enough(corpus.train_ids.numel(), corpus.val_ids.numel(), data["seq_len"], "tokens", source)
+                    test_ids=encode(test_text) if data.get("test_fraction") else None)  # a token a character
     corpus.probe = Probe.build(probe, symbols, tokenizer, corpus.train_ids, corpus.val_ids, seed)
     return corpus
 
 
-def write_ids(ids_file, loaded: CorpusText, settings: dict, data, tokenizer_cache_dir) -> None:
+def write_ids(ids_file, loaded: CorpusText, settings: dict, data, tokenizer_cache_dir) -> dict:
     """The corpus's ids into `ids_file` (token_ids.IdsFile): the char tokenizer's streamed through the text twice
     (its vocabulary, then the ids: vectorised, never the whole text in memory), the byte tokenizer's the file's bytes
     as they are (no decoding: an invalid UTF-8 sequence is bytes like any other), SentencePiece's from the text."""
     kind, source, crlf = settings["kind"], loaded.source, 0
-    if kind == "char":
-        counts, n_symbols, crlf = character_counts(loaded)
-        codepoints = np.flatnonzero(counts)
-        tokenizer = CharTokenizer(map(chr, codepoints.tolist()))
-        table = np.zeros(len(counts), dtype=ids_dtype(tokenizer.vocab_size))
-        table[codepoints] = np.arange(len(codepoints))
-        chunks = (table[code_points(chunk)] for chunk in text_chunks(loaded))
-    elif kind == "byte":
-        tokenizer = ByteTokenizer()
-        n_symbols, chunks = corpus_bytes(loaded)
-    else:
+    if kind in ("char", "byte"):
+        if kind == "char":
+            counts, n_symbols, crlf = character_counts(loaded)
+            codepoints = np.flatnonzero(counts)
+            tokenizer = CharTokenizer(map(chr, codepoints.tolist()))
+            table = np.zeros(len(counts), dtype=ids_dtype(tokenizer.vocab_size))
+            table[codepoints] = np.arange(len(codepoints))
+            chunks = (table[code_points(chunk)] for chunk in text_chunks(loaded))
+        else:
+            tokenizer = ByteTokenizer()
+            n_symbols, chunks = corpus_bytes(loaded)
+        n_train, n_val, n_test = split_sizes(n_symbols, data)
+        check_long_enough(n_train, n_val, data["seq_len"], "characters" if kind == "char" else "bytes", source,
+                          n_test if data.get("test_fraction") else None)
+    else:  # SentencePiece: its pieces learnt from the training split
         train_text, val_text, test_text = split_parts(loaded.text, data)
         check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source,
                           len(test_text) if data.get("test_fraction") else None)
         tokenizer = build_tokenizer(kind, train_text, tokenizer_cache_dir,
                                     **{k: v for k, v in settings.items() if k != "kind"})
         chunks = [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in (train_text, val_text, test_text)]
-    if kind == "spm":
         n_train, n_val, n_test = map(len, chunks)
-    else:
-        n_train, n_val, n_test = split_sizes(n_symbols, data)
-        check_long_enough(n_train, n_val, data["seq_len"], "characters" if kind == "char" else "bytes", source,
-                          n_test if data.get("test_fraction") else None)
-    ids_file.write(chunks, {"sha256": loaded.sha256, "source": str(source), "tokenizer": tokenizer_to_json(tokenizer),
-                            "vocab_size": tokenizer.vocab_size, "dtype": ids_dtype(tokenizer.vocab_size).name,
-                            "n_train": n_train, "n_val": n_val, "n_test": n_test, "crlf": crlf})
+    record = {"sha256": loaded.sha256, "source": str(source), "tokenizer": tokenizer_to_json(tokenizer),
+              "vocab_size": tokenizer.vocab_size, "dtype": ids_dtype(tokenizer.vocab_size).name,
+              "n_train": n_train, "n_val": n_val, "n_test": n_test, "crlf": crlf}
+    return ids_file.write(chunks, record)
 
 
 def read_corpus_bytes(path: Path) -> bytes:
@@ -359,12 +358,3 @@ def character_counts(loaded: CorpusText) -> tuple[np.ndarray, int, int]:
         n_chars, last = n_chars + len(chunk), chunk[-1]
     return counts, n_chars, crlf
 
-
-def say_if_edited(folder: Path, loaded: CorpusText) -> None:
-    """One line where ids were prepared from this file when it held another text (its sha256 then)."""
-    for record_file in sorted(folder.glob("ids-*.json")):
-        record = read_json(record_file) or {}
-        if record.get("source") == str(loaded.source) and record.get("sha256") not in (None, loaded.sha256):
-            print(f"corpus {loaded.source} changed since its token ids were prepared (sha256 {record['sha256']}, now "
-                  f"{loaded.sha256}): its ids are prepared anew")
-            return

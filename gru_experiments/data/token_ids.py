@@ -75,9 +75,8 @@ class IdsFile:
         self.folder.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.bin) + ".lock")
 
-    def problem(self, corpus_sha256: str) -> str | None:
-        """Why the file on disk is not this key's ids (None: it is; "" : there is none)."""
-        record = read_json(self.record_file)
+    def problem(self, record, corpus_sha256: str) -> str | None:
+        """Why the file on disk is not this key's ids by its `record` (None: it is; "" : there is none)."""
         if record is None and not self.bin.exists():
             return ""
         if not isinstance(record, dict) or record.get("version") != FORMAT_VERSION:
@@ -89,8 +88,8 @@ class IdsFile:
             return f"it holds {size if self.bin.exists() else 0:,} bytes, not the {expected:,} its record says"
         return None
 
-    def load(self) -> PreparedIds:
-        record = read_json(self.record_file)
+    def load(self, record: dict) -> PreparedIds:
+        """The ids its `record` vouches for, mapped."""
         dtype, n = np.dtype(record["dtype"]), length(record)
         if self.largest_id(dtype, n) >= record["vocab_size"]:  # bytes changed under the record: never trained on
             raise DamagedIds(f"it holds an id past the vocabulary of {record['vocab_size']}")
@@ -112,8 +111,8 @@ class IdsFile:
                 largest = max(largest, int(np.fromfile(f, dtype=dtype, count=min(chunk, n - start)).max()))
         return largest
 
-    def write(self, chunks, record: dict) -> None:
-        """The ids from `chunks` (numpy arrays of ids, in order), then the record that vouches for them."""
+    def write(self, chunks, record: dict) -> dict:
+        """The ids from `chunks` (numpy arrays of ids, in order), then the record that vouches for them (returned)."""
         needed = length(record) * np.dtype(record["dtype"]).itemsize
         self.folder.mkdir(parents=True, exist_ok=True)
         if (free := shutil.disk_usage(self.folder).free) < needed:
@@ -128,7 +127,9 @@ class IdsFile:
                 raise
             raise UserError(f"the disk filled while writing the corpus's token ids to {self.bin} ({error}); nothing "
                             "was kept: free some space, or give another paths.data_dir") from None
-        write_json(self.record_file, {"version": FORMAT_VERSION, "key": self.key, **record})
+        record = {"version": FORMAT_VERSION, "key": self.key, **record}
+        write_json(self.record_file, record)
+        return record
 
 
 _MAPS: list = []  # (weak reference, address, bytes) of each ids file mapped here: release_pages finds its tensor's
@@ -162,22 +163,30 @@ class DamagedIds(ValueError):
     """An ids file whose bytes its record does not vouch for."""
 
 
-def prepared_ids(folder: str | Path, key: str, corpus_sha256: str, prepare) -> PreparedIds:
-    """The ids of `key`, mapped; prepared first (`prepare(ids_file)` writes them) where there are none or they do
-    not match their record (said in a line). Under the file's lock: a second run waits and maps the first's."""
+def prepared_ids(folder: str | Path, key: str, corpus_sha256: str, prepare, source: Path | None = None) -> PreparedIds:
+    """The ids of `key`, mapped; prepared first (`prepare(ids_file)` writes them and returns their record) where there
+    are none or they do not match their record (said in a line), as a line says where the corpus file `source` held
+    another text when its ids were prepared. Under the file's lock: a second run waits and maps the first's."""
     ids_file = IdsFile(folder, key)
     with ids_file.lock():
-        problem = ids_file.problem(corpus_sha256)
+        records = {path: read_json(path) for path in sorted(ids_file.folder.glob("ids-*.json"))}
+        record = records.get(ids_file.record_file)
+        problem = ids_file.problem(record, corpus_sha256)
         if problem is None:
             try:
-                return ids_file.load()
+                return ids_file.load(record)
             except DamagedIds as error:
                 problem = str(error)
+        for other in records.values():
+            if isinstance(other, dict) and other.get("source") == str(source) and \
+                    other.get("sha256") not in (None, corpus_sha256):
+                print(f"corpus {source} changed since its token ids were prepared (sha256 {other['sha256']}, now "
+                      f"{corpus_sha256}): its ids are prepared anew")
+                break
         if problem:
             print(f"the token ids in {ids_file.bin} do not match their record ({problem}): preparing them again")
         started = time.perf_counter()
-        prepare(ids_file)
-        prepared = ids_file.load()
+        prepared = ids_file.load(prepare(ids_file))
         print(f"prepared the token ids of {prepared.record.get('source')} ({prepared.ids.numel():,} tokens, "
               f"{prepared.ids.dtype}) in {time.perf_counter() - started:.1f} s: {ids_file.bin}")
         return prepared
