@@ -91,7 +91,8 @@ def train(cfg, current: Job) -> dict:
         quiet_console()
         # a resume: the run's own config, with this command's overrides; the run folder's lock taken into `held`
         cfg, resume = resume_run(cfg, held if is_first_rank() else None)
-        run = prepare(validate(cfg), resume)  # bad values fail in validate, before any work
+        spec = validate(cfg)  # bad values fail here, before any work
+        run = prepare(spec, resume)
         if resume is None and is_first_rank():  # a new run's folder: locked, refused if a run holds it
             held.enter_context(run.folder.claim())
         # On CUDA: the training step and the evaluation's forwards replayed from CUDA graphs (models/cuda_graphs.py)
@@ -143,8 +144,9 @@ def prepare(spec: RunSpec, resume=None) -> Run:
                             seed=spec.seed, eval_batch_size=spec.eval_batch_size,
                             batching=spec.batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
+    val_batches = len(data.val_dataloader())
+    check_trainer(spec, val_batches, model.trainable)  # what Lightning refuses, before any write
     check_sizes(spec, model, data.train_ids.numel(), val_ids.numel())
-    check_trainer(spec, len(data.val_dataloader()), model.trainable)  # what Lightning refuses, before any write
     if resume is not None:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
