@@ -1,7 +1,6 @@
-"""One process at a time in a run folder: an OS lock on the folder itself (flock on its directory), which a killed
-process drops and no file stands for, so deleting a file frees nothing and a finished run leaves no lock behind.
-Where the folder's file system cannot lock a directory (NFS; no fcntl), a lock file in it, `.run.lock`, instead.
-A `.run.lock` that a version from before this one holds counts as in use too. Used through `RunDir.hold`.
+"""One process at a time in a run folder: flock on the folder's directory, which a killed process drops and no file
+stands for; where the file system cannot lock a directory (NFS; no fcntl), a lock file, `.run.lock`, instead (one an
+older version holds counts as in use too). Used through `RunDir.hold`.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ def folder_lock(path: Path, in_use: str):
 
 
 def _lock_directory(path: Path, in_use: str) -> Callable[[], None] | None:
-    """flock on the folder's directory: its release; None where the file system cannot lock a directory;
-    RunFolderTaken where another process holds it (or an older version its lock file)."""
+    """flock on the folder's directory: its release; None where the file system cannot lock a directory."""
     if fcntl is None:
         return None
     try:
@@ -74,8 +72,7 @@ def _held(lock_file: Path) -> bool:
 
 
 def _lock_file(path: Path, in_use: str) -> Callable[[], None]:
-    """The fallback: .run.lock (filelock): its release; RunFolderTaken where another process holds it. One that
-    cannot be a lock file (a folder, a dangling link) is a UserError in one line."""
+    """The fallback, .run.lock (filelock): its release; one that cannot be a lock file is a UserError in one line."""
     from filelock import FileLock, Timeout
 
     lock_file = path / LOCK_FILE

@@ -1,10 +1,7 @@
-"""Continuing an interrupted run in its own folder, from checkpoints/last.ckpt, with the config it was
-started with (python train.py resume=last | resume=RUN_DIR): conf/hydra points the job at the run's folder
-(run_dir.run_folder); inside train(), `resume_run` builds the run's own config and checks it (RunDir.record_config
-records it). How, and what a resume may not change: docs/internals.md, *Resuming a run*.
-
-Part of the config layer (with the entry points, runs/checks.py and runs/jobs.py): it composes the resumed run's
-config from the saved one and this command's, and checks it, before validation builds the run's spec from it.
+"""Continuing an interrupted run in its own folder, from checkpoints/last.ckpt, with the config it was started with
+(python train.py resume=last | resume=RUN_DIR): `resume_run` composes the run's own config with this command's
+overrides and checks it, before validation builds the spec. What a resume may not change: docs/internals.md,
+*Resuming a run*.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ LAST = "last"
 
 
 def find_run(resume: str, log_dir, model_name: str) -> RunDir:
-    """The run folder to continue for resume=last or resume=RUN_DIR; UserError if it cannot be
-    resumed (no such folder, no checkpoint yet, already finished). Reads no checkpoint."""
+    """The run folder to continue for resume=last or resume=RUN_DIR; UserError if it cannot be resumed."""
     resume = str(resume)
     if resume == LAST:
         run = newest_run(log_dir, model_name)
@@ -63,8 +59,7 @@ def find_run(resume: str, log_dir, model_name: str) -> RunDir:
 
 @dataclass
 class ResumePoint:
-    """A run's last checkpoint as far as resuming needs it before Lightning loads it: read
-    memory-mapped (the tensors stay on disk), so checking it costs next to nothing."""
+    """A run's last checkpoint as far as resuming needs it before Lightning loads it (read memory-mapped: cheap)."""
     run: RunDir
     checkpoint: Path
     step: int
@@ -108,8 +103,7 @@ class ResumePoint:
                             "a good copy of it, or start a new run)")
 
     def check_corpus(self, corpus) -> None:
-        """The corpus (data/corpus.CorpusText) must be the text the run trained on, by the sha256 its checkpoint
-        recorded (a checkpoint from before the record: the tokenizer's vocabulary, in `check`)."""
+        """The corpus (data/corpus.CorpusText) must be the text the run trained on, by its checkpoint's sha256."""
         if self.corpus_sha256 is not None and corpus.sha256 != self.corpus_sha256:
             raise UserError(f"the corpus changed since run {self.run.path} trained on it: {corpus.source} has sha256 "
                             f"{corpus.sha256}, but checkpoint {self.checkpoint} was trained on sha256 "
@@ -117,11 +111,9 @@ class ResumePoint:
                             "(or start a new run)")
 
     def check_config(self, cfg, named: tuple[str, ...] | None = None) -> None:
-        """What a resume may not change, read from the composed config alone, so that train.py refuses it before
-        anything is written: the learning rate and every recipe key (the optimiser's state and schedule in the
-        checkpoint belong to them: another recipe would not even load, another rate would silently train on),
-        and a step limit that would train nothing and mark the run finished. `named`: the keys this command names
-        (None: unknown), so that a value the command did not ask for is blamed on the run's saved config."""
+        """What a resume may not change, refused before anything is written: the learning rate and every recipe key
+        (the checkpoint's optimiser state and schedule belong to them), and a step limit that would train nothing.
+        `named`: the keys this command names (None: unknown), so that another value is blamed on the saved config."""
         saved, asked = _pinned(self.hyper_parameters), _pinned({"lr": cfg.model.get("lr"), "optim": cfg.get("optim")})
         for key, value in saved.items():
             if asked.get(key) != value:
@@ -163,8 +155,8 @@ def _shown(value) -> str:
 
 
 def step_limit(cfg) -> int | None:
-    """The training step a config stops at: trainer.max_steps or the model's recipe (epochs x steps per
-    epoch), whichever comes first; None when neither bounds it, and for a fast_dev_run (a smoke run of its own)."""
+    """The training step a config stops at: trainer.max_steps or epochs x steps per epoch, whichever comes first;
+    None when neither bounds it, and for a fast_dev_run."""
     from gru_experiments.runs.recipe import recipe_length
 
     if select(cfg, "trainer.fast_dev_run") not in (MISSING, None, False, 0):
@@ -194,12 +186,10 @@ COMMAND_KEYS = ("resume", "ckpt_path")  # this command's own: never the run's
 
 
 def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
-    """For resume=last|RUN_DIR in cfg: the run's own config (its newest record in .hydra/) with this command's
-    overrides, and its checkpoint, read cheaply and checked (`ResumePoint.check_config`); (cfg, None) without
-    resume. A run folder without a saved config (train() called without Hydra) resumes with cfg as given.
-    Temporary files of a save cut short by the interruption are removed. `held` (an ExitStack): the run folder's
-    lock is taken into it before anything is read, so that a second resume of a running run is refused in one line
-    (RunDir.hold)."""
+    """For resume=last|RUN_DIR in cfg: the run's own config (its newest record in .hydra/; without one, cfg as given)
+    with this command's overrides, and its checkpoint, read cheaply and checked; (cfg, None) without resume. `held`
+    (an ExitStack) takes the run folder's lock before anything is read (RunDir.hold). A cut-off save's temporary
+    files are removed."""
     from hydra.core.hydra_config import HydraConfig
 
     from gru_experiments.files import leftover_temporaries
@@ -249,8 +239,7 @@ def resume_run(cfg, held=None) -> tuple[object, ResumePoint | None]:
 
 
 def check_corpus_place(run: RunDir, saved, cfg, point: ResumePoint, resume) -> None:
-    """The run's corpus where its config says it is, or one line on how to resume a run whose corpus moved; a line
-    where this command gives it another place (the same text: prepare checks the checkpoint's sha256)."""
+    """The run's corpus where its config says it is, or one line on how to resume a run whose corpus moved."""
     was, now = (OmegaConf.select(c, "data.path", default=None) for c in (saved, cfg))
     if now is not None and now != was:
         print(f"data.path={now}: the run trained on {was}; it resumes on this file if it is the same text (its sha256 "
@@ -264,10 +253,8 @@ def check_corpus_place(run: RunDir, saved, cfg, point: ResumePoint, resume) -> N
 
 def saved_config(run: RunDir, point: ResumePoint, named=None):
     """What the run was trained with: its saved config (.hydra/), checked against the config its checkpoint recorded,
-    or that recorded config where the saved one is missing or damaged (with a line saying so); never today's
-    defaults. UserError where neither holds it (a checkpoint from before checkpoints recorded their config) or where
-    the saved config was edited since (a key of KEPT differs from the checkpoint's), or where the record names a
-    callable the project does not (run_contents.check_record; `named`: the keys this command names)."""
+    or that record where the saved one is missing or damaged (said in a line); never today's defaults. UserError
+    where neither holds it, or the saved config was edited since (a key of KEPT differs from the checkpoint's)."""
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
 
@@ -330,11 +317,10 @@ def _keys(config, prefix: str = "") -> list[str]:
 def resumed_config(saved, composed, overrides: list[str], choices=None, today=None, run: RunDir | None = None,
                    movable: tuple[str, ...] = ()):
     """The run's saved config with this command's `overrides` applied, each with the value `composed` (this
-    command's own composition) gives it, but a group the run chose alike (`choices`: its config groups'
-    options), whose keys stay the run's. A key the run's config lacks (added since) keeps today's default
-    where this command chose the run's option of its group (`today`: this command's choices). UserError for
-    an override a resume cannot take: a config group that is no key of its own (experiment=, preset=), or
-    another value for a key of KEPT but those `movable` (data.path, where the checkpoint's sha256 checks the text)."""
+    command's composition) gives it, but a group the run chose alike (`choices`), whose keys stay the run's; a key
+    added since keeps today's default where the command chose the run's option of its group (`today`). UserError
+    for an override a resume cannot take: a group that is no key (experiment=, preset=), or another value for a key
+    of KEPT but those `movable` (data.path, where the checkpoint's sha256 checks the text)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     plain, choices, today = OmegaConf.to_container(composed, resolve=False), choices or {}, today or {}

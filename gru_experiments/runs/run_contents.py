@@ -1,12 +1,7 @@
-"""A run folder is data, not code: the one allow-list of the callables a run's saved files may name, and the check of
-those files before anything of them is built or written (docs/robustness.md, *What a run folder may contain*).
-
-A config names a callable by Hydra's `_target_` (instantiated by a resume: the trainer, the logger, early stopping; the
-recipe and the model class are built by the package itself) and hydra.yaml names Hydra's launcher, sweeper and the
-logging handlers (never built from the folder, checked all the same). Anyone may hand a user a run folder to resume, so
-each of them must be one the project names; any other `_target_` or import path is refused in one line naming the key
-and the file, and the folder stays byte-identical. What this command line names is the user's own (`check_record`'s
-`named` and `own`): a `_target_` typed now is taken as typed.
+"""A run folder is data, not code: the one allow-list of the callables a run's saved files may name (each `_target_`,
+hydra.yaml's launcher, sweeper and logging classes), checked before anything of them is built or written; any other is
+refused in one line naming the key and the file. What this command line names is the user's own. Why and how:
+docs/robustness.md, *What a run folder may contain*.
 """
 
 from __future__ import annotations
@@ -66,9 +61,8 @@ def _package_model(target: str) -> bool:
 
 
 def callables(record, prefix: str = "") -> list[tuple[str, object]]:
-    """(dotted key, value) of everything in a record (a config or hydra.yaml, plain) that names a callable: each
-    `_target_`, and in its logging config each `class`, `()` and `ext://` value; in a recorded command line (a list of
-    `key=value`, hydra.yaml's overrides) each override of a `_target_` or with one in its value."""
+    """(dotted key, value) of everything in a plain record that names a callable: each `_target_`, the logging
+    config's `class`, `()` and `ext://` values, and in a recorded command line each override naming a `_target_`."""
     found = []
     if isinstance(record, dict):
         for key, value in record.items():
@@ -95,10 +89,8 @@ def saved_files(folder: Path) -> list[Path]:
 
 
 def check_record(record, where, named=None, own=None) -> None:
-    """UserError, in one line naming the key and `where`, for a callable in `record` (a config, hydra.yaml's, a list of
-    overrides: OmegaConf or plain) that the allow-list does not name. What this command line gives is the user's own:
-    a key `named` on it (or under one), whose value the command replaces, and a value equal to `own`'s (this command's
-    config, at the same key)."""
+    """UserError, in one line naming the key and `where`, for a callable in `record` that the allow-list does not name.
+    The user's own: a key `named` on this command line (or under one), and a value equal to `own`'s at that key."""
     plain = OmegaConf.to_container(record, resolve=False) if OmegaConf.is_config(record) else record
     typed = named is not None or own is not None  # a command that takes a _target_ of its own (train.py's resume)
     for key, value in callables(plain):
@@ -128,9 +120,8 @@ def _what_it_may_name(key: str) -> str:
 
 
 def check_run_files(folder, named=None, upgrade=None) -> None:
-    """Every config and command line a run folder records (`saved_files`) through `check_record`; a file that is not
-    YAML is left to its reader, which says so. A record of an older layout (whose model class has moved since, say) is
-    refused as such, naming the script that upgrades `upgrade` (default the folder): run_dir.refuse_older_layout."""
+    """Every config and command line a run folder records through `check_record` (a file that is not YAML is left to
+    its reader); one of an older layout is refused as such (run_dir.refuse_older_layout)."""
     for path in saved_files(folder):
         try:
             record = OmegaConf.load(path)

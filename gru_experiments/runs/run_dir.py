@@ -1,9 +1,5 @@
-"""The run folder: the one place that knows its layout (summary.json, samples.json, history.csv,
-checkpoints/, .hydra/: docs/internals.md, *The run folder*, and docs/outputs.md).
-
-`RunDir` reads the summary and the config and finds the run a checkpoint belongs to; `model_runs`
-and `newest_run` find a model's runs. Kept free of heavy imports: sample.py resolves its output
-folder's name through `model_name_for` before anything else is loaded.
+"""The run folder: the one place that knows its layout (docs/internals.md, *The run folder*; docs/outputs.md).
+Kept free of heavy imports: sample.py names its output folder through `model_name_for` before anything is loaded.
 """
 
 from __future__ import annotations
@@ -80,8 +76,7 @@ class RunDir:
         return summary is not None and summary.get("status") != "failed"
 
     def recorded_model_name(self) -> str | None:
-        """The model its summary, else its config, names, or None (a folder of an older layout is refused only
-        where it is read: finding a model's runs passes over it)."""
+        """The model its summary, else its config, names, or None (an older layout is passed over, not refused)."""
         summary = self.summary()
         name = summary.get("model") if summary else None
         if not name and self.config_file.is_file():
@@ -89,8 +84,7 @@ class RunDir:
         return name or None
 
     def model_name(self) -> str | None:
-        """The model it trains: its summary's, else its config's, else the folder layout's
-        (runs/<model>/<time> or <num>_<model> in a sweep)."""
+        """The model it trains: recorded, else the folder layout's (runs/<model>/<time>, <num>_<model> in a sweep)."""
         if name := self.recorded_model_name():
             return name
         if self.path.parent.parent.name == "runs":
@@ -99,8 +93,8 @@ class RunDir:
         return name if number.isdigit() and name else None
 
     def last_checkpoint(self) -> Path | None:
-        """The checkpoint to sample from: the one summary.json records (looked up in this folder,
-        so a moved run folder still works), else checkpoints/last.ckpt; None if there is none."""
+        """The checkpoint to sample from: summary.json's (in this folder: a moved run still works), else last.ckpt;
+        None if there is none."""
         recorded = (self.summary() or {}).get("checkpoint")
         candidates = [self.checkpoint_dir / Path(recorded).name] if recorded else []
         return next((c for c in [*candidates, self.checkpoint] if c.is_file()), None)
@@ -112,9 +106,8 @@ class RunDir:
     # --- one run, one process at a time -------------------------------------------------------
     @contextmanager
     def hold(self, what: str = "train in it"):
-        """The folder's lock (runs/folder_lock.py: an OS lock on the folder itself, which a killed process drops),
-        held for the block: a run folder is trained in by one process at a time. RunFolderTaken, in one line, if
-        another process holds it."""
+        """The folder's lock (runs/folder_lock.py), held for the block: one process at a time trains in a run folder.
+        RunFolderTaken, in one line, if another process holds it."""
         with folder_lock(self.path, f"{self.path} is in use: another process is training in it (it holds the "
                                     f"folder's lock), so this command cannot {what}; wait for that one to end (or "
                                     "stop it), then run this command again"):
@@ -123,8 +116,7 @@ class RunDir:
     @contextmanager
     def claim(self):
         """A new run's folder, held for the block (`hold`). RunFolderTaken, in one line, where it lies inside a run's
-        folder (refused before the lock would create it) or holds a run already (refused under the lock, so that no
-        other process starts one in it meanwhile; the line names resume=); nothing in it is changed."""
+        folder or holds a run already (checked under the lock); nothing in it is changed."""
         if (outer := enclosing_run(self.path)) is not None:
             raise RunFolderTaken(f"{self.path} is inside the folder of a run ({outer.path}), which holds that run "
                                  "alone; a new run goes in a folder of its own (leave hydra.run.dir out, or name a "
@@ -153,9 +145,8 @@ class RunDir:
         return write_json(self.summary_file, summary)
 
     def record_config(self, config: dict, resumed: bool = False) -> Path | None:
-        """This job's config record (`config` unresolved) in .hydra/, a resume's in .hydra/resumed_<time>/: Hydra
-        records nothing when a training job starts (conf/hydra/default.yaml), so train() does once the folder is its
-        own and every check has passed. Returns that folder; None without Hydra (train() called from Python)."""
+        """This job's config record (`config` unresolved) in .hydra/, a resume's in .hydra/resumed_<time>/, written
+        once every check has passed (Hydra records nothing itself: conf/hydra/default.yaml). None without Hydra."""
         from hydra.core.hydra_config import HydraConfig
 
         if not HydraConfig.initialized():
@@ -184,8 +175,7 @@ class RunDir:
 
 
 def enclosing_run(path) -> RunDir | None:
-    """The run whose folder holds `path` (at any depth: its checkpoints/, or a folder a user made in it), or None. A
-    run folder is known by its config record or its last checkpoint (a sweep's folder has neither)."""
+    """The run whose folder holds `path` at any depth (known by its config record or last checkpoint), or None."""
     for parent in Path(path).resolve().parents:
         if (parent / HYDRA).is_dir() or (parent / LAST_CHECKPOINT).is_file():
             return RunDir(parent)
@@ -193,8 +183,7 @@ def enclosing_run(path) -> RunDir | None:
 
 
 def model_runs(log_dir, model_name: str) -> list[RunDir]:
-    """Every run of `model_name` under log_dir that wrote a summary or a last checkpoint
-    (finished, failed or interrupted), newest first (by `RunDir.last_written`)."""
+    """Every run of `model_name` under log_dir with a summary or a last checkpoint, newest first."""
     log_dir = Path(log_dir)
     folders = {p.parent for p in log_dir.rglob(SUMMARY)}
     folders |= {p.parents[1] for p in log_dir.rglob(LAST_CHECKPOINT.name) if p.parent.name == CHECKPOINTS}
@@ -209,7 +198,7 @@ def newest_run(log_dir, model_name: str) -> RunDir | None:
 
 def run_folder(resume, log_dir, model_name: str, stamp: str) -> str:
     """hydra.run.dir (conf/hydra/default.yaml): the folder of the run that resume= names, where there is one, else
-    a new one, <log_dir>/runs/<model>/<stamp>. What cannot be resumed, resume.resume_run refuses in one line."""
+    a new one, <log_dir>/runs/<model>/<stamp> (resume_run refuses what cannot be resumed)."""
     if resume is not None:
         run = newest_run(log_dir, model_name) if str(resume) == "last" else RunDir(Path(str(resume)).expanduser())
         if run is not None and run.path.is_dir():
@@ -243,8 +232,7 @@ def find_checkpoint(model_name: str, log_dir: str | Path, ckpt: str | None = Non
 
 
 def model_name_for(default: str, run: str | None = None, ckpt: str | None = None) -> str:
-    """The model a sampling run uses, for its folder name: the run's (summary.json, else its
-    config), else the checkpoint's own record, else `default` (the configured model)."""
+    """The model a sampling run uses, for its folder name: the run's, else the checkpoint's, else `default`."""
     try:
         run_dir = RunDir(Path(run).expanduser()) if run else (RunDir.of_checkpoint(ckpt) if ckpt else None)
         if run_dir is not None and (name := run_dir.recorded_model_name()):
@@ -281,9 +269,7 @@ PACKAGE = "gru_experiments."
 
 
 def older_layout(record) -> str | None:
-    """What marks a run's config or a checkpoint's hyper-parameters (a config or a dict) as of an older layout, said
-    as `key=value` (a recipe or model named for the seed, a model class from before models/ or none, a key gone
-    since), or None for today's."""
+    """What marks a run's config or a checkpoint's hyper-parameters as of an older layout, as `key=value`, or None."""
     plain = OmegaConf.to_container(record, resolve=False) if OmegaConf.is_config(record) else record
     if not isinstance(plain, dict):
         return None
