@@ -57,9 +57,20 @@ class RecurrentLayer(nn.Module):
 
 
 class GRULayer(RecurrentLayer):
-    """The study's GRU, deliberately not PyTorch's "reset-after" variant: r applies to h before W_h. Its formulas
-    and parameter count: docs/internals.md, *The recurrent layers*. The weights are stored packed (input side
-    rows [r | z | candidate]) so that a fast path projects every time step in one matmul."""
+    """The study's GRU (deliberately not PyTorch's "reset-after" variant):
+
+        r  = σ(W_rx·x + b_rx + W_rh·h + b_r)
+        z  = σ(W_zx·x + b_zx + W_zh·h + b_z)
+        h̃  = tanh(W_x·x + b_x + W_h·(r ⊙ h))      reset applied to h *before* W_h
+        h' = (1 − z) ⊙ h + z ⊙ h̃
+
+    Hidden-side matmuls carry no bias; r and z each have one extra bias (b_r, b_z)
+    beside their input-side bias. Per layer: 3·H·I + 3·H·H + 5·H parameters.
+
+    Parameters are stored packed (all input-side weights in one matrix, rows
+    [r | z | candidate]) so that a fast path can project every time step in one
+    matmul; `step` unpacks them by name.
+    """
 
     def __init__(self, input_size: int, hidden_size: int, implementation: str = "fast"):
         super().__init__(input_size, hidden_size, implementation)
@@ -90,9 +101,19 @@ class GRULayer(RecurrentLayer):
 
 
 class LSTMLayer(RecurrentLayer):
-    """A standard LSTM with one bias per gate, on the input side only; state (h, c). Formulas: docs/internals.md.
-    `forget_bias` is added to b_f at initialisation: 1 keeps the cell's memory from the first step (Gers et al.
-    2000; Jozefowicz et al. 2015); 0 leaves PyTorch's initialisation."""
+    """A standard LSTM with one bias per gate, on the input side only:
+
+        i = σ(W_ix·x + b_i + W_ih·h)      input gate
+        f = σ(W_fx·x + b_f + W_fh·h)      forget gate
+        g = tanh(W_gx·x + b_g + W_gh·h)   candidate
+        o = σ(W_ox·x + b_o + W_oh·h)      output gate
+        c' = f ⊙ c + i ⊙ g
+        h' = o ⊙ tanh(c')
+
+    Per layer: 4·H·I + 4·H·H + 4·H parameters. State is (h, c). `forget_bias` is added to b_f at
+    initialisation: 1 starts the forget gate near σ(1) ≈ 0.73 instead of 0.5, so that the cell keeps its memory
+    from the first step (Gers et al. 2000; Jozefowicz et al. 2015); 0 leaves PyTorch's initialisation.
+    """
 
     def __init__(self, input_size: int, hidden_size: int, implementation: str = "fast", forget_bias: float = 0.0):
         super().__init__(input_size, hidden_size, implementation)
@@ -132,7 +153,13 @@ class LSTMLayer(RecurrentLayer):
 
 
 class RNNLayer(RecurrentLayer):
-    """The Elman RNN, h' = tanh(W_x·x + b + W_h·h): one bias (PyTorch's two, b_ih and b_hh, add up to one)."""
+    """The Elman RNN:
+
+        h' = tanh(W_x·x + b + W_h·h)
+
+    One bias (PyTorch's built-in Elman layer has two, b_ih and b_hh, which add up to one). Per layer:
+    H·I + H·H + H parameters.
+    """
 
     def __init__(self, input_size: int, hidden_size: int, implementation: str = "fast"):
         super().__init__(input_size, hidden_size, implementation)
