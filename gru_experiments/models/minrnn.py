@@ -1,6 +1,12 @@
 """Feng et al. (2024), "Were RNNs All We Needed?": minGRU and minLSTM, the ladder's rung past the LSTM. Their
 gates and candidate read the input only, so h_t = a_t ⊙ h_{t−1} + b_t and a sequence runs as one scan in log
-space. The formulas, the stack and what differs from the paper: docs/internals.md, *minGRU and minLSTM*.
+space. Per layer, k = W·x + bias:
+
+    minGRU   z = σ(k_z)                            h' = (1 − z) ⊙ h + z ⊙ g(k_h)
+    minLSTM  f = σ(k_f), i = σ(k_i)                h' = f/(f + i) ⊙ h + i/(f + i) ⊙ g(k_h)
+    g(x) = x + 0.5 for x ≥ 0, σ(x) for x < 0       (the candidate h̃ = g(k_h) is always positive)
+
+The stack and what differs from the paper: docs/internals.md, *minGRU and minLSTM*.
 """
 
 import torch
@@ -25,7 +31,8 @@ def log_g(x: Tensor) -> Tensor:
 
 def log_scan(log_a: Tensor, log_b: Tensor, h0: Tensor) -> Tensor:
     """Every h_t (B, T, H) of h_t = a_t ⊙ h_{t−1} + b_t from log a, log b (B, T, H), b > 0, and h_0 (B, H) of any
-    sign: the sum in log space (Heinsen 2023), the h_0 term outside it (docs/internals.md has the formula)."""
+    sign: h_t = A_t ⊙ (h_0 + Σ_{k≤t} b_k / A_k) with A_t = Π_{k≤t} a_k, the sum in log space (Heinsen 2023), the
+    h_0 term outside it."""
     a_star = log_a.cumsum(1)  # log A_t
     return torch.exp(a_star + torch.logcumsumexp(log_b - a_star, 1)) + torch.exp(a_star) * h0.unsqueeze(1)
 
