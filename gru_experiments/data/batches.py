@@ -75,8 +75,7 @@ class RandomWindowBatches:
             self.read += 1
             yield windows[:, :-1], windows[:, 1:]
 
-    # Lightning restores this on a mid-epoch resume: the generator then draws the rest of the epoch's
-    # batches exactly as the uninterrupted run did (docs/internals.md, *Batches*).
+    # Restored on a mid-epoch resume: the rest of the epoch as the uninterrupted run drew it (docs/internals.md).
     def state_dict(self) -> dict:
         return {"generator_state": self.generator.get_state(), **self.position()}
 
@@ -107,9 +106,8 @@ class EvalBatches:
 
 
 class StreamBatches:
-    """Truncated BPTT (as char-rnn and AWD-LSTM): contiguous streams read in chunks of seq_len, one chunk of
-    every stream a batch (inputs, targets, starts_pass), each pass from a seeded offset, DDP ranks on disjoint
-    streams; (pass, chunk, step) is the whole state. The layout: docs/internals.md, *Batches*."""
+    """Truncated BPTT: contiguous streams read in chunks of seq_len, one chunk of every stream a batch (inputs,
+    targets, starts_pass); (pass, chunk, step) is the whole state. The layout: docs/internals.md, *Batches*."""
 
     def __init__(self, ids: Tensor, batch_size: int, seq_len: int, steps: int, seed: int,
                  rank: int = 0, world_size: int = 1, pass_ids: PassSource | None = None):
@@ -162,8 +160,7 @@ class StreamBatches:
             release_pages(self.ids)  # as the windows do
             yield inputs, targets, starts_pass
 
-    # The position travels in checkpoints (here for a mid-epoch resume, through the data module
-    # for every resume); Lightning does not prefetch from a loader with a length.
+    # In checkpoints (for a mid-epoch resume); Lightning does not prefetch from a loader with a length.
     def state_dict(self) -> dict:
         return {"pass_index": self.pass_index, "chunk": self.chunk, "step": self.step}
 
@@ -247,8 +244,7 @@ class CorpusDataModule(L.LightningDataModule):
     def val_dataloader(self):
         return EvalBatches(self.val_ids, self.eval_batch_size, self.seq_len)
 
-    # The window sampler's random state and epoch and the streams' position travel in checkpoints, so
-    # a resumed run reads the batches the uninterrupted run would have read.
+    # In checkpoints: a resumed run reads the batches the uninterrupted run would have read.
     def state_dict(self) -> dict:
         state = {"generator_state": self.generator.get_state()} if self.generator is not None else {}
         if self.windows is not None:
@@ -271,9 +267,8 @@ class CorpusDataModule(L.LightningDataModule):
         try:
             self.generator.set_state(state)
         except RuntimeError:
-            # A checkpoint written on another kind of device (a GPU run resumed on a CPU): a generator's state
-            # does not carry across device types, so the windows after the resume are drawn from a seed that
-            # state fixes, the same on every such resume, not the ones the uninterrupted run would have drawn.
+            # A checkpoint of another device type (a GPU run resumed on a CPU): its generator's state does not carry
+            # across, so the windows after the resume are drawn from a seed that state fixes.
             self.generator.manual_seed(int(state.long().sum()) + self.seed)
             print(f"resume: the checkpoint's window sampler ran on another device type than {self.generator.device}; "
                   "the windows from here on differ from an uninterrupted run's", flush=True)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from gru_experiments.data.download import downloaded_corpus
+from gru_experiments.data.download import downloaded_corpus, sha256_of
 from gru_experiments.data.recall_probe import NEEDS_CHAR, Probe, ProbeSettings, probe_symbols
 from gru_experiments.data.token_ids import ids_dtype, ids_key, prepared_ids, release_pages
 from gru_experiments.data.tokenizers import (
@@ -27,10 +27,8 @@ from gru_experiments.data.tokenizers import (
 from gru_experiments.errors import UserError
 from gru_experiments.files import looks_utf16, utf8_text
 
-# The corpora shipped in the package (xz -9e) so training needs no network: every `corpora/*.txt.xz`, found by the
-# sha256 of its plain text, so that a corpus is its file and one YAML naming that hash (conf/data/pystdlib.yaml): no
-# list here to edit. The default: Tiny Shakespeare. data=pystdlib: 46 modules of CPython 3.11.7's standard library
-# (PSF licence, corpora/pystdlib.LICENSE.txt), built by tools/build_pystdlib_corpus.py.
+# The corpora shipped in the package (xz -9e: no network needed), each found by the sha256 of its plain text: a corpus
+# is its file and one YAML naming that hash (conf/data/pystdlib.yaml), no list here to edit.
 CORPORA = Path(__file__).resolve().parent / "corpora"
 SHIPPED_CORPUS = CORPORA / "tinyshakespeare.txt.xz"
 SHIPPED_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # of the plain text
@@ -92,9 +90,8 @@ class CorpusText:
 
 
 def load_corpus(data) -> CorpusText:
-    """The corpus the data group (a mapping: RunSpec.data) names (`corpus_path`), checked against data.sha256 where
-    that is given with data.path (a shipped corpus is checked against its own, a download as it is fetched). A
-    plain file is hashed, not read: its ids may be prepared already (data/token_ids.py)."""
+    """The corpus the data group names, checked against data.sha256 given with data.path; a plain file is hashed, not
+    read: its ids may be prepared already (data/token_ids.py)."""
     source = corpus_path(data["path"], data["url"], data.get("sha256"), data["cache_dir"])
     corpus = read_corpus_text(source) if source.suffix == ".xz" else hashed_corpus(source)
     if data["path"] and data.get("sha256") and corpus.sha256 != data["sha256"]:
@@ -115,8 +112,7 @@ def hashed_corpus(path: Path) -> CorpusText:
     check_corpus_file(path)
     if path.stat().st_size == 0:
         raise UserError(f"corpus file is empty: {path}")
-    with open(path, "rb") as f:
-        return CorpusText(path, hashlib.file_digest(f, "sha256").hexdigest())
+    return CorpusText(path, sha256_of(path))
 
 
 def read_corpus(path: Path) -> str:
@@ -182,7 +178,8 @@ def text_chunks(corpus: CorpusText, chunk_bytes: int = CHUNK_BYTES) -> Iterator[
                 return
 
 
-def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source, n_test: int | None = None) -> None:
+def check_long_enough(n_train: int, n_val: int, n_test: int, data, unit: str, source) -> None:
+    seq_len = data["seq_len"]
     if n_train < seq_len + 1:
         raise UserError(f"corpus too short: the training split of {source} has {n_train} {unit}, fewer than one "
                         f"training window plus one (data.seq_len + 1 = {seq_len + 1}); use a longer corpus or a "
@@ -190,7 +187,7 @@ def check_long_enough(n_train: int, n_val: int, seq_len: int, unit: str, source,
     if n_val < 2:
         raise UserError(f"corpus too short: the validation split of {source} has {n_val} {unit}, it needs at least "
                         "2; use a longer corpus or a smaller data.train_fraction")
-    if n_test is not None and n_test < 2:
+    if data.get("test_fraction") and n_test < 2:
         raise UserError(f"corpus too short: the test split of {source} has {n_test} {unit}, it needs at least 2; "
                         "use a longer corpus or a larger data.test_fraction (0: no test split)")
 
@@ -228,8 +225,7 @@ class Corpus:
 
 
 def scored_split(name: str, val, test, source):
-    """The split an evaluation scores (evaluation.split): the validation split (`val`), or the test split (`test`,
-    None where the corpus has none: refused in a line). The validation over training never sees the test split."""
+    """The split an evaluation scores (evaluation.split): `val`, or `test` (None where the corpus has none: refused)."""
     if name != "test":
         return val
     if test is None:
@@ -244,11 +240,8 @@ def no_test_split(source) -> UserError:
 
 def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSettings | None = None,
                    seed: int = 0, loaded: CorpusText | None = None) -> Corpus:
-    """Load (or take `loaded`: load_corpus's), split, fit the tokenizer, encode both splits; with `probe`, the recall
-    probe seeded `seed`. `data` and `tokenizer_settings`: those config groups as mappings (RunSpec's). The char
-    vocabulary is the whole corpus's characters (as char-rnn and nanoGPT: any UTF-8 text trains) and the probe's;
-    SentencePiece learns its pieces from the training split only. Without a probe the ids are prepared once into
-    a file beside the tokenizer's cache and mapped (data/token_ids.py); the probe's symbols are its own, in memory."""
+    """Load (or take `loaded`), split, fit the tokenizer and encode the splits (prepared once and mapped:
+    data/token_ids.py); with `probe`, the recall probe seeded `seed`, its splits in memory."""
     kind = tokenizer_settings["kind"]
     if probe is not None and kind != "char":
         raise UserError(NEEDS_CHAR)
@@ -262,8 +255,7 @@ def prepare_corpus(data, tokenizer_settings, tokenizer_cache_dir, probe: ProbeSe
     tokenizer = tokenizer_from_json(prepared.tokenizer_state)
     if kind == "char":
         say_crlf(loaded.source, prepared.record.get("crlf", 0))
-    check_long_enough(prepared.n_train, prepared.n_val, data["seq_len"], "tokens", loaded.source,
-                      prepared.n_test if data.get("test_fraction") else None)
+    check_long_enough(prepared.n_train, prepared.n_val, prepared.n_test, data, "tokens", loaded.source)
     # The scored splits in memory at int32, the narrowest width torch indexes with (int64 would cost 8 bytes a
     # token: 0.8 GB for a gigabyte's validation split); the scoring widens only the chunk it feeds a model.
     val_ids, test_ids = prepared.val_ids.int(), prepared.test_ids.int() if data.get("test_fraction") else None
@@ -276,8 +268,7 @@ def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> C
     source, text = loaded.source, loaded.text
     say_crlf(source, text.count("\r\n"))
     train_text, val_text, test_text = split_parts(text, data)
-    check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source,
-                      len(test_text) if data.get("test_fraction") else None)
+    check_long_enough(len(train_text), len(val_text), len(test_text), data, "characters", source)
     symbols = probe_symbols(text, probe.keys)
     tokenizer = CharTokenizer.from_text(text, [symbols.opening, symbols.closing, *symbols.keys])
     encode = lambda s: torch.tensor(tokenizer.encode(s), dtype=torch.long)  # noqa: E731
@@ -288,9 +279,8 @@ def probe_corpus(data, loaded: CorpusText, probe: ProbeSettings, seed: int) -> C
 
 
 def write_ids(ids_file, loaded: CorpusText, settings: dict, data, tokenizer_cache_dir) -> dict:
-    """The corpus's ids into `ids_file` (token_ids.IdsFile): the char tokenizer's streamed through the text twice
-    (its vocabulary, then the ids: vectorised, never the whole text in memory), the byte tokenizer's the file's bytes
-    as they are (no decoding: an invalid UTF-8 sequence is bytes like any other), SentencePiece's from the text."""
+    """The corpus's ids into `ids_file`: the char tokenizer's streamed through the text twice (its vocabulary, then
+    the ids), the byte tokenizer's the file's bytes undecoded, SentencePiece's from the text."""
     kind, source, crlf = settings["kind"], loaded.source, 0
     if kind in ("char", "byte"):
         if kind == "char":
@@ -304,12 +294,10 @@ def write_ids(ids_file, loaded: CorpusText, settings: dict, data, tokenizer_cach
             tokenizer = ByteTokenizer()
             n_symbols, chunks = corpus_bytes(loaded)
         n_train, n_val, n_test = split_sizes(n_symbols, data)
-        check_long_enough(n_train, n_val, data["seq_len"], "characters" if kind == "char" else "bytes", source,
-                          n_test if data.get("test_fraction") else None)
+        check_long_enough(n_train, n_val, n_test, data, "characters" if kind == "char" else "bytes", source)
     else:  # SentencePiece: its pieces learnt from the training split
         train_text, val_text, test_text = split_parts(loaded.text, data)
-        check_long_enough(len(train_text), len(val_text), data["seq_len"], "characters", source,
-                          len(test_text) if data.get("test_fraction") else None)
+        check_long_enough(len(train_text), len(val_text), len(test_text), data, "characters", source)
         tokenizer = build_tokenizer(kind, train_text, tokenizer_cache_dir,
                                     **{k: v for k, v in settings.items() if k != "kind"})
         chunks = [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in (train_text, val_text, test_text)]

@@ -1,7 +1,5 @@
-"""A corpus named by URL (data.url, opt-in): downloaded once into data.cache_dir, checked against data.sha256 (of
-the file downloaded: a zip's own hash, as its publishers and dataset catalogues give it), and a zip's one file
-unzipped beside it once (data=enwik8, data=text8). Every write is atomic (files.atomic_file): a kill or a failed
-check leaves the file that was there, or none."""
+"""A corpus named by URL (data.url, opt-in): downloaded once into data.cache_dir, checked against data.sha256 (a zip's
+own), a zip's one file unzipped beside it once (data=enwik8); every write atomic. docs/configuration.md, *data*."""
 
 import hashlib
 import shutil
@@ -31,9 +29,8 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
 
 
 def downloaded_corpus(url: str, sha256: str | None, cache_dir: str | Path) -> Path:
-    """The corpus file of `url` in `cache_dir`: fetched where it is not there yet (or fails its sha256), and for a
-    `.zip` its one file unzipped beside it (`enwik8.zip` -> `enwik8`), which later runs take as it is: no network and
-    no unzipping after the first run."""
+    """The corpus file of `url` in `cache_dir`, fetched where it is not there yet (or fails its sha256); for a `.zip`
+    its one file unzipped beside it (`enwik8.zip` -> `enwik8`), which later runs take as it is."""
     cached = Path(cache_dir) / Path(url.split("?")[0]).name
     unzipped = cached.with_suffix("") if cached.suffix == ".zip" else None
     if unzipped is not None and unzipped.is_file():

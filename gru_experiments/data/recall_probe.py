@@ -1,9 +1,5 @@
-"""The planted-recall probe (probe=recall): how far back a model recalls a symbol it saw once.
-
-A pair is `⟪ k t_1 ... t_d ⟫ k` (markers and a key the corpus lacks around d tokens of text; the target is
-the second k), planted balanced and seeded: training replants every pass and phase, validation scores
-plantings of its own distances. The rules: docs/internals.md, *The planted-recall probe*.
-"""
+"""The planted-recall probe (probe=recall): how far back a model recalls a symbol it saw once, from pairs
+`⟪ k t_1 ... t_d ⟫ k` planted in a split. The rules: docs/internals.md, *The planted-recall probe*."""
 
 from __future__ import annotations
 
@@ -164,9 +160,8 @@ def planting_generator(seed: int, split: str, planting: int, phase: int = 0) -> 
 
 
 def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Generator, cut: bool = False) -> Planting:
-    """Pairs inserted in `ids` (on CPU, vectorised): every token in order with the pairs among them, N + 4P
-    tokens. cut=True cuts it to N (the validation plantings, rows of one tensor): a pair that would not end
-    inside is not planted."""
+    """Pairs inserted in `ids` (on CPU, vectorised): N + 4P tokens; cut=True: N, a pair that would not end inside
+    not planted."""
     ids, n = ids.cpu(), ids.numel()
     distances = torch.tensor(pairs.distances)
     taken = 4 if cut else 0  # of the n tokens, what a pair's markers and keys take besides its text
@@ -195,10 +190,8 @@ def plant(ids: Tensor, pairs: Pairs, symbols: SymbolIds, generator: torch.Genera
 
 
 class PlantedSplit:
-    """The training split planted afresh at every pass and phase switch: called with a pass and the reader's
-    step, the ids of that pass in the phase in force then (on CPU). A phase starts at step round(start x
-    steps), `steps` set by the trainer. A planted pass is longer than the split; the run's steps stay the
-    recipe's (data/batches.py)."""
+    """The training split planted afresh at every pass and phase switch: called with a pass and the reader's step,
+    the ids of that pass in the phase in force then (from step round(start x steps); `steps` set by the trainer)."""
 
     def __init__(self, ids: Tensor, phases: Sequence[Phase], symbols: SymbolIds, seed: int):
         self.ids, self.phases, self.symbols, self.seed = ids.cpu(), tuple(phases), symbols, seed
@@ -236,8 +229,7 @@ def fitting_pairs(pairs: ValidationPairs, tokens: int) -> tuple[ValidationPairs,
 
 
 def validation_plantings(val_ids: Tensor, pairs: ValidationPairs, symbols: SymbolIds, seed: int) -> list[Planting]:
-    """Cut plantings of the validation split until every distance has pairs.min_targets recall targets (at most
-    MAX_VALIDATION_PLANTINGS)."""
+    """Cut plantings of the validation split until every distance has pairs.min_targets recall targets."""
     plantings: list[Planting] = []
     counts = torch.zeros(len(pairs.distances), dtype=torch.long)
     distances = torch.tensor(pairs.distances)
@@ -275,8 +267,7 @@ class Probe:
     @classmethod
     def build(cls, settings: ProbeSettings, symbols: ProbeSymbols, tokenizer, train_ids: Tensor, val_ids: Tensor,
               seed: int) -> Probe:
-        """The probe, saying what the validation split could not give; a training distance that cannot fit the
-        training split is refused (`plant` stops at the first pair that does not fit)."""
+        """The probe, saying what the validation split could not give; a training distance too long is refused."""
         n = train_ids.numel()
         for i, phase in enumerate(settings.phases):
             if 2 * phase.gap + max(phase.distances) > n:

@@ -1,10 +1,5 @@
-"""A corpus's token ids, prepared once and memory-mapped (as nanoGPT's data/*/prepare.py and Arrow files): the ids
-of both splits written to `ids-<key>.bin` beside the tokenizer's cache at the smallest integer width that holds the
-vocabulary, keyed by the corpus's sha256, the tokenizer's settings and the split; `ids-<key>.json` beside it
-records what the file holds (sha256, tokenizer, lengths, dtype). Every later run maps the file: the corpus costs
-its pages, not 8 bytes a token, and no run encodes it again. A file that does not match its record (truncated,
-damaged, from another tokenizer) is said in a line and prepared again; a lock keeps two runs from preparing it at
-once, and the writes are atomic (files.atomic_file): a kill leaves the old file or none."""
+"""A corpus's token ids, prepared once into `ids-<key>.bin` and memory-mapped (as nanoGPT's data/*/prepare.py): a run
+costs the corpus's pages, not 8 bytes a token. The file, its record and its key: docs/configuration.md, *tokenizer*."""
 
 import hashlib
 import json
@@ -41,8 +36,7 @@ def ids_key(corpus_sha256: str, tokenizer_settings: dict, train_fraction: float,
 
 @dataclass
 class PreparedIds:
-    """A prepared corpus: its tokenizer's state, the splits' lengths and the mapped ids (one tensor: the training
-    split, the validation split, then the test split where there is one)."""
+    """A prepared corpus: its tokenizer's state, the splits' lengths and the mapped ids (train, validation, test)."""
     tokenizer_state: dict
     n_train: int
     n_val: int
@@ -103,8 +97,7 @@ class IdsFile:
                            record.get("n_test", 0))
 
     def largest_id(self, dtype: np.dtype, n: int, chunk: int = 1 << 24) -> int:
-        """The largest id in the file, read a chunk at a time (not through the map: a check leaves none of the
-        file's pages in the process's memory)."""
+        """The file's largest id, read a chunk at a time (not through the map: the check leaves no page resident)."""
         largest = -1
         with open(self.bin, "rb") as f:
             for start in range(0, n, chunk):
@@ -136,10 +129,8 @@ _MAPS: list = []  # (weak reference, address, bytes) of each ids file mapped her
 
 
 def release_pages(ids: torch.Tensor) -> None:
-    """Give the kernel back the pages of `ids` where it is a view of a mapped ids file (else nothing): a pass that
-    reads a mapped split in chunks (the bigram's counting) then holds one chunk's pages at a time, not the split's,
-    in the process's resident memory. The pages are the file's, never written: reading them again maps them again.
-    Whole pages inside the view only."""
+    """The whole pages of `ids` given back to the kernel where it views a mapped ids file: a pass reading a split in
+    chunks then holds one chunk's pages, not the split's (they are the file's: a later read maps them again)."""
     start, end = ids.data_ptr(), ids.data_ptr() + ids.numel() * ids.element_size()
     for entry in list(_MAPS):
         ref, base, size = entry
@@ -164,9 +155,8 @@ class DamagedIds(ValueError):
 
 
 def prepared_ids(folder: str | Path, key: str, corpus_sha256: str, prepare, source: Path | None = None) -> PreparedIds:
-    """The ids of `key`, mapped; prepared first (`prepare(ids_file)` writes them and returns their record) where there
-    are none or they do not match their record (said in a line), as a line says where the corpus file `source` held
-    another text when its ids were prepared. Under the file's lock: a second run waits and maps the first's."""
+    """The ids of `key`, mapped, prepared first (`prepare(ids_file)` returns their record) where none match their
+    record; under the file's lock, so a second run waits and maps the first's."""
     ids_file = IdsFile(folder, key)
     with ids_file.lock():
         records = {path: read_json(path) for path in sorted(ids_file.folder.glob("ids-*.json"))}

@@ -19,29 +19,20 @@ from filelock import FileLock
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
 
-# Bump when anything that changes the trained model bytes changes, so stale
-# cache entries are never reused.
-_FORMAT_VERSION = 1
-
-# SentencePiece's own whitespace symbol: spaces become this inside pieces.
-_SPACE_SYMBOL = "\u2581"
-
-# Trainer options that make SentencePiece lossless and reproducible.
-# - identity normalization / no whitespace removal / no dummy prefix: the
-#   defaults (NFKC, collapsing runs of spaces, prepending "▁") change the text.
-# - no bos/eos so the vocabulary is exactly `vocab_size` pieces, <unk> included.
-# - num_threads is fixed because the trained model depends on it.
-# - allow_whitespace_only_pieces lets runs of spaces (indentation) become pieces.
+_FORMAT_VERSION = 1  # bumped when what changes the trained model's bytes changes: stale cache entries never reused
+_SPACE_SYMBOL = "\u2581"  # SentencePiece's own whitespace symbol: spaces become this inside pieces
 KINDS = ("char", "spm", "byte")  # conf/tokenizer/<kind>.yaml
 
+# SentencePiece lossless and reproducible: the defaults (NFKC, runs of spaces collapsed, a "▁" prepended) change the
+# text; no bos/eos, so the vocabulary is `vocab_size` pieces, <unk> included; runs of spaces (indentation) may be
+# pieces; num_threads fixed, as the trained model depends on it.
 _TRAINER_OPTIONS = dict(normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
                         allow_whitespace_only_pieces=True, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=8,
                         minloglevel=2)
 
 
 class CharTokenizer:
-    """Every character a token. `extra`: the recall probe's characters, which plain text never holds
-    (`plain_tokens`)."""
+    """Every character a token. `extra`: the recall probe's characters, never in plain text (`plain_tokens`)."""
 
     kind = "char"
 
@@ -85,10 +76,8 @@ class CharTokenizer:
 
 
 class ByteTokenizer:
-    """Every byte of the UTF-8 text a token: 256 symbols, whatever the corpus (enwik8 is scored in bits per byte, as
-    published). Its figures are per byte (`token_char_lengths` all 1). A prompt is encoded as UTF-8; decoding reads
-    the bytes as UTF-8, a byte that starts no valid sequence (a lone one: the per-token surfaces of 0x80 and up, or
-    an invalid sequence in the corpus) shown as U+FFFD."""
+    """Every byte of the UTF-8 text a token, 256 whatever the corpus: its figures per byte, as enwik8's are published;
+    a byte that starts no valid UTF-8 sequence decodes as U+FFFD."""
 
     kind = "byte"
     vocab_size = 256
@@ -133,13 +122,11 @@ class SentencePieceTokenizer:
         self._sp = sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
         self._to_sp = str.maketrans({"\n": newline_standin, _SPACE_SYMBOL: space_standin})
         self._from_sp = str.maketrans({_SPACE_SYMBOL: " ", newline_standin: "\n", space_standin: _SPACE_SYMBOL})
-        # Decoding is a plain lookup per id, so token_char_lengths is exact by
-        # construction; <unk> decodes to one replacement character.
+        # Decoding is a lookup per id, so token_char_lengths is exact; <unk> decodes to one replacement character.
         self._surfaces = ["\ufffd" if sp.is_unknown(i) else sp.id_to_piece(i).translate(self._from_sp)
                           for i in range(sp.get_piece_size())]
         self.token_char_lengths = torch.tensor([len(s) for s in self._surfaces], dtype=torch.long)
-        # Unigram and BPE keep every covered character as a single piece, so
-        # text made of these characters never produces <unk>.
+        # Unigram and BPE keep every covered character as a piece: text of these never produces <unk>.
         self._covered = {s for i, s in enumerate(self._surfaces)
                          if len(s) == 1 and not (sp.is_unknown(i) or sp.is_control(i) or sp.is_unused(i))}
 
@@ -171,8 +158,7 @@ class SentencePieceTokenizer:
         sentences = [line + newline_standin for line in lines[:-1]]
         if lines[-1]:
             sentences.append(lines[-1])
-        # The trainer silently skips sentences longer than max_sentence_length
-        # bytes; raise the limit so no line is dropped.
+        # The trainer silently skips sentences longer than max_sentence_length bytes: no line may be.
         longest = max((len(s.encode("utf-8")) for s in sentences), default=0)
         buffer = io.BytesIO()
         try:
@@ -198,16 +184,14 @@ class SentencePieceTokenizer:
         return sorted(set(text) - self._covered)
 
     def state_dict(self) -> dict:
-        # The proto is stored as a uint8 tensor rather than bytes: tensors load
-        # with weights_only=True on every torch version we support.
+        # The proto as a uint8 tensor, not bytes: tensors load with weights_only=True on every torch supported.
         return {"kind": self.kind, "format_version": _FORMAT_VERSION,
                 "model_proto": torch.frombuffer(bytearray(self.model_proto), dtype=torch.uint8),
                 "newline_standin": self.newline_standin, "space_standin": self.space_standin}
 
 
 def _vocab_size_error(err: RuntimeError) -> UserError:
-    """SentencePiece's complaints about vocab_size, as messages that say which setting to change; any other of its
-    errors said in its own words, with what to try."""
+    """SentencePiece's error as a message that says which setting to change (any other: in its own words)."""
     message = str(err)
     neither = "where no size fits both bounds, the text is too small for SentencePiece: use tokenizer=char"
     if match := re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message):
