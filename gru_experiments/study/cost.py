@@ -120,10 +120,8 @@ class EvaluationClock:
         return queries * max(sizes) * self.cache_rate() if sizes else 0.0
 
     def _rate(self, key, units: int, prepare) -> float:
-        """Seconds per unit of the work `prepare()` returns (a callable, its inputs made outside the timing),
-        the fastest of CALIBRATION_REPEATS timings after a warm-up, once per clock (one timing of a short work is at
-        the mercy of anything else the machine runs); the global RNG untouched (the inputs come from their own
-        generator)."""
+        """Seconds per unit of the work `prepare(generator)` returns (its inputs drawn outside the timing and the
+        global RNG): the fastest of CALIBRATION_REPEATS timings after a warm-up (one is at the mercy of the machine)."""
         if key not in self._seconds:
             work, times = prepare(torch.Generator().manual_seed(0)), []
             work()

@@ -99,8 +99,7 @@ class EvaluationSettings:
                    DynamicSettings.of(e.get("dynamic"), DEFAULT_EVALUATION), e.get("split") or "validation")
 
     def check_window(self, targets: int) -> None:
-        """The windowed mode's window must be shorter than the validation split (`targets`): no target would have
-        that much context before it (train.py's and sample.py's check)."""
+        """train.py's and sample.py's check that the window is shorter than the validation split (`targets`)."""
         if self.window >= targets:
             raise UserError(f"evaluation.window={self.window:,} is not shorter than the validation split ({targets:,} "
                             "targets): no target has that much context before it, so the windowed figures would "
@@ -108,8 +107,7 @@ class EvaluationSettings:
                             "data.seq_len)")
 
     def check_streams(self, targets: int) -> None:
-        """At as many streams as the validation split has targets, each stream is one target scored from a zero
-        state (scores.stream_layout): "stateful" would be the stateless figure under another name; refused."""
+        """Refuses streams >= targets: each stream would be one target from a zero state, stateful the stateless."""
         if self.streams >= targets > 1:
             raise UserError(f"evaluation.streams={self.streams:,} is not below the validation split's {targets:,} "
                             "targets: each stream would hold one target, scored from a zero state, so the stateful "
