@@ -89,11 +89,9 @@ class TrainedModel:
                  top_k: int | None = None, top_p: float | None = None, greedy: bool = False, seed: int = 1234,
                  num_samples: int | None = None, window: int | None = None,
                  drop_unknown: bool = False, **dynamic) -> str | list[str]:
-        """The prompt and a continuation of `max_new_tokens` tokens sampled in `mode` (a list of
-        `num_samples` texts when it is given), decoded as sample.py does; the same `seed` gives the same
-        text (sample.py seeds each prompt with generation.prompt_seed(seed, prompt)). mode="dynamic": the weights
-        adapted to the prompt (`dynamic`: evaluation.dynamic's keys, e.g. lr=...), then sampled statefully; the
-        generated text never updates them, and they are the trained ones again afterwards. docs/python.md."""
+        """The prompt and a continuation of `max_new_tokens` tokens sampled in `mode` (a list of `num_samples` texts
+        when it is given), decoded as sample.py does; mode="dynamic" adapts the weights to the prompt first
+        (`dynamic`: evaluation.dynamic's keys). docs/python.md."""
         from gru_experiments.data.tokenizers import encode_prompt, plain_tokens
         from gru_experiments.study.generation import Decoding, generate, validate_sampling
 
@@ -119,11 +117,6 @@ class TrainedModel:
         texts = [prompt + self.tokenizer.decode(row) for row in generated.tolist()]
         return texts[0] if num_samples is None else texts
 
-    def _dynamic(self, changes: dict):
-        """The run's evaluation.dynamic with `changes` on top (checked: one line for a bad one)."""
-        return self.run.evaluation_settings({f"dynamic.{k}": v for k, v in changes.items()},
-                                            seq_len=self.seq_len or 256).dynamic
-
     def _training_ids(self, settings):
         """The training split's ids rms gathers its statistics on (None for sgd, and for lr = 0: no step)."""
         if settings.rule != "rms" or settings.lr == 0:
@@ -133,36 +126,27 @@ class TrainedModel:
                             "run config naming its corpus: give rule='sgd' (with its lr), or load the run folder")
         return self.run.splits().train_ids
 
-    def _statistics(self, settings):
-        """rms's MS, gathered on the run's training split (None for sgd)."""
-        from gru_experiments.study.dynamic import gradient_statistics
-
-        ids = self._training_ids(settings)
-        return None if ids is None else gradient_statistics(self.model, ids, settings)
-
     @contextlib.contextmanager
     def _adapted(self, ids, mode: str, changes: dict):
         """The weights adapted to `ids` inside the block in mode "dynamic" (study/dynamic.adapted_to), else as
         they are."""
         import torch
 
-        from gru_experiments.study.dynamic import adapted_to
+        from gru_experiments.study.dynamic import adapted_to, gradient_statistics
 
         if mode != DYNAMIC:
             yield
             return
-        settings = self._dynamic(changes)
-        with adapted_to(self.model, torch.tensor(ids, dtype=torch.long, device=self.device), settings,
-                        self._statistics(settings)):
+        settings = self.run.evaluation_settings({f"dynamic.{k}": v for k, v in changes.items()},
+                                                seq_len=self.seq_len or 256).dynamic
+        train_ids = self._training_ids(settings)  # rms's statistics gathered there (None for sgd)
+        statistics = None if train_ids is None else gradient_statistics(self.model, train_ids, settings)
+        with adapted_to(self.model, torch.tensor(ids, dtype=torch.long, device=self.device), settings, statistics):
             yield
 
     def score(self, text: str, mode: str = STATEFUL, *, window: int | None = None, **dynamic) -> TextScore:
-        """The text's nats per token and bits per character in `mode`, through the evaluation door every figure
-        of the project goes through (runs/trained_run.evaluate), every target exact: stateful as one stream in
-        chunks of the training window (256 where none is recorded), windowed with `window` tokens of context (by
-        default the training seq_len), dynamic as stateful with the weights adapting after every segment
-        (`dynamic`: evaluation.dynamic's keys, e.g. lr=0.003, decay=0, segment=32, rule="sgd",
-        reset_every=None, params="all"; by default the run's)."""
+        """The text's nats per token and bits per character in `mode`, every target exact, through the evaluation
+        door (runs/trained_run.evaluate); `dynamic`: evaluation.dynamic's keys, by default the run's. docs/python.md."""
         import torch
 
         from gru_experiments.data.tokenizers import describe_characters
@@ -196,8 +180,7 @@ class TrainedModel:
                          characters=result.characters, window=window if mode == WINDOWED else None)
 
     def _score_dynamic(self, split, changes: dict) -> TextScore:
-        """score(mode="dynamic"): the dynamic evaluation's own plan (purpose DYNAMIC: stateful, stateless and
-        dynamic), one stream, every target exact."""
+        """score(mode="dynamic"): the dynamic evaluation's own plan, one stream, every target exact."""
         from gru_experiments.runs.trained_run import evaluate
 
         settings = self.run.evaluation_settings({"budget": None, "streams": 1, "text.samples": 0} | {
@@ -211,11 +194,8 @@ class TrainedModel:
                          tokens=record["targets"], characters=record["characters"], dynamic=record["settings"])
 
     def evaluate(self, *, progress: bool = False, half: str | None = None, **changes) -> dict:
-        """The run's validation split scored in every mode, with the context curve, the cache and the dynamic figure,
-        by the plan the run was scored by at the end of its training (its evaluation group and budget; `changes`:
-        evaluation keys to change, e.g. budget=None for every figure exact, or "dynamic.lr"=0.01 through **{...}):
-        the figures of summary.json and of sample.py's evaluate=true (evaluation.json), through the same door, to
-        the last digit. half="first" or "second": every figure on that half of the split's targets alone."""
+        """The run's validation split scored by the plan it was scored by at the end of its training, `changes` on
+        top: summary.json's figures to the last digit; `half`: "first" or "second". docs/python.md."""
         from gru_experiments.study.generation import Progress
 
         return self.run.evaluate_validation(self.run.splits(), changes, Progress(enabled=progress),

@@ -1,7 +1,5 @@
 """python sample.py: generate from a checkpoint in one inference mode (samples.txt, sampling.json); evaluate=true
-scores the validation split (evaluation.json), stats=true measures the text (stats.json). docs/outputs.md.
-explore=true writes the run's page instead, explore.html (study/explore.py, docs/explore.md), of explore_text=,
-explore_file= or a slice of the validation split; a probe run's with the probe's pairs planted.
+(evaluation.json), stats=true (stats.json); explore=true writes the run's page instead (docs/explore.md).
 """
 
 from __future__ import annotations
@@ -85,10 +83,8 @@ def read_text_file(name, key: str) -> str:
 
 
 def load_run(spec: SampleSpec, checkpoint: Path, reads_corpus: bool) -> TrainedRun:
-    """sample.py's checkpoint on its device (in eval mode) through the one loader (trained_run.load), with its run
-    (run=, else the checkpoint's folder), the data settings it trained with (else the command's: with reads_corpus,
-    only a corpus the command line names, never the default in the run's place) and its evaluation group (the
-    command line's evaluation.* on top; the command's group where the run recorded none)."""
+    """sample.py's checkpoint through trained_run.load, with its run's data settings (else the command's: with
+    reads_corpus, only a corpus the command line names) and evaluation group (the command line's on top)."""
     device = resolve_device(spec.device)
     folder = own = RunDir.of_checkpoint(checkpoint)
     if spec.run is not None:  # ckpt= of another run beside it is refused, as train.py's resume= beside ckpt_path=
@@ -121,19 +117,17 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
 
     validate_sampling({"top_k": spec.decoding.top_k}, tokenizer.vocab_size)  # its bound, the vocabulary known
     splits = splits_needed(spec, trained)
-    # Prompts the vocabulary cannot spell are refused (naming the characters) or, with
-    # drop_unknown=true, used without those characters.
+    # Prompts the vocabulary cannot spell are refused or, with drop_unknown=true, used without those characters.
     encoded = [encode_prompt(tokenizer, prompt, drop_unknown=spec.drop_unknown) for prompt in raw_prompts]
     prompts = [tokenizer.decode(ids) for ids in encoded]
     decoding, n, new_tokens = spec.decoding, spec.num_samples, spec.max_new_tokens
     window = trained.evaluation_settings().window if mode == WINDOWED else None
     adapting = prompt_adaptation(trained, mode, Progress(prefix="inference=dynamic"))  # adapts to each prompt
     sampled = STATEFUL if adapting else mode
-    # A request too large for memory is refused before the first prompt's samples, not after them
-    # (generation.generate checks each prompt again).
+    # A request too large for memory is refused before the first prompt's samples, not after them.
     check_generation_fits(model, max(map(len, encoded)), new_tokens, n, sampled, window)
     settings = dict(mode=mode, window=window, num_samples=n, max_new_tokens=new_tokens, **asdict(decoding),
-                    seed=spec.seed, device=str(trained.device), dynamic=adapting and adapting.record())
+                    seed=spec.seed, device=str(trained.device), dynamic=adapting and adapting.settings.record())
 
     print(f"checkpoint: {display_path(checkpoint)} ({trained.name}: {model.family}, "
           f"{tokenizer.kind} tokenizer)")
@@ -167,9 +161,8 @@ def sample(spec: SampleSpec, checkpoint: Path) -> dict:
 
 
 class PromptAdaptation:
-    """inference=dynamic's prompt: the run's evaluation.dynamic settings (and rms's statistics, gathered once on the
-    training split); calling it, `(model, ids, tick)`, gives the block inside which the weights are adapted to a
-    prompt (tick: its progress bar's)."""
+    """inference=dynamic's: the run's evaluation.dynamic settings (rms's statistics gathered once); called with
+    `(model, ids, tick)`, the block inside which the weights are adapted to a prompt."""
 
     def __init__(self, trained: TrainedRun, progress: Progress = NO_PROGRESS):
         self.settings = s = trained.evaluation_settings().dynamic
@@ -178,9 +171,6 @@ class PromptAdaptation:
             train_ids = trained.splits().train_ids
             with progress.phase("rms statistics on the training split", len(statistics_ids(train_ids, s)) - 1) as tick:
                 self.statistics = gradient_statistics(trained.model, train_ids, s, tick)
-
-    def record(self) -> dict:
-        return self.settings.record()
 
     def __call__(self, model, ids, tick=None):
         return adapted_to(model, torch.tensor(ids, dtype=torch.long, device=model.device), self.settings,
@@ -208,8 +198,7 @@ def scored(spec: SampleSpec, trained: TrainedRun, splits: Splits | None) -> dict
 
 
 def splits_needed(spec: SampleSpec, trained: TrainedRun, always: bool = False) -> Splits | None:
-    """The corpus evaluate=true or stats=true needs (`always`: explore=true's too), read (and the settings that do
-    not fit it refused) before any sampling."""
+    """The corpus evaluate=true or stats=true (`always`: explore=true) needs, read and checked before any sampling."""
     if not (always or spec.evaluate or spec.stats):
         return None
     splits = trained.splits()  # the corpus's sha256 checked against the checkpoint's, as a resume does
@@ -223,8 +212,7 @@ def splits_needed(spec: SampleSpec, trained: TrainedRun, always: bool = False) -
 
 
 def score_checkpoint(trained: TrainedRun, splits: Splits, output_dir: Path) -> dict:
-    """Every inference mode and the context curve on the validation split, by the run's own plan (without its run
-    folder every figure exact): evaluation.json."""
+    """Every inference mode and the context curve on the validation split, by the run's own plan: evaluation.json."""
     started = time.perf_counter()
     evaluation = trained.evaluate_validation(splits, progress=Progress())
     modes, *others = evaluation.descriptions()  # the modes', then every other entry's (the cache's)
@@ -270,9 +258,8 @@ def measure_checkpoint_text(spec: SampleSpec, trained: TrainedRun, splits: Split
 
 # --- explore=true: the run's page -----------------------------------------------------------------------
 def explore_run(spec: SampleSpec, checkpoint: Path) -> dict:
-    """The run's page; with evaluate=true and stats=true, their figures too (as sample.py's own, without samples).
-    The run's folder is held meanwhile: a run still training holds it, and its page is not written (RunFolderTaken,
-    in one line)."""
+    """The run's page (and evaluate=true's and stats=true's figures), its folder held meanwhile: a run still training
+    holds it (RunFolderTaken)."""
     folder = RunDir(spec.run) if spec.run is not None else RunDir.of_checkpoint(checkpoint)
     with folder.hold("write its explore.html from a checkpoint of a run still training") if folder else nullcontext():
         trained = load_run(spec, checkpoint, reads_corpus=True)
@@ -294,8 +281,7 @@ def explore_text(spec: SampleSpec, val_text: str) -> str:
 
 def planted_text(probe: dict | None, corpus_text: str, ids: torch.Tensor, hold_ids: torch.Tensor, tokenizer,
                  seed: int) -> PlantedText | None:
-    """The probe's pairs planted in ids when the run trained with it (`probe`: its probe group), and ⟪ k before
-    hold_ids (never asked for)."""
+    """The probe's pairs planted in ids when the run trained with it, and ⟪ k before hold_ids (never asked for)."""
     settings = ProbeSettings.from_config(probe) if probe else None
     if settings is None:
         return None

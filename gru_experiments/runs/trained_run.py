@@ -1,11 +1,5 @@
-"""One trained run, one way in and one evaluation door.
-
-`load(run_or_checkpoint)` is how every path reaches trained weights: the Python API (api.load), sample.py's
-sampling, evaluate=, stats= and explore=, and the end of training's best checkpoint. `evaluate(run, ...)` is how
-every path scores them: the end-of-run figures and the best checkpoint's (runs/scoring.py), sample.py's
-evaluate=true and the API's TrainedModel.evaluate and .score: one Request, its plan, one evaluation
-(study/evaluation.py). docs/internals.md draws the way through.
-"""
+"""One trained run, one way in (`load`: the API, sample.py, the best checkpoint) and one evaluation door (`evaluate`:
+every figure of the project). docs/internals.md, *The way through a run*."""
 
 from __future__ import annotations
 
@@ -42,9 +36,8 @@ class Splits(NamedTuple):
 
 @dataclass
 class TrainedRun:
-    """Trained weights with their tokenizer and, where they came from a run folder, what that run recorded: the
-    data settings it trained with and its evaluation group (`checkpoint` None: weights in memory, at the end of
-    training). `seed` seeds the evaluation's sampled parts (the text statistics, the recall planting)."""
+    """Trained weights with their tokenizer and what their run folder recorded (`checkpoint` None: weights in memory,
+    at the end of training). `seed` seeds the evaluation's sampled parts (the text statistics, the recall planting)."""
     model: object
     tokenizer: object
     name: str
@@ -79,8 +72,7 @@ class TrainedRun:
         return (self.summary() or {}).get("train_tokens")
 
     def evaluation_group(self, changes: dict | None = None) -> dict:
-        """The run's evaluation group (conf/evaluation/default.yaml where it recorded none) with `changes` (dotted
-        keys under evaluation.) on top."""
+        """The run's evaluation group (else conf/evaluation/default.yaml), `changes` (dotted keys) on top."""
         group = OmegaConf.create(self.evaluation if self.evaluation is not None else
                                  OmegaConf.to_container(OmegaConf.load(DEFAULT_EVALUATION)))
         for key, value in (changes or {}).items():
@@ -88,8 +80,7 @@ class TrainedRun:
         return OmegaConf.to_container(group)
 
     def evaluation_settings(self, changes: dict | None = None, seq_len: int | None = None) -> EvaluationSettings:
-        """The plan's settings the run was scored by (`changes`: unless asked otherwise), at its training window
-        (`seq_len` where it recorded none)."""
+        """The plan's settings the run was scored by, `changes` on top, at its training window (else `seq_len`)."""
         seq_len = self.seq_len or seq_len
         if seq_len is None:
             raise UserError(f"{self.checkpoint}: its training window (data.seq_len) is unknown: no run config "
@@ -123,9 +114,8 @@ class TrainedRun:
 
     def evaluate_validation(self, splits: Splits, changes: dict | None = None, progress=NO_PROGRESS,
                             half: str | None = None) -> Evaluation:
-        """The validation split (evaluation.split=test: the test split), or its `half`, "first" or "second"
-        (validation_half), scored by the run's own plan (its evaluation group, `changes` on top, within its recorded
-        training tokens), the text statistics left to stats=true: evaluate=true's and the API's figures."""
+        """The scored split (evaluation.split), or its `half`, by the run's own plan, `changes` on top, the text
+        statistics left to stats=true: evaluate=true's and the API's figures."""
         settings = self.evaluation_settings(changes)
         scored = scored_split(settings.split, splits.val_ids, splits.test_ids, splits.source)
         return evaluate(self, settings, Split.of(validation_half(scored, half), self.tokenizer),
@@ -137,9 +127,8 @@ HALVES = ("first", "second")
 
 
 def validation_half(ids: torch.Tensor, half: str | None) -> torch.Tensor:
-    """The split's ids (None), or those of its first or second half of targets: the first, targets 1 .. n // 2
-    (ids[: n // 2 + 1]); the second, the rest, each from what precedes it in that half (its first id context only):
-    where the dynamic study tunes and where it reports (docs/evaluation.md, *Dynamic evaluation*)."""
+    """The split's ids (half None), or those of its first n // 2 targets, or of the rest (the id before them context
+    only): where the dynamic study tunes and where it reports (docs/evaluation.md, *Dynamic evaluation*)."""
     if half is None:
         return ids
     if half not in HALVES:
@@ -152,11 +141,9 @@ def validation_half(ids: torch.Tensor, half: str | None) -> torch.Tensor:
 
 def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: int | None = None,
          own_run: bool = False) -> TrainedRun:
-    """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else
-    the checkpoint's own) recorded: the data, evaluation and probe groups, the seed and the data folder. A folder that
-    names a callable the project does not is refused first (run_contents: a run folder is data, not code), but the
-    folder of this process's own run (`own_run`: its best checkpoint at the end of training, its config this
-    command's)."""
+    """The checkpoint's weights and tokenizer on `device`, in eval mode, with what its run folder (`folder`, else the
+    checkpoint's own) recorded; a folder that names a foreign callable is refused first (run_contents), but this
+    process's own run's (`own_run`)."""
     task = load_checkpoint(checkpoint, map_location=device)  # weights only; its class the package's
     folder = folder if folder is not None else RunDir.of_checkpoint(checkpoint)
     if folder is not None and not own_run:
@@ -188,8 +175,7 @@ def evaluate(run: TrainedRun, settings: EvaluationSettings, val: Split, *, skip:
 def request(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
             purpose: str = FINAL, train_ids=None, probe=None, load_text_index=None) -> Request:
     """The evaluation Request of `run` (study/plan.py) within the budget of `training_tokens` (None: every figure
-    exact) for `purpose` (FINAL, BEST, OVER_TRAINING). The text statistics' training index is counted once per
-    corpus (TrainingIndex.cached)."""
+    exact) for `purpose` (FINAL, BEST, OVER_TRAINING)."""
     def index():
         return TrainingIndex.cached(run.tokenizer.decode(train_ids), run.data_dir or Path("data"))
     return Request(run.model, val, settings, training_tokens, purpose, run.tokenizer, train_ids, probe, run.seed,
