@@ -1,10 +1,5 @@
-"""Checkpoint files: read without running code, written atomically, never with broken weights.
-
-`read_checkpoint` (weights_only, the one reader), `AtomicCheckpointIO` (the Trainer's writer),
-`RunCheckpoint` (its state follows a moved run folder), `StepCheckpoint` (last.ckpt every N steps),
-`TrainingState` (the random states and the W&B run id) and `EpochEndResumes` (an epoch-end checkpoint resumes
-exactly under trainer.max_steps too): what each guards against, docs/internals.md, *Checkpoints*; the user's side,
-docs/robustness.md.
+"""Checkpoint files: read without running code, written atomically, never with broken weights. What each class
+guards against: docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
 """
 
 import pickle
@@ -44,8 +39,7 @@ def read_checkpoint(path, map_location="cpu", require: tuple[str, ...] = MODEL_K
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         if refused := _refused_object(str(err)):
-            # Nothing in the file has run: the restricted unpickler stops at the first
-            # object it does not allow, before calling anything.
+            # Nothing in the file has run: the restricted unpickler stops before calling anything.
             raise UserError(
                 f"refusing to load {path}: it contains {refused}, which could run code when unpickled; "
                 "only tensors and plain data are loaded (weights_only), so this file cannot be used") from None
@@ -101,8 +95,7 @@ def check_tokenizer(state: dict, vocab_size: int, path, tokenizer) -> None:
 
 
 def _vocabulary(state: dict) -> dict:
-    """A tokenizer's state, comparable (tensors as lists), without `extra` (the probe's characters), which older
-    checkpoints lack."""
+    """A tokenizer's state, comparable (tensors as lists), without `extra`, which older checkpoints lack."""
     return {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in state.items()
             if key != "extra"}
 
@@ -155,9 +148,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint whose state follows its run folder: resumed in a copied or moved folder, it keeps the best
-    score and finds the best and last checkpoints in the new place. (Lightning keeps only best_model_path there,
-    the old folder's, and forgets the score, so the next validation would count as the best.)"""
+    """ModelCheckpoint whose state follows its run folder: resumed in a moved folder, it keeps the best score and
+    finds the best and last checkpoints in the new place (Lightning's would count the next validation the best)."""
 
     def load_state_dict(self, state_dict: dict) -> None:
         old, new = Path(state_dict.get("dirpath") or self.dirpath), Path(self.dirpath)
@@ -183,15 +175,12 @@ class StepCheckpoint(RunCheckpoint):
 
 
 class EpochEndResumes(_FitLoop):
-    """Lightning's fit loop, but a checkpoint written at an epoch's end resumes as a finished epoch whether or not
-    trainer.max_steps is set. Lightning (2.5, 2.6) restarts a finished epoch where max_steps is set: it replays the
-    epoch's end, which counts the epoch a second time, and the run stops one epoch short (docs/internals.md,
-    *Checkpoints*). `resume_epoch_ends_exactly` puts it in a Trainer."""
+    """Lightning's fit loop, but a checkpoint written at an epoch's end resumes as a finished epoch under
+    trainer.max_steps too (Lightning 2.5, 2.6 would count the epoch twice: docs/internals.md, *Checkpoints*)."""
 
     @_Loop.restarting.setter
     def restarting(self, restarting: bool) -> None:
-        # Lightning's own rule without max_steps: an epoch that ran to its end (its end hooks were running when the
-        # checkpoint was written) is not restarted; the next epoch starts afresh.
+        # Lightning's own rule without max_steps: an epoch that ran to its end is not restarted.
         progress = self.epoch_progress.current
         _Loop.restarting.fset(self, restarting and not progress.ready == progress.started == progress.processed)
 
@@ -206,8 +195,8 @@ def resume_epoch_ends_exactly(trainer):
 
 
 class TrainingState(Callback):
-    """The global random states (dropout's) and the W&B run id in each checkpoint; restored after the model is
-    built, so a resumed run continues the interrupted run's random stream."""
+    """The global random states (dropout's) and the W&B run id in each checkpoint: a resume continues the random
+    stream."""
 
     def __init__(self):
         self._trainer = None

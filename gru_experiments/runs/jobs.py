@@ -1,9 +1,5 @@
-"""What happens when a job fails, in one place: every job runs inside `job(cfg, record=..., report=...)`, which
-records the failed run, closes the logger, and turns a UserError or a full disk into one line and an exit status
-(docs/internals.md, *When a job fails*). Imports nothing heavy, so scripts can use it first.
-
-Part of the config layer (with the entry points, runs/checks.py and runs/resume.py): it reads the job's config
-itself, since a failure is recorded whether or not that config passed validation.
+"""What happens when a job fails, in one place: `job(cfg, ...)` (docs/internals.md, *When a job fails*). Imports
+nothing heavy, so scripts can use it first; reads the job's config itself, validated or not.
 """
 
 import os
@@ -130,10 +126,8 @@ def disk_full_message(error: OSError, cfg) -> str:
 
 
 def command_line(argv: list[str]) -> list[str]:
-    """A script's arguments as Hydra's override parser takes them: a value's leading `~/` (each of a sweep's, a,b)
-    the home folder, as a shell expands it only where the key is a shell name (data.path is none); UserError, in one
-    line saying how to quote it, for an override the parser refuses over a character beyond ASCII (prompt=☃: its
-    lexer's error and no hint)."""
+    """A script's arguments as Hydra's override parser takes them: a value's leading `~/` expanded (a shell does not,
+    after data.path=); an override refused over a character beyond ASCII, a UserError saying how to quote it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -170,17 +164,15 @@ def multirun_job() -> bool:
 
 
 def is_first_rank() -> bool:
-    """Not one of the ranks 1.. that DDP starts (each runs the job too): only the first records a failure and holds
-    the run folder's lock."""
+    """Not one of DDP's ranks 1..: only the first records a failure and holds the run folder's lock."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only  # only when asked: imports lightning
 
     return getattr(rank_zero_only, "rank", 0) == 0
 
 
 def discard_untouched_run_dir(log_dir=None, error=None) -> bool:
-    """Remove this Hydra run's folder if it holds only what Hydra wrote at the start (.hydra/, an empty log), so
-    input errors leave no empty run folders; then its parents left empty, below `log_dir`. Never after `error` a
-    RunFolderTaken: the folder is another run's, or another process's."""
+    """Remove this Hydra run's folder (and its parents left empty, below `log_dir`) if it holds only what Hydra wrote
+    at the start: input errors leave no empty run folders. Never after a RunFolderTaken: the folder is another's."""
     if not HydraConfig.initialized() or isinstance(error, RunFolderTaken):
         return False
     hydra = HydraConfig.get()

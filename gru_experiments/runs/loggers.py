@@ -1,7 +1,5 @@
-"""Experiment loggers. W&B is offline-first: a machine with no W&B login never prompts or fails. And each run's
-learning curves in its own history.csv, whatever the logger (the sweep report draws them): one row per measurement
-(step,epoch,metric,value), appended as training goes (docs/outputs.md).
-"""
+"""Experiment loggers: W&B offline-first (no login never prompts or fails), and each run's learning curves in its own
+history.csv whatever the logger (docs/outputs.md)."""
 
 import csv
 import hashlib
@@ -18,8 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
 
-# The modes wandb accepts (wandb.sdk.wandb_settings.Settings.mode): online, offline and disabled
-# (docs.wandb.ai: "What is the difference between wandb.init modes?"), and its older spellings.
+# The modes wandb accepts (wandb.sdk.wandb_settings.Settings.mode), and its older spellings.
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 
 
@@ -45,12 +42,9 @@ def wandb_mode() -> str:
     return "offline"
 
 
-# Lightning's lines and warnings that say nothing a user of this project can act on: a tip advertising
-# another logger, hardware it does not have, its own bookkeeping, a deprecation inside Lightning itself, the
-# best checkpoint's metric before the first validation (a run shorter than an epoch), a resume's folder; and
-# what the run says itself: the device (its "device:" line; Lightning still warns of a GPU left unused) and
-# the end of training at its step limit (the closing line's steps). Its model summary is off
-# (conf/trainer/default.yaml: its FLOPs are 0 for every model here; the run prints its parameters).
+# Lightning's lines and warnings that say nothing a user can act on (tips, absent hardware, its own bookkeeping and
+# deprecations, a checkpoint's metric before the first validation, a resume's folder), or what the run says itself
+# (its "device:" line, the steps in its closing line).
 QUIET_LINES = ("💡 Tip:", "TPU available", "HPU available", "Loading `train_dataloader` to estimate",
                "GPU available: ", "`Trainer.fit` stopped: `max_steps=", "`Trainer.fit` stopped: `max_epochs=")
 QUIET_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"`ModelCheckpoint\(monitor=.*could not find",
@@ -58,8 +52,7 @@ QUIET_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"`ModelC
 
 
 def quiet_console() -> None:
-    """Each line once (Lightning's own console handler goes while the root logger has one: Hydra's), and neither
-    QUIET_LINES nor QUIET_WARNINGS. Idempotent."""
+    """Each line once (Lightning's console handler goes while the root logger has Hydra's), QUIET_* left out."""
     import logging
     import warnings
 
@@ -89,9 +82,8 @@ def names_wandb(target) -> bool:
 
 
 def figure_metrics(record: dict, skip=(), prefix: str = "") -> dict[str, float]:
-    """Every finite number of a summary's record as a metric named by its path in it, / between keys
-    (`cache_gain_bpc`, `cache/by_size/1024/gain_bpc`, `context_curve/128`): dicts flattened; lists, strings,
-    booleans, nulls and the paths in `skip` left out."""
+    """Every finite number of a summary's record as a metric named by its path, / between keys
+    (`cache/by_size/1024/gain_bpc`); lists, strings, booleans, nulls and the paths in `skip` left out."""
     metrics = {}
     for key, value in record.items():
         path = f"{prefix}{key}"
@@ -144,9 +136,8 @@ def setting_name() -> str | None:
 
 def build_logger(settings: dict | None, hyperparameters: dict, wandb_id: str | None = None,
                  csv_version: str | None = None):
-    """The Lightning logger of the logger group's `settings` (its keys, _target_ included; False: logger=none), with
-    the run's resolved config as its `hyperparameters`. A resume passes its W&B run id, and a CSV version folder of
-    its own (CSVLogger deletes an existing metrics.csv)."""
+    """The Lightning logger of the logger group's `settings` (False: logger=none); a resume passes its W&B run id,
+    and a CSV version folder of its own (CSVLogger deletes an existing metrics.csv)."""
     if not settings or "_target_" not in settings:
         return False
     kwargs, target = {}, settings["_target_"]
@@ -183,9 +174,7 @@ class MetricsHistory(Callback):
         self._resumed_at, self._written = resumed_at, None  # a resume's step; the metrics history.csv holds there
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """A resume from the checkpoint of step `resumed_at`, before training continues: history.csv cut back to that
-        step (once, rank zero); a metric it holds at that step is not written twice (a counted model's resume counts
-        and validates again)."""
+        """A resume's history.csv cut back to step `resumed_at` (once, rank zero), its metrics there not repeated."""
         if self._resumed_at is not None and self._written is None and trainer.is_global_zero:
             self._written = keep_history_until(self.path, self._resumed_at)
 
@@ -230,8 +219,7 @@ class MetricsHistory(Callback):
 
 
 def keep_history_until(path: Path, step: int) -> set[str]:
-    """history.csv cut back, atomically, to its rows at or before `step` (a resume's checkpoint: the resumed run
-    writes the later ones again), rows a kill cut short dropped; the metrics it keeps at `step`. Nothing without it."""
+    """history.csv cut back, atomically, to its whole rows at or before `step`; the metrics it keeps at `step`."""
     path = Path(path)
     if not path.is_file():
         return set()

@@ -1,8 +1,5 @@
-"""Early stopping (conf/early_stopping/): Lightning's EarlyStopping, which also records the training step of its
-best score and of its stop, in its state (so in every checkpoint: a resume keeps them, as it keeps the wait count
-and the best score). `check_settings(cfg)` checks the config group (validation: runs/checks.py);
-`build_early_stopping` makes the callback of its settings (RunSpec.early_stopping), or None when it is off; the run's
-record of it in summary.json: `stopping_summary`.
+"""Early stopping (conf/early_stopping/): Lightning's EarlyStopping, which also records the training steps of its best
+score and of its stop in its state (so a resume keeps them); its checks, its callback and its record in summary.json.
 """
 
 from __future__ import annotations
@@ -112,8 +109,7 @@ def check_settings(cfg) -> None:
 
 
 def build_early_stopping(settings: dict | None) -> EarlyStopping | None:
-    """The callback of the group's `settings` (its keys, _target_ included; None: early stopping is off, no callback);
-    a key its class does not take: a UserError."""
+    """The callback of the group's `settings` (None: off, no callback); a key its class does not take: UserError."""
     if settings is None:
         return None
     try:
@@ -124,8 +120,7 @@ def build_early_stopping(settings: dict | None) -> EarlyStopping | None:
 
 
 def stopping_summary(settings: dict | None, callback: EarlyStopping | None) -> dict:
-    """summary.json's record of early stopping: its settings (None: off), whether, where and why it stopped, and the
-    step of its best validation."""
+    """summary.json's record of early stopping: its settings, whether, where and why it stopped, its best step."""
     stopped = callback is not None and callback.stopped
     return {
         "early_stopping": ({key: value for key, value in settings.items() if key != "_target_"}

@@ -1,9 +1,5 @@
-"""The sweep folder: one sweep's, as a run folder is one run's (runs/run_dir.py).
-
-A sweep is its command's task overrides (model=a,b, seed=1,2, preset=..., as Hydra records them in the folder's
-multirun.yaml). sweep.py into a folder that holds a sweep either continues it (the same overrides: `SweepDir.claim`
-says so; the cut jobs are resumed, a completed job skips itself, `completed_job`) or is refused in one line before
-anything is written. One sweep.py at a time in a folder: its lock (runs/folder_lock.py), held for the multirun.
+"""The sweep folder: one sweep's (its task overrides, as multirun.yaml records them), as a run folder is one run's;
+the same sweep again continues it, another is refused (docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ class SweepDir:
         self.multirun = self.path / MULTIRUN
 
     def refuse_unfit(self) -> None:
-        """UserError, in one line, for a sweep folder that cannot be one: a file (or under one), a run's folder, or
-        inside a run's folder (its checkpoints/ or any other). Reads only."""
+        """UserError for a sweep folder that cannot be one: a file (or under one), a run's folder, or inside one."""
         existing = next(p for p in (self.path, *self.path.parents) if p.exists())
         if not existing.is_dir():
             where = "" if existing == self.path else f": {existing}"
@@ -59,10 +54,8 @@ class SweepDir:
 
     @contextmanager
     def claim(self, overrides: list[str]):
-        """The folder's lock, held for the block, once `refuse_unfit` passed; yields whether the folder holds this
-        sweep already (the same task `overrides`: it is continued). RunFolderTaken, in one line, where another
-        process holds the lock; UserError where the folder holds another sweep. Nothing is written but the folder
-        itself, created if need be."""
+        """The folder's lock, held for the block; yields whether the folder holds this sweep already (the same task
+        `overrides`: it is continued). Nothing is written but the folder itself."""
         self.refuse_unfit()
         with folder_lock(self.path, f"{self.path} is in use: another sweep is running in it (it holds the folder's "
                                     "lock), so this sweep cannot start there; wait for that one to end (or stop it), "
@@ -70,8 +63,7 @@ class SweepDir:
             yield self.refuse_another(overrides)
 
     def refuse_another(self, overrides: list[str]) -> bool:
-        """Whether the folder holds this very sweep (its multirun.yaml records the same task overrides, in any order);
-        False for a folder without one; UserError, in one line naming the difference, for another sweep."""
+        """Whether the folder holds this very sweep (the same task overrides, in any order); another: UserError."""
         if not self.multirun.is_file():
             if any(self.path.glob(f"*/{HYDRA}")):
                 raise UserError(f"{self.path} holds job folders but no {MULTIRUN}: not a sweep that sweep.py can "
@@ -94,8 +86,8 @@ class SweepDir:
 
 
 def completed_job(cfg) -> dict | None:
-    """In a multirun job: the summary of the job's folder where it holds this very job (the same overrides) completed
-    already, which a continued sweep skips; None otherwise (a new job, or one that the folder refuses)."""
+    """In a multirun job: the summary of the job's folder where it holds this very job completed already, which a
+    continued sweep skips; else None."""
     from hydra.core.hydra_config import HydraConfig
 
     from gru_experiments.runs.jobs import multirun_job
