@@ -1,7 +1,5 @@
-"""DDP inside a Hydra multirun: Lightning starts ranks 1..N-1 by re-running the current command line, which in a
-multirun job is the whole sweep. So such a job runs itself as a single run in a child process (`train.py <its
-overrides> hydra.run.dir=<job folder>`). Ranks that SLURM or torchrun start need none of this. train.py asks
-`needs_own_process` and runs `run_in_own_process` inside jobs.job, which records a failed child.
+"""DDP inside a Hydra multirun: Lightning starts ranks 1..N-1 by re-running the command line, which in a multirun
+job is the whole sweep, so such a job runs itself as a single run in a child process (SLURM's or torchrun's need not).
 """
 
 import os
@@ -14,8 +12,7 @@ from gru_experiments.runs.run_dir import RunDir
 
 
 def needs_own_process(strategy) -> bool:
-    """A multirun job whose Trainer (its trainer.strategy, `strategy`) would start DDP ranks by re-running the
-    script."""
+    """A multirun job whose trainer.strategy would start DDP ranks by re-running the script."""
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     strategy = str(strategy or "auto")

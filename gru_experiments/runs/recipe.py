@@ -28,11 +28,7 @@ RULES = [
 
 @dataclass(frozen=True)
 class Recipe:
-    """decay: `all` (every parameter) or `matrices` (the weights a layer multiplies by: not biases,
-    LayerNorm gains, nor token or position embeddings, which are looked up, not multiplied; a weight
-    tied between the embedding and the head is the head's matrix, so it decays, as in nanoGPT).
-    interval: `epoch` steps the schedule once per epoch when training is whole epochs and there is no
-    warmup (else per step); `step` always per step. floor: where the cosine ends, a fraction of model.lr."""
+    """A conf/optim group; its keys: docs/configuration.md, *optim*."""
     name: str
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.01
@@ -92,9 +88,8 @@ def recipe_length(cfg) -> tuple[int, int]:
 
 
 class WarmupCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
-    """`warmup` intervals of nanoGPT's linear warmup, then a half cosine down to floor × model.lr over the rest
-    of `length`. Without warmup torch's recursive CosineAnnealingLR itself: a closed form differs in the last
-    bit, and the original recipe must give every earlier run's learning rates bit for bit."""
+    """`warmup` intervals of nanoGPT's linear warmup, then a half cosine down to floor × model.lr. Without warmup
+    torch's CosineAnnealingLR itself: a closed form differs in the last bit from every earlier run's rates."""
 
     def __init__(self, optimizer, length: int, interval: str, warmup: int = 0, floor: float = 0.0):
         self.interval, self.warmup = interval, int(warmup)

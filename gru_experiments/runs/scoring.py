@@ -1,6 +1,5 @@
 """The training job's score step: the final weights and the best checkpoint through the evaluation door
-(runs/trained_run.py), and the seeded samples side by side; printed and logged (docs/evaluation.md). The training's
-own callbacks that evaluate (the modes over training, the cost estimate): runs/training_callbacks.py."""
+(runs/trained_run.py), and the seeded samples side by side; printed and logged (docs/evaluation.md)."""
 
 import time
 from pathlib import Path
@@ -88,9 +87,8 @@ def format_best(best: dict) -> str:
 
 
 def log_evaluation(logger, evaluation: Evaluation, summary: dict, samples: dict) -> None:
-    """Every figure of the evaluation as a metric: the modes' under modes/, the text statistics' values under
-    text/<mode>/<decoder>/, every other number of its summary under its path there (loggers.figure_metrics: the
-    context curve's context_curve/<w>, the cache's, any entry's); the best checkpoint's under best/."""
+    """Every figure of the evaluation as a metric: the modes' under modes/, the text statistics' under
+    text/<mode>/<decoder>/, the best checkpoint's under best/, every other under its path (loggers.figure_metrics)."""
     step, modes = summary["train_steps"], evaluation.modes
     logger.log_metrics({f"modes/{k}": v for k, v in modes.metrics().items()}, step=step)
     logger.log_metrics(figure_metrics(evaluation.summary(), skip={*modes.metrics(), "text/modes"}), step=step)

@@ -13,8 +13,7 @@ from gru_experiments.study.evaluation import EvaluationSettings
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run as its checked config asks for it, built once (`validate`), in plain values: nothing below
-    train() reads the config itself. Its dicts are plain containers, resolved (but `config`), read and never changed."""
+    """Its dicts are plain containers, resolved (but `config`), read and never changed."""
     # The model: its name, seed and architecture (_target_ and the class's settings: models/protocol.py); a trained
     # family's recipe (conf/optim/, model.lr), None for a counted one; the recipe's length (recipe.recipe_length).
     model_name: str

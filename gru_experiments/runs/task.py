@@ -48,22 +48,20 @@ class LanguageModelTask(L.LightningModule):
         self.corpus_sha256: str | None = None  # the corpus's (data/corpus.py), kept in its checkpoints for a resume
 
     def weigh_recall(self, cue: int, weight: float) -> None:
-        """probe=recall: the loss weighs each recall target (after `cue`) `weight` times every other target, for a
-        control whose copying forms only where recall is a large enough share of the loss (the transformer)."""
+        """probe=recall: each recall target (after `cue`) weighs `weight` times another in the loss (the transformer's
+        control: its copying forms only where recall is a large enough share of the loss)."""
         self.recall_cue, self.recall_weight = cue, float(weight)
 
     # --- training -------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx) -> None:
-        # An epoch's loss sums start at its first batch, not in on_train_epoch_start: Lightning 2.4
-        # calls that hook again on a mid-epoch resume (after on_load_checkpoint restored the sums),
-        # and Lightning 2.5+ skips it for the epoch after a resume from an epoch's last batch.
+        # Not in on_train_epoch_start: Lightning 2.4 calls it again on a mid-epoch resume (after on_load_checkpoint
+        # restored the sums), and 2.5+ skips it for the epoch after a resume from an epoch's last batch.
         if batch_idx == 0:
             self._epoch_loss = [0.0, 0]
         self._step_started = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        # windows: (inputs, targets), from the initial state. streams (truncated BPTT): (inputs,
-        # targets, starts_pass); the chunk continues the previous chunk's state unless it starts a pass.
+        # streams (truncated BPTT): (inputs, targets, starts_pass): the previous chunk's state unless a pass starts.
         inputs, targets, *streams = batch
         carry = bool(streams) and not streams[0]
         state = self.carried_state if carry else None
@@ -98,8 +96,7 @@ class LanguageModelTask(L.LightningModule):
         return loss, state
 
     def on_train_start(self) -> None:
-        """cuda_graphs (runs/training.py's block): the training step's forward and backward captured in a CUDA graph
-        (models/cuda_graphs.py) on one CUDA device; elsewhere the eager step (with a line saying why under DDP)."""
+        """cuda_graphs: the training step captured in a CUDA graph (models/cuda_graphs.py) on one CUDA device."""
         self.graphed_step = None
         if not cuda_graphs.enabled() or self.device.type != GRAPH_DEVICE:
             return
@@ -118,8 +115,8 @@ class LanguageModelTask(L.LightningModule):
 
     @property
     def divergence_limit(self) -> float:
-        """DIVERGENCE_FACTOR times a uniform guess's ln V nats: every run starts near it; a far too large learning
-        rate sends the loss orders of magnitude above it within a few steps."""
+        """DIVERGENCE_FACTOR times a uniform guess's ln V nats: every run starts near it, a far too large learning
+        rate far above it."""
         return DIVERGENCE_FACTOR * math.log(self.model.vocab_size)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -138,8 +135,7 @@ class LanguageModelTask(L.LightningModule):
 
     @property
     def last_epoch_train_loss(self) -> float:
-        """The mean training loss of the last epoch (so far); nan before the first step. From the sums, which
-        checkpoints carry."""
+        """The mean training loss of the last epoch (so far), from the sums checkpoints carry; nan before a step."""
         loss_sum, count = self._epoch_loss
         return float(loss_sum) / count if count else float("nan")
 

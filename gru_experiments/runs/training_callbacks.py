@@ -1,7 +1,5 @@
-"""Two callbacks of the training that evaluate while it runs: the inference modes over training, after every
-validation val/stateful_bpc, val/stateless_bpc and the word validity of a stateful and a stateless sample as one
-OVER_TRAINING evaluation within an epoch's budget (ModesOverTraining), and the estimate a run prints after its first
-steps (CostEstimate; the clock and the arithmetic beside the plans they price: study/cost.py; docs/sweeps.md)."""
+"""The training's callbacks that evaluate while it runs: the inference modes over training after every validation,
+and the cost estimate a run prints after its first steps (study/cost.py; docs/sweeps.md)."""
 
 import math
 import time
@@ -50,8 +48,7 @@ class ModesOverTraining(Callback):
 
 class CostEstimate(Callback):
     """Prints the estimate once `min_steps` steps after the first (a warm-up) are timed, or `min_seconds`: the
-    training steps left, the validations (the modes over training: `modes`), the final weights' plan and the best
-    checkpoint's (study/cost.py)."""
+    training steps left, the validations, the final weights' plan and the best checkpoint's."""
 
     def __init__(self, run: TrainedRun, val: Split, settings: EvaluationSettings, *, tokens_per_step: int,
                  epoch_tokens: int, eval_batch_size: int = 64, modes: ModesOverTraining | None = None,
