@@ -1,8 +1,5 @@
-"""The Python API: train a model, load it, generate and score text in the study's inference modes.
-
-No second implementation: train.py's config and training, sample.py's loading, study/'s generation and
-scorers. Bad input raises a one-line errors.UserError. Examples and every argument: docs/python.md.
-"""
+"""The Python API: train a model, load it, generate and score text in the study's inference modes, through the
+scripts' own code (no second implementation); bad input raises a one-line UserError. docs/python.md."""
 
 import contextlib
 import logging
@@ -50,8 +47,7 @@ class TextScore:
 
 # --- a trained model ---------------------------------------------------------------------------
 class TrainedModel:
-    """A trained model with its tokenizer, ready to generate and score text (see `load`): the public face of
-    runs/trained_run.TrainedRun, the one trained run every path loads and scores."""
+    """A trained model with its tokenizer, ready to generate and score text: runs/trained_run.TrainedRun's face."""
 
     def __init__(self, run):
         self.run = run  # runs/trained_run.TrainedRun
@@ -128,8 +124,7 @@ class TrainedModel:
 
     @contextlib.contextmanager
     def _adapted(self, ids, mode: str, changes: dict):
-        """The weights adapted to `ids` inside the block in mode "dynamic" (study/dynamic.adapted_to), else as
-        they are."""
+        """The weights adapted to `ids` inside the block in mode "dynamic", else as they are."""
         import torch
 
         from gru_experiments.study.dynamic import adapted_to, gradient_statistics

@@ -1,6 +1,4 @@
-"""How batches are drawn from the encoded splits, on the training device: one gather (random windows) or one
-slice (contiguous streams) a batch, either from fresh ids every pass (`PassIds`): docs/internals.md, *Batches*.
-"""
+"""Batches drawn on the training device, one gather (windows) or one slice (streams) each: docs/internals.md."""
 
 from typing import Callable
 

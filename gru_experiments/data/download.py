@@ -29,8 +29,7 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
 
 
 def downloaded_corpus(url: str, sha256: str | None, cache_dir: str | Path) -> Path:
-    """The corpus file of `url` in `cache_dir`, fetched where it is not there yet (or fails its sha256); for a `.zip`
-    its one file unzipped beside it (`enwik8.zip` -> `enwik8`), which later runs take as it is."""
+    """The corpus file of `url` in `cache_dir`, fetched unless there (and a `.zip`'s one file unzipped beside it)."""
     cached = Path(cache_dir) / Path(url.split("?")[0]).name
     unzipped = cached.with_suffix("") if cached.suffix == ".zip" else None
     if unzipped is not None and unzipped.is_file():

@@ -1,6 +1,4 @@
-"""Character-level, byte-level and SentencePiece subword tokenizers, behind one interface; bits per character (per
-byte for the byte tokenizer) are computed from `token_char_lengths`.
-"""
+"""Character-level, byte-level and SentencePiece tokenizers behind one interface (`token_char_lengths`: the bpc)."""
 
 import base64
 import hashlib
@@ -57,8 +55,7 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         # No <unk>: an unknown character would silently distort per-character metrics.
-        unknown = self.unknown_characters(text)
-        if unknown:
+        if unknown := self.unknown_characters(text):
             raise ValueError(f"characters not in the vocabulary: {unknown!r}")
         return [self._index[c] for c in text]
 

@@ -1,6 +1,4 @@
-"""Checkpoint files: read without running code, written atomically, never with broken weights. What each class
-guards against: docs/internals.md, *Checkpoints*; the user's side, docs/robustness.md.
-"""
+"""Checkpoint files: read without running code, written atomically, never with broken weights (docs/internals.md)."""
 
 import pickle
 import random
@@ -195,8 +193,7 @@ def resume_epoch_ends_exactly(trainer):
 
 
 class TrainingState(Callback):
-    """The global random states (dropout's) and the W&B run id in each checkpoint: a resume continues the random
-    stream."""
+    """The global random states (dropout's) and the W&B run id in each checkpoint: a resume continues the stream."""
 
     def __init__(self):
         self._trainer = None

@@ -1,6 +1,4 @@
-"""What happens when a job fails, in one place: `job(cfg, ...)` (docs/internals.md, *When a job fails*). Imports
-nothing heavy, so scripts can use it first; reads the job's config itself, validated or not.
-"""
+"""What happens when a job fails, in one place (docs/internals.md); nothing heavy imported, so scripts use it first."""
 
 import os
 import re

@@ -1,6 +1,4 @@
-"""python sample.py: generate from a checkpoint in one inference mode (samples.txt, sampling.json); evaluate=true
-(evaluation.json), stats=true (stats.json); explore=true writes the run's page instead (docs/explore.md).
-"""
+"""python sample.py: sampling, evaluate=true, stats=true and explore=true (docs/outputs.md, docs/explore.md)."""
 
 from __future__ import annotations
 

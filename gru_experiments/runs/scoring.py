@@ -25,8 +25,7 @@ from gru_experiments.study.scores import Split, score_chunks
 
 def score_run(run: TrainedRun, val: Split, record: dict, logger, settings: EvaluationSettings, *, train_ids,
               probe, eval_batch_size: int, progress_bars: bool = True) -> tuple[dict, dict]:
-    """The final weights' and the best checkpoint's figures (summary.json's after the run's `record`) and the
-    samples; printed and logged."""
+    """The final weights' and the best checkpoint's figures and the samples; printed and logged."""
     started = time.perf_counter()
     progress = Progress(enabled=progress_bars, lines=not progress_bars)  # without bars, a line per pass
     tokens = record["train_tokens"]

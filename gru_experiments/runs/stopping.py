@@ -1,6 +1,4 @@
-"""Early stopping (conf/early_stopping/): Lightning's EarlyStopping, which also records the training steps of its best
-score and of its stop in its state (so a resume keeps them); its checks, its callback and its record in summary.json.
-"""
+"""Early stopping (conf/early_stopping/): Lightning's, recording the steps of its best score and of its stop."""
 
 from __future__ import annotations
 
@@ -92,15 +90,15 @@ def check_settings(cfg) -> None:
     group = select(cfg, "early_stopping")
     if group is MISSING or group is None:
         return
-    known = ["_target_", *defaults()]
-    check_rules(group, RULES, "early_stopping.", known=known, owner="early_stopping (Lightning's EarlyStopping)")
+    default = defaults()
+    check_rules(group, RULES, "early_stopping.", known=["_target_", *default],
+                owner="early_stopping (Lightning's EarlyStopping)")
     monitor, mode = group.get("monitor", "val/loss"), group.get("mode", "min")
     if mode == "max":
         raise UserError(f"early_stopping.mode=max with early_stopping.monitor={monitor}: a loss improves as it falls, "
                         "so max would take each improvement for a step back and stop a run that is learning; leave "
                         "early_stopping.mode=min")
     if group.get("patience") is None:
-        default = defaults()
         unused = [f"early_stopping.{key}={value}" for key, value in group.items()
                   if key not in ("_target_", "patience", "check_on_train_epoch_end") and value != default.get(key)]
         if unused:

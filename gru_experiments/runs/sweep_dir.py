@@ -1,6 +1,4 @@
-"""The sweep folder: one sweep's (its task overrides, as multirun.yaml records them), as a run folder is one run's;
-the same sweep again continues it, another is refused (docs/sweeps.md).
-"""
+"""The sweep folder: one sweep's, as a run folder is one run's; continued, or refused to another (docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -86,8 +84,7 @@ class SweepDir:
 
 
 def completed_job(cfg) -> dict | None:
-    """In a multirun job: the summary of the job's folder where it holds this very job completed already, which a
-    continued sweep skips; else None."""
+    """In a multirun job: the summary of this very job where its folder holds it completed already, else None."""
     from hydra.core.hydra_config import HydraConfig
 
     from gru_experiments.runs.jobs import multirun_job

@@ -115,8 +115,7 @@ class LanguageModelTask(L.LightningModule):
 
     @property
     def divergence_limit(self) -> float:
-        """DIVERGENCE_FACTOR times a uniform guess's ln V nats: every run starts near it, a far too large learning
-        rate far above it."""
+        """DIVERGENCE_FACTOR times a uniform guess's ln V nats, where every run starts."""
         return DIVERGENCE_FACTOR * math.log(self.model.vocab_size)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -204,8 +203,7 @@ class LanguageModelTask(L.LightningModule):
 
 
 def load_checkpoint(path, map_location="cpu") -> LanguageModelTask:
-    """Model and tokenizer from a checkpoint alone, read with weights_only=True; a UserError for a missing,
-    truncated or foreign file."""
+    """Model and tokenizer from a checkpoint alone (weights_only); a UserError for a missing or foreign file."""
     checkpoint = read_checkpoint(path, map_location=map_location)
     try:
         tokenizer = tokenizer_from_state(checkpoint["tokenizer"])

@@ -167,15 +167,13 @@ def load(checkpoint: Path, device="cpu", *, folder: RunDir | None = None, seed: 
 
 def evaluate(run: TrainedRun, settings: EvaluationSettings, val: Split, *, skip: tuple[str, ...] = (), plan=None,
              progress=NO_PROGRESS, **asked) -> Evaluation:
-    """The evaluation door: `run`'s weights scored on `val` by the plan of `settings` (`asked`: `request`'s), the
-    entries in `skip` left out."""
+    """The evaluation door: `run`'s weights scored on `val` by the plan of `settings` (`asked`: `request`'s)."""
     return evaluate_plan(request(run, settings, val, **asked), plan, progress, skip)
 
 
 def request(run: TrainedRun, settings: EvaluationSettings, val: Split, *, training_tokens: int | None,
             purpose: str = FINAL, train_ids=None, probe=None, load_text_index=None) -> Request:
-    """The evaluation Request of `run` (study/plan.py) within the budget of `training_tokens` (None: every figure
-    exact) for `purpose` (FINAL, BEST, OVER_TRAINING)."""
+    """The evaluation Request of `run` within the budget of `training_tokens` (None: every figure exact)."""
     def index():
         return TrainingIndex.cached(run.tokenizer.decode(train_ids), run.data_dir or Path("data"))
     return Request(run.model, val, settings, training_tokens, purpose, run.tokenizer, train_ids, probe, run.seed,
