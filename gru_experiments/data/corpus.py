@@ -147,8 +147,7 @@ def read_corpus_text(path: Path) -> CorpusText:
 
 
 def text_chunks(corpus: CorpusText, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
-    """The text in pieces of about `chunk_bytes` (a file not read whole is streamed: no copy of it in memory),
-    checked as read_corpus_text checks it (a failure there gives its one-line answer)."""
+    """The text in pieces of about `chunk_bytes` (a file not read whole streamed), checked as read_corpus_text does."""
     if corpus.read is not None or "text" in corpus.__dict__:
         text = corpus.text
         yield from (text[i:i + chunk_bytes] for i in range(0, len(text), chunk_bytes))
@@ -193,8 +192,7 @@ def check_long_enough(n_train: int, n_val: int, n_test: int, data, unit: str, so
 
 
 def split_sizes(n: int, data) -> tuple[int, int, int]:
-    """(train, validation, test) lengths of `n` symbols, contiguous in that order: the first data.train_fraction
-    trains, the last data.test_fraction (0, the default: no test split) is the test split, the rest validates."""
+    """(train, validation, test) lengths of `n` symbols, contiguous in that order (data.test_fraction 0: no test)."""
     n_train, n_test = int(n * data["train_fraction"]), int(n * (data.get("test_fraction") or 0))
     return n_train, n - n_train - n_test, n_test
 

@@ -23,8 +23,7 @@ def needs_own_process(strategy) -> bool:
 
 
 def run_in_own_process(script: str, logger: dict | None) -> dict:
-    """Run this multirun job in a child process (`logger`: the logger group's settings); its summary. A failed child
-    raises (the child, a single run, records no failure: the job around this call does)."""
+    """This multirun job's summary, run in a child process; a failed child raises (the job around this records it)."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()

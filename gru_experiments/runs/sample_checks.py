@@ -1,6 +1,5 @@
-"""sample.py's config checked before any checkpoint is read, as runs/checks.py checks train.py's: `validate_sample(cfg)`
-raises a UserError naming the key, the value and what is allowed, and returns the command's `SampleSpec`:
-runs/sampling.py reads it, never the config (tests/test_spec.py)."""
+"""sample.py's config checked before any checkpoint is read, as runs/checks.py checks train.py's, into the command's
+`SampleSpec`: runs/sampling.py reads it, never the config (tests/test_spec.py)."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -56,8 +56,7 @@ def score_run(run: TrainedRun, val: Split, record: dict, logger, settings: Evalu
 
 def score_best(run: TrainedRun, summary: dict, val: Split, settings: EvaluationSettings, *, train_ids=None,
                eval_batch_size: int = 64, progress=NO_PROGRESS) -> dict:
-    """The best checkpoint (lowest val/loss), loaded as any checkpoint is (trained_run.load), scored in every mode;
-    the final weights' figures when it holds them (or there is none: a counted model)."""
+    """The best checkpoint (lowest val/loss) scored in every mode; the final weights' figures when it holds them."""
     final_step = summary["train_steps"]
     path = summary.get("best_checkpoint")
     keys = ["val_loss", "val_bpc", *(f"{mode}_{unit}" for mode in MODES for unit in ("nll", "bpc"))]

@@ -14,8 +14,7 @@ from gru_experiments.study.evaluation import EvaluationSettings
 @dataclass(frozen=True)
 class RunSpec:
     """Its dicts are plain containers, resolved (but `config`), read and never changed."""
-    # The model: its name, seed and architecture (_target_ and the class's settings: models/protocol.py); a trained
-    # family's recipe (conf/optim/, model.lr), None for a counted one; the recipe's length (recipe.recipe_length).
+    # The model: its architecture (models/protocol.py), a trained family's recipe (None: a counted one) and length.
     model_name: str
     seed: int
     architecture: dict
@@ -23,8 +22,7 @@ class RunSpec:
     lr: float | None
     epochs: int
     steps_per_epoch: int
-    # The data: the data and tokenizer groups as data/corpus.py reads them, the windows and their batches
-    # (windows | streams: conf/training/), and the recall probe (None: off) and its targets' weight in the loss.
+    # The data: the groups as data/corpus.py reads them, the batches (conf/training/), the recall probe (None: off).
     data: dict
     tokenizer: dict
     seq_len: int
@@ -37,9 +35,8 @@ class RunSpec:
     # The evaluation group, built; evaluation_window: evaluation.window as given (None: the training window).
     evaluation: EvaluationSettings
     evaluation_window: int | None
-    # The trainer group (for hydra.utils.instantiate) and what the run reads of it and beside it: a smoke run
-    # (trainer.fast_dev_run), progress bars, precision, bf16 matmuls, CUDA graphs, checkpoints every N steps (0: at
-    # epoch ends only); early stopping's and the logger's settings with their _target_ (None: off).
+    # The trainer group (for hydra.utils.instantiate) and what the run reads of it and beside it (smoke: fast_dev_run;
+    # checkpoint_every_n_steps 0: at epoch ends only); early stopping's and the logger's settings (None: off).
     trainer: dict
     smoke: bool
     progress_bars: bool
