@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import Callback
 
 from gru_experiments.errors import UserError
 from gru_experiments.files import atomic_write
-from gru_experiments.runs.jobs import multirun_job
 
 # The modes wandb accepts (wandb.sdk.wandb_settings.Settings.mode), and its older spellings.
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
@@ -99,8 +98,11 @@ def figure_metrics(record: dict, skip=(), prefix: str = "") -> dict[str, float]:
 
 def multirun_sweep_dir() -> str | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    return str(HydraConfig.get().sweep.dir) if multirun_job() else None
+    if not HydraConfig.initialized():  # (not jobs.multirun_job: jobs imports this module)
+        return None
+    return str(HydraConfig.get().sweep.dir) if HydraConfig.get().mode == RunMode.MULTIRUN else None
 
 
 def sweep_group(group: str | None, sweep_dir) -> str:
