@@ -12,8 +12,11 @@ from gru_experiments.files import atomic_file
 
 
 def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def download(url: str, dest: Path, sha256: str | None = None) -> Path:
