@@ -70,19 +70,15 @@ SPM_RULES = [
 ]
 
 
-def precision_rule() -> Rule:
-    """trainer.precision: a value Lightning takes."""
+def check_precision(cfg, trained: bool) -> None:
+    """trainer.precision: a value Lightning takes, its package installed, and for a model trained by AdamW (`trained`)
+    not float16 weights: AdamW's state would be float16 too, where its eps (1e-8) is 0."""
     from lightning.fabric.plugins.precision import precision as lp
 
     allowed = get_args(lp._PRECISION_INPUT_STR) + get_args(lp._PRECISION_INPUT_INT) + get_args(
         lp._PRECISION_INPUT_STR_ALIAS)
     names = ", ".join(dict.fromkeys(str(p) for p in allowed))  # 16 and "16" named once
-    return Rule("trainer.precision", lambda v: v in allowed, f"one of {names}", optional=True)
-
-
-def check_precision(cfg, trained: bool) -> None:
-    """trainer.precision (a value precision_rule allows): its package installed, and for a model trained by AdamW
-    (`trained`) not float16 weights: AdamW's state would be float16 too, where its eps (1e-8) is 0."""
+    check_rules(cfg, [Rule("trainer.precision", lambda v: v in allowed, f"one of {names}", optional=True)])
     precision = str(select(cfg, "trainer.precision"))
     if precision.startswith("transformer-engine") and importlib.util.find_spec("transformer_engine") is None:
         raise UserError(f"trainer.precision={precision} needs NVIDIA's Transformer Engine, and the transformer_engine "
@@ -151,8 +147,7 @@ def validate(cfg) -> RunSpec:
     if HydraConfig.initialized():  # the command line: train.py, gru_experiments.train
         check_choices(HydraConfig.get().overrides.task)
     check_finite(OmegaConf.to_container(cfg, resolve=False))
-    # every rule of a key's value at once (a model's recipe: check_model)
-    check_rules(cfg, [*TRAIN_RULES, *(SPM_RULES if select(cfg, "tokenizer.kind") == "spm" else []), precision_rule()])
+    check_rules(cfg, TRAIN_RULES)
     if cfg.data.train_fraction + (test := OmegaConf.select(cfg, "data.test_fraction", default=0) or 0) >= 1:
         raise UserError(f"data.train_fraction={cfg.data.train_fraction} and data.test_fraction={test} leave no "
                         "validation split: their sum must be below 1")
@@ -168,6 +163,8 @@ def validate(cfg) -> RunSpec:
     if probe is None and is_number(weight) and weight != 1:  # accepted: an experiment's pair without its probe
         print(f"training.recall_weight={weight} has no effect without probe=recall (it weighs the recall targets "
               "that the probe plants): every target weighs the same in this run")
+    if select(cfg, "tokenizer.kind") == "spm":  # after the probe's check: a probe refuses any tokenizer but char
+        check_rules(cfg, SPM_RULES)
     check_precision(cfg, trained=recipe is not None)
     if names_wandb(select(cfg, "logger._target_")):
         wandb_mode()  # a WANDB_MODE wandb would refuse (deep inside, with a traceback) fails here, before the run

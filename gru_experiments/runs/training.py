@@ -145,8 +145,8 @@ def prepare(spec: RunSpec, resume=None) -> Run:
                             batching=spec.batching if model.trainable else "windows",  # counted: no batches
                             probe=corpus.probe)
     val_batches = len(data.val_dataloader())
-    check_trainer(spec, val_batches, model.trainable)  # what Lightning refuses, before any write
     check_sizes(spec, model, data.train_ids.numel(), val_ids.numel())
+    check_trainer(spec, val_batches, model.trainable)  # what Lightning refuses, before any write
     if resume is not None:
         # a counted model is counted afresh: its tables take their shapes from the counting
         resume.check(task.hparams, tokenizer, weight_shapes(task.state_dict()) if model.trainable else None)
