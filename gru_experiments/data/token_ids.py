@@ -154,25 +154,24 @@ class DamagedIds(ValueError):
     """An ids file whose bytes its record does not vouch for."""
 
 
-def prepared_ids(folder: str | Path, key: str, corpus_sha256: str, prepare, source: Path | None = None) -> PreparedIds:
+def prepared_ids(folder: str | Path, key: str, corpus_sha256: str, prepare, source: Path) -> PreparedIds:
     """The ids of `key`, mapped, prepared first (`prepare(ids_file)` returns their record) where none match their
-    record; under the file's lock, so a second run waits and maps the first's."""
+    record; under the file's lock, so a second run waits and maps the first's. `source`: the corpus file, said in a
+    line where its ids were prepared when it held another text."""
     ids_file = IdsFile(folder, key)
     with ids_file.lock():
-        records = {path: read_json(path) for path in sorted(ids_file.folder.glob("ids-*.json"))}
-        record = records.get(ids_file.record_file)
+        record = read_json(ids_file.record_file)
         problem = ids_file.problem(record, corpus_sha256)
         if problem is None:
             try:
                 return ids_file.load(record)
             except DamagedIds as error:
                 problem = str(error)
-        for other in records.values():
-            if isinstance(other, dict) and other.get("source") == str(source) and \
-                    other.get("sha256") not in (None, corpus_sha256):
-                print(f"corpus {source} changed since its token ids were prepared (sha256 {other['sha256']}, now "
-                      f"{corpus_sha256}): its ids are prepared anew")
-                break
+        records = (read_json(path) for path in sorted(ids_file.folder.glob("ids-*.json")))
+        if edited := next((r["sha256"] for r in records if isinstance(r, dict) and r.get("source") == str(source)
+                           and r.get("sha256") not in (None, corpus_sha256)), None):
+            print(f"corpus {source} changed since its token ids were prepared (sha256 {edited}, now {corpus_sha256}): "
+                  "its ids are prepared anew")
         if problem:
             print(f"the token ids in {ids_file.bin} do not match their record ({problem}): preparing them again")
         started = time.perf_counter()
