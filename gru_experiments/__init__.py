@@ -9,6 +9,7 @@ The Python API (gru_experiments/api.py, docs/python.md):
     lm.score("KING: Now is the winter of our discontent", mode="stateful").bpc
 
 Exported lazily (PEP 562): scripts import light modules (runs.jobs) before torch, and every import runs this.
+The package's layers: README, "Where a change goes"; pyproject.toml's [tool.importlinter] holds them.
 """
 
 __all__ = ["load", "train", "TrainedModel", "TextScore"]

@@ -147,7 +147,8 @@ def read_corpus_text(path: Path) -> CorpusText:
 
 
 def text_chunks(corpus: CorpusText, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
-    """The text in pieces of about `chunk_bytes` (a file not read whole streamed), checked as read_corpus_text does."""
+    """The text in pieces of about `chunk_bytes` (a file not read whole is streamed), checked as read_corpus_text
+    does."""
     if corpus.read is not None or "text" in corpus.__dict__:
         text = corpus.text
         yield from (text[i:i + chunk_bytes] for i in range(0, len(text), chunk_bytes))

@@ -1,5 +1,6 @@
 """The count-based n-gram language model (the ladder's first rungs, the study's bigram baseline): an order-N model
-predicts a token from the N − 1 before it, Kneser-Ney or add-one smoothed. docs/internals.md, *The n-gram model*.
+predicts a token from the N − 1 before it, interpolated modified Kneser-Ney or add-one smoothed, log-probabilities in
+float64. docs/internals.md, *The n-gram model*.
 """
 
 import torch

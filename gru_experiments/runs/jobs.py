@@ -1,4 +1,6 @@
-"""What happens when a job fails, in one place (docs/internals.md); nothing heavy imported, so scripts use it first."""
+"""What happens when a job fails, in one place (docs/internals.md); nothing heavy imported, so scripts use it first.
+It reads the job's config itself (as the entry points, runs/checks.py and runs/resume.py do): a failure is recorded
+whether or not that config passed validation."""
 
 import os
 import re

@@ -1,5 +1,5 @@
-"""Experiment loggers: W&B offline-first (no login never prompts or fails), and each run's learning curves in its own
-history.csv whatever the logger (docs/outputs.md)."""
+"""Experiment loggers: W&B offline-first (a machine with no W&B login never prompts or fails), and each run's learning
+curves in its own history.csv whatever the logger (docs/outputs.md)."""
 
 import csv
 import hashlib

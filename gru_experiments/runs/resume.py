@@ -1,7 +1,7 @@
 """Continuing an interrupted run in its own folder, from checkpoints/last.ckpt, with the config it was started with
 (python train.py resume=last | resume=RUN_DIR): `resume_run` composes the run's own config with this command's
-overrides and checks it, before validation builds the spec. What a resume may not change: docs/internals.md,
-*Resuming a run*.
+overrides and checks it, before validation builds the spec (so it reads the config itself, as the entry points do).
+What a resume may not change: docs/internals.md, *Resuming a run*.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ EXPLORE_RULES = [
 
 @dataclass(frozen=True)
 class SampleSpec:
-    """The data and evaluation groups are the command's, read only where the run recorded none."""
+    """sample.py's checked config, in plain values (`validate_sample`): runs/sampling.py reads it, never the config.
+    The data and evaluation groups are the command's, read only where the run recorded none."""
     # which checkpoint: run= (a run folder), ckpt= (a file); the device and torch's CPU threads (None: its default)
     run: Path | None
     ckpt: Path | None

@@ -13,7 +13,8 @@ from gru_experiments.study.evaluation import EvaluationSettings
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Its dicts are plain containers, resolved (but `config`), read and never changed."""
+    """One training run as its checked config asks for it, built once (`validate`): nothing below train() reads the
+    config itself. Its dicts are plain containers, resolved (but `config`), read and never changed."""
     # The model: its architecture (models/protocol.py), a trained family's recipe (None: a counted one) and length.
     model_name: str
     seed: int

@@ -61,7 +61,8 @@ class LanguageModelTask(L.LightningModule):
         self._step_started = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        # streams (truncated BPTT): (inputs, targets, starts_pass): the previous chunk's state unless a pass starts.
+        # windows: (inputs, targets), from the initial state; streams (truncated BPTT): (inputs, targets,
+        # starts_pass), the previous chunk's state carried unless the chunk starts a pass.
         inputs, targets, *streams = batch
         carry = bool(streams) and not streams[0]
         state = self.carried_state if carry else None
@@ -115,7 +116,8 @@ class LanguageModelTask(L.LightningModule):
 
     @property
     def divergence_limit(self) -> float:
-        """DIVERGENCE_FACTOR times a uniform guess's ln V nats, where every run starts."""
+        """DIVERGENCE_FACTOR times a uniform guess's ln V nats: every run starts near it; a far too large learning
+        rate sends the loss orders of magnitude above it within a few steps (no false alarm)."""
         return DIVERGENCE_FACTOR * math.log(self.model.vocab_size)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
