@@ -1,6 +1,7 @@
 """Dynamic evaluation (Krause, Kahembwe, Murray & Renals 2018), the fourth inference mode: after each segment of
-the stateful layout the weights take a step on the text just scored (`sgd`, or Krause's `rms`), and are put back
-bit for bit after the pass (`restored`). The formulas: docs/configuration.md; the figure: docs/evaluation.md.
+the stateful layout the weights take a step on the text just scored (`sgd`, or Krause's `rms`); each segment is
+scored before the update it causes, and the weights are put back bit for bit after the pass (`restored`). The
+formulas: docs/configuration.md; the figure: docs/evaluation.md.
 """
 
 from __future__ import annotations
